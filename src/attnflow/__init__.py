@@ -1,0 +1,50 @@
+"""attnflow: how information flows through a transformer's attention.
+
+Quick start::
+
+    import attnflow
+    model = attnflow.load("minilm")                       # embedded all-MiniLM-L6-v2
+    trace = model.trace("The movie was terrible, but the acting was great.")[0]
+    R = attnflow.rollout(trace.attentions)                # [query, key], rows sum to 1
+    explanation = attnflow.explain(trace, method="rollout", row="mean")
+    explanation.save("out/")
+"""
+
+from attnflow.methods import (
+    available_methods,
+    encoder_decoder_rollout,
+    get_method,
+    raw_attention,
+    rollout,
+    saliency_row,
+    to_patch_grid,
+)
+from attnflow.trace import Trace
+
+
+def __getattr__(name: str):
+    # Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast.
+    if name == "load":
+        from attnflow.capture import load
+
+        return load
+    if name in ("Explanation", "explain"):
+        from attnflow import explanation
+
+        return getattr(explanation, name)
+    raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
+
+
+__all__ = [
+    "Explanation",
+    "Trace",
+    "available_methods",
+    "encoder_decoder_rollout",
+    "explain",
+    "get_method",
+    "load",
+    "raw_attention",
+    "rollout",
+    "saliency_row",
+    "to_patch_grid",
+]

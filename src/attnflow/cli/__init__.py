@@ -1,0 +1,59 @@
+"""The `attnflow` command. Each subcommand lives in its own module with `register(subparsers)`.
+
+Errors the user can fix (bad text, unknown model, missing file, bad corpus) are raised as
+`UsageError` (or ValueError/FileNotFoundError from the library) and printed as one clear line
+with a non-zero exit status, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Sequence
+
+from attnflow.cli import corpus, explain, models
+from attnflow.errors import AttnflowError
+
+SUBCOMMANDS = (explain, models, corpus)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnflow",
+        description="Show how information flows through a transformer's attention.",
+        epilog="Run `attnflow COMMAND --help` for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module in SUBCOMMANDS:
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="attnflow: %(levelname)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("attnflow: interrupted", file=sys.stderr)
+        return 130
+    except (AttnflowError, ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+        print(f"attnflow: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"attnflow {version('attnflow')}"
+    except PackageNotFoundError:
+        return "attnflow (not installed)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Errors a user can fix; the CLI prints them as one line, without a traceback."""
+
+
+class AttnflowError(Exception):
+    """Base class of attnflow's user-facing errors."""
+
+
+class ModelLoadError(AttnflowError):
+    """A model name, path or file could not be resolved or loaded."""
+
+
+class CaptureError(AttnflowError):
+    """The model did not expose what attnflow needs (attention weights, head outputs)."""
+
+
+class InputError(AttnflowError):
+    """Bad input text, image or corpus."""

@@ -1,0 +1,17 @@
+"""Attention methods: pure functions on arrays, registered by name (see `registry`)."""
+
+from attnflow.methods.registry import available_methods, get_method, register
+from attnflow.methods.rollout import raw_attention, rollout
+from attnflow.methods.saliency import saliency_row, to_patch_grid
+from attnflow.methods.encoder_decoder import encoder_decoder_rollout
+
+__all__ = [
+    "available_methods",
+    "encoder_decoder_rollout",
+    "get_method",
+    "raw_attention",
+    "register",
+    "rollout",
+    "saliency_row",
+    "to_patch_grid",
+]

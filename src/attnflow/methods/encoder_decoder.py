@@ -1,0 +1,3 @@
+"""Encoder-decoder rollout (placeholder until implemented)."""
+def encoder_decoder_rollout(*args, **kwargs):
+    raise NotImplementedError

@@ -1,0 +1,48 @@
+"""Saliency rows (which output position to explain) and the ViT patch-grid reshape."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+Row = Union[str, int]
+ROWS = ("cls", "mean", "last")
+
+
+def saliency_row(matrix: np.ndarray, row: Row = "cls") -> np.ndarray:
+    """Pick the saliency scores from a ``[..., query, key]`` relevance matrix -> ``[..., key]``.
+
+    ``cls``: row 0; ``mean``: the mean of all rows (mean-pooled models such as sentence
+    encoders); ``last``: the last row (decoders); an int: that row (negative counts from the end).
+    """
+    matrix = np.asarray(matrix)
+    n = matrix.shape[-2]
+    if isinstance(row, str):
+        if row == "cls":
+            return matrix[..., 0, :]
+        if row == "mean":
+            return matrix.mean(axis=-2)
+        if row == "last":
+            return matrix[..., -1, :]
+        try:
+            row = int(row)
+        except ValueError:
+            raise ValueError(f"row must be one of {ROWS} or a token index, got {row!r}") from None
+    if isinstance(row, bool) or not -n <= int(row) < n:
+        raise ValueError(f"row index {row} is out of range for {n} tokens")
+    return matrix[..., int(row), :]
+
+
+def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: int = 1) -> np.ndarray:
+    """Drop the prefix tokens (CLS, distillation, registers) of ``[..., n]`` scores and reshape
+    the patches to ``[..., rows, cols]``. ``grid`` comes from the model config, never from sqrt(n)."""
+    scores = np.asarray(scores)
+    rows, cols = grid
+    patches = scores[..., n_prefix_tokens:]
+    if patches.shape[-1] != rows * cols:
+        raise ValueError(
+            f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill "
+            f"a {rows}x{cols} grid"
+        )
+    return patches.reshape(patches.shape[:-1] + (rows, cols))

@@ -1,0 +1,182 @@
+"""Shared building blocks of the attention methods: validation, head fusion, residual, pruning.
+
+Every function here is pure and works on numpy arrays with any number of leading batch axes:
+a single sample is ``[layer, head, query, key]``, a batch ``[batch, layer, head, query, key]``.
+Definitions: DESIGN.md §2 ("Head fusion", "Residual correction", "Pruning").
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence, Union
+
+import numpy as np
+
+HeadFusion = Union[str, Sequence[float], np.ndarray]
+Residual = Union[str, float]
+
+HEAD_FUSIONS = ("mean", "max", "min", "none")
+RESIDUALS = ("half", "renorm", "none")
+
+
+def accepts_torch(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Let a numpy method take a torch tensor as first argument and return one like it."""
+
+    @functools.wraps(fn)
+    def wrapper(attentions: Any, *args: Any, **kwargs: Any) -> Any:
+        if hasattr(attentions, "detach") and hasattr(attentions, "cpu"):  # torch.Tensor
+            import torch
+
+            result = fn(attentions.detach().cpu().double().numpy(), *args, **kwargs)
+            return torch.as_tensor(np.ascontiguousarray(result)).to(
+                dtype=attentions.dtype if attentions.is_floating_point() else torch.float64,
+                device=attentions.device,
+            )
+        return fn(attentions, *args, **kwargs)
+
+    return wrapper
+
+
+def validate_attentions(attentions: Any, *, row_stochastic: bool = True, atol: float = 1e-3) -> np.ndarray:
+    """Check ``[..., layer, head, query, key]`` attention weights and return them as float64.
+
+    Raises ValueError naming the problem: wrong rank, non-square maps, NaN/inf, negative
+    weights, or (``row_stochastic``) rows that do not sum to 1 within ``atol``.
+    """
+    array = np.asarray(attentions)
+    if array.ndim not in (4, 5):
+        raise ValueError(
+            "attentions must be [layer, head, query, key] or [batch, layer, head, query, key]; "
+            f"got an array of shape {array.shape}"
+        )
+    if array.shape[-1] != array.shape[-2]:
+        raise ValueError(f"attention maps must be square (query == key), got {array.shape[-2:]}")
+    if array.shape[-1] == 0 or array.shape[-3] == 0 or array.shape[-4] == 0:
+        raise ValueError(f"attentions have an empty axis: shape {array.shape}")
+    array = array.astype(np.float64, copy=False)
+    if not np.all(np.isfinite(array)):
+        raise ValueError("attentions contain NaN or infinite values")
+    if np.any(array < 0):
+        raise ValueError(f"attentions contain negative weights (min {array.min():.3g})")
+    if row_stochastic:
+        row_sums = array.sum(axis=-1)
+        worst = np.abs(row_sums - 1.0).max()
+        if worst > atol:
+            raise ValueError(
+                f"attention rows must sum to 1 (softmax weights); the worst row sums to "
+                f"{1.0 + float(worst):.4g} off by {worst:.3g}. Pass residual='renorm' or "
+                "normalise the rows if the input is not a softmax."
+            )
+    return array
+
+
+def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.ndarray:
+    """Fuse the head axis: ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]``.
+
+    ``head_fusion`` is ``"mean"``, ``"max"``, ``"min"``, ``"none"`` (returned unchanged, heads
+    kept) or a vector of per-head weights (normalised to sum 1).
+    """
+    if isinstance(head_fusion, str):
+        if head_fusion == "mean":
+            return attentions.mean(axis=-3)
+        if head_fusion == "max":
+            return attentions.max(axis=-3)
+        if head_fusion == "min":
+            return attentions.min(axis=-3)
+        if head_fusion == "none":
+            return attentions
+        raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {HEAD_FUSIONS} or weights")
+    weights = np.asarray(head_fusion, dtype=np.float64).reshape(-1)
+    n_heads = attentions.shape[-3]
+    if weights.shape[0] != n_heads:
+        raise ValueError(f"head weights have {weights.shape[0]} entries but attentions have {n_heads} heads")
+    if np.any(weights < 0) or not np.all(np.isfinite(weights)) or weights.sum() <= 0:
+        raise ValueError("head weights must be finite, non-negative and not all zero")
+    weights = weights / weights.sum()
+    return np.einsum("...hqk,h->...qk", attentions, weights)
+
+
+def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndarray:
+    """Account for the skip connection on ``[..., q, k]`` maps (DESIGN §2 "Residual correction").
+
+    ``half``: (A + I) / 2; ``renorm``: (A + I) / rowsum; float alpha in [0, 1]:
+    alpha * A + (1 - alpha) * I; ``none``: A unchanged.
+    """
+    n = attentions.shape[-1]
+    identity = np.eye(n, dtype=attentions.dtype)
+    if isinstance(residual, str):
+        if residual == "half":
+            return 0.5 * (attentions + identity)
+        if residual == "renorm":
+            mixed = attentions + identity
+            return mixed / mixed.sum(axis=-1, keepdims=True)
+        if residual == "none":
+            return attentions
+        raise ValueError(f"unknown residual {residual!r}; choose one of {RESIDUALS} or a float in [0, 1]")
+    if isinstance(residual, bool) or not isinstance(residual, (int, float, np.floating)):
+        raise ValueError(f"residual must be one of {RESIDUALS} or a float in [0, 1], got {residual!r}")
+    alpha = float(residual)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"residual weight alpha must lie in [0, 1], got {alpha}")
+    return alpha * attentions + (1.0 - alpha) * identity
+
+
+def prune_rows(
+    matrices: np.ndarray,
+    *,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard_ratio: float | None = None,
+) -> np.ndarray:
+    """Drop small entries of each row of ``[..., q, k]`` maps and renormalise the rows.
+
+    Pruning is per row and per sample: ``threshold`` drops entries < tau; ``top_k`` keeps the k
+    largest; ``discard_ratio`` drops the smallest ``floor(q * k)`` entries of each row. Every row
+    keeps at least its largest entry (ties keep all equal maxima). Several options combine.
+    """
+    if threshold is None and top_k is None and discard_ratio is None:
+        return matrices
+    n_keys = matrices.shape[-1]
+    keep = np.ones(matrices.shape, dtype=bool)
+    # Rank of every entry within its row: 0 = largest (stable, so ties keep the earlier key).
+    order = np.argsort(-matrices, axis=-1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(n_keys).reshape((1,) * (matrices.ndim - 1) + (n_keys,)), axis=-1)
+    if threshold is not None:
+        if not np.isfinite(threshold) or threshold < 0:
+            raise ValueError(f"threshold must be a non-negative number, got {threshold}")
+        keep &= matrices >= threshold
+    if top_k is not None:
+        if int(top_k) != top_k or top_k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {top_k}")
+        keep &= rank < int(top_k)
+    if discard_ratio is not None:
+        if not 0.0 <= discard_ratio < 1.0:
+            raise ValueError(f"discard_ratio must lie in [0, 1), got {discard_ratio}")
+        n_drop = int(np.floor(discard_ratio * n_keys))
+        keep &= rank < n_keys - n_drop
+    row_max = matrices.max(axis=-1, keepdims=True)
+    keep |= matrices == row_max
+    pruned = np.where(keep, matrices, 0.0)
+    return pruned / pruned.sum(axis=-1, keepdims=True)
+
+
+def prepare_layers(
+    attentions: Any,
+    *,
+    head_fusion: HeadFusion = "mean",
+    residual: Residual = "half",
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard_ratio: float | None = None,
+    row_stochastic: bool = True,
+) -> np.ndarray:
+    """Validate, fuse heads, add the residual and prune: the per-layer matrices Ã of DESIGN §2.
+
+    ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]`` (or ``[..., layer, head, q, k]`` with
+    ``head_fusion="none"``), float64, every row summing to 1.
+    """
+    array = validate_attentions(attentions, row_stochastic=row_stochastic and residual != "renorm")
+    fused = fuse_heads(array, head_fusion)
+    mixed = add_residual(fused, residual)
+    return prune_rows(mixed, threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)

@@ -1,0 +1,109 @@
+"""The `Trace`: everything one forward pass revealed about one input, as plain arrays.
+
+A Trace is produced by `attnflow.capture` and consumed by `attnflow.methods`; it never holds a
+model. Padding has already been removed, so every axis named ``token``/``query``/``key`` has
+length ``n`` = the number of real tokens (special tokens included).
+
+Optional fields are ``None`` when not captured; later methods (gradient-weighted rollout,
+value-aware relevance) fill ``attention_grads`` and ``value_vectors`` without changing the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Trace:
+    """Captured attention of one input.
+
+    Attributes:
+        tokens: ``n`` token strings as the tokenizer spells them (``["[CLS]", "the", ...]``).
+        token_ids: ``[n]`` int64 vocabulary ids (``-1`` for image patches).
+        offsets: ``[n, 2]`` character spans ``(start, end)`` into ``text``; ``(0, 0)`` for special
+            tokens and image patches.
+        special_mask: ``[n]`` bool, True for special tokens ([CLS], [SEP], <s>, BOS, ...).
+        attentions: ``[layer, head, query, key]`` float32 softmax weights; rows sum to 1.
+        head_outputs: ``[layer, token, head, d_head]`` float32 per-head attention outputs
+            softmax(QK^T/sqrt(d))V, taken at the input of the output projection; or None.
+        text: the raw input text ("" for images).
+        model_name: what `attnflow.load` was given.
+        layer_names: ``L`` module paths of the attention layers, in order (gradients and other
+            per-layer data are keyed by these names, never by list position).
+        grid: ``(rows, cols)`` of the patch grid for vision models, else None.
+        n_prefix_tokens: tokens before the first patch for vision models (CLS, distillation,
+            registers); 0 for text.
+        output_weights: ``[layer, head, d_head, d_model]`` float32 slices of each layer's output
+            projection W_O (shared between traces of one model, not copied), or None.
+        decoder_tokens / decoder_attentions / cross_attentions: for encoder-decoder models, the
+            decoder side: ``[layer, head, dec_query, dec_key]`` and
+            ``[layer, head, dec_query, enc_key]``; None otherwise.
+        attention_grads: ``[layer, head, query, key]`` d(target)/dA, or None.
+        value_vectors: ``[layer, token, head, d_head]`` per-head value vectors, or None.
+        sentence_ids: ``[n]`` int sentence index per token (-1 for special tokens), or None.
+        meta: free-form extras (e.g. the image path).
+    """
+
+    tokens: list[str]
+    token_ids: np.ndarray
+    offsets: np.ndarray
+    special_mask: np.ndarray
+    attentions: np.ndarray
+    head_outputs: np.ndarray | None = None
+    text: str = ""
+    model_name: str = ""
+    layer_names: list[str] = field(default_factory=list)
+    grid: tuple[int, int] | None = None
+    n_prefix_tokens: int = 0
+    output_weights: np.ndarray | None = None
+    decoder_tokens: list[str] | None = None
+    decoder_attentions: np.ndarray | None = None
+    cross_attentions: np.ndarray | None = None
+    attention_grads: np.ndarray | None = None
+    value_vectors: np.ndarray | None = None
+    sentence_ids: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if self.attentions.ndim != 4 or self.attentions.shape[2:] != (n, n):
+            raise ValueError(
+                f"attentions must be [layer, head, {n}, {n}] for {n} tokens, "
+                f"got {tuple(self.attentions.shape)}"
+            )
+        if self.head_outputs is not None and self.head_outputs.shape[:2] != (
+            self.attentions.shape[0],
+            n,
+        ):
+            raise ValueError(
+                "head_outputs must be [layer, token, head, d_head] with "
+                f"layer={self.attentions.shape[0]}, token={n}; got {tuple(self.head_outputs.shape)}"
+            )
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.attentions.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attentions.shape[1])
+
+    def save(self, path: str) -> None:
+        """Write the arrays to an ``.npz`` (``attentions`` float32 ``[L,H,n,n]``, ``tokens``, ...)."""
+        arrays: dict[str, Any] = {
+            "attentions": self.attentions.astype(np.float32),
+            "tokens": np.array(self.tokens, dtype=object).astype(str),
+            "token_ids": self.token_ids,
+            "offsets": self.offsets,
+            "special_mask": self.special_mask,
+        }
+        if self.head_outputs is not None:
+            arrays["head_outputs"] = self.head_outputs.astype(np.float32)
+        np.savez_compressed(path, **arrays)
