@@ -1,0 +1,103 @@
+"""Per-architecture knowledge in one table: where attention weights and head outputs live.
+
+Each row names, as regular expressions over ``model.named_modules()`` (searched, so any
+prefix such as ``bert.`` or ``model.`` matches), the attention modules whose forward output
+holds the softmax weights ``[batch, head, query, key]`` at ``weights_index``, and the output
+projections whose *input* is the concatenation of all heads' outputs ``[batch, token, head *
+d_head]``. The first group of every pattern is the layer index. A new architecture is one new
+row plus one tiny-model test in ``tests/capture/test_families.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnflow.errors import CaptureError
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack of attention layers: encoder self-, decoder self- or cross-attention."""
+
+    attention: str  # regex; module output[weights_index] is [batch, head, query, key]
+    output_projection: str  # regex; module input is [batch, token, head * d_head]
+    weights_index: int = 1
+
+
+@dataclass(frozen=True)
+class Adapter:
+    family: str
+    kind: str  # "encoder" | "decoder" | "vision" | "encoder-decoder"
+    model_types: tuple[str, ...]  # config.model_type values this row covers
+    stack: Stack  # the encoder (or the only) stack
+    decoder: Stack | None = None  # encoder-decoder: decoder self-attention
+    cross: Stack | None = None  # encoder-decoder: cross-attention (decoder query x encoder key)
+    n_prefix_tokens: int = 0  # vision: tokens before the first patch (CLS, distillation, ...)
+    position_offset: int = 0  # positions reserved by the embedding (RoBERTa-style padding_idx + 1)
+
+    @property
+    def default_row(self) -> str:
+        return "last" if self.kind in ("decoder", "encoder-decoder") else "cls"
+
+
+_BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
+_VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
+
+ADAPTERS: tuple[Adapter, ...] = (
+    Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE),
+    Adapter("roberta", "encoder", ("roberta", "xlm-roberta", "camembert"), _BERT_LIKE, position_offset=2),
+    Adapter(
+        "distilbert",
+        "encoder",
+        ("distilbert",),
+        Stack(r"transformer\.layer\.(\d+)\.attention$", r"transformer\.layer\.(\d+)\.attention\.out_lin$"),
+    ),
+    Adapter(
+        "mpnet",
+        "encoder",
+        ("mpnet",),
+        Stack(r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.attention\.attn\.o$"),
+        position_offset=2,
+    ),
+    Adapter("gpt2", "decoder", ("gpt2",), Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$")),
+    Adapter(
+        "llama",
+        "decoder",
+        ("llama", "mistral", "qwen2", "qwen3"),
+        Stack(r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.self_attn\.o_proj$"),
+    ),
+    Adapter("vit", "vision", ("vit", "dinov2"), _VIT_LIKE, n_prefix_tokens=1),
+    Adapter("deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2),  # CLS + distillation token
+    Adapter(
+        "t5",
+        "encoder-decoder",
+        ("t5", "mt5"),
+        Stack(r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$", -1),
+        decoder=Stack(
+            r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$", -1
+        ),
+        cross=Stack(
+            r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention\.o$", -1
+        ),
+    ),
+    Adapter(
+        "bart",
+        "encoder-decoder",
+        ("bart", "mbart", "marian"),
+        Stack(r"encoder\.layers\.(\d+)\.self_attn$", r"encoder\.layers\.(\d+)\.self_attn\.out_proj$"),
+        decoder=Stack(r"decoder\.layers\.(\d+)\.self_attn$", r"decoder\.layers\.(\d+)\.self_attn\.out_proj$"),
+        cross=Stack(r"decoder\.layers\.(\d+)\.encoder_attn$", r"decoder\.layers\.(\d+)\.encoder_attn\.out_proj$"),
+    ),
+)
+
+
+def adapter_for(model_type: str, class_name: str) -> Adapter:
+    """The table row for a ``config.model_type``; a clear error naming the class otherwise."""
+    for adapter in ADAPTERS:
+        if model_type in adapter.model_types:
+            return adapter
+    supported = sorted(t for adapter in ADAPTERS for t in adapter.model_types)
+    raise CaptureError(
+        f"{class_name} (model_type {model_type!r}) is not in attnflow's adapter table; "
+        f"supported model types: {', '.join(supported)}"
+    )

@@ -1,0 +1,112 @@
+"""Hooks that cannot leak: registered inside a `with` block, removed in `finally`."""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from attnflow.capture.adapters import Stack
+from attnflow.errors import CaptureError
+
+
+def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
+    regex = re.compile(pattern)
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in model.named_modules():
+        match = regex.search(name)
+        if match:
+            layer = int(match.group(1))
+            if layer in found:
+                raise CaptureError(f"two modules match layer {layer} of {pattern!r}: {found[layer][0]}, {name}")
+            found[layer] = (name, module)
+    if sorted(found) != list(range(len(found))):
+        raise CaptureError(f"layers matching {pattern!r} are not numbered 0..L-1: {sorted(found)}")
+    return [found[layer] for layer in sorted(found)]
+
+
+@dataclass
+class StackRecording:
+    """What one forward pass left in the hooks of one stack (one entry per layer, by name)."""
+
+    layer_names: list[str]
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, head, query, key]
+    head_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, token, head * d_head]
+
+    def stacked_weights(self) -> torch.Tensor:
+        """``[batch, layer, head, query, key]``; raises if any layer did not report weights."""
+        missing = [name for name in self.layer_names if name not in self.weights]
+        if missing:
+            raise CaptureError(
+                f"no attention weights were captured for {len(missing)} of {len(self.layer_names)} layers "
+                f"(first: {missing[0]}); the model must run eager attention and return its weights"
+            )
+        return torch.stack([self.weights[name] for name in self.layer_names], dim=1)
+
+    def stacked_head_outputs(self, n_heads: int) -> torch.Tensor:
+        """``[batch, layer, token, head, d_head]`` from the output projections' inputs."""
+        missing = [name for name in self.layer_names if name not in self.head_inputs]
+        if missing:
+            raise CaptureError(f"no head outputs were captured for layer {missing[0]}")
+        per_layer = [self.head_inputs[name] for name in self.layer_names]  # [batch, token, head * d_head]
+        batch, tokens, width = per_layer[0].shape
+        if width % n_heads:
+            raise CaptureError(f"output projection input width {width} is not divisible by {n_heads} heads")
+        return torch.stack(per_layer, dim=1).reshape(batch, len(per_layer), tokens, n_heads, width // n_heads)
+
+
+@contextmanager
+def record_stack(model: nn.Module, stack: Stack, *, head_outputs: bool = True) -> Iterator[StackRecording]:
+    """Record attention weights (forward hooks) and head outputs (pre-hooks on the output
+    projections) of every layer of ``stack`` during the forward passes run inside the block.
+    Hooks are removed when the block exits, also when the forward pass raises."""
+    attention_layers = find_layers(model, stack.attention)
+    if not attention_layers:
+        raise CaptureError(
+            f"{type(model).__name__} has no module matching {stack.attention!r}; "
+            "its architecture differs from the adapter table row"
+        )
+    names = [name for name, _ in attention_layers]
+    recording = StackRecording(layer_names=names)
+    handles = []
+    try:
+        for name, module in attention_layers:
+            handles.append(module.register_forward_hook(_weights_hook(recording, name, stack.weights_index)))
+        if head_outputs:
+            projections = find_layers(model, stack.output_projection)
+            if len(projections) != len(attention_layers):
+                raise CaptureError(
+                    f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
+                    f"({stack.output_projection!r})"
+                )
+            for name, (_, projection) in zip(names, projections):
+                handles.append(projection.register_forward_pre_hook(_input_hook(recording, name)))
+        yield recording
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _weights_hook(recording: StackRecording, name: str, index: int):
+    def hook(module: nn.Module, inputs: tuple, output) -> None:
+        weights = output[index] if isinstance(output, (tuple, list)) else None
+        if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
+            raise CaptureError(
+                f"{type(module).__name__} at {name} returned no attention weights; attnflow needs "
+                "eager attention (attn_implementation='eager') and a model that returns its weights"
+            )
+        recording.weights[name] = weights
+
+    return hook
+
+
+def _input_hook(recording: StackRecording, name: str):
+    def hook(module: nn.Module, inputs: tuple) -> None:
+        recording.head_inputs[name] = inputs[0]
+
+    return hook

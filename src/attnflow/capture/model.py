@@ -1,0 +1,402 @@
+"""`AttentionModel`: a Hugging Face model wrapped so that one call returns `Trace`s.
+
+Capture happens in hooks listed by the adapter table (attention modules' weights, output
+projections' inputs); the forward pass runs with eager attention and ``output_attentions=True``
+(some families only compute weights when asked). No method math lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnflow.capture.adapters import Adapter, Stack, adapter_for
+from attnflow.capture.hooks import StackRecording, find_layers, record_stack
+from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
+from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.trace import Trace
+
+log = logging.getLogger(__name__)
+
+_HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
+
+
+@dataclass
+class BatchCapture:
+    """Tensors of one batched forward pass (no padding removed: the caller's windows are full).
+
+    attentions: ``[batch, layer, head, query, key]``; head_outputs: ``[batch, layer, token, head,
+    d_head]`` or None.
+    """
+
+    attentions: torch.Tensor
+    head_outputs: torch.Tensor | None
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``auto`` picks CUDA when present, else the CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda was asked for, but no CUDA device is available")
+    return resolved
+
+
+def load(name: str = "minilm", device: str | torch.device | None = "auto", trust_remote_code: bool = False) -> "AttentionModel":
+    """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
+
+    Attention is forced to the eager implementation so that weights exist to capture.
+    """
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    source = resolve(name)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
+        )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"could not load model {name!r}: not a local model folder, and loading it as a hub id "
+            f"failed ({str(error).splitlines()[0]}){_did_you_mean(name)}"
+        ) from None
+    adapter = adapter_for(config.model_type, type(config).__name__)
+    auto_class = {
+        "decoder": transformers.AutoModelForCausalLM,
+        "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
+    }.get(adapter.kind, transformers.AutoModel)
+    try:
+        model = auto_class.from_pretrained(
+            source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
+        )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
+    tokenizer = image_processor = None
+    if adapter.kind == "vision":
+        image_processor = _image_processor(source)
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    return AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
+
+
+def _image_processor(source: ModelSource) -> Any:
+    import transformers
+
+    if (Path(source.path) / "preprocessor_config.json").exists():
+        return transformers.AutoImageProcessor.from_pretrained(source.path)
+    return None  # fall back to resize + normalise from the config (tiny test models)
+
+
+class AttentionModel:
+    """A model plus its tokenizer (or image processor) that produces `Trace`s.
+
+    Attributes: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``,
+    ``d_model``, ``max_length`` (tokens, special tokens included), ``default_row``, ``device``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        name: str | None = None,
+        adapter: Adapter | None = None,
+        device: str | torch.device | None = "auto",
+        image_processor: Any = None,
+    ) -> None:
+        config = model.config
+        self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
+        if getattr(config, "_attn_implementation", "eager") != "eager":
+            if not hasattr(model, "set_attn_implementation"):
+                raise CaptureError(f"{type(model).__name__} cannot switch to eager attention")
+            model.set_attn_implementation("eager")
+        self.device = resolve_device(device)
+        self.model = model.to(device=self.device, dtype=torch.float32).eval()
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.name = name or getattr(config, "_name_or_path", type(model).__name__)
+        self.config = config
+        self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
+        if not self.layer_names:
+            raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
+        self.n_layers = len(self.layer_names)
+        self.n_heads = _head_count(config)
+        projection = find_layers(self.model, self.adapter.stack.output_projection)[0][1]
+        head_width = _input_width(projection)
+        self.d_head = head_width // self.n_heads
+        self.d_model = _output_width(projection)
+        self.max_length = self._max_length()
+        if tokenizer is not None:
+            if tokenizer.pad_token is None:  # decoders (GPT-2, Llama) ship without one
+                tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+            tokenizer.padding_side = "right"
+
+    @property
+    def kind(self) -> str:
+        return self.adapter.kind
+
+    @property
+    def default_row(self) -> str:
+        return self.adapter.default_row
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.adapter.kind == "decoder"
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionModel({self.name!r}, family={self.adapter.family}, layers={self.n_layers}, "
+            f"heads={self.n_heads}, d_head={self.d_head}, device={self.device})"
+        )
+
+    # -- capture -----------------------------------------------------------------------------
+
+    def capture_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, head_outputs: bool = True
+    ) -> BatchCapture:
+        """One forward pass over ``input_ids [batch, token]`` (encoders and decoders).
+
+        Returns attentions ``[batch, layer, head, query, key]`` and head outputs ``[batch,
+        layer, token, head, d_head]`` as float32 tensors on the model's device.
+        """
+        if self.kind not in ("encoder", "decoder"):
+            raise CaptureError(f"capture_batch takes token ids; {self.name} is a {self.kind} model")
+        input_ids = input_ids.to(self.device)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
+        with ExitStack() as hooks, torch.no_grad():
+            recording = hooks.enter_context(record_stack(self.model, self.adapter.stack, head_outputs=head_outputs))
+            self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+        return BatchCapture(
+            attentions=recording.stacked_weights().float(),
+            head_outputs=recording.stacked_head_outputs(self.n_heads).float() if head_outputs else None,
+        )
+
+    def output_weights(self) -> torch.Tensor:
+        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``."""
+        slices = []
+        for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+            weight = projection.weight.detach()
+            in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
+            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model))
+        return torch.stack(slices).float()
+
+    def trace(
+        self,
+        texts: str | Sequence[str],
+        *,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        head_outputs: bool = True,
+        targets: str | Sequence[str] | None = None,
+    ) -> list[Trace]:
+        """Trace each text; returns one `Trace` per text with padding removed.
+
+        Texts longer than ``max_length`` (default: the model's maximum) are truncated with a
+        warning. Encoder-decoder models take ``targets`` (decoder texts, teacher-forced); without
+        them the decoder side is the model's own greedy continuation (at most 16 tokens).
+        """
+        if self.tokenizer is None:
+            raise InputError(f"{self.name} is a vision model: use trace_image(path)")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        for text in texts:
+            if not isinstance(text, str) or not text.strip():
+                raise InputError("the text to explain is empty")
+        limit = self._check_max_length(max_length)
+        if self.kind == "encoder-decoder":
+            goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
+            if len(goals) != len(texts):
+                raise InputError(f"{len(texts)} texts but {len(goals)} targets")
+            return [self._trace_seq2seq(text, goal, limit, head_outputs) for text, goal in zip(texts, goals)]
+        traces: list[Trace] = []
+        for start in range(0, len(texts), max(1, batch_size)):
+            traces.extend(self._trace_batch(texts[start : start + batch_size], limit, head_outputs))
+        return traces
+
+    def _trace_batch(self, texts: list[str], limit: int, head_outputs: bool) -> list[Trace]:
+        self._warn_truncation(texts, limit)
+        encoded = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=limit,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_tensors="pt",
+        )
+        capture = self.capture_batch(encoded["input_ids"], encoded["attention_mask"], head_outputs=head_outputs)
+        lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        output_weights = self._output_weights_numpy() if head_outputs else None
+        traces = []
+        for index, (text, n) in enumerate(zip(texts, lengths)):
+            ids = encoded["input_ids"][index, :n]
+            traces.append(
+                Trace(
+                    tokens=self.tokenizer.convert_ids_to_tokens(ids.tolist()),
+                    token_ids=ids.numpy().astype(np.int64),
+                    offsets=encoded["offset_mapping"][index, :n].numpy().astype(np.int64),
+                    special_mask=encoded["special_tokens_mask"][index, :n].numpy().astype(bool),
+                    attentions=capture.attentions[index, :, :, :n, :n].cpu().numpy(),
+                    head_outputs=None if capture.head_outputs is None else capture.head_outputs[index, :, :n].cpu().numpy(),
+                    text=text,
+                    model_name=self.name,
+                    layer_names=list(self.layer_names),
+                    output_weights=output_weights,
+                )
+            )
+        return traces
+
+    def _trace_seq2seq(self, text: str, target: str | None, limit: int, head_outputs: bool) -> Trace:
+        self._warn_truncation([text], limit)
+        encoded = self.tokenizer(
+            text, truncation=True, max_length=limit, return_offsets_mapping=True,
+            return_special_tokens_mask=True, return_tensors="pt",
+        )
+        input_ids = encoded["input_ids"].to(self.device)
+        start = torch.tensor([[self.config.decoder_start_token_id]], device=self.device)
+        if target is not None:
+            target_ids = self.tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(self.device)
+            decoder_ids = torch.cat([start, target_ids], dim=1)
+        else:
+            with torch.no_grad():
+                decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
+        adapter = self.adapter
+        with ExitStack() as hooks, torch.no_grad():
+            encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
+            decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))
+            cross = hooks.enter_context(record_stack(self.model, adapter.cross, head_outputs=False))
+            self.model(input_ids=input_ids, decoder_input_ids=decoder_ids, output_attentions=True)
+        return Trace(
+            tokens=self.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist()),
+            token_ids=encoded["input_ids"][0].numpy().astype(np.int64),
+            offsets=encoded["offset_mapping"][0].numpy().astype(np.int64),
+            special_mask=encoded["special_tokens_mask"][0].numpy().astype(bool),
+            attentions=_first(encoder.stacked_weights()),
+            head_outputs=_first(encoder.stacked_head_outputs(self.n_heads)) if head_outputs else None,
+            text=text,
+            model_name=self.name,
+            layer_names=list(encoder.layer_names),
+            output_weights=self._output_weights_numpy() if head_outputs else None,
+            decoder_tokens=self.tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist()),
+            decoder_attentions=_first(decoder.stacked_weights()),
+            cross_attentions=_first(cross.stacked_weights()),
+        )
+
+    def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
+        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``."""
+        if self.kind != "vision":
+            raise InputError(f"{self.name} is a {self.kind} model, not a vision model: pass text")
+        pixels, source = self._pixels(image)
+        patch = _as_pair(self.config.patch_size)
+        grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
+        with ExitStack() as hooks, torch.no_grad():
+            recording = hooks.enter_context(record_stack(self.model, self.adapter.stack, head_outputs=head_outputs))
+            self.model(pixel_values=pixels.to(self.device), output_attentions=True)
+        attentions = _first(recording.stacked_weights())
+        n = attentions.shape[-1]
+        prefix = self.adapter.n_prefix_tokens
+        if n != prefix + grid[0] * grid[1]:
+            raise CaptureError(f"{n} tokens do not match {prefix} prefix tokens + a {grid[0]}x{grid[1]} patch grid")
+        tokens = ["[CLS]", "[DIST]"][:prefix] + [f"patch({r},{c})" for r in range(grid[0]) for c in range(grid[1])]
+        return Trace(
+            tokens=tokens,
+            token_ids=np.full(n, -1, dtype=np.int64),
+            offsets=np.zeros((n, 2), dtype=np.int64),
+            special_mask=np.arange(n) < prefix,
+            attentions=attentions,
+            head_outputs=_first(recording.stacked_head_outputs(self.n_heads)) if head_outputs else None,
+            model_name=self.name,
+            layer_names=list(recording.layer_names),
+            grid=grid,
+            n_prefix_tokens=prefix,
+            output_weights=self._output_weights_numpy() if head_outputs else None,
+            meta={"image": source},
+        )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _pixels(self, image: Any) -> tuple[torch.Tensor, str]:
+        from PIL import Image, UnidentifiedImageError
+
+        source = ""
+        if isinstance(image, (str, Path)):
+            source = str(image)
+            if not Path(image).is_file():
+                raise FileNotFoundError(f"no image file at {image}")
+            try:
+                image = Image.open(image)
+            except UnidentifiedImageError:
+                raise InputError(f"{source} is not an image file Pillow can read") from None
+        image = image.convert("RGB")
+        if self.image_processor is not None:
+            return self.image_processor(images=image, return_tensors="pt")["pixel_values"], source
+        size = _as_pair(self.config.image_size)
+        array = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
+        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, channel, height, width]
+        return pixels, source
+
+    def _max_length(self) -> int:
+        limit = math.inf
+        model_max = getattr(self.tokenizer, "model_max_length", None)
+        if model_max and model_max < 1_000_000:
+            limit = model_max
+        positions = getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", None)
+        if positions:
+            limit = min(limit, positions - self.adapter.position_offset)
+        return int(limit) if limit != math.inf else 512
+
+    def _check_max_length(self, max_length: int | None) -> int:
+        if max_length is None:
+            return self.max_length
+        if int(max_length) != max_length or max_length < 2:
+            raise InputError(f"max_length must be an integer >= 2, got {max_length}")
+        if max_length > self.max_length:
+            raise InputError(f"max_length {max_length} exceeds the model's maximum of {self.max_length} tokens")
+        return int(max_length)
+
+    def _warn_truncation(self, texts: list[str], limit: int) -> None:
+        for text in texts:
+            n = len(self.tokenizer(text)["input_ids"])
+            if n > limit:
+                log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
+
+    def _output_weights_numpy(self) -> np.ndarray:
+        if not hasattr(self, "_output_weights_cache"):
+            self._output_weights_cache = self.output_weights().cpu().numpy()
+        return self._output_weights_cache
+
+
+def _first(batched: torch.Tensor) -> np.ndarray:
+    return batched[0].float().cpu().numpy()
+
+
+def _head_count(config: Any) -> int:
+    for key in _HEAD_COUNT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise CaptureError(f"{type(config).__name__} names no head count ({', '.join(_HEAD_COUNT_KEYS)})")
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    return type(module).__name__ == "Conv1D"  # GPT-2 stores its weight as [in, out]
+
+
+def _input_width(projection: nn.Module) -> int:
+    return projection.weight.shape[0] if _is_conv1d(projection) else projection.weight.shape[1]
+
+
+def _output_width(projection: nn.Module) -> int:
+    return projection.weight.shape[1] if _is_conv1d(projection) else projection.weight.shape[0]
+
+
+def _as_pair(value: Any) -> tuple[int, int]:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
