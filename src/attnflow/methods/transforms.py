@@ -37,7 +37,9 @@ def accepts_torch(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def validate_attentions(attentions: Any, *, row_stochastic: bool = True, atol: float = 1e-3) -> np.ndarray:
+def validate_attentions(
+    attentions: Any, *, row_stochastic: bool = True, atol: float = 1e-3, square: bool = True
+) -> np.ndarray:
     """Check ``[..., layer, head, query, key]`` attention weights and return them as float64.
 
     Raises ValueError naming the problem: wrong rank, non-square maps, NaN/inf, negative
@@ -49,7 +51,7 @@ def validate_attentions(attentions: Any, *, row_stochastic: bool = True, atol: f
             "attentions must be [layer, head, query, key] or [batch, layer, head, query, key]; "
             f"got an array of shape {array.shape}"
         )
-    if array.shape[-1] != array.shape[-2]:
+    if square and array.shape[-1] != array.shape[-2]:
         raise ValueError(f"attention maps must be square (query == key), got {array.shape[-2:]}")
     if array.shape[-1] == 0 or array.shape[-3] == 0 or array.shape[-4] == 0:
         raise ValueError(f"attentions have an empty axis: shape {array.shape}")
@@ -74,15 +76,16 @@ def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.n
     """Fuse the head axis: ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]``.
 
     ``head_fusion`` is ``"mean"``, ``"max"``, ``"min"``, ``"none"`` (returned unchanged, heads
-    kept) or a vector of per-head weights (normalised to sum 1).
+    kept) or a vector of per-head weights (normalised to sum 1). The element-wise ``max`` and
+    ``min`` of softmax rows are not rows that sum to 1: they are renormalised, so that the fused
+    map is row-stochastic like the others and the residual modes keep their meaning.
     """
     if isinstance(head_fusion, str):
         if head_fusion == "mean":
             return attentions.mean(axis=-3)
-        if head_fusion == "max":
-            return attentions.max(axis=-3)
-        if head_fusion == "min":
-            return attentions.min(axis=-3)
+        if head_fusion in ("max", "min"):
+            fused = attentions.max(axis=-3) if head_fusion == "max" else attentions.min(axis=-3)
+            return fused / np.maximum(fused.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
         if head_fusion == "none":
             return attentions
         raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {HEAD_FUSIONS} or weights")
