@@ -1,14 +1,250 @@
-"""`attnflow explain` (stub: filled in by its owner)."""
+"""`attnflow explain`: explain one text (or one image) with a registered attention method.
+
+Writes DIR/explanation.json, DIR/explanation.html and DIR/explanation.png (and, for an image,
+DIR/explanation_overlay.png; with --save-trace, DIR/trace.npz). The output folder may already
+exist and hold other files: those are never touched. If it already holds files that explain
+writes (a previous explanation), explain stops unless --overwrite is given; with --overwrite the
+previous explanation's files are all replaced or removed, so the folder never mixes two runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from attnflow.errors import InputError
+from attnflow.methods.registry import available_methods, get_method
+
+TRACE_FILE = "trace.npz"
+
+# How the CLI spells each method option (for help and error messages).
+FLAGS = {
+    "head_fusion": "--head-fusion",
+    "weights": "--head-weights",
+    "residual": "--residual",
+    "start_layer": "--start-layer",
+    "top_k": "--top-k",
+    "threshold": "--threshold",
+    "discard_ratio": "--discard-ratio",
+    "layer": "--layer",
+}
+
+EPILOG = """\
+examples:
+  attnflow explain "The movie was terrible, but the acting was great." --out out/movie
+  attnflow explain "The movie was terrible, but the acting was great." --row cls --discard-ratio 0.9
+  attnflow explain "Paris is the capital of" --model smollm2 --row last --head-fusion max
+  attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
+  attnflow explain --image cat.png --model path/to/vit --out out/cat
+
+The output folder receives explanation.json (model, method, options, tokens, row, scores,
+matrix), explanation.html (open it in any browser, works offline) and explanation.png.
+A folder that already holds an explanation is only replaced with --overwrite.
+"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("explain", help="(not yet implemented)")
+    methods = "\n".join(f"  {name:<10} {get_method(name).summary}" for name in available_methods())
+    parser = subparsers.add_parser(
+        "explain",
+        help="explain one text or image with attention rollout (or another method)",
+        description=(
+            "Show which input tokens an output position draws on, through the model's attention.\n\n"
+            f"methods (--method):\n{methods}"
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to explain (omit with --image)")
+    source = parser.add_argument_group("input and model")
+    source.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)")
+    source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model)")
+    source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
+    source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
+
+    method = parser.add_argument_group("method and options (see DESIGN §2)")
+    method.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
+    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: per-head rollout, averaged)")
+    method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
+    method.add_argument("--residual", type=_residual, metavar="half|renorm|none|ALPHA", help="residual correction (default: half)")
+    method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
+    method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
+    method.add_argument("--threshold", type=_non_negative_float, metavar="T", help="drop entries below T in each row")
+    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row")
+    method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw (default: last)")
+    method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", default="out/explain", metavar="DIR", help="output folder (default: out/explain)")
+    output.add_argument("--overwrite", action="store_true", help="replace an explanation already in DIR")
+    output.add_argument("--save-trace", action="store_true", help=f"also write DIR/{TRACE_FILE} (attentions [L,H,n,n] float32, tokens)")
+    output.add_argument("--json", action="store_true", help="print explanation.json to stdout")
+    output.add_argument("--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from attnflow.explanation import OUTPUT_FILES, explain, method_options
+
+    # Check everything that needs no model first, so mistakes fail in milliseconds.
+    if args.image is not None:
+        if args.text is not None:
+            raise InputError("give either TEXT or --image, not both")
+        if not Path(args.image).is_file():
+            raise FileNotFoundError(f"no image file at {args.image}")
+    elif args.text is None:
+        raise InputError("nothing to explain: give a TEXT (or --image PATH)")
+    elif not args.text.strip():
+        raise InputError("the text to explain is empty")
+    options = _options(args)
+    method_options(get_method(args.method), options, spell=FLAGS)
+    out = Path(args.out)
+    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE,))
+    if previous and not args.overwrite:
+        raise FileExistsError(
+            f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
+            "or choose another --out"
+        )
+
+    say = _Progress(args.quiet)
+    say(f"loading {args.model} …")
+    model = _load(args.model, args.device, args.quiet)
+    if args.image is not None:
+        say(f"tracing {args.image} …")
+        trace = model.trace_image(args.image)
+    else:
+        say("tracing …")
+        trace = model.trace([args.text], max_length=args.max_length)[0]
+    row = args.row if args.row is not None else getattr(model, "default_row", None)
+    explanation = explain(trace, method=args.method, row=row, **options)
+
+    for path in previous:  # only now: a failed run above leaves the old explanation intact
+        path.unlink()
+    paths = explanation.save(out)
+    if args.save_trace:
+        paths["trace"] = out / TRACE_FILE
+        trace.save(str(paths["trace"]))
+
+    if args.json:
+        json.dump(explanation.to_dict(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
+        print(f"top tokens (row {explanation.row}): {top}")
+        for kind, path in paths.items():
+            print(f"wrote {path}")
+    return 0
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method options the user set (None: not given, the method's default applies)."""
+    return {
+        "head_fusion": args.head_fusion,
+        "weights": args.head_weights,
+        "residual": args.residual,
+        "start_layer": args.start_layer,
+        "top_k": args.top_k,
+        "threshold": args.threshold,
+        "discard_ratio": args.discard_ratio,
+        "layer": args.layer,
+    }
+
+
+def _previous_outputs(out: Path, names: tuple[str, ...]) -> list[Path]:
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    return [out / name for name in names if (out / name).exists()]
+
+
+def _load(name: str, device: str, quiet: bool) -> Any:
+    if quiet:
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover - transformers is a dependency
+            pass
+    from attnflow.capture import load
+
+    return load(name, device=device)
+
+
+class _Progress:
+    """Progress lines on stderr (stdout stays clean for --json)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"attnflow: {message}", file=sys.stderr, flush=True)
+
+
+# ----- argument types (argparse shows their messages as "argument --x: ...") -----------------
+
+
+def _positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = _number(text, float)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
+    return value
+
+
+def _residual(text: str) -> str | float:
+    if text in ("half", "renorm", "none"):
+        return text
+    value = _number(text, float, "half, renorm, none or a number in [0, 1]")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a residual weight must lie in [0, 1], got {text}")
+    return value
+
+
+def _weights(text: str) -> list[float]:
+    weights = [_number(part.strip(), float, "comma-separated numbers") for part in text.split(",") if part.strip()]
+    if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise argparse.ArgumentTypeError(f"need non-negative head weights, not all zero, got {text!r}")
+    return weights
+
+
+def _row(text: str) -> str | int:
+    from attnflow.explanation import parse_row
+
+    try:
+        return parse_row(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _number(text: str, kind: type, expected: str | None = None) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected or kind.__name__}, got {text!r}") from None
+    if kind is float and value != value:  # NaN
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    return value

@@ -1,0 +1,331 @@
+"""`Explanation`: a method's relevance matrix with the tokens it explains, and `explain()`.
+
+An Explanation knows how to show itself (`to_html`, `plot`, `_repr_html_` in notebooks) and how
+to save itself (`save(dir)`: ``explanation.json``, ``explanation.html``, ``explanation.png`` and,
+for images, ``explanation_overlay.png``). It holds no model and no method math: `explain`
+looks the method up in the registry, runs it on a `Trace` and picks the saliency row.
+
+    trace = attnflow.load("minilm").trace("The movie was terrible, but the acting was great.")[0]
+    explanation = attnflow.explain(trace, method="rollout", row="mean", discard_ratio=0.5)
+    explanation.save("out/")
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from attnflow.methods.registry import MethodSpec, get_method
+from attnflow.methods.saliency import ROWS, Row, saliency_row, to_patch_grid
+from attnflow.trace import Trace
+
+JSON_FILE = "explanation.json"
+HTML_FILE = "explanation.html"
+PNG_FILE = "explanation.png"
+OVERLAY_FILE = "explanation_overlay.png"
+OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
+
+
+@dataclass
+class Explanation:
+    """Relevance of every input token for every output position, and the saliency row shown.
+
+    Attributes:
+        tokens: ``n`` token strings.
+        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R).
+        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``.
+        method: registry name of the method (``"rollout"``, ``"raw"``, ...).
+        options: the method's options as used, defaults included (JSON-serialisable).
+        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index.
+        model: the model name the trace came from.
+        text: the input text ("" for images).
+        offsets: ``[n, 2]`` character spans into ``text`` (``(0, 0)`` for special tokens), or None.
+        special_mask: ``[n]`` bool, True for special tokens, or None.
+        grid: ``(rows, cols)`` patch grid for vision models, else None.
+        n_prefix_tokens: tokens before the first patch (CLS, distillation, registers).
+        image: path of the explained image, or None.
+        head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
+            (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
+    """
+
+    tokens: list[str]
+    matrix: np.ndarray
+    scores: np.ndarray
+    method: str
+    options: dict[str, Any]
+    row: Row
+    model: str = ""
+    text: str = ""
+    offsets: np.ndarray | None = None
+    special_mask: np.ndarray | None = None
+    grid: tuple[int, int] | None = None
+    n_prefix_tokens: int = 0
+    image: str | None = None
+    head_matrices: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = [str(token) for token in self.tokens]
+        n = len(self.tokens)
+        self.matrix = np.asarray(self.matrix, dtype=np.float64)
+        self.scores = np.asarray(self.scores, dtype=np.float64)
+        if self.matrix.shape != (n, n):
+            raise ValueError(f"matrix must be [query, key] = ({n}, {n}) for {n} tokens, got {self.matrix.shape}")
+        if self.scores.shape != (n,):
+            raise ValueError(f"scores must have one entry per token ({n}), got shape {self.scores.shape}")
+        if self.offsets is not None:
+            self.offsets = np.asarray(self.offsets, dtype=np.int64).reshape(n, 2)
+        if self.special_mask is not None:
+            self.special_mask = np.asarray(self.special_mask, dtype=bool).reshape(n)
+        if self.grid is not None:
+            self.grid = (int(self.grid[0]), int(self.grid[1]))
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def patch_scores(self) -> np.ndarray | None:
+        """``[rows, cols]`` scores of the image patches (prefix tokens dropped), or None for text."""
+        if self.grid is None:
+            return None
+        return to_patch_grid(self.scores, self.grid, self.n_prefix_tokens)
+
+    def top(self, k: int = 10, include_special: bool = False) -> list[tuple[int, str, float]]:
+        """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
+        order = np.argsort(-self.scores, kind="stable")
+        if not include_special and self.special_mask is not None:
+            order = [i for i in order if not self.special_mask[i]]
+        return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
+
+    # ----- showing -----------------------------------------------------------------------------
+
+    def to_html(self) -> str:
+        """A self-contained offline HTML page (no scripts, figures embedded as base64 PNG)."""
+        from attnflow.viz.html import explanation_html
+
+        return explanation_html(self)
+
+    def _repr_html_(self) -> str:
+        from attnflow.viz.html import explanation_fragment
+
+        return explanation_fragment(self)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure: token scores (or the image overlay) above the matrix heatmap."""
+        from attnflow.viz.plot import plot_explanation
+
+        return plot_explanation(self)
+
+    def overlay(self) -> Any:
+        """The patch-grid saliency blended over the image (a PIL image); images only."""
+        if self.image is None or self.grid is None:
+            raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
+        from attnflow.viz.plot import overlay_image
+
+        return overlay_image(self.image, self.patch_scores)
+
+    # ----- saving ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable content of ``explanation.json``."""
+        data: dict[str, Any] = {
+            "model": self.model,
+            "method": self.method,
+            "options": _jsonable(self.options),
+            "tokens": list(self.tokens),
+            "row": self.row,
+            "scores": self.scores.tolist(),
+            "matrix": self.matrix.tolist(),
+            "text": self.text,
+        }
+        if self.offsets is not None:
+            data["offsets"] = self.offsets.tolist()
+        if self.special_mask is not None:
+            data["special_mask"] = self.special_mask.tolist()
+        if self.grid is not None:
+            data["grid"] = list(self.grid)
+            data["n_prefix_tokens"] = self.n_prefix_tokens
+            data["patch_scores"] = self.patch_scores.tolist()
+        if self.image is not None:
+            data["image"] = str(self.image)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Explanation":
+        """Rebuild an Explanation from `to_dict` output (``patch_scores`` is derived, not read)."""
+        return cls(
+            tokens=list(data["tokens"]),
+            matrix=np.asarray(data["matrix"], dtype=np.float64),
+            scores=np.asarray(data["scores"], dtype=np.float64),
+            method=data["method"],
+            options=dict(data.get("options", {})),
+            row=data["row"],
+            model=data.get("model", ""),
+            text=data.get("text", ""),
+            offsets=data.get("offsets"),
+            special_mask=data.get("special_mask"),
+            grid=tuple(data["grid"]) if data.get("grid") is not None else None,
+            n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
+            image=data.get("image"),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Explanation":
+        """Read ``explanation.json`` (give the file or the folder holding it)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / JSON_FILE
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def save(self, directory: str | Path) -> dict[str, Path]:
+        """Write ``explanation.json``, ``.html``, ``.png`` (and ``explanation_overlay.png`` for
+        images) into ``directory``, creating it; files of these names are replaced, nothing else
+        in the folder is touched. Returns ``{kind: path}``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {"json": directory / JSON_FILE, "html": directory / HTML_FILE, "png": directory / PNG_FILE}
+        paths["json"].write_text(self.to_json(), encoding="utf-8")
+        paths["html"].write_text(self.to_html(), encoding="utf-8")
+        self.plot().savefig(paths["png"], dpi=110, bbox_inches="tight")
+        if self.image is not None and self.grid is not None:
+            paths["overlay"] = directory / OVERLAY_FILE
+            self.overlay().save(paths["overlay"])
+        return paths
+
+
+def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **options: Any) -> Explanation:
+    """Run a registered method on a trace and wrap the result as an `Explanation`.
+
+    Args:
+        trace: the captured attention of one input.
+        method: a name from `attnflow.available_methods()`.
+        row: saliency row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None picks
+            `default_row(trace)`.
+        **options: options of the method (see its ``MethodSpec.options``). Options the method
+            does not declare raise ValueError; options given as None mean "the default".
+            ``weights=[...]`` is accepted as a shorthand for ``head_fusion=[...]``.
+
+    Methods receive ``trace.attentions`` (``[layer, head, query, key]``), or the whole Trace
+    when their first parameter is named ``trace``; they return ``[query, key]``, or
+    ``[head, query, key]`` when heads stay apart (the Explanation's matrix is then the mean over
+    heads and ``head_matrices`` keeps them).
+    """
+    spec = get_method(method)
+    chosen = method_options(spec, options)
+    source = trace if _takes_trace(spec) else trace.attentions
+    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    n = trace.n_tokens
+    head_matrices = None
+    if result.ndim == 3 and result.shape[1:] == (n, n):
+        head_matrices = result  # [head, query, key]
+        result = result.mean(axis=0)
+    if result.shape != (n, n):
+        raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
+    if row is None:
+        row = default_row(trace)
+    row = parse_row(row)
+    scores = saliency_row(result, row)
+    image = trace.meta.get("image")
+    return Explanation(
+        tokens=list(trace.tokens),
+        matrix=result,
+        scores=scores,
+        method=spec.name,
+        options={**_defaults(spec), **chosen},
+        row=row,
+        model=trace.model_name,
+        text=trace.text,
+        offsets=trace.offsets if trace.grid is None else None,
+        special_mask=trace.special_mask,
+        grid=trace.grid,
+        n_prefix_tokens=trace.n_prefix_tokens,
+        image=str(image) if image is not None else None,
+        head_matrices=head_matrices,
+    )
+
+
+def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The options to pass to ``spec.function``: None values dropped, ``weights`` folded into
+    ``head_fusion``, anything the method does not declare rejected with a ValueError.
+
+    ``spell`` maps option names to how the caller spells them in messages (the CLI's flags).
+    """
+    spell = spell or {}
+    chosen = {name: value for name, value in options.items() if value is not None}
+    if "weights" in chosen and "head_fusion" in spec.options and "weights" not in spec.options:
+        if chosen.get("head_fusion", "mean") != "mean":
+            raise ValueError("give either head weights or a head fusion, not both")
+        chosen["head_fusion"] = [float(w) for w in np.asarray(chosen.pop("weights")).reshape(-1)]
+    unknown = [name for name in chosen if name not in spec.options]
+    if unknown:
+        takes = ", ".join(spell.get(name, name) for name in spec.options) or "no options"
+        names = ", ".join(spell.get(name, name) for name in unknown)
+        raise ValueError(f"method {spec.name!r} does not take {names}; it takes: {takes}")
+    return chosen
+
+
+def parse_row(row: Row) -> Row:
+    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
+    if isinstance(row, str):
+        if row in ROWS:
+            return row
+        try:
+            return int(row)
+        except ValueError:
+            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
+    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
+    return int(row)
+
+
+def default_row(trace: Trace) -> Row:
+    """The natural saliency row for a trace (DESIGN §2 "Saliency row").
+
+    In order: ``trace.meta["default_row"]`` when capture recorded one (e.g. ``"mean"`` for
+    sentence encoders); images: ``"cls"`` when the model has prefix tokens, else ``"mean"``;
+    causal (lower-triangular) attention: ``"last"``; otherwise ``"cls"``.
+    """
+    if trace.meta.get("default_row") is not None:
+        return parse_row(trace.meta["default_row"])
+    if trace.grid is not None:
+        return "cls" if trace.n_prefix_tokens > 0 else "mean"
+    if trace.n_tokens > 1 and not np.any(np.triu(np.asarray(trace.attentions), k=1) > 1e-6):
+        return "last"
+    return "cls"
+
+
+def _takes_trace(spec: MethodSpec) -> bool:
+    parameters = list(inspect.signature(spec.function).parameters)
+    return bool(parameters) and parameters[0] == "trace"
+
+
+def _defaults(spec: MethodSpec) -> dict[str, Any]:
+    """The declared options' default values, from the method's signature."""
+    parameters = inspect.signature(spec.function).parameters
+    return {
+        name: parameters[name].default
+        for name in spec.options
+        if name in parameters and parameters[name].default is not inspect.Parameter.empty
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value

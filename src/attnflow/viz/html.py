@@ -1,0 +1,162 @@
+"""An Explanation as self-contained, offline HTML: coloured tokens, top tokens, matrix heatmap.
+
+No scripts and no remote resources (see `attnflow.viz.page`); every token, text and option
+value is escaped. Hovering a token shows its index and score (a ``title`` attribute).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
+from attnflow.viz.plot import display_token, matrix_figure
+
+if TYPE_CHECKING:
+    from attnflow.explanation import Explanation
+
+TOP_K = 10
+
+CSS = """
+.attnflow .text { white-space: pre-wrap; font-size: 1.15rem; line-height: 2.1; padding: .6rem .8rem;
+                  border: 1px solid #e3e3e3; border-radius: 6px; background: #fcfcfc; }
+.attnflow .tok { border-radius: 3px; padding: .1rem .05rem; }
+.attnflow .special { font-family: ui-monospace, monospace; font-size: .75rem; color: #666;
+                     border: 1px dashed #aaa; border-radius: 3px; padding: 0 .25rem; margin: 0 .2rem; }
+.attnflow .unseen { color: #aaa; }
+.attnflow .legend { display: flex; align-items: center; gap: .6rem; font-size: .85rem; color: #555;
+                    margin: .5rem 0 1rem; }
+.attnflow .scale { width: 180px; height: 12px; border: 1px solid #ccc;
+                   background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
+.attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
+.attnflow .note { color: #555; font-size: .9rem; }
+"""
+
+_ROW_WORDS = {"cls": "row 0 (the first token, [CLS])", "mean": "the mean of all rows", "last": "the last row"}
+
+
+def explanation_html(explanation: "Explanation") -> str:
+    """A complete HTML page for the explanation."""
+    return page(
+        f"attnflow: {explanation.method} explanation",
+        explanation_fragment(explanation, with_meta=False),
+        subtitle=_subtitle(explanation),
+        meta=_meta(explanation),
+        css=CSS,
+    )
+
+
+def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
+    """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
+    parts = []
+    if explanation.grid is not None:
+        parts.append(section("Saliency over the image", _image_view(explanation), "image"))
+    else:
+        parts.append(section("Tokens coloured by score", _token_view(explanation), "tokens"))
+    parts.append(section(f"Top {TOP_K} tokens", _top_table(explanation), "top"))
+    parts.append(
+        section(
+            "Relevance matrix [query, key]",
+            '<p class="note">Row i: how much output position i draws on each input token j '
+            f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
+            + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
+            "matrix",
+        )
+    )
+    if with_meta:
+        parts.insert(0, f"<p class=\"note\">{esc(_subtitle(explanation))}</p>")
+        return f'<div class="attnflow"><style>{CSS}</style>\n' + "\n".join(parts) + "</div>"
+    return '<div class="attnflow">\n' + "\n".join(parts) + "</div>"
+
+
+def _token_view(explanation: "Explanation") -> str:
+    scores = explanation.scores
+    special = _special(explanation)
+    regular = scores[~special] if np.any(~special) else scores
+    vmax = float(regular.max()) if regular.size and regular.max() > 0 else 1.0
+    total = float(scores.sum())
+    pieces = []
+    text, offsets = explanation.text, explanation.offsets
+    use_text = bool(text) and offsets is not None
+    cursor = 0
+    for i, token in enumerate(explanation.tokens):
+        title = f"#{i} {token!r}  score {scores[i]:.4g}"
+        if special[i]:
+            pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
+            continue
+        start, end = (int(offsets[i][0]), int(offsets[i][1])) if use_text else (0, 0)
+        if use_text and end > start and end > cursor:
+            start = max(start, cursor)
+            if start > cursor:
+                pieces.append(esc(text[cursor:start]))
+            shown = text[start:end]
+            cursor = end
+        else:
+            shown = display_token(token) + ("" if use_text else " ")
+        pieces.append(_token_span(shown, scores[i] / vmax, title))
+    if use_text and cursor < len(text):
+        pieces.append(f'<span class="unseen" title="not seen by the model (truncated)">{esc(text[cursor:])}</span>')
+    share = float(scores[special].sum()) / total if total > 0 else 0.0
+    legend = (
+        f'<div class="legend"><span>0</span><span class="scale"></span><span>{vmax:.3g}</span>'
+        f"<span>colour scale over the non-special tokens; special tokens (dashed) hold "
+        f"{100 * share:.1f}% of the score</span></div>"
+    )
+    return legend + '<div class="text">' + "".join(pieces) + "</div>"
+
+
+def _token_span(shown: str, level: float, title: str) -> str:
+    level = float(np.clip(level, 0.0, 1.0))
+    color = "#fff" if level > 0.6 else "#111"
+    return (
+        f'<span class="tok" style="background: rgba(217,72,15,{level:.3f}); color: {color}" '
+        f'title="{esc(title)}">{esc(shown)}</span>'
+    )
+
+
+def _image_view(explanation: "Explanation") -> str:
+    parts = []
+    if explanation.image is not None:
+        parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
+    rows, cols = explanation.grid
+    parts.append(
+        f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
+        "(CLS, distillation, registers) left out of the grid.</p>"
+    )
+    return "\n".join(parts)
+
+
+def _top_table(explanation: "Explanation") -> str:
+    total = float(explanation.scores.sum())
+    rows = [
+        (rank, index, display_token(token), score, 100 * score / total if total > 0 else 0.0)
+        for rank, (index, token, score) in enumerate(explanation.top(TOP_K), start=1)
+    ]
+    return table(("rank", "index", "token", "score", "% of all"), rows)
+
+
+def _special(explanation: "Explanation") -> np.ndarray:
+    if explanation.special_mask is None:
+        return np.zeros(explanation.n_tokens, dtype=bool)
+    return explanation.special_mask
+
+
+def _row_words(row: object) -> str:
+    return _ROW_WORDS.get(row, f"row {row}") if isinstance(row, str) else f"row {row}"
+
+
+def _subtitle(explanation: "Explanation") -> str:
+    source = explanation.image if explanation.grid is not None else explanation.text
+    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·")
+
+
+def _meta(explanation: "Explanation") -> dict[str, object]:
+    return {
+        "model": explanation.model or None,
+        "method": explanation.method,
+        "options": {key: value for key, value in explanation.options.items() if value is not None} or None,
+        "saliency row": _row_words(explanation.row),
+        "tokens": explanation.n_tokens,
+        "image": explanation.image,
+    }

@@ -1,0 +1,153 @@
+"""Matplotlib figures of an Explanation; headless (no pyplot, no display, no GUI backend).
+
+Figures are built with `matplotlib.figure.Figure` directly, so nothing here touches pyplot's
+global state or needs a display; ``fig.savefig(path)`` works anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+if TYPE_CHECKING:
+    from attnflow.explanation import Explanation
+
+MAX_LABELLED_TOKENS = 64  # beyond this, axes show positions instead of token strings
+MAX_LABEL_CHARS = 16
+SPECIAL_COLOR = "#9e9e9e"
+SCORE_COLOR = "#d9480f"
+
+
+def display_token(token: str) -> str:
+    """A token as a reader wants to see it: byte-level/sentencepiece space markers removed."""
+    text = token.replace("Ċ", "\\n").replace("\n", "\\n")
+    if text[:1] in ("Ġ", "▁") and len(text) > 1:
+        text = text[1:]
+    return text
+
+
+def plot_explanation(explanation: "Explanation") -> Figure:
+    """Text: token-score bars above the matrix heatmap. Image: overlay, patch grid, matrix."""
+    if explanation.grid is not None:
+        return _plot_image_explanation(explanation)
+    n = explanation.n_tokens
+    width = float(np.clip(0.3 * n + 2.5, 7.0, 16.0))
+    figure = Figure(figsize=(width, width * 0.55 + 3.2), layout="constrained")
+    bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
+    plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
+    bars_axes.set_title(f"{explanation.method} saliency, row = {explanation.row}", loc="left")
+    plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
+    figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
+    return figure
+
+
+def matrix_figure(explanation: "Explanation") -> Figure:
+    """The ``[query, key]`` matrix alone, as a heatmap."""
+    size = float(np.clip(0.22 * explanation.n_tokens + 3.0, 5.5, 11.0))
+    figure = Figure(figsize=(size + 1.2, size), layout="constrained")
+    plot_matrix(figure.subplots(), explanation.matrix, explanation.tokens, row=explanation.row)
+    return figure
+
+
+def plot_scores(axes: Any, tokens: Sequence[str], scores: np.ndarray, special_mask: np.ndarray | None = None) -> None:
+    """Bar plot of one score per token; special tokens grey."""
+    n = len(tokens)
+    special = np.zeros(n, dtype=bool) if special_mask is None else np.asarray(special_mask, dtype=bool)
+    colors = [SPECIAL_COLOR if is_special else SCORE_COLOR for is_special in special]
+    axes.bar(np.arange(n), scores, color=colors, width=0.8)
+    axes.set_xlim(-0.6, n - 0.4)
+    axes.set_ylabel("score")
+    # Special tokens ([CLS], [SEP]) often dwarf the words: scale to the words, label clipped bars.
+    regular = scores[~special]
+    if regular.size and regular.max() > 0 and scores.max() > 1.5 * regular.max():
+        ceiling = 1.3 * float(regular.max())
+        axes.set_ylim(0.0, ceiling)
+        for index in np.flatnonzero(scores > ceiling):
+            axes.text(index, ceiling * 0.97, f"{scores[index]:.2f}", ha="center", va="top", fontsize=7,
+                      color="white", rotation=90, parse_math=False)
+        axes.set_ylabel("score (clipped)")
+    axes.spines[["top", "right"]].set_visible(False)
+    _token_ticks(axes, "x", tokens)
+
+
+def plot_matrix(axes: Any, matrix: np.ndarray, tokens: Sequence[str], row: Any = None) -> None:
+    """Heatmap of a ``[query, key]`` matrix (square-root colour scale, so small shares show);
+    the saliency row, when it is a single row, is outlined."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    n = matrix.shape[0]
+    vmax = float(matrix.max()) if matrix.size and matrix.max() > 0 else 1.0
+    image = axes.imshow(matrix, cmap="viridis", norm=PowerNorm(0.5, vmin=0.0, vmax=vmax), interpolation="nearest")
+    axes.figure.colorbar(image, ax=axes, shrink=0.85, label="share (sqrt scale)")
+    axes.set_xlabel("key (input token)")
+    axes.set_ylabel("query (output position)")
+    _token_ticks(axes, "x", tokens)
+    _token_ticks(axes, "y", tokens)
+    index = {"cls": 0, "last": n - 1}.get(row, row) if not isinstance(row, bool) else None
+    if isinstance(index, (int, np.integer)):
+        index = int(index) % n
+        axes.add_patch(Rectangle((-0.5, index - 0.5), n, 1, fill=False, edgecolor="#ff4d4d", linewidth=1.5))
+
+
+def overlay_image(image_path: str, patch_scores: np.ndarray, alpha: float = 0.55, cmap: str = "inferno") -> Any:
+    """Blend ``[rows, cols]`` patch scores (min-max scaled, upsampled bilinearly to the image
+    size) over the image; returns a PIL RGB image of the image's size."""
+    from PIL import Image
+
+    with Image.open(image_path) as opened:
+        base = opened.convert("RGB")
+    grid = np.asarray(patch_scores, dtype=np.float32)
+    span = float(grid.max() - grid.min())
+    grid = (grid - grid.min()) / span if span > 0 else np.zeros_like(grid)
+    heat = Image.fromarray(grid).resize(base.size, Image.Resampling.BILINEAR)  # mode "F"
+    colored = colormaps[cmap](np.clip(np.asarray(heat), 0.0, 1.0))[..., :3]  # [height, width, rgb]
+    return Image.blend(base, Image.fromarray((colored * 255).astype(np.uint8)), alpha)
+
+
+def _plot_image_explanation(explanation: "Explanation") -> Figure:
+    has_image = explanation.image is not None
+    columns = 3 if has_image else 2
+    figure = Figure(figsize=(5.0 * columns, 5.0), layout="constrained")
+    axes = list(figure.subplots(1, columns))
+    if has_image:
+        overlay_axes = axes.pop(0)
+        overlay_axes.imshow(np.asarray(explanation.overlay()))
+        overlay_axes.set_title(f"{_title(explanation)} saliency over the image", parse_math=False)
+        overlay_axes.axis("off")
+    grid_axes, matrix_axes = axes
+    patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest")
+    figure.colorbar(patches, ax=grid_axes, shrink=0.8, label="score")
+    rows, cols = explanation.grid
+    grid_axes.set_title(f"patch grid {rows}x{cols}, row = {explanation.row}")
+    grid_axes.set_xticks([])
+    grid_axes.set_yticks([])
+    plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
+    if not has_image:
+        matrix_axes.set_title(_title(explanation), parse_math=False)
+    return figure
+
+
+def _token_ticks(axes: Any, axis: str, tokens: Sequence[str]) -> None:
+    n = len(tokens)
+    if n > MAX_LABELLED_TOKENS:
+        return  # the default locator shows positions
+    labels = [_shorten(display_token(token)) for token in tokens]
+    fontsize = 9 if n <= 24 else 7 if n <= 40 else 6
+    # parse_math=False: a token such as "$x$" is shown as typed, never as mathtext.
+    if axis == "x":
+        axes.set_xticks(np.arange(n), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize, parse_math=False)
+    else:
+        axes.set_yticks(np.arange(n), labels, fontsize=fontsize, parse_math=False)
+
+
+def _shorten(label: str) -> str:
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 1] + "…"
+
+
+def _title(explanation: "Explanation") -> str:
+    model = f"{explanation.model}: " if explanation.model else ""
+    return f"{model}{explanation.method}"

