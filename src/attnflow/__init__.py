@@ -11,6 +11,7 @@ Quick start::
 """
 
 from attnflow.methods import (
+    attention_flow,
     available_methods,
     encoder_decoder_rollout,
     get_method,
@@ -38,6 +39,7 @@ def __getattr__(name: str):
 __all__ = [
     "Explanation",
     "Trace",
+    "attention_flow",
     "available_methods",
     "encoder_decoder_rollout",
     "explain",

@@ -245,3 +245,11 @@ def test_minilm_capture_against_its_own_weights(minilm):
     np.testing.assert_allclose(trace.attentions, torch.stack(out.attentions, 1)[0].detach().numpy(), atol=1e-5)
     single = minilm.trace(SHORT)[0]
     np.testing.assert_allclose(traces[1].attentions, single.attentions, atol=1e-5)
+
+
+def test_default_rows(minilm, tiny_model_path):
+    """Mean-pooled sentence encoders summarise with the mean row; decoders with the last; others CLS."""
+    assert minilm.default_row == "mean"
+    assert minilm.trace(SHORT)[0].meta["default_row"] == "mean"
+    assert attnflow.load(str(tiny_model_path("bert")), device="cpu").default_row == "cls"
+    assert attnflow.load(str(tiny_model_path("gpt2")), device="cpu").default_row == "last"

@@ -1,19 +1,21 @@
-"""Loading models and capturing their attention into `Trace`s (no method math here)."""
+"""Loading models and capturing their attention into `Trace`s (no method math here).
+
+The torch-heavy parts (`load`, `AttentionModel`) import on first use, so that listing models or
+printing `--help` stays fast.
+"""
 
 from attnflow.capture.adapters import ADAPTERS, Adapter, Stack, adapter_for
 from attnflow.capture.loading import EMBEDDED, install_mpnet, resolve
-from attnflow.capture.model import AttentionModel, BatchCapture, load, resolve_device
 
-__all__ = [
-    "ADAPTERS",
-    "Adapter",
-    "AttentionModel",
-    "BatchCapture",
-    "EMBEDDED",
-    "Stack",
-    "adapter_for",
-    "install_mpnet",
-    "load",
-    "resolve",
-    "resolve_device",
-]
+_MODEL_NAMES = ("AttentionModel", "BatchCapture", "load", "resolve_device")
+
+
+def __getattr__(name: str):
+    if name in _MODEL_NAMES:
+        from attnflow.capture import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'attnflow.capture' has no attribute {name!r}")
+
+
+__all__ = ["ADAPTERS", "EMBEDDED", "Adapter", "Stack", "adapter_for", "install_mpnet", "resolve", *_MODEL_NAMES]

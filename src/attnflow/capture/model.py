@@ -85,7 +85,21 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         image_processor = _image_processor(source)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
-    return AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
+    wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
+    if _mean_pooled(source):
+        wrapped.default_row = "mean"
+    return wrapped
+
+
+def _mean_pooled(source: ModelSource) -> bool:
+    """A sentence-transformers folder whose pooling layer averages the tokens (minilm, mpnet)."""
+    import json
+
+    pooling = Path(source.path) / "1_Pooling" / "config.json"
+    try:
+        return bool(json.loads(pooling.read_text()).get("pooling_mode_mean_tokens"))
+    except (OSError, ValueError):
+        return False
 
 
 def _image_processor(source: ModelSource) -> Any:
@@ -135,6 +149,8 @@ class AttentionModel:
         self.d_head = head_width // self.n_heads
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
+        # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
+        self.default_row = self.adapter.default_row
         if tokenizer is not None:
             if tokenizer.pad_token is None:  # decoders (GPT-2, Llama) ship without one
                 tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
@@ -144,9 +160,6 @@ class AttentionModel:
     def kind(self) -> str:
         return self.adapter.kind
 
-    @property
-    def default_row(self) -> str:
-        return self.adapter.default_row
 
     @property
     def is_decoder(self) -> bool:
@@ -250,6 +263,7 @@ class AttentionModel:
                     model_name=self.name,
                     layer_names=list(self.layer_names),
                     output_weights=output_weights,
+                    meta={"default_row": self.default_row},
                 )
             )
         return traces
@@ -288,6 +302,7 @@ class AttentionModel:
             decoder_tokens=self.tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist()),
             decoder_attentions=_first(decoder.stacked_weights()),
             cross_attentions=_first(cross.stacked_weights()),
+            meta={"default_row": self.default_row},
         )
 
     def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
@@ -318,7 +333,7 @@ class AttentionModel:
             grid=grid,
             n_prefix_tokens=prefix,
             output_weights=self._output_weights_numpy() if head_outputs else None,
-            meta={"image": source},
+            meta={"image": source, "default_row": self.default_row},
         )
 
     # -- helpers -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+# capture.loading, not attnflow.capture: listing models must not pay for importing torch.
 from attnflow.capture.loading import EMBEDDED, install_mpnet
 
 

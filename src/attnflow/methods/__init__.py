@@ -4,8 +4,10 @@ from attnflow.methods.registry import available_methods, get_method, register
 from attnflow.methods.rollout import raw_attention, rollout
 from attnflow.methods.saliency import saliency_row, to_patch_grid
 from attnflow.methods.encoder_decoder import encoder_decoder_rollout
+from attnflow.methods.flow import attention_flow
 
 __all__ = [
+    "attention_flow",
     "available_methods",
     "encoder_decoder_rollout",
     "get_method",

@@ -1,0 +1,428 @@
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (DESIGN.md §2).
+
+The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
+Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
+output node (L, i) to the input node (0, j).
+
+Algorithm (one compiled kernel per output row and a run of sinks, released from the GIL):
+
+* Capacities are integers, Ã · 2⁵⁰ rounded (int64), so the max-flow arithmetic is exact and the
+  only error is the rounding of each capacity (≤ 2⁻⁵¹ per edge; ~1e-14 on real inputs).
+* For a sink (0, j), the other input nodes are dead ends and the other nodes of layer L are never
+  reached, so they are left out; the residual graph is kept as dense ``[layer, q, k]`` arrays
+  (forward residuals and, transposed, the flow that can be sent back), with per-node adjacency
+  lists that skip zero-capacity edges and try the largest capacities first.
+* Dinic's algorithm. Every edge goes down one layer, so in the first phase the BFS levels are the
+  layers themselves: that phase runs without a search, and on most inputs it already reaches a
+  trivial upper bound, min(Σ source capacities, Σ sink capacities), which ends the max-flow with
+  no BFS at all. Otherwise ordinary BFS/DFS phases follow; the last BFS proves optimality.
+  The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time.
+* Reuse across sinks: the max flow to sink j is the starting flow for sink j+1. The flow that
+  sink j+1 cannot take is cancelled back up the graph (a pass over the layers, from the bottom),
+  and the phases continue from there. When that warm start needed extra BFS phases, the next sink
+  starts from zero flow instead (on some real attention maps, starting over is cheaper).
+* ``n_jobs`` threads share the (sample, output row, run of sinks) tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence, Union
+
+import numpy as np
+from numba import njit
+
+from attnflow.methods.registry import register
+from attnflow.methods.transforms import HeadFusion, Residual, accepts_torch, prepare_layers
+
+FLOW_OPTIONS = ("head_fusion", "residual", "layer")
+SCALE_BITS = 50
+_SCALE = float(2**SCALE_BITS)
+
+Rows = Union[None, int, Sequence[int], np.ndarray]
+
+
+@register("flow", "attention flow: max-flow on the layered attention graph", FLOW_OPTIONS)
+@accepts_torch
+def attention_flow(
+    attentions: Any,
+    head_fusion: HeadFusion = "mean",
+    residual: Residual = "half",
+    rows: Rows = None,
+    layer: int | None = None,
+    normalize: bool = True,
+    n_jobs: int | None = None,
+) -> np.ndarray:
+    """Maximum flow from each output position to each input position through the attention graph.
+
+    Args:
+        attentions: ``[layer, head, query, key]`` or ``[batch, layer, head, query, key]`` softmax
+            weights (numpy or torch; rows sum to 1, no NaN, no negative weights).
+        head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights (``"none"`` is not
+            supported: the flow graph needs one capacity per edge).
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
+            capacities are the resulting Ã⁽ˡ⁾.
+        rows: output positions i to compute (an int or a sequence of ints, negatives count from
+            the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.
+        layer: l in 1 … L: flows from the nodes (l, i), the outputs of the first l layers
+            (0-based layers 0 … l−1, i.e. through Ã⁽⁰⁾ … Ã⁽ˡ⁻¹⁾ only), to the input nodes (0, j).
+            ``None`` (default) is l = L, the whole model.
+        normalize: divide each output row by its sum (the reference implementation's output);
+            ``False`` returns the raw max-flow values, each in [0, 1].
+        n_jobs: threads over output rows (and runs of sinks when there are few rows); ``None``
+            or 1: one thread; -1: all cores.
+
+    Returns:
+        float64 ``[len(rows), key]`` (``[query, key]`` with ``rows=None``; batched input gives
+        ``[batch, len(rows), key]``), a torch tensor when the input is one. Entry [i, j] is the
+        flow from output position rows[i] to input position j. Exact to ~1e-14 per edge rounding
+        (capacities are scaled by 2^50 to int64).
+    """
+    if isinstance(head_fusion, str) and head_fusion == "none":
+        raise ValueError("attention_flow needs fused heads: head_fusion='none' is not supported")
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise ValueError(f"normalize must be True or False, got {normalize!r}")
+    layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, q, k]
+    batched = layers.ndim == 4
+    samples = layers if batched else layers[None]  # [batch, layer, q, k]
+    n_layers, n = samples.shape[1], samples.shape[-1]
+    depth = _check_layer(layer, n_layers)
+    sources = _check_rows(rows, n)
+    jobs = _check_n_jobs(n_jobs)
+
+    raw = _max_flows(samples[:, :depth], sources, jobs)  # [batch, rows, key], int64 scaled by 2^50
+    flows = raw / _SCALE
+    if normalize:
+        flows = flows / flows.sum(axis=-1, keepdims=True)  # every row has a positive flow somewhere
+    return flows if batched else flows[0]
+
+
+def _check_layer(layer: Any, n_layers: int) -> int:
+    if layer is None:
+        return n_layers
+    if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or not 1 <= layer <= n_layers:
+        raise ValueError(
+            f"layer must be an integer in [1, {n_layers}] (flows from the outputs of that many layers), got {layer!r}"
+        )
+    return int(layer)
+
+
+def _check_rows(rows: Rows, n: int) -> np.ndarray:
+    if rows is None:
+        return np.arange(n, dtype=np.int64)
+    picked = np.atleast_1d(np.asarray(rows))
+    if picked.ndim != 1 or (picked.size and not np.issubdtype(picked.dtype, np.integer)):
+        raise ValueError(f"rows must be an int or a 1-D sequence of ints, got {rows!r}")
+    if np.any((picked < -n) | (picked >= n)):
+        raise ValueError(f"rows must lie in [-{n}, {n - 1}] for {n} tokens, got {picked.tolist()}")
+    return np.where(picked < 0, picked + n, picked).astype(np.int64)
+
+
+def _check_n_jobs(n_jobs: Any) -> int:
+    if n_jobs is None:
+        return 1
+    if isinstance(n_jobs, (bool, np.bool_)) or not isinstance(n_jobs, (int, np.integer)) or n_jobs == 0 or n_jobs < -1:
+        raise ValueError(f"n_jobs must be a positive integer, -1 (all cores) or None, got {n_jobs!r}")
+    if n_jobs == -1:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(n_jobs)
+
+
+def _graph(layers: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Integer capacities and adjacency of one sample's ``[layer, q, k]`` matrices Ã.
+
+    Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``fwd_adj [layer, q, k]`` (per row, the
+    keys by decreasing capacity), ``fwd_deg [layer, q]`` (non-zero edges per row),
+    ``bwd_adj [layer, k, q]`` and ``bwd_deg [layer, k]`` (the same per column).
+    """
+    cap = np.rint(layers * _SCALE).astype(np.int64)
+    nonzero = cap > 0
+    fwd_adj = np.argsort(-cap, axis=-1).astype(np.int32)  # zero capacities sort last
+    bwd_adj = np.argsort(-np.ascontiguousarray(cap.transpose(0, 2, 1)), axis=-1).astype(np.int32)
+    fwd_deg = nonzero.sum(axis=-1, dtype=np.int64)
+    bwd_deg = nonzero.sum(axis=-2, dtype=np.int64)
+    return cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg
+
+
+def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
+    """Raw integer flows ``[batch, len(sources), key]`` for ``[batch, layer, q, k]`` matrices."""
+    n_samples, n = samples.shape[0], samples.shape[-1]
+    out = np.zeros((n_samples, len(sources), n), dtype=np.int64)
+    graphs = [_graph(sample) for sample in samples]
+    n_rows = n_samples * len(sources)
+    # With fewer rows than threads, split each row's sinks into runs so every thread has work.
+    n_runs = 1 if jobs == 1 or n_rows >= 4 * jobs else min(n, math.ceil(2 * jobs / max(n_rows, 1)))
+    sink_runs = np.array_split(np.arange(n, dtype=np.int64), n_runs)
+    tasks = [(b, r, run) for b in range(n_samples) for r in range(len(sources)) for run in sink_runs]
+
+    def solve(task: tuple[int, int, np.ndarray]) -> None:
+        b, r, run = task
+        _source_flows(*graphs[b], sources[r], run, out[b, r])
+
+    if jobs == 1 or len(tasks) <= 1:
+        for task in tasks:
+            solve(task)
+    else:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(solve, tasks))  # list() re-raises a worker's exception here
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled kernel. Node (l, i) has id l * n + i. Residuals of the edges of block l (from layer
+# l+1 to layer l): rf[l, a, b] forward on (l+1, a) -> (l, b); rb[l, b, a] = its flow, i.e. the
+# residual of the reverse edge (l, b) -> (l+1, a). The sink (0, sink) has id `sink`.
+
+
+@njit(cache=True, nogil=True)
+def _bfs(rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue):  # pragma: no cover - compiled
+    """BFS levels from the source in the residual graph; returns the sink's level or -1."""
+    n_layers = rf.shape[0]
+    n = rf.shape[1]
+    level[:] = -1
+    s = n_layers * n + source
+    level[s] = 0
+    queue[0] = s
+    head = 0
+    tail = 1
+    while head < tail:
+        u = queue[head]
+        head += 1
+        ul = u // n
+        ui = u - ul * n
+        lu = level[u]
+        if ul == 1:
+            if rf[0, ui, sink] > 0:
+                # BFS order: every node of level <= lu is labelled already; deeper ones are useless.
+                level[sink] = lu + 1
+                return lu + 1
+        else:
+            blk = ul - 1
+            for k in range(fwd_deg[blk, ui]):
+                b = fwd_adj[blk, ui, k]
+                if rf[blk, ui, b] > 0:
+                    w = blk * n + b
+                    if level[w] < 0:
+                        level[w] = lu + 1
+                        queue[tail] = w
+                        tail += 1
+        if 1 <= ul <= n_layers - 2:
+            for k in range(bwd_deg[ul, ui]):
+                a = bwd_adj[ul, ui, k]
+                if rb[ul, ui, a] > 0:
+                    w = (ul + 1) * n + a
+                    if level[w] < 0:
+                        level[w] = lu + 1
+                        queue[tail] = w
+                        tail += 1
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _blocking_flow(
+    rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, sink_level, forward_only, limit, work
+):  # pragma: no cover - compiled
+    """Push up to ``limit`` units along the level graph (DFS with current arcs, multi-push).
+
+    ``work`` holds the per-node current arc and the DFS stack (node, edge, budget, pushed).
+    Returns the flow pushed. Exhausted nodes get level -1 (dead for the rest of the phase).
+    """
+    n_layers = rf.shape[0]
+    n = rf.shape[1]
+    cur, st_node, st_kind, st_blk, st_a, st_b, budget, got = work
+    cur[:] = 0
+    depth = 0
+    st_node[0] = n_layers * n + source
+    budget[0] = limit
+    got[0] = 0
+    while True:
+        u = st_node[depth]
+        if u == sink:
+            d = budget[depth]
+        else:
+            ul = u // n
+            ui = u - ul * n
+            lu = level[u]
+            k = cur[u]
+            v = -1
+            r = 0
+            # Edges in order: forward ones (down a layer; from layer 1 only the one into the
+            # sink), then in the general phases reverse ones (back up a layer, along flow).
+            n_fwd = 1 if ul == 1 else fwd_deg[ul - 1, ui]
+            n_edges = n_fwd
+            if not forward_only and 1 <= ul <= n_layers - 2:
+                n_edges += bwd_deg[ul, ui]
+            while k < n_edges:
+                if k < n_fwd:
+                    kind = 0
+                    blk = ul - 1
+                    a = ui
+                    b = sink if ul == 1 else fwd_adj[blk, ui, k]
+                    r = rf[blk, a, b]
+                    w = blk * n + b
+                else:
+                    kind = 1
+                    blk = ul
+                    a = bwd_adj[ul, ui, k - n_fwd]
+                    b = ui
+                    r = rb[blk, b, a]
+                    w = (ul + 1) * n + a
+                if r > 0:
+                    lw = level[w]
+                    if lw == lu + 1 and (lw < sink_level or w == sink):
+                        v = w
+                        st_kind[depth] = kind
+                        st_blk[depth] = blk
+                        st_a[depth] = a
+                        st_b[depth] = b
+                        break
+                k += 1
+            cur[u] = k
+            if v >= 0:  # descend, asking for what this node still has to place
+                ask = min(budget[depth] - got[depth], r)
+                depth += 1
+                st_node[depth] = v
+                budget[depth] = ask
+                got[depth] = 0
+                continue
+            level[u] = -1
+            d = got[depth]
+        # Hand d units back up the stack until a node still has budget left to place.
+        while True:
+            if depth == 0:
+                return d
+            asked = budget[depth]
+            depth -= 1
+            blk = st_blk[depth]
+            a = st_a[depth]
+            b = st_b[depth]
+            left = 0
+            if d > 0:
+                if st_kind[depth] == 0:
+                    left = rf[blk, a, b] - d
+                    rf[blk, a, b] = left
+                    rb[blk, b, a] += d
+                else:
+                    left = rb[blk, b, a] - d
+                    rb[blk, b, a] = left
+                    rf[blk, a, b] += d
+                got[depth] += d
+            if left == 0 or d < asked:
+                cur[st_node[depth]] += 1  # edge saturated or child blocked: next edge
+            if got[depth] < budget[depth]:
+                break
+            d = got[depth]
+
+
+@njit(cache=True, nogil=True)
+def _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, old_sink, new_sink, surplus):  # pragma: no cover
+    """Turn a flow into ``old_sink`` into a valid flow into ``new_sink``; returns its value.
+
+    Edge (1, a) -> sink keeps min(its flow, new capacity); the excess is cancelled upward, layer
+    by layer, along edges that carry flow, until it is taken off the source's edges.
+    """
+    n_layers = cap.shape[0]
+    n = cap.shape[1]
+    value = 0
+    for a in range(n):
+        f = rb[0, old_sink, a]
+        rb[0, old_sink, a] = 0
+        rf[0, a, old_sink] = cap[0, a, old_sink]
+        keep = min(f, cap[0, a, new_sink])
+        rb[0, new_sink, a] = keep
+        rf[0, a, new_sink] = cap[0, a, new_sink] - keep
+        value += keep
+        surplus[a] = f - keep  # surplus[a]: excess of node (l, a) on the layer being cancelled
+    for l in range(1, n_layers):
+        for b in range(n):
+            s = surplus[b]
+            if s == 0:
+                continue
+            surplus[b] = 0
+            if l == n_layers - 1:  # only the source feeds the top layer
+                rb[l, b, source] -= s
+                rf[l, source, b] += s
+                continue
+            for k in range(bwd_deg[l, b]):
+                a = bwd_adj[l, b, k]
+                f = rb[l, b, a]
+                if f == 0:
+                    continue
+                take = min(s, f)
+                rb[l, b, a] = f - take
+                rf[l, a, b] += take
+                surplus[n + a] += take
+                s -= take
+                if s == 0:
+                    break
+        for a in range(n):  # the next layer's excess becomes the current one
+            surplus[a] = surplus[n + a]
+            surplus[n + a] = 0
+    for a in range(n):
+        surplus[a] = 0  # excess of the source layer (L == 1) is simply dropped
+    return value
+
+
+@njit(cache=True, nogil=True)
+def _source_flows(cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out):  # pragma: no cover
+    """Max flow from (L, source) to each (0, sink) in ``sinks``, written to ``out[sink]``.
+
+    ``cap [layer, q, k]`` are the integer capacities; see ``_graph`` for the adjacency arrays.
+    """
+    n_layers = cap.shape[0]
+    n = cap.shape[1]
+    n_nodes = (n_layers + 1) * n
+    rf = cap.copy()
+    rb = np.zeros_like(cap)
+    level = np.empty(n_nodes, np.int64)
+    queue = np.empty(n_nodes, np.int64)
+    surplus = np.zeros(2 * n, np.int64)
+    stack = 2 * n_nodes + 2
+    work = (
+        np.zeros(n_nodes, np.int64),  # current arc per node
+        np.empty(stack, np.int64),  # DFS stack: node
+        np.empty(stack, np.int64),  # edge kind (0 forward, 1 reverse), block, tail row, head column
+        np.empty(stack, np.int64),
+        np.empty(stack, np.int64),
+        np.empty(stack, np.int64),
+        np.empty(stack, np.int64),  # budget
+        np.empty(stack, np.int64),  # pushed so far
+    )
+    out_capacity = 0
+    for b in range(n):
+        out_capacity += cap[n_layers - 1, source, b]
+    flow = 0
+    previous = -1
+    start_cold = False
+    for index in range(sinks.shape[0]):
+        sink = sinks[index]
+        in_capacity = 0
+        for a in range(n):
+            in_capacity += cap[0, a, sink]
+        bound = min(out_capacity, in_capacity)
+        warm = previous >= 0 and not start_cold
+        if warm:
+            flow = _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, previous, sink, surplus)
+        elif previous >= 0:
+            rf[:] = cap
+            rb[:] = 0
+            flow = 0
+        previous = sink
+        if flow < bound:  # first phase: levels are the layers, no search needed
+            for l in range(n_layers + 1):
+                level[l * n : (l + 1) * n] = n_layers - l
+            flow += _blocking_flow(
+                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, n_layers, True, bound - flow, work
+            )
+        start_cold = False
+        while flow < bound:
+            sink_level = _bfs(rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue)
+            if sink_level < 0:
+                break  # no augmenting path: flow is maximum
+            start_cold = warm
+            flow += _blocking_flow(
+                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, sink_level, False, bound - flow, work
+            )
+        out[sink] = flow
