@@ -1,0 +1,545 @@
+"""The corpus study engine: windows → batches → capture → statistics, checkpointed and resumable.
+
+`run_study` drives one study into one output folder::
+
+    corpus ──WindowStream──> WindowBatch ──backend.process──> model.capture_batch ──> StudyStats.update
+                                                   every K batches: checkpoint.npz (atomic)
+    at the end: summary.json, stats.npz, heads.csv, report.html
+
+The backend is the only part that differs between engines: `LocalBackend` runs the model in this
+process; `attnflow.corpus.ray_engine.RayBackend` runs model replicas as Ray actors and merges their
+accumulators here. No model math and no statistics live in this module.
+
+Checkpoint and resume. ``checkpoint.npz`` holds the `StudyStats` state, the number of windows
+consumed and a fingerprint of everything that decides which windows exist and what is counted
+(model, corpus file and options, seq_len, stride, samples, statistics options). It is written
+with a temporary file and `os.replace`, every ``checkpoint_every`` batches, on Ctrl-C / SIGTERM
+(after the batch in progress), and at the end. ``resume=True`` loads it, checks the fingerprint,
+and restarts the deterministic window stream after the consumed windows, so no window is
+counted twice and none is lost; checkpoints fall on the same batch boundaries as in an
+uninterrupted run, which makes the resumed statistics identical to it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from attnflow.corpus.readers import Corpus, open_corpus
+from attnflow.corpus.stats import StudyConfig, StudyStats
+from attnflow.corpus.windows import WindowBatch, WindowStream, batched, marker_token_ids
+from attnflow.errors import InputError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.npz"
+SUMMARY = "summary.json"
+STATS = "stats.npz"
+HEADS = "heads.csv"
+REPORT = "report.html"
+OUTPUTS = (SUMMARY, STATS, HEADS, REPORT)
+CHECKPOINT_FORMAT = 1
+_STATE_PREFIX = "stats/"
+
+
+@dataclass
+class StudyOptions:
+    """Everything a study run is given (the `attnflow corpus` options, as a library object).
+
+    ``samples=None`` takes every window the corpus gives; ``stride=None`` is ``seq_len`` minus the
+    special tokens (disjoint windows). ``workers``: torch threads for the local engine, model
+    replicas (actors) for Ray. ``checkpoint_every``: batches between checkpoints.
+    """
+
+    model: str = "minilm"
+    data: str = "wiki"
+    samples: int | None = 20000
+    seq_len: int = 128
+    stride: int | None = None
+    batch_size: int = 16
+    high: str = "top-percent:2"
+    attention_top_percent: float = 2.0
+    short_range: int = 8
+    n_anchor_tokens: int = 10
+    text_field: str = "text"
+    text_column: str = "text"
+    txt_docs: str = "line"
+    skip_bad: bool = False
+    device: str = "auto"
+    engine: str = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    checkpoint_every: int = 20
+    quiet: bool = False
+
+    def study_config(self) -> StudyConfig:
+        try:
+            return StudyConfig(
+                high=self.high,
+                attention_top_percent=self.attention_top_percent,
+                short_range=self.short_range,
+                n_anchor_tokens=self.n_anchor_tokens,
+            )
+        except ValueError as error:
+            raise InputError(f"--high: {error}") from None
+
+
+class Backend(Protocol):
+    """Where batches are computed. `collect` returns the statistics of every window processed so
+    far (the resumed state included) once all submitted batches are done."""
+
+    def process(self, batch: WindowBatch) -> None: ...
+
+    def collect(self) -> StudyStats: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """The model in this process: ``capture_batch`` then ``StudyStats.update``, one batch at a time."""
+
+    def __init__(self, model: Any, stats: StudyStats, threads: int | None = None) -> None:
+        import torch
+
+        self.model = model
+        self.stats = stats
+        self._threads = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(int(threads))
+
+    def process(self, batch: WindowBatch) -> None:
+        process_batch(self.model, self.stats, batch)
+
+    def collect(self) -> StudyStats:
+        return self.stats
+
+    def close(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads)
+
+
+def process_batch(model: Any, stats: StudyStats, batch: WindowBatch) -> None:
+    """One batch through ``model.capture_batch`` into ``stats`` (shared by every engine)."""
+    import torch
+
+    token_ids = torch.from_numpy(batch.token_ids)  # [batch, seq_len]
+    capture = model.capture_batch(token_ids, head_outputs=True)
+    device = capture.attentions.device
+    stats.update(
+        token_ids=token_ids.to(device),
+        sentence_ids=torch.from_numpy(batch.sentence_ids).to(device),  # [batch, seq_len], -1 special
+        attentions=capture.attentions,  # [batch, layer, head, query, key]
+        head_outputs=capture.head_outputs,  # [batch, layer, token, head, d_head]
+    )
+
+
+def new_stats(model: Any, options: StudyOptions) -> StudyStats:
+    """An empty accumulator shaped for ``model`` and ``options``."""
+    special, punctuation = marker_token_ids(model.tokenizer)
+    return StudyStats(
+        model.n_layers,
+        model.n_heads,
+        options.seq_len,
+        options.study_config(),
+        special_token_ids=special,
+        punctuation_ids=punctuation,
+        vocab_size=len(model.tokenizer),
+    )
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run_study(
+    options: StudyOptions,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    model: Any = None,
+) -> dict[str, Any]:
+    """Run (or continue) a corpus study into folder ``out``; returns the summary written there.
+
+    Args:
+        options: what to study and how (see `StudyOptions`).
+        out: the output folder; an existing non-empty one is refused unless ``resume`` (continue
+            its checkpoint) or ``overwrite`` (delete attnflow's files there first).
+        model: an already loaded `attnflow.capture.AttentionModel` (local engine only); default:
+            ``attnflow.load(options.model, device=options.device)``.
+
+    Raises:
+        InputError: bad options, corpus or output folder; a checkpoint of another configuration.
+        KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
+    """
+    _check_options(options)
+    out = Path(out)
+    checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite)
+    corpus = open_corpus(
+        options.data,
+        text_field=options.text_field,
+        text_column=options.text_column,
+        txt_docs=options.txt_docs,
+        skip_bad=options.skip_bad,
+    )
+    if model is None:
+        from attnflow.capture import load
+
+        # The Ray driver only needs the tokenizer and shapes; replicas load their own copy.
+        model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
+    if options.seq_len > model.max_length:
+        raise InputError(
+            f"--seq-len {options.seq_len} exceeds the maximum of {options.model} ({model.max_length} tokens)"
+        )
+    corpus.validate()
+    stream = WindowStream(
+        corpus, model.tokenizer, seq_len=options.seq_len, stride=options.stride, samples=options.samples
+    )
+    fields = fingerprint_fields(options, model, corpus, stream)
+    fingerprint = _digest(fields)
+
+    stats = new_stats(model, options)
+    consumed, elapsed_before = 0, 0.0
+    if checkpoint is not None:
+        state, meta = load_checkpoint(checkpoint)
+        _check_same_config(checkpoint, meta, fields, fingerprint)
+        stats = StudyStats.from_state_dict(state)
+        consumed, elapsed_before = int(meta["windows"]), float(meta.get("elapsed_s", 0.0))
+        if stats.n_samples != consumed:
+            raise InputError(f"{checkpoint}: holds {stats.n_samples} samples but records {consumed} windows")
+        log.info("resuming %s after %d windows", out, consumed)
+    stream.start = consumed
+
+    backend = _backend(options, model, stats)
+    started = time.perf_counter()
+    progress = _progress(options, consumed)
+    batches_done = consumed // options.batch_size
+    try:
+        with _stop_requests() as stop:
+            for batch in batched(stream, options.batch_size):
+                backend.process(batch)
+                consumed += len(batch)
+                batches_done += 1
+                progress.update(len(batch))
+                if stop.is_set() or batches_done % options.checkpoint_every == 0:
+                    stats = backend.collect()
+                    _save(checkpoint_path(out), stats, consumed, fields, fingerprint, elapsed_before + time.perf_counter() - started)
+                if stop.is_set():
+                    log.warning(
+                        "stopped: checkpoint saved after %d windows; continue with the same command and --resume",
+                        consumed,
+                    )
+                    raise KeyboardInterrupt
+            stats = backend.collect()
+    finally:
+        progress.close()
+        backend.close()
+    elapsed = elapsed_before + time.perf_counter() - started
+    _save(checkpoint_path(out), stats, consumed, fields, fingerprint, elapsed, complete=True)
+    if stream.shortfall():
+        log.warning("%s", stream.shortfall())
+
+    summary = build_summary(options, model, corpus, stream, stats, fingerprint, elapsed)
+    write_outputs(out, summary, stats, model.tokenizer)
+    return summary
+
+
+def _check_options(options: StudyOptions) -> None:
+    for name, value in (
+        ("--batch-size", options.batch_size),
+        ("--seq-len", options.seq_len),
+        ("--checkpoint-every", options.checkpoint_every),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive integer, not {value!r}")
+    if options.samples is not None and options.samples < 1:
+        raise InputError(f"--samples must be at least 1, not {options.samples}")
+    if options.stride is not None and options.stride < 1:
+        raise InputError(f"--stride must be at least 1, not {options.stride}")
+    if options.workers is not None and options.workers < 1:
+        raise InputError(f"--workers must be at least 1, not {options.workers}")
+    if options.engine not in ("local", "ray"):
+        raise InputError(f"--engine must be local or ray, not {options.engine!r}")
+    options.study_config()
+
+
+def _backend(options: StudyOptions, model: Any, stats: StudyStats) -> Backend:
+    if options.engine == "ray":
+        from attnflow.corpus.ray_engine import RayBackend
+
+        return RayBackend(options, stats)
+    return LocalBackend(model, stats, threads=options.workers)
+
+
+def _progress(options: StudyOptions, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=options.samples,
+        initial=initial,
+        unit="window",
+        desc="corpus study",
+        file=sys.stderr,
+        disable=options.quiet,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
+
+
+@contextmanager
+def _stop_requests() -> Iterator[threading.Event]:
+    """Ctrl-C / SIGTERM set an event the loop checks between batches (a second Ctrl-C aborts at once)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def request(signum, frame):  # noqa: ARG001 - signal handler signature
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        log.warning("stopping after the current batch (Ctrl-C again to abort without saving)")
+
+    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -- output folder and checkpoint --------------------------------------------------------------
+
+
+def checkpoint_path(out: Path) -> Path:
+    return out / CHECKPOINT
+
+
+def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | None:
+    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any."""
+    if resume and overwrite:
+        raise InputError("choose either --resume (continue the run in the folder) or --overwrite (start again)")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a folder")
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    for entry in entries:
+        if entry.name.startswith(".") and ".tmp-" in entry.name:
+            entry.unlink(missing_ok=True)  # left by a write that was killed half-way
+    entries = [entry for entry in entries if entry.exists()]
+    if not entries:
+        return None
+    if overwrite:
+        for name in (CHECKPOINT, *OUTPUTS):
+            (out / name).unlink(missing_ok=True)
+        return None
+    if resume:
+        if not checkpoint_path(out).is_file():
+            raise InputError(f"--resume: {out} has no {CHECKPOINT} to continue from")
+        return checkpoint_path(out)
+    raise InputError(
+        f"{out} exists and is not empty; pass --resume to continue the run saved there, "
+        "or --overwrite to start again"
+    )
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[io.BufferedWriter]:
+    """Write ``path`` through a temporary file in the same folder, then `os.replace` it in."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _save(
+    path: Path,
+    stats: StudyStats,
+    windows: int,
+    fields: dict,
+    fingerprint: str,
+    elapsed: float,
+    complete: bool = False,
+) -> None:
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "windows": windows,
+        "fingerprint": fingerprint,
+        "fields": fields,
+        "elapsed_s": elapsed,
+        "complete": complete,
+    }
+    arrays = {_STATE_PREFIX + name: np.asarray(value) for name, value in stats.state_dict().items()}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    with atomic_file(path) as handle:
+        np.savez(handle, **arrays)
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(StudyStats state, meta) of a checkpoint file."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            meta = json.loads(saved["meta"].tobytes().decode("utf-8"))
+            state = {
+                name[len(_STATE_PREFIX) :]: saved[name] for name in saved.files if name.startswith(_STATE_PREFIX)
+            }
+    except (OSError, ValueError, KeyError) as error:
+        raise InputError(f"{path}: not a readable attnflow checkpoint ({error}); use --overwrite to start again") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+    return state, meta
+
+
+def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream: WindowStream) -> dict[str, Any]:
+    """What must not change between a run and its resumption (not: batch size, engine, device)."""
+    return {
+        "model": options.model,
+        "model_shape": [model.n_layers, model.n_heads, model.d_head],
+        "corpus": corpus.identity(),
+        "seq_len": options.seq_len,
+        "stride": stream.stride,
+        "samples": options.samples,
+        "special_tokens": [stream.prefix, stream.suffix],
+        "study": asdict(options.study_config()),
+    }
+
+
+def _digest(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def _check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -> None:
+    if meta.get("fingerprint") == fingerprint:
+        return
+    before = meta.get("fields", {})
+    changes = [
+        f"{key}: {json.dumps(before.get(key))} then, {json.dumps(fields.get(key))} now"
+        for key in sorted(set(before) | set(fields))
+        if before.get(key) != fields.get(key)
+    ]
+    raise InputError(
+        f"--resume: {path} was written with a different configuration ({'; '.join(changes) or 'unknown'}); "
+        "rerun with the original options, or use --overwrite to start again"
+    )
+
+
+# -- outputs -----------------------------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("attnflow", "torch", "transformers", "numpy", "pysbd", "ray"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def build_summary(
+    options: StudyOptions,
+    model: Any,
+    corpus: Corpus,
+    stream: WindowStream,
+    stats: StudyStats,
+    fingerprint: str,
+    elapsed: float,
+) -> dict[str, Any]:
+    """summary.json: the statistics' summary plus what produced it."""
+    results = stats.summary(lambda token_id: model.tokenizer.convert_ids_to_tokens(int(token_id)))
+    summary: dict[str, Any] = {
+        "model": {
+            "name": options.model,
+            "n_layers": model.n_layers,
+            "n_heads": model.n_heads,
+            "d_head": model.d_head,
+            "max_length": model.max_length,
+        },
+        "samples": stats.n_samples,
+        "seq_len": options.seq_len,
+        "config": {
+            **results.pop("config"),
+            "seq_len": options.seq_len,
+            "stride": stream.stride,
+            "samples_requested": options.samples,
+            "batch_size": options.batch_size,
+            "engine": options.engine,
+            "workers": options.workers,
+            "device": options.device,
+        },
+        "corpus": {
+            **corpus.info(),
+            "documents_read": stream.documents_read,
+            "wordpieces_read": stream.tokens_read,
+            "exhausted": stream.exhausted,
+        },
+        "counts": {
+            "windows": stats.n_samples,
+            "tokens": stats.n_samples * options.seq_len,
+            "content_tokens_per_window": stream.content_len,
+        },
+        "versions": _versions(),
+        "elapsed_s": round(elapsed, 3),
+        "fingerprint": fingerprint,
+    }
+    results.pop("samples", None)
+    results.pop("seq_len", None)
+    summary.update(results)
+    return summary
+
+
+def write_outputs(out: Path, summary: dict[str, Any], stats: StudyStats, tokenizer: Any) -> None:
+    """summary.json, stats.npz, heads.csv and report.html, each written atomically."""
+    from attnflow.viz.report import build_report
+
+    arrays = stats.arrays()
+    with atomic_file(out / STATS) as handle:
+        np.savez_compressed(handle, **arrays)
+    rows = stats.head_table(lambda token_id: tokenizer.convert_ids_to_tokens(int(token_id)))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    with atomic_file(out / HEADS) as handle:
+        handle.write(text.getvalue().encode("utf-8"))
+    with atomic_file(out / SUMMARY) as handle:
+        handle.write((json.dumps(summary, indent=1, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8"))
+    with atomic_file(out / REPORT) as handle:
+        handle.write(build_report(summary, arrays).encode("utf-8"))
+
+
+def rebuild_report(out: str | os.PathLike) -> Path:
+    """`attnflow report DIR`: report.html again from DIR/summary.json and DIR/stats.npz."""
+    from attnflow.viz.report import build_report
+
+    out = Path(out)
+    missing = [name for name in (SUMMARY, STATS) if not (out / name).is_file()]
+    if missing:
+        raise InputError(f"{out}: no {' or '.join(missing)} (is this the --out folder of `attnflow corpus`?)")
+    summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
+    with np.load(out / STATS, allow_pickle=False) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    with atomic_file(out / REPORT) as handle:
+        handle.write(build_report(summary, arrays).encode("utf-8"))
+    return out / REPORT

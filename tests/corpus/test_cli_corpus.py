@@ -1,0 +1,61 @@
+"""`attnflow corpus` and `attnflow report` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnflow.cli import build_parser, main
+
+
+def test_help_teaches_with_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["corpus", "--help"])
+    text = capsys.readouterr().out
+    for needle in ("--samples", "--stride", "--resume", "--engine", "--high", "top-percent:2", "examples:",
+                   "attnflow corpus --data wiki --samples 20000 --stride 50"):
+        assert needle in text
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert "attnflow report out/study" in capsys.readouterr().out
+
+
+def test_cli_end_to_end_and_report(tiny_bert, txt_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    args = ["corpus", "--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "8", "--seq-len", "24",
+            "--batch-size", "4", "--device", "cpu", "--json", "--out", str(out)]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["samples"] == 8 and len(printed["layers"]) == 2
+    assert {"mean_distance_high", "same_sentence_share", "signal_share"} <= set(printed["layers"][0])
+    for name in ("summary.json", "stats.npz", "heads.csv", "report.html", "checkpoint.npz"):
+        assert (out / name).is_file()
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0
+    assert (out / "report.html").is_file()
+    # Again without --resume/--overwrite: refused with one line, exit status 2.
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("attnflow: error: ") and "--resume" in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--data", "nope.csv"], "no such file"),
+        (["--high", "top-half:2"], "unknown rule 'top-half'"),
+        (["--samples", "0"], "--samples must be at least 1"),
+    ],
+)
+def test_cli_errors_are_one_line(tiny_bert, tmp_path, capsys, extra, message):
+    args = ["corpus", "--model", str(tiny_bert), "--device", "cpu", "--quiet", "--out", str(tmp_path / "o"), *extra]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert message in error and error.count("\n") == 1
+
+
+def test_resume_and_overwrite_are_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["corpus", "--out", "x", "--resume", "--overwrite"])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -1,0 +1,193 @@
+"""The local engine: outputs, output-folder rules, checkpoints, resume (Ctrl-C and SIGKILL)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, rebuild_report, run_study
+from attnflow.errors import InputError
+from corpus_helpers import assert_same_arrays, load_npz, story
+
+REQUIRED_SCALARS = (
+    "mean_distance_high",
+    "mean_distance_all",
+    "same_sentence_share",
+    "same_sentence_chance",
+    "repeat_share",
+    "repeat_chance",
+    "signal_share",
+)
+
+
+def tiny_options(model: Path, data: Path, **changes) -> StudyOptions:
+    options = dict(model=str(model), data=str(data), samples=24, seq_len=32, batch_size=4, device="cpu", quiet=True)
+    options.update(changes)
+    return StudyOptions(**options)
+
+
+def test_study_writes_every_output(tiny_bert, txt_corpus, tmp_path):
+    out = tmp_path / "study"
+    summary = run_study(tiny_options(tiny_bert, txt_corpus), out)
+    assert sorted(p.name for p in out.iterdir()) == [CHECKPOINT, "heads.csv", "report.html", "stats.npz", "summary.json"]
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary))
+    assert saved["samples"] == 24 and saved["seq_len"] == 32 and saved["model"]["n_layers"] == 2
+    assert saved["config"]["high"] == "top-percent:2" and saved["config"]["stride"] == 30
+    assert saved["corpus"]["kind"] == "txt" and saved["corpus"]["documents"] == 80
+    assert {"attnflow", "torch", "transformers"} <= set(saved["versions"])
+    assert len(saved["layers"]) == 2
+    for layer in saved["layers"]:
+        assert set(REQUIRED_SCALARS) <= set(layer) and len(layer["heads"]) == 4
+        for head in layer["heads"]:
+            assert set(REQUIRED_SCALARS) <= set(head) and isinstance(head["top_anchor_tokens"], list)
+    assert saved["layers"][0]["mean_distance_all"] == pytest.approx(33 / 3)  # (n + 1) / 3
+    arrays = load_npz(out / "stats.npz")
+    assert arrays["mean_similarity"].shape == (2, 4, 32, 32)
+    rows = list(csv.DictReader((out / "heads.csv").open()))
+    assert len(rows) == 8 and {"layer", "head", "signal_share", "top_anchor_tokens"} <= set(rows[0])
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 6 and "<script" not in html
+
+
+def test_batch_size_does_not_change_the_statistics(tiny_bert, txt_corpus, tmp_path):
+    run_study(tiny_options(tiny_bert, txt_corpus, batch_size=3), tmp_path / "a")
+    run_study(tiny_options(tiny_bert, txt_corpus, batch_size=8), tmp_path / "b")
+    assert_same_arrays(load_npz(tmp_path / "a" / "stats.npz"), load_npz(tmp_path / "b" / "stats.npz"), exact=False)
+
+
+def test_output_folder_rules(tiny_bert, txt_corpus, tmp_path):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    options = tiny_options(tiny_bert, txt_corpus, samples=4)
+    with pytest.raises(InputError, match="exists and is not empty; pass --resume .* or --overwrite"):
+        run_study(options, out)
+    with pytest.raises(InputError, match=f"--resume: .* has no {CHECKPOINT}"):
+        run_study(options, out, resume=True)
+    with pytest.raises(InputError, match="either --resume .* or --overwrite"):
+        run_study(options, out, resume=True, overwrite=True)
+    run_study(options, out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"  # --overwrite deletes only attnflow's files
+    (out / "stray.txt").write_text("x")
+    with pytest.raises(InputError, match="not empty"):
+        run_study(options, out)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is not a folder"):
+        run_study(options, tmp_path / "file")
+
+
+def test_bad_input_writes_nothing(tiny_bert, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "the cat."}\n{"text": \n', encoding="utf-8")
+    with pytest.raises(InputError, match="line 2: malformed JSON"):
+        run_study(tiny_options(tiny_bert, bad), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_seq_len_above_the_model_maximum_is_refused(tiny_bert, txt_corpus, tmp_path):
+    with pytest.raises(InputError, match=r"--seq-len 61 exceeds the maximum of .* \(60 tokens\)"):
+        run_study(tiny_options(tiny_bert, txt_corpus, seq_len=61), tmp_path / "out")
+
+
+def test_resume_with_another_configuration_is_refused(tiny_bert, txt_corpus, tmp_path):
+    out = tmp_path / "study"
+    run_study(tiny_options(tiny_bert, txt_corpus, samples=4), out)
+    with pytest.raises(InputError, match=r"different configuration \(seq_len: 32 then, 16 now.*stride: 30 then, 14 now"):
+        run_study(tiny_options(tiny_bert, txt_corpus, samples=4, seq_len=16), out, resume=True)
+    with pytest.raises(InputError, match=r"study: .*\"high\": \"top-percent:2\".*zscore:2"):
+        run_study(tiny_options(tiny_bert, txt_corpus, samples=4, high="zscore:2"), out, resume=True)
+    # Neither the batch size nor the engine settings are part of the configuration.
+    run_study(tiny_options(tiny_bert, txt_corpus, samples=4, batch_size=2), out, resume=True)
+
+
+class InterruptAfter:
+    """The real model, but the process gets SIGINT (Ctrl-C) during batch ``after``."""
+
+    def __init__(self, model, after: int) -> None:
+        self._model, self._after, self.calls = model, after, 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def capture_batch(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self._after:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self._model.capture_batch(*args, **kwargs)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
+    from attnflow.capture import load
+
+    options = tiny_options(tiny_bert, txt_corpus, checkpoint_every=2)
+    run_study(options, tmp_path / "whole")
+    model = InterruptAfter(load(str(tiny_bert), device="cpu"), after=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(options, tmp_path / "cut", model=model)
+    assert model.calls == 3  # stopped after the batch in progress
+    _, meta = load_checkpoint(tmp_path / "cut" / CHECKPOINT)
+    assert meta["windows"] == 12 and not meta["complete"]
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    summary = run_study(options, tmp_path / "cut", resume=True)
+    assert summary["samples"] == 24
+    assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(tmp_path / "cut" / "stats.npz"))
+    # Resuming a finished run recomputes nothing and writes the same statistics again.
+    run_study(options, tmp_path / "cut", resume=True)
+    assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(tmp_path / "cut" / "stats.npz"))
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(story(i, sentences=4) for i in range(400)) + "\n", encoding="utf-8")
+
+    def command(out: Path) -> list[str]:
+        return [
+            sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "corpus", "--model", str(tiny_bert), "--data", str(corpus),
+            "--samples", "600", "--seq-len", "24", "--stride", "15", "--batch-size", "2",
+            "--checkpoint-every", "3", "--device", "cpu", "--quiet", "--out", str(out),
+        ]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command(tmp_path / "whole"), check=True, env=env, capture_output=True, timeout=600)
+
+    cut = tmp_path / "cut"
+    process = subprocess.Popen(command(cut), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not (cut / CHECKPOINT).exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # let it get a little further, possibly into the next checkpoint write
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    _, meta = load_checkpoint(cut / CHECKPOINT)
+    assert 0 < meta["windows"] < 600 and not (cut / "summary.json").exists()
+
+    resumed = subprocess.run(command(cut) + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(cut / "stats.npz"))
+    assert json.loads((cut / "summary.json").read_text())["samples"] == 600
+    assert not [p.name for p in cut.iterdir() if ".tmp-" in p.name]
+
+
+def test_report_is_rebuilt_from_saved_statistics(tiny_bert, txt_corpus, tmp_path):
+    out = tmp_path / "study"
+    run_study(tiny_options(tiny_bert, txt_corpus, samples=4), out)
+    (out / "report.html").unlink()
+    assert rebuild_report(out) == out / "report.html"
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+    with pytest.raises(InputError, match="no summary.json or stats.npz"):
+        rebuild_report(tmp_path)

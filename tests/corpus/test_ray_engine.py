@@ -1,0 +1,25 @@
+"""`--engine ray` on a private local Ray runtime gives the local engine's statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnflow.corpus.engine import StudyOptions, run_study
+from corpus_helpers import assert_same_arrays, load_npz
+
+pytest.importorskip("ray")
+
+
+def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
+    options = dict(
+        model=str(tiny_bert), data=str(txt_corpus), samples=30, seq_len=32, stride=20, batch_size=4,
+        device="cpu", quiet=True, checkpoint_every=3,
+    )
+    local = run_study(StudyOptions(**options), tmp_path / "local")
+    distributed = run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
+    assert distributed["samples"] == local["samples"] == 30
+    assert distributed["config"]["engine"] == "ray"
+    # Same windows, accumulators merged in another order: equal up to float64 rounding.
+    assert_same_arrays(load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False)
+    heads = lambda summary: [h["top_anchor_tokens"] for layer in summary["layers"] for h in layer["heads"]]  # noqa: E731
+    assert heads(distributed) == heads(local)
