@@ -184,7 +184,8 @@ def test_registered_as_flow():
     assert spec.function is attention_flow
     assert spec.options == ("head_fusion", "residual", "layer")
     attentions = softmax_attentions(np.random.default_rng(10), 2, 2, 6)
-    np.testing.assert_array_equal(spec.function(attentions, head_fusion="max", layer=1), attention_flow(attentions, "max", layer=1))
+    registered = spec.function(attentions, head_fusion="max", layer=1)
+    np.testing.assert_array_equal(registered, attention_flow(attentions, "max", layer=1))
 
 
 def _attentions():

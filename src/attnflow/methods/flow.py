@@ -12,10 +12,11 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   reached, so they are left out; the residual graph is kept as dense ``[layer, q, k]`` arrays
   (forward residuals and, transposed, the flow that can be sent back), with per-node adjacency
   lists that skip zero-capacity edges and try the largest capacities first.
-* Dinic's algorithm. Every edge goes down one layer, so in the first phase the BFS levels are the
-  layers themselves: that phase runs without a search, and on most inputs it already reaches a
-  trivial upper bound, min(Σ source capacities, Σ sink capacities), which ends the max-flow with
-  no BFS at all. Otherwise ordinary BFS/DFS phases follow; the last BFS proves optimality.
+* Dinic's algorithm, with levels = distances to the sink. Every edge goes down one layer, so in
+  the first phase the distances are the layers themselves: that phase runs without a search, and
+  on most inputs it already reaches a trivial upper bound, min(Σ source capacities, Σ sink
+  capacities), which ends the max-flow with no search at all. Otherwise BFS phases (from the sink,
+  over reversed residual edges, stopping at the source) follow; the last one proves optimality.
   The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time.
 * Reuse across sinks: the max flow to sink j is the starting flow for sink j+1. The flow that
   sink j+1 cannot take is cancelled back up the graph (a pass over the layers, from the bottom),
@@ -138,35 +139,39 @@ def _graph(layers: np.ndarray) -> tuple[np.ndarray, ...]:
     ``bwd_adj [layer, k, q]`` and ``bwd_deg [layer, k]`` (the same per column).
     """
     cap = np.rint(layers * _SCALE).astype(np.int64)
+    cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
     nonzero = cap > 0
     fwd_adj = np.argsort(-cap, axis=-1).astype(np.int32)  # zero capacities sort last
-    bwd_adj = np.argsort(-np.ascontiguousarray(cap.transpose(0, 2, 1)), axis=-1).astype(np.int32)
+    bwd_adj = np.argsort(-cap_t, axis=-1).astype(np.int32)
     fwd_deg = nonzero.sum(axis=-1, dtype=np.int64)
     bwd_deg = nonzero.sum(axis=-2, dtype=np.int64)
-    return cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg
+    return cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg
 
 
 def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
     """Raw integer flows ``[batch, len(sources), key]`` for ``[batch, layer, q, k]`` matrices."""
     n_samples, n = samples.shape[0], samples.shape[-1]
     out = np.zeros((n_samples, len(sources), n), dtype=np.int64)
-    graphs = [_graph(sample) for sample in samples]
-    n_rows = n_samples * len(sources)
-    # With fewer rows than threads, split each row's sinks into runs so every thread has work.
-    n_runs = 1 if jobs == 1 or n_rows >= 4 * jobs else min(n, math.ceil(2 * jobs / max(n_rows, 1)))
-    sink_runs = np.array_split(np.arange(n, dtype=np.int64), n_runs)
-    tasks = [(b, r, run) for b in range(n_samples) for r in range(len(sources)) for run in sink_runs]
+    # With fewer rows than threads, split each row's sinks into runs so that every thread has work.
+    n_runs = 1 if jobs == 1 or len(sources) >= 4 * jobs else min(n, math.ceil(2 * jobs / max(len(sources), 1)))
+    tasks = [(r, run) for r in range(len(sources)) for run in np.array_split(np.arange(n, dtype=np.int64), n_runs)]
+    pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 and len(tasks) > 1 else None
+    try:
+        for b in range(n_samples):  # one sample's graph at a time: memory does not grow with the batch
+            graph = _graph(samples[b])
 
-    def solve(task: tuple[int, int, np.ndarray]) -> None:
-        b, r, run = task
-        _source_flows(*graphs[b], sources[r], run, out[b, r])
+            def solve(task: tuple[int, np.ndarray], b: int = b, graph: tuple = graph) -> None:
+                r, run = task
+                _source_flows(*graph, sources[r], run, out[b, r])
 
-    if jobs == 1 or len(tasks) <= 1:
-        for task in tasks:
-            solve(task)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(solve, tasks))  # list() re-raises a worker's exception here
+            if pool is None:
+                for task in tasks:
+                    solve(task)
+            else:
+                list(pool.map(solve, tasks))  # list() re-raises a worker's exception here
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return out
 
 
@@ -174,57 +179,63 @@ def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarra
 # Compiled kernel. Node (l, i) has id l * n + i. Residuals of the edges of block l (from layer
 # l+1 to layer l): rf[l, a, b] forward on (l+1, a) -> (l, b); rb[l, b, a] = its flow, i.e. the
 # residual of the reverse edge (l, b) -> (l+1, a). The sink (0, sink) has id `sink`.
+# Line coverage cannot see compiled code; NUMBA_DISABLE_JIT=1 runs these functions as Python.
 
 
 @njit(cache=True, nogil=True)
-def _bfs(rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue):  # pragma: no cover - compiled
-    """BFS levels from the source in the residual graph; returns the sink's level or -1."""
+def _distances(
+    cap, cap_t, rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue
+):  # pragma: no cover
+    """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
+
+    Stops once the source is labelled (nodes farther away cannot be on a shortest path).
+    Returns False when the source cannot reach the sink. The residual of the edge
+    (l+1, a) -> (l, b) is cap_t[l, b, a] - rb[l, b, a], so every scan reads a contiguous row.
+    """
     n_layers = rf.shape[0]
     n = rf.shape[1]
-    level[:] = -1
     s = n_layers * n + source
-    level[s] = 0
-    queue[0] = s
+    level[:] = -1
+    level[sink] = 0
+    queue[0] = sink
     head = 0
     tail = 1
     while head < tail:
-        u = queue[head]
+        v = queue[head]
         head += 1
-        ul = u // n
-        ui = u - ul * n
-        lu = level[u]
-        if ul == 1:
-            if rf[0, ui, sink] > 0:
-                # BFS order: every node of level <= lu is labelled already; deeper ones are useless.
-                level[sink] = lu + 1
-                return lu + 1
+        vl = v // n
+        vi = v - vl * n
+        lv = level[v] + 1
+        if vl == n_layers - 1:  # only the source feeds this layer
+            if cap_t[vl, vi, source] - rb[vl, vi, source] > 0:
+                level[s] = lv  # BFS order: every node nearer to the sink is labelled already
+                return True
         else:
-            blk = ul - 1
-            for k in range(fwd_deg[blk, ui]):
-                b = fwd_adj[blk, ui, k]
-                if rf[blk, ui, b] > 0:
-                    w = blk * n + b
-                    if level[w] < 0:
-                        level[w] = lu + 1
-                        queue[tail] = w
-                        tail += 1
-        if 1 <= ul <= n_layers - 2:
-            for k in range(bwd_deg[ul, ui]):
-                a = bwd_adj[ul, ui, k]
-                if rb[ul, ui, a] > 0:
-                    w = (ul + 1) * n + a
-                    if level[w] < 0:
-                        level[w] = lu + 1
-                        queue[tail] = w
-                        tail += 1
-    return -1
+            for k in range(bwd_deg[vl, vi]):  # (vl+1, a) -> (vl, vi) with room left
+                a = bwd_adj[vl, vi, k]
+                w = (vl + 1) * n + a
+                if level[w] < 0 and cap_t[vl, vi, a] - rb[vl, vi, a] > 0:  # level first: it is in cache
+                    level[w] = lv
+                    queue[tail] = w
+                    tail += 1
+        if vl >= 2:
+            for k in range(fwd_deg[vl - 1, vi]):  # (vl-1, c) -> (vl, vi): cancels flow on (vl, vi) -> (vl-1, c)
+                c = fwd_adj[vl - 1, vi, k]
+                w = (vl - 1) * n + c
+                if level[w] < 0 and cap[vl - 1, vi, c] - rf[vl - 1, vi, c] > 0:
+                    level[w] = lv
+                    queue[tail] = w
+                    tail += 1
+    return False
 
 
 @njit(cache=True, nogil=True)
 def _blocking_flow(
-    rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, sink_level, forward_only, limit, work
-):  # pragma: no cover - compiled
-    """Push up to ``limit`` units along the level graph (DFS with current arcs, multi-push).
+    rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, forward_only, limit, work
+):  # pragma: no cover
+    """Push up to ``limit`` units along edges that go one step nearer to the sink (``level``).
+
+    A DFS with current arcs that splits a node's flow over its edges (multi-push).
 
     ``work`` holds the per-node current arc and the DFS stack (node, edge, budget, pushed).
     Returns the flow pushed. Exhausted nodes get level -1 (dead for the rest of the phase).
@@ -271,7 +282,7 @@ def _blocking_flow(
                     w = (ul + 1) * n + a
                 if r > 0:
                     lw = level[w]
-                    if lw == lu + 1 and (lw < sink_level or w == sink):
+                    if lw == lu - 1:
                         v = w
                         st_kind[depth] = kind
                         st_blk[depth] = blk
@@ -366,7 +377,7 @@ def _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, old_sink, new_sink, surplu
 
 
 @njit(cache=True, nogil=True)
-def _source_flows(cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out):  # pragma: no cover
+def _source_flows(cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out):  # pragma: no cover
     """Max flow from (L, source) to each (0, sink) in ``sinks``, written to ``out[sink]``.
 
     ``cap [layer, q, k]`` are the integer capacities; see ``_graph`` for the adjacency arrays.
@@ -379,7 +390,7 @@ def _source_flows(cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out): 
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
     surplus = np.zeros(2 * n, np.int64)
-    stack = 2 * n_nodes + 2
+    stack = n_nodes + 1  # a DFS path visits each distance to the sink at most once
     work = (
         np.zeros(n_nodes, np.int64),  # current arc per node
         np.empty(stack, np.int64),  # DFS stack: node
@@ -410,19 +421,18 @@ def _source_flows(cap, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out): 
             rb[:] = 0
             flow = 0
         previous = sink
-        if flow < bound:  # first phase: levels are the layers, no search needed
+        if flow < bound:  # first phase on forward edges only: distances are the layers, no search
             for l in range(n_layers + 1):
-                level[l * n : (l + 1) * n] = n_layers - l
+                level[l * n : (l + 1) * n] = l
             flow += _blocking_flow(
-                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, n_layers, True, bound - flow, work
+                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, True, bound - flow, work
             )
         start_cold = False
         while flow < bound:
-            sink_level = _bfs(rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue)
-            if sink_level < 0:
-                break  # no augmenting path: flow is maximum
+            if not _distances(cap, cap_t, rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue):
+                break  # no augmenting path: the flow is maximum
             start_cold = warm
             flow += _blocking_flow(
-                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, sink_level, False, bound - flow, work
+                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, False, bound - flow, work
             )
         out[sink] = flow
