@@ -13,6 +13,7 @@ Quick start::
 from attnflow.methods import (
     attention_flow,
     available_methods,
+    context_similarity,
     encoder_decoder_rollout,
     get_method,
     raw_attention,
@@ -41,6 +42,7 @@ __all__ = [
     "Trace",
     "attention_flow",
     "available_methods",
+    "context_similarity",
     "encoder_decoder_rollout",
     "explain",
     "get_method",

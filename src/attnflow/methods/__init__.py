@@ -5,10 +5,12 @@ from attnflow.methods.rollout import raw_attention, rollout
 from attnflow.methods.saliency import saliency_row, to_patch_grid
 from attnflow.methods.encoder_decoder import encoder_decoder_rollout
 from attnflow.methods.flow import attention_flow
+from attnflow.methods.similarity import context_similarity
 
 __all__ = [
     "attention_flow",
     "available_methods",
+    "context_similarity",
     "encoder_decoder_rollout",
     "get_method",
     "raw_attention",
