@@ -32,8 +32,9 @@ def test_cli_end_to_end_and_report(tiny_bert, txt_corpus, tmp_path, capsys):
     for name in ("summary.json", "stats.npz", "heads.csv", "report.html", "checkpoint.npz"):
         assert (out / name).is_file()
     (out / "report.html").unlink()
-    assert main(["report", str(out)]) == 0
+    assert main(["report", str(out), "--png", str(tmp_path / "figures")]) == 0
     assert (out / "report.html").is_file()
+    assert len(list((tmp_path / "figures").glob("*.png"))) == 6
     # Again without --resume/--overwrite: refused with one line, exit status 2.
     assert main(args) == 2
     error = capsys.readouterr().err

@@ -26,3 +26,19 @@ def test_minilm_study_on_wiki(minilm, tmp_path):
     assert summary["corpus"]["documents_read"] >= 16
     header = (tmp_path / "study" / "heads.csv").read_text().splitlines()[0].split(",")
     assert {"layer", "head", "attention_to_[CLS]", "attention_to_[SEP]", "top_anchor_tokens"} <= set(header)
+
+
+@pytest.mark.slow
+def test_minilm_ray_engine_matches_local_with_overlapping_windows(minilm, tmp_path):
+    import numpy as np
+
+    pytest.importorskip("ray")
+    options = dict(model="minilm", data="wiki", samples=48, stride=50, batch_size=8, device="cpu", quiet=True)
+    run_study(StudyOptions(**options), tmp_path / "local", model=minilm)
+    run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
+    with np.load(tmp_path / "local" / "stats.npz") as local, np.load(tmp_path / "ray" / "stats.npz") as ray:
+        for name in local.files:
+            if local[name].dtype.kind == "f":
+                np.testing.assert_allclose(local[name], ray[name], rtol=1e-5, atol=1e-7, equal_nan=True, err_msg=name)
+            else:
+                np.testing.assert_array_equal(local[name], ray[name], err_msg=name)

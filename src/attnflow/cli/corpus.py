@@ -30,6 +30,7 @@ a checkpoint after the current batch.
 REPORT_EPILOG = """\
 examples:
   attnflow report out/study          # rewrite out/study/report.html from summary.json + stats.npz
+  attnflow report out/study --png out/figures   # and save each figure as a PNG file
 """
 
 
@@ -96,6 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     report.add_argument("dir", metavar="DIR", help="the --out folder of `attnflow corpus`")
+    report.add_argument("--png", metavar="FOLDER", default=None, help="also save every figure as FOLDER/<name>.png")
     report.add_argument("--json", action="store_true", help="print the report path as JSON")
     report.set_defaults(handler=run_report)
 
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from attnflow.corpus.engine import rebuild_report
 
-    path = rebuild_report(args.dir)
+    path = rebuild_report(args.dir, png_dir=args.png)
     if args.json:
         print(json.dumps({"report": str(path)}))
     else:

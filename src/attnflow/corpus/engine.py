@@ -529,9 +529,12 @@ def write_outputs(out: Path, summary: dict[str, Any], stats: StudyStats, tokeniz
         handle.write(build_report(summary, arrays).encode("utf-8"))
 
 
-def rebuild_report(out: str | os.PathLike) -> Path:
-    """`attnflow report DIR`: report.html again from DIR/summary.json and DIR/stats.npz."""
-    from attnflow.viz.report import build_report
+def rebuild_report(out: str | os.PathLike, png_dir: str | os.PathLike | None = None) -> Path:
+    """`attnflow report DIR`: report.html again from DIR/summary.json and DIR/stats.npz.
+
+    ``png_dir``: also save each figure there as a PNG file (named after the figure).
+    """
+    from attnflow.viz.report import build_report, save_figures
 
     out = Path(out)
     missing = [name for name in (SUMMARY, STATS) if not (out / name).is_file()]
@@ -542,4 +545,6 @@ def rebuild_report(out: str | os.PathLike) -> Path:
         arrays = {name: saved[name] for name in saved.files}
     with atomic_file(out / REPORT) as handle:
         handle.write(build_report(summary, arrays).encode("utf-8"))
+    if png_dir is not None:
+        save_figures(summary, arrays, Path(png_dir))
     return out / REPORT

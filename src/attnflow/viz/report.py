@@ -7,12 +7,13 @@ also available one by one (`study_figures`) so that documentation can save them 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.viz.page import figure_img, page, section, table
+from attnflow.viz.page import figure_img, figure_png, page, section, table
 from attnflow.viz.plot import display_token
 
 HIGH_COLOR = "#d9480f"
@@ -190,6 +191,19 @@ def study_figures(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) 
         "head_maps": head_heatmaps_figure(summary, arrays),
         "attention_targets": attention_targets_figure(summary, arrays),
     }
+
+
+def save_figures(
+    summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray], folder: Path, prefix: str = "", dpi: int = 80
+) -> list[Path]:
+    """Write every figure of `study_figures` as ``folder/<prefix><name>.png``; returns the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, figure in study_figures(summary, arrays).items():
+        path = folder / f"{prefix}{name}.png"
+        path.write_bytes(figure_png(figure, dpi=dpi))
+        paths.append(path)
+    return paths
 
 
 LAYER_COLUMNS = (
