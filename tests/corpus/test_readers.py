@@ -130,3 +130,14 @@ def test_messages_are_one_line(tmp_path):
     with pytest.raises(InputError) as caught:
         open_corpus(str(path)).validate()
     assert "\n" not in str(caught.value)
+
+
+def test_csv_long_fields_and_malformed_csv(tmp_path):
+    path = tmp_path / "long.csv"
+    long_text = "word " * 40000  # 200,000 characters: above the csv module's default field limit
+    path.write_text(f'text\n"{long_text}"\n', encoding="utf-8")
+    assert list(open_corpus(str(path))) == [long_text]
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b'text\nok\n"a"b\n')
+    with pytest.raises(InputError, match=r"bad\.csv line 3: malformed CSV"):
+        open_corpus(str(bad)).validate()

@@ -216,20 +216,24 @@ class Corpus:
         # Check the bytes first: the csv module's decoding errors do not say which line.
         for _ in self._lines():
             pass
+        csv.field_size_limit(2**31 - 1)  # whole documents can be longer than the default 131,072 characters
         with open(self.path, encoding="utf-8-sig", newline="") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if header is None:
-                return
-            if self.text_column not in header:
-                raise InputError(
-                    f"{self.path}: no column {self.text_column!r} "
-                    f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
-                )
-            column = header.index(self.text_column)
-            for row in reader:
-                if column < len(row):
-                    yield row[column]
+            reader = csv.reader(handle, strict=True)
+            try:
+                header = next(reader, None)
+                if header is None:
+                    return
+                if self.text_column not in header:
+                    raise InputError(
+                        f"{self.path}: no column {self.text_column!r} "
+                        f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
+                    )
+                column = header.index(self.text_column)
+                for row in reader:
+                    if column < len(row):
+                        yield row[column]
+            except csv.Error as error:
+                raise InputError(f"{self.path} line {reader.line_num}: malformed CSV ({error})") from None
 
     def _parquet(self) -> Iterator[str]:
         import pyarrow as pa
