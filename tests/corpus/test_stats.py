@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnflow.corpus.stats import HEAD_SCALARS, StudyConfig, StudyStats, parse_high, top_count
+from attnflow.corpus.stats import HEAD_SCALARS, StudyConfig, StudyStats, kth_largest, parse_high, top_count
 
 CLS, SEP, DOT, COMMA = 101, 102, 7, 8
 SPECIAL = {"[CLS]": CLS, "[SEP]": SEP}
@@ -444,3 +444,22 @@ def test_blocks_of_one_window_and_one_layer_equal_one_block():
     blocked = StudyStats(2, 3, 10, StudyConfig(), SPECIAL, PUNCTUATION, layer_chunk=1, sample_block=2)
     blocked.update(**data)
     assert_same_results(blocked, whole, tolerance=1e-12)
+
+
+def test_pairs_tied_at_the_cutoff_are_all_kept():
+    # k = 3 of 28 pairs, but the 7 adjacent pairs all have S = 1: all 7 are in H.
+    stats = feed(make_stats(high=f"top-percent:{100 * 3 / P}"), TOKENS, neighbours(N))
+    assert value(stats, "high_pairs_per_sample") == N - 1
+    assert value(stats, "mean_distance_high") == 1
+
+
+def test_kth_largest_numpy_and_torch_paths_agree():
+    values = torch.randn(5, 3, 40, generator=torch.Generator().manual_seed(11))
+    for k in (1, 7, 40):
+        expected = values.sort(-1, descending=True).values[..., k - 1]
+        assert torch.equal(kth_largest(values, k), expected)  # numpy introselect on the CPU
+        assert torch.equal(kth_largest(values.half(), k), expected.half())  # torch.kthvalue path
+        copy = values.clone()
+        assert torch.equal(kth_largest(copy, k, overwrite=True), expected)
+    with pytest.raises(ValueError, match="k must lie"):
+        kth_largest(values, 41)

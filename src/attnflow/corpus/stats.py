@@ -227,12 +227,12 @@ class StudyStats:
         vocab_size: optional; sizes the anchor count table up front (else it grows on demand).
         layer_chunk, sample_block: `update` works on blocks of ``layer_chunk`` layers ×
             ``sample_block`` windows (temporary memory: a few block-sized float arrays). Default
-            on the CPU: one layer × as many windows as fit in about 6 MB of attention maps, so a
-            block's passes run from the cache, not from memory (1.5× faster at batch 32);
-            elsewhere (GPU): all layers × the whole batch.
+            on the CPU: one layer × as many windows as fit in about 6 MB of attention maps per
+            torch thread, so a block's passes run from the cache, not from memory (1.5× faster
+            than whole batches of 32 on one thread); elsewhere (GPU): all layers × the whole batch.
 
-    The accumulators live on the device of the first batch (float64; on Apple ``mps``, which
-    has no float64, on the CPU).
+    The accumulators (float64 and int64) live on the device of the batches (Apple ``mps``
+    has no float64: batches there are moved to the CPU).
     """
 
     def __init__(
@@ -289,8 +289,6 @@ class StudyStats:
         return self._n_samples
 
     def _to(self, device: torch.device) -> None:
-        if device.type == "mps":  # no float64 there
-            device = torch.device("cpu")
         if device != self.device:
             self._acc = {name: value.to(device) for name, value in self._acc.items()}
             self._anchor_counts = self._anchor_counts.to(device)
@@ -302,9 +300,6 @@ class StudyStats:
             n = self.seq_len
             rows = torch.arange(n)
             i, j = torch.triu_indices(n, n, offset=1)
-            pair_index = torch.full((n, n), -1, dtype=torch.int64)
-            pair_index[i, j] = torch.arange(len(i))
-            pair_index[j, i] = torch.arange(len(i))
             self._pair_cache[device] = {
                 name: value.to(device)
                 for name, value in {
@@ -313,7 +308,6 @@ class StudyStats:
                     "distance": j - i,
                     "flat_upper": i * n + j,  # S[i, j] in S.flatten(-2)
                     "flat_lower": j * n + i,  # S[j, i]
-                    "pair_index": pair_index,  # [n, n] -> pair number, -1 on the diagonal
                     "rows": rows,
                 }.items()
             }
@@ -338,6 +332,8 @@ class StudyStats:
             attentions: ``[batch, layer, head, query, key]`` softmax weights.
             head_outputs: ``[batch, layer, token, head, d_head]`` per-head outputs.
         """
+        if attentions.device.type == "mps":  # no float64 accumulators there: work on the CPU
+            attentions, head_outputs = attentions.cpu(), head_outputs.cpu()
         token_ids, sentence_ids = self._validate(token_ids, sentence_ids, attentions, head_outputs)
         device = attentions.device
         self._to(device)
@@ -387,7 +383,10 @@ class StudyStats:
         if device.type == "cpu":
             map_bytes = self.n_heads * self.seq_len**2 * 4
             layer_chunk = self.layer_chunk or 1
-            sample_block = self.sample_block or max(1, (6 << 20) // (map_bytes * layer_chunk))
+            # About 6 MB of attention maps per thread: the block's passes run from the cache,
+            # and each multi-threaded op still has enough work to share.
+            budget = (6 << 20) * max(1, torch.get_num_threads())
+            sample_block = self.sample_block or max(1, budget // (map_bytes * layer_chunk))
         else:
             layer_chunk, sample_block = self.layer_chunk or self.n_layers, self.sample_block or batch
         return layer_chunk, sample_block
@@ -462,7 +461,7 @@ class StudyStats:
         n = self.seq_len
         n_matrices = batch * n_chunk * n_heads
         sim = context_similarity(head_outputs)  # [batch, layer, head, n, n]
-        # Batch sum in the input dtype, accumulated over batches in float64.
+        # Sum over the block's windows in the input dtype, accumulated across blocks in float64.
         acc["similarity_sum"][layers] += sim.sum(0).to(_F64)
         sim_upper = sim.view(n_matrices, n * n).index_select(1, pairs["flat_upper"])  # [matrix, pair]
         sim_upper = sim_upper.view(batch, n_chunk, n_heads, self.n_pairs)
@@ -818,17 +817,6 @@ class _Window:
     def rows(self, rows: slice) -> "_Window":
         """The features of the windows ``rows`` of the batch."""
         return _Window(*(getattr(self, f.name)[rows] for f in fields(self)))
-
-
-def take_last(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``values[..., index]`` for a 1-D ``index`` (on the CPU through numpy's faster ``take``)."""
-    if values.device.type == "cpu" and not values.requires_grad:
-        try:
-            array = values.numpy()
-        except TypeError:  # a dtype numpy lacks (bfloat16)
-            return values[..., index]
-        return torch.from_numpy(np.take(array, index.numpy(), axis=-1))
-    return values[..., index]
 
 
 def kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> torch.Tensor:
