@@ -179,6 +179,14 @@ def test_one_token_and_one_layer():
     np.testing.assert_allclose(attention_flow(attentions), layers[0], rtol=0, atol=1e-14)  # rows sum to 1
 
 
+def test_an_all_zero_fused_row_gives_zero_flows_not_nan():
+    attentions = np.zeros((2, 2, 3, 3))  # [layer, head, q, k]: the two heads never share a key
+    attentions[:, 0] = np.eye(3)[[0, 0, 1]]
+    attentions[:, 1] = np.eye(3)[[1, 2, 2]]
+    assert attention_flow(attentions, head_fusion="min", residual="none").tolist() == [[0.0] * 3] * 3
+    np.testing.assert_array_equal(attention_flow(attentions, head_fusion="min"), np.eye(3))
+
+
 def test_registered_as_flow():
     spec = get_method("flow")
     assert spec.function is attention_flow
