@@ -463,3 +463,14 @@ def test_kth_largest_numpy_and_torch_paths_agree():
         assert torch.equal(kth_largest(copy, k, overwrite=True), expected)
     with pytest.raises(ValueError, match="k must lie"):
         kth_largest(values, 41)
+
+
+def test_threads_option_is_restored_and_changes_nothing():
+    data = random_batch(12)
+    before = torch.get_num_threads()
+    single = StudyStats(2, 3, 10, StudyConfig(), SPECIAL, PUNCTUATION, threads=1)
+    single.update(**data)
+    assert torch.get_num_threads() == before
+    default = StudyStats(2, 3, 10, StudyConfig(), SPECIAL, PUNCTUATION)
+    default.update(**data)
+    assert_same_results(single, default, tolerance=1e-12)
