@@ -40,6 +40,8 @@ def distance_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
     axes = np.atleast_1d(figure.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)).ravel()
     distances = np.arange(n)
     base = baseline / baseline.sum() if baseline.sum() > 0 else baseline
+    totals = hist.sum(axis=1, keepdims=True)
+    top = 1.5 * max(float(np.max(hist / np.where(totals > 0, totals, 1))), float(base.max()), 1e-12)
     for layer in range(n_layers):
         ax = axes[layer]
         total = hist[layer].sum()
@@ -47,6 +49,9 @@ def distance_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
         ax.plot(distances[1:], share[1:], color=HIGH_COLOR, lw=1.2, label="high-similarity pairs")
         ax.plot(distances[1:], base[1:], color=CHANCE_COLOR, lw=1.0, ls="--", label="all pairs")
         ax.set_yscale("log")
+        positive = base[1:][base[1:] > 0]
+        if positive.size:  # the farthest distances hold one pair per window: keep them from squashing the rest
+            ax.set_ylim(positive.min() / 4, top)
         ax.set_title(f"layer {layer}", fontsize=9)
         ax.tick_params(labelsize=7)
     for ax in axes[n_layers:]:
