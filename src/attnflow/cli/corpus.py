@@ -8,7 +8,7 @@ import sys
 
 CORPUS_EPILOG = """\
 examples:
-  attnflow corpus --out out/study                          # minilm, 20,000 windows of wiki text
+  attnflow corpus --samples 2000 --out out/study           # minilm on 2,000 windows of the wiki text
   attnflow corpus --samples 2000 --model mpnet --out out/mpnet
   attnflow corpus --data wiki --samples 20000 --stride 50 --out out/study   # overlap to reach 20,000
   attnflow corpus --data reviews.jsonl --text-field body --skip-bad --samples 500 --out out/reviews
