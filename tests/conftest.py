@@ -1,84 +1,18 @@
-"""Shared fixtures: tiny random-weight models of every family, built from configs (no hub).
-
-Each tiny model has 2 layers, 4 heads, hidden 32, and a small WordPiece tokenizer made
-locally, and is saved to a folder so that it loads through `attnflow.load(path)` like a user's.
-"""
+"""Shared fixtures: tiny random-weight models of every family (see tiny_models.py) and the real
+embedded minilm."""
 
 from __future__ import annotations
 
 import os
-import string
 from pathlib import Path
 
 import pytest
 
+from tiny_models import build_tiny_model
+
 # No hub here: make transformers fail at once instead of retrying the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-WORDS = (
-    "the a an movie was is terrible but acting great film plot good bad and of to in it this that "
-    "very not cat sat on mat dog ran hi there hello world he she they i you we story ending"
-).split()
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-PUNCTUATION = list(".,!?;:'\"()-<>/")
-
-
-def tiny_vocab() -> dict[str, int]:
-    """A WordPiece vocabulary (< 160 entries) that spells any lowercase ASCII text."""
-    letters = list(string.ascii_lowercase + string.digits)
-    words = SPECIALS + PUNCTUATION + letters + ["##" + c for c in letters] + WORDS
-    return {word: index for index, word in enumerate(dict.fromkeys(words))}
-
-
-def tiny_config(family: str):
-    import transformers as T
-
-    text = dict(vocab_size=160, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=16, patch_size=4)
-    ids = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
-    configs = {
-        "bert": lambda: T.BertConfig(**text),
-        "roberta": lambda: T.RobertaConfig(**text, max_position_embeddings=66, pad_token_id=0),
-        "electra": lambda: T.ElectraConfig(**text, embedding_size=32),
-        "distilbert": lambda: T.DistilBertConfig(vocab_size=160, dim=32, n_layers=2, n_heads=4, hidden_dim=37),
-        "mpnet": lambda: T.MPNetConfig(**text, max_position_embeddings=66, pad_token_id=0),
-        "gpt2": lambda: T.GPT2Config(vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
-        "llama": lambda: T.LlamaConfig(**text, num_key_value_heads=2, max_position_embeddings=64, **ids),
-        "vit": lambda: T.ViTConfig(**vision, intermediate_size=37),
-        "deit": lambda: T.DeiTConfig(**vision, intermediate_size=37),
-        "dinov2": lambda: T.Dinov2Config(**vision, mlp_ratio=1),
-        "t5": lambda: T.T5Config(
-            vocab_size=160, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, decoder_start_token_id=0, **ids
-        ),
-        "bart": lambda: T.BartConfig(
-            vocab_size=160, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
-            decoder_start_token_id=2, forced_eos_token_id=None, **ids,
-        ),
-    }
-    return configs[family]()
-
-
-TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "t5", "bart")
-VISION_FAMILIES = ("vit", "deit", "dinov2")
-
-
-def build_tiny_model(family: str, folder: Path) -> Path:
-    import torch
-    import transformers as T
-
-    torch.manual_seed(0)
-    config = tiny_config(family)
-    auto = {"gpt2": T.AutoModelForCausalLM, "llama": T.AutoModelForCausalLM, "t5": T.AutoModelForSeq2SeqLM,
-            "bart": T.AutoModelForSeq2SeqLM}.get(family, T.AutoModel)
-    model = auto.from_config(config)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    if family not in VISION_FAMILIES:
-        tokenizer = T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60)
-        tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")

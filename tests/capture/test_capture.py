@@ -15,7 +15,7 @@ import attnflow
 from attnflow.capture.hooks import find_layers
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 
-from conftest import TEXT_FAMILIES, VISION_FAMILIES
+from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
 
 TEXT = "the movie was terrible, but the acting was great."
 SHORT = "hi there."

@@ -354,6 +354,19 @@ def test_merge_of_float32_batches_is_exact():
     assert_same_results(left.merge(right), whole, tolerance=1e-12)
 
 
+@pytest.mark.parametrize("layer_chunk", [1, 2])
+def test_per_layer_attention_maps_equal_the_stacked_tensor(layer_chunk):
+    """Capture hands over one map per layer (no stacked copy); the results must not change."""
+    data = random_batch(6, dtype=torch.float32)
+    stacked = StudyStats(2, 3, 10, StudyConfig(), SPECIAL, PUNCTUATION, layer_chunk=layer_chunk)
+    stacked.update(**data)
+    per_layer = StudyStats(2, 3, 10, StudyConfig(), SPECIAL, PUNCTUATION, layer_chunk=layer_chunk)
+    per_layer.update(**{**data, "attentions": list(data["attentions"].unbind(1))})
+    assert_same_results(per_layer, stacked, tolerance=0)
+    with pytest.raises(ValueError, match="2 tensors"):
+        per_layer.update(**{**data, "attentions": list(data["attentions"].unbind(1))[:1]})
+
+
 def test_merge_rejects_other_studies():
     stats = make_stats()
     with pytest.raises(ValueError, match="cannot merge"):

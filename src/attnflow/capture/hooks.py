@@ -38,15 +38,19 @@ class StackRecording:
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, head, query, key]
     head_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, token, head * d_head]
 
-    def stacked_weights(self) -> torch.Tensor:
-        """``[batch, layer, head, query, key]``; raises if any layer did not report weights."""
+    def layer_weights(self) -> list[torch.Tensor]:
+        """One ``[batch, head, query, key]`` per layer, in order; raises if a layer reported none."""
         missing = [name for name in self.layer_names if name not in self.weights]
         if missing:
             raise CaptureError(
                 f"no attention weights were captured for {len(missing)} of {len(self.layer_names)} layers "
                 f"(first: {missing[0]}); the model must run eager attention and return its weights"
             )
-        return torch.stack([self.weights[name] for name in self.layer_names], dim=1)
+        return [self.weights[name] for name in self.layer_names]
+
+    def stacked_weights(self) -> torch.Tensor:
+        """``[batch, layer, head, query, key]``."""
+        return torch.stack(self.layer_weights(), dim=1)
 
     def stacked_head_outputs(self, n_heads: int) -> torch.Tensor:
         """``[batch, layer, token, head, d_head]`` from the output projections' inputs."""

@@ -33,12 +33,17 @@ _HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "en
 class BatchCapture:
     """Tensors of one batched forward pass (no padding removed: the caller's windows are full).
 
-    attentions: ``[batch, layer, head, query, key]``; head_outputs: ``[batch, layer, token, head,
-    d_head]`` or None.
+    layer_attentions: one ``[batch, head, query, key]`` tensor per layer, as the model made them
+    (no copy); head_outputs: ``[batch, layer, token, head, d_head]`` or None.
     """
 
-    attentions: torch.Tensor
+    layer_attentions: list[torch.Tensor]
     head_outputs: torch.Tensor | None
+
+    @property
+    def attentions(self) -> torch.Tensor:
+        """``[batch, layer, head, query, key]`` (a stacked copy: prefer `layer_attentions` in hot loops)."""
+        return torch.stack(self.layer_attentions, dim=1)
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -189,7 +194,7 @@ class AttentionModel:
             recording = hooks.enter_context(record_stack(self.model, self.adapter.stack, head_outputs=head_outputs))
             self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
         return BatchCapture(
-            attentions=recording.stacked_weights().float(),
+            layer_attentions=[weights.float() for weights in recording.layer_weights()],
             head_outputs=recording.stacked_head_outputs(self.n_heads).float() if head_outputs else None,
         )
 

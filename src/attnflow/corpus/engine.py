@@ -139,11 +139,11 @@ def process_batch(model: Any, stats: StudyStats, batch: WindowBatch) -> None:
 
     token_ids = torch.from_numpy(batch.token_ids)  # [batch, seq_len]
     capture = model.capture_batch(token_ids, head_outputs=True)
-    device = capture.attentions.device
+    device = capture.head_outputs.device
     stats.update(
         token_ids=token_ids.to(device),
         sentence_ids=torch.from_numpy(batch.sentence_ids).to(device),  # [batch, seq_len], -1 special
-        attentions=capture.attentions,  # [batch, layer, head, query, key]
+        attentions=capture.layer_attentions,  # layer x [batch, head, query, key], not copied
         head_outputs=capture.head_outputs,  # [batch, layer, token, head, d_head]
     )
 

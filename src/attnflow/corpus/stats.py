@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -326,7 +326,7 @@ class StudyStats:
         *,
         token_ids: torch.Tensor,
         sentence_ids: torch.Tensor | None,
-        attentions: torch.Tensor,
+        attentions: torch.Tensor | Sequence[torch.Tensor],
         head_outputs: torch.Tensor,
     ) -> None:
         """Add one batch of windows.
@@ -335,10 +335,11 @@ class StudyStats:
             token_ids: ``[batch, token]`` int vocabulary ids (>= 0).
             sentence_ids: ``[batch, token]`` int sentence index per token, -1 for special tokens
                 (None: all -1, no same-sentence statistics).
-            attentions: ``[batch, layer, head, query, key]`` softmax weights.
+            attentions: ``[batch, layer, head, query, key]`` softmax weights, or one ``[batch,
+                head, query, key]`` tensor per layer (what capture returns; saves a stacked copy).
             head_outputs: ``[batch, layer, token, head, d_head]`` per-head outputs.
         """
-        if self.threads is None or attentions.device.type != "cpu":
+        if self.threads is None or _maps_device(attentions).type != "cpu":
             self._update(token_ids, sentence_ids, attentions, head_outputs)
             return
         threads = torch.get_num_threads()
@@ -349,10 +350,11 @@ class StudyStats:
             torch.set_num_threads(threads)
 
     def _update(self, token_ids, sentence_ids, attentions, head_outputs) -> None:
-        if attentions.device.type == "mps":  # no float64 accumulators there: work on the CPU
-            attentions, head_outputs = attentions.cpu(), head_outputs.cpu()
+        if _maps_device(attentions).type == "mps":  # no float64 accumulators there: work on the CPU
+            attentions = attentions.cpu() if torch.is_tensor(attentions) else [a.cpu() for a in attentions]
+            head_outputs = head_outputs.cpu()
         token_ids, sentence_ids = self._validate(token_ids, sentence_ids, attentions, head_outputs)
-        device = attentions.device
+        device = head_outputs.device
         self._to(device)
         self._grow_anchor_table(int(token_ids.max()) + 1)  # one host sync per batch
         pairs = self._pairs(device)
@@ -378,21 +380,20 @@ class StudyStats:
         cover_all.scatter_add_(1, label_j, (~repeat).to(_I64))
         acc["anchor_chance_sum"] += (cover_all.amax(-1).to(_F64) / self.n_pairs).sum()
         named = torch.tensor(self._named_ids, dtype=_I64, device=device)
-        is_named = (token_ids[:, :, None] == named).to(attentions.dtype)  # [batch, token, named]
+        is_named = (token_ids[:, :, None] == named).to(head_outputs.dtype)  # [batch, token, named]
         acc["token_occurrences"] += is_named.sum((0, 1)).to(_I64)
 
         window = _Window(token_ids, label_i, label_j, repeat, eligible, same_sentence)
-        # [batch, layer·head·q·k]: every map's pairs are one index_select away (faster than
-        # gathering from a strided per-layer slice).
-        attentions = attentions.contiguous()
-        flat_attention = attentions.view(batch, -1)
         layer_chunk, sample_block = self._blocks(batch, device)
         for start in range(0, self.n_layers, layer_chunk):
             layers = slice(start, min(start + layer_chunk, self.n_layers))
+            block = _attention_block(attentions, layers)  # [batch, layer, head, q, k], a view
+            # [batch, layer·head·q·k]: every map's pairs are one index_select away.
+            flat_block = block.reshape(batch, -1)
             for first in range(0, batch, sample_block):
                 rows = slice(first, min(first + sample_block, batch))
-                self._update_similarity(layers, head_outputs[rows, layers], flat_attention[rows], window.rows(rows))
-                self._update_attention(layers, attentions[rows, layers], is_named[rows])
+                self._update_similarity(layers, head_outputs[rows, layers], flat_block[rows], window.rows(rows))
+                self._update_attention(layers, block[rows], is_named[rows])
         self._n_samples += batch
 
     def _blocks(self, batch: int, device: torch.device) -> tuple[int, int]:
@@ -419,19 +420,25 @@ class StudyStats:
             sentence_ids = torch.full_like(token_ids, -1)
         if tuple(sentence_ids.shape) != (batch, n):
             raise ValueError(f"sentence_ids must be [batch={batch}, {n}]; got {tuple(sentence_ids.shape)}")
-        if tuple(attentions.shape) != (batch, n_layers, n_heads, n, n):
+        if torch.is_tensor(attentions):
+            fits, got = tuple(attentions.shape) == (batch, n_layers, n_heads, n, n), tuple(attentions.shape)
+        else:
+            fits = len(attentions) == n_layers and all(tuple(a.shape) == (batch, n_heads, n, n) for a in attentions)
+            got = f"{len(attentions)} tensors, the first {tuple(attentions[0].shape) if len(attentions) else ()}"
+        if not fits:
             raise ValueError(
-                f"attentions must be [batch={batch}, layer={n_layers}, head={n_heads}, {n}, {n}]; "
-                f"got {tuple(attentions.shape)}"
+                f"attentions must be [batch={batch}, layer={n_layers}, head={n_heads}, {n}, {n}] "
+                f"or {n_layers} tensors [batch={batch}, head={n_heads}, {n}, {n}]; got {got}"
             )
         if head_outputs.ndim != 5 or tuple(head_outputs.shape[:4]) != (batch, n_layers, n, n_heads):
             raise ValueError(
                 f"head_outputs must be [batch={batch}, layer={n_layers}, token={n}, head={n_heads}, d_head]; "
                 f"got {tuple(head_outputs.shape)}"
             )
-        if not attentions.is_floating_point() or not head_outputs.is_floating_point():
+        maps = [attentions] if torch.is_tensor(attentions) else list(attentions)
+        if not all(a.is_floating_point() for a in maps) or not head_outputs.is_floating_point():
             raise ValueError("attentions and head_outputs must be floating-point tensors")
-        device = attentions.device
+        device = head_outputs.device
         token_ids = token_ids.to(device).long()
         if int(token_ids.min()) < 0:
             raise ValueError("token_ids must be vocabulary ids >= 0")
@@ -470,7 +477,7 @@ class StudyStats:
         """Similarity, high-set, anchor and masking statistics of a slice of layers.
 
         ``head_outputs`` ``[batch, layer, token, head, d_head]`` holds only the layers of
-        ``layers``; ``flat_attention`` is every layer's ``[batch, layer·head·q·k]``.
+        ``layers``; ``flat_attention`` is those layers' maps ``[batch, layer·head·q·k]``.
         """
         device = flat_attention.device
         acc, pairs = self._acc, self._pairs(device)
@@ -516,7 +523,7 @@ class StudyStats:
 
         # Attention masking: M = pairs whose max(A_ij, A_ji) reaches the k_M-th largest over the
         # pairs of the map.
-        first_map = torch.arange(layers.start * n_heads, layers.stop * n_heads, device=device)[:, None] * (n * n)
+        first_map = torch.arange(n_chunk * n_heads, device=device)[:, None] * (n * n)
         symmetric = torch.maximum(
             flat_attention.index_select(1, (first_map + pairs["flat_upper"]).flatten()),
             flat_attention.index_select(1, (first_map + pairs["flat_lower"]).flatten()),
@@ -834,6 +841,20 @@ class _Window:
     def rows(self, rows: slice) -> "_Window":
         """The features of the windows ``rows`` of the batch."""
         return _Window(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+
+def _maps_device(attentions: torch.Tensor | Sequence[torch.Tensor]) -> torch.device:
+    return attentions.device if torch.is_tensor(attentions) else attentions[0].device
+
+
+def _attention_block(attentions: torch.Tensor | Sequence[torch.Tensor], layers: slice) -> torch.Tensor:
+    """Layers ``layers`` of ``[batch, layer, head, q, k]`` or of per-layer maps, without a copy
+    when possible (a single layer of a list, any slice of a tensor)."""
+    if torch.is_tensor(attentions):
+        return attentions[:, layers]
+    if layers.stop - layers.start == 1:
+        return attentions[layers.start].unsqueeze(1)
+    return torch.stack(list(attentions[layers]), dim=1)
 
 
 def kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> torch.Tensor:
