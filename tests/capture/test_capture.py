@@ -178,7 +178,7 @@ def _hook_count(module: torch.nn.Module) -> int:
 def test_no_hook_survives_a_raising_forward(tiny_model_path):
     model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
     assert _hook_count(model.model) == 0
-    last_layer = find_layers(model.model, r"layer\.(\d+)\.output\.dense$")[-1][1]
+    first_feed_forward = find_layers(model.model, r"layer\.(\d+)\.output\.dense$")[0][1]
 
     seen_during_forward = []
 
@@ -186,7 +186,7 @@ def test_no_hook_survives_a_raising_forward(tiny_model_path):
         seen_during_forward.append(_hook_count(model.model))
         raise RuntimeError("boom")
 
-    bomb = last_layer.register_forward_pre_hook(explode)
+    bomb = first_feed_forward.register_forward_pre_hook(explode)
     try:
         with pytest.raises(RuntimeError, match="boom"):
             model.trace(TEXT)
@@ -195,6 +195,25 @@ def test_no_hook_survives_a_raising_forward(tiny_model_path):
     assert seen_during_forward[0] == 2 * model.n_layers  # weights + head-output hooks were live
     assert _hook_count(model.model) == 0
     assert model.trace(TEXT)[0].attentions.shape[0] == 2  # and capture still works afterwards
+
+
+def test_capture_stops_after_the_last_attention_layer(tiny_model_path):
+    """Nothing after the last layer's head outputs is computed (its feed-forward block, the pooler),
+    and the captured numbers still equal a full forward pass's (the tests above)."""
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    calls = []
+    feed_forwards = find_layers(model.model, r"layer\.(\d+)\.output\.dense$")
+    handles = [
+        module.register_forward_hook(lambda *_, i=i: calls.append(i)) for i, (_, module) in enumerate(feed_forwards)
+    ]
+    try:
+        capture = model.capture_batch(torch.tensor([[2, 20, 21, 3]]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [0]  # layer 0's feed-forward ran, layer 1's (the last) did not
+    assert len(capture.layer_attentions) == 2 and capture.head_outputs.shape == (1, 2, 4, 4, 8)
+    assert _hook_count(model.model) == 0
 
 
 def test_missing_attention_weights_is_a_clear_error(tiny_model_path):

@@ -14,6 +14,11 @@ from attnflow.capture.adapters import Stack
 from attnflow.errors import CaptureError
 
 
+class StopForward(Exception):
+    """Raised by the last hook of a recording that needs nothing after the last attention layer:
+    the rest of the forward pass (last output projection, feed-forward, pooler, head) is skipped."""
+
+
 def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
     """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
     regex = re.compile(pattern)
@@ -65,10 +70,16 @@ class StackRecording:
 
 
 @contextmanager
-def record_stack(model: nn.Module, stack: Stack, *, head_outputs: bool = True) -> Iterator[StackRecording]:
+def record_stack(
+    model: nn.Module, stack: Stack, *, head_outputs: bool = True, stop_after_last_layer: bool = False
+) -> Iterator[StackRecording]:
     """Record attention weights (forward hooks) and head outputs (pre-hooks on the output
     projections) of every layer of ``stack`` during the forward passes run inside the block.
-    Hooks are removed when the block exits, also when the forward pass raises."""
+    Hooks are removed when the block exits, also when the forward pass raises.
+
+    ``stop_after_last_layer``: once the last layer is recorded, raise `StopForward` so that the
+    caller skips the rest of the forward pass (it must catch it; the model's outputs are lost).
+    """
     attention_layers = find_layers(model, stack.attention)
     if not attention_layers:
         raise CaptureError(
@@ -79,8 +90,11 @@ def record_stack(model: nn.Module, stack: Stack, *, head_outputs: bool = True) -
     recording = StackRecording(layer_names=names)
     handles = []
     try:
+        # The last layer's two hooks can fire in either order (DistilBERT calls its output
+        # projection inside the attention module): whichever completes the layer stops.
+        stop = _stop_when_complete(recording, names[-1], head_outputs) if stop_after_last_layer else _never
         for name, module in attention_layers:
-            handles.append(module.register_forward_hook(_weights_hook(recording, name, stack.weights_index)))
+            handles.append(module.register_forward_hook(_weights_hook(recording, name, stack.weights_index, stop)))
         if head_outputs:
             projections = find_layers(model, stack.output_projection)
             if len(projections) != len(attention_layers):
@@ -89,14 +103,26 @@ def record_stack(model: nn.Module, stack: Stack, *, head_outputs: bool = True) -
                     f"({stack.output_projection!r})"
                 )
             for name, (_, projection) in zip(names, projections):
-                handles.append(projection.register_forward_pre_hook(_input_hook(recording, name)))
+                handles.append(projection.register_forward_pre_hook(_input_hook(recording, name, stop)))
         yield recording
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _weights_hook(recording: StackRecording, name: str, index: int):
+def _never() -> None:
+    pass
+
+
+def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool):
+    def stop() -> None:
+        if last in recording.weights and (not head_outputs or last in recording.head_inputs):
+            raise StopForward
+
+    return stop
+
+
+def _weights_hook(recording: StackRecording, name: str, index: int, stop):
     def hook(module: nn.Module, inputs: tuple, output) -> None:
         weights = output[index] if isinstance(output, (tuple, list)) else None
         if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
@@ -105,12 +131,14 @@ def _weights_hook(recording: StackRecording, name: str, index: int):
                 "eager attention (attn_implementation='eager') and a model that returns its weights"
             )
         recording.weights[name] = weights
+        stop()
 
     return hook
 
 
-def _input_hook(recording: StackRecording, name: str):
+def _input_hook(recording: StackRecording, name: str, stop):
     def hook(module: nn.Module, inputs: tuple) -> None:
         recording.head_inputs[name] = inputs[0]
+        stop()
 
     return hook

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from attnflow.capture.adapters import Adapter, Stack, adapter_for
-from attnflow.capture.hooks import StackRecording, find_layers, record_stack
+from attnflow.capture.hooks import StopForward, find_layers, record_stack
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.trace import Trace
@@ -190,9 +190,8 @@ class AttentionModel:
             raise CaptureError(f"capture_batch takes token ids; {self.name} is a {self.kind} model")
         input_ids = input_ids.to(self.device)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
-        with ExitStack() as hooks, torch.no_grad():
-            recording = hooks.enter_context(record_stack(self.model, self.adapter.stack, head_outputs=head_outputs))
-            self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+        with torch.no_grad():
+            recording = self._forward_until_last_layer(head_outputs, input_ids=input_ids, attention_mask=mask)
         return BatchCapture(
             layer_attentions=[weights.float() for weights in recording.layer_weights()],
             head_outputs=recording.stacked_head_outputs(self.n_heads).float() if head_outputs else None,
@@ -317,9 +316,8 @@ class AttentionModel:
         pixels, source = self._pixels(image)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
-        with ExitStack() as hooks, torch.no_grad():
-            recording = hooks.enter_context(record_stack(self.model, self.adapter.stack, head_outputs=head_outputs))
-            self.model(pixel_values=pixels.to(self.device), output_attentions=True)
+        with torch.no_grad():
+            recording = self._forward_until_last_layer(head_outputs, pixel_values=pixels.to(self.device))
         attentions = _first(recording.stacked_weights())
         n = attentions.shape[-1]
         prefix = self.adapter.n_prefix_tokens
@@ -342,6 +340,17 @@ class AttentionModel:
         )
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _forward_until_last_layer(self, head_outputs: bool, **inputs: torch.Tensor):
+        """Run the model with the stack's hooks and stop once its last layer is recorded: the last
+        output projection, feed-forward block, pooler and head compute nothing attnflow reads."""
+        stack = self.adapter.stack
+        with record_stack(self.model, stack, head_outputs=head_outputs, stop_after_last_layer=True) as recording:
+            try:
+                self.model(**inputs, output_attentions=True)
+            except StopForward:
+                pass
+        return recording
 
     def _pixels(self, image: Any) -> tuple[torch.Tensor, str]:
         from PIL import Image, UnidentifiedImageError
