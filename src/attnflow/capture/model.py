@@ -250,6 +250,8 @@ class AttentionModel:
             return_tensors="pt",
         )
         capture = self.capture_batch(encoded["input_ids"], encoded["attention_mask"], head_outputs=head_outputs)
+        attentions = capture.attentions.cpu()  # [batch, layer, head, query, key], stacked once
+        head_output_batch = None if capture.head_outputs is None else capture.head_outputs.cpu()
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         output_weights = self._output_weights_numpy() if head_outputs else None
         traces = []
@@ -261,8 +263,8 @@ class AttentionModel:
                     token_ids=ids.numpy().astype(np.int64),
                     offsets=encoded["offset_mapping"][index, :n].numpy().astype(np.int64),
                     special_mask=encoded["special_tokens_mask"][index, :n].numpy().astype(bool),
-                    attentions=capture.attentions[index, :, :, :n, :n].cpu().numpy(),
-                    head_outputs=None if capture.head_outputs is None else capture.head_outputs[index, :, :n].cpu().numpy(),
+                    attentions=attentions[index, :, :, :n, :n].numpy().copy(),  # not a view of the batch
+                    head_outputs=None if head_output_batch is None else head_output_batch[index, :, :n].numpy().copy(),
                     text=text,
                     model_name=self.name,
                     layer_names=list(self.layer_names),
