@@ -154,6 +154,7 @@ class AttentionModel:
         self.d_head = head_width // self.n_heads
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
+        self._output_weights_cache: np.ndarray | None = None
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
         if tokenizer is not None:
@@ -394,13 +395,14 @@ class AttentionModel:
         return int(max_length)
 
     def _warn_truncation(self, texts: list[str], limit: int) -> None:
-        for text in texts:
-            n = len(self.tokenizer(text)["input_ids"])
+        for ids in self.tokenizer(texts)["input_ids"]:  # one batched call, untruncated lengths
+            n = len(ids)
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
 
     def _output_weights_numpy(self) -> np.ndarray:
-        if not hasattr(self, "_output_weights_cache"):
+        """`output_weights` as numpy, computed once and shared by every Trace of this model."""
+        if self._output_weights_cache is None:
             self._output_weights_cache = self.output_weights().cpu().numpy()
         return self._output_weights_cache
 
