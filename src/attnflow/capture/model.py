@@ -63,6 +63,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     """
     import transformers
 
+    from attnflow.capture.probes import PROBES, load_probe
+
+    if name in PROBES:
+        return load_probe(name, device=device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     try:
