@@ -1,0 +1,274 @@
+"""The benchmark loop: every method, the same examples, the same perturbations, batched.
+
+For each method, examples are explained in chunks (one front-door call per chunk and target
+class); all perturbed variants of a chunk (comprehensiveness and sufficiency bins, deletion-curve
+points, for every example in the chunk) are deduplicated and scored in one batched forward pass.
+Per-method results (per-sample values included) are written to ``DIR/methods/<method>.json`` as
+soon as a method finishes, so ``resume=True`` skips what is done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from attnflow.evaluate.attribute import attribute
+from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, spearman, top_count
+from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
+from attnflow.evaluate.sanity import FLAG_RHO, cascade
+from attnflow.evaluate.scorer import ClassifierScorer
+
+log = logging.getLogger(__name__)
+
+REFERENCE_METHOD = "leave_one_out"
+METHODS_DIR = "methods"
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """How the benchmark perturbs and summarises (saved with the results).
+
+    Attributes:
+        replace: ``remove`` (drop tokens from the id sequence) or ``mask`` (mask token in place).
+        bins: fractions k of the content tokens for comprehensiveness and sufficiency.
+        curve_points: points of the deletion curve, equally spaced over [0, 1] of the content tokens.
+        sanity_samples: examples (the first ones) re-explained at each randomisation stage; 0 skips.
+        chunk_size: examples explained and perturbed together.
+        seed: seeds the sample choice and the randomised weights.
+    """
+
+    replace: str = "remove"
+    bins: tuple[float, ...] = BINS
+    curve_points: int = 11
+    sanity_samples: int = 32
+    chunk_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replace not in REPLACE_MODES:
+            raise ValueError(f"unknown replacement {self.replace!r}; choose one of {', '.join(REPLACE_MODES)}")
+        if self.curve_points < 2:
+            raise ValueError("the deletion curve needs at least 2 points")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One input as the benchmark sees it: ``ids [n]`` as the model's tokenizer makes them
+    (truncated to its maximum), ``special_mask [n]``, the predicted class and its probability."""
+
+    text: str
+    label: int
+    ids: tuple[int, ...]
+    special_mask: np.ndarray
+    target: int
+    p_full: float
+
+
+@dataclass
+class MethodRecord:
+    """Per-sample values of one method: ``comprehensiveness``/``sufficiency`` ``[sample, bin]``,
+    ``curve [sample, point]``, ``agreement [sample]`` (NaN without reference), ``sanity``
+    ``{stage: [sanity sample]}``, ``seconds`` per sample of each chunk, ``scores`` per sample."""
+
+    comprehensiveness: list[list[float]] = field(default_factory=list)
+    sufficiency: list[list[float]] = field(default_factory=list)
+    curve: list[list[float]] = field(default_factory=list)
+    agreement: list[float] = field(default_factory=list)
+    sanity: dict[str, list[float]] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)
+    scores: list[list[float]] = field(default_factory=list)
+
+
+def prepare_examples(model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int]) -> list[Example]:
+    """Tokenise (as the front door does), predict, and drop nothing silently: a text without
+    content tokens is an error."""
+    tokenizer = model.tokenizer
+    encoded = tokenizer(list(texts), truncation=True, max_length=model.max_length)["input_ids"]
+    probabilities = scorer.probabilities(encoded)  # [text, class]
+    examples = []
+    for text, label, ids, row in zip(texts, labels, encoded, probabilities):
+        special = np.asarray(tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True), dtype=bool)
+        if special.all():
+            raise ValueError(f"text {text[:40]!r} has no content tokens")
+        target = int(np.argmax(row))
+        examples.append(Example(text, int(label), tuple(int(i) for i in ids), special, target, float(row[target])))
+    return examples
+
+
+def perturbation_probabilities(
+    scorer: ClassifierScorer, examples: Sequence[Example], rankings: Sequence[np.ndarray], options: BenchmarkOptions,
+    mask_id: int | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``p_c`` of every perturbed variant: ``(without top [sample, bin], only top [sample, bin],
+    deletion curve [sample, point])``; identical variants are scored once, all in one call."""
+    fractions = np.linspace(0.0, 1.0, options.curve_points)
+    unique: dict[tuple[int, ...], int] = {}
+    slots = []  # per example: (comprehensiveness slots, sufficiency slots, curve slots)
+    for example, ranking in zip(examples, rankings):
+        m = len(ranking)
+        variants = (
+            [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+            [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+            [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
+        )
+        slots.append(tuple([unique.setdefault(variant, len(unique)) for variant in group] for group in variants))
+    probabilities = scorer.probabilities(list(unique))  # [variant, class]
+    gathered = [
+        np.array([[probabilities[slot, example.target] for slot in example_slots[group]] for example, example_slots in zip(examples, slots)])
+        for group in range(3)
+    ]
+    return gathered[0], gathered[1], gathered[2]
+
+
+def content_agreement(scores: Sequence[np.ndarray], reference: Sequence[np.ndarray], examples: Sequence[Example]) -> list[float]:
+    """Spearman's rho of each sample's scores with the reference's on its content tokens."""
+    return [spearman(s[~e.special_mask], r[~e.special_mask]) for s, r, e in zip(scores, reference, examples)]
+
+
+def evaluate_method(
+    model: Any, scorer: ClassifierScorer, examples: Sequence[Example], method: str, options: BenchmarkOptions,
+    reference: Sequence[np.ndarray] | None = None, advance: Callable[[int], None] = lambda n: None,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+) -> MethodRecord:
+    """All metrics of one method on ``examples`` (see `MethodRecord`)."""
+    record = MethodRecord()
+    mask_id = model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
+    for start in range(0, len(examples), options.chunk_size):
+        chunk = examples[start : start + options.chunk_size]
+        began = time.perf_counter()
+        scores = attribute_fn(model, [e.text for e in chunk], method, [e.target for e in chunk])
+        record.seconds.append((time.perf_counter() - began) / len(chunk))
+        for example, example_scores in zip(chunk, scores):
+            if example_scores.shape != (len(example.ids),):
+                raise ValueError(
+                    f"method {method!r} gave {example_scores.shape} scores for {len(example.ids)} tokens of {example.text[:40]!r}"
+                )
+        rankings = [content_ranking(s, e.special_mask) for s, e in zip(scores, chunk)]
+        without, only, curve = perturbation_probabilities(scorer, chunk, rankings, options, mask_id)
+        p_full = np.array([e.p_full for e in chunk])
+        record.comprehensiveness += aopc(p_full, without)[0].tolist()
+        record.sufficiency += aopc(p_full, only)[0].tolist()
+        record.curve += curve.tolist()
+        record.scores += [s.tolist() for s in scores]
+        advance(len(chunk))
+    original = [np.asarray(s) for s in record.scores]
+    if reference is not None:
+        record.agreement = content_agreement(original, reference, examples)
+    sanity_examples = list(examples[: options.sanity_samples])
+    if sanity_examples:
+        for label, randomised in cascade(model, seed=options.seed):
+            rerun = attribute_fn(randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples])
+            record.sanity[label] = content_agreement(rerun, original, sanity_examples)
+            advance(len(sanity_examples))
+    return record
+
+
+def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]:
+    """Means with standard errors (over samples) of a method's per-sample values."""
+    comprehensiveness, sufficiency = np.asarray(record.comprehensiveness), np.asarray(record.sufficiency)
+    curve = np.asarray(record.curve)
+
+    def figure(values: np.ndarray) -> dict[str, float]:
+        mean, se = mean_se(values)
+        return {"mean": mean, "se": se}
+
+    def aopc_figure(drops: np.ndarray) -> dict[str, Any]:
+        bins_mean, bins_se = mean_se(drops)
+        return {
+            **figure(drops.mean(axis=1)),
+            "bins": {f"{k:g}": {"mean": float(m), "se": float(s)} for k, m, s in zip(options.bins, bins_mean, bins_se)},
+        }
+
+    curve_mean, curve_se = mean_se(curve)
+    summary: dict[str, Any] = {
+        "n": len(record.comprehensiveness),
+        "comprehensiveness": aopc_figure(comprehensiveness),
+        "sufficiency": aopc_figure(sufficiency),
+        "deletion_auc": figure(deletion_auc(curve)),
+        "deletion_curve": {
+            "x": np.linspace(0.0, 1.0, options.curve_points).tolist(), "mean": curve_mean.tolist(), "se": curve_se.tolist()
+        },
+        "agreement_loo": figure(np.asarray(record.agreement)) if record.agreement else None,
+        "seconds_per_sample": figure(np.asarray(record.seconds)),
+        "sanity": None,
+    }
+    if record.sanity:
+        stages = [{"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()]
+        final = stages[-1]["mean"]
+        summary["sanity"] = {"stages": stages, "final_rho": final, "flagged": bool(final >= FLAG_RHO), "threshold": FLAG_RHO}
+    return summary
+
+
+def _sample_record(path: Path) -> MethodRecord | None:
+    try:
+        return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_benchmark(
+    model: Any, texts: Sequence[str], labels: Sequence[int], methods: Sequence[str], options: BenchmarkOptions,
+    out_dir: str | Path, run_info: dict[str, Any], resume: bool = False, progress: bool = True,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute, reference_method: str | None = REFERENCE_METHOD,
+) -> dict[str, Any]:
+    """Evaluate ``methods`` on the given texts; returns (and writes ``DIR/methods/*.json``) the
+    results: ``{"run": run_info + options, "methods": {name: summary}}``.
+
+    ``reference_method`` (leave-one-out) is run first, as a method when it is in ``methods`` and
+    only for its scores otherwise; None skips the agreement column. With ``resume``, methods whose
+    file exists for the same run (same ``run_info`` and options) are read instead of recomputed.
+    """
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    method_dir = out_dir / METHODS_DIR
+    run = {**run_info, "options": asdict(options)}
+    run_path = out_dir / RUN_FILE
+    if resume and run_path.exists():
+        previous = json.loads(run_path.read_text(encoding="utf-8"))
+        if previous != json.loads(json.dumps(run)):
+            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
+    method_dir.mkdir(parents=True, exist_ok=True)
+    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
+
+    scorer = ClassifierScorer(model)
+    examples = prepare_examples(model, scorer, texts, labels)
+    ordered = sorted(methods, key=lambda name: name != reference_method)
+    per_method = len(examples) + min(options.sanity_samples, len(examples)) * (model.n_layers + 1)
+    reference: list[np.ndarray] | None = None
+    bar = tqdm(total=per_method * len(ordered), desc="evaluate", unit="sample", disable=not progress)
+    summaries: dict[str, Any] = {}
+    try:
+        if reference_method is not None and reference_method not in ordered:
+            bar.set_postfix_str(f"{reference_method} (agreement reference)")
+            reference = attribute_fn(model, [e.text for e in examples], reference_method, [e.target for e in examples])
+        for method in ordered:
+            bar.set_description(method)
+            path = method_dir / f"{method}.json"
+            record = _sample_record(path) if resume else None
+            if record is None:
+                record = evaluate_method(model, scorer, examples, method, options, reference, bar.update, attribute_fn)
+                summary = summarise(record, options)
+                path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
+            else:
+                bar.update(per_method)
+                summary = summarise(record, options)
+            if method == reference_method:
+                reference = [np.asarray(s) for s in record.scores]
+                if not record.agreement:  # the reference agrees with itself; recorded for the table
+                    record.agreement = content_agreement(reference, reference, examples)
+                    summary = summarise(record, options)
+            summaries[method] = summary
+    finally:
+        bar.close()
+    predictions = np.array([e.target for e in examples])
+    run["accuracy_on_samples"] = float(np.mean(predictions == np.array([e.label for e in examples])))
+    run["mean_content_tokens"] = float(np.mean([np.sum(~e.special_mask) for e in examples]))
+    return {"run": run, "methods": summaries}

@@ -1,0 +1,90 @@
+"""Faithfulness metrics as pure functions on arrays (no model, no method).
+
+Notation: an example has ``n`` tokens, ``m`` of them content tokens (special tokens are never
+ranked, removed or kept-only). ``p_c`` is the probability of the class c that the model predicts
+for the untouched input; every perturbed input is scored on that same class.
+
+- comprehensiveness at k: ``p_c(x) - p_c(x without its top-ceil(k*m) tokens)`` (higher is better);
+- sufficiency at k: ``p_c(x) - p_c(x with only its top-ceil(k*m) content tokens)`` (lower is better);
+- AOPC: the mean over the bins `BINS` (ERASER's definition);
+- deletion curve: ``p_c`` after removing the top ``ceil(f*m)`` tokens for ``f`` on a regular grid of
+  [0, 1]; its area under the curve by the trapezoid rule (lower is better);
+- agreement: Spearman's rho between two score vectors on the content tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+
+BINS: tuple[float, ...] = (0.01, 0.05, 0.10, 0.20, 0.50)
+
+
+def top_count(fraction: float, n_content: int) -> int:
+    """``ceil(fraction * n_content)``, robust to float noise (0.1 * 30 is 3, not 4)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"a fraction must lie in [0, 1], got {fraction}")
+    return min(n_content, math.ceil(round(fraction * n_content, 9)))
+
+
+def content_ranking(scores: np.ndarray, special_mask: np.ndarray) -> np.ndarray:
+    """Positions of the content tokens, most relevant first (``[m]``). Ties keep text order, so a
+    constant attribution ranks left to right. Non-finite scores are an error, not a rank."""
+    scores = np.asarray(scores, dtype=np.float64)
+    special_mask = np.asarray(special_mask, dtype=bool)
+    if scores.shape != special_mask.shape:
+        raise ValueError(f"scores {scores.shape} and special_mask {special_mask.shape} differ in shape")
+    content = np.flatnonzero(~special_mask)
+    if not np.all(np.isfinite(scores[content])):
+        raise ValueError("attribution scores contain NaN or infinity")
+    return content[np.argsort(-scores[content], kind="stable")]
+
+
+def aopc(p_full: np.ndarray, p_perturbed: np.ndarray) -> np.ndarray:
+    """Per-bin drops and their mean: ``p_full [sample]``, ``p_perturbed [sample, bin]`` ->
+    ``(drops [sample, bin], aopc [sample])``."""
+    p_full = np.asarray(p_full, dtype=np.float64)
+    drops = p_full[:, None] - np.asarray(p_perturbed, dtype=np.float64)
+    return drops, drops.mean(axis=1)
+
+
+def deletion_auc(curve: np.ndarray) -> np.ndarray:
+    """Area under deletion curves ``[sample, point]`` sampled at equally spaced fractions of
+    [0, 1] (first point: nothing removed; last: every content token removed) -> ``[sample]``."""
+    curve = np.asarray(curve, dtype=np.float64)
+    if curve.shape[-1] < 2:
+        raise ValueError("a deletion curve needs at least two points")
+    step = 1.0 / (curve.shape[-1] - 1)
+    return step * (curve[..., 1:] + curve[..., :-1]).sum(axis=-1) / 2.0
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho of two ``[m]`` vectors (average ranks for ties). A constant vector carries no
+    ranking: rho is 1.0 when both are constant (nothing differs) and 0.0 when only one is."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"cannot correlate shapes {a.shape} and {b.shape}")
+    constant_a, constant_b = np.ptp(a) == 0 if a.size else True, np.ptp(b) == 0 if b.size else True
+    if constant_a or constant_b:
+        return 1.0 if constant_a and constant_b else 0.0
+    rank_a, rank_b = rankdata(a) - (a.size + 1) / 2, rankdata(b) - (b.size + 1) / 2
+    return float((rank_a * rank_b).sum() / math.sqrt((rank_a**2).sum() * (rank_b**2).sum()))
+
+
+def mean_se(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Mean and standard error of the mean (``std(ddof=1) / sqrt(count)``, 0 for a single sample)
+    over the first axis of ``[sample]`` or ``[sample, point]`` values. NaN samples (a quantity
+    undefined for that sample) are left out of 1-D values; 2-D values must be finite."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1:
+        values = values[~np.isnan(values)]
+    if values.shape[0] == 0:
+        raise ValueError("no samples to average")
+    mean = values.mean(axis=0)
+    se = values.std(axis=0, ddof=1) / math.sqrt(values.shape[0]) if values.shape[0] > 1 else np.zeros_like(mean)
+    if values.ndim == 1:
+        return float(mean), float(se)
+    return mean, se

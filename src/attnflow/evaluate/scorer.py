@@ -1,0 +1,91 @@
+"""Class probabilities of a classifier for many token-id sequences at once.
+
+`ClassifierScorer` pads sequences of any length into batches (sorted by length, so that little is
+padding), runs one forward per batch without gradients and returns softmax probabilities
+``[sequence, class]``. It takes an `AttentionModel` whose ``.model`` returns ``.logits
+[batch, class]``; `check_classifier` says in one line when a model has no such head.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from attnflow.errors import InputError
+
+
+def check_classifier(model: Any) -> list[str]:
+    """The class names of a classifier `AttentionModel`; InputError when its module does not
+    return ``logits [batch, class]`` (a bare encoder, a language model)."""
+    import torch
+
+    if model.tokenizer is None:
+        raise InputError(f"model {model.name!r} has no tokenizer; the faithfulness benchmark needs text input")
+    encoded = model.tokenizer(["a"], return_tensors="pt").to(model.device)
+    with torch.inference_mode():
+        output = model.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
+    logits = getattr(output, "logits", None)
+    if logits is None or logits.ndim != 2:
+        raise InputError(
+            f"model {model.name!r} has no classifier head (its output has no [batch, class] logits); "
+            "evaluate a classifier such as minilm-sentiment or minilm-topics"
+        )
+    id2label = getattr(model.model.config, "id2label", None) or {}
+    if len(id2label) != logits.shape[1]:
+        return [f"class {index}" for index in range(logits.shape[1])]
+    return [str(id2label[index]) for index in range(logits.shape[1])]
+
+
+class ClassifierScorer:
+    """Softmax probabilities ``[sequence, class]`` of a classifier for token-id sequences.
+
+    Args:
+        model: an `AttentionModel` around a classifier (see `check_classifier`).
+        max_batch_tokens: padded tokens per forward (``batch * longest``); bounds memory.
+    """
+
+    def __init__(self, model: Any, max_batch_tokens: int = 8192) -> None:
+        self.model = model
+        self.max_batch_tokens = max_batch_tokens
+        self.pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+        self.forwards = 0  # sequences scored so far (for benchmarks)
+
+    def probabilities(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+        """``[sequence, class]`` float64 probabilities, in the order of ``sequences``."""
+        import torch
+
+        chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (sequence indices, [batch, class])
+        for index in length_batches([len(sequence) for sequence in sequences], self.max_batch_tokens):
+            longest = max(len(sequences[i]) for i in index)
+            input_ids = torch.full((len(index), longest), self.pad_id, dtype=torch.long)  # [batch, token]
+            attention_mask = torch.zeros((len(index), longest), dtype=torch.long)
+            for row, i in enumerate(index):
+                input_ids[row, : len(sequences[i])] = torch.as_tensor(sequences[i], dtype=torch.long)
+                attention_mask[row, : len(sequences[i])] = 1
+            with torch.inference_mode():
+                logits = self.model.model(
+                    input_ids=input_ids.to(self.model.device), attention_mask=attention_mask.to(self.model.device)
+                ).logits  # [batch, class]
+            chunks.append((index, torch.softmax(logits.double(), dim=-1).cpu().numpy()))
+        self.forwards += len(sequences)
+        if not chunks:
+            return np.zeros((0, 0))
+        result = np.zeros((len(sequences), chunks[0][1].shape[1]))
+        for index, probabilities in chunks:
+            result[index] = probabilities
+        return result
+
+
+def length_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[np.ndarray]:
+    """Index batches of sequences sorted by length, each with ``batch * longest <= max_batch_tokens``
+    (a single sequence longer than that forms its own batch)."""
+    order = np.argsort(lengths, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        stop = start + 1
+        while stop < len(order) and (stop - start + 1) * max(lengths[order[stop]], 1) <= max_batch_tokens:
+            stop += 1
+        batches.append(order[start:stop])
+        start = stop
+    return batches

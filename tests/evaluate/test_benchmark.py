@@ -1,0 +1,117 @@
+"""The benchmark loop on the synthetic key-token classifier (tests/evaluate/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import KEY_TEXTS, KEY_WORD
+
+from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
+from attnflow.evaluate.perturb import without_top
+from attnflow.evaluate.sanity import FLAG_RHO, randomisation_stages
+from attnflow.evaluate.scorer import ClassifierScorer
+
+
+def token_ids(model, text):
+    return model.tokenizer(text, truncation=True, max_length=model.max_length)["input_ids"]
+
+
+def key_first(model, texts, method, targets):
+    """Ranks the known decisive token first: 1 on it, 0 elsewhere."""
+    return [(np.asarray(token_ids(model, text)) == model.tokenizer.convert_tokens_to_ids(KEY_WORD)).astype(float) for text in texts]
+
+
+def random_scores(model, texts, method, targets):
+    rng = np.random.default_rng(abs(hash(tuple(texts))) % 2**32)
+    return [rng.normal(size=len(token_ids(model, text))) for text in texts]
+
+
+def constant(model, texts, method, targets):
+    return [np.ones(len(token_ids(model, text))) for text in texts]
+
+
+def occlusion(model, texts, method, targets):
+    """p_c(x) - p_c(x without token i): depends on every weight of ``model``."""
+    scorer = ClassifierScorer(model)
+    result = []
+    for text, target in zip(texts, targets):
+        ids = token_ids(model, text)
+        variants = [ids] + [list(without_top(ids, np.array([i]), 1, "remove", None)) for i in range(len(ids))]
+        p = scorer.probabilities(variants)[:, target]
+        result.append(p[0] - p[1:])
+    return result
+
+
+FAKE_METHODS = {"key_first": key_first, "random": random_scores, "constant": constant, "occlusion": occlusion}
+
+
+def dispatch(model, texts, method, targets):
+    return FAKE_METHODS[method](model, texts, method, targets)
+
+
+@pytest.fixture(scope="module")
+def results(key_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    options = BenchmarkOptions(sanity_samples=4, chunk_size=3)
+    labels = [1] * len(KEY_TEXTS)
+    run = run_benchmark(key_model, KEY_TEXTS, labels, list(FAKE_METHODS), options, out, {"model": "key-token"},
+                        progress=False, attribute_fn=dispatch, reference_method="occlusion")
+    return run, out
+
+
+def test_the_synthetic_model_hinges_on_the_key_token(key_model):
+    scorer = ClassifierScorer(key_model)
+    with_key = scorer.probabilities([token_ids(key_model, text) for text in KEY_TEXTS])[:, 1]
+    without = scorer.probabilities([token_ids(key_model, text.replace("great", "good")) for text in KEY_TEXTS])[:, 1]
+    assert with_key.min() > 0.9 and without.max() < 0.1
+
+
+def test_ranking_the_decisive_token_first_wins_comprehensiveness(results):
+    methods = results[0]["methods"]
+    comprehensiveness = {name: summary["comprehensiveness"]["mean"] for name, summary in methods.items()}
+    assert max(comprehensiveness, key=comprehensiveness.get) in ("key_first", "occlusion")
+    # removing "great" first flips every prediction: all bins drop p_c by > 0.8
+    assert all(b["mean"] > 0.8 for b in methods["key_first"]["comprehensiveness"]["bins"].values())
+    assert comprehensiveness["key_first"] > comprehensiveness["random"] + 3 * methods["random"]["comprehensiveness"]["se"]
+    assert methods["key_first"]["sufficiency"]["mean"] < methods["random"]["sufficiency"]["mean"]
+    assert methods["key_first"]["deletion_auc"]["mean"] < methods["random"]["deletion_auc"]["mean"]
+
+
+def test_every_figure_has_a_standard_error(results):
+    for summary in results[0]["methods"].values():
+        for metric in ("comprehensiveness", "sufficiency", "deletion_auc", "agreement_loo", "seconds_per_sample"):
+            assert set(summary[metric]) >= {"mean", "se"} and summary[metric]["se"] >= 0
+        assert len(summary["comprehensiveness"]["bins"]) == 5
+        assert summary["n"] == len(KEY_TEXTS)
+
+
+def test_sanity_check_flags_a_constant_attribution_and_passes_occlusion(results, key_model):
+    methods = results[0]["methods"]
+    assert [s["stage"] for s in methods["constant"]["sanity"]["stages"]] == [label for label, _ in randomisation_stages(key_model)]
+    assert methods["constant"]["sanity"]["final_rho"] == 1.0 and methods["constant"]["sanity"]["flagged"]
+    assert methods["key_first"]["sanity"]["flagged"]  # it ignores the weights too
+    assert methods["occlusion"]["sanity"]["final_rho"] < FLAG_RHO and not methods["occlusion"]["sanity"]["flagged"]
+
+
+def test_randomisation_leaves_the_original_model_untouched(results, key_model):
+    scorer = ClassifierScorer(key_model)
+    assert scorer.probabilities([token_ids(key_model, KEY_TEXTS[0])])[0, 1] > 0.9
+
+
+def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model):
+    run, out = results
+    calls = []
+
+    def counting(model, texts, method, targets):
+        calls.append(method)
+        return dispatch(model, texts, method, targets)
+
+    again = run_benchmark(key_model, KEY_TEXTS, [1] * len(KEY_TEXTS), list(FAKE_METHODS), BenchmarkOptions(sanity_samples=4, chunk_size=3),
+                          out, {"model": "key-token"}, resume=True, progress=False, attribute_fn=counting, reference_method="occlusion")
+    assert calls == []
+    assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
+    with pytest.raises(ValueError, match="different run"):
+        run_benchmark(key_model, KEY_TEXTS, [1] * len(KEY_TEXTS), ["random"], BenchmarkOptions(replace="mask"), out,
+                      {"model": "key-token"}, resume=True, progress=False, attribute_fn=counting)
