@@ -11,28 +11,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.methods.registry import get_method
+
+BATCH_SIZE = 16  # texts per traced forward (and backward) pass of the front door
+
 
 def attribute(model: Any, texts: Sequence[str], method: str, targets: Sequence[int], **options: Any) -> list[np.ndarray]:
     """Scores ``[n_tokens]`` of ``method`` for each text, explaining class ``targets[i]`` of text i.
 
-    Texts are explained in one call per target class (the front door batches them).
+    Methods that depend on a target are called once per target class present; the others
+    (attention-only methods) once for all texts.
     """
     if len(texts) != len(targets):
         raise ValueError(f"{len(texts)} texts but {len(targets)} targets")
-    scores: list[np.ndarray | None] = [None] * len(texts)
     targets = np.asarray(targets, dtype=np.int64)
+    if not get_method(method).uses_target:
+        explanations = model.explain(list(texts), method, batch_size=BATCH_SIZE, **options)
+        return [np.asarray(explanation.scores, dtype=np.float64) for explanation in explanations]
+    scores: list[np.ndarray] = [np.empty(0)] * len(texts)
     for target in np.unique(targets):
         index = np.flatnonzero(targets == target)
-        explanations = _explain(model, [texts[i] for i in index], method, int(target), options)
+        explanations = model.explain([texts[i] for i in index], method, target=int(target), batch_size=BATCH_SIZE, **options)
         for i, explanation in zip(index, explanations):
             scores[i] = np.asarray(explanation.scores, dtype=np.float64)
-    return scores  # type: ignore[return-value]
-
-
-def _explain(model: Any, texts: list[str], method: str, target: int, options: dict[str, Any]) -> list[Any]:
-    if hasattr(model, "explain"):
-        return list(model.explain(texts, method, target=target, **options))
-    # Until the front door exists: attention-only methods on traces (they have no target).
-    from attnflow.explanation import explain
-
-    return [explain(trace, method, **options) for trace in model.trace(texts)]
+    return scores
