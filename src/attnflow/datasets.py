@@ -119,3 +119,45 @@ def load_task(name: str) -> LabelledTexts:
         return TASKS[name]()
     except KeyError:
         raise InputError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}") from None
+
+
+def load_labelled_file(path: str | Path, label_names: tuple[str, ...], text_column: str = "text", label_column: str = "label") -> LabelledTexts:
+    """A user's labelled texts from a CSV (header row) or JSONL file (one object a line).
+
+    Labels are matched to ``label_names`` (a model's classes) by name, case-insensitively; a
+    label that is an integer index into ``label_names`` is accepted too. Empty texts are skipped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file not found: {path}")
+    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        with path.open(encoding="utf-8") as handle:
+            try:
+                rows = [json.loads(line) for line in handle if line.strip()]
+            except ValueError as error:
+                raise InputError(f"{path} is not JSON lines: {error}") from None
+    else:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    if not rows:
+        raise InputError(f"{path} holds no rows")
+    missing = [column for column in (text_column, label_column) if column not in rows[0]]
+    if missing:
+        found = ", ".join(map(str, rows[0])) or "none"
+        raise InputError(f"{path} has no column {', '.join(map(repr, missing))} (columns: {found}); use --text-column/--label-column")
+    index_of = {name.lower(): index for index, name in enumerate(label_names)}
+    texts, labels = [], []
+    for number, row in enumerate(rows, start=1):
+        text, label = str(row[text_column] or "").strip(), str(row[label_column]).strip()
+        if not text:
+            continue
+        if label.lower() in index_of:
+            labels.append(index_of[label.lower()])
+        elif label.lstrip("-").isdigit() and 0 <= int(label) < len(label_names):
+            labels.append(int(label))
+        else:
+            raise InputError(f"{path} row {number}: label {label!r} is not one of the model's classes ({', '.join(label_names)})")
+        texts.append(text)
+    if not texts:
+        raise InputError(f"{path} holds no non-empty texts")
+    return LabelledTexts(str(path), tuple(texts), np.asarray(labels, dtype=np.int64), tuple(label_names))

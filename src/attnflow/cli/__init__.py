@@ -12,10 +12,10 @@ import logging
 import sys
 from typing import Sequence
 
-from attnflow.cli import corpus, explain, models
+from attnflow.cli import corpus, evaluate, explain, models
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, models, corpus)
+SUBCOMMANDS = (explain, models, corpus, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

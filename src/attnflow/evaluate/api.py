@@ -1,0 +1,108 @@
+"""`evaluate`: model + task + methods -> results, written to a folder (what the CLI calls)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from attnflow.errors import InputError
+from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
+from attnflow.evaluate.scorer import check_classifier
+
+log = logging.getLogger(__name__)
+
+RESULTS_JSON = "results.json"
+
+
+def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
+    """``min(samples, n_available)`` distinct indices drawn with ``default_rng(seed)``, sorted; a
+    request above ``n_available`` is capped with a warning."""
+    if samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {samples}")
+    if samples > n_available:
+        log.warning("--samples %d is more than the %d held-out examples; using all %d", samples, n_available, n_available)
+        samples = n_available
+    return np.sort(np.random.default_rng(seed).choice(n_available, size=samples, replace=False))
+
+
+def resolve_methods(methods: str | Sequence[str]) -> list[str]:
+    """``"all"`` or names (a comma-separated string or a list) -> registered method names."""
+    from attnflow.methods.registry import available_methods, get_method
+
+    if isinstance(methods, str):
+        methods = available_methods() if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError("no methods given")
+    for method in methods:
+        get_method(method)  # one clear line for an unknown name
+    return list(dict.fromkeys(methods))
+
+
+def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
+    """``(LabelledTexts of the held-out examples, task name)``: a built-in task's 20 % held-out split
+    (the classifier never trained on it), or every row of a user's CSV/JSONL file."""
+    from attnflow.datasets import TASKS, load_labelled_file, load_task
+
+    probe = getattr(model, "probe", None) or {}
+    task = task or probe.get("task")
+    if task is None:
+        raise InputError(f"model {model.name!r} has no default task; give --task ({', '.join(TASKS)} or a CSV/JSONL file)")
+    if task in TASKS:
+        data = load_task(task)
+        if [name.lower() for name in data.label_names] != [name.lower() for name in label_names]:
+            raise InputError(
+                f"task {task!r} has classes ({', '.join(data.label_names)}) but model {model.name!r} predicts "
+                f"({', '.join(label_names)})"
+            )
+        return data.subset(data.split()[1]), task
+    if not Path(task).exists() and not any(sep in task for sep in ("/", "\\", ".")):
+        raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+    return load_labelled_file(task, tuple(label_names), text_column, label_column), task
+
+
+def evaluate(
+    model: str | Any = "minilm-sentiment", task: str | None = None, methods: str | Sequence[str] = "all",
+    samples: int = 500, out: str | Path = "out/evaluate", options: BenchmarkOptions | None = None, resume: bool = False,
+    progress: bool = True, text_column: str = "text", label_column: str = "label", figures: bool = True,
+) -> dict[str, Any]:
+    """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
+
+    ``model`` is an alias/path or an `AttentionModel` of a classifier; ``task`` a built-in task
+    (default: the one the classifier was trained on) or a CSV/JSONL path with ``text_column`` and
+    ``label_column``. Returns the results dictionary (as in ``results.json``).
+    """
+    from attnflow.capture.model import load
+    from attnflow.datasets import TASKS
+    from attnflow.evaluate.report import write_report
+
+    options = options or BenchmarkOptions()
+    method_names = resolve_methods(methods)
+    if isinstance(model, str):
+        model = load(model)
+    label_names = check_classifier(model)
+    data, task_name = load_evaluation_task(task, model, label_names, text_column, label_column)
+    chosen = select_samples(len(data), samples, options.seed)
+    data = data.subset(chosen)
+    probe = getattr(model, "probe", None) or {}
+    run_info = {
+        "model": model.name,
+        "task": task_name,
+        "labels": label_names,
+        "classifier_heldout_accuracy": probe.get("heldout_accuracy"),
+        "majority_accuracy": probe.get("majority_accuracy"),
+        "samples": len(data),
+        "split": "held-out 20 % (stratified, seed 0)" if task_name in TASKS else "all rows of the file",
+        "methods": method_names,
+    }
+    began = time.perf_counter()
+    results = run_benchmark(model, data.texts, data.labels, method_names, options, out, run_info, resume=resume, progress=progress)
+    results["run"]["wall_seconds"] = time.perf_counter() - began
+    out = Path(out)
+    (out / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    write_report(results, out, figures=figures)
+    return results

@@ -1,0 +1,160 @@
+"""The benchmark's report: ``results.md`` (the table), figures and ``results.html``."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+RESULTS_MD = "results.md"
+RESULTS_HTML = "results.html"
+CURVES_PNG = "deletion_curves.png"
+BARS_PNG = "metrics.png"
+
+
+def _pm(figure: dict[str, float] | None, digits: int = 3) -> str:
+    if figure is None:
+        return "–"
+    return f"{figure['mean']:.{digits}f} ± {figure['se']:.{digits}f}"
+
+
+def ordered_methods(results: dict[str, Any]) -> list[str]:
+    """Methods by comprehensiveness, best first."""
+    methods = results["methods"]
+    return sorted(methods, key=lambda name: -methods[name]["comprehensiveness"]["mean"])
+
+
+def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the results table (mean ± standard error over samples)."""
+    header = ["method", "comprehensiveness ↑", "sufficiency ↓", "deletion AUC ↓", "ρ vs leave-one-out", "sanity ρ (all random)",
+              "s / sample"]
+    rows = []
+    for name in ordered_methods(results):
+        summary = results["methods"][name]
+        sanity = summary.get("sanity")
+        sanity_cell = "–" if sanity is None else f"{sanity['final_rho']:.2f}" + (" **flagged**" if sanity["flagged"] else "")
+        rows.append([name, _pm(summary["comprehensiveness"]), _pm(summary["sufficiency"]), _pm(summary["deletion_auc"]),
+                     _pm(summary["agreement_loo"], 2), sanity_cell, _pm(summary["seconds_per_sample"], 2)])
+    return header, rows
+
+
+def bin_rows(results: dict[str, Any], metric: str) -> tuple[list[str], list[list[str]]]:
+    """Per-bin values of ``metric`` (comprehensiveness or sufficiency)."""
+    names = ordered_methods(results)
+    bins = list(results["methods"][names[0]][metric]["bins"])
+    header = ["method"] + [f"{float(k) * 100:g} %" for k in bins]
+    rows = [[name] + [_pm(results["methods"][name][metric]["bins"][k]) for k in bins] for name in names]
+    return header, rows
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def describe(results: dict[str, Any]) -> str:
+    """One paragraph: what was evaluated and how."""
+    run = results["run"]
+    options = run["options"]
+    accuracy = run.get("classifier_heldout_accuracy")
+    replace = ("removed from the token-id sequence (the sequence gets shorter)" if options["replace"] == "remove"
+               else "replaced by the mask token")
+    parts = [
+        f"Model `{run['model']}` on task `{run['task']}` ({run.get('split', '')}), {run['samples']} samples, seed {options['seed']}.",
+        f"Classifier held-out accuracy: {accuracy:.3f} (majority class {run['majority_accuracy']:.3f})." if accuracy is not None else "",
+        f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
+        f"Tokens are {replace}; special tokens are never removed. Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
+        f"of the content tokens (top ⌈k·m⌉); the deletion curve has {options['curve_points']} points.",
+        f"Sanity check: {options['sanity_samples']} samples re-explained after randomising the head, then each layer top-down; "
+        "flagged when the mean Spearman ρ after the last stage is ≥ 0.5.",
+        "Every figure is the mean ± standard error over samples; the target is the class predicted for the untouched input.",
+    ]
+    return " ".join(part for part in parts if part)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    sections = [
+        "# Faithfulness benchmark", describe(results), _markdown_table(*table_rows(results)),
+        "## Comprehensiveness per bin", _markdown_table(*bin_rows(results, "comprehensiveness")),
+        "## Sufficiency per bin", _markdown_table(*bin_rows(results, "sufficiency")),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+def plot_curves(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name in ordered_methods(results):
+        curve = results["methods"][name]["deletion_curve"]
+        x, mean, se = np.asarray(curve["x"]), np.asarray(curve["mean"]), np.asarray(curve["se"])
+        style = dict(color="black", linestyle="--") if name == "random" else {}
+        axis.plot(x, mean, label=name, **style)
+        axis.fill_between(x, mean - se, mean + se, alpha=0.15, **({"color": "black"} if name == "random" else {}))
+    axis.set_xlabel("fraction of content tokens removed (most relevant first)")
+    axis.set_ylabel("probability of the predicted class")
+    axis.set_title("Deletion curves (lower is better)")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_bars(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ordered_methods(results)
+    metrics = [("comprehensiveness", "comprehensiveness ↑"), ("sufficiency", "sufficiency ↓"), ("deletion_auc", "deletion AUC ↓")]
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 0.3 * len(names) + 1.5), sharey=True)
+    for axis, (metric, title) in zip(axes, metrics):
+        means = [results["methods"][n][metric]["mean"] for n in names]
+        errors = [results["methods"][n][metric]["se"] for n in names]
+        colours = ["0.5" if n == "random" else "C0" for n in names]
+        axis.barh(range(len(names)), means, xerr=errors, color=colours, capsize=2)
+        axis.set_title(title)
+    axes[0].set_yticks(range(len(names)), names)
+    axes[0].invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def html_page(results: dict[str, Any], figures: bool) -> str:
+    def table(header: list[str], rows: list[list[str]]) -> str:
+        head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell.replace('**', ''))}</td>" for cell in row) + "</tr>" for row in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    images = (f'<img src="{CURVES_PNG}" alt="deletion curves"><img src="{BARS_PNG}" alt="metrics with standard errors">'
+              if figures else "")
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>attnflow faithfulness benchmark</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        "img{max-width:100%;display:block;margin:1em 0}</style></head><body>"
+        f"<h1>Faithfulness benchmark</h1><p>{html.escape(describe(results))}</p>"
+        f"{table(*table_rows(results))}{images}"
+        f"<h2>Comprehensiveness per bin</h2>{table(*bin_rows(results, 'comprehensiveness'))}"
+        f"<h2>Sufficiency per bin</h2>{table(*bin_rows(results, 'sufficiency'))}</body></html>\n"
+    )
+
+
+def write_report(results: dict[str, Any], out: str | Path, figures: bool = True) -> dict[str, Path]:
+    """Write ``results.md``, ``results.html`` and (with ``figures``) the two PNG figures."""
+    out = Path(out)
+    paths = {"markdown": out / RESULTS_MD, "html": out / RESULTS_HTML}
+    paths["markdown"].write_text(markdown(results), encoding="utf-8")
+    if figures:
+        paths["curves"], paths["bars"] = out / CURVES_PNG, out / BARS_PNG
+        plot_curves(results, paths["curves"])
+        plot_bars(results, paths["bars"])
+    paths["html"].write_text(html_page(results, figures), encoding="utf-8")
+    return paths
