@@ -47,10 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.evaluate.api import evaluate, resolve_methods
+    from attnflow.evaluate.api import check_task_name, evaluate, resolve_methods
     from attnflow.evaluate.benchmark import BenchmarkOptions
 
-    resolve_methods(args.methods)  # an unknown name fails before the model loads
+    resolve_methods(args.methods)  # unknown names fail before the model loads
+    check_task_name(args.task)
     if args.sanity_samples < 0:
         raise ValueError("--sanity-samples must be 0 or more")
     options = BenchmarkOptions(replace=args.replace, sanity_samples=args.sanity_samples, seed=args.seed)

@@ -43,6 +43,14 @@ def resolve_methods(methods: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+def check_task_name(task: str | None) -> None:
+    """InputError for a name that is neither a built-in task nor a file path (None: the default)."""
+    from attnflow.datasets import TASKS
+
+    if task is not None and task not in TASKS and not Path(task).exists() and not any(c in task for c in "/\\."):
+        raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+
+
 def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
     """``(LabelledTexts of the held-out examples, task name)``: a built-in task's 20 % held-out split
     (the classifier never trained on it), or every row of a user's CSV/JSONL file."""
@@ -60,8 +68,7 @@ def load_evaluation_task(task: str | None, model: Any, label_names: list[str], t
                 f"({', '.join(label_names)})"
             )
         return data.subset(data.split()[1]), task
-    if not Path(task).exists() and not any(sep in task for sep in ("/", "\\", ".")):
-        raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+    check_task_name(task)
     return load_labelled_file(task, tuple(label_names), text_column, label_column), task
 
 
