@@ -229,7 +229,7 @@ def run_benchmark(
 
     out_dir = Path(out_dir)
     method_dir = out_dir / METHODS_DIR
-    run = {**run_info, "options": asdict(options)}
+    run = {**run_info, "agreement_reference": reference_method, "options": asdict(options)}
     run_path = out_dir / RUN_FILE
     if resume and run_path.exists():
         previous = json.loads(run_path.read_text(encoding="utf-8"))
@@ -262,9 +262,6 @@ def run_benchmark(
                 summary = summarise(record, options)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]
-                if not record.agreement:  # the reference agrees with itself; recorded for the table
-                    record.agreement = content_agreement(reference, reference, examples)
-                    summary = summarise(record, options)
             summaries[method] = summary
     finally:
         bar.close()

@@ -33,8 +33,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         summary = results["methods"][name]
         sanity = summary.get("sanity")
         sanity_cell = "–" if sanity is None else f"{sanity['final_rho']:.2f}" + (" **flagged**" if sanity["flagged"] else "")
+        agreement = "reference" if name == results["run"].get("agreement_reference") else _pm(summary["agreement_loo"], 2)
         rows.append([name, _pm(summary["comprehensiveness"]), _pm(summary["sufficiency"]), _pm(summary["deletion_auc"]),
-                     _pm(summary["agreement_loo"], 2), sanity_cell, _pm(summary["seconds_per_sample"], 2)])
+                     agreement, sanity_cell, _pm(summary["seconds_per_sample"], 2)])
     return header, rows
 
 
