@@ -118,3 +118,23 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
     with pytest.raises(ValueError, match="different run"):
         run_benchmark(key_model, KEY_TEXTS, [1] * len(KEY_TEXTS), ["random"], BenchmarkOptions(replace="mask"), out,
                       {"model": "key-token"}, resume=True, progress=False, attribute_fn=counting)
+
+
+def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
+    from attnflow.evaluate.sanity import cascade
+
+    assert randomisation_stages(key_model) == [("head", "head"), ("layer 1", "encoder.encoder.layer.1"), ("layer 0", "encoder.encoder.layer.0")]
+    original = {name: p.detach().clone() for name, p in key_model.model.named_parameters()}
+
+    def changed(model, prefix):
+        return any(not np.allclose(p.detach(), original[n]) for n, p in model.model.named_parameters() if n.startswith(prefix))
+
+    seen = []
+    for label, randomised in cascade(key_model, seed=1):
+        seen.append(label)
+        assert changed(randomised, "head.")
+        assert changed(randomised, "encoder.encoder.layer.1.") == (label != "head")
+        assert changed(randomised, "encoder.encoder.layer.0.") == (label == "layer 0")
+        assert not changed(randomised, "encoder.embeddings.")
+    assert seen == ["head", "layer 1", "layer 0"]
+    assert not changed(key_model, "")  # the original is untouched

@@ -206,7 +206,7 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
     return summary
 
 
-def _sample_record(path: Path) -> MethodRecord | None:
+def _finished_record(path: Path) -> MethodRecord | None:
     try:
         return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -252,7 +252,7 @@ def run_benchmark(
         for method in ordered:
             bar.set_description(method)
             path = method_dir / f"{method}.json"
-            record = _sample_record(path) if resume else None
+            record = _finished_record(path) if resume else None
             if record is None:
                 record = evaluate_method(model, scorer, examples, method, options, reference, bar.update, attribute_fn)
                 summary = summarise(record, options)

@@ -25,16 +25,25 @@ HEAD_NAMES = ("head", "classifier", "score")  # PooledClassifier, *ForSequenceCl
 def randomisation_stages(model: Any) -> list[tuple[str, str]]:
     """``(stage label, module name)`` in cascade order: the head, then the blocks top-down.
 
-    A block is the parent module of each attention layer the model's adapter names.
+    A block is the numbered ancestor of each attention layer the model's adapter names
+    (``encoder.layer.3.attention.self`` -> ``encoder.layer.3``: attention and feed-forward).
     """
     names = dict(model.model.named_modules())
     head = next((name for name in HEAD_NAMES if name in names), None)
     if head is None:
         raise InputError(f"model {model.name!r}: no classifier head module ({', '.join(HEAD_NAMES)}) to randomise")
-    blocks = [layer.rsplit(".", 1)[0] for layer in model.layer_names]
+    blocks = [_block_of(layer) for layer in model.layer_names]
     stages = [("head", head)]
     stages += [(f"layer {index}", block) for index, block in reversed(list(enumerate(blocks)))]
     return stages
+
+
+def _block_of(layer_name: str) -> str:
+    parts = layer_name.split(".")
+    numbered = [index for index, part in enumerate(parts) if part.isdigit()]
+    if not numbered:
+        raise InputError(f"cannot tell which transformer block holds the attention layer {layer_name!r}")
+    return ".".join(parts[: numbered[-1] + 1])
 
 
 def reinitialise(module: nn.Module, generator: torch.Generator, std: float) -> None:
