@@ -95,6 +95,12 @@ class Explanation:
             return None
         return to_patch_grid(self.scores, self.grid, self.n_prefix_tokens)
 
+    def summary(self) -> str:
+        """One plain-language sentence: the words that carry most of the relevance, and their share."""
+        from attnflow.methods.summary import explanation_summary
+
+        return explanation_summary(self)
+
     def top(self, k: int = 10, include_special: bool = False) -> list[tuple[int, str, float]]:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
@@ -220,8 +226,7 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    source = trace if _takes_trace(spec) else trace.attentions
-    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    result = np.asarray(apply_method(spec, trace, **chosen), dtype=np.float64)
     n = trace.n_tokens
     head_matrices = None
     if result.ndim == 3 and result.shape[1:] == (n, n):
@@ -250,6 +255,13 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
         image=str(image) if image is not None else None,
         head_matrices=head_matrices,
     )
+
+
+def apply_method(spec: MethodSpec, trace: Trace, **options: Any) -> Any:
+    """Call a registered method on a trace: with the whole Trace when its first parameter is
+    named ``trace``, else with ``trace.attentions`` (``[layer, head, query, key]``). ``options``
+    go to the function as given (no validation: see `method_options`)."""
+    return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:

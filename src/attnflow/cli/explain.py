@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     elif not args.quiet:
         top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
         print(f"top tokens (row {explanation.row}): {top}")
+        print(f"summary: {explanation.summary()}")
         for kind, path in paths.items():
             print(f"wrote {path}")
     return 0
