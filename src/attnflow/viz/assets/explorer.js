@@ -199,7 +199,7 @@
     ctx.font = Math.round(11 * ratio) + "px system-ui, sans-serif";
     var margin = 0;
     if (labels) {
-      for (var t = 0; t < n; t++) margin = Math.max(margin, ctx.measureText(meta.display[t]).width);
+      for (var t = 0; t < n; t++) margin = Math.max(margin, ctx.measureText(shortLabel(t)).width);
       margin = Math.min(margin + 6 * ratio, size * 0.22);
     }
     holder.margin = margin / size;
@@ -225,12 +225,12 @@
       ctx.textBaseline = "middle";
       for (var k = 0; k < n; k++) {
         ctx.textAlign = "right";
-        ctx.fillText(meta.display[k], margin - 4 * ratio, margin + (k + 0.5) * cell);
+        ctx.fillText(shortLabel(k), margin - 4 * ratio, margin + (k + 0.5) * cell);
         ctx.save();
         ctx.translate(margin + (k + 0.5) * cell, margin - 4 * ratio);
         ctx.rotate(-Math.PI / 2);
         ctx.textAlign = "left";
-        ctx.fillText(meta.display[k], 0, 0);
+        ctx.fillText(shortLabel(k), 0, 0);
         ctx.restore();
       }
     }
@@ -240,6 +240,11 @@
       ctx.strokeRect(margin, margin + highlightRow * cell, size - margin, Math.max(cell, 1));
     }
     holder.vmax = vmax;
+  }
+
+  function shortLabel(k) {
+    var label = meta.display[k];
+    return label.length > 14 ? label.slice(0, 13) + "…" : label;
   }
 
   // Cell under the mouse: [query, key] or null.
