@@ -182,3 +182,9 @@ def test_save_and_notebook_display(tmp_path, tiny_exploration):
     assert path.name == "explorer.html" and path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     frame = tiny_exploration._repr_html_()
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame and "<script" not in frame
+
+
+def test_model_explore_and_the_package_entry_point(tiny_bert):
+    assert attnflow.explore is explore
+    exploration = tiny_bert.explore(SENTENCE, methods=["raw"])
+    assert [view.name for view in exploration.methods] == ["raw"] and exploration.model == tiny_bert.name

@@ -312,6 +312,13 @@ class AttentionModel:
             meta={"default_row": self.default_row},
         )
 
+    def explore(self, text: str, **options: Any) -> Any:
+        """`attnflow.explore(self, text, **options)`: the interactive explorer of one text
+        (an `Exploration`; shows itself in notebooks, ``.save(dir)`` writes explorer.html)."""
+        from attnflow.exploration import explore
+
+        return explore(self, text, **options)
+
     def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
         """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``."""
         if self.kind != "vision":

@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from attnflow.cli.explain import _load, _positive_int, _Progress, _row
+from attnflow.cli.explain import _load, _positive_int, _Progress
+from attnflow.cli.explore import add_text_options
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods
 
@@ -35,13 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", action="append", required=True, metavar="NAME",
                         help="give it twice: model A, then model B (alias, folder or hub id)")
     parser.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
-    parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: model A's)")
     parser.add_argument("--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)")
-    parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
-    parser.add_argument("--out", default="out/compare", metavar="DIR", help="output folder (default: out/compare)")
+    add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare")
     parser.add_argument("--json", action="store_true", help="print comparison.json to stdout")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
     parser.set_defaults(handler=run)
 
 

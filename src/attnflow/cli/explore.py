@@ -41,13 +41,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("text", metavar="TEXT", help="the text to explore")
     parser.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)")
     parser.add_argument("--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)")
-    parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="default saliency row (default: the model's)")
+    add_text_options(parser, row_help="default saliency row (default: the model's)", out="out/explore")
+    parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
+    parser.set_defaults(handler=run)
+
+
+def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
+    """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
+    parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help=row_help)
     parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
-    parser.add_argument("--out", default="out/explore", metavar="DIR", help="output folder (default: out/explore)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or summary")
-    parser.set_defaults(handler=run)
+    parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
 
 
 def run(args: argparse.Namespace) -> int:
