@@ -34,6 +34,9 @@ def test_summary_names_the_best_words_and_their_share():
     assert summarize(TOKENS, np.zeros(6), "x", SPECIAL) == "no token carries positive relevance for x"
     only_special = summarize(TOKENS, [1, 0, 0, 0, 0, 0], "x", SPECIAL)
     assert only_special == "special tokens carry 100 % of the relevance for x"
+    # the same word at several places is named once
+    repeated = summarize([".", "a", ".", "."], [0.3, 0.1, 0.3, 0.3], "x")
+    assert repeated == "'.' ×3 carry 90 % of the relevance for x"
     # negative scores count as no relevance
     assert summarize(["a", "b"], [-1.0, 1.0], "x") == "'b' carries 100 % of the relevance for x"
     with pytest.raises(ValueError):

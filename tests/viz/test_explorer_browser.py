@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,10 @@ class Page:
         self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("dialog", self._dialog)
+        started = time.perf_counter()
         self.page.goto(path.resolve().as_uri())
         self.page.wait_for_selector("body[data-ready='1']", timeout=120_000)
+        self.load_seconds = time.perf_counter() - started
 
     def _dialog(self, dialog) -> None:
         self.dialogs.append(dialog.message)
@@ -239,9 +242,11 @@ def test_mpnet_512_tokens_switches_layers_quickly(browser, tmp_path):
 
     model = attnflow.load("mpnet", device="cpu")
     text = " ".join(document for document, _ in zip(open_corpus("wiki"), range(40)))
+    started = time.perf_counter()
     exploration = explore(model, text, methods=["raw", "rollout"], max_length=512)
     assert (exploration.n_tokens, exploration.n_layers, exploration.n_heads) == (512, 12, 12)
     path = exploration.save(tmp_path)
+    build_seconds = time.perf_counter() - started  # methods, diagnostics, summaries, encoding, writing
     page = Page(browser, path, height=1400)
     timings = {}
     for layer in (0, 6, 11, 3):
@@ -257,7 +262,13 @@ def test_mpnet_512_tokens_switches_layers_quickly(browser, tmp_path):
     page.select("#head", "4")
     page.screenshot("mpnet-512-rollout-layer6-head4")
     page.close()
-    record = {"file_mb": path.stat().st_size / 1e6, "tokens": exploration.n_tokens, "switch_ms": timings}
+    record = {
+        "file_mb": round(path.stat().st_size / 1e6, 1),
+        "build_s": round(build_seconds, 1),
+        "load_s": round(page.load_seconds, 1),
+        "tokens": exploration.n_tokens,
+        "switch_ms": {key: round(value, 1) for key, value in timings.items()},
+    }
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "mpnet-512.json").write_text(json.dumps(record, indent=1))
     print(record)

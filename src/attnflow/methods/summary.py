@@ -6,8 +6,9 @@ The single place that words a summary: `attnflow explain` (CLI and HTML), the ex
 Rule: tokens are grouped into words (sub-word pieces whose character spans touch with letters or
 digits on both sides of the seam, e.g. ``terr`` + ``##ible``), a word's relevance is the sum of its
 tokens' positive scores, and the sentence names the best words (at most ``max_words``, each with at
-least half the best word's relevance) with their share of all positive relevance, special tokens
-included in the total; the special tokens' own share follows in brackets.
+least half the best word's relevance; a word chosen at several places is named once, "'.' ×3")
+with their share of all positive relevance, special tokens included in the total; the special
+tokens' own share follows in brackets.
 """
 
 from __future__ import annotations
@@ -86,10 +87,13 @@ def summarize(
     chosen = [unit for unit in units[:max_words] if unit[1] > 0 and unit[1] >= 0.5 * best]
     sentence = ""
     if chosen:
-        names = [f"'{word}'" for word, _ in chosen]
+        counts: dict[str, int] = {}
+        for word, _ in chosen:  # a word chosen more than once is named once: "'.' ×3"
+            counts[word] = counts.get(word, 0) + 1
+        names = [f"'{word}'" + (f" ×{count}" if count > 1 else "") for word, count in counts.items()]
         listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
         share = sum(value for _, value in chosen) / total
-        verb = "carries" if len(names) == 1 else "carry"
+        verb = "carries" if len(chosen) == 1 else "carry"
         sentence = f"{listed} {verb} {_percent(share)} of the relevance for {subject}"
     if special_mask is not None and np.any(special_mask):
         special_share = float(positive[np.asarray(special_mask, dtype=bool)].sum()) / total
