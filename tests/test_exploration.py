@@ -175,6 +175,10 @@ def test_bad_requests():
         explore(ExplainingModel(hostile_trace()), "  ")
     view = MethodView("x", "x", scores=np.ones(3))
     assert view.n_views == 0
+    image = hostile_trace()
+    image.grid, image.n_prefix_tokens = (2, 2), 1
+    with pytest.raises(InputError, match="explain images"):
+        explore(image)
 
 
 def test_save_and_notebook_display(tmp_path, tiny_exploration):

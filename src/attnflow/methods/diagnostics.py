@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.special import xlogy
 
 DIFFUSION_THRESHOLD = 0.9
 COLLAPSE_THRESHOLD = 0.5
@@ -41,14 +42,16 @@ def row_distributions(matrices: Any) -> np.ndarray:
     if np.any(array < 0):
         raise ValueError("row diagnostics need non-negative matrices (a distribution per row)")
     sums = array.sum(axis=-1, keepdims=True)
-    return np.divide(array, sums, out=np.zeros_like(array), where=sums > 0)
+    return array / np.where(sums > 0, sums, 1.0)  # an all-zero row stays 0
 
 
 def row_entropy(matrices: Any) -> np.ndarray:
     """Shannon entropy (nats) of each row, normalised to sum 1: ``[..., query, key]`` -> ``[..., query]``."""
-    p = row_distributions(matrices)
-    logs = np.log(p, out=np.zeros_like(p), where=p > 0)
-    return -(p * logs).sum(axis=-1)
+    return _entropy(row_distributions(matrices))
+
+
+def _entropy(distributions: np.ndarray) -> np.ndarray:
+    return -xlogy(distributions, distributions).sum(axis=-1)  # xlogy(0, 0) = 0
 
 
 def max_row_entropy(n: int, causal: bool = False) -> np.ndarray:
@@ -114,13 +117,14 @@ def layer_diagnostics(
     p = row_distributions(matrices)
     n = p.shape[-1]
     live = p.sum(axis=-1) > 0  # [..., query]: rows that hold any mass
-    entropy = row_entropy(p)
+    entropy = _entropy(p)
     row_max = np.broadcast_to(max_row_entropy(n, causal), entropy.shape)
     informative = live & (row_max > 0)
     ratio = np.divide(entropy, row_max, out=np.zeros_like(entropy), where=informative)
     special = np.zeros(n, dtype=bool) if special_mask is None else np.asarray(special_mask, dtype=bool).reshape(n)
     special_per_row = p[..., special].sum(axis=-1)
-    column_mass = _masked_mean(p, live[..., None], axis=-2)  # [..., key]
+    live_rows = np.maximum(live.sum(axis=-1), 1)[..., None]
+    column_mass = p.sum(axis=-2) / live_rows  # [..., key]: mean over live rows (dead rows are 0)
     top_token = column_mass.argmax(axis=-1)
     top_share = np.take_along_axis(column_mass, top_token[..., None], axis=-1)[..., 0]
     normalized = _masked_mean(ratio, informative, axis=-1)
