@@ -89,6 +89,7 @@ class Comparison:
         """The lines `attnflow compare` prints."""
         summary_a, summary_b = self.summaries()
         rho = "undefined (constant scores)" if np.isnan(self.spearman) else f"{self.spearman:.3f}"
+        changes = [change for change in self.largest_changes() if change[2] != 0]
         lines = [
             f"A: {self.model_a}",
             f"B: {self.model_b}",
@@ -100,7 +101,7 @@ class Comparison:
             f"A: {summary_a}",
             f"B: {summary_b}",
             "largest changes (B - A): "
-            + ", ".join(f"{token} {change:+.4f}" for _, token, change in self.largest_changes()),
+            + (", ".join(f"{token} {change:+.4f}" for _, token, change in changes) or "none (identical scores)"),
         ]
         return lines
 

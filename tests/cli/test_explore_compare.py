@@ -142,3 +142,18 @@ def test_explore_bad_input_is_one_line(fake_model, tmp_path, capsys):
         main(["explore", "a b", "--methods", "nope"])
     assert stop.value.code == 2
     assert "unknown method nope; available:" in capsys.readouterr().err
+
+
+def test_comparison_of_identical_scores():
+    from attnflow.comparison import Comparison
+
+    scores = np.array([0.5, 0.2, 0.1, 0.2])
+    comparison = Comparison(
+        tokens=["[CLS]", "a", "b", "[SEP]"], special_mask=np.array([1, 0, 0, 1], dtype=bool), offsets=None, text="a b",
+        model_a="A", model_b="B", method="raw", row="cls", scores_a=scores, scores_b=scores.copy(),
+        spearman=1.0, k=1, overlap=1.0,
+    )
+    lines = comparison.describe()
+    assert "largest changes (B - A): none (identical scores)" in lines
+    assert "top-1 overlap: 1/1 (100 %)" in lines
+    assert "A: 'a' and 'b' carry 30 % of the relevance for the first token [CLS] (special tokens: 70 %)" in lines
