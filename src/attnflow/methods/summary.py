@@ -114,13 +114,26 @@ def row_subject(row: Any, tokens: Sequence[str]) -> str:
     return f"{position} '{clean_token(tokens[index])}'"
 
 
+def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
+    """What scores explain, in words: the target when there is one ("the prediction negative",
+    "the next token 'Paris'", "the similarity to 'a good film'"), else the saliency row, else
+    "the output" (attribution-only scores without a target). ``target`` is a
+    `attnflow.targets.Target` or its dict."""
+    if target is not None:
+        read = target.get if isinstance(target, dict) else lambda key: getattr(target, key, None)
+        kind, label = read("kind"), read("label")
+        if label is not None:
+            if kind == "next_token":
+                return f"the next token '{clean_token(label)}'"
+            if kind == "similarity":
+                return f"the similarity to '{label}'"
+            return f"the prediction {label}"
+    return "the output" if row is None else row_subject(row, tokens)
+
+
 def explanation_subject(explanation: Any) -> str:
-    """What an Explanation explains: its target's label when it has one, else its saliency row."""
-    target = getattr(explanation, "target", None)
-    label = target.get("label") if isinstance(target, dict) else getattr(target, "label", None)
-    if label is not None:
-        return f"the prediction {label}"
-    return row_subject(explanation.row, explanation.tokens)
+    """What an Explanation explains (see `subject`)."""
+    return subject(explanation.row, explanation.tokens, getattr(explanation, "target", None))
 
 
 def explanation_summary(explanation: Any, max_words: int = 3) -> str:
