@@ -73,6 +73,7 @@ class Explanation:
     image: str | None = None
     head_matrices: np.ndarray | None = None
     target: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -158,6 +159,8 @@ class Explanation:
         }
         if self.target is not None:
             data["target"] = _jsonable(self.target)
+        if self.prediction is not None:
+            data["prediction"] = _jsonable(self.prediction)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -188,6 +191,7 @@ class Explanation:
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
             target=data.get("target"),
+            prediction=data.get("prediction"),
         )
 
     @classmethod
@@ -271,7 +275,8 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image is not None else None,
         head_matrices=head_matrices,
-        target=trace.target.to_dict() if trace.target is not None else None,
+        target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
+        prediction=trace.target.to_dict() if trace.target is not None else None,
     )
 
 

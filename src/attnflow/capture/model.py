@@ -22,6 +22,7 @@ from attnflow.capture.adapters import Adapter, Stack, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         "decoder": transformers.AutoModelForCausalLM,
         "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
     }.get(adapter.kind, transformers.AutoModel)
+    if adapter.kind == "encoder" and any(
+        architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
+    ):
+        auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
     try:
         model = auto_class.from_pretrained(
             source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -170,6 +175,12 @@ class AttentionModel:
     def kind(self) -> str:
         return self.adapter.kind
 
+
+    @property
+    def is_classifier(self) -> bool:
+        """A text classifier: its output is ``logits [batch, class]``."""
+        name = type(self.model).__name__
+        return self.kind == "encoder" and (name.endswith("ForSequenceClassification") or name == "PooledClassifier")
 
     @property
     def is_decoder(self) -> bool:
@@ -288,22 +299,43 @@ class AttentionModel:
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
         """
         from attnflow.explanation import explain, method_options
-        from attnflow.methods.registry import check_family, get_method
 
-        spec = get_method(method)
-        check_family(spec, self.adapter.family)
-        method_options(spec, options)  # bad options fail before any forward pass
-        if (target is not None or target_text is not None) and not spec.uses_target:
-            raise InputError(f"method {spec.name!r} does not depend on a target; drop --target/--target-text")
         single = isinstance(texts, str)
-        traces = self.trace(
-            texts, needs=spec.needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        method_options(get_method(method), options)  # bad options fail before any forward pass
+        traces = self.trace_for(
+            [method], texts, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
         )
         explanations = [
-            explain(trace, method=spec.name, row=self.default_row if row is None else row, model=self, **options)
+            explain(trace, method=method, row=self.default_row if row is None else row, model=self, **options)
             for trace in traces
         ]
         return explanations[0] if single else explanations
+
+    def trace_for(
+        self,
+        methods: Sequence[str],
+        texts: str | Sequence[str],
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+    ) -> list[Trace]:
+        """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
+        checking that each method supports this model's family and that a target is only given
+        to methods that use one."""
+        specs = [get_method(name) for name in methods]
+        for spec in specs:
+            check_family(spec, self.adapter.family)
+        if (target is not None or target_text is not None) and not any(spec.uses_target for spec in specs):
+            names = ", ".join(spec.name for spec in specs)
+            raise InputError(f"{names} does not depend on a target; drop --target/--target-token/--target-text")
+        needs = frozenset().union(*(spec.needs for spec in specs))
+        if self.is_classifier:
+            needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
+        return self.trace(
+            texts, needs=needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        )
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
         if needs is None:

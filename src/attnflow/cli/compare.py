@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from attnflow.cli.explain import _load, _positive_int, _Progress
-from attnflow.cli.explore import _target, add_text_options
+from attnflow.cli.explore import add_text_options
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         models.append(_load(name, args.device, args.quiet))
     comparison = compare(
         models[0], models[1], args.text, method=args.method, row=args.row, k=args.top_k, max_length=args.max_length,
-        target=_target(args.target), target_text=args.target_text,
+        target=args.target, target_text=args.target_text,
     )
     paths = comparison.save(out)
     if args.json:

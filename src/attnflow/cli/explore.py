@@ -53,7 +53,7 @@ def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
     parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
-    parser.add_argument("--target", metavar="CLASS|TOKEN", help="what target-dependent methods explain: a class index or label, or the next token (default: the prediction)")
+    parser.add_argument("--target", metavar="CLASS|TOKEN", help="what target-dependent methods explain: classifiers: a class index or label; causal LMs: the next token (default: the prediction)")
     parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
 
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     model = _load(args.model, args.device, args.quiet)
     exploration = explore(
         model, args.text, methods=args.methods, row=args.row, max_length=args.max_length,
-        target=_target(args.target), target_text=args.target_text, progress=not args.quiet,
+        target=args.target, target_text=args.target_text, progress=not args.quiet,
     )
     path = exploration.save(out)
     if not args.quiet:
@@ -82,11 +82,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: not shown ({why})")
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
-
-
-def _target(text: str | None) -> int | str | None:
-    """``--target 1`` is the class index 1; any other text is a label or a token."""
-    return int(text) if text is not None and text.lstrip("-").isdigit() else text
 
 
 def _methods(text: str) -> list[str]:
