@@ -104,7 +104,7 @@ def test_compare_needs_two_models(capsys):
 class FakeModel:
     name = "fake"
 
-    def trace(self, texts, max_length=None):
+    def trace(self, texts, max_length=None, needs=None, target=None, target_text=None):
         from attnflow.trace import Trace
 
         tokens = ["[CLS]", *texts[0].split(), "[SEP]"]
@@ -130,9 +130,9 @@ def test_explore_writes_one_page_and_prints_summaries(fake_model, tmp_path, caps
     assert re.search(r"^rollout: ", printed, re.M) and "flow" not in printed
     assert [p.name for p in tmp_path.iterdir()] == ["explorer.html"]
     # a second run needs --overwrite
-    assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet"]) == 2
+    assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--methods", "raw"]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--overwrite"]) == 0
+    assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--overwrite", "--methods", "raw"]) == 0
 
 
 def test_explore_bad_input_is_one_line(fake_model, tmp_path, capsys):
