@@ -59,8 +59,13 @@ A folder that already holds an explanation is only replaced with --overwrite.
 """
 
 
+def method_table() -> str:
+    """One line per registered method: its name and summary (for --help texts)."""
+    return "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    methods = "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
+    methods = method_table()
     parser = subparsers.add_parser(
         "explain",
         help="explain one text or image with attention rollout (or another method)",

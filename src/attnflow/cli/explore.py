@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.explain import _load, _positive_int, _Progress, _row
+from attnflow.cli.explain import _load, _methods, _positive_int, _Progress, _row, method_table
 from attnflow.errors import InputError
-from attnflow.methods.registry import available_methods, get_method
 
 EPILOG = """\
 examples:
@@ -22,18 +21,19 @@ examples:
 
 Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
 token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
-(flow above 128 tokens) are left out unless --methods names them.
+(flow, value_zeroing and leave_one_out above 128 tokens) are left out unless --methods names them;
+target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
+encoders), and are left out, with the reason, when there is no target.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    methods = "\n".join(f"  {name:<10} {get_method(name).summary}" for name in available_methods())
     parser = subparsers.add_parser(
         "explore",
         help="an interactive page: every method, layer and head for one text",
         description=(
             "Write one self-contained HTML explorer for a text: methods, layers, heads, the\n"
-            f"relevance matrix, rollout diagnostics and context similarity.\n\nmethods (--methods):\n{methods}"
+            f"relevance matrix, rollout diagnostics and context similarity.\n\nmethods (--methods):\n{method_table()}"
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -82,13 +82,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: not shown ({why})")
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
-
-
-def _methods(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in available_methods()]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
-        )
-    return names
