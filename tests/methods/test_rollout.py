@@ -152,9 +152,16 @@ def test_batched_equals_per_sample_and_pruning_is_per_row_and_sample():
 
 
 def test_pruning_keeps_the_row_maximum():
-    attentions = random_attention(np.random.default_rng(4), n=5)
-    result = rollout(attentions, threshold=0.99)  # drops everything but each row's maximum
-    np.testing.assert_allclose(result.sum(-1), 1.0)
+    """A threshold above every entry would empty each row; the row's largest entry survives alone."""
+    attentions = random_attention(np.random.default_rng(4), layers=1, n=5)
+    fused = attentions[0].mean(axis=0)  # [query, key]; the oracle's own fusion
+    assert fused.max() < 0.99
+    result = rollout(attentions, residual="none", threshold=0.99)  # one layer, no residual: R = pruned Ã
+    expected = np.zeros((5, 5))
+    expected[np.arange(5), fused.argmax(axis=-1)] = 1.0
+    np.testing.assert_allclose(result, expected, atol=1e-12)
+    for options in ({"top_k": 1}, {"discard_ratio": 0.9}):
+        np.testing.assert_allclose(rollout(attentions, residual="none", **options), expected, atol=1e-12)
 
 
 def test_torch_in_torch_out():
