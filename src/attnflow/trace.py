@@ -43,7 +43,6 @@ class Trace:
             ``[layer, head, dec_query, enc_key]``; None otherwise.
         attention_grads: ``[layer, head, query, key]`` d(target)/dA, or None.
         value_vectors: ``[layer, token, head, d_head]`` per-head value vectors, or None.
-        sentence_ids: ``[n]`` int sentence index per token (-1 for special tokens), or None.
         meta: free-form extras (e.g. the image path).
     """
 
@@ -64,7 +63,6 @@ class Trace:
     cross_attentions: np.ndarray | None = None
     attention_grads: np.ndarray | None = None
     value_vectors: np.ndarray | None = None
-    sentence_ids: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

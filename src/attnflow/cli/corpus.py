@@ -104,6 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.corpus.engine import StudyOptions, run_study
+    from attnflow.corpus.readers import ReadOptions
+    from attnflow.corpus.stats import StudyConfig
 
     options = StudyOptions(
         model=args.model,
@@ -112,12 +114,10 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         stride=args.stride,
         batch_size=args.batch_size,
-        high=args.high,
-        attention_top_percent=args.attention_top_percent,
-        text_field=args.text_field,
-        text_column=args.text_column,
-        txt_docs=args.txt_docs,
-        skip_bad=args.skip_bad,
+        statistics=StudyConfig(high=args.high, attention_top_percent=args.attention_top_percent),
+        reading=ReadOptions(
+            text_field=args.text_field, text_column=args.text_column, txt_docs=args.txt_docs, skip_bad=args.skip_bad
+        ),
         device=args.device,
         engine=args.engine,
         workers=args.workers,

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 
-    method = parser.add_argument_group("method and options (see DESIGN §2)")
+    method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
     method.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
     method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: per-head rollout, averaged)")
     method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
@@ -232,7 +232,7 @@ def _weights(text: str) -> list[float]:
 
 
 def _row(text: str) -> str | int:
-    from attnflow.explanation import parse_row
+    from attnflow.methods.saliency import parse_row
 
     try:
         return parse_row(text)

@@ -1,7 +1,7 @@
 """The Ray engine (``--engine ray``): model replicas as Ray actors, statistics merged on the driver.
 
 The driver reads the corpus and cuts the deterministic window stream into batches exactly as the
-local engine does (`attnflow.corpus.engine.run_study` is shared); `RayBackend.process` sends each
+local engine does (`attnflow.corpus.engine.run_study` drives both engines); `RayBackend.process` sends each
 batch (two small ``[batch, seq_len]`` int64 arrays) to the least busy actor. Every actor holds a
 model replica and its own `StudyStats`; `RayBackend.collect` waits for the batches in flight, takes
 each actor's accumulator (``state_dict``, then the actor starts a fresh one) and merges it into the
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from attnflow.corpus.engine import StudyOptions, new_stats, process_batch
 from attnflow.corpus.stats import StudyStats
+from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch
 from attnflow.errors import AttnflowError
 

@@ -1,4 +1,5 @@
-"""Mergeable streaming statistics of the corpus study (DESIGN.md §3, seed 000).
+"""Mergeable streaming statistics of the corpus study (the study of the paper "Self-attention
+vector output similarities reveal how machines pay attention"; S is defined in docs/methods.md).
 
 `StudyStats` eats batches of windows (token ids, sentence ids, attention maps and per-head
 outputs, as torch tensors on any device) and keeps only sums and counts whose size does not
@@ -34,7 +35,7 @@ window of n tokens, so a window has P = n(n−1)/2 pairs; S = `context_similarit
   special token) are *eligible*; ``same_sentence_share`` = |{eligible pairs of H with equal
   sentence ids}| / |{eligible pairs of H}|; ``same_sentence_chance`` = the same ratio over all
   pairs = Σ_samples Σₛ nₛ(nₛ−1)/2 / Σ_samples m(m−1)/2, m = non-special tokens of the window
-  (DESIGN's Σₛ nₛ(nₛ−1)/(n(n−1)) with n counting only the m non-special tokens).
+  (the familiar Σₛ nₛ(nₛ−1)/(n(n−1)) with n counting only the m non-special tokens).
 * **Repeats**: ``repeat_share`` = share of H with token_ids equal at i and j; ``repeat_chance``
   = share of all pairs with equal token ids (special tokens included, like in H).
 * **Anchor token**: per matrix with a non-empty H, cover(t) = number of pairs of H with token t

@@ -1,4 +1,4 @@
-"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (DESIGN.md §2).
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (docs/methods.md).
 
 The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
 Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
@@ -68,7 +68,7 @@ def attention_flow(
             weights (numpy or torch; rows sum to 1, no NaN, no negative weights).
         head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights (``"none"`` is not
             supported: the flow graph needs one capacity per edge).
-        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (docs/methods.md); the edge
             capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
             the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.

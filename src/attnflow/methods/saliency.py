@@ -18,20 +18,30 @@ def saliency_row(matrix: np.ndarray, row: Row = "cls") -> np.ndarray:
     """
     matrix = np.asarray(matrix)
     n = matrix.shape[-2]
-    if isinstance(row, str):
-        if row == "cls":
-            return matrix[..., 0, :]
-        if row == "mean":
-            return matrix.mean(axis=-2)
-        if row == "last":
-            return matrix[..., -1, :]
-        try:
-            row = int(row)
-        except ValueError:
-            raise ValueError(f"row must be one of {ROWS} or a token index, got {row!r}") from None
-    if isinstance(row, bool) or not -n <= int(row) < n:
+    row = parse_row(row)
+    if row == "cls":
+        return matrix[..., 0, :]
+    if row == "mean":
+        return matrix.mean(axis=-2)
+    if row == "last":
+        return matrix[..., -1, :]
+    if not -n <= row < n:
         raise ValueError(f"row index {row} is out of range for {n} tokens")
-    return matrix[..., int(row), :]
+    return matrix[..., row, :]
+
+
+def parse_row(row: Row) -> Row:
+    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
+    if isinstance(row, str):
+        if row in ROWS:
+            return row
+        try:
+            return int(row)
+        except ValueError:
+            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
+    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
+    return int(row)
 
 
 def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: int = 1) -> np.ndarray:
