@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from attnflow.viz.page import figure_img, figure_png, page, section, table
@@ -18,6 +20,10 @@ from attnflow.viz.plot import display_token
 
 HIGH_COLOR = "#d9480f"
 CHANCE_COLOR = "#868e96"
+GRID_CMAP = "magma"
+TARGET_COLORS = ("#1c7ed6", "#e8590c", "#2b8a3e", "#ae3ec9", "#f08c00", "#495057")
+PUNCTUATION_NAMES = {".": "full stop", ",": "comma", ";": "semicolon", ":": "colon", "!": "exclamation mark",
+                     "?": "question mark"}
 
 
 def _layer_values(summary: Mapping[str, Any], name: str) -> np.ndarray:
@@ -63,26 +69,51 @@ def distance_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
     return figure
 
 
+# The chance baseline of every share, exactly as `attnflow.corpus.stats` computes it; shown in the
+# figures' legends and in the report's "Chance baselines" table.
+BASELINES = {
+    "mean_distance": "mean |i − j| over all pairs of the windows, (n + 1)/3",
+    "short_range": "share of all pairs with |i − j| ≤ r",
+    "same_sentence": "share of all pairs of non-special tokens that lie in one sentence",
+    "repeat": "share of all pairs (special tokens included) whose two tokens are equal",
+    "anchor": "share of all pairs covered by the window's most pair-covering token, mean over windows",
+    "signal": "size of M over all pairs, k_M / P (the share a random H would find in M)",
+    "attention_to": "share of positions holding the token (a uniform attention row)",
+    "attention_position": "1 / n (a uniform attention row)",
+}
+
+TREND_PANELS = (
+    ("mean distance of H", "mean_distance_high", "mean_distance_all", "mean_distance", "tokens"),
+    ("short-range share (|i−j| ≤ r)", "short_range_share", "short_range_chance", "short_range", "share of H"),
+    ("same-sentence share", "same_sentence_share", "same_sentence_chance", "same_sentence", "share of eligible H"),
+    ("repeated-token share", "repeat_share", "repeat_chance", "repeat", "share of H"),
+    ("anchor-token share", "anchor_share", "anchor_share_chance", "anchor", "share of H"),
+    ("signal share (H ∩ high attention)", "signal_share", "signal_chance", "signal", "share of H"),
+)
+
+CHANCE_LABELS = {
+    "mean_distance": "chance: all pairs",
+    "short_range": "chance: all pairs",
+    "same_sentence": "chance: all non-special pairs",
+    "repeat": "chance: all pairs",
+    "anchor": "chance: top token over all pairs",
+    "signal": "chance: |M| / all pairs",
+}
+
+
 def layer_trends_figure(summary: Mapping[str, Any]) -> Figure:
-    """Layer means of the key shares, each with its chance baseline."""
+    """Layer means of the key shares, each with its own chance baseline (named in the legend)."""
     layers = np.arange(len(summary["layers"]))
-    panels = (
-        ("mean distance", "mean_distance_high", "mean_distance_all"),
-        ("short-range share (|i−j| ≤ r)", "short_range_share", "short_range_chance"),
-        ("same-sentence share", "same_sentence_share", "same_sentence_chance"),
-        ("repeated-token share", "repeat_share", "repeat_chance"),
-        ("anchor-token share", "anchor_share", "anchor_share_chance"),
-        ("signal share (H ∩ high attention)", "signal_share", "signal_chance"),
-    )
-    figure = Figure(figsize=(11, 5.6), layout="constrained")
+    figure = Figure(figsize=(11, 5.8), layout="constrained")
     axes = figure.subplots(2, 3).ravel()
-    for ax, (title, name, chance) in zip(axes, panels):
-        ax.plot(layers, _layer_values(summary, name), marker="o", color=HIGH_COLOR, label="high-similarity pairs")
-        ax.plot(layers, _layer_values(summary, chance), marker=".", ls="--", color=CHANCE_COLOR, label="chance")
+    for ax, (title, name, chance, baseline, unit) in zip(axes, TREND_PANELS):
+        ax.plot(layers, _layer_values(summary, name), marker="o", color=HIGH_COLOR, label="high-similarity pairs H")
+        ax.plot(layers, _layer_values(summary, chance), marker=".", ls="--", color=CHANCE_COLOR, label=CHANCE_LABELS[baseline])
         ax.set_title(title, fontsize=9)
+        ax.set_ylabel(unit, fontsize=8)
         ax.set_xticks(layers)
         ax.tick_params(labelsize=7)
-    axes[0].legend(fontsize=7)
+        ax.legend(fontsize=7)
     figure.supxlabel("layer (mean over heads)", fontsize=9)
     return figure
 
@@ -98,7 +129,7 @@ def same_sentence_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.nda
     for layer in range(n_layers):
         ax.scatter(layer + jitter, share[layer], s=10, color=HIGH_COLOR, alpha=0.5)
     ax.plot(np.arange(n_layers), _layer_values(summary, "same_sentence_share"), marker="o", color=HIGH_COLOR, label="layer mean")
-    ax.plot(np.arange(n_layers), chance, ls="--", color=CHANCE_COLOR, label="chance")
+    ax.plot(np.arange(n_layers), chance, ls="--", color=CHANCE_COLOR, label=CHANCE_LABELS["same_sentence"])
     ax.set_xticks(np.arange(n_layers))
     ax.set_xlabel("layer (dots: heads)")
     ax.set_ylabel("share of H inside one sentence")
@@ -122,14 +153,22 @@ def similarity_grid_figure(arrays: Mapping[str, np.ndarray], max_size: int = 64)
             matrix = mean[layer, head]
             finite = matrix[np.isfinite(matrix)]
             low, high = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
-            ax.imshow(matrix, cmap="magma", vmin=low, vmax=high if high > low else low + 1e-9, interpolation="nearest")
+            ax.imshow(matrix, cmap=GRID_CMAP, vmin=low, vmax=high if high > low else low + 1e-9, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
                 ax.set_title(f"h{head}", fontsize=7)
             if head == 0:
                 ax.set_ylabel(f"L{layer}", fontsize=7)
-    figure.suptitle("Mean context-similarity matrix per layer (rows) and head (columns)", fontsize=10)
+    # One colour bar for all panels: each head is scaled between its own 2nd and 98th percentile.
+    bar = figure.colorbar(ScalarMappable(Normalize(0.0, 1.0), cmap=GRID_CMAP), ax=axes, shrink=0.6, ticks=[0.0, 1.0], pad=0.01)
+    bar.ax.set_yticklabels(["2nd\npercentile", "98th\npercentile"], fontsize=7)
+    bar.set_label("mean similarity S, on each head's own scale", fontsize=8)
+    figure.suptitle(
+        "Mean context-similarity matrix per layer (rows) and head (columns)\n"
+        "each head has its own colour scale (its 2nd to 98th percentile): compare shapes, not colours, across heads",
+        fontsize=10,
+    )
     return figure
 
 
@@ -158,32 +197,61 @@ def head_heatmaps_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.nda
     return figure
 
 
+def token_label(name: str) -> str:
+    """A legend label for a named token: ``[CLS]`` stays, punctuation is quoted and named."""
+    shown = display_token(name)
+    if shown in PUNCTUATION_NAMES:
+        return f"“{shown}” {PUNCTUATION_NAMES[shown]}"
+    return shown if shown.startswith(("[", "<")) else f"“{shown}”"
+
+
 def attention_targets_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Figure:
-    """Mean attention received by [CLS]/[SEP]/punctuation, and self/prev/next, by layer."""
+    """Mean attention received by [CLS]/[SEP]/punctuation, and self/prev/next, by layer, each
+    with its chance line; tokens with the same chance share one line (e.g. [CLS] and [SEP],
+    once per window each)."""
     names = [str(name) for name in np.asarray(arrays["attention_token_names"]).reshape(-1)]
     received = np.asarray(arrays["attention_to"], dtype=float).mean(axis=1)  # [layer, named]
     chance = np.asarray(arrays["attention_to_chance"], dtype=float)  # [named]
     layers = np.arange(received.shape[0])
-    figure = Figure(figsize=(11, 3.6), layout="constrained")
+    figure = Figure(figsize=(12, 4.0), layout="constrained")
     left, right = figure.subplots(1, 2)
-    colors = ["#1c7ed6", "#e8590c", "#2b8a3e", "#ae3ec9", "#f08c00", "#495057"]
+    colors = [TARGET_COLORS[k % len(TARGET_COLORS)] for k in range(len(names))]
     for k, name in enumerate(names):
-        color = colors[k % len(colors)]
-        left.plot(layers, received[:, k], marker="o", color=color, label=display_token(name))
-        left.axhline(chance[k], color=color, ls=":", lw=0.8)
-    left.set_title("attention received (dotted: share of positions)", fontsize=9)
+        left.plot(layers, received[:, k], marker="o", color=colors[k], label=token_label(name))
+    for group in _same_value_groups(chance):
+        color = colors[group[0]] if len(group) == 1 else CHANCE_COLOR
+        who = ", ".join(token_label(names[k]) for k in group)
+        left.axhline(chance[group[0]], color=color, ls=":", lw=1.0, label=f"chance of {who}: {chance[group[0]]:.3f}")
+    left.set_title("attention received by a token (dotted: its share of positions)", fontsize=9)
     left.set_xlabel("layer")
+    left.set_ylabel("mean attention weight received", fontsize=9)
     left.set_xticks(layers)
-    left.legend(fontsize=7)
+    left.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     for name, color in (("attention_self", "#1c7ed6"), ("attention_prev", "#e8590c"), ("attention_next", "#2b8a3e")):
         right.plot(layers, _layer_values(summary, name), marker="o", color=color, label=name.split("_")[1])
     n = int(summary.get("seq_len", 0)) or 1
-    right.axhline(1.0 / n, color=CHANCE_COLOR, ls=":", lw=0.8)
+    right.axhline(1.0 / n, color=CHANCE_COLOR, ls=":", lw=1.0, label=f"chance: 1/n = 1/{n}")
     right.set_title("attention to self / previous / next token", fontsize=9)
     right.set_xlabel("layer")
+    right.set_ylabel("mean attention weight", fontsize=9)
     right.set_xticks(layers)
-    right.legend(fontsize=7)
+    right.legend(fontsize=8)
     return figure
+
+
+def _same_value_groups(values: np.ndarray) -> list[list[int]]:
+    """Indices grouped by equal value (to 1e-9 relative), NaN values left out, in first-seen order."""
+    groups: list[list[int]] = []
+    for k, value in enumerate(values):
+        if not np.isfinite(value):
+            continue
+        for group in groups:
+            if np.isclose(values[group[0]], value, rtol=1e-9, atol=0.0):
+                group.append(k)
+                break
+        else:
+            groups.append([k])
+    return groups
 
 
 def study_figures(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Figure]:
@@ -280,11 +348,27 @@ def build_report(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -
     }
     intro = (
         "<p>Context similarity S = Z Zᵀ of each head's output vectors Z (diagonal zeroed), "
-        "aggregated over all windows. H is each matrix's set of high-similarity pairs; every share "
-        "is shown next to the same share over all pairs of the same windows (chance).</p>"
+        "aggregated over all windows. H is each matrix's set of high-similarity pairs, M the pairs "
+        "with high attention. Every share is shown next to a chance baseline computed from the same "
+        "windows; the baselines differ, and each is stated below. Definitions: docs/methods.md "
+        "(context similarity) and the docstring of attnflow/corpus/stats.py (the statistics).</p>"
+    )
+    baselines = table(
+        ["statistic", "chance baseline"],
+        [
+            ["mean distance of H", BASELINES["mean_distance"]],
+            ["short-range share", BASELINES["short_range"]],
+            ["same-sentence share (pairs of two non-special tokens only)", BASELINES["same_sentence"]],
+            ["repeated-token share", BASELINES["repeat"]],
+            ["anchor-token share", BASELINES["anchor"]],
+            ["signal share |H ∩ M| / |H|", BASELINES["signal"]],
+            ["attention received by [CLS], [SEP], punctuation", BASELINES["attention_to"]],
+            ["attention to self / previous / next token", BASELINES["attention_position"]],
+        ],
     )
     body = [
         intro,
+        section("Chance baselines", baselines, "baselines"),
         section("Layer summary", layer_table(summary), "layers"),
         section("Layer trends", figure_img(figures["layer_trends"], "layer trends of shares against chance"), "trends"),
         section("Distance distributions", figure_img(figures["distance_by_layer"], "distance histograms by layer"), "distance"),
