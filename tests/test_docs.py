@@ -42,12 +42,31 @@ def test_no_pointer_to_missing_things(path):
 def test_methods_page_defines_every_method_and_option():
     page = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.+)$", page, flags=re.MULTILINE)
-    for topic in ("Head fusion", "Residual correction", "Pruning", "Attention rollout", "Saliency row",
-                  "Attention flow", "Encoder–decoder rollout", "Context similarity",
-                  "Relevance beyond attention weights"):
+    for topic in (
+        "Head fusion",
+        "Residual correction",
+        "Pruning",
+        "Attention rollout",
+        "Saliency row",
+        "Attention flow",
+        "Encoder–decoder rollout",
+        "Context similarity",
+        "Relevance beyond attention weights",
+    ):
         assert any(heading.startswith(topic) for heading in headings), topic
-    for option in ('prune_on', '"attention"', '"residual"', "discard_ratio", "top_k", "threshold", "start_layer",
-                   "normalize", "rows=", "layer=", 'space="projected"'):
+    for option in (
+        "prune_on",
+        '"attention"',
+        '"residual"',
+        "discard_ratio",
+        "top_k",
+        "threshold",
+        "start_layer",
+        "normalize",
+        "rows=",
+        "layer=",
+        'space="projected"',
+    ):
         assert option in page, option
 
 

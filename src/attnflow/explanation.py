@@ -104,7 +104,7 @@ class Explanation:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
         if not include_special and self.special_mask is not None:
-            order = [i for i in order if not self.special_mask[i]]
+            order = order[~self.special_mask[order]]
         return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
 
     # ----- showing -----------------------------------------------------------------------------
@@ -147,7 +147,7 @@ class Explanation:
         if self.grid is not None:
             data["grid"] = list(self.grid)
             data["n_prefix_tokens"] = self.n_prefix_tokens
-            data["patch_scores"] = self.patch_scores.tolist()
+            data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
         return data

@@ -34,8 +34,14 @@ def free_port() -> int:
 
 def node_ports() -> list[str]:
     """Every fixed port a node would otherwise take from Ray's defaults (shared with other users)."""
-    names = ("node-manager-port", "object-manager-port", "metrics-export-port", "runtime-env-agent-port",
-             "dashboard-agent-listen-port", "dashboard-agent-grpc-port")
+    names = (
+        "node-manager-port",
+        "object-manager-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+    )
     return [f"--{name}={free_port()}" for name in names]
 
 
@@ -61,19 +67,38 @@ def ray_cluster():
     temp_dir = tempfile.mkdtemp(prefix="afray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     source = str(Path(attnflow.__file__).parents[1])
     env = {**os.environ, "PYTHONPATH": source, "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0", "--object-store-memory=78643200",
-              "--disable-usage-stats"]
+    common = [
+        "--node-ip-address=127.0.0.1",
+        "--num-cpus=1",
+        "--num-gpus=0",
+        "--object-store-memory=78643200",
+        "--disable-usage-stats",
+    ]
     port = free_port()
     address = f"127.0.0.1:{port}"
     try:
         subprocess.run(
-            [str(ray), "start", "--head", f"--port={port}",
-             "--include-dashboard=false", f"--temp-dir={temp_dir}", *common, *node_ports()],
-            env=env, check=True, capture_output=True, timeout=120,
+            [
+                str(ray),
+                "start",
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={temp_dir}",
+                *common,
+                *node_ports(),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         subprocess.run(
             [str(ray), "start", f"--address={address}", *common, *node_ports()],
-            env=env, check=True, capture_output=True, timeout=120,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         yield address, temp_dir
     finally:
@@ -92,12 +117,20 @@ def ray_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_a_killed_worker_does_not_change_the_statistics(ray_cluster, tiny_bert, txt_corpus, tmp_path, monkeypatch,
-                                                         caplog):
+def test_a_killed_worker_does_not_change_the_statistics(
+    ray_cluster, tiny_bert, txt_corpus, tmp_path, monkeypatch, caplog
+):
     address, temp_dir = ray_cluster
     options = dict(
-        model=str(tiny_bert), data=str(txt_corpus), samples=40, seq_len=32, stride=20, batch_size=2,
-        device="cpu", quiet=True, checkpoint_every=4,
+        model=str(tiny_bert),
+        data=str(txt_corpus),
+        samples=40,
+        seq_len=32,
+        stride=20,
+        batch_size=2,
+        device="cpu",
+        quiet=True,
+        checkpoint_every=4,
     )
     local = run_study(StudyOptions(**options), tmp_path / "local")
 
@@ -107,7 +140,9 @@ def test_a_killed_worker_does_not_change_the_statistics(ray_cluster, tiny_bert, 
     def process_then_kill(backend, batch):
         process_batch(backend, batch)
         if batch.first == 10 and not killed:  # the 6th batch: 5 given since the checkpoint, some still in flight
-            workers = [process for process in cluster_processes(temp_dir) if "StudyWorker" in " ".join(process.cmdline())]
+            workers = [
+                process for process in cluster_processes(temp_dir) if "StudyWorker" in " ".join(process.cmdline())
+            ]
             assert len(workers) == 2, "one actor per node"
             workers[0].kill()
             killed.append(workers[0].pid)
@@ -118,4 +153,6 @@ def test_a_killed_worker_does_not_change_the_statistics(ray_cluster, tiny_bert, 
     assert killed and not psutil.pid_exists(killed[0])
     assert any("a Ray worker died" in record.getMessage() for record in caplog.records)
     assert distributed["samples"] == local["samples"] == 40
-    assert_same_arrays(load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False)
+    assert_same_arrays(
+        load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False
+    )

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Adapter, Stack, adapter_for
+from attnflow.capture.adapters import Adapter, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
@@ -142,7 +142,7 @@ class AttentionModel:
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.name = name or getattr(config, "_name_or_path", type(model).__name__)
+        self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
         self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
         if not self.layer_names:
@@ -228,7 +228,7 @@ class AttentionModel:
             goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
             if len(goals) != len(texts):
                 raise InputError(f"{len(texts)} texts but {len(goals)} targets")
-            return [self._trace_seq2seq(text, goal, limit, head_outputs) for text, goal in zip(texts, goals)]
+            return [self._trace_seq2seq(text, goal, limit, head_outputs) for text, goal in zip(texts, goals, strict=True)]
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
             traces.extend(self._trace_batch(texts[start : start + batch_size], limit, head_outputs))
@@ -251,7 +251,7 @@ class AttentionModel:
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         output_weights = self._output_weights_numpy() if head_outputs else None
         traces = []
-        for index, (text, n) in enumerate(zip(texts, lengths)):
+        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
             traces.append(
                 Trace(
@@ -285,6 +285,8 @@ class AttentionModel:
             with torch.no_grad():
                 decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
         adapter = self.adapter
+        if adapter.decoder is None or adapter.cross is None:
+            raise CaptureError(f"the {adapter.family} adapter names no decoder or cross-attention stack")
         with ExitStack() as hooks, torch.no_grad():
             encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
             decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))

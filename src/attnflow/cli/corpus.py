@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     running.add_argument("--ray-address", default=None, metavar="ADDR", help="Ray cluster to join (e.g. auto); default: a private local Ray runtime")
     running.add_argument(
         "--workers", type=int, default=None, metavar="N",
-        help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per CPU on a cluster)",
+        help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per cluster CPU)",
     )
     running.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)")
     running.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     options = _options(args)
     method_options(get_method(args.method), options, spell=FLAGS)
     out = Path(args.out)
-    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE,))
+    previous = _previous_outputs(out, (*OUTPUT_FILES, TRACE_FILE))
     if previous and not args.overwrite:
         raise FileExistsError(
             f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     elif not args.quiet:
         top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
         print(f"top tokens (row {explanation.row}): {top}")
-        for kind, path in paths.items():
+        for path in paths.values():
             print(f"wrote {path}")
     return 0
 

@@ -311,7 +311,8 @@ def _save(
         "elapsed_s": elapsed,
         "complete": complete,
     }
-    arrays = {_STATE_PREFIX + name: np.asarray(value) for name, value in stats.state_dict().items()}
+    # dict[str, Any]: numpy's stubs would otherwise match an array value against savez's allow_pickle flag.
+    arrays: dict[str, Any] = {_STATE_PREFIX + name: np.asarray(value) for name, value in stats.state_dict().items()}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     with atomic_file(path) as handle:
         np.savez(handle, **arrays)
@@ -436,7 +437,7 @@ def write_outputs(out: Path, summary: dict[str, Any], stats: StudyStats, tokeniz
     """summary.json, stats.npz, heads.csv and report.html, each written atomically."""
     from attnflow.viz.report import build_report
 
-    arrays = stats.arrays()
+    arrays: dict[str, Any] = stats.arrays()  # Any: see _save
     with atomic_file(out / STATS) as handle:
         np.savez_compressed(handle, **arrays)
     rows = stats.head_table(lambda token_id: tokenizer.convert_ids_to_tokens(int(token_id)))

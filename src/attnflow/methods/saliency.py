@@ -19,15 +19,12 @@ def saliency_row(matrix: np.ndarray, row: Row = "cls") -> np.ndarray:
     matrix = np.asarray(matrix)
     n = matrix.shape[-2]
     row = parse_row(row)
-    if row == "cls":
-        return matrix[..., 0, :]
     if row == "mean":
         return matrix.mean(axis=-2)
-    if row == "last":
-        return matrix[..., -1, :]
-    if not -n <= row < n:
+    index = {"cls": 0, "last": n - 1}[row] if isinstance(row, str) else row
+    if not -n <= index < n:
         raise ValueError(f"row index {row} is out of range for {n} tokens")
-    return matrix[..., row, :]
+    return matrix[..., index, :]
 
 
 def parse_row(row: Row) -> Row:
@@ -55,4 +52,4 @@ def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: in
             f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill "
             f"a {rows}x{cols} grid"
         )
-    return patches.reshape(patches.shape[:-1] + (rows, cols))
+    return patches.reshape((*patches.shape[:-1], rows, cols))

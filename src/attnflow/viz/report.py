@@ -22,8 +22,14 @@ HIGH_COLOR = "#d9480f"
 CHANCE_COLOR = "#868e96"
 GRID_CMAP = "magma"
 TARGET_COLORS = ("#1c7ed6", "#e8590c", "#2b8a3e", "#ae3ec9", "#f08c00", "#495057")
-PUNCTUATION_NAMES = {".": "full stop", ",": "comma", ";": "semicolon", ":": "colon", "!": "exclamation mark",
-                     "?": "question mark"}
+PUNCTUATION_NAMES = {
+    ".": "full stop",
+    ",": "comma",
+    ";": "semicolon",
+    ":": "colon",
+    "!": "exclamation mark",
+    "?": "question mark",
+}
 
 
 def _layer_values(summary: Mapping[str, Any], name: str) -> np.ndarray:
@@ -35,7 +41,7 @@ def _heads(arrays: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     return np.asarray(arrays[name], dtype=float)  # [layer, head]
 
 
-def distance_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Figure:
+def distance_figure(arrays: Mapping[str, np.ndarray]) -> Figure:
     """Per layer: distance |i − j| distribution of the high-similarity pairs vs all pairs."""
     hist = np.asarray(arrays["high_distance_hist"], dtype=float).sum(axis=1)  # [layer, distance]
     baseline = np.asarray(arrays["all_distance_hist"], dtype=float)  # [distance]
@@ -106,9 +112,16 @@ def layer_trends_figure(summary: Mapping[str, Any]) -> Figure:
     layers = np.arange(len(summary["layers"]))
     figure = Figure(figsize=(11, 5.8), layout="constrained")
     axes = figure.subplots(2, 3).ravel()
-    for ax, (title, name, chance, baseline, unit) in zip(axes, TREND_PANELS):
+    for ax, (title, name, chance, baseline, unit) in zip(axes, TREND_PANELS, strict=True):
         ax.plot(layers, _layer_values(summary, name), marker="o", color=HIGH_COLOR, label="high-similarity pairs H")
-        ax.plot(layers, _layer_values(summary, chance), marker=".", ls="--", color=CHANCE_COLOR, label=CHANCE_LABELS[baseline])
+        ax.plot(
+            layers,
+            _layer_values(summary, chance),
+            marker=".",
+            ls="--",
+            color=CHANCE_COLOR,
+            label=CHANCE_LABELS[baseline],
+        )
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(unit, fontsize=8)
         ax.set_xticks(layers)
@@ -128,7 +141,13 @@ def same_sentence_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.nda
     jitter = np.linspace(-0.2, 0.2, n_heads)
     for layer in range(n_layers):
         ax.scatter(layer + jitter, share[layer], s=10, color=HIGH_COLOR, alpha=0.5)
-    ax.plot(np.arange(n_layers), _layer_values(summary, "same_sentence_share"), marker="o", color=HIGH_COLOR, label="layer mean")
+    ax.plot(
+        np.arange(n_layers),
+        _layer_values(summary, "same_sentence_share"),
+        marker="o",
+        color=HIGH_COLOR,
+        label="layer mean",
+    )
     ax.plot(np.arange(n_layers), chance, ls="--", color=CHANCE_COLOR, label=CHANCE_LABELS["same_sentence"])
     ax.set_xticks(np.arange(n_layers))
     ax.set_xlabel("layer (dots: heads)")
@@ -152,8 +171,10 @@ def similarity_grid_figure(arrays: Mapping[str, np.ndarray], max_size: int = 64)
             ax = axes[layer, head]
             matrix = mean[layer, head]
             finite = matrix[np.isfinite(matrix)]
-            low, high = (np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0))
-            ax.imshow(matrix, cmap=GRID_CMAP, vmin=low, vmax=high if high > low else low + 1e-9, interpolation="nearest")
+            low, high = np.percentile(finite, [2, 98]) if finite.size else (0.0, 1.0)
+            ax.imshow(
+                matrix, cmap=GRID_CMAP, vmin=low, vmax=high if high > low else low + 1e-9, interpolation="nearest"
+            )
             ax.set_xticks([])
             ax.set_yticks([])
             if layer == 0:
@@ -161,7 +182,9 @@ def similarity_grid_figure(arrays: Mapping[str, np.ndarray], max_size: int = 64)
             if head == 0:
                 ax.set_ylabel(f"L{layer}", fontsize=7)
     # One colour bar for all panels: each head is scaled between its own 2nd and 98th percentile.
-    bar = figure.colorbar(ScalarMappable(Normalize(0.0, 1.0), cmap=GRID_CMAP), ax=axes, shrink=0.6, ticks=[0.0, 1.0], pad=0.01)
+    bar = figure.colorbar(
+        ScalarMappable(Normalize(0.0, 1.0), cmap=GRID_CMAP), ax=axes, shrink=0.6, ticks=[0.0, 1.0], pad=0.01
+    )
     bar.ax.set_yticklabels(["2nd\npercentile", "98th\npercentile"], fontsize=7)
     bar.set_label("mean similarity S, on each head's own scale", fontsize=8)
     figure.suptitle(
@@ -172,18 +195,22 @@ def similarity_grid_figure(arrays: Mapping[str, np.ndarray], max_size: int = 64)
     return figure
 
 
-def head_heatmaps_figure(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Figure:
+def head_heatmaps_figure(arrays: Mapping[str, np.ndarray]) -> Figure:
     """Per-head maps: signal share, noise, same-sentence and repeat shares relative to chance."""
     panels = (
         ("signal share |H∩M|/|H|", _heads(arrays, "signal_share"), "viridis"),
-        ("same-sentence share − chance", _heads(arrays, "same_sentence_share") - _heads(arrays, "same_sentence_chance"), "RdBu_r"),
+        (
+            "same-sentence share − chance",
+            _heads(arrays, "same_sentence_share") - _heads(arrays, "same_sentence_chance"),
+            "RdBu_r",
+        ),
         ("repeat share − chance", _heads(arrays, "repeat_share") - _heads(arrays, "repeat_chance"), "RdBu_r"),
         ("anchor share", _heads(arrays, "anchor_share"), "viridis"),
     )
-    n_layers, n_heads = panels[0][1].shape
+    n_layers = panels[0][1].shape[0]
     figure = Figure(figsize=(12, 0.32 * n_layers + 2.2), layout="constrained")
     axes = figure.subplots(1, len(panels))
-    for ax, (title, values, cmap) in zip(axes, panels):
+    for ax, (title, values, cmap) in zip(axes, panels, strict=True):
         if cmap == "RdBu_r":
             bound = np.nanmax(np.abs(values)) if np.isfinite(values).any() else 1.0
             image = ax.imshow(values, cmap=cmap, vmin=-bound, vmax=bound, aspect="auto")
@@ -257,11 +284,11 @@ def _same_value_groups(values: np.ndarray) -> list[list[int]]:
 def study_figures(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Figure]:
     """Every figure of the report by file-friendly name."""
     return {
-        "distance_by_layer": distance_figure(summary, arrays),
+        "distance_by_layer": distance_figure(arrays),
         "layer_trends": layer_trends_figure(summary),
         "same_sentence": same_sentence_figure(summary, arrays),
         "similarity_grid": similarity_grid_figure(arrays),
-        "head_maps": head_heatmaps_figure(summary, arrays),
+        "head_maps": head_heatmaps_figure(arrays),
         "attention_targets": attention_targets_figure(summary, arrays),
     }
 
@@ -324,7 +351,11 @@ def anchor_table(summary: Mapping[str, Any], top: int = 3) -> str:
                     anchors or "–",
                 ]
             )
-    return table(["layer", "head", "anchor share", "chance", "repeat share", f"top {top} anchor tokens (windows)"], rows, "{:.3f}")
+    return table(
+        ["layer", "head", "anchor share", "chance", "repeat share", f"top {top} anchor tokens (windows)"],
+        rows,
+        "{:.3f}",
+    )
 
 
 def build_report(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:
@@ -371,11 +402,27 @@ def build_report(summary: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -
         section("Chance baselines", baselines, "baselines"),
         section("Layer summary", layer_table(summary), "layers"),
         section("Layer trends", figure_img(figures["layer_trends"], "layer trends of shares against chance"), "trends"),
-        section("Distance distributions", figure_img(figures["distance_by_layer"], "distance histograms by layer"), "distance"),
-        section("Same-sentence share", figure_img(figures["same_sentence"], "same-sentence share vs chance"), "sentences"),
-        section("Mean similarity matrices", figure_img(figures["similarity_grid"], "layer by head grid of mean similarity", dpi=80), "matrices"),
-        section("Signal, noise and specialisation per head", figure_img(figures["head_maps"], "per-head heatmaps"), "heads"),
-        section("Attention to special tokens and punctuation", figure_img(figures["attention_targets"], "attention received by layer"), "attention"),
+        section(
+            "Distance distributions",
+            figure_img(figures["distance_by_layer"], "distance histograms by layer"),
+            "distance",
+        ),
+        section(
+            "Same-sentence share", figure_img(figures["same_sentence"], "same-sentence share vs chance"), "sentences"
+        ),
+        section(
+            "Mean similarity matrices",
+            figure_img(figures["similarity_grid"], "layer by head grid of mean similarity", dpi=80),
+            "matrices",
+        ),
+        section(
+            "Signal, noise and specialisation per head", figure_img(figures["head_maps"], "per-head heatmaps"), "heads"
+        ),
+        section(
+            "Attention to special tokens and punctuation",
+            figure_img(figures["attention_targets"], "attention received by layer"),
+            "attention",
+        ),
         section("Anchor tokens", anchor_table(summary), "anchors"),
     ]
     title = f"Corpus study: {model_name}"
