@@ -59,7 +59,14 @@ def distance_figure(arrays: Mapping[str, np.ndarray]) -> Figure:
         total = hist[layer].sum()
         share = hist[layer] / total if total > 0 else hist[layer]
         ax.plot(distances[1:], share[1:], color=HIGH_COLOR, lw=1.2, label="high-similarity pairs")
-        ax.plot(distances[1:], base[1:], color=CHANCE_COLOR, lw=1.0, ls="--", label="all pairs")
+        ax.plot(
+            distances[1:],
+            base[1:],
+            color=CHANCE_COLOR,
+            lw=1.0,
+            ls="--",
+            label="chance: all pairs (n − d at distance d)",
+        )
         ax.set_yscale("log")
         positive = base[1:][base[1:] > 0]
         if positive.size:  # the farthest distances hold one pair per window: keep them from squashing the rest
@@ -68,7 +75,7 @@ def distance_figure(arrays: Mapping[str, np.ndarray]) -> Figure:
         ax.tick_params(labelsize=7)
     for ax in axes[n_layers:]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=8)
     figure.supxlabel("distance |i − j| (tokens)", fontsize=9)
     figure.supylabel("share of pairs", fontsize=9)
     figure.suptitle("Distance of high-similarity pairs by layer, against all pairs", fontsize=10)
