@@ -20,7 +20,7 @@ from torch import nn
 
 from attnflow.capture.adapters import Adapter, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
-from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
+from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
@@ -64,10 +64,8 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     """
     import transformers
 
-    from attnflow.capture.probes import PROBES, load_probe
-
     if name in PROBES:
-        return load_probe(name, device=device)
+        return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     try:
@@ -103,6 +101,18 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
+
+
+def _load_probe(alias: str, device: str | torch.device | None) -> "AttentionModel":
+    """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
+    from attnflow.capture.probes import probe_classifier
+
+    encoder = load(PROBES[alias].encoder, device="cpu")
+    classifier, meta = probe_classifier(alias, encoder)
+    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model.default_row = encoder.default_row
+    model.probe = meta
+    return model
 
 
 def _mean_pooled(source: ModelSource) -> bool:
@@ -164,6 +174,7 @@ class AttentionModel:
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
         if tokenizer is not None:
