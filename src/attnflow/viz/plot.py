@@ -129,6 +129,7 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
     grid_axes = axes[0]
     patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest")
     figure.colorbar(patches, ax=grid_axes, shrink=0.8, label="score")
+    assert explanation.grid is not None, "an image figure needs the patch grid"
     rows, cols = explanation.grid
     grid_axes.set_title(f"patch grid {rows}x{cols}, row = {explanation.row}")
     grid_axes.set_xticks([])
