@@ -51,13 +51,17 @@ def hostile_trace(n_layers: int = 2, n_heads: int = 3) -> Trace:
 
 def decode_page(html: str) -> tuple[dict, dict[str, np.ndarray]]:
     """The page's metadata and every chunk decoded (float16 * scale) — an independent decoder."""
-    meta = json.loads(re.search(r'<script type="application/json" id="attnflow-meta">(.*?)</script>', html, re.S).group(1))
+    meta = json.loads(
+        re.search(r'<script type="application/json" id="attnflow-meta">(.*?)</script>', html, re.S).group(1)
+    )
     blocks = dict(re.findall(r'<script type="application/octet-stream" id="(c\d+)">([A-Za-z0-9+/=]*)</script>', html))
-    return meta, {key: np.frombuffer(base64.b64decode(value), dtype="<f2").astype(np.float64) for key, value in blocks.items()}
+    return meta, {
+        key: np.frombuffer(base64.b64decode(value), dtype="<f2").astype(np.float64) for key, value in blocks.items()
+    }
 
 
 def chunked(ref: dict, chunks: dict[str, np.ndarray]) -> np.ndarray:
-    parts = [chunks[key] * scale for key, scale in zip(ref["chunks"], ref["scales"])]
+    parts = [chunks[key] * scale for key, scale in zip(ref["chunks"], ref["scales"], strict=True)]
     return np.stack(parts).reshape(ref["shape"])
 
 
@@ -114,12 +118,14 @@ def test_summaries_and_diagnostics_agree_with_the_front_door(tiny_bert, tiny_exp
 def test_page_carries_float16_chunks_that_decode_to_the_matrices(tiny_exploration):
     meta, chunks = decode_page(tiny_exploration.to_html())
     n = tiny_exploration.n_tokens
-    for view, entry in zip(tiny_exploration.methods, meta["methods"]):
+    for view, entry in zip(tiny_exploration.methods, meta["methods"], strict=True):
         if view.matrices is None:  # attribution-only: its scores travel as JSON numbers
             np.testing.assert_allclose(entry["scores"], view.scores)
             assert entry["matrices"] is None
             continue
-        np.testing.assert_allclose(chunked(entry["matrices"], chunks), view.matrices, rtol=1e-3, atol=1e-3 * view.matrices.max())
+        np.testing.assert_allclose(
+            chunked(entry["matrices"], chunks), view.matrices, rtol=1e-3, atol=1e-3 * view.matrices.max()
+        )
         if view.head_matrices is not None:
             decoded = chunked(entry["heads"], chunks)
             np.testing.assert_allclose(decoded, view.head_matrices, rtol=1e-3, atol=1e-3 * view.head_matrices.max())

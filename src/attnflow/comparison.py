@@ -154,7 +154,14 @@ def check_same_tokenization(model_a: Any, model_b: Any, text: str, max_length: i
         encoded.append((list(ids), model.tokenizer.convert_ids_to_tokens(list(ids))))
     (ids_a, tokens_a), (ids_b, tokens_b) = encoded
     if ids_a != ids_b or tokens_a != tokens_b:
-        position = next((i for i, pair in enumerate(zip(tokens_a, tokens_b)) if pair[0] != pair[1] or ids_a[i] != ids_b[i]), min(len(ids_a), len(ids_b)))
+        position = next(
+            (
+                i
+                for i, pair in enumerate(zip(tokens_a, tokens_b, strict=False))
+                if pair[0] != pair[1] or ids_a[i] != ids_b[i]
+            ),
+            min(len(ids_a), len(ids_b)),
+        )
         first_a = tokens_a[position] if position < len(tokens_a) else "(end)"
         first_b = tokens_b[position] if position < len(tokens_b) else "(end)"
         raise InputError(

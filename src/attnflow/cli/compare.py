@@ -33,10 +33,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", metavar="TEXT", help="the text to compare on")
-    parser.add_argument("--model", action="append", required=True, metavar="NAME",
-                        help="give it twice: model A, then model B (alias, folder or hub id)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="give it twice: model A, then model B (alias, folder or hub id)",
+    )
     parser.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
-    parser.add_argument("--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)")
+    parser.add_argument(
+        "--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)"
+    )
     add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare")
     parser.add_argument("--json", action="store_true", help="print comparison.json to stdout")
     parser.set_defaults(handler=run)
@@ -58,8 +65,15 @@ def run(args: argparse.Namespace) -> int:
         say(f"loading {name} …")
         models.append(_load(name, args.device, args.quiet))
     comparison = compare(
-        models[0], models[1], args.text, method=args.method, row=args.row, k=args.top_k, max_length=args.max_length,
-        target=args.target, target_text=args.target_text,
+        models[0],
+        models[1],
+        args.text,
+        method=args.method,
+        row=args.row,
+        k=args.top_k,
+        max_length=args.max_length,
+        target=args.target,
+        target_text=args.target_text,
     )
     paths = comparison.save(out)
     if args.json:

@@ -39,8 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", metavar="TEXT", help="the text to explore")
-    parser.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)")
-    parser.add_argument("--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)")
+    parser.add_argument(
+        "--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)"
+    )
+    parser.add_argument(
+        "--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)"
+    )
     add_text_options(parser, row_help="default saliency row (default: the model's)", out="out/explore")
     parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
     parser.set_defaults(handler=run)
@@ -50,10 +54,17 @@ def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -
     """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
     parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help=row_help)
     parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
+    )
     parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
-    parser.add_argument("--target", metavar="CLASS|TOKEN", help="what target-dependent methods explain: classifiers: a class index or label; causal LMs: the next token (default: the prediction)")
+    parser.add_argument(
+        "--target",
+        metavar="CLASS|TOKEN",
+        help="what target-dependent methods explain: classifiers: a class index or label; "
+        "causal LMs: the next token (default: the prediction)",
+    )
     parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
 
 
@@ -71,8 +82,14 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading {args.model} …")
     model = _load(args.model, args.device, args.quiet)
     exploration = explore(
-        model, args.text, methods=args.methods, row=args.row, max_length=args.max_length,
-        target=args.target, target_text=args.target_text, progress=not args.quiet,
+        model,
+        args.text,
+        methods=args.methods,
+        row=args.row,
+        max_length=args.max_length,
+        target=args.target,
+        target_text=args.target_text,
+        progress=not args.quiet,
     )
     path = exploration.save(out)
     if not args.quiet:

@@ -85,7 +85,9 @@ def rollout(
 
 @register("raw", "raw attention of one layer (default: last), fused over heads", ("head_fusion", "layer"))
 @accepts_torch
-def raw_attention(attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1, layerwise: bool = False) -> np.ndarray:
+def raw_attention(
+    attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1, layerwise: bool = False
+) -> np.ndarray:
     """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``.
 
     ``layerwise=True`` returns every layer instead (``layer`` is then ignored): ``[..., layer, q, k]``.

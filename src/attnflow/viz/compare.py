@@ -34,8 +34,13 @@ def comparison_html(comparison: "Comparison") -> str:
         f"attnflow compare: {comparison.method}",
         comparison_fragment(comparison, with_style=False),
         subtitle=comparison.text,
-        meta={"model A": comparison.model_a, "model B": comparison.model_b, "method": comparison.method,
-              "saliency row": comparison.row, "tokens": len(comparison.tokens)},
+        meta={
+            "model A": comparison.model_a,
+            "model B": comparison.model_b,
+            "method": comparison.method,
+            "saliency row": comparison.row,
+            "tokens": len(comparison.tokens),
+        },
         css=CSS,
     )
 
@@ -64,8 +69,15 @@ def comparison_fragment(comparison: "Comparison", with_style: bool = True) -> st
     ranks_a[content] = rankdata(-comparison.scores_a[content])
     ranks_b[content] = rankdata(-comparison.scores_b[content])
     rows = [
-        (i, clean_token(token), comparison.scores_a[i], comparison.scores_b[i], comparison.difference[i],
-         "" if special[i] else f"{ranks_a[i]:g}", "" if special[i] else f"{ranks_b[i]:g}")
+        (
+            i,
+            clean_token(token),
+            comparison.scores_a[i],
+            comparison.scores_b[i],
+            comparison.difference[i],
+            "" if special[i] else f"{ranks_a[i]:g}",
+            "" if special[i] else f"{ranks_b[i]:g}",
+        )
         for i, token in enumerate(comparison.tokens)
     ]
     body = (
