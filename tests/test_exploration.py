@@ -176,6 +176,13 @@ def test_target_dependent_methods_need_a_target(tiny_bert):
         explore(tiny_bert, SENTENCE, methods=["gradient"])
     trace = tiny_bert.trace([SENTENCE])[0]
     assert "needs embedding_grads, target" in explore(trace).skipped["gradient"]
+    # with a target text, the similarity to it is what the gradient explains
+    exploration = explore(tiny_bert, SENTENCE, methods=["gradient"], target_text="a good film")
+    expected = tiny_bert.explain(SENTENCE, method="gradient", target_text="a good film")
+    np.testing.assert_allclose(exploration.method("gradient").scores, expected.scores, rtol=1e-6)
+    assert (
+        "of the relevance for the similarity to 'a good film'" in exploration.method("gradient").summaries["fused"][0]
+    )
 
 
 def test_bad_requests():

@@ -2,7 +2,7 @@
 
     comparison = attnflow.compare("minilm", "path/to/finetuned-minilm", "The movie was terrible.")
     comparison.spearman, comparison.overlap        # rank agreement, top-k overlap
-    comparison.save("out/compare")                 # comparison.json + comparison.html
+    comparison.save("out/compare-models")               # model_comparison.json + model_comparison.html
 
 Both models must split the text into the same tokens (same strings and ids): saliency vectors are
 compared token by token, so two tokenizers that split the text differently are refused. Spearman ρ
@@ -25,8 +25,8 @@ from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
 from attnflow.methods.summary import explanation_subject, summarize
 
-JSON_FILE = "comparison.json"
-HTML_FILE = "comparison.html"
+JSON_FILE = "model_comparison.json"
+HTML_FILE = "model_comparison.html"
 
 
 @dataclass
@@ -134,7 +134,7 @@ class Comparison:
         return comparison_fragment(self)
 
     def save(self, directory: str | Path) -> dict[str, Path]:
-        """Write ``comparison.json`` and ``comparison.html`` into ``directory`` (created)."""
+        """Write ``model_comparison.json`` and ``model_comparison.html`` into ``directory`` (created)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = {"json": directory / JSON_FILE, "html": directory / HTML_FILE}

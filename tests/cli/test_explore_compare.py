@@ -93,8 +93,8 @@ def test_compare_minilm_with_a_perturbed_copy(perturbed_minilm, tmp_path, capsys
     top_a, top_b = (set(np.argsort(-s, kind="stable")[:5]) for s in scores)
     assert int(overlap.group(1)) == len(top_a & top_b)
     assert re.search(r"^A: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", printed, re.M)
-    assert {p.name for p in out.iterdir()} == {"comparison.json", "comparison.html"}
-    html = (out / "comparison.html").read_text(encoding="utf-8")
+    assert {p.name for p in out.iterdir()} == {"model_comparison.json", "model_comparison.html"}
+    html = (out / "model_comparison.html").read_text(encoding="utf-8")
     assert "Spearman" in html and "terrible" in html and "<script" not in html
 
 
@@ -126,7 +126,7 @@ def test_compare_refuses_another_tokenizer_in_one_line(tiny_model_path, tmp_path
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith("attnflow: error: ") and "tokenize the text differently" in lines[0]
     assert "compare needs the same tokenizer" in lines[0]
-    assert not (tmp_path / "comparison.json").exists()
+    assert not (tmp_path / "model_comparison.json").exists()
 
 
 def test_compare_needs_two_models(capsys):

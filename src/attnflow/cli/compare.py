@@ -1,8 +1,8 @@
 """`attnflow compare`: one text, one method, two models with the same tokenizer.
 
 Prints Spearman's rank correlation and the top-k overlap of the two saliency vectors (content
-tokens), both summaries and the largest changes, and writes DIR/comparison.json and
-DIR/comparison.html. Models whose tokenizers split the text differently are refused in one line.
+tokens), both summaries and the largest changes, and writes DIR/model_comparison.json and
+DIR/model_comparison.html. Models whose tokenizers split the text differently are refused in one line.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)"
     )
-    add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare")
-    parser.add_argument("--json", action="store_true", help="print comparison.json to stdout")
+    add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
+    parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
     parser.set_defaults(handler=run)
 
 
