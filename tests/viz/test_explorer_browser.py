@@ -306,3 +306,22 @@ def hostile_trace(words: list[str]):
         head_outputs=rng.normal(size=(2, n, 3, 4)).astype(np.float32),
         model_name=HOSTILE,
     )
+
+
+@needs_chromium
+def test_notebook_iframe_runs_the_explorer(browser, tiny_page_path, tmp_path):
+    """What a notebook shows (`_repr_html_`): the page in a sandboxed iframe, script running."""
+    _, exploration = tiny_page_path
+    host = tmp_path / "notebook.html"
+    host.write_text(f"<!DOCTYPE html><html><body>{exploration._repr_html_()}</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1300, "height": 1300})
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(host.resolve().as_uri())
+    frame = page.frames[1]
+    frame.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    assert frame.eval_on_selector_all(".tok", "spans => spans.length") == exploration.n_tokens
+    frame.select_option("#layer", "0")
+    assert "layer 0" in (frame.text_content("#similarity-caption") or "")
+    page.close()
+    assert errors == []
