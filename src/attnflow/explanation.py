@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,6 +52,8 @@ class Explanation:
         image: path of the explained image, or None.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
+        notes: warnings the method raised while computing this explanation (e.g. pruning that
+            left only the diagonal); saved to JSON and shown on the page.
     """
 
     tokens: list[str]
@@ -67,6 +70,7 @@ class Explanation:
     n_prefix_tokens: int = 0
     image: str | None = None
     head_matrices: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -153,6 +157,8 @@ class Explanation:
             data["patch_scores"] = self.patch_scores.tolist()
         if self.image is not None:
             data["image"] = str(self.image)
+        if self.notes:
+            data["notes"] = list(self.notes)
         return data
 
     @classmethod
@@ -172,6 +178,7 @@ class Explanation:
             grid=tuple(data["grid"]) if data.get("grid") is not None else None,
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
+            notes=list(data.get("notes", [])),
         )
 
     @classmethod
@@ -221,7 +228,7 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
     spec = get_method(method)
     chosen = method_options(spec, options)
     source = trace if _takes_trace(spec) else trace.attentions
-    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    result, notes = _run_noting_warnings(spec.function, source, chosen)
     n = trace.n_tokens
     head_matrices = None
     if result.ndim == 3 and result.shape[1:] == (n, n):
@@ -249,7 +256,19 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image is not None else None,
         head_matrices=head_matrices,
+        notes=notes,
     )
+
+
+def _run_noting_warnings(function: Any, source: Any, options: Mapping[str, Any]) -> tuple[np.ndarray, list[str]]:
+    """Call a method; warnings it raises still go out as warnings, and their messages come back
+    as the Explanation's notes (so the saved page says what the console said)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = np.asarray(function(source, **options), dtype=np.float64)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return result, [str(warning.message) for warning in caught]
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -287,7 +306,7 @@ def parse_row(row: Row) -> Row:
 
 
 def default_row(trace: Trace) -> Row:
-    """The natural saliency row for a trace (DESIGN §2 "Saliency row").
+    """The natural saliency row for a trace (docs/methods.md, "Saliency row").
 
     In order: ``trace.meta["default_row"]`` when capture recorded one (e.g. ``"mean"`` for
     sentence encoders); images: ``"cls"`` when the model has prefix tokens, else ``"mean"``;

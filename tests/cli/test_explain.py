@@ -96,7 +96,7 @@ def test_options_reach_the_method(fake_model, tmp_path, capsys):
     data = json.loads(out)
     assert err == ""
     assert data["options"] == {"head_fusion": "max", "residual": 0.3, "start_layer": 1, "top_k": 3,
-                               "threshold": 0.01, "discard_ratio": 0.25}
+                               "threshold": 0.01, "discard_ratio": 0.25, "prune_on": "attention"}
     assert data["row"] == 2
     trace = fake_model.trace([SENTENCE])[0]
     expected = attnflow.rollout(trace.attentions, head_fusion="max", residual=0.3, start_layer=1, top_k=3,
@@ -104,6 +104,33 @@ def test_options_reach_the_method(fake_model, tmp_path, capsys):
     np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
     np.testing.assert_allclose(data["scores"], expected[2], rtol=1e-6)
     assert json.loads((tmp_path / "explanation.json").read_text()) == data
+
+
+def test_prune_on_reaches_the_method(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--discard-ratio", "0.5", "--prune-on", "residual", "--json", "-q") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["options"]["prune_on"] == "residual"
+    trace = fake_model.trace([SENTENCE])[0]
+    np.testing.assert_allclose(data["matrix"], attnflow.rollout(trace.attentions, discard_ratio=0.5, prune_on="residual"), rtol=1e-6)
+    assert np.abs(np.asarray(data["matrix"]) - attnflow.rollout(trace.attentions, discard_ratio=0.5)).max() > 1e-3
+
+
+@pytest.mark.parametrize("flag, value", [("--threshold", "2"), ("--threshold", "1"), ("--discard-ratio", "1"),
+                                         ("--discard-ratio", "-0.1"), ("--prune-on", "fused")])
+def test_pruning_outside_its_range_is_rejected(fake_model, tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(SENTENCE, "--out", str(tmp_path / "out"), flag, value)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and fake_model.loads == []
+
+
+def test_collapse_warning_is_one_line_and_on_the_page(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--top-k", "1", "--prune-on", "residual", "-q") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnflow: WARNING: pruning (top_k=1, prune_on='residual') left every row")
+    assert "diagonal alone" in (tmp_path / "explanation.html").read_text()
+    assert json.loads((tmp_path / "explanation.json").read_text())["notes"] == [err[0].removeprefix("attnflow: WARNING: ")]
 
 
 def test_head_weights_and_raw_layer(fake_model, tmp_path, capsys):

@@ -29,6 +29,7 @@ FLAGS = {
     "top_k": "--top-k",
     "threshold": "--threshold",
     "discard_ratio": "--discard-ratio",
+    "prune_on": "--prune-on",
     "layer": "--layer",
 }
 
@@ -72,8 +73,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method.add_argument("--residual", type=_residual, metavar="half|renorm|none|ALPHA", help="residual correction (default: half)")
     method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
     method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
-    method.add_argument("--threshold", type=_non_negative_float, metavar="T", help="drop entries below T in each row")
-    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row")
+    method.add_argument("--threshold", type=_ratio, metavar="T", help="drop entries below T in each row (T in [0, 1))")
+    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row (Q in [0, 1))")
+    method.add_argument(
+        "--prune-on",
+        choices=("attention", "residual"),
+        help="what --top-k/--threshold/--discard-ratio prune: the head-fused attention before the residual "
+        "is added (default), or the residual-corrected matrix (its diagonal is >= 1/2, so strong pruning "
+        "keeps only the diagonal)",
+    )
     method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw (default: last)")
     method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
 
@@ -149,6 +157,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "top_k": args.top_k,
         "threshold": args.threshold,
         "discard_ratio": args.discard_ratio,
+        "prune_on": args.prune_on,
         "layer": args.layer,
     }
 
@@ -198,13 +207,6 @@ def _non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
 
 

@@ -31,6 +31,8 @@ CSS = """
                    background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
 .attnflow .note { color: #555; font-size: .9rem; }
+.attnflow .warning { color: #7a4b00; background: #fff6e0; border: 1px solid #f0c36d; border-radius: 6px;
+                     padding: .5rem .8rem; font-size: .95rem; }
 """
 
 _ROW_WORDS = {"cls": "row 0 (the first token, [CLS])", "mean": "the mean of all rows", "last": "the last row"}
@@ -49,7 +51,7 @@ def explanation_html(explanation: "Explanation") -> str:
 
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
-    parts = []
+    parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes]
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
     else:
