@@ -15,3 +15,7 @@ class CaptureError(AttnflowError):
 
 class InputError(AttnflowError):
     """Bad input text, image or corpus."""
+
+
+class OutputError(AttnflowError):
+    """An output folder could not be written (read-only file system, full disk, no permission)."""

@@ -6,6 +6,7 @@ the bad-input cases also run the installed `attnflow` script; two tests use the 
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
 import attnflow
@@ -265,3 +267,75 @@ def test_max_length_above_the_model_maximum(tmp_path, capsys):
     result = main(["explain", "hello", "--max-length", "100000", "--out", str(tmp_path), "--device", "cpu", "-q"])
     assert result == 2 and not (tmp_path / "explanation.json").exists()
     assert "exceeds the model's maximum of 512 tokens" in capsys.readouterr().err
+
+
+# ----- safe writes: a full disk or a read-only folder never leaves a half-written folder -----
+
+
+def _fail_savefig(code: int):
+    def savefig(self, *args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return savefig
+
+
+def _scratch_folders(parent: Path) -> list[str]:
+    return [entry.name for entry in parent.iterdir() if entry.name.startswith(".attnflow-tmp-")]
+
+
+@pytest.mark.parametrize("code, name", [(errno.ENOSPC, "ENOSPC"), (errno.EROFS, "EROFS"), (errno.EACCES, "EACCES")])
+def test_a_failed_write_is_one_line_and_leaves_nothing(fake_model, tmp_path, capsys, monkeypatch, code, name):
+    """The png is written last: before, a full disk left json + html behind and the next run was refused."""
+    monkeypatch.setattr(Figure, "savefig", _fail_savefig(code))
+    out = tmp_path / "out"
+    assert run_cli(SENTENCE, "--out", str(out), "-q") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attnflow: error: cannot write {out}: {name}: "), err
+    assert not out.exists() and _scratch_folders(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(explain_command, "_load", lambda *a: fake_model)
+    assert run_cli(SENTENCE, "--out", str(out), "-q") == 0  # not refused: nothing was left behind
+    assert {p.name for p in out.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
+
+
+def test_a_failed_overwrite_keeps_the_previous_explanation(fake_model, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert run_cli(SENTENCE, "--out", str(out), "--save-trace", "-q") == 0
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(Figure, "savefig", _fail_savefig(errno.ENOSPC))
+    assert run_cli("Another text.", "--out", str(out), "--overwrite", "-q") == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _scratch_folders(tmp_path) == []
+
+
+def test_a_read_only_parent_is_one_line(fake_model, tmp_path, capsys, monkeypatch):
+    """Creating the scratch folder beside --out fails on a read-only file system."""
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    assert run_cli(SENTENCE, "--out", str(tmp_path / "out"), "-q") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "EROFS: Read-only file system" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+# ----- --json: stdout only, unless --out is given --------------------------------------------
+
+
+def test_json_without_out_writes_no_folder_and_runs_twice(fake_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # the help's example, twice: before, the second run found out/explain and stopped
+        assert run_cli(SENTENCE, "--json", "-q") == 0
+        assert json.loads(capsys.readouterr().out)["tokens"][1] == "The"
+    assert list(tmp_path.iterdir()) == []
+    assert run_cli(SENTENCE, "--json", "-q", "--out", "given") == 0  # --out given: both
+    assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "given" / "explanation.json").read_text())
+    assert run_cli(SENTENCE, "-q") == 0  # without --json the default folder is still written
+    assert (tmp_path / "out" / "explain" / "explanation.json").exists()
+    assert run_cli(SENTENCE, "--json", "--save-trace", "-q") == 2
+    assert "--save-trace writes a file: give --out" in capsys.readouterr().err

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         return 130
-    except (AttnflowError, ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+    except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
         print(f"attnflow: error: {error}", file=sys.stderr)
         return 2
 

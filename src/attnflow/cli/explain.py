@@ -1,10 +1,9 @@
 """`attnflow explain`: explain one text (or one image) with a registered attention method.
 
 Writes DIR/explanation.json, DIR/explanation.html and DIR/explanation.png (and, for an image,
-DIR/explanation_overlay.png; with --save-trace, DIR/trace.npz). The output folder may already
-exist and hold other files: those are never touched. If it already holds files that explain
-writes (a previous explanation), explain stops unless --overwrite is given; with --overwrite the
-previous explanation's files are all replaced or removed, so the folder never mixes two runs.
+DIR/explanation_overlay.png; with --save-trace, DIR/trace.npz); with --json and no --out it
+only prints the JSON. The folder rules (other files kept, --overwrite, safe writes) are in
+`attnflow.cli.outputs`.
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnflow.cli.outputs import TRACE_FILE, check_previous, output_folder, write_explanation
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
-
-TRACE_FILE = "trace.npz"
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -86,16 +84,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--out", default="out/explain", metavar="DIR", help="output folder (default: out/explain)")
+    output.add_argument("--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)")
     output.add_argument("--overwrite", action="store_true", help="replace an explanation already in DIR")
     output.add_argument("--save-trace", action="store_true", help=f"also write DIR/{TRACE_FILE} (attentions [L,H,n,n] float32, tokens)")
-    output.add_argument("--json", action="store_true", help="print explanation.json to stdout")
+    output.add_argument("--json", action="store_true", help="print explanation.json to stdout (writes no folder unless --out is given)")
     output.add_argument("--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.explanation import OUTPUT_FILES, explain, method_options
+    from attnflow.explanation import explain, method_options
 
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
@@ -109,13 +107,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text to explain is empty")
     options = _options(args)
     method_options(get_method(args.method), options, spell=FLAGS)
-    out = Path(args.out)
-    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE,))
-    if previous and not args.overwrite:
-        raise FileExistsError(
-            f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
-            "or choose another --out"
-        )
+    out = output_folder(args)
+    if out is None and args.save_trace:
+        raise InputError("--save-trace writes a file: give --out DIR")
+    check_previous(out, args.overwrite)
 
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")
@@ -129,12 +124,7 @@ def run(args: argparse.Namespace) -> int:
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     explanation = explain(trace, method=args.method, row=row, **options)
 
-    for path in previous:  # only now: a failed run above leaves the old explanation intact
-        path.unlink()
-    paths = explanation.save(out)
-    if args.save_trace:
-        paths["trace"] = out / TRACE_FILE
-        trace.save(str(paths["trace"]))
+    paths = write_explanation(out, explanation, trace if args.save_trace else None) if out is not None else {}
 
     if args.json:
         json.dump(explanation.to_dict(), sys.stdout, ensure_ascii=False)
@@ -160,12 +150,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "prune_on": args.prune_on,
         "layer": args.layer,
     }
-
-
-def _previous_outputs(out: Path, names: tuple[str, ...]) -> list[Path]:
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    return [out / name for name in names if (out / name).exists()]
 
 
 def _load(name: str, device: str, quiet: bool) -> Any:

@@ -1,0 +1,66 @@
+"""Where `attnflow explain` writes: the output folder rule, the --overwrite check, safe writes.
+
+The folder may already exist and hold other files: those are never touched. If it holds files
+that explain writes (an earlier explanation, or an earlier --file run's numbered folders and
+index), explain stops unless --overwrite is given; with --overwrite the earlier run's entries
+are all replaced or removed, so the folder never mixes two runs. Everything is written into a
+temporary folder beside the output folder and moved into place at the end (`attnflow.staging`):
+a full disk or a read-only folder ends in one error line and leaves the folder as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from attnflow.explanation import OUTPUT_FILES, Explanation
+from attnflow.staging import staged_output
+
+TRACE_FILE = "trace.npz"
+INDEX_FILE = "index.html"
+DEFAULT_OUT = Path("out/explain")
+_TEXT_FOLDER = re.compile(r"^\d{3,}$")  # --file runs: one numbered folder per text (001, 002, ...)
+
+
+def owned(name: str) -> bool:
+    """Whether an entry of the output folder is something `attnflow explain` writes."""
+    return name in OUTPUT_FILES or name in (TRACE_FILE, INDEX_FILE) or bool(_TEXT_FOLDER.match(name))
+
+
+def output_folder(args: argparse.Namespace) -> Path | None:
+    """``--out``, or the default folder; None with ``--json`` and no ``--out`` (stdout only)."""
+    if args.out is not None:
+        return Path(args.out)
+    return None if args.json else DEFAULT_OUT
+
+
+def check_previous(out: Path | None, overwrite: bool) -> None:
+    """Refuse (FileExistsError) to replace an earlier run's output without ``--overwrite``."""
+    if out is None or not out.exists():
+        return
+    if not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    previous = sorted(entry.name for entry in out.iterdir() if owned(entry.name))
+    if previous and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds an explanation ({previous[0]}); pass --overwrite to replace it "
+            "or choose another --out"
+        )
+
+
+def save_explanation(folder: Path, explanation: Explanation, trace: Any = None) -> dict[str, Path]:
+    """Write one explanation (and, given a trace, ``trace.npz``) into ``folder``."""
+    paths = explanation.save(folder)
+    if trace is not None:
+        paths["trace"] = folder / TRACE_FILE
+        trace.save(str(paths["trace"]))
+    return paths
+
+
+def write_explanation(out: Path, explanation: Explanation, trace: Any = None) -> dict[str, Path]:
+    """`save_explanation` into ``out`` through a temporary folder; returns the final paths."""
+    with staged_output(out, owned) as scratch:
+        paths = save_explanation(scratch, explanation, trace)
+    return {kind: out / path.relative_to(scratch) for kind, path in paths.items()}
