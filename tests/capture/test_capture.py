@@ -248,7 +248,47 @@ def test_bad_text_and_truncation(tiny_model_path, caplog):
         model.trace(long_text, max_length=1000)
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (None, r"no text given \(None\)"),
+        (b"caf\xc3\xa9", "got bytes: decode it first"),
+        (bytearray(b"abc"), "got bytearray"),
+        (["fine", b"bytes"], r"got bytes.*\(text 1\)"),
+        (["fine", None], r"got NoneType \(text 1\)"),
+        (["fine", "  "], r"empty \(text 1\)"),
+        ([], "the list of texts is empty"),
+        (42, "got int"),
+        ("caf\udce9 au lait", "not valid UTF-8: byte 0xe9 at character 3"),
+    ],
+)
+def test_texts_that_are_not_text_are_clear_errors(tiny_model_path, bad, message):
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    with pytest.raises(InputError, match=message):
+        model.trace(bad)
+
+
+def test_transformers_too_long_warning_is_silenced(tiny_model_path, capfd, caplog):
+    """attnflow warns about truncation itself; transformers' "indexing errors" line was a second, wrong one."""
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    with caplog.at_level("WARNING"):
+        model.trace(" ".join(["movie"] * 200))
+    assert "truncated to 60" in caplog.text
+    assert "indexing errors" not in capfd.readouterr().err + caplog.text
+
+
 # -- the real embedded model ------------------------------------------------------------------
+
+
+def test_text_that_is_mostly_unknown_tokens_warns(minilm, caplog):
+    with caplog.at_level("WARNING"):
+        trace = minilm.trace(["😀 🎉 🙈", "😀 🎉 ok", "😀 ok", "The movie was terrible."])
+    unknown = [(t.tokens.count("[UNK]"), len(t.tokens) - 2) for t in trace]
+    assert unknown == [(3, 3), (2, 3), (1, 2), (0, 5)]  # half [UNK] ("😀 ok") is not "mostly"
+    warnings = [r.getMessage() for r in caplog.records if "unknown token" in r.getMessage()]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("all of 3 tokens of text 0 are the unknown token [UNK]")
+    assert warnings[1].startswith("2 of 3 tokens of text 1")
 
 
 def test_minilm_capture_against_its_own_weights(minilm):

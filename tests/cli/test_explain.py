@@ -6,8 +6,10 @@ the bad-input cases also run the installed `attnflow` script; two tests use the 
 
 from __future__ import annotations
 
+import csv
 import errno
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -38,10 +40,9 @@ class FakeModel:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def trace(self, texts, max_length=None):
+    def trace(self, texts, max_length=None, batch_size=8):
         self.calls.append(("trace", tuple(texts), max_length))
-        words = texts[0].split()[: (max_length or 512) - 2]
-        return [self._trace(["[CLS]", *words, "[SEP]"], text=texts[0])]
+        return [self._trace(["[CLS]", *text.split()[: (max_length or 512) - 2], "[SEP]"], text=text) for text in texts]
 
     def trace_image(self, path):
         self.calls.append(("trace_image", path))
@@ -339,3 +340,102 @@ def test_json_without_out_writes_no_folder_and_runs_twice(fake_model, tmp_path, 
     assert (tmp_path / "out" / "explain" / "explanation.json").exists()
     assert run_cli(SENTENCE, "--json", "--save-trace", "-q") == 2
     assert "--save-trace writes a file: give --out" in capsys.readouterr().err
+
+
+# ----- --file: many texts, one model load, batched, one folder per text and an index ----------
+
+TEXTS = ["The movie was terrible.", "A <b>bold</b> & daring film.", "Fine."]
+
+
+def _write_source(folder: Path, kind: str) -> tuple[Path, list[str]]:
+    if kind == "txt":
+        path = folder / "texts.txt"
+        path.write_text(TEXTS[0] + "\n\n" + "\n".join(TEXTS[1:]) + "\n", encoding="utf-8")  # blank lines skipped
+        return path, []
+    if kind == "jsonl":
+        path = folder / "texts.jsonl"
+        path.write_text("".join(json.dumps({"id": i, "review": t}) + "\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
+        return path, ["--text-field", "review"]
+    path = folder / "texts.csv"
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["id", "snippet"], *[[i, t] for i, t in enumerate(TEXTS)]])
+    return path, ["--text-column", "snippet"]
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "csv"])
+def test_file_explains_every_text_with_one_load(fake_model, tmp_path, capsys, kind):
+    source, extra = _write_source(tmp_path, kind)
+    out = tmp_path / "out"
+    assert run_cli("--file", str(source), *extra, "--out", str(out), "--batch-size", "2", "-q") == 0
+    assert len(fake_model.loads) == 1
+    assert [call[1] for call in fake_model.calls] == [tuple(TEXTS[:2]), tuple(TEXTS[2:])]  # batches of 2
+    assert sorted(p.name for p in out.iterdir()) == ["001", "002", "003", "index.html"]
+    for number, text in enumerate(TEXTS, start=1):
+        data = json.loads((out / f"{number:03d}" / "explanation.json").read_text())
+        assert data["text"] == text
+        expected = attnflow.rollout(fake_model.trace([text])[0].attentions)
+        np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
+        assert (out / f"{number:03d}" / "explanation.png").exists()
+    index = (out / "index.html").read_text()
+    assert all(f'href="{n:03d}/explanation.html"' in index for n in (1, 2, 3))
+    assert "A &lt;b&gt;bold&lt;/b&gt; &amp; daring film." in index and "<b>bold" not in index
+
+
+def test_file_from_stdin_as_json_lines(fake_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\n".join(TEXTS).encode("utf-8"))))
+    assert run_cli("--file", "-", "--json", "-q") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["text"] for line in lines] == TEXTS
+    assert list(tmp_path.iterdir()) == []  # --json without --out: nothing written
+
+
+def test_file_rerun_needs_overwrite_and_replaces_every_folder(fake_model, tmp_path, capsys):
+    source, _ = _write_source(tmp_path, "txt")
+    out = tmp_path / "out"
+    assert run_cli("--file", str(source), "--out", str(out), "-q") == 0
+    assert run_cli("--file", str(source), "--out", str(out), "-q") == 2
+    assert "--overwrite" in capsys.readouterr().err
+    source.write_text("Only one text now.\n")
+    assert run_cli("--file", str(source), "--out", str(out), "-q", "--overwrite") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["001", "index.html"]  # 002, 003 of the old run are gone
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        ("", [], "holds no text"),
+        ("ok\n", ["--text-field", "a", "--text-column", "b"], "not both"),
+        (b"caf\xe9\n", [], "invalid UTF-8 at line 1"),
+    ],
+)
+def test_bad_files_fail_before_loading(fake_model, tmp_path, capsys, content, args, message):
+    source = tmp_path / "texts.txt"
+    source.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert run_cli("--file", str(source), *args, "--out", str(tmp_path / "out")) == 2
+    assert message in capsys.readouterr().err and fake_model.loads == []
+    assert run_cli("--file", str(tmp_path / "missing.txt")) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert run_cli("--file", str(source), "some text") == 2
+    assert "not several" in capsys.readouterr().err
+
+
+def test_non_utf8_command_line_text_is_one_line(tmp_path):
+    """Bytes that are not UTF-8 reach Python as surrogates (surrogateescape): before, a TypeError traceback."""
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([str(SCRIPT), "explain", b"caf\xe9 au lait", "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120, env=environment)
+    assert_one_line_error(result, "not valid UTF-8: byte 0xe9 at character 3")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_minilm
+def test_file_on_minilm_equals_one_by_one(tmp_path, minilm, monkeypatch):
+    monkeypatch.setattr(explain_command, "_load", lambda *args: minilm)
+    source, _ = _write_source(tmp_path, "txt")
+    assert run_cli("--file", str(source), "--out", str(tmp_path / "out"), "-q", "--batch-size", "3") == 0
+    for number, text in enumerate(TEXTS, start=1):
+        data = json.loads((tmp_path / "out" / f"{number:03d}" / "explanation.json").read_text())
+        alone = attnflow.explain(minilm.trace(text)[0])
+        assert data["tokens"] == alone.tokens
+        np.testing.assert_allclose(data["matrix"], alone.matrix, atol=1e-5)  # padding in the batch changes nothing

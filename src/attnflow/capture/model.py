@@ -21,6 +21,7 @@ from torch import nn
 from attnflow.capture.adapters import Adapter, Stack, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
+from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.trace import Trace
 
@@ -219,15 +220,13 @@ class AttentionModel:
         """Trace each text; returns one `Trace` per text with padding removed.
 
         Texts longer than ``max_length`` (default: the model's maximum) are truncated with a
-        warning. Encoder-decoder models take ``targets`` (decoder texts, teacher-forced); without
+        warning; so is a text that becomes mostly unknown tokens ([UNK]). ``None``, bytes and
+        strings that are not valid Unicode raise `InputError`. Encoder-decoder models take ``targets`` (decoder texts, teacher-forced); without
         them the decoder side is the model's own greedy continuation (at most 16 tokens).
         """
         if self.tokenizer is None:
             raise InputError(f"{self.name} is a vision model: use trace_image(path)")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        for text in texts:
-            if not isinstance(text, str) or not text.strip():
-                raise InputError("the text to explain is empty")
+        texts = check_texts(texts)
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
             goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
@@ -254,6 +253,7 @@ class AttentionModel:
         attentions = capture.attentions.cpu()  # [batch, layer, head, query, key], stacked once
         head_output_batch = None if capture.head_outputs is None else capture.head_outputs.cpu()
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        self._warn_unknown(encoded, lengths)
         output_weights = self._output_weights_numpy() if head_outputs else None
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths)):
@@ -395,10 +395,26 @@ class AttentionModel:
         return int(max_length)
 
     def _warn_truncation(self, texts: list[str], limit: int) -> None:
-        for ids in self.tokenizer(texts)["input_ids"]:  # one batched call, untruncated lengths
+        # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
+        # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
+        for ids in self.tokenizer(texts, verbose=False)["input_ids"]:
             n = len(ids)
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
+
+    def _warn_unknown(self, encoded: Any, lengths: list[int]) -> None:
+        """Warn about texts whose content tokens are mostly the unknown token."""
+        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
+        for index, n in enumerate(lengths):
+            unknown, content = unknown_share(
+                encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
+            )
+            if content and unknown / content > UNKNOWN_SHARE_WARNING:
+                log.warning(
+                    "%s of %d tokens of text %d are the unknown token %s: %s has no tokens for these "
+                    "characters, so the explanation is about placeholders, not the text",
+                    "all" if unknown == content else unknown, content, index, self.tokenizer.unk_token, self.name,
+                )
 
     def _output_weights_numpy(self) -> np.ndarray:
         """`output_weights` as numpy, computed once and shared by every Trace of this model."""

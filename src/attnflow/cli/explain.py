@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnflow.cli.outputs import TRACE_FILE, check_previous, output_folder, write_explanation
+from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
 
@@ -38,6 +39,8 @@ examples:
   attnflow explain "Paris is the capital of" --model smollm2 --row last --head-fusion max
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
   attnflow explain --image cat.png --model path/to/vit --out out/cat
+  attnflow explain --file reviews.jsonl --text-field review --out out/reviews   # one folder per text + index.html
+  cat sentences.txt | attnflow explain --file - --json --quiet > explanations.jsonl
 
 The output folder receives explanation.json (model, method, options, tokens, row, scores,
 matrix), explanation.html (open it in any browser, works offline) and explanation.png.
@@ -61,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_argument_group("input and model")
     source.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)")
     source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model)")
+    source.add_argument("--file", metavar="PATH", help="explain every text of a .txt (one per line), .jsonl or .csv file, or of stdin (-): DIR/001/, DIR/002/, ... and DIR/index.html")
+    source.add_argument("--text-field", metavar="NAME", help="--file: the JSON field that holds the text (default: text; with -: read JSON lines)")
+    source.add_argument("--text-column", metavar="NAME", help="--file: the CSV column that holds the text (default: text; with -: read CSV)")
+    source.add_argument("--batch-size", type=_positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)")
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 
@@ -95,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnflow.explanation import explain, method_options
 
+    if args.file is not None:
+        from attnflow.cli.explain_file import run_file
+
+        return run_file(args)
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -102,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         if not Path(args.image).is_file():
             raise FileNotFoundError(f"no image file at {args.image}")
     elif args.text is None:
-        raise InputError("nothing to explain: give a TEXT (or --image PATH)")
-    elif not args.text.strip():
-        raise InputError("the text to explain is empty")
+        raise InputError("nothing to explain: give a TEXT (or --image PATH, or --file PATH)")
+    else:
+        check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
     options = _options(args)
     method_options(get_method(args.method), options, spell=FLAGS)
     out = output_folder(args)
