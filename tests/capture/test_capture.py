@@ -4,6 +4,7 @@ the families with plain scaled dot-product attention)."""
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import contextmanager
 
@@ -232,6 +233,33 @@ def test_unknown_model_names_list_the_aliases():
         attnflow.load("minilmm")
     with pytest.raises(ModelLoadError, match="aliases"):
         attnflow.load("no such model!")
+
+
+@pytest.mark.parametrize("model_type", ["no-such-family", "gptj"])  # unknown to transformers; known but not in the table
+def test_local_folder_with_an_unknown_model_type_names_the_adapter_table(tiny_model_path, tmp_path, model_type):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = json.loads((tiny_model_path("bert") / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    with pytest.raises(CaptureError, match=f"model_type '{model_type}'.* not in attnflow's adapter table; supported model types: .*bert") as caught:
+        attnflow.load(str(folder), device="cpu")
+    assert "hub id" not in str(caught.value)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    with pytest.raises(ModelLoadError, match="names no model_type"):
+        attnflow.load(str(folder), device="cpu")
+
+
+def test_gguf_progress_bar_follows_the_progress_switch():
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from attnflow.capture.model import _gguf_progress
+
+    original = gguf_utils.tqdm
+    with _gguf_progress(False):
+        assert gguf_utils.tqdm(range(3)).disable  # what transformers' dequantisation loop calls
+    with _gguf_progress(True):
+        assert not gguf_utils.tqdm(range(3), file=None).disable
+    assert gguf_utils.tqdm is original
 
 
 def test_bad_text_and_truncation(tiny_model_path, caplog):

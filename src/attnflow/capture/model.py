@@ -7,17 +7,20 @@ projections' inputs); the forward pass runs with eager attention and ``output_at
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from attnflow.capture import weight_cache
 from attnflow.capture.adapters import Adapter, Stack, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
@@ -57,15 +60,24 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return resolved
 
 
-def load(name: str = "minilm", device: str | torch.device | None = "auto", trust_remote_code: bool = False) -> "AttentionModel":
+def load(
+    name: str = "minilm",
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> "AttentionModel":
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
 
-    Attention is forced to the eager implementation so that weights exist to capture.
+    Attention is forced to the eager implementation so that weights exist to capture. A local
+    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
+    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
     """
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
+    _check_local_model_type(name, source)
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -81,9 +93,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
     }.get(adapter.kind, transformers.AutoModel)
     try:
-        model = auto_class.from_pretrained(
-            source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
-        )
+        with _gguf_progress(progress):
+            model = auto_class.from_pretrained(
+                source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
+            )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
@@ -91,16 +104,48 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         image_processor = _image_processor(source)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    if source.cache_to is not None:
+        weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
 
 
+def _check_local_model_type(name: str, source: ModelSource) -> None:
+    """A local folder whose config names a model type outside the adapter table: say so (the
+    table, the supported types), instead of a hub-id failure from transformers."""
+    config_file = Path(source.path) / "config.json"
+    if source.load_kwargs.get("gguf_file") or not config_file.is_file():
+        return
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
+    if not model_type:
+        raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
+    adapter_for(model_type, f"the model in {source.path}")
+
+
+@contextmanager
+def _gguf_progress(enabled: bool) -> Iterator[None]:
+    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging switches)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - an older transformers without GGUF support
+        yield
+        return
+    original = gguf_utils.tqdm
+    if not enabled:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _mean_pooled(source: ModelSource) -> bool:
     """A sentence-transformers folder whose pooling layer averages the tokens (minilm, mpnet)."""
-    import json
-
     pooling = Path(source.path) / "1_Pooling" / "config.json"
     try:
         return bool(json.loads(pooling.read_text()).get("pooling_mode_mean_tokens"))

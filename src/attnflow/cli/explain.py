@@ -18,6 +18,7 @@ from attnflow.cli.outputs import TRACE_FILE, check_previous, output_folder, writ
 from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
+from attnflow.viz.tokens import display_token
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(explanation.to_dict(), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     elif not args.quiet:
-        top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
+        top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
         print(f"top tokens (row {explanation.row}): {top}")
         for kind, path in paths.items():
             print(f"wrote {path}")
@@ -174,7 +175,7 @@ def _load(name: str, device: str, quiet: bool) -> Any:
             pass
     from attnflow.capture import load
 
-    return load(name, device=device)
+    return load(name, device=device, progress=not quiet)
 
 
 class _Progress:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
-from attnflow.viz.plot import display_token, matrix_figure
+from attnflow.viz.plot import matrix_figure
+from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
@@ -83,7 +84,7 @@ def _token_view(explanation: "Explanation") -> str:
     use_text = bool(text) and offsets is not None
     cursor = 0
     for i, token in enumerate(explanation.tokens):
-        title = f"#{i} {token!r}  score {scores[i]:.4g}"
+        title = f"#{i} {display_token(token)} (token {token!r})  score {scores[i]:.4g}"
         if special[i]:
             pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
             continue
