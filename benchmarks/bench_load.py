@@ -41,8 +41,9 @@ print(json.dumps({"import_s": imported - start, "load_s": loaded - imported}))
 
 def run(mode: str, cache: str, out: str) -> dict:
     environment = {**os.environ, "ATTNFLOW_CACHE": cache, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", CHILD, mode, SENTENCE, out], capture_output=True, text=True,
-                            env=environment, check=True)
+    result = subprocess.run([sys.executable, "-c", CHILD, mode, SENTENCE, out], capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        sys.exit(f"the {mode} load failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -315,8 +315,8 @@ def test_text_that_is_mostly_unknown_tokens_warns(minilm, caplog):
     assert unknown == [(3, 3), (2, 3), (1, 2), (0, 5)]  # half [UNK] ("😀 ok") is not "mostly"
     warnings = [r.getMessage() for r in caplog.records if "unknown token" in r.getMessage()]
     assert len(warnings) == 2
-    assert warnings[0].startswith("all of 3 tokens of text 0 are the unknown token [UNK]")
-    assert warnings[1].startswith("2 of 3 tokens of text 1")
+    assert warnings[0].startswith("text '😀 🎉 🙈': all of its 3 tokens are the unknown token [UNK]")
+    assert warnings[1].startswith("text '😀 🎉 ok': 2 of its 3 tokens")
 
 
 def test_minilm_capture_against_its_own_weights(minilm):

@@ -98,3 +98,27 @@ def test_smollm2_cached_load_equals_the_gguf_load(tmp_path, monkeypatch, capfd):
     a, b = from_gguf.trace("Once upon a time")[0], from_cache.trace("Once upon a time")[0]
     assert a.tokens == b.tokens
     np.testing.assert_array_equal(a.attentions, b.attentions)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_weight_survives_the_cache_tied_embeddings_included(tmp_path, source_file, tied):
+    """smollm2 ties its output layer to its embeddings: both must come back (next-token targets
+    read the output layer), and a config keeps no quantisation settings."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    original = transformers.LlamaForCausalLM(config).eval()
+    original.config.quantization_config = {"quant_method": "gguf"}  # what a GGUF load may carry
+    assert weight_cache.write(original, None, tmp_path / "tiny", source_file)
+    assert "quantization_config" not in (tmp_path / "tiny" / "config.json").read_text()
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "tiny").eval()
+    expected, got = original.state_dict(), reloaded.state_dict()
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0, msg=name)
+    assert (reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()) == tied
+    ids = torch.tensor([[1, 5, 7, 9]])
+    torch.testing.assert_close(reloaded(ids).logits, original(ids).logits, rtol=0, atol=0)

@@ -339,7 +339,7 @@ def test_json_without_out_writes_no_folder_and_runs_twice(fake_model, tmp_path, 
     assert run_cli(SENTENCE, "-q") == 0  # without --json the default folder is still written
     assert (tmp_path / "out" / "explain" / "explanation.json").exists()
     assert run_cli(SENTENCE, "--json", "--save-trace", "-q") == 2
-    assert "--save-trace writes a file: give --out" in capsys.readouterr().err
+    assert "--save-trace writes files: give --out" in capsys.readouterr().err
 
 
 # ----- --file: many texts, one model load, batched, one folder per text and an index ----------

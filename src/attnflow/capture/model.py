@@ -298,7 +298,7 @@ class AttentionModel:
         attentions = capture.attentions.cpu()  # [batch, layer, head, query, key], stacked once
         head_output_batch = None if capture.head_outputs is None else capture.head_outputs.cpu()
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        self._warn_unknown(encoded, lengths)
+        self._warn_unknown(texts, encoded, lengths)
         output_weights = self._output_weights_numpy() if head_outputs else None
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths)):
@@ -447,18 +447,19 @@ class AttentionModel:
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
 
-    def _warn_unknown(self, encoded: Any, lengths: list[int]) -> None:
+    def _warn_unknown(self, texts: list[str], encoded: Any, lengths: list[int]) -> None:
         """Warn about texts whose content tokens are mostly the unknown token."""
         unknown_id = getattr(self.tokenizer, "unk_token_id", None)
-        for index, n in enumerate(lengths):
+        for index, (text, n) in enumerate(zip(texts, lengths)):
             unknown, content = unknown_share(
                 encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
             )
             if content and unknown / content > UNKNOWN_SHARE_WARNING:
                 log.warning(
-                    "%s of %d tokens of text %d are the unknown token %s: %s has no tokens for these "
-                    "characters, so the explanation is about placeholders, not the text",
-                    "all" if unknown == content else unknown, content, index, self.tokenizer.unk_token, self.name,
+                    "text %r: %s of its %d tokens are the unknown token %s (%s has no tokens for these "
+                    "characters), so the explanation is about placeholders, not the text",
+                    text if len(text) <= 40 else text[:39] + "…",
+                    "all" if unknown == content else unknown, content, self.tokenizer.unk_token, self.name,
                 )
 
     def _output_weights_numpy(self) -> np.ndarray:

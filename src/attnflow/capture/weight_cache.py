@@ -61,7 +61,7 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        model.save_pretrained(scratch, safe_serialization=True)
+        save_weights(model, scratch)
         if tokenizer is not None:
             tokenizer.save_pretrained(scratch)
         files = {entry.name: sha256(entry) for entry in sorted(scratch.iterdir()) if entry.is_file()}
@@ -71,7 +71,7 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
             shutil.rmtree(folder)
         os.rename(scratch, folder)
         scratch = None
-    except OSError as error:
+    except (OSError, ValueError, RuntimeError) as error:  # a failed cache never fails the load
         log.warning("could not cache the dequantised weights in %s (%s); the next load dequantises again", folder, error)
         return False
     finally:
@@ -79,6 +79,30 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
             shutil.rmtree(scratch, ignore_errors=True)
     log.info("cached the dequantised weights in %s", folder)
     return True
+
+
+def save_weights(model: Any, folder: Path) -> None:
+    """``config.json`` and ``model.safetensors`` that ``from_pretrained(folder)`` loads back.
+
+    ``save_pretrained`` refuses models loaded from GGUF ("quantized with gguf and is not
+    serializable") although their weights are plain dequantised tensors, so the state dict is
+    written directly. Tied weights (embeddings shared with the output layer) are stored once,
+    under the first name the state dict lists (the input embedding); loading ties them again.
+    The quantisation settings are dropped from the config: the cached weights are not quantised.
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    stored: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in stored:
+            continue  # a tied copy of a tensor already stored
+        stored.add(tensor.data_ptr())
+        tensors[name] = tensor.detach().contiguous()
+    save_file(tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (Path(folder) / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def sha256(path: Path) -> str:

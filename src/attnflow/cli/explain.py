@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnflow.cli.outputs import TRACE_FILE, check_previous, output_folder, write_explanation
+from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanation
 from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
@@ -119,10 +119,7 @@ def run(args: argparse.Namespace) -> int:
         check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
     options = _options(args)
     method_options(get_method(args.method), options, spell=FLAGS)
-    out = output_folder(args)
-    if out is None and args.save_trace:
-        raise InputError("--save-trace writes a file: give --out DIR")
-    check_previous(out, args.overwrite)
+    out = prepare_output(args)
 
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")

@@ -54,7 +54,7 @@ def _read(corpus: Corpus, name: str) -> list[str]:
 def run_file(args: argparse.Namespace) -> int:
     """The --file variant of `attnflow explain` (see the module docstring)."""
     from attnflow.cli.explain import FLAGS, _load, _options, _Progress
-    from attnflow.cli.outputs import check_previous, output_folder, owned, save_explanation
+    from attnflow.cli.outputs import owned, prepare_output, save_explanation
     from attnflow.explanation import method_options
     from attnflow.methods.registry import get_method
     from attnflow.staging import staged_output
@@ -65,10 +65,7 @@ def run_file(args: argparse.Namespace) -> int:
     options = _options(args)
     method_options(get_method(args.method), options, spell=FLAGS)
     texts = read_texts(args.file, args.text_field, args.text_column)
-    out = output_folder(args)
-    if out is None and args.save_trace:
-        raise InputError("--save-trace writes files: give --out DIR")
-    check_previous(out, args.overwrite)
+    out = prepare_output(args)
 
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnflow.errors import InputError
 from attnflow.explanation import OUTPUT_FILES, Explanation
 from attnflow.staging import staged_output
 
@@ -34,6 +35,16 @@ def output_folder(args: argparse.Namespace) -> Path | None:
     if args.out is not None:
         return Path(args.out)
     return None if args.json else DEFAULT_OUT
+
+
+def prepare_output(args: argparse.Namespace) -> Path | None:
+    """The output folder (None: stdout only), checked before any model loads: --save-trace needs
+    a folder, and an earlier run's output is only replaced with --overwrite."""
+    out = output_folder(args)
+    if out is None and args.save_trace:
+        raise InputError("--save-trace writes files: give --out DIR")
+    check_previous(out, args.overwrite)
+    return out
 
 
 def check_previous(out: Path | None, overwrite: bool) -> None:
