@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
 from attnflow.methods.registry import MethodSpec, get_method
 from attnflow.methods.saliency import ROWS, Row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
@@ -38,11 +39,14 @@ class Explanation:
 
     Attributes:
         tokens: ``n`` token strings.
-        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R).
-        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``.
+        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
+            None for attribution-only methods (gradients, leave-one-out, ...), which give one
+            score per token and no matrix.
+        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``, or the
+            attribution-only method's scores.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
         options: the method's options as used, defaults included (JSON-serialisable).
-        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index.
+        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None without a matrix.
         model: the model name the trace came from.
         text: the input text ("" for images).
         offsets: ``[n, 2]`` character spans into ``text`` (``(0, 0)`` for special tokens), or None.
@@ -52,16 +56,18 @@ class Explanation:
         image: path of the explained image, or None.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
+        target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
+            "probability"}`` (see `attnflow.targets.Target`), else None.
         notes: warnings the method raised while computing this explanation (e.g. pruning that
             left only the diagonal); saved to JSON and shown on the page.
     """
 
     tokens: list[str]
-    matrix: np.ndarray
+    matrix: np.ndarray | None
     scores: np.ndarray
     method: str
     options: dict[str, Any]
-    row: Row
+    row: Row | None
     model: str = ""
     text: str = ""
     offsets: np.ndarray | None = None
@@ -70,14 +76,16 @@ class Explanation:
     n_prefix_tokens: int = 0
     image: str | None = None
     head_matrices: np.ndarray | None = None
+    target: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
         n = len(self.tokens)
-        self.matrix = np.asarray(self.matrix, dtype=np.float64)
         self.scores = np.asarray(self.scores, dtype=np.float64)
-        if self.matrix.shape != (n, n):
+        if self.matrix is not None:
+            self.matrix = np.asarray(self.matrix, dtype=np.float64)
+        if self.matrix is not None and self.matrix.shape != (n, n):
             raise ValueError(f"matrix must be [query, key] = ({n}, {n}) for {n} tokens, got {self.matrix.shape}")
         if self.scores.shape != (n,):
             raise ValueError(f"scores must have one entry per token ({n}), got shape {self.scores.shape}")
@@ -144,9 +152,11 @@ class Explanation:
             "tokens": list(self.tokens),
             "row": self.row,
             "scores": self.scores.tolist(),
-            "matrix": self.matrix.tolist(),
+            "matrix": None if self.matrix is None else self.matrix.tolist(),
             "text": self.text,
         }
+        if self.target is not None:
+            data["target"] = _jsonable(self.target)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -166,7 +176,7 @@ class Explanation:
         """Rebuild an Explanation from `to_dict` output (``patch_scores`` is derived, not read)."""
         return cls(
             tokens=list(data["tokens"]),
-            matrix=np.asarray(data["matrix"], dtype=np.float64),
+            matrix=None if data.get("matrix") is None else np.asarray(data["matrix"], dtype=np.float64),
             scores=np.asarray(data["scores"], dtype=np.float64),
             method=data["method"],
             options=dict(data.get("options", {})),
@@ -178,6 +188,7 @@ class Explanation:
             grid=tuple(data["grid"]) if data.get("grid") is not None else None,
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
+            target=data.get("target"),
             notes=list(data.get("notes", [])),
         )
 
@@ -208,42 +219,54 @@ class Explanation:
         return paths
 
 
-def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **options: Any) -> Explanation:
+def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
     Args:
-        trace: the captured attention of one input.
+        trace: the captured data of one input; it must hold what the method needs (see
+            ``get_method(method).needs``; `AttentionModel.explain` captures exactly that).
         method: a name from `attnflow.available_methods()`.
         row: saliency row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None picks
-            `default_row(trace)`.
+            `default_row(trace)`. Ignored by attribution-only methods (no matrix).
+        model: the `AttentionModel`, for methods that re-run it (leave-one-out, value zeroing,
+            integrated gradients).
         **options: options of the method (see its ``MethodSpec.options``). Options the method
             does not declare raise ValueError; options given as None mean "the default".
             ``weights=[...]`` is accepted as a shorthand for ``head_fusion=[...]``.
 
     Methods receive ``trace.attentions`` (``[layer, head, query, key]``), or the whole Trace
-    when their first parameter is named ``trace``; they return ``[query, key]``, or
-    ``[head, query, key]`` when heads stay apart (the Explanation's matrix is then the mean over
-    heads and ``head_matrices`` keeps them).
+    when their first parameter is named ``trace``, or ``(model, trace)`` when they need the
+    model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
+    Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
+    ``[key]`` scores for attribution-only methods.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    source = trace if _takes_trace(spec) else trace.attentions
-    result, notes = _run_noting_warnings(spec.function, source, chosen)
+    if "model" in spec.needs:
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        result, notes = _run_noting_warnings(lambda: spec.function(model, trace, **chosen))
+    else:
+        source = trace if _takes_trace(spec) else trace.attentions
+        result, notes = _run_noting_warnings(lambda: spec.function(source, **chosen))
     n = trace.n_tokens
     head_matrices = None
-    if result.ndim == 3 and result.shape[1:] == (n, n):
-        head_matrices = result  # [head, query, key]
-        result = result.mean(axis=0)
-    if result.shape != (n, n):
-        raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
-    if row is None:
-        row = default_row(trace)
-    row = parse_row(row)
-    scores = saliency_row(result, row)
+    if spec.scores_only:
+        if result.shape != (n,):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected one score per token ({n},)")
+        matrix, scores, row = None, result, None
+    else:
+        if result.ndim == 3 and result.shape[1:] == (n, n):
+            head_matrices = result  # [head, query, key]
+            result = result.mean(axis=0)
+        if result.shape != (n, n):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
+        row = parse_row(default_row(trace) if row is None else row)
+        matrix, scores = result, saliency_row(result, row)
     image = trace.meta.get("image")
     return Explanation(
         tokens=list(trace.tokens),
-        matrix=result,
+        matrix=matrix,
         scores=scores,
         method=spec.name,
         options={**_defaults(spec), **chosen},
@@ -256,19 +279,21 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image is not None else None,
         head_matrices=head_matrices,
+        target=trace.target.to_dict() if trace.target is not None else None,
         notes=notes,
     )
 
 
-def _run_noting_warnings(function: Any, source: Any, options: Mapping[str, Any]) -> tuple[np.ndarray, list[str]]:
-    """Call a method; warnings it raises still go out as warnings, and their messages come back
-    as the Explanation's notes (so the saved page says what the console said)."""
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+    """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
+    messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
+    what the console said)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = np.asarray(function(source, **options), dtype=np.float64)
+        result = np.asarray(call(), dtype=np.float64)
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return result, [str(warning.message) for warning in caught]
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:

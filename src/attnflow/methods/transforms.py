@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
+
 HeadFusion = Union[str, Sequence[float], np.ndarray]
 Residual = Union[str, float]
 
@@ -182,7 +184,7 @@ def normalise_rows(matrices: np.ndarray) -> np.ndarray:
     return matrices / matrices.sum(axis=-1, keepdims=True)
 
 
-class PruningCollapseWarning(UserWarning):
+class PruningCollapseWarning(ExplanationWarning):
     """Pruning left every row of a layer with its diagonal alone: the layer passes nothing on."""
 
 
