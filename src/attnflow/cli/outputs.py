@@ -25,9 +25,21 @@ DEFAULT_OUT = Path("out/explain")
 _TEXT_FOLDER = re.compile(r"^\d{3,}$")  # --file runs: one numbered folder per text (001, 002, ...)
 
 
+COMPARISON_FILE = "comparison.html"  # several methods: DIR/METHOD/ and the side-by-side page
+
+
 def owned(name: str) -> bool:
-    """Whether an entry of the output folder is something `attnflow explain` writes."""
-    return name in OUTPUT_FILES or name in (TRACE_FILE, INDEX_FILE) or bool(_TEXT_FOLDER.match(name))
+    """Whether an entry of the output folder is something `attnflow explain` writes: the
+    explanation files, a trace, an index or comparison page, a numbered text folder, or a
+    folder named after a registered method."""
+    from attnflow.methods.registry import available_methods
+
+    return (
+        name in OUTPUT_FILES
+        or name in (TRACE_FILE, INDEX_FILE, COMPARISON_FILE)
+        or bool(_TEXT_FOLDER.match(name))
+        or name in available_methods()
+    )
 
 
 def output_folder(args: argparse.Namespace) -> Path | None:
