@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
 from attnflow.methods.registry import MethodSpec, get_method
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
@@ -61,6 +63,8 @@ class Explanation:
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
+        notes: warnings the method raised while computing this explanation (e.g. pruning that
+            left only the diagonal); saved to JSON and shown on the page.
     """
 
     tokens: list[str]
@@ -79,6 +83,7 @@ class Explanation:
     head_matrices: np.ndarray | None = None
     target: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -168,6 +173,8 @@ class Explanation:
             data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
+        if self.notes:
+            data["notes"] = list(self.notes)
         return data
 
     @classmethod
@@ -189,6 +196,7 @@ class Explanation:
             image=data.get("image"),
             target=data.get("target"),
             prediction=data.get("prediction"),
+            notes=list(data.get("notes", [])),
         )
 
     @classmethod
@@ -241,7 +249,7 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    result = np.asarray(apply_method(spec, trace, model=model, **chosen), dtype=np.float64)
+    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
     n = trace.n_tokens
     head_matrices = None
     if spec.scores_only:
@@ -274,6 +282,7 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         head_matrices=head_matrices,
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
+        notes=notes,
     )
 
 
@@ -287,6 +296,18 @@ def apply_method(spec: MethodSpec, trace: Trace, model: Any = None, **options: A
             raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
         return spec.function(model, trace, **options)
     return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
+
+
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+    """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
+    messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
+    what the console said)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = np.asarray(call(), dtype=np.float64)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:

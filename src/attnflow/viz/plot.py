@@ -14,6 +14,8 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from attnflow.viz.tokens import display_token
+
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
 
@@ -21,14 +23,6 @@ MAX_LABELLED_TOKENS = 64  # beyond this, axes show positions instead of token st
 MAX_LABEL_CHARS = 16
 SPECIAL_COLOR = "#9e9e9e"
 SCORE_COLOR = "#d9480f"
-
-
-def display_token(token: str) -> str:
-    """A token as a reader wants to see it: byte-level/sentencepiece space markers removed."""
-    text = token.replace("Ċ", "\\n").replace("\n", "\\n")
-    if text[:1] in ("Ġ", "▁") and len(text) > 1:
-        text = text[1:]
-    return text
 
 
 def plot_explanation(explanation: "Explanation") -> Figure:
