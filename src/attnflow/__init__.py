@@ -35,7 +35,8 @@ from attnflow.trace import Trace
 
 
 def _connect_views() -> None:
-    """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz.
+    """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz,
+    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`).
 
     The views read Explanations and the Explanation imports no view; this root of the package
     knows both and connects them. The view modules (matplotlib) are imported on first use only.
@@ -63,6 +64,31 @@ def _connect_views() -> None:
         return overlay_image(image_path, patch_scores)
 
     _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+    from attnflow import comparison, exploration
+
+    def comparison_page(compared):
+        from attnflow.viz.compare import comparison_html
+
+        return comparison_html(compared)
+
+    def comparison_fragment(compared):
+        from attnflow.viz.compare import comparison_fragment
+
+        return comparison_fragment(compared)
+
+    def explorer_page(explored):
+        from attnflow.viz.explorer import explorer_html
+
+        return explorer_html(explored)
+
+    def explorer_fragment(explored):
+        from attnflow.viz.explorer import explorer_iframe
+
+        return explorer_iframe(explored)
+
+    comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
+    exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
 
 
 _connect_views()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,10 @@ from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
 from attnflow.methods.summary import explanation_subject, summarize
+
+# The views ("html", "fragment") live in attnflow.viz.compare and read Comparisons; the package root
+# (attnflow/__init__.py) fills this table, so this module imports no view.
+_VIEWS: dict[str, Callable[..., Any]] = {}
 
 JSON_FILE = "model_comparison.json"
 HTML_FILE = "model_comparison.html"
@@ -124,14 +128,10 @@ class Comparison:
         }
 
     def to_html(self) -> str:
-        from attnflow.viz.compare import comparison_html
-
-        return comparison_html(self)
+        return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        from attnflow.viz.compare import comparison_fragment
-
-        return comparison_fragment(self)
+        return _VIEWS["fragment"](self)
 
     def save(self, directory: str | Path) -> dict[str, Path]:
         """Write ``model_comparison.json`` and ``model_comparison.html`` into ``directory`` (created)."""

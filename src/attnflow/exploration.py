@@ -32,7 +32,7 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -44,6 +44,10 @@ from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
 from attnflow.methods.summary import subject, summarize
 from attnflow.trace import Trace
+
+# The views ("html", "fragment": an iframe for notebooks) live in attnflow.viz.explorer and read
+# Explorations; the package root (attnflow/__init__.py) fills this table, so this module imports no view.
+_VIEWS: dict[str, Callable[..., Any]] = {}
 
 EXPLORER_FILE = "explorer.html"
 # What the page always wants from the forward pass: head outputs for the context similarity.
@@ -128,14 +132,10 @@ class Exploration:
 
     def to_html(self) -> str:
         """The explorer as one self-contained HTML page (inline script and data, no network)."""
-        from attnflow.viz.explorer import explorer_html
-
-        return explorer_html(self)
+        return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        from attnflow.viz.explorer import explorer_iframe
-
-        return explorer_iframe(self)
+        return _VIEWS["fragment"](self)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``directory/explorer.html`` (creating the folder); returns its path."""

@@ -19,8 +19,9 @@ from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
 
-DEFAULT_MODEL = "minilm-sentiment"
 from attnflow.viz.tokens import display_token
+
+DEFAULT_MODEL = "minilm-sentiment"
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        return run_file(args)
+        return run_file(args, _options_per_method(args.method, _options(args)), _load, _Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:

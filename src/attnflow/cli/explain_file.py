@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from attnflow.capture.texts import check_texts
 from attnflow.corpus.readers import KINDS, Corpus, ReadOptions
@@ -55,22 +55,25 @@ def _read(corpus: Corpus, name: str) -> list[str]:
     return texts
 
 
-def run_file(args: argparse.Namespace) -> int:
-    """The --file variant of `attnflow explain` (see the module docstring)."""
-    from attnflow.cli.explain import _load, _options, _options_per_method, _Progress
+def run_file(
+    args: argparse.Namespace,
+    per_method: dict[str, dict[str, Any]],
+    load: Callable[[str, str, bool], Any],
+    say: Callable[[str], None],
+) -> int:
+    """The --file variant of `attnflow explain` (see the module docstring): ``per_method`` holds each
+    method's checked options, ``load(model, device, quiet)`` loads the model, ``say`` reports progress."""
     from attnflow.cli.outputs import owned, prepare_output, save_explanations
     from attnflow.staging import staged_output
     from attnflow.viz.index import index_html
 
     if args.text is not None or args.image is not None:
         raise InputError("give either TEXT, --image or --file, not several")
-    per_method = _options_per_method(args.method, _options(args))
     texts = read_texts(args.file, args.text_field, args.text_column)
     out = prepare_output(args)
 
-    say = _Progress(args.quiet)
     say(f"loading {args.model} …")
-    model = _load(args.model, args.device, args.quiet)
+    model = load(args.model, args.device, args.quiet)
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     width = max(3, len(str(len(texts))))
     explained = _explain_all(model, texts, args, row, per_method)
