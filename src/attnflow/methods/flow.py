@@ -10,8 +10,12 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   only error is the rounding of each capacity (≤ 2⁻⁵¹ per edge; ~1e-14 on real inputs).
 * For a sink (0, j), the other input nodes are dead ends and the other nodes of layer L are never
   reached, so they are left out; the residual graph is kept as dense ``[layer, q, k]`` arrays
-  (forward residuals and, transposed, the flow that can be sent back), with per-node adjacency
-  lists that skip zero-capacity edges and try the largest capacities first.
+  (forward residuals and, transposed, the flow that can be sent back). Which residuals are
+  positive is mirrored in bit sets (one uint64 word per 64 nodes, per row and per column), and so
+  is which nodes are still alive in the current phase: the searches and the DFS find the next
+  usable edge with a word AND and a trailing-zero count, jumping over saturated edges and dead
+  nodes 64 at a time (on real attention most tested edges lead to a dead node). The DFS first
+  tries each node's few largest capacities (``N_HEAVY``), then the rest by key.
 * Dinic's algorithm, with levels = distances to the sink. Every edge goes down one layer, so in
   the first phase the distances are the layers themselves: that phase runs without a search, and
   on most inputs it already reaches a trivial upper bound, min(Σ source capacities, Σ sink
@@ -26,7 +30,14 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   give upper bounds for the next sinks: a flow that reaches one needs no final search. On the
   CLS row of real attention (a sink token, with its min cut next to the source) this saves most
   of the final searches.
-* ``n_jobs`` threads share the (sample, output row, run of sinks) tasks.
+* ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
+  one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
+  k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 16``
+  bytes): it does not depend on the number of rows, sinks, samples or heads.
+
+Measured alternatives (BENCHMARKS.md): a highest-label push-relabel with global relabelling, gap
+heuristic and the preflow kept across sinks was exact but 1.2–9× slower than this Dinic on every
+input (it moves far more excess than a sink can take).
 """
 
 from __future__ import annotations
@@ -68,8 +79,10 @@ def attention_flow(
     Args:
         attentions: ``[layer, head, query, key]`` or ``[batch, layer, head, query, key]`` softmax
             weights (numpy or torch; rows sum to 1, no NaN, no negative weights).
-        head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights (``"none"`` is not
-            supported: the flow graph needs one capacity per edge).
+        head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights: one graph whose
+            capacities are the fused maps; ``"none"``: per-head flow, one graph per head through
+            that head's own layers (Ã_h⁽ˡ⁾ = the residual applied to head h of layer l, as
+            head-specific rollout composes them), and a head axis in the result.
         residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
             capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
@@ -80,36 +93,38 @@ def attention_flow(
         normalize: divide each output row by its sum (the reference implementation's output);
             ``False`` returns the raw max-flow values, each in [0, 1] (a source sends at most its
             row sum, 1).
-        n_jobs: threads over output rows (and runs of sinks when there are few rows); ``None``
-            or 1: one thread; -1: all cores.
+        n_jobs: threads over graphs (samples, heads), output rows and runs of sinks; ``None`` or
+            1: one thread; -1: all cores.
 
     Returns:
         float64 ``[len(rows), key]`` (``[query, key]`` with ``rows=None``; batched input gives
-        ``[batch, len(rows), key]``), a torch tensor when the input is one. Entry [i, j] is the
-        flow from output position rows[i] to input position j. Capacities are rounded to
-        multiples of 2^-50 (int64) and the max-flow arithmetic is exact, so a flow differs from
-        the real-valued one by at most 2^-51 per edge of its min cut (~1e-14 in practice).
+        ``[batch, len(rows), key]``; ``head_fusion="none"`` adds a head axis after the batch
+        axis: ``[(batch,) head, len(rows), key]``), a torch tensor when the input is one. Entry
+        [i, j] is the flow from output position rows[i] to input position j. Capacities are
+        rounded to multiples of 2^-50 (int64) and the max-flow arithmetic is exact, so a flow
+        differs from the real-valued one by at most 2^-51 per edge of its min cut (~1e-14 in
+        practice).
     """
-    if isinstance(head_fusion, str) and head_fusion == "none":
-        raise ValueError("attention_flow needs fused heads: head_fusion='none' is not supported")
     if not isinstance(normalize, (bool, np.bool_)):
         raise ValueError(f"normalize must be True or False, got {normalize!r}")
-    layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, q, k]
-    batched = layers.ndim == 4
-    samples = layers if batched else layers[None]  # [batch, layer, q, k]
-    n_layers, n = samples.shape[1], samples.shape[-1]
+    per_head = isinstance(head_fusion, str) and head_fusion == "none"
+    layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, (head,) q, k]
+    if per_head:
+        layers = np.moveaxis(layers, -3, -4)  # [..., head, layer, q, k]: each head its own graph
+    graphs = layers.reshape((-1,) + layers.shape[-3:])  # [graph, layer, q, k]
+    n_layers, n = graphs.shape[1], graphs.shape[-1]
     depth = _check_layer(layer, n_layers)
     sources = _check_rows(rows, n)
     jobs = _check_n_jobs(n_jobs)
 
-    raw = _max_flows(samples[:, :depth], sources, jobs)  # [batch, rows, key], int64 scaled by 2^50
-    flows = raw / _SCALE
+    raw = _max_flows(graphs[:, :depth], sources, jobs)  # [graph, rows, key], int64 scaled by 2^50
+    flows = raw.reshape(layers.shape[:-3] + raw.shape[1:]) / _SCALE  # [(batch,) (head,) rows, key]
     if normalize:
         totals = flows.sum(axis=-1, keepdims=True)
         # A row of Ã that sums to 1 always leads somewhere, so totals are positive; only an all-zero
         # fused row (min fusion of heads with disjoint supports) gives 0, and its flows stay 0.
         flows = np.divide(flows, totals, out=np.zeros_like(flows), where=totals > 0)
-    return flows if batched else flows[0]
+    return flows
 
 
 def _check_layer(layer: Any, n_layers: int) -> int:
@@ -168,23 +183,31 @@ def _bit_rows(flags: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(packed.reshape(flags.shape[:-1] + (words, 8))).view("<u8")[..., 0].astype(np.uint64)
 
 
-def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
-    """Raw integer flows ``[batch, len(sources), key]`` for ``[batch, layer, q, k]`` matrices."""
-    n_samples, n = samples.shape[0], samples.shape[-1]
-    out = np.zeros((n_samples, len(sources), n), dtype=np.int64)
-    # With fewer rows than threads, split each row's sinks into runs so that every thread has work.
-    n_runs = 1 if jobs == 1 or len(sources) >= 4 * jobs else min(n, math.ceil(2 * jobs / max(len(sources), 1)))
-    tasks = [(r, run) for r in range(len(sources)) for run in np.array_split(np.arange(n, dtype=np.int64), n_runs)]
-    pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 and len(tasks) > 1 else None
+def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
+    """Raw integer flows ``[graph, len(sources), key]`` for ``[graph, layer, q, k]`` matrices.
+
+    Graphs (samples, heads) are solved ``jobs`` at a time, each built just before: memory grows
+    with the threads, never with the batch or the number of heads.
+    """
+    n_graphs, n = graphs.shape[0], graphs.shape[-1]
+    out = np.zeros((n_graphs, len(sources), n), dtype=np.int64)
+    group = max(1, min(jobs, n_graphs))
+    # With fewer (graph, row) pairs than threads, split each row's sinks into runs so that every
+    # thread has work.
+    pairs = group * len(sources)
+    n_runs = 1 if jobs == 1 or pairs >= 4 * jobs else min(n, math.ceil(2 * jobs / max(pairs, 1)))
+    runs = np.array_split(np.arange(n, dtype=np.int64), n_runs)
+    pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
-        for b in range(n_samples):  # one sample's graph at a time: memory does not grow with the batch
-            graph = _graph(samples[b])
+        for first in range(0, n_graphs, group):
+            built = {g: _graph(graphs[g]) for g in range(first, min(first + group, n_graphs))}
+            tasks = [(g, r, run) for g in built for r in range(len(sources)) for run in runs]
 
-            def solve(task: tuple[int, np.ndarray], b: int = b, graph: tuple = graph) -> None:
-                r, run = task
-                _source_flows(*graph, sources[r], run, out[b, r])
+            def solve(task: tuple[int, int, np.ndarray], built: dict = built) -> None:
+                g, r, run = task
+                _source_flows(*built[g], sources[r], run, out[g, r])
 
-            if pool is None:
+            if pool is None or len(tasks) == 1:
                 for task in tasks:
                     solve(task)
             else:
@@ -604,3 +627,4 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             start_cold = warm
             flow += _blocking_flow(state, heavy, live, source, sink, level, False, bound - flow, work)
         out[sink] = flow
+
