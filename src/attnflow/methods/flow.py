@@ -260,27 +260,25 @@ def _next(x, y, y_inverted, start, n):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _add(values, by_row, by_col, l, x, y, d):  # pragma: no cover
+    """values[l, x, y] += d, keeping bit y of by_row[l, x] and bit x of by_col[l, y] = (value > 0)."""
+    before = values[l, x, y]
+    after = before + d
+    values[l, x, y] = after
+    if before > 0 and after == 0:
+        _clear(by_row[l, x], y)
+        _clear(by_col[l, y], x)
+    elif before == 0 and after > 0:
+        _set(by_row[l, x], y)
+        _set(by_col[l, y], x)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _shift(state, l, a, b, d):  # pragma: no cover
     """Send d more units (d < 0: cancel -d) along (l+1, a) -> (l, b), keeping the bit sets in step."""
     rf, rb, res, res_t, flow, flow_t = state
-    before = rf[l, a, b]
-    after = before - d
-    rf[l, a, b] = after
-    if before > 0 and after == 0:
-        _clear(res[l, a], b)
-        _clear(res_t[l, b], a)
-    elif before == 0 and after > 0:
-        _set(res[l, a], b)
-        _set(res_t[l, b], a)
-    before = rb[l, b, a]
-    after = before + d
-    rb[l, b, a] = after
-    if before > 0 and after == 0:
-        _clear(flow[l, b], a)
-        _clear(flow_t[l, a], b)
-    elif before == 0 and after > 0:
-        _set(flow[l, b], a)
-        _set(flow_t[l, a], b)
+    _add(rf, res, res_t, l, a, b, -d)
+    _add(rb, flow, flow_t, l, b, a, d)
 
 
 @njit(cache=True, nogil=True)
