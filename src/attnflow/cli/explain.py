@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     method = parser.add_argument_group("method and options (see DESIGN §2)")
     method.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
-    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: per-head rollout, averaged)")
+    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: one rollout or flow per head, averaged)")
     method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
     method.add_argument("--residual", type=_residual, metavar="half|renorm|none|ALPHA", help="residual correction (default: half)")
     method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")

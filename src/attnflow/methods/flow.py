@@ -1,4 +1,4 @@
-"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (DESIGN.md §2).
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph.
 
 The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
 Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
@@ -83,8 +83,8 @@ def attention_flow(
             capacities are the fused maps; ``"none"``: per-head flow, one graph per head through
             that head's own layers (Ã_h⁽ˡ⁾ = the residual applied to head h of layer l, as
             head-specific rollout composes them), and a head axis in the result.
-        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
-            capacities are the resulting Ã⁽ˡ⁾.
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (as in
+            ``attnflow.methods.transforms.add_residual``); the edge capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
             the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.
         layer: l in 1 … L: flows from the nodes (l, i), the outputs of the first l layers
