@@ -32,7 +32,7 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   of the final searches.
 * ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
   one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
-  k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 16``
+  k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 2``
   bytes): it does not depend on the number of rows, sinks, samples or heads.
 
 Measured alternatives (BENCHMARKS.md): a highest-label push-relabel with global relabelling, gap
