@@ -99,10 +99,14 @@ def header():
     import numba
     import scipy
 
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-          f"scipy {scipy.__version__}, networkx {networkx.__version__}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
+    print(
+        f"python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+        f"scipy {scipy.__version__}, networkx {networkx.__version__}"
+    )
 
 
 def compare_networkx(rng, n, n_pairs):
@@ -151,13 +155,19 @@ def compare_scipy(rng, n, sample_rows, repeats):
     diff = max(np.abs(full[0] - scipy_cls).max(), np.abs(full[rows] - scipy_rows).max())
     print(f"\n(b) n = {n}, {N_LAYERS} layers: scipy maximum_flow (Dinic, capacities x 1e9) per pair vs attnflow")
     print(f"    scipy CLS row ({n} pairs)      {t_sp_cls:8.3f} s")
-    print(f"    scipy full {n}x{n}            {t_sp_full:8.1f} s, extrapolated: {t_sp_row:.3f} s per row "
-          f"(mean of {len(rows) + 1} rows) x {n} rows")
+    print(
+        f"    scipy full {n}x{n}            {t_sp_full:8.1f} s, extrapolated: {t_sp_row:.3f} s per row "
+        f"(mean of {len(rows) + 1} rows) x {n} rows"
+    )
     for jobs, (t_cls, t_full) in results.items():
-        print(f"    attnflow n_jobs={jobs}: CLS row {t_cls:7.4f} s ({t_sp_cls / t_cls:4.0f}x)   "
-              f"full {t_full:6.2f} s ({t_sp_full / t_full:4.0f}x)")
-    print(f"    attnflow n_jobs=2 vs 1: CLS row {results[1][0] / results[2][0]:.2f}x, "
-          f"full {results[1][1] / results[2][1]:.2f}x faster")
+        print(
+            f"    attnflow n_jobs={jobs}: CLS row {t_cls:7.4f} s ({t_sp_cls / t_cls:4.0f}x)   "
+            f"full {t_full:6.2f} s ({t_sp_full / t_full:4.0f}x)"
+        )
+    print(
+        f"    attnflow n_jobs=2 vs 1: CLS row {results[1][0] / results[2][0]:.2f}x, "
+        f"full {results[1][1] / results[2][1]:.2f}x faster"
+    )
     print(f"    max |diff| vs scipy on those {len(rows) + 1} rows: {diff:.1e} (scipy's 1e9 scaling: ~1e-8 expected)")
     return t_sp_cls / results[1][0], t_sp_full / results[1][1], diff, results[1][1]
 
@@ -182,12 +192,16 @@ def harder_inputs(rng, n, repeats, full_matrix):
         at_bound = np.mean(np.abs(cls[0] - np.minimum(1.0, layers[0].sum(axis=0))) < 1e-12)
         print(f"    {name}: {100 * at_bound:.0f}% of the CLS row's flows at the trivial bound min(1, column sum)")
         diff = np.abs(cls[0] - scipy_cls).max()
-        print(f"        CLS row: scipy {t_sp:.3f} s; attnflow n_jobs=1 {t_af[1]:.4f} s ({t_sp / t_af[1]:.0f}x), "
-              f"n_jobs=2 {t_af[2]:.4f} s ({t_sp / t_af[2]:.0f}x); max |diff| vs scipy {diff:.1e}")
+        print(
+            f"        CLS row: scipy {t_sp:.3f} s; attnflow n_jobs=1 {t_af[1]:.4f} s ({t_sp / t_af[1]:.0f}x), "
+            f"n_jobs=2 {t_af[2]:.4f} s ({t_sp / t_af[2]:.0f}x); max |diff| vs scipy {diff:.1e}"
+        )
         if full_matrix:
             times = {jobs: best_time(lambda: attention_flow(attentions, n_jobs=jobs), 1)[0] for jobs in (1, 2)}
-            print(f"        full {n}x{n}: attnflow n_jobs=1 {times[1]:.2f} s, n_jobs=2 {times[2]:.2f} s "
-                  f"(scipy, extrapolated from its CLS row: {t_sp * n:.0f} s)")
+            print(
+                f"        full {n}x{n}: attnflow n_jobs=1 {times[1]:.2f} s, n_jobs=2 {times[2]:.2f} s "
+                f"(scipy, extrapolated from its CLS row: {t_sp * n:.0f} s)"
+            )
         ratio = t_sp / t_af[1]
     return ratio  # the last case: the adversarial sharp/local input
 
@@ -222,8 +236,10 @@ def real_attention(models, n_windows, repeats, t_random_full):
     """CLS row and full matrix on real 128-token windows: attnflow against scipy per pair."""
     import attnflow
 
-    print(f"\n(d) real attention, {n_windows} disjoint 128-token windows of the embedded Wikipedia text "
-          "(no padding): attnflow n_jobs=1 vs scipy per pair")
+    print(
+        f"\n(d) real attention, {n_windows} disjoint 128-token windows of the embedded Wikipedia text "
+        "(no padding): attnflow n_jobs=1 vs scipy per pair"
+    )
     results = {}
     for name in models:
         try:
@@ -248,15 +264,19 @@ def real_attention(models, n_windows, repeats, t_random_full):
             ratios.append(t_sp_cls / t_cls)
             full_ratios.append(t_sp_row * n / t_full)
             full_times.append(t_full)
-            print(f"    {name} window {index} ({n_layers} layers, n = {n}): CLS row scipy {t_sp_cls:.3f} s, "
-                  f"attnflow {t_cls:.4f} s ({t_sp_cls / t_cls:.0f}x); full attnflow {t_full:.2f} s, scipy "
-                  f"{t_sp_row * n:.0f} s extrapolated from {len(sample)} rows ({t_sp_row * n / t_full:.0f}x); "
-                  f"max |diff| vs scipy {diff:.1e}")
+            print(
+                f"    {name} window {index} ({n_layers} layers, n = {n}): CLS row scipy {t_sp_cls:.3f} s, "
+                f"attnflow {t_cls:.4f} s ({t_sp_cls / t_cls:.0f}x); full attnflow {t_full:.2f} s, scipy "
+                f"{t_sp_row * n:.0f} s extrapolated from {len(sample)} rows ({t_sp_row * n / t_full:.0f}x); "
+                f"max |diff| vs scipy {diff:.1e}"
+            )
         if ratios:
             results[name] = (min(ratios), min(full_ratios), max(full_times))
-            print(f"    {name}: worst CLS-row ratio {min(ratios):.1f}x; worst full-matrix ratio {min(full_ratios):.0f}x; "
-                  f"slowest full matrix {max(full_times):.2f} s = {max(full_times) / t_random_full:.2f}x the "
-                  f"random-input full matrix of (b) ({t_random_full:.2f} s)")
+            print(
+                f"    {name}: worst CLS-row ratio {min(ratios):.1f}x; worst full-matrix ratio {min(full_ratios):.0f}x; "
+                f"slowest full matrix {max(full_times):.2f} s = {max(full_times) / t_random_full:.2f}x the "
+                f"random-input full matrix of (b) ({t_random_full:.2f} s)"
+            )
     return results
 
 
@@ -274,10 +294,14 @@ def per_head(repeats):
         )
     layers = prepare_layers(attentions[:, [3]])
     diff = np.abs(flows[3, 0] - scipy_row(scipy_graph(layers), layers.shape[0], layers.shape[-1], 0)).max()
-    print(f"\n(e) per-head flow, minilm window 0: the CLS row of each of the {n_heads} heads through its own "
-          f"{attentions.shape[0]} layers")
-    print(f"    attnflow n_jobs=1 {times[1]:.3f} s, n_jobs=2 {times[2]:.3f} s ({times[1] / times[2]:.2f}x); "
-          f"head 3 vs scipy: max |diff| {diff:.1e}")
+    print(
+        f"\n(e) per-head flow, minilm window 0: the CLS row of each of the {n_heads} heads through its own "
+        f"{attentions.shape[0]} layers"
+    )
+    print(
+        f"    attnflow n_jobs=1 {times[1]:.3f} s, n_jobs=2 {times[2]:.3f} s ({times[1] / times[2]:.2f}x); "
+        f"head 3 vs scipy: max |diff| {diff:.1e}"
+    )
 
 
 LONG_CHILD = """
@@ -314,8 +338,10 @@ def long_sequence(full_matrix, jobs):
         return None
     attentions = window_attentions(model, wiki_windows(model, 512, 1)[0])
     n_layers, n_heads, n = attentions.shape[0], attentions.shape[1], attentions.shape[-1]
-    print(f"\n(f) long sequence: mpnet, one {n}-token window, {n_layers} layers x {n_heads} heads "
-          f"(each run in a fresh process; peak = its VmHWM, input = the float64 attentions already loaded)")
+    print(
+        f"\n(f) long sequence: mpnet, one {n}-token window, {n_layers} layers x {n_heads} heads "
+        f"(each run in a fresh process; peak = its VmHWM, input = the float64 attentions already loaded)"
+    )
     layers = prepare_layers(attentions)
     sinks = np.linspace(0, n - 1, 8).round().astype(int)
     graph = scipy_graph(layers)
@@ -332,8 +358,12 @@ def long_sequence(full_matrix, jobs):
             if rows == "all" and not full_matrix:
                 continue
             out = os.path.join(folder, f"{rows}.npy")
-            done = subprocess.run([sys.executable, "-c", LONG_CHILD, path, rows, str(threads), out],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, "-c", LONG_CHILD, path, rows, str(threads), out],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             elapsed, before, peak = (float(x) for x in done.stdout.split())
             flows = np.load(out)
             results[label] = (elapsed, peak)
@@ -341,8 +371,10 @@ def long_sequence(full_matrix, jobs):
             if rows == "cls":
                 diff = np.abs(flows[0, sinks] - sp).max()
                 extra = f"; scipy {t_sp_cls:.0f} s extrapolated from {len(sinks)} pairs ({t_sp_cls / elapsed:.0f}x), max |diff| {diff:.1e}"
-            print(f"    {label} (n_jobs={threads}): {elapsed:.1f} s; peak RSS {peak:.0f} MB "
-                  f"({peak - before:.0f} MB above the {before:.0f} MB before the call){extra}")
+            print(
+                f"    {label} (n_jobs={threads}): {elapsed:.1f} s; peak RSS {peak:.0f} MB "
+                f"({peak - before:.0f} MB above the {before:.0f} MB before the call){extra}"
+            )
     return results
 
 
@@ -350,8 +382,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer networkx pairs and scipy rows, fewer repeats")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--real", action="store_true",
-                        help="also real minilm/mpnet windows, per-head flow and n = 512 (several minutes)")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="also real minilm/mpnet windows, per-head flow and n = 512 (several minutes)",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     header()
@@ -376,8 +411,12 @@ def main(argv=None):
         long = long_sequence(full_matrix=not args.quick, jobs=2)
         for name, (worst_cls, _, slowest_full) in real.items():
             checks.append((f"(d) >= 20x scipy, {name} CLS row, worst of 3 windows: {worst_cls:.1f}x", worst_cls >= 20))
-            checks.append((f"(d) {name} full 128x128 within 2x of random input: {slowest_full / t_random_full:.2f}x",
-                           slowest_full <= 2 * t_random_full))
+            checks.append(
+                (
+                    f"(d) {name} full 128x128 within 2x of random input: {slowest_full / t_random_full:.2f}x",
+                    slowest_full <= 2 * t_random_full,
+                )
+            )
         if long:
             for label, (elapsed, peak) in long.items():
                 checks.append((f"(f) n=512 {label} completes: {elapsed:.1f} s, peak RSS {peak:.0f} MB", True))

@@ -8,20 +8,64 @@ Quick start::
     R = attnflow.rollout(trace.attentions)                # [query, key], rows sum to 1
     explanation = attnflow.explain(trace, method="rollout", row="mean")
     explanation.save("out/")
+
+    classifier = attnflow.load("minilm-sentiment")         # minilm + a trained sentiment head
+    classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
 from attnflow.methods import (
+    alti,
     attention_flow,
     available_methods,
     context_similarity,
     encoder_decoder_rollout,
     get_method,
+    grad_rollout,
+    grad_x_input,
+    gradient,
+    norm,
+    norm_rollout,
+    random,
     raw_attention,
     rollout,
     saliency_row,
     to_patch_grid,
 )
 from attnflow.trace import Trace
+
+
+def _connect_views() -> None:
+    """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz.
+
+    The views read Explanations and the Explanation imports no view; this root of the package
+    knows both and connects them. The view modules (matplotlib) are imported on first use only.
+    """
+    from attnflow.explanation import _VIEWS
+
+    def html(explanation):
+        from attnflow.viz.html import explanation_html
+
+        return explanation_html(explanation)
+
+    def fragment(explanation):
+        from attnflow.viz.html import explanation_fragment
+
+        return explanation_fragment(explanation)
+
+    def figure(explanation):
+        from attnflow.viz.plot import plot_explanation
+
+        return plot_explanation(explanation)
+
+    def overlay(image_path, patch_scores):
+        from attnflow.viz.plot import overlay_image
+
+        return overlay_image(image_path, patch_scores)
+
+    _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+
+_connect_views()
 
 
 def __getattr__(name: str):
@@ -40,13 +84,20 @@ def __getattr__(name: str):
 __all__ = [
     "Explanation",
     "Trace",
+    "alti",
     "attention_flow",
     "available_methods",
     "context_similarity",
     "encoder_decoder_rollout",
     "explain",
     "get_method",
+    "grad_rollout",
+    "grad_x_input",
+    "gradient",
     "load",
+    "norm",
+    "norm_rollout",
+    "random",
     "raw_attention",
     "rollout",
     "saliency_row",

@@ -16,12 +16,12 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from attnflow.methods.registry import MethodSpec, get_method
-from attnflow.methods.saliency import ROWS, Row, saliency_row, to_patch_grid
+from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
 
 JSON_FILE = "explanation.json"
@@ -30,6 +30,11 @@ PNG_FILE = "explanation.png"
 OVERLAY_FILE = "explanation_overlay.png"
 OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
 
+# How an Explanation shows itself: "html" (page), "fragment" (notebook), "figure" (matplotlib),
+# "overlay" (image). The views live in attnflow.viz and read Explanations, so this module imports
+# none of them; the package root (attnflow/__init__.py) fills this table, loading them on first use.
+_VIEWS: dict[str, Callable[..., Any]] = {}
+
 
 @dataclass
 class Explanation:
@@ -37,11 +42,14 @@ class Explanation:
 
     Attributes:
         tokens: ``n`` token strings.
-        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R).
-        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``.
+        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
+            None for attribution-only methods (gradients, leave-one-out, ...), which give one
+            score per token and no matrix.
+        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``, or the
+            attribution-only method's scores.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
         options: the method's options as used, defaults included (JSON-serialisable).
-        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index.
+        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None without a matrix.
         model: the model name the trace came from.
         text: the input text ("" for images).
         offsets: ``[n, 2]`` character spans into ``text`` (``(0, 0)`` for special tokens), or None.
@@ -51,14 +59,16 @@ class Explanation:
         image: path of the explained image, or None.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
+        target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
+            "probability"}`` (see `attnflow.targets.Target`), else None.
     """
 
     tokens: list[str]
-    matrix: np.ndarray
+    matrix: np.ndarray | None
     scores: np.ndarray
     method: str
     options: dict[str, Any]
-    row: Row
+    row: Row | None
     model: str = ""
     text: str = ""
     offsets: np.ndarray | None = None
@@ -67,13 +77,16 @@ class Explanation:
     n_prefix_tokens: int = 0
     image: str | None = None
     head_matrices: np.ndarray | None = None
+    target: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
         n = len(self.tokens)
-        self.matrix = np.asarray(self.matrix, dtype=np.float64)
         self.scores = np.asarray(self.scores, dtype=np.float64)
-        if self.matrix.shape != (n, n):
+        if self.matrix is not None:
+            self.matrix = np.asarray(self.matrix, dtype=np.float64)
+        if self.matrix is not None and self.matrix.shape != (n, n):
             raise ValueError(f"matrix must be [query, key] = ({n}, {n}) for {n} tokens, got {self.matrix.shape}")
         if self.scores.shape != (n,):
             raise ValueError(f"scores must have one entry per token ({n}), got shape {self.scores.shape}")
@@ -99,35 +112,27 @@ class Explanation:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
         if not include_special and self.special_mask is not None:
-            order = [i for i in order if not self.special_mask[i]]
+            order = order[~self.special_mask[order]]
         return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
 
     # ----- showing -----------------------------------------------------------------------------
 
     def to_html(self) -> str:
         """A self-contained offline HTML page (no scripts, figures embedded as base64 PNG)."""
-        from attnflow.viz.html import explanation_html
-
-        return explanation_html(self)
+        return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        from attnflow.viz.html import explanation_fragment
-
-        return explanation_fragment(self)
+        return _VIEWS["fragment"](self)
 
     def plot(self) -> Any:
         """A matplotlib Figure: token scores (or the image overlay) above the matrix heatmap."""
-        from attnflow.viz.plot import plot_explanation
-
-        return plot_explanation(self)
+        return _VIEWS["figure"](self)
 
     def overlay(self) -> Any:
         """The patch-grid saliency blended over the image (a PIL image); images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
-        from attnflow.viz.plot import overlay_image
-
-        return overlay_image(self.image, self.patch_scores)
+        return _VIEWS["overlay"](self.image, self.patch_scores)
 
     # ----- saving ------------------------------------------------------------------------------
 
@@ -140,9 +145,13 @@ class Explanation:
             "tokens": list(self.tokens),
             "row": self.row,
             "scores": self.scores.tolist(),
-            "matrix": self.matrix.tolist(),
+            "matrix": None if self.matrix is None else self.matrix.tolist(),
             "text": self.text,
         }
+        if self.target is not None:
+            data["target"] = _jsonable(self.target)
+        if self.prediction is not None:
+            data["prediction"] = _jsonable(self.prediction)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -150,7 +159,7 @@ class Explanation:
         if self.grid is not None:
             data["grid"] = list(self.grid)
             data["n_prefix_tokens"] = self.n_prefix_tokens
-            data["patch_scores"] = self.patch_scores.tolist()
+            data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
         return data
@@ -160,7 +169,7 @@ class Explanation:
         """Rebuild an Explanation from `to_dict` output (``patch_scores`` is derived, not read)."""
         return cls(
             tokens=list(data["tokens"]),
-            matrix=np.asarray(data["matrix"], dtype=np.float64),
+            matrix=None if data.get("matrix") is None else np.asarray(data["matrix"], dtype=np.float64),
             scores=np.asarray(data["scores"], dtype=np.float64),
             method=data["method"],
             options=dict(data.get("options", {})),
@@ -172,6 +181,8 @@ class Explanation:
             grid=tuple(data["grid"]) if data.get("grid") is not None else None,
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
+            target=data.get("target"),
+            prediction=data.get("prediction"),
         )
 
     @classmethod
@@ -201,42 +212,54 @@ class Explanation:
         return paths
 
 
-def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **options: Any) -> Explanation:
+def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
     Args:
-        trace: the captured attention of one input.
+        trace: the captured data of one input; it must hold what the method needs (see
+            ``get_method(method).needs``; `AttentionModel.explain` captures exactly that).
         method: a name from `attnflow.available_methods()`.
         row: saliency row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None picks
-            `default_row(trace)`.
+            `default_row(trace)`. Ignored by attribution-only methods (no matrix).
+        model: the `AttentionModel`, for methods that re-run it (leave-one-out, value zeroing,
+            integrated gradients).
         **options: options of the method (see its ``MethodSpec.options``). Options the method
             does not declare raise ValueError; options given as None mean "the default".
             ``weights=[...]`` is accepted as a shorthand for ``head_fusion=[...]``.
 
     Methods receive ``trace.attentions`` (``[layer, head, query, key]``), or the whole Trace
-    when their first parameter is named ``trace``; they return ``[query, key]``, or
-    ``[head, query, key]`` when heads stay apart (the Explanation's matrix is then the mean over
-    heads and ``head_matrices`` keeps them).
+    when their first parameter is named ``trace``, or ``(model, trace)`` when they need the
+    model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
+    Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
+    ``[key]`` scores for attribution-only methods.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    source = trace if _takes_trace(spec) else trace.attentions
-    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    if "model" in spec.needs:
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        result = np.asarray(spec.function(model, trace, **chosen), dtype=np.float64)
+    else:
+        source = trace if _takes_trace(spec) else trace.attentions
+        result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
     n = trace.n_tokens
     head_matrices = None
-    if result.ndim == 3 and result.shape[1:] == (n, n):
-        head_matrices = result  # [head, query, key]
-        result = result.mean(axis=0)
-    if result.shape != (n, n):
-        raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
-    if row is None:
-        row = default_row(trace)
-    row = parse_row(row)
-    scores = saliency_row(result, row)
+    if spec.scores_only:
+        if result.shape != (n,):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected one score per token ({n},)")
+        matrix, scores, row = None, result, None
+    else:
+        if result.ndim == 3 and result.shape[1:] == (n, n):
+            head_matrices = result  # [head, query, key]
+            result = result.mean(axis=0)
+        if result.shape != (n, n):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
+        row = parse_row(default_row(trace) if row is None else row)
+        matrix, scores = result, saliency_row(result, row)
     image = trace.meta.get("image")
     return Explanation(
         tokens=list(trace.tokens),
-        matrix=result,
+        matrix=matrix,
         scores=scores,
         method=spec.name,
         options={**_defaults(spec), **chosen},
@@ -249,6 +272,8 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image is not None else None,
         head_matrices=head_matrices,
+        target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
+        prediction=trace.target.to_dict() if trace.target is not None else None,
     )
 
 
@@ -272,22 +297,8 @@ def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[
     return chosen
 
 
-def parse_row(row: Row) -> Row:
-    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
-    if isinstance(row, str):
-        if row in ROWS:
-            return row
-        try:
-            return int(row)
-        except ValueError:
-            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
-    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
-        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
-    return int(row)
-
-
 def default_row(trace: Trace) -> Row:
-    """The natural saliency row for a trace (DESIGN §2 "Saliency row").
+    """The natural saliency row for a trace (docs/methods.md, "Saliency row").
 
     In order: ``trace.meta["default_row"]`` when capture recorded one (e.g. ``"mean"`` for
     sentence encoders); images: ``"cls"`` when the model has prefix tokens, else ``"mean"``;

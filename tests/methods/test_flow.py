@@ -1,4 +1,4 @@
-"""Attention flow against an independent oracle: networkx max-flow on the layered graph."""
+"""Attention flow against an independent oracle: networkx max-flow on the layered graph (docs/methods.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def structured_attentions(rng, n_layers, n_heads, n):
 
 
 def capacities(attentions, head_fusion="mean", residual="half"):
-    """Ã per layer, written out from the definitions (independently of attnflow.methods.transforms)."""
+    """Ã per layer, written out from docs/methods.md (independently of attnflow.methods.transforms)."""
     if isinstance(head_fusion, str):
         fused = {"mean": np.mean, "max": np.max, "min": np.min}[head_fusion](attentions, axis=-3)
         fused = fused / fused.sum(axis=-1, keepdims=True)  # max/min are renormalised; mean unchanged
@@ -180,9 +180,13 @@ def test_per_head_flow_batched_rows_layer_and_threads():
     assert one_thread.shape == (2, 4, 2, 11)  # [batch, head, rows, key]
     for b in range(2):
         for head in range(4):
-            np.testing.assert_array_equal(one_thread[b, head], attention_flow(batch[b][:, [head]], rows=[0, 10], layer=2))
+            np.testing.assert_array_equal(
+                one_thread[b, head], attention_flow(batch[b][:, [head]], rows=[0, 10], layer=2)
+            )
     for n_jobs in (2, -1):  # threads over (graph, row, run of sinks): the same flows
-        np.testing.assert_array_equal(attention_flow(batch, head_fusion="none", rows=[0, -1], layer=2, n_jobs=n_jobs), one_thread)
+        np.testing.assert_array_equal(
+            attention_flow(batch, head_fusion="none", rows=[0, -1], layer=2, n_jobs=n_jobs), one_thread
+        )
     single = attention_flow(torch.from_numpy(batch[0]), head_fusion="none", rows=[0], n_jobs=2)
     assert isinstance(single, torch.Tensor) and single.shape == (4, 1, 11)
 

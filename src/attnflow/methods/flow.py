@@ -1,4 +1,4 @@
-"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph.
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (docs/methods.md).
 
 The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
 Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
@@ -83,8 +83,8 @@ def attention_flow(
             capacities are the fused maps; ``"none"``: per-head flow, one graph per head through
             that head's own layers (Ã_h⁽ˡ⁾ = the residual applied to head h of layer l, as
             head-specific rollout composes them), and a head axis in the result.
-        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (as in
-            ``attnflow.methods.transforms.add_residual``); the edge capacities are the resulting Ã⁽ˡ⁾.
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (docs/methods.md); the
+            edge capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
             the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.
         layer: l in 1 … L: flows from the nodes (l, i), the outputs of the first l layers
@@ -111,7 +111,7 @@ def attention_flow(
     layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, (head,) q, k]
     if per_head:
         layers = np.moveaxis(layers, -3, -4)  # [..., head, layer, q, k]: each head its own graph
-    graphs = layers.reshape((-1,) + layers.shape[-3:])  # [graph, layer, q, k]
+    graphs = layers.reshape((-1, *layers.shape[-3:]))  # [graph, layer, q, k]
     n_layers, n = graphs.shape[1], graphs.shape[-1]
     depth = _check_layer(layer, n_layers)
     sources = _check_rows(rows, n)
@@ -158,12 +158,13 @@ def _check_n_jobs(n_jobs: Any) -> int:
     return int(n_jobs)
 
 
-def _graph(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Integer capacities of one sample's ``[layer, q, k]`` matrices Ã, and their non-zero pattern as bits.
+def _graph(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Integer capacities of one graph's ``[layer, q, k]`` matrices Ã, their non-zero pattern as bits.
 
     Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``nonzero [layer, q, words]`` (bit k of row q
-    set when cap[layer, q, k] > 0; 64 keys per uint64 word) and ``nonzero_t [layer, k, words]``
-    (the same per column).
+    set when cap[layer, q, k] > 0; 64 keys per uint64 word), ``nonzero_t [layer, k, words]``
+    (the same per column) and ``heavy [layer, q, N_HEAVY]`` (each row's largest capacities, keys
+    by decreasing capacity, -1 past the non-zero ones).
     """
     cap = np.rint(layers * _SCALE).astype(np.int64)
     positive = cap > 0
@@ -177,10 +178,10 @@ def _bit_rows(flags: np.ndarray) -> np.ndarray:
     """``[..., n]`` booleans -> ``[..., ceil(n / 64)]`` uint64 words, bit j of word w = flags[..., 64 w + j]."""
     n = flags.shape[-1]
     words = -(-n // 64)
-    padded = np.zeros(flags.shape[:-1] + (words * 64,), dtype=np.uint8)
+    padded = np.zeros((*flags.shape[:-1], words * 64), dtype=np.uint8)
     padded[..., :n] = flags
-    packed = np.packbits(padded.reshape(flags.shape[:-1] + (words, 8, 8)), axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed.reshape(flags.shape[:-1] + (words, 8))).view("<u8")[..., 0].astype(np.uint64)
+    packed = np.packbits(padded.reshape((*flags.shape[:-1], words, 8, 8)), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed.reshape((*flags.shape[:-1], words, 8))).view("<u8")[..., 0].astype(np.uint64)
 
 
 def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
@@ -260,25 +261,25 @@ def _next(x, y, y_inverted, start, n):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _add(values, by_row, by_col, l, x, y, d):  # pragma: no cover
-    """values[l, x, y] += d, keeping bit y of by_row[l, x] and bit x of by_col[l, y] = (value > 0)."""
-    before = values[l, x, y]
+def _add(values, by_row, by_col, layer, x, y, d):  # pragma: no cover
+    """values[layer, x, y] += d, keeping bit y of by_row[layer, x] and bit x of by_col[layer, y] = (value > 0)."""
+    before = values[layer, x, y]
     after = before + d
-    values[l, x, y] = after
+    values[layer, x, y] = after
     if before > 0 and after == 0:
-        _clear(by_row[l, x], y)
-        _clear(by_col[l, y], x)
+        _clear(by_row[layer, x], y)
+        _clear(by_col[layer, y], x)
     elif before == 0 and after > 0:
-        _set(by_row[l, x], y)
-        _set(by_col[l, y], x)
+        _set(by_row[layer, x], y)
+        _set(by_col[layer, y], x)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _shift(state, l, a, b, d):  # pragma: no cover
-    """Send d more units (d < 0: cancel -d) along (l+1, a) -> (l, b), keeping the bit sets in step."""
+def _shift(state, layer, a, b, d):  # pragma: no cover
+    """Send d more units (d < 0: cancel -d) along (layer+1, a) -> (layer, b), keeping the bit sets in step."""
     rf, rb, res, res_t, flow, flow_t = state
-    _add(rf, res, res_t, l, a, b, -d)
-    _add(rb, flow, flow_t, l, b, a, d)
+    _add(rf, res, res_t, layer, a, b, -d)
+    _add(rb, flow, flow_t, layer, b, a, d)
 
 
 @njit(cache=True, nogil=True)
@@ -288,7 +289,7 @@ def _distances(state, live, source, sink, level, queue):  # pragma: no cover
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
     Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes.
     """
-    rf, rb, res, res_t, flow, flow_t = state
+    rf, _, _, res_t, _, flow_t = state  # searches read the column bit sets
     n_layers = rf.shape[0]
     n = rf.shape[1]
     s = n_layers * n + source
@@ -342,7 +343,7 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
     Returns the flow pushed. Exhausted nodes get level -1 and leave ``live`` (dead for the rest
     of the phase).
     """
-    rf, rb, res, res_t, flow, flow_t = state
+    rf, rb, res, _, flow, _ = state  # the DFS reads the row bit sets
     n_layers = rf.shape[0]
     n = rf.shape[1]
     n_heavy = heavy.shape[2]
@@ -460,7 +461,7 @@ def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no c
     Edge (1, a) -> sink keeps min(its flow, new capacity); the excess is cancelled upward, layer
     by layer, along edges that carry flow, until it is taken off the source's edges.
     """
-    rf, rb, res, res_t, flow, flow_t = state
+    rb, flow = state[1], state[4]
     n_layers = cap.shape[0]
     n = cap.shape[1]
     value = 0
@@ -470,23 +471,23 @@ def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no c
         keep = min(f, cap[0, a, new_sink])
         _shift(state, 0, a, new_sink, keep)
         value += keep
-        surplus[a] = f - keep  # surplus[a]: excess of node (l, a) on the layer being cancelled
-    for l in range(1, n_layers):
+        surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being cancelled
+    for layer in range(1, n_layers):
         for b in range(n):
             s = surplus[b]
             if s == 0:
                 continue
             surplus[b] = 0
-            if l == n_layers - 1:  # only the source feeds the top layer
-                _shift(state, l, source, b, -s)
+            if layer == n_layers - 1:  # only the source feeds the top layer
+                _shift(state, layer, source, b, -s)
                 continue
-            a = _next(flow[l, b], flow[l, b], False, 0, n)
-            while s > 0:  # (l, b) has at least s units coming in: the loop ends before a reaches n
-                take = min(s, rb[l, b, a])
-                _shift(state, l, a, b, -take)
+            a = _next(flow[layer, b], flow[layer, b], False, 0, n)
+            while s > 0:  # (layer, b) has at least s units coming in: the loop ends before a reaches n
+                take = min(s, rb[layer, b, a])
+                _shift(state, layer, a, b, -take)
                 surplus[n + a] += take
                 s -= take
-                a = _next(flow[l, b], flow[l, b], False, a + 1, n)
+                a = _next(flow[layer, b], flow[layer, b], False, a + 1, n)
         for a in range(n):  # the next layer's excess becomes the current one
             surplus[a] = surplus[n + a]
             surplus[n + a] = 0
@@ -520,12 +521,12 @@ def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
     for b in range(n):  # the source's edges into layer L-1
         if level[(n_layers - 1) * n + b] >= 0:
             total += cap[n_layers - 1, source, b]
-    for l in range(2, n_layers):
+    for layer in range(2, n_layers):
         for a in range(n):
-            if level[l * n + a] < 0:
+            if level[layer * n + a] < 0:
                 for b in range(n):
-                    if level[(l - 1) * n + b] >= 0:
-                        total += cap[l - 1, a, b]
+                    if level[(layer - 1) * n + b] >= 0:
+                        total += cap[layer - 1, a, b]
                 if total > limit:  # each node adds at most its row sum, ~2^50
                     return -1
     for a in range(n):
@@ -555,8 +556,8 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     live = np.zeros((n_layers + 1, words), np.uint64)
     all_live = np.zeros((n_layers + 1, words), np.uint64)
     for i in range(n):
-        for l in range(n_layers + 1):
-            _set(all_live[l], i)
+        for layer in range(n_layers + 1):
+            _set(all_live[layer], i)
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
     surplus = np.zeros(2 * n, np.int64)
@@ -611,8 +612,8 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
-            for l in range(n_layers + 1):
-                level[l * n : (l + 1) * n] = l
+            for layer in range(n_layers + 1):
+                level[layer * n : (layer + 1) * n] = layer
             live[:] = all_live
             flow += _blocking_flow(state, heavy, live, source, sink, level, True, bound - flow, work)
         start_cold = False
@@ -625,4 +626,3 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             start_cold = warm
             flow += _blocking_flow(state, heavy, live, source, sink, level, False, bound - flow, work)
         out[sink] = flow
-

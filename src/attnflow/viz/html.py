@@ -47,6 +47,33 @@ def explanation_html(explanation: "Explanation") -> str:
     )
 
 
+def comparison_html(explanations: "list[Explanation]") -> str:
+    """One page with several methods' explanations of the same text, one section each (tokens
+    coloured by score, each on its own scale, and the top tokens), in the order given."""
+    first = explanations[0]
+    parts = []
+    for explanation in explanations:
+        described = target_words(explanation)
+        note = f"explains {described}; " if described else "does not depend on a target; "
+        note += f"scores: {_row_words(explanation.row)}"
+        parts.append(
+            section(
+                explanation.method,
+                f'<p class="note">{esc(note)}</p>\n' + _token_view(explanation) + _top_table(explanation, k=5),
+                f"method-{explanation.method}",
+            )
+        )
+    methods = ", ".join(explanation.method for explanation in explanations)
+    prediction = target_words(first, "prediction")
+    return page(
+        f"attnflow: {methods}",
+        '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
+        subtitle=f"{first.model or 'model'} · {first.text}" + (f" · prediction: {prediction}" if prediction else ""),
+        meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
+        css=CSS,
+    )
+
+
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
     parts = []
@@ -55,15 +82,16 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
     else:
         parts.append(section("Tokens coloured by score", _token_view(explanation), "tokens"))
     parts.append(section(f"Top {TOP_K} tokens", _top_table(explanation), "top"))
-    parts.append(
-        section(
-            "Relevance matrix [query, key]",
-            '<p class="note">Row i: how much output position i draws on each input token j '
-            f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
-            + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
-            "matrix",
+    if explanation.matrix is not None:
+        parts.append(
+            section(
+                "Relevance matrix [query, key]",
+                '<p class="note">Row i: how much output position i draws on each input token j '
+                f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
+                + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
+                "matrix",
+            )
         )
-    )
     if with_meta:
         parts.insert(0, f"<p class=\"note\">{esc(_subtitle(explanation))}</p>")
         return f'<div class="attnflow"><style>{CSS}</style>\n' + "\n".join(parts) + "</div>"
@@ -77,15 +105,16 @@ def _token_view(explanation: "Explanation") -> str:
     vmax = float(regular.max()) if regular.size and regular.max() > 0 else 1.0
     total = float(scores.sum())
     pieces = []
-    text, offsets = explanation.text, explanation.offsets
-    use_text = bool(text) and offsets is not None
+    text = explanation.text
+    offsets = explanation.offsets if text else None  # [n, 2] character spans into the text
+    use_text = offsets is not None
     cursor = 0
     for i, token in enumerate(explanation.tokens):
         title = f"#{i} {token!r}  score {scores[i]:.4g}"
         if special[i]:
             pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
             continue
-        start, end = (int(offsets[i][0]), int(offsets[i][1])) if use_text else (0, 0)
+        start, end = (int(offsets[i][0]), int(offsets[i][1])) if offsets is not None else (0, 0)
         if use_text and end > start and end > cursor:
             start = max(start, cursor)
             if start > cursor:
@@ -119,6 +148,7 @@ def _image_view(explanation: "Explanation") -> str:
     parts = []
     if explanation.image is not None:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
+    assert explanation.grid is not None, "an image view needs the patch grid"
     rows, cols = explanation.grid
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
@@ -127,11 +157,11 @@ def _image_view(explanation: "Explanation") -> str:
     return "\n".join(parts)
 
 
-def _top_table(explanation: "Explanation") -> str:
+def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
     total = float(explanation.scores.sum())
     rows = [
         (rank, index, display_token(token), score, 100 * score / total if total > 0 else 0.0)
-        for rank, (index, token, score) in enumerate(explanation.top(TOP_K), start=1)
+        for rank, (index, token, score) in enumerate(explanation.top(k), start=1)
     ]
     return table(("rank", "index", "token", "score", "% of all"), rows)
 
@@ -143,12 +173,27 @@ def _special(explanation: "Explanation") -> np.ndarray:
 
 
 def _row_words(row: object) -> str:
+    if row is None:
+        return "one score per token (this method gives no matrix)"
     return _ROW_WORDS.get(row, f"row {row}") if isinstance(row, str) else f"row {row}"
+
+
+def target_words(explanation: "Explanation", field: str = "target") -> str | None:
+    """``negative (p = 0.83)``: what a target-dependent explanation is about (``field="prediction"``:
+    what the model predicted), else None."""
+    described = getattr(explanation, field)
+    if described is None:
+        return None
+    from attnflow.targets import Target
+
+    return Target(**described).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:
     source = explanation.image if explanation.grid is not None else explanation.text
-    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·")
+    prediction = target_words(explanation, "prediction")
+    predicted = f" · prediction: {prediction}" if prediction else ""
+    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·") + predicted
 
 
 def _meta(explanation: "Explanation") -> dict[str, object]:
@@ -156,6 +201,8 @@ def _meta(explanation: "Explanation") -> dict[str, object]:
         "model": explanation.model or None,
         "method": explanation.method,
         "options": {key: value for key, value in explanation.options.items() if value is not None} or None,
+        "prediction": target_words(explanation, "prediction"),
+        "explains": target_words(explanation),
         "saliency row": _row_words(explanation.row),
         "tokens": explanation.n_tokens,
         "image": explanation.image,

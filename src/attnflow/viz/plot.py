@@ -37,6 +37,13 @@ def plot_explanation(explanation: "Explanation") -> Figure:
         return _plot_image_explanation(explanation)
     n = explanation.n_tokens
     width = float(np.clip(0.3 * n + 2.5, 7.0, 16.0))
+    if explanation.matrix is None:  # attribution-only method: the scores alone
+        figure = Figure(figsize=(width, 3.6), layout="constrained")
+        bars_axes = figure.subplots()
+        plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
+        bars_axes.set_title(f"{explanation.method} scores (one per token)", loc="left")
+        figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
+        return figure
     figure = Figure(figsize=(width, width * 0.55 + 3.2), layout="constrained")
     bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
     plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
@@ -110,24 +117,27 @@ def overlay_image(image_path: str, patch_scores: np.ndarray, alpha: float = 0.55
 
 def _plot_image_explanation(explanation: "Explanation") -> Figure:
     has_image = explanation.image is not None
-    columns = 3 if has_image else 2
+    has_matrix = explanation.matrix is not None
+    columns = 1 + has_image + has_matrix
     figure = Figure(figsize=(5.0 * columns, 5.0), layout="constrained")
-    axes = list(figure.subplots(1, columns))
+    axes = list(np.atleast_1d(figure.subplots(1, columns)))
     if has_image:
         overlay_axes = axes.pop(0)
         overlay_axes.imshow(np.asarray(explanation.overlay()))
         overlay_axes.set_title(f"{_title(explanation)} saliency over the image", parse_math=False)
         overlay_axes.axis("off")
-    grid_axes, matrix_axes = axes
+    grid_axes = axes[0]
     patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest")
     figure.colorbar(patches, ax=grid_axes, shrink=0.8, label="score")
+    assert explanation.grid is not None, "an image figure needs the patch grid"
     rows, cols = explanation.grid
     grid_axes.set_title(f"patch grid {rows}x{cols}, row = {explanation.row}")
     grid_axes.set_xticks([])
     grid_axes.set_yticks([])
-    plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
+    if has_matrix:
+        plot_matrix(axes[1], explanation.matrix, explanation.tokens, row=explanation.row)
     if not has_image:
-        matrix_axes.set_title(_title(explanation), parse_math=False)
+        axes[-1].set_title(_title(explanation), parse_math=False)
     return figure
 
 
@@ -150,4 +160,9 @@ def _shorten(label: str) -> str:
 
 def _title(explanation: "Explanation") -> str:
     model = f"{explanation.model}: " if explanation.model else ""
-    return f"{model}{explanation.method}"
+    target = ""
+    if explanation.target is not None:
+        from attnflow.targets import Target
+
+        target = f" — explains {Target(**explanation.target).describe()}"
+    return f"{model}{explanation.method}{target}"
