@@ -98,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method.add_argument(
         "--method", default="rollout", type=_methods, metavar="NAME[,NAME..]", help="one or more methods listed above (default: rollout)"
     )
-    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: per-head rollout, averaged)")
+    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: one rollout or flow per head, averaged)")
     method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
     method.add_argument(
         "--residual", type=_residual, metavar="half|renorm|none|ALPHA|norm", help="residual correction (default: half; norm: norm_rollout only)"
