@@ -174,6 +174,8 @@ class Objective:
     def describe(self, y: float, index: int | None, probability: float | None) -> Target:
         if self.kind == "similarity":
             return Target("similarity", None, self.target_text, float(y))
+        if index is None or probability is None:
+            raise ValueError(f"a {self.kind} target needs its index and probability")
         label = self.labels[index] if self.kind == "class" else self.model.tokenizer.decode([index])
         return Target(self.kind, int(index), label, float(y), float(probability))
 

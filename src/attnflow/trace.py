@@ -133,6 +133,11 @@ class Trace:
                 f"model.trace(texts, needs=...) or use model.explain(text, method=...)"
             )
 
+    def captured(self, name: str, method: str = "this method") -> Any:
+        """The field ``name``, raising the clear ValueError of `require` when it was not captured."""
+        self.require(name, method=method)
+        return getattr(self, name)
+
     def save(self, path: str) -> None:
         """Write the arrays to an ``.npz`` (``attentions`` float32 ``[L,H,n,n]``, ``tokens``, and
         ``head_outputs`` / ``attention_grads`` float32 ``[L,H,n,n]`` when captured)."""

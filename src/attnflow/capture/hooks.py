@@ -153,13 +153,13 @@ def record_tensors(modules: list[tuple[str, nn.Module]], *, inputs: bool = False
     handles = []
 
     def output_hook(name: str):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
             recorded[name] = output[0] if isinstance(output, (tuple, list)) else output
 
         return hook
 
     def input_hook(name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
             if not torch.is_tensor(hidden):
                 raise CaptureError(f"{name}: found no hidden-states input to record")
@@ -195,7 +195,7 @@ def record_calls(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, tup
     handles = []
 
     def hook(name: str):
-        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             recorded[name] = (args, dict(kwargs))
 
         return record

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnflow.capture import weight_cache
-from attnflow.capture.adapters import Adapter, adapter_for
+from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
@@ -80,7 +80,7 @@ def load(
         return _load_probe(name, device, progress)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
-    _check_local_model_type(name, source)
+    _check_local_model_type(source)
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -111,7 +111,7 @@ def load(
         image_processor = _image_processor(source)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
-    if source.cache_to is not None:
+    if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
     if _mean_pooled(source):
@@ -131,7 +131,7 @@ def _load_probe(alias: str, device: str | torch.device | None, progress: bool) -
     return model
 
 
-def _check_local_model_type(name: str, source: ModelSource) -> None:
+def _check_local_model_type(source: ModelSource) -> None:
     """A local folder whose config names a model type outside the adapter table: say so (the
     table, the supported types), instead of a hub-id failure from transformers."""
     config_file = Path(source.path) / "config.json"
@@ -395,11 +395,17 @@ class AttentionModel:
         unknown = wanted - set(NEEDS) - {"model"}
         if unknown:
             raise ValueError(f"unknown needs {sorted(unknown)}; known: {', '.join(NEEDS)}")
-        if wanted & {"values", "layer_inputs", "layer_norms"} and self.adapter.values is None:
-            raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
-        if "layer_norms" in wanted and not self.adapter.values.post_norm:
+        if "layer_norms" in wanted and not self._values_table().post_norm:
             raise CaptureError(f"the {self.adapter.family} family is pre-LN: it has no layer norm after the attention block")
+        if wanted & {"values", "layer_inputs"}:
+            self._values_table()
         return wanted
+
+    def _values_table(self) -> Values:
+        """The adapter row's value-aware module names; a CaptureError for families without them."""
+        if self.adapter.values is None:
+            raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
+        return self.adapter.values
 
     def _trace_batch(self, texts: list[str], limit: int, needs: frozenset[str], objective: Any) -> list[Trace]:
         self._warn_truncation(texts, limit)
@@ -425,7 +431,7 @@ class AttentionModel:
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
-            per_sample = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
+            per_sample: dict[str, Any] = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
             traces.append(
                 Trace(
                     tokens=self.tokenizer.convert_ids_to_tokens(ids.tolist()),
@@ -457,9 +463,9 @@ class AttentionModel:
                     self.model, self.adapter.stack, head_outputs="head_outputs" in needs, stop_after_last_layer=not run_whole_model
                 )
             )
-            value_layers = find_layers(self.model, self.adapter.values.value) if "values" in needs else []
+            value_layers = find_layers(self.model, self._values_table().value) if "values" in needs else []
             values = hooks.enter_context(record_tensors(value_layers))
-            block_layers = find_layers(self.model, self.adapter.values.block) if "layer_inputs" in needs else []
+            block_layers = find_layers(self.model, self._values_table().block) if "layer_inputs" in needs else []
             layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
             embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
@@ -639,7 +645,7 @@ class AttentionModel:
     def _warn_unknown(self, texts: list[str], encoded: Any, lengths: list[int]) -> None:
         """Warn about texts whose content tokens are mostly the unknown token."""
         unknown_id = getattr(self.tokenizer, "unk_token_id", None)
-        for index, (text, n) in enumerate(zip(texts, lengths)):
+        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             unknown, content = unknown_share(
                 encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
             )
@@ -665,7 +671,7 @@ class AttentionModel:
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``
         ``[layer, d_model]`` and ``eps``."""
-        norms = [module for _, module in find_layers(self.model, self.adapter.values.norm)]
+        norms = [module for _, module in find_layers(self.model, self._values_table().norm or "")]
         return {
             "weight": torch.stack([norm.weight.detach() for norm in norms]).float().cpu().numpy(),
             "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),
@@ -682,7 +688,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[batch, layer, head, query, key]``; a layer the target does not depend on gets zeros."""
-    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights)], dim=1)
+    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights, strict=True)], dim=1)
 
 
 def _crop(name: str, array: np.ndarray, n: int) -> np.ndarray:

@@ -59,7 +59,7 @@ def check_encodable(text: str, where: str = "") -> None:
 
 def unknown_share(token_ids: Sequence[int], special_mask: Sequence[bool], unknown_id: int | None) -> tuple[int, int]:
     """``(unknown, content)``: how many of a text's non-special tokens are the unknown token."""
-    content = [token for token, special in zip(token_ids, special_mask) if not special]
+    content = [token for token, special in zip(token_ids, special_mask, strict=True) if not special]
     if unknown_id is None:
         return 0, len(content)
     return sum(1 for token in content if token == unknown_id), len(content)

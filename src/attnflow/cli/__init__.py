@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 from attnflow.cli import compare, corpus, explain, explore, models
 from attnflow.errors import AttnflowError
@@ -49,7 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+def _show_warning(  # the signature of warnings.showwarning, which this replaces
+    message: Warning | str,
+    category: type[Warning],  # noqa: ARG001
+    filename: str,  # noqa: ARG001
+    lineno: int,  # noqa: ARG001
+    file: Any = None,
+    line: str | None = None,  # noqa: ARG001
+) -> None:
     """Python warnings as one line, like attnflow's logged warnings (no file, line or source)."""
     print(f"attnflow: WARNING: {message}", file=sys.stderr if file is None else file)
 

@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.capture.texts import check_texts
+from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
-
 from attnflow.viz.tokens import display_token
 
 DEFAULT_MODEL = "minilm-sentiment"

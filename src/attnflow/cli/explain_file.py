@@ -37,7 +37,7 @@ def read_texts(source: str, text_field: str | None = None, text_column: str | No
     path = Path(source).expanduser()
     if not path.is_file():
         raise InputError(f"--file {source}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
-    kind = KINDS.get(path.suffix.lower())
+    kind = KINDS.get(path.suffix.lower(), "")
     if kind not in FILE_KINDS:
         raise InputError(f"--file {source}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl or .csv")
     return _read(Corpus(source, kind, path, _reading(text_field, text_column)), source)

@@ -70,7 +70,7 @@ def run_install(args: argparse.Namespace) -> int:
 
         if probe_metadata(args.alias) is None or args.force:
             train_probe(args.alias, load(PROBES[args.alias].encoder, device="cpu"))
-        meta = probe_metadata(args.alias)
+        meta = probe_metadata(args.alias) or {}
         print(f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} on {meta['n_test']} {meta['task']} examples")
         return 0
     if args.alias == "mpnet":

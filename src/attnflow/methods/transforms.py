@@ -230,7 +230,7 @@ def prepare_layers(
     check_pruning(threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
     array = validate_attentions(attentions, row_stochastic=row_stochastic and residual != "renorm")
     fused = fuse_heads(array, head_fusion)
-    pruning = {"threshold": threshold, "top_k": top_k, "discard_ratio": discard_ratio}
+    pruning: dict[str, Any] = {"threshold": threshold, "top_k": top_k, "discard_ratio": discard_ratio}
     if all(value is None for value in pruning.values()):
         return add_residual(fused, residual)
     if prune_on == "attention":

@@ -127,13 +127,13 @@ def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
         model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
     n = trace.n_tokens
     matrices = np.zeros((len(blocks), n, n))
-    for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections)):
+    for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections, strict=True)):
         args, kwargs = calls[name]
         original = outputs[name][0]  # [token, d_model]
         for start in range(0, n, max(1, batch_size)):
             zeroed = torch.arange(start, min(n, start + batch_size), device=model.device)  # variant b zeroes token zeroed[b]
 
-            def zero_value(module: Any, inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
+            def zero_value(_module: Any, _inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
                 output = output.clone()
                 output[torch.arange(len(zeroed)), zeroed] = 0.0  # [variant, token, kv_head * d_head]
                 return output

@@ -51,6 +51,8 @@ def matrix_figure(explanation: "Explanation") -> Figure:
     """The ``[query, key]`` matrix alone, as a heatmap."""
     size = float(np.clip(0.22 * explanation.n_tokens + 3.0, 5.5, 11.0))
     figure = Figure(figsize=(size + 1.2, size), layout="constrained")
+    if explanation.matrix is None:
+        raise ValueError(f"{explanation.method} gives one score per token and no matrix to draw")
     plot_matrix(figure.subplots(), explanation.matrix, explanation.tokens, row=explanation.row)
     return figure
 
@@ -128,7 +130,7 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
     grid_axes.set_title(f"patch grid {rows}x{cols}, row = {explanation.row}")
     grid_axes.set_xticks([])
     grid_axes.set_yticks([])
-    if has_matrix:
+    if explanation.matrix is not None:
         plot_matrix(axes[1], explanation.matrix, explanation.tokens, row=explanation.row)
     if not has_image:
         axes[-1].set_title(_title(explanation), parse_math=False)

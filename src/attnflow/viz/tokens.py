@@ -26,7 +26,7 @@ def _byte_level_alphabet() -> dict[str, int]:
             printable.append(byte)
             characters.append(256 + shift)
             shift += 1
-    return {chr(character): byte for byte, character in zip(printable, characters)}
+    return {chr(character): byte for byte, character in zip(printable, characters, strict=True)}
 
 
 def _from_byte_level(token: str) -> str | None:
