@@ -37,7 +37,8 @@ class Explanation:
 
     Attributes:
         tokens: ``n`` token strings.
-        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R).
+        matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
+            None when only the saliency row was computed (attention flow on an image, see `explain`).
         scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
         options: the method's options as used, defaults included (JSON-serialisable).
@@ -49,12 +50,14 @@ class Explanation:
         grid: ``(rows, cols)`` patch grid for vision models, else None.
         n_prefix_tokens: tokens before the first patch (CLS, distillation, registers).
         image: path of the explained image, or None.
+        image_box: ``(left, top, right, bottom)``: the region of the image (original pixels) that
+            the patch grid covers (a centre crop, for example), or None for the whole image.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
     """
 
     tokens: list[str]
-    matrix: np.ndarray
+    matrix: np.ndarray | None
     scores: np.ndarray
     method: str
     options: dict[str, Any]
@@ -67,13 +70,15 @@ class Explanation:
     n_prefix_tokens: int = 0
     image: str | None = None
     head_matrices: np.ndarray | None = None
+    image_box: tuple[float, float, float, float] | None = None
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
         n = len(self.tokens)
-        self.matrix = np.asarray(self.matrix, dtype=np.float64)
         self.scores = np.asarray(self.scores, dtype=np.float64)
-        if self.matrix.shape != (n, n):
+        if self.matrix is not None:
+            self.matrix = np.asarray(self.matrix, dtype=np.float64)
+        if self.matrix is not None and self.matrix.shape != (n, n):
             raise ValueError(f"matrix must be [query, key] = ({n}, {n}) for {n} tokens, got {self.matrix.shape}")
         if self.scores.shape != (n,):
             raise ValueError(f"scores must have one entry per token ({n}), got shape {self.scores.shape}")
@@ -83,6 +88,8 @@ class Explanation:
             self.special_mask = np.asarray(self.special_mask, dtype=bool).reshape(n)
         if self.grid is not None:
             self.grid = (int(self.grid[0]), int(self.grid[1]))
+        if self.image_box is not None:
+            self.image_box = tuple(float(edge) for edge in self.image_box)
 
     @property
     def n_tokens(self) -> int:
@@ -122,12 +129,13 @@ class Explanation:
         return plot_explanation(self)
 
     def overlay(self) -> Any:
-        """The patch-grid saliency blended over the image (a PIL image); images only."""
+        """The patch-grid saliency blended over the part of the image the model saw (a PIL image);
+        images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
         from attnflow.viz.plot import overlay_image
 
-        return overlay_image(self.image, self.patch_scores)
+        return overlay_image(self.image, self.patch_scores, box=self.image_box)
 
     # ----- saving ------------------------------------------------------------------------------
 
@@ -140,7 +148,7 @@ class Explanation:
             "tokens": list(self.tokens),
             "row": self.row,
             "scores": self.scores.tolist(),
-            "matrix": self.matrix.tolist(),
+            "matrix": None if self.matrix is None else self.matrix.tolist(),
             "text": self.text,
         }
         if self.offsets is not None:
@@ -153,6 +161,8 @@ class Explanation:
             data["patch_scores"] = self.patch_scores.tolist()
         if self.image is not None:
             data["image"] = str(self.image)
+        if self.image_box is not None:
+            data["image_box"] = list(self.image_box)
         return data
 
     @classmethod
@@ -160,7 +170,7 @@ class Explanation:
         """Rebuild an Explanation from `to_dict` output (``patch_scores`` is derived, not read)."""
         return cls(
             tokens=list(data["tokens"]),
-            matrix=np.asarray(data["matrix"], dtype=np.float64),
+            matrix=None if data["matrix"] is None else np.asarray(data["matrix"], dtype=np.float64),
             scores=np.asarray(data["scores"], dtype=np.float64),
             method=data["method"],
             options=dict(data.get("options", {})),
@@ -172,6 +182,7 @@ class Explanation:
             grid=tuple(data["grid"]) if data.get("grid") is not None else None,
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
+            image_box=data.get("image_box"),
         )
 
     @classmethod
@@ -217,26 +228,39 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
     when their first parameter is named ``trace``; they return ``[query, key]``, or
     ``[head, query, key]`` when heads stay apart (the Explanation's matrix is then the mean over
     heads and ``head_matrices`` keeps them).
+
+    On an image, a method that can compute selected output rows (attention flow, ``rows=``)
+    computes only the saliency row when that is one position (``cls``, ``last``, an index): the
+    full flow matrix of a 16 × 16 grid (257 tokens) takes minutes, its CLS row about a second.
+    The Explanation's ``matrix`` is then None and ``options["rows"]`` records the row.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
     source = trace if _takes_trace(spec) else trace.attentions
-    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
     n = trace.n_tokens
+    row = parse_row(default_row(trace) if row is None else row)
+    position = _single_position(row, n)
+    if trace.grid is not None and position is not None and "rows" in inspect.signature(spec.function).parameters:
+        scores = np.asarray(spec.function(source, rows=[position], **chosen), dtype=np.float64).reshape(n)
+        return _explanation(trace, spec, {**chosen, "rows": [position]}, row, None, scores, None)
+    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
     head_matrices = None
     if result.ndim == 3 and result.shape[1:] == (n, n):
         head_matrices = result  # [head, query, key]
         result = result.mean(axis=0)
     if result.shape != (n, n):
         raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
-    if row is None:
-        row = default_row(trace)
-    row = parse_row(row)
-    scores = saliency_row(result, row)
+    return _explanation(trace, spec, chosen, row, result, saliency_row(result, row), head_matrices)
+
+
+def _explanation(
+    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row, matrix: np.ndarray | None,
+    scores: np.ndarray, head_matrices: np.ndarray | None,
+) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
         tokens=list(trace.tokens),
-        matrix=result,
+        matrix=matrix,
         scores=scores,
         method=spec.name,
         options={**_defaults(spec), **chosen},
@@ -247,8 +271,9 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **opt
         special_mask=trace.special_mask,
         grid=trace.grid,
         n_prefix_tokens=trace.n_prefix_tokens,
-        image=str(image) if image is not None else None,
+        image=str(image) if image else None,
         head_matrices=head_matrices,
+        image_box=trace.meta.get("image_box"),
     )
 
 
@@ -300,6 +325,16 @@ def default_row(trace: Trace) -> Row:
     if trace.n_tokens > 1 and not np.any(np.triu(np.asarray(trace.attentions), k=1) > 1e-6):
         return "last"
     return "cls"
+
+
+def _single_position(row: Row, n: int) -> int | None:
+    """The query index a saliency row names (``cls`` 0, ``last`` n - 1, an index), or None for ``mean``."""
+    if row == "mean":
+        return None
+    index = {"cls": 0, "last": n - 1}.get(row, row) if isinstance(row, str) else int(row)
+    if not -n <= index < n:
+        raise ValueError(f"row index {row} is out of range for {n} tokens")
+    return index % n
 
 
 def _takes_trace(spec: MethodSpec) -> bool:

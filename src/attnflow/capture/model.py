@@ -20,6 +20,7 @@ from torch import nn
 
 from attnflow.capture.adapters import Adapter, Stack, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack
+from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.trace import Trace
@@ -87,7 +88,7 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
     if adapter.kind == "vision":
-        image_processor = _image_processor(source)
+        image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
     wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
@@ -107,14 +108,6 @@ def _mean_pooled(source: ModelSource) -> bool:
         return False
 
 
-def _image_processor(source: ModelSource) -> Any:
-    import transformers
-
-    if (Path(source.path) / "preprocessor_config.json").exists():
-        return transformers.AutoImageProcessor.from_pretrained(source.path)
-    return None  # fall back to resize + normalise from the config (tiny test models)
-
-
 class AttentionModel:
     """A model plus its tokenizer (or image processor) that produces `Trace`s.
 
@@ -130,7 +123,7 @@ class AttentionModel:
         name: str | None = None,
         adapter: Adapter | None = None,
         device: str | torch.device | None = "auto",
-        image_processor: Any = None,
+        image_processor: ImagePreprocessing | None = None,
     ) -> None:
         config = model.config
         self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
@@ -141,6 +134,8 @@ class AttentionModel:
         self.device = resolve_device(device)
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
+        if image_processor is None and self.adapter.kind == "vision":
+            image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
         self.name = name or getattr(config, "_name_or_path", type(model).__name__)
         self.config = config
@@ -223,7 +218,10 @@ class AttentionModel:
         them the decoder side is the model's own greedy continuation (at most 16 tokens).
         """
         if self.tokenizer is None:
-            raise InputError(f"{self.name} is a vision model: use trace_image(path)")
+            raise InputError(
+                f"{self.name} is a vision model: it explains images, not text "
+                "(--image PATH on the command line, trace_image(path) in Python)"
+            )
         texts = [texts] if isinstance(texts, str) else list(texts)
         for text in texts:
             if not isinstance(text, str) or not text.strip():
@@ -313,10 +311,20 @@ class AttentionModel:
         )
 
     def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
-        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``."""
+        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.
+
+        The image is converted to RGB (with a warning when it was not) and preprocessed as the
+        model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
+        original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
+        """
         if self.kind != "vision":
-            raise InputError(f"{self.name} is a {self.kind} model, not a vision model: pass text")
-        pixels, source = self._pixels(image)
+            raise InputError(
+                f"{self.name} is a text model ({self.kind}), not a vision model: explain images with a "
+                "vision model such as dinov2-s"
+            )
+        source = str(image) if isinstance(image, (str, Path)) else ""
+        picture, note = to_rgb(read_image(image) if source else image, source or "the image")
+        pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
         with torch.no_grad():
@@ -339,7 +347,7 @@ class AttentionModel:
             grid=grid,
             n_prefix_tokens=prefix,
             output_weights=self._output_weights_numpy() if head_outputs else None,
-            meta={"image": source, "default_row": self.default_row},
+            meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -354,26 +362,6 @@ class AttentionModel:
             except StopForward:
                 pass
         return recording
-
-    def _pixels(self, image: Any) -> tuple[torch.Tensor, str]:
-        from PIL import Image, UnidentifiedImageError
-
-        source = ""
-        if isinstance(image, (str, Path)):
-            source = str(image)
-            if not Path(image).is_file():
-                raise FileNotFoundError(f"no image file at {image}")
-            try:
-                image = Image.open(image)
-            except UnidentifiedImageError:
-                raise InputError(f"{source} is not an image file Pillow can read") from None
-        image = image.convert("RGB")
-        if self.image_processor is not None:
-            return self.image_processor(images=image, return_tensors="pt")["pixel_values"], source
-        size = _as_pair(self.config.image_size)
-        array = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
-        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, channel, height, width]
-        return pixels, source
 
     def _max_length(self) -> int:
         limit = math.inf

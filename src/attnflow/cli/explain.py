@@ -38,10 +38,20 @@ examples:
   attnflow explain "The movie was terrible, but the acting was great." --row cls --discard-ratio 0.9
   attnflow explain "Paris is the capital of" --model smollm2 --row last --head-fusion max
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
-  attnflow explain --image cat.png --model path/to/vit --out out/cat
+  attnflow explain --image photo.jpg --model dinov2-s --out out/photo
+  attnflow explain --image photo.jpg --model dinov2-s --method flow --save-trace
+
+Images (--image): any file Pillow reads; grayscale, RGBA and palette images are converted to
+RGB with a note. dinov2-s (DINOv2 ViT-S/14) uses the standard DINOv2 preprocessing: the shorter
+side is resized to 256 px (bicubic), the centre 224x224 is cropped and the pixels are scaled to
+[0, 1] and normalised with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)
+- the input the ONNX graph it is converted from expects. That gives CLS + a 16x16 grid of 14-px
+patches; the overlay covers the cropped square. Other vision models follow their folder's
+preprocessor_config.json. On an image, flow computes only the saliency row (CLS by default).
 
 The output folder receives explanation.json (model, method, options, tokens, row, scores,
-matrix), explanation.html (open it in any browser, works offline) and explanation.png.
+matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
+image, explanation_overlay.png (the saliency over the image).
 A folder that already holds an explanation is only replaced with --overwrite.
 """
 
@@ -60,8 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to explain (omit with --image)")
     source = parser.add_argument_group("input and model")
-    source.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)")
-    source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model)")
+    source.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2, dinov2-s), local path or hub id (default: minilm)")
+    source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)")
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 
@@ -87,14 +97,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnflow.capture.images import read_image
     from attnflow.explanation import OUTPUT_FILES, explain, method_options
 
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
             raise InputError("give either TEXT or --image, not both")
-        if not Path(args.image).is_file():
-            raise FileNotFoundError(f"no image file at {args.image}")
+        read_image(args.image)  # a missing or unreadable file fails before the model loads
     elif args.text is None:
         raise InputError("nothing to explain: give a TEXT (or --image PATH)")
     elif not args.text.strip():

@@ -55,15 +55,19 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
     else:
         parts.append(section("Tokens coloured by score", _token_view(explanation), "tokens"))
     parts.append(section(f"Top {TOP_K} tokens", _top_table(explanation), "top"))
-    parts.append(
-        section(
-            "Relevance matrix [query, key]",
+    if explanation.matrix is None:
+        matrix_view = (
+            f'<p class="note">{esc(explanation.method)} was computed for the saliency row only '
+            f"({esc(_row_words(explanation.row))}): the full matrix over {explanation.n_tokens} tokens "
+            "would take minutes, so there is no matrix to show.</p>"
+        )
+    else:
+        matrix_view = (
             '<p class="note">Row i: how much output position i draws on each input token j '
             f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
-            + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
-            "matrix",
+            + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap")
         )
-    )
+    parts.append(section("Relevance matrix [query, key]", matrix_view, "matrix"))
     if with_meta:
         parts.insert(0, f"<p class=\"note\">{esc(_subtitle(explanation))}</p>")
         return f'<div class="attnflow"><style>{CSS}</style>\n' + "\n".join(parts) + "</div>"
@@ -120,9 +124,13 @@ def _image_view(explanation: "Explanation") -> str:
     if explanation.image is not None:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
     rows, cols = explanation.grid
+    covered = "" if explanation.image_box is None else (
+        " The overlay covers the part of the image the model saw (box left, top, right, bottom = "
+        + ", ".join(f"{edge:.0f}" for edge in explanation.image_box) + " px)."
+    )
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
-        "(CLS, distillation, registers) left out of the grid.</p>"
+        f"(CLS, distillation, registers) left out of the grid.{esc(covered)}</p>"
     )
     return "\n".join(parts)
 
