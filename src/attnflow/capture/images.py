@@ -169,7 +169,7 @@ def to_rgb(image: Any, source: str = "the image") -> tuple[Any, str | None]:
         return image, None
     kind = _MODE_NAMES.get(image.mode, f"mode {image.mode}")
     dropped = " (transparency dropped)" if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info else ""
-    note = f"{source} is a {kind} image; converted to RGB{dropped}"
+    note = f"{source}: {kind} image converted to RGB{dropped}"
     log.warning(note)
     if image.mode in ("I", "I;16", "F"):  # high bit depth: scale to 0..255 before the 8-bit conversion
         array = np.asarray(image, dtype=np.float64)
