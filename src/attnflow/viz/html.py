@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
-from attnflow.viz.plot import display_token, matrix_figure
+from attnflow.viz.plot import SATURATION_PERCENTILE, display_token, matrix_figure
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
@@ -130,7 +130,8 @@ def _image_view(explanation: "Explanation") -> str:
     )
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
-        f"(CLS, distillation, registers) left out of the grid.{esc(covered)}</p>"
+        f"(CLS, distillation, registers) left out of the grid.{esc(covered)} Colours saturate above the "
+        f"{SATURATION_PERCENTILE}th percentile of the patch scores, so that a few outlier patches do not wash out the rest.</p>"
     )
     return "\n".join(parts)
 
