@@ -38,11 +38,14 @@ class Explanation:
     Attributes:
         tokens: ``n`` token strings.
         matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
-            None when only the saliency row was computed (attention flow on an image, see `explain`).
-        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``.
+            None for attribution-only methods (gradients, leave-one-out, ...), which give one
+            score per token and no matrix, and when only the saliency row was computed
+            (attention flow on an image, see `explain`; ``row`` then names it).
+        scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``, or the
+            attribution-only method's scores.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
         options: the method's options as used, defaults included (JSON-serialisable).
-        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index.
+        row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None without a matrix.
         model: the model name the trace came from.
         text: the input text ("" for images).
         offsets: ``[n, 2]`` character spans into ``text`` (``(0, 0)`` for special tokens), or None.
@@ -54,6 +57,8 @@ class Explanation:
             the patch grid covers (a centre crop, for example), or None for the whole image.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
+        target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
+            "probability"}`` (see `attnflow.targets.Target`), else None.
     """
 
     tokens: list[str]
@@ -61,7 +66,7 @@ class Explanation:
     scores: np.ndarray
     method: str
     options: dict[str, Any]
-    row: Row
+    row: Row | None
     model: str = ""
     text: str = ""
     offsets: np.ndarray | None = None
@@ -70,6 +75,7 @@ class Explanation:
     n_prefix_tokens: int = 0
     image: str | None = None
     head_matrices: np.ndarray | None = None
+    target: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
 
     def __post_init__(self) -> None:
@@ -129,8 +135,7 @@ class Explanation:
         return plot_explanation(self)
 
     def overlay(self) -> Any:
-        """The patch-grid saliency blended over the part of the image the model saw (a PIL image);
-        images only."""
+        """The patch-grid saliency blended over the image (a PIL image); images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
         from attnflow.viz.plot import overlay_image
@@ -151,6 +156,8 @@ class Explanation:
             "matrix": None if self.matrix is None else self.matrix.tolist(),
             "text": self.text,
         }
+        if self.target is not None:
+            data["target"] = _jsonable(self.target)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -170,7 +177,7 @@ class Explanation:
         """Rebuild an Explanation from `to_dict` output (``patch_scores`` is derived, not read)."""
         return cls(
             tokens=list(data["tokens"]),
-            matrix=None if data["matrix"] is None else np.asarray(data["matrix"], dtype=np.float64),
+            matrix=None if data.get("matrix") is None else np.asarray(data["matrix"], dtype=np.float64),
             scores=np.asarray(data["scores"], dtype=np.float64),
             method=data["method"],
             options=dict(data.get("options", {})),
@@ -182,6 +189,7 @@ class Explanation:
             grid=tuple(data["grid"]) if data.get("grid") is not None else None,
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
+            target=data.get("target"),
             image_box=data.get("image_box"),
         )
 
@@ -212,49 +220,68 @@ class Explanation:
         return paths
 
 
-def explain(trace: Trace, method: str = "rollout", row: Row | None = None, **options: Any) -> Explanation:
+def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
     Args:
-        trace: the captured attention of one input.
+        trace: the captured data of one input; it must hold what the method needs (see
+            ``get_method(method).needs``; `AttentionModel.explain` captures exactly that).
         method: a name from `attnflow.available_methods()`.
         row: saliency row: ``"cls"``, ``"mean"``, ``"last"`` or a query index; None picks
-            `default_row(trace)`.
+            `default_row(trace)`. Ignored by attribution-only methods (no matrix).
+        model: the `AttentionModel`, for methods that re-run it (leave-one-out, value zeroing,
+            integrated gradients).
         **options: options of the method (see its ``MethodSpec.options``). Options the method
             does not declare raise ValueError; options given as None mean "the default".
             ``weights=[...]`` is accepted as a shorthand for ``head_fusion=[...]``.
 
     Methods receive ``trace.attentions`` (``[layer, head, query, key]``), or the whole Trace
-    when their first parameter is named ``trace``; they return ``[query, key]``, or
-    ``[head, query, key]`` when heads stay apart (the Explanation's matrix is then the mean over
-    heads and ``head_matrices`` keeps them).
+    when their first parameter is named ``trace``, or ``(model, trace)`` when they need the
+    model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
+    Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
+    ``[key]`` scores for attribution-only methods.
 
     On an image, a method that can compute selected output rows (attention flow, ``rows=``)
     computes only the saliency row when that is one position (``cls``, ``last``, an index): the
     full flow matrix of a 16 × 16 grid (257 tokens) takes minutes, its CLS row about a second.
-    The Explanation's ``matrix`` is then None and ``options["rows"]`` records the row.
+    The Explanation's ``matrix`` is then None, ``row`` names the row and ``options["rows"]``
+    records it.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    source = trace if _takes_trace(spec) else trace.attentions
     n = trace.n_tokens
-    row = parse_row(default_row(trace) if row is None else row)
-    position = _single_position(row, n)
-    if trace.grid is not None and position is not None and "rows" in inspect.signature(spec.function).parameters:
-        scores = np.asarray(spec.function(source, rows=[position], **chosen), dtype=np.float64).reshape(n)
-        return _explanation(trace, spec, {**chosen, "rows": [position]}, row, None, scores, None)
-    result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    if trace.grid is not None and not spec.scores_only and "rows" in inspect.signature(spec.function).parameters:
+        row = parse_row(default_row(trace) if row is None else row)
+        position = _single_position(row, n)
+        if position is not None:
+            chosen = {**chosen, "rows": [position]}
+            scores = np.asarray(spec.function(trace.attentions, **chosen), dtype=np.float64).reshape(n)
+            return _explanation(trace, spec, chosen, row, None, scores, None)
+    if "model" in spec.needs:
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        result = np.asarray(spec.function(model, trace, **chosen), dtype=np.float64)
+    else:
+        source = trace if _takes_trace(spec) else trace.attentions
+        result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
     head_matrices = None
-    if result.ndim == 3 and result.shape[1:] == (n, n):
-        head_matrices = result  # [head, query, key]
-        result = result.mean(axis=0)
-    if result.shape != (n, n):
-        raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
-    return _explanation(trace, spec, chosen, row, result, saliency_row(result, row), head_matrices)
+    if spec.scores_only:
+        if result.shape != (n,):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected one score per token ({n},)")
+        matrix, scores, row = None, result, None
+    else:
+        if result.ndim == 3 and result.shape[1:] == (n, n):
+            head_matrices = result  # [head, query, key]
+            result = result.mean(axis=0)
+        if result.shape != (n, n):
+            raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
+        row = parse_row(default_row(trace) if row is None else row)
+        matrix, scores = result, saliency_row(result, row)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices)
 
 
 def _explanation(
-    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row, matrix: np.ndarray | None,
+    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row | None, matrix: np.ndarray | None,
     scores: np.ndarray, head_matrices: np.ndarray | None,
 ) -> Explanation:
     image = trace.meta.get("image")
@@ -273,6 +300,7 @@ def _explanation(
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image else None,
         head_matrices=head_matrices,
+        target=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
     )
 

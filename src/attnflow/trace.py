@@ -4,8 +4,9 @@ A Trace is produced by `attnflow.capture` and consumed by `attnflow.methods`; it
 model. Padding has already been removed, so every axis named ``token``/``query``/``key`` has
 length ``n`` = the number of real tokens (special tokens included).
 
-Optional fields are ``None`` when not captured; later methods (gradient-weighted rollout,
-value-aware relevance) fill ``attention_grads`` and ``value_vectors`` without changing the rest.
+Optional fields are ``None`` when not captured. What a trace holds is chosen by *needs*: each
+registered method declares the names it needs (`NEEDS`), and ``AttentionModel.trace(texts,
+needs=..., target=...)`` captures exactly those.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+# What a method can need from a forward pass (`MethodSpec.needs`; `AttentionModel.trace(needs=)`):
+NEEDS = {
+    "attentions": "softmax weights [layer, head, query, key] (always captured)",
+    "head_outputs": "per-head attention outputs [layer, token, head, d_head]",
+    "output_weights": "each head's slice of the output projection [layer, head, d_head, d_model] and its bias",
+    "values": "per-head value vectors [layer, token, head, d_head]",
+    "layer_inputs": "the residual stream entering each attention block [layer, token, d_model]",
+    "layer_norms": "post-LN models: the layer norm after each attention block (weight, bias, eps)",
+    "attention_grads": "d(target)/d(attention weights) [layer, head, query, key]",
+    "embedding_grads": "the token embeddings [token, d_model] and d(target)/d(embeddings)",
+    "target": "the scalar the explanation is about (class logit, next-token log-prob, similarity)",
+    "model": "the method re-runs the model (perturbations, integrated gradients)",
+}
 
 
 @dataclass
@@ -42,7 +57,17 @@ class Trace:
             decoder side: ``[layer, head, dec_query, dec_key]`` and
             ``[layer, head, dec_query, enc_key]``; None otherwise.
         attention_grads: ``[layer, head, query, key]`` d(target)/dA, or None.
-        value_vectors: ``[layer, token, head, d_head]`` per-head value vectors, or None.
+        values: ``[layer, token, head, d_head]`` per-head value vectors x W_V + b_V (grouped-query
+            models: each query head's shared value head), or None.
+        layer_inputs: ``[layer, token, d_model]`` the residual stream entering each attention
+            block (the layer's input), or None.
+        output_bias: ``[layer, d_model]`` bias of each output projection (zeros when it has
+            none), captured with ``output_weights``, or None.
+        layer_norms: post-LN models, the layer norm after each attention block:
+            ``{"weight": [layer, d_model], "bias": [layer, d_model], "eps": float}``, or None.
+        embeddings / embedding_grads: ``[token, d_model]`` the word embeddings the model read
+            and d(target)/d(embeddings), or None.
+        target: the `attnflow.targets.Target` explained (kind, index, label, value), or None.
         sentence_ids: ``[n]`` int sentence index per token (-1 for special tokens), or None.
         meta: free-form extras (e.g. the image path).
     """
@@ -63,7 +88,13 @@ class Trace:
     decoder_attentions: np.ndarray | None = None
     cross_attentions: np.ndarray | None = None
     attention_grads: np.ndarray | None = None
-    value_vectors: np.ndarray | None = None
+    values: np.ndarray | None = None
+    layer_inputs: np.ndarray | None = None
+    output_bias: np.ndarray | None = None
+    layer_norms: dict[str, Any] | None = None
+    embeddings: np.ndarray | None = None
+    embedding_grads: np.ndarray | None = None
+    target: Any = None
     sentence_ids: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -95,8 +126,18 @@ class Trace:
     def n_heads(self) -> int:
         return int(self.attentions.shape[1])
 
+    def require(self, *names: str, method: str = "this method") -> None:
+        """Raise a clear ValueError if any of the named fields was not captured."""
+        missing = [name for name in names if getattr(self, name) is None]
+        if missing:
+            raise ValueError(
+                f"{method} needs {', '.join(missing)} in the trace; capture them with "
+                f"model.trace(texts, needs=...) or use model.explain(text, method=...)"
+            )
+
     def save(self, path: str) -> None:
-        """Write the arrays to an ``.npz`` (``attentions`` float32 ``[L,H,n,n]``, ``tokens``, ...)."""
+        """Write the arrays to an ``.npz`` (``attentions`` float32 ``[L,H,n,n]``, ``tokens``, and
+        ``head_outputs`` / ``attention_grads`` float32 ``[L,H,n,n]`` when captured)."""
         arrays: dict[str, Any] = {
             "attentions": self.attentions.astype(np.float32),
             "tokens": np.array(self.tokens, dtype=object).astype(str),
@@ -106,4 +147,6 @@ class Trace:
         }
         if self.head_outputs is not None:
             arrays["head_outputs"] = self.head_outputs.astype(np.float32)
+        if self.attention_grads is not None:
+            arrays["attention_grads"] = self.attention_grads.astype(np.float32)
         np.savez_compressed(path, **arrays)

@@ -25,6 +25,25 @@ class Stack:
 
 
 @dataclass(frozen=True)
+class Values:
+    """Where a family's value-aware methods find their parts (regexes like `Stack`'s).
+
+    ``value``: the value projection, output ``[batch, token, kv_heads * d_head]`` (bias included);
+    ``block``: the whole layer (its input is the residual stream entering the attention block;
+    value zeroing reruns it); ``norm``: post-LN families only, the layer norm right after the
+    attention block (its input is y = attention output + residual); None for pre-LN families.
+    """
+
+    value: str
+    block: str
+    norm: str | None = None
+
+    @property
+    def post_norm(self) -> bool:
+        return self.norm is not None
+
+
+@dataclass(frozen=True)
 class Adapter:
     family: str
     kind: str  # "encoder" | "decoder" | "vision" | "encoder-decoder"
@@ -34,6 +53,7 @@ class Adapter:
     cross: Stack | None = None  # encoder-decoder: cross-attention (decoder query x encoder key)
     n_prefix_tokens: int = 0  # vision: tokens before the first patch (CLS, distillation, ...)
     position_offset: int = 0  # positions reserved by the embedding (RoBERTa-style padding_idx + 1)
+    values: Values | None = None  # value-aware methods (norm, norm_rollout, alti, value_zeroing)
 
     @property
     def default_row(self) -> str:
@@ -41,16 +61,26 @@ class Adapter:
 
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
+_BERT_VALUES = Values(
+    r"layer\.(\d+)\.attention\.self\.value$", r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.LayerNorm$"
+)
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
 
 ADAPTERS: tuple[Adapter, ...] = (
-    Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE),
-    Adapter("roberta", "encoder", ("roberta", "xlm-roberta", "camembert"), _BERT_LIKE, position_offset=2),
+    Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE, values=_BERT_VALUES),
+    Adapter(
+        "roberta", "encoder", ("roberta", "xlm-roberta", "camembert"), _BERT_LIKE, position_offset=2, values=_BERT_VALUES
+    ),
     Adapter(
         "distilbert",
         "encoder",
         ("distilbert",),
         Stack(r"transformer\.layer\.(\d+)\.attention$", r"transformer\.layer\.(\d+)\.attention\.out_lin$"),
+        values=Values(
+            r"transformer\.layer\.(\d+)\.attention\.v_lin$",
+            r"transformer\.layer\.(\d+)$",
+            r"transformer\.layer\.(\d+)\.sa_layer_norm$",
+        ),
     ),
     Adapter(
         "mpnet",
@@ -58,6 +88,9 @@ ADAPTERS: tuple[Adapter, ...] = (
         ("mpnet",),
         Stack(r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.attention\.attn\.o$"),
         position_offset=2,
+        values=Values(
+            r"layer\.(\d+)\.attention\.attn\.v$", r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.LayerNorm$"
+        ),
     ),
     Adapter("gpt2", "decoder", ("gpt2",), Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$")),
     Adapter(
@@ -65,6 +98,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         "decoder",
         ("llama", "mistral", "qwen2", "qwen3"),
         Stack(r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.self_attn\.o_proj$"),
+        values=Values(r"layers\.(\d+)\.self_attn\.v_proj$", r"layers\.(\d+)$"),
     ),
     Adapter("vit", "vision", ("vit", "dinov2"), _VIT_LIKE, n_prefix_tokens=1),
     Adapter("deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2),  # CLS + distillation token

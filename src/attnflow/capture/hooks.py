@@ -142,3 +142,68 @@ def _input_hook(recording: StackRecording, name: str, stop):
         stop()
 
     return hook
+
+
+@contextmanager
+def record_tensors(modules: list[tuple[str, nn.Module]], *, inputs: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+    """Record each module's output (or, with ``inputs``, its hidden-states input: the first
+    positional argument or the ``hidden_states`` keyword) by module name, during the forward
+    passes run inside the block. The tensors stay in the autograd graph. Hooks are removed on exit."""
+    recorded: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def output_hook(name: str):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            recorded[name] = output[0] if isinstance(output, (tuple, list)) else output
+
+        return hook
+
+    def input_hook(name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+            if not torch.is_tensor(hidden):
+                raise CaptureError(f"{name}: found no hidden-states input to record")
+            recorded[name] = hidden
+
+        return hook
+
+    try:
+        for name, module in modules:
+            if inputs:
+                handles.append(module.register_forward_pre_hook(input_hook(name), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(output_hook(name)))
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def stack_recorded(recorded: dict[str, torch.Tensor], modules: list[tuple[str, nn.Module]]) -> torch.Tensor:
+    """``[batch, layer, ...]``: the recorded tensors in layer order; raises if a layer is missing."""
+    missing = [name for name, _ in modules if name not in recorded]
+    if missing:
+        raise CaptureError(f"nothing was recorded at {missing[0]} during the forward pass")
+    return torch.stack([recorded[name] for name, _ in modules], dim=1)
+
+
+@contextmanager
+def record_calls(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, tuple[tuple, dict]]]:
+    """Record each module's call arguments ``(args, kwargs)`` by module name, so that a method
+    can call the module again on altered inputs (value zeroing reruns single layers)."""
+    recorded: dict[str, tuple[tuple, dict]] = {}
+    handles = []
+
+    def hook(name: str):
+        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            recorded[name] = (args, dict(kwargs))
+
+        return record
+
+    try:
+        for name, module in modules:
+            handles.append(module.register_forward_pre_hook(hook(name), with_kwargs=True))
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -224,6 +224,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name.lower(), list(EMBEDDED), n=1)
+    from attnflow.capture.probes import PROBES  # the embedded classifiers are aliases too
+
+    aliases = [*EMBEDDED, *PROBES]
+    close = difflib.get_close_matches(name.lower(), aliases, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f" (aliases: {', '.join(EMBEDDED)}){hint}"
+    return f" (aliases: {', '.join(aliases)}){hint}"

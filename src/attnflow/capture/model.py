@@ -12,18 +12,18 @@ import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnflow.capture.adapters import Adapter, Stack, adapter_for
-from attnflow.capture.hooks import StopForward, find_layers, record_stack
+from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.trace import Trace
+from attnflow.trace import NEEDS, Trace
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     """
     import transformers
 
+    from attnflow.capture.probes import PROBES, load_probe
+
+    if name in PROBES:
+        return load_probe(name, device=device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     try:
@@ -149,7 +153,7 @@ class AttentionModel:
         self.d_head = head_width // self.n_heads
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
-        self._output_weights_cache: np.ndarray | None = None
+        self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
         if tokenizer is not None:
@@ -206,6 +210,9 @@ class AttentionModel:
         self,
         texts: str | Sequence[str],
         *,
+        needs: Iterable[str] | None = None,
+        target: int | str | None = None,
+        target_text: str | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
         head_outputs: bool = True,
@@ -213,9 +220,20 @@ class AttentionModel:
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
-        Texts longer than ``max_length`` (default: the model's maximum) are truncated with a
-        warning. Encoder-decoder models take ``targets`` (decoder texts, teacher-forced); without
-        them the decoder side is the model's own greedy continuation (at most 16 tokens).
+        Args:
+            texts: one text or a list.
+            needs: what to capture (names of `attnflow.trace.NEEDS`); default: attentions plus,
+                with ``head_outputs``, head outputs and output weights. Without gradients and
+                targets the forward pass stops after the last attention layer and runs without
+                autograd; ``attention_grads``/``embedding_grads`` run the whole model and one
+                backward pass from the target, ``target`` one forward pass of the whole model.
+            target / target_text: what the target is (see `attnflow.targets.Objective`): class
+                index or label name, next token, or the text a sentence encoder is compared to.
+            batch_size: texts per forward pass.
+            max_length: truncate longer texts (default: the model's maximum), with a warning.
+            head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
+            targets: encoder-decoder models: decoder texts (teacher-forced); without them the
+                decoder side is the model's own greedy continuation (at most 16 tokens).
         """
         if self.tokenizer is None:
             raise InputError(
@@ -226,18 +244,79 @@ class AttentionModel:
         for text in texts:
             if not isinstance(text, str) or not text.strip():
                 raise InputError("the text to explain is empty")
+        wanted = self._needs(needs, head_outputs)
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
+            if wanted - {"attentions", "head_outputs", "output_weights"}:
+                raise CaptureError(f"{self.name} is an encoder-decoder model: only attentions and head outputs are captured")
             goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
             if len(goals) != len(texts):
                 raise InputError(f"{len(texts)} texts but {len(goals)} targets")
-            return [self._trace_seq2seq(text, goal, limit, head_outputs) for text, goal in zip(texts, goals)]
+            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals)]
+        objective = None
+        if wanted & TARGET_NEEDS:
+            from attnflow.targets import Objective
+
+            objective = Objective(self, target=target, target_text=target_text)
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
-            traces.extend(self._trace_batch(texts[start : start + batch_size], limit, head_outputs))
+            traces.extend(self._trace_batch(texts[start : start + batch_size], limit, wanted, objective))
         return traces
 
-    def _trace_batch(self, texts: list[str], limit: int, head_outputs: bool) -> list[Trace]:
+    def explain(
+        self,
+        texts: str | Sequence[str],
+        method: str = "rollout",
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        row: Any = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Capture what ``method`` needs, run it and wrap the result: the front door.
+
+        Returns one `Explanation` for a text, a list for a list of texts. ``target`` /
+        ``target_text`` choose what a target-dependent method explains (default: the predicted
+        class or the argmax next token; see `attnflow.targets`); ``row`` the saliency row of
+        matrix methods; ``options`` go to the method (``attnflow explain --help`` lists them).
+
+            model = attnflow.load("minilm-sentiment")
+            model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
+        """
+        from attnflow.explanation import explain, method_options
+        from attnflow.methods.registry import check_family, get_method
+
+        spec = get_method(method)
+        check_family(spec, self.adapter.family)
+        method_options(spec, options)  # bad options fail before any forward pass
+        if (target is not None or target_text is not None) and not spec.uses_target:
+            raise InputError(f"method {spec.name!r} does not depend on a target; drop --target/--target-text")
+        single = isinstance(texts, str)
+        traces = self.trace(
+            texts, needs=spec.needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        )
+        explanations = [
+            explain(trace, method=spec.name, row=self.default_row if row is None else row, model=self, **options)
+            for trace in traces
+        ]
+        return explanations[0] if single else explanations
+
+    def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
+        if needs is None:
+            return frozenset({"attentions", "head_outputs", "output_weights"} if head_outputs else {"attentions"})
+        wanted = frozenset(needs) | {"attentions"}
+        unknown = wanted - set(NEEDS) - {"model"}
+        if unknown:
+            raise ValueError(f"unknown needs {sorted(unknown)}; known: {', '.join(NEEDS)}")
+        if wanted & {"values", "layer_inputs", "layer_norms"} and self.adapter.values is None:
+            raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
+        if "layer_norms" in wanted and not self.adapter.values.post_norm:
+            raise CaptureError(f"the {self.adapter.family} family is pre-LN: it has no layer norm after the attention block")
+        return wanted
+
+    def _trace_batch(self, texts: list[str], limit: int, needs: frozenset[str], objective: Any) -> list[Trace]:
         self._warn_truncation(texts, limit)
         encoded = self.tokenizer(
             texts,
@@ -248,30 +327,92 @@ class AttentionModel:
             return_special_tokens_mask=True,
             return_tensors="pt",
         )
-        capture = self.capture_batch(encoded["input_ids"], encoded["attention_mask"], head_outputs=head_outputs)
-        attentions = capture.attentions.cpu()  # [batch, layer, head, query, key], stacked once
-        head_output_batch = None if capture.head_outputs is None else capture.head_outputs.cpu()
+        input_ids = encoded["input_ids"].to(self.device)
+        mask = encoded["attention_mask"].to(self.device)
+        batch = self._capture_needs(input_ids, mask, needs, objective)  # name -> [batch, ...] numpy
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        output_weights = self._output_weights_numpy() if head_outputs else None
+        shared: dict[str, Any] = {}
+        if "output_weights" in needs:
+            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+        if "layer_norms" in needs:
+            shared["layer_norms"] = self._layer_norms()
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths)):
             ids = encoded["input_ids"][index, :n]
+            per_sample = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
             traces.append(
                 Trace(
                     tokens=self.tokenizer.convert_ids_to_tokens(ids.tolist()),
                     token_ids=ids.numpy().astype(np.int64),
                     offsets=encoded["offset_mapping"][index, :n].numpy().astype(np.int64),
                     special_mask=encoded["special_tokens_mask"][index, :n].numpy().astype(bool),
-                    attentions=attentions[index, :, :, :n, :n].numpy().copy(),  # not a view of the batch
-                    head_outputs=None if head_output_batch is None else head_output_batch[index, :, :n].numpy().copy(),
                     text=text,
                     model_name=self.name,
                     layer_names=list(self.layer_names),
-                    output_weights=output_weights,
                     meta={"default_row": self.default_row},
+                    target=batch["target"][index] if "target" in batch else None,
+                    **per_sample,
+                    **shared,
                 )
             )
         return traces
+
+    def _capture_needs(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, needs: frozenset[str], objective: Any
+    ) -> dict[str, Any]:
+        """One forward pass (and one backward pass when gradients are needed) over a padded batch;
+        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample."""
+        gradients = needs & {"attention_grads", "embedding_grads"}
+        run_whole_model = objective is not None
+        captured: dict[str, Any] = {}
+        with ExitStack() as hooks:
+            recording = hooks.enter_context(
+                record_stack(
+                    self.model, self.adapter.stack, head_outputs="head_outputs" in needs, stop_after_last_layer=not run_whole_model
+                )
+            )
+            value_layers = find_layers(self.model, self.adapter.values.value) if "values" in needs else []
+            values = hooks.enter_context(record_tensors(value_layers))
+            block_layers = find_layers(self.model, self.adapter.values.block) if "layer_inputs" in needs else []
+            layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
+            embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
+            embeddings = hooks.enter_context(record_tensors(embedding_layer))
+            with torch.set_grad_enabled(bool(gradients)):
+                if run_whole_model:
+                    y, index, probability = objective(mask, input_ids=input_ids, output_attentions=True)
+                else:
+                    try:
+                        self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+                    except StopForward:
+                        pass
+            weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
+            if gradients:
+                sources = (weights if "attention_grads" in gradients else []) + [embeddings[n] for n, _ in embedding_layer]
+                grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
+                if "attention_grads" in gradients:
+                    captured["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights))
+                if "embedding_grads" in gradients:
+                    captured["embedding_grads"] = _numpy(grads[-1])  # [batch, token, d_model]
+                    captured["embeddings"] = _numpy(embeddings["embeddings"])
+        captured["attentions"] = _numpy(torch.stack(weights, dim=1))  # [batch, layer, head, query, key]
+        if "head_outputs" in needs:
+            captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
+        if value_layers:
+            stacked = stack_recorded(values, value_layers)  # [batch, layer, token, kv_head * d_head]
+            batch, layers, tokens, width = stacked.shape
+            per_kv_head = stacked.reshape(batch, layers, tokens, width // self.d_head, self.d_head)
+            # grouped-query attention: query head h reads value head h // (heads per value head)
+            captured["values"] = _numpy(per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3))
+        if block_layers:
+            captured["layer_inputs"] = _numpy(stack_recorded(layer_inputs, block_layers))  # [batch, layer, token, d_model]
+        if run_whole_model:
+            y = y.detach().double().cpu().numpy()
+            probability = None if probability is None else probability.detach().double().cpu().numpy()
+            captured["target"] = [
+                objective.describe(y[i], None if index is None else int(index[i]), None if probability is None else probability[i])
+                for i in range(len(y))
+            ]
+        return captured
 
     def _trace_seq2seq(self, text: str, target: str | None, limit: int, head_outputs: bool) -> Trace:
         self._warn_truncation([text], limit)
@@ -303,7 +444,7 @@ class AttentionModel:
             text=text,
             model_name=self.name,
             layer_names=list(encoder.layer_names),
-            output_weights=self._output_weights_numpy() if head_outputs else None,
+            output_weights=self._output_weights_numpy()[0] if head_outputs else None,
             decoder_tokens=self.tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist()),
             decoder_attentions=_first(decoder.stacked_weights()),
             cross_attentions=_first(cross.stacked_weights()),
@@ -346,7 +487,7 @@ class AttentionModel:
             layer_names=list(recording.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            output_weights=self._output_weights_numpy() if head_outputs else None,
+            output_weights=self._output_weights_numpy()[0] if head_outputs else None,
             meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
         )
 
@@ -388,11 +529,48 @@ class AttentionModel:
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
 
-    def _output_weights_numpy(self) -> np.ndarray:
-        """`output_weights` as numpy, computed once and shared by every Trace of this model."""
+    def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
+        """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases
+        ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
-            self._output_weights_cache = self.output_weights().cpu().numpy()
+            biases = []
+            for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+                bias = projection.bias
+                biases.append(torch.zeros(self.d_model) if bias is None else bias.detach().float().cpu())
+            self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
+
+    def _layer_norms(self) -> dict[str, Any]:
+        """Post-LN models: the layer norm after each attention block, ``weight``/``bias``
+        ``[layer, d_model]`` and ``eps``."""
+        norms = [module for _, module in find_layers(self.model, self.adapter.values.norm)]
+        return {
+            "weight": torch.stack([norm.weight.detach() for norm in norms]).float().cpu().numpy(),
+            "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),
+            "eps": float(norms[0].eps),
+        }
+
+
+TARGET_NEEDS = frozenset({"target", "attention_grads", "embedding_grads"})
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[batch, layer, head, query, key]``; a layer the target does not depend on gets zeros."""
+    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights)], dim=1)
+
+
+def _crop(name: str, array: np.ndarray, n: int) -> np.ndarray:
+    """One sample's array without padding: ``[layer, head, n, n]`` maps, ``[layer, n, ...]`` per-layer
+    token arrays, ``[n, d_model]`` embeddings. A copy, so a Trace never keeps the batch alive."""
+    if name in ("attentions", "attention_grads"):
+        return array[:, :, :n, :n].copy()
+    if name in ("embeddings", "embedding_grads"):
+        return array[:n].copy()
+    return array[:, :n].copy()
 
 
 def _first(batched: torch.Tensor) -> np.ndarray:

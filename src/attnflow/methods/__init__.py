@@ -6,9 +6,19 @@ from attnflow.methods.saliency import saliency_row, to_patch_grid
 from attnflow.methods.encoder_decoder import encoder_decoder_rollout
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.similarity import context_similarity
+from attnflow.methods.relevance import alti, grad_rollout, grad_x_input, gradient, norm, norm_rollout, random
+
+import attnflow.perturb  # noqa: E402,F401  (registers the methods that re-run the model)
 
 __all__ = [
+    "alti",
     "attention_flow",
+    "grad_rollout",
+    "grad_x_input",
+    "gradient",
+    "norm",
+    "norm_rollout",
+    "random",
     "available_methods",
     "context_similarity",
     "encoder_decoder_rollout",

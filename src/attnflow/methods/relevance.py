@@ -1,0 +1,206 @@
+"""Relevance beyond attention weights, as pure functions of a `Trace` (definitions: docs/methods.md).
+
+- `grad_rollout` (Chefer et al. 2021): Ā⁽ˡ⁾ = mean_h (∂y/∂A ⊙ A)⁺, R ← I, R ← R + Ā⁽ˡ⁾ R.
+- `norm` (Kobayashi et al. 2020): N⁽ˡ⁾[i, j] = ‖Σ_h A[l,h,i,j] f_h(x_j)‖₂ with f_h(x_j) = v_j^h W_O^h.
+- `norm_rollout`: the row-normalised N⁽ˡ⁾ composed like rollout; ``residual="norm"`` is N-Res of
+  GlobEnc: ‖Σ_h A f_h(x_j) + δ_ij x_i‖₂, the residual as a vector.
+- `alti` (Ferrando et al. 2022): contributions of each token to the layer-normed output of the
+  attention block, composed over layers.
+- `gradient`, `grad_x_input`: ‖∂y/∂e_j‖₂ and ‖∂y/∂e_j ⊙ e_j‖₂ on the word embeddings.
+- `random`: seeded uniform scores, the floor every benchmark compares with.
+
+Arrays are float64 numpy. Shapes: attentions ``[layer, head, query, key]``, values
+``[layer, token, head, d_head]``, output weights ``[layer, head, d_head, d_model]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnflow.methods.registry import register
+from attnflow.methods.rollout import rollout
+from attnflow.methods.transforms import Residual
+from attnflow.trace import Trace
+
+VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama")
+POST_LN_FAMILIES = ("bert", "roberta", "distilbert", "mpnet")
+GRADIENT_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "gpt2", "llama")
+QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are materialised
+
+
+@register(
+    "grad_rollout",
+    "gradient-weighted rollout (Chefer et al.): R += mean_h (dy/dA * A)+ R, explains the target",
+    ("start_layer",),
+    needs=("attentions", "attention_grads", "target"),
+    families=GRADIENT_FAMILIES,
+)
+def grad_rollout(trace: Trace, start_layer: int = 0) -> np.ndarray:
+    """``[query, key]`` R = Π_l (I + Ā⁽ˡ⁾) over layers ``start_layer`` … L−1 (not renormalised),
+    with Ā⁽ˡ⁾ = mean_h max(0, ∂y/∂A⁽ˡ⁾ ⊙ A⁽ˡ⁾)."""
+    trace.require("attention_grads", method="grad_rollout")
+    attentions = np.asarray(trace.attentions, dtype=np.float64)
+    n_layers = attentions.shape[0]
+    if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
+        raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
+    weighted = np.maximum(np.asarray(trace.attention_grads, dtype=np.float64) * attentions, 0.0).mean(axis=1)  # [layer, q, k]
+    joint = np.eye(trace.n_tokens)
+    for layer in weighted[start_layer:]:
+        joint = joint + layer @ joint
+    return joint
+
+
+def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
+    """``[layer, query, key]`` N⁽ˡ⁾[i, j] = ‖Σ_h A[l,h,i,j] f_h(x_j) (+ δ_ij x_i)‖₂, not normalised.
+
+    Computed from per-token Gram matrices G_j[h, h'] = ⟨f_h(x_j), f_h'(x_j)⟩, so that
+    ‖Σ_h a_h f_h(x_j)‖² = aᵀ G_j a and no ``[query, key, d_model]`` tensor is formed.
+    ``residual_vector`` adds the residual stream x_i (``layer_inputs``) on the diagonal.
+    """
+    attentions = np.asarray(trace.attentions, dtype=np.float64)  # [layer, head, q, k]
+    if residual_vector:
+        trace.require("layer_inputs", method="residual='norm'")
+    index = np.arange(trace.n_tokens)
+    squared = np.zeros((trace.n_layers, trace.n_tokens, trace.n_tokens))
+    for layer in range(trace.n_layers):
+        contributions = value_contributions(trace, layer)  # [key, head, d_model]
+        gram = np.einsum("jhe,jge->jhg", contributions, contributions, optimize=True)  # [key, head, head]
+        squared[layer] = np.einsum("hij,jhg,gij->ij", attentions[layer], gram, attentions[layer], optimize=True)
+        if residual_vector:
+            inputs = np.asarray(trace.layer_inputs[layer], dtype=np.float64)  # [token, d_model]
+            diagonal_attention = attentions[layer][:, index, index].T  # [token, head]
+            cross = np.einsum("ih,ihe,ie->i", diagonal_attention, contributions, inputs, optimize=True)
+            squared[layer, index, index] += 2.0 * cross + np.einsum("ie,ie->i", inputs, inputs)
+    return np.sqrt(np.maximum(squared, 0.0))
+
+
+def _normalise_rows(matrices: np.ndarray) -> np.ndarray:
+    sums = matrices.sum(axis=-1, keepdims=True)
+    return np.divide(matrices, sums, out=np.zeros_like(matrices), where=sums > 0)
+
+
+@register(
+    "norm",
+    "value-aware attention norms (Kobayashi et al.): ||sum_h A f_h(x_j)||, one layer (default: last)",
+    ("layer",),
+    needs=("attentions", "values", "output_weights"),
+    families=VALUE_AWARE_FAMILIES,
+)
+def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
+    """``[query, key]`` the row-normalised N of one layer (``layerwise``: ``[layer, query, key]``)."""
+    n_layers = trace.n_layers
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
+    matrices = _normalise_rows(norm_matrices(trace))
+    return matrices if layerwise else matrices[layer]
+
+
+@register(
+    "norm_rollout",
+    "value-aware norms composed over layers like rollout (residual 'norm': N-Res of GlobEnc)",
+    ("residual", "start_layer"),
+    needs=("attentions", "values", "output_weights", "layer_inputs"),
+    families=VALUE_AWARE_FAMILIES,
+)
+def norm_rollout(trace: Trace, residual: Residual = "half", start_layer: int = 0, layerwise: bool = False) -> np.ndarray:
+    """``[query, key]`` rollout of the row-normalised N⁽ˡ⁾: ``residual`` as in `rollout`
+    (``half``, ``renorm``, ``none``, α) or ``"norm"`` (the residual vector inside the norm,
+    no identity added)."""
+    as_vector = residual == "norm"
+    matrices = _normalise_rows(norm_matrices(trace, residual_vector=as_vector))  # [layer, q, k]
+    return rollout(
+        matrices[:, None], residual="none" if as_vector else residual, start_layer=start_layer, layerwise=layerwise
+    )
+
+
+def alti_layer_parts(trace: Trace, layer: int, queries: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One layer's decomposition for a block of query rows:
+
+    ``T [query, key, d_model]`` T_i(x_j) = Σ_h A[h,i,j] f_h(x_j) + δ_ij x_i, ``y [query, d_model]``
+    = Σ_j T_i(x_j) + b_O (the attention block's output before its layer norm) and ``sigma [query]``
+    the layer norm's σ(y_i) = sqrt(var(y_i) + eps).
+    """
+    trace.require("layer_inputs", "output_bias", "layer_norms", method="alti")
+    contributions = value_contributions(trace, layer)  # [key, head, d_model]
+    attention = np.asarray(trace.attentions[layer, :, queries], dtype=np.float64)  # [head, q, k]
+    parts = np.einsum("hij,jhe->ije", attention, contributions, optimize=True)  # [q, k, d_model]
+    inputs = np.asarray(trace.layer_inputs[layer], dtype=np.float64)  # [token, d_model]
+    rows = np.arange(trace.n_tokens)[queries]
+    parts[np.arange(len(rows)), rows] += inputs[rows]
+    y = parts.sum(axis=1) + np.asarray(trace.output_bias[layer], dtype=np.float64)
+    sigma = np.sqrt(y.var(axis=-1) + trace.layer_norms["eps"])
+    return parts, y, sigma
+
+
+def value_contributions(trace: Trace, layer: int) -> np.ndarray:
+    """``[token, head, d_model]`` f_h(x_j) = v_j^h W_O^h of one layer, every head and token."""
+    trace.require("values", "output_weights", method="value-aware relevance")
+    values = np.asarray(trace.values[layer], dtype=np.float64)  # [token, head, d_head]
+    return np.einsum("jhd,hde->jhe", values, np.asarray(trace.output_weights[layer], dtype=np.float64), optimize=True)
+
+
+def alti_matrices(trace: Trace) -> np.ndarray:
+    """``[layer, query, key]`` row-normalised ALTI contributions
+    c_ij = max(0, ‖x̃_i‖₁ − ‖x̃_i − z_ij‖₁), z_ij = g ⊙ (T_i(x_j) − mean(T_i(x_j))) / σ(y_i),
+    x̃_i the layer norm's real output."""
+    gain = np.asarray(trace.layer_norms["weight"], dtype=np.float64)  # [layer, d_model]
+    shift = np.asarray(trace.layer_norms["bias"], dtype=np.float64)
+    n = trace.n_tokens
+    result = np.zeros((trace.n_layers, n, n))
+    for layer in range(trace.n_layers):
+        for start in range(0, n, QUERY_CHUNK):
+            queries = slice(start, min(n, start + QUERY_CHUNK))
+            parts, y, sigma = alti_layer_parts(trace, layer, queries)
+            z = gain[layer] * (parts - parts.mean(axis=-1, keepdims=True)) / sigma[:, None, None]  # [q, k, d]
+            normed = gain[layer] * (y - y.mean(axis=-1, keepdims=True)) / sigma[:, None] + shift[layer]  # x̃ [q, d]
+            distance = np.abs(normed[:, None, :] - z).sum(axis=-1)  # [q, k]
+            result[layer, queries] = np.maximum(0.0, np.abs(normed).sum(axis=-1, keepdims=True) - distance)
+    return _normalise_rows(result)
+
+
+@register(
+    "alti",
+    "ALTI (Ferrando et al.): token contributions to the layer-normed attention output, composed",
+    ("start_layer",),
+    needs=("attentions", "values", "output_weights", "layer_inputs", "layer_norms"),
+    families=POST_LN_FAMILIES,
+)
+def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndarray:
+    """``[query, key]`` composition of the per-layer ALTI contributions (the residual is already
+    inside them, so no identity is added)."""
+    return rollout(alti_matrices(trace)[:, None], residual="none", start_layer=start_layer, layerwise=layerwise)
+
+
+@register(
+    "gradient",
+    "gradient norm ||dy/de_j|| on the word embeddings (one score per token)",
+    (),
+    needs=("attentions", "embedding_grads", "target"),
+    families=GRADIENT_FAMILIES,
+    scores_only=True,
+)
+def gradient(trace: Trace) -> np.ndarray:
+    """``[token]`` ‖∂y/∂e_j‖₂."""
+    trace.require("embedding_grads", method="gradient")
+    return np.linalg.norm(np.asarray(trace.embedding_grads, dtype=np.float64), axis=-1)
+
+
+@register(
+    "grad_x_input",
+    "gradient x input ||dy/de_j * e_j|| on the word embeddings (one score per token)",
+    (),
+    needs=("attentions", "embedding_grads", "target"),
+    families=GRADIENT_FAMILIES,
+    scores_only=True,
+)
+def grad_x_input(trace: Trace) -> np.ndarray:
+    """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂."""
+    trace.require("embeddings", "embedding_grads", method="grad_x_input")
+    product = np.asarray(trace.embedding_grads, dtype=np.float64) * np.asarray(trace.embeddings, dtype=np.float64)
+    return np.linalg.norm(product, axis=-1)
+
+
+@register("random", "seeded uniform random scores: the baseline every method must beat", ("seed",), scores_only=True)
+def random(trace: Trace, seed: int = 0) -> np.ndarray:
+    """``[token]`` uniform [0, 1) scores from ``numpy.random.default_rng(seed)``."""
+    return np.random.default_rng(seed).random(trace.n_tokens)

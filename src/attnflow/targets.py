@@ -1,0 +1,197 @@
+"""Targets: the scalar y that gradient and perturbation methods explain.
+
+- a classifier (``logits [batch, class]``): the logit of class c; default the predicted class,
+  or an index, or a label name;
+- a causal LM: log p(next token = t | text) at the last real position; default the argmax token,
+  or a token string (one token) or id;
+- a sentence encoder without a head: cosine(embedding(text), embedding(target text)) with the
+  model's own pooling (mean for mean-pooled encoders, else the first token); a target text is
+  required.
+
+`Objective` computes y from a forward pass (differentiably, so methods can take gradients), and
+`Target` records what was explained: kind, index, label, value. Torch is imported on first use:
+reading a `Target` (reports, JSON) does not need it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnflow.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+TARGET_KINDS = ("class", "next_token", "similarity")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an explanation is about.
+
+    kind: ``"class"``, ``"next_token"`` or ``"similarity"``; index: class index or token id
+    (None for similarity); label: class name, token string or the target text; value: y on the
+    unaltered input (logit, log-probability or cosine); probability: p(class) or p(token), None
+    for similarity.
+    """
+
+    kind: str
+    index: int | None
+    label: str | None
+    value: float
+    probability: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """``negative (p = 0.83)``, ``next token ' Paris' (p = 0.41)``, ``similarity to '…' = 0.62``."""
+        if self.kind == "class":
+            return f"{self.label} (p = {self.probability:.2f})"
+        if self.kind == "next_token":
+            return f"next token {self.label!r} (p = {self.probability:.2f})"
+        return f"similarity to {self.label!r} = {self.value:.3f}"
+
+
+def target_kind(model: Any) -> str:
+    """Which target an `AttentionModel` supports (see the module docstring)."""
+    if model.kind == "decoder":
+        return "next_token"
+    if model.kind == "encoder":
+        name = type(model.model).__name__
+        return "class" if name.endswith("ForSequenceClassification") or name == "PooledClassifier" else "similarity"
+    raise InputError(
+        f"{model.name} is a {model.kind} model: targets (and the methods that need one) are available for "
+        "classifiers, causal LMs and sentence encoders"
+    )
+
+
+class Objective:
+    """y for a batch, given one model and what the user asked for.
+
+    Args:
+        model: an `AttentionModel`.
+        target: class index or label name (classifiers), token string or id (causal LMs);
+            None: the predicted class / the argmax token.
+        target_text: sentence encoders: the text whose embedding y is the cosine similarity to.
+    """
+
+    def __init__(self, model: Any, target: int | str | None = None, target_text: str | None = None) -> None:
+        self.model = model
+        self.kind = target_kind(model)
+        self.fixed_index: int | None = None
+        self._reference: torch.Tensor | None = None
+        self.target_text = target_text
+        if self.kind == "similarity":
+            if target is not None:
+                raise InputError(f"{model.name} is a sentence encoder without a classifier: give --target-text, not --target")
+            if not isinstance(target_text, str) or not target_text.strip():
+                raise InputError(
+                    f"{model.name} is a sentence encoder without a classifier head: this method explains the "
+                    "similarity to a target text; give one (--target-text / target_text=)"
+                )
+        elif target_text is not None:
+            raise InputError(f"--target-text is for sentence encoders; {model.name} has a {self.kind.replace('_', '-')} target")
+        elif target is not None:
+            self.fixed_index = self._class_index(target) if self.kind == "class" else self._token_id(target)
+
+    @classmethod
+    def for_target(cls, model: Any, target: Target) -> "Objective":
+        """The objective that scores altered inputs for an already resolved `Target`."""
+        if target.kind == "similarity":
+            return cls(model, target_text=target.label)
+        return cls(model, target=target.index)
+
+    # -- resolving what the user asked -----------------------------------------------------------
+
+    @property
+    def labels(self) -> list[str]:
+        id2label = getattr(self.model.model.config, "id2label", None) or {}
+        return [str(id2label[i]) for i in sorted(id2label)]
+
+    def _class_index(self, target: int | str) -> int:
+        labels = self.labels
+        if isinstance(target, str) and not target.lstrip("-").isdigit():
+            if target not in labels:
+                raise InputError(f"unknown class {target!r}; {self.model.name} has the classes {', '.join(labels)}")
+            return labels.index(target)
+        index = int(target)
+        if not 0 <= index < len(labels):
+            raise InputError(f"class index {index} out of range: {self.model.name} has {len(labels)} classes ({', '.join(labels)})")
+        return index
+
+    def _token_id(self, target: int | str) -> int:
+        tokenizer = self.model.tokenizer
+        if isinstance(target, int) or (isinstance(target, str) and target.isdigit() and len(target) > 3):
+            index = int(target)
+            if not 0 <= index < len(tokenizer):
+                raise InputError(f"token id {index} out of range (vocabulary of {len(tokenizer)})")
+            return index
+        ids = tokenizer(target, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            raise InputError(f"the target token {target!r} is {len(ids)} tokens ({pieces}); give exactly one token")
+        return int(ids[0])
+
+    # -- computing y -----------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        attention_mask: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        index: torch.Tensor | None = None,
+        **model_kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One full forward pass: ``(y [batch], index [batch] or None, probability [batch] or None)``.
+
+        ``index`` fixes the class or token per sample (perturbation methods pass the one resolved
+        on the unaltered input); otherwise the user's fixed target or the argmax is used.
+        """
+        import torch
+
+        outputs = self.model.model(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **model_kwargs
+        )
+        if self.kind == "similarity":
+            pooled = self._pool(outputs.last_hidden_state, attention_mask)
+            return torch.nn.functional.cosine_similarity(pooled, self._reference_embedding(), dim=-1), None, None
+        logits = outputs.logits
+        if self.kind == "next_token":
+            last = attention_mask.sum(dim=1) - 1  # [batch] last real position (right padding)
+            logits = torch.log_softmax(logits[torch.arange(len(last)), last], dim=-1)  # [batch, vocab]
+        if index is None:
+            index = (
+                torch.full((len(logits),), self.fixed_index, device=logits.device)
+                if self.fixed_index is not None
+                else logits.argmax(dim=-1)
+            )
+        chosen = logits.gather(1, index[:, None].to(logits.device))[:, 0]  # [batch]
+        probability = chosen.exp() if self.kind == "next_token" else torch.softmax(logits, dim=-1).gather(1, index[:, None])[:, 0]
+        return chosen, index, probability
+
+    def describe(self, y: float, index: int | None, probability: float | None) -> Target:
+        if self.kind == "similarity":
+            return Target("similarity", None, self.target_text, float(y))
+        label = self.labels[index] if self.kind == "class" else self.model.tokenizer.decode([index])
+        return Target(self.kind, int(index), label, float(y), float(probability))
+
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[batch, token, d_model]`` → ``[batch, d_model]`` with the model's own pooling."""
+        if self.model.default_row == "mean":
+            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+            return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        return hidden[:, 0]
+
+    def _reference_embedding(self) -> torch.Tensor:
+        import torch
+
+        if self._reference is None:
+            encoded = self.model.tokenizer(
+                [self.target_text], truncation=True, max_length=self.model.max_length, return_tensors="pt"
+            ).to(self.model.device)
+            with torch.no_grad():
+                hidden = self.model.model(**encoded).last_hidden_state
+            self._reference = self._pool(hidden, encoded["attention_mask"])  # [1, d_model]
+        return self._reference
