@@ -199,3 +199,34 @@ def test_dinov2_rejects_text_and_a_text_model_rejects_images(dinov2, minilm):
         dinov2.trace("A cat sat on the mat.")
     with pytest.raises(InputError, match=r"minilm is a text model \(encoder\), not a vision model"):
         minilm.trace_image(grace_hopper())
+
+
+def test_value_vectors_and_output_weights_decompose_the_attention_block(dinov2):
+    """Σ_j Σ_h A[h,i,j] f_h(x_j) + λ ⊙ b_O, with f_h(x_j) = v_j^h W_O^h diag(λ) from the trace,
+    equals what each layer's attention block adds to the residual stream (LayerScale's output)."""
+    added: dict[int, torch.Tensor] = {}
+    handles = [
+        block.layer_scale1.register_forward_hook(lambda module, inputs, output, layer=layer: added.__setitem__(layer, output))
+        for layer, block in enumerate(dinov2.model.encoder.layer)
+    ]
+    try:
+        trace = dinov2.trace_image(grace_hopper(), needs=("attentions", "values", "output_weights", "layer_inputs"))
+        with torch.no_grad():
+            dinov2.model(pixel_values=_pixels(dinov2, grace_hopper()))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert trace.values.shape == (LAYERS, 257, 6, 64) and trace.layer_inputs.shape == (LAYERS, 257, 384)
+    scales = np.stack([block.layer_scale1.lambda1.detach().numpy() for block in dinov2.model.encoder.layer])
+    assert np.abs(scales - 1).max() > 1  # LayerScale is far from 1 (|λ| up to ~10): leaving it out would be wrong
+    for layer in range(LAYERS):
+        contributions = np.einsum("jhd,hde->jhe", trace.values[layer], trace.output_weights[layer])  # [key, head, d_model]
+        rebuilt = np.einsum("hij,jhe->ie", trace.attentions[layer], contributions) + trace.output_bias[layer]
+        np.testing.assert_allclose(rebuilt, added[layer][0].numpy(), atol=1e-4, err_msg=f"layer {layer}")
+
+
+def test_norm_on_grace_hopper_sits_on_the_person(dinov2):
+    trace = dinov2.trace_image(grace_hopper(), needs=attnflow.get_method("norm").needs)
+    patches = attnflow.explain(trace, method="norm").patch_scores  # last layer, CLS row
+    background = np.concatenate([patches[0:8, 0:3].ravel(), patches[0:8, 13:16].ravel()])
+    assert patches[1:10, 4:12].mean() > 2 * background.mean()  # measured 2.7x

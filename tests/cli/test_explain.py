@@ -41,7 +41,7 @@ class FakeModel:
         words = texts[0].split()[: (max_length or 512) - 2]
         return [self._trace(["[CLS]", *words, "[SEP]"], text=texts[0])]
 
-    def trace_image(self, path):
+    def trace_image(self, path, needs=None):
         self.calls.append(("trace_image", path))
         tokens = ["[CLS]"] + [f"patch({r},{c})" for r in range(2) for c in range(2)]
         return self._trace(tokens, grid=(2, 2), n_prefix_tokens=1, meta={"image": str(path)})

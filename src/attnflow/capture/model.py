@@ -198,13 +198,24 @@ class AttentionModel:
         )
 
     def output_weights(self) -> torch.Tensor:
-        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``."""
+        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
+        for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+        for (_, projection), scale in zip(find_layers(self.model, self.adapter.stack.output_projection), self._output_scales()):
             weight = projection.weight.detach()
             in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
-            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model))
+            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
+
+    def _output_scales(self) -> list[torch.Tensor]:
+        """Per layer, the LayerScale ``λ [d_model]`` applied after the output projection (ones without)."""
+        values = self.adapter.values
+        if values is None or values.output_scale is None:
+            return [torch.ones(self.d_model, device=self.device)] * self.n_layers
+        scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
+        if len(scales) != self.n_layers:
+            raise CaptureError(f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})")
+        return scales
 
     def trace(
         self,
@@ -329,13 +340,9 @@ class AttentionModel:
         )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        batch = self._capture_needs(input_ids, mask, needs, objective)  # name -> [batch, ...] numpy
+        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)  # name -> [batch, ...] numpy
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        shared: dict[str, Any] = {}
-        if "output_weights" in needs:
-            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
-        if "layer_norms" in needs:
-            shared["layer_norms"] = self._layer_norms()
+        shared = self._shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths)):
             ids = encoded["input_ids"][index, :n]
@@ -357,10 +364,18 @@ class AttentionModel:
             )
         return traces
 
-    def _capture_needs(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, needs: frozenset[str], objective: Any
-    ) -> dict[str, Any]:
-        """One forward pass (and one backward pass when gradients are needed) over a padded batch;
+    def _shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+        """Trace fields that come from the weights, shared by every Trace of this model."""
+        shared: dict[str, Any] = {}
+        if "output_weights" in needs:
+            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+        if "layer_norms" in needs:
+            shared["layer_norms"] = self._layer_norms()
+        return shared
+
+    def _capture_needs(self, needs: frozenset[str], objective: Any, **inputs: torch.Tensor) -> dict[str, Any]:
+        """One forward pass (and one backward pass when gradients are needed) over a padded batch
+        of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
         returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample."""
         gradients = needs & {"attention_grads", "embedding_grads"}
         run_whole_model = objective is not None
@@ -379,10 +394,11 @@ class AttentionModel:
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
                 if run_whole_model:
-                    y, index, probability = objective(mask, input_ids=input_ids, output_attentions=True)
+                    mask = inputs.pop("attention_mask")
+                    y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
                     try:
-                        self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+                        self.model(**inputs, output_attentions=True)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
@@ -451,27 +467,30 @@ class AttentionModel:
             meta={"default_row": self.default_row},
         )
 
-    def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
+    def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
         """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.
 
         The image is converted to RGB (with a warning when it was not) and preprocessed as the
         model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
         original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
+        ``needs`` as in `trace` (values, layer inputs and output weights for the value-aware
+        methods); targets and gradients are not defined for images.
         """
         if self.kind != "vision":
             raise InputError(
                 f"{self.name} is a text model ({self.kind}), not a vision model: explain images with a "
                 "vision model such as dinov2-s"
             )
+        wanted = self._needs(needs, head_outputs)
+        if wanted & TARGET_NEEDS:
+            raise CaptureError(f"{self.name}: targets and gradients are not defined for images (needs {sorted(wanted & TARGET_NEEDS)})")
         source = str(image) if isinstance(image, (str, Path)) else ""
         picture, note = to_rgb(read_image(image) if source else image, source or "the image")
         pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
-        with torch.no_grad():
-            recording = self._forward_until_last_layer(head_outputs, pixel_values=pixels.to(self.device))
-        attentions = _first(recording.stacked_weights())
-        n = attentions.shape[-1]
+        captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
+        n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
         if n != prefix + grid[0] * grid[1]:
             raise CaptureError(f"{n} tokens do not match {prefix} prefix tokens + a {grid[0]}x{grid[1]} patch grid")
@@ -481,14 +500,13 @@ class AttentionModel:
             token_ids=np.full(n, -1, dtype=np.int64),
             offsets=np.zeros((n, 2), dtype=np.int64),
             special_mask=np.arange(n) < prefix,
-            attentions=attentions,
-            head_outputs=_first(recording.stacked_head_outputs(self.n_heads)) if head_outputs else None,
             model_name=self.name,
-            layer_names=list(recording.layer_names),
+            layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            output_weights=self._output_weights_numpy()[0] if head_outputs else None,
             meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
+            **{name: array[0] for name, array in captured.items()},
+            **self._shared_fields(wanted),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -534,9 +552,9 @@ class AttentionModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+            for (_, projection), scale in zip(find_layers(self.model, self.adapter.stack.output_projection), self._output_scales()):
                 bias = projection.bias
-                biases.append(torch.zeros(self.d_model) if bias is None else bias.detach().float().cpu())
+                biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
 

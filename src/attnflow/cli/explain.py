@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     model = _load(args.model, args.device, args.quiet)
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image(args.image)
+        trace = model.trace_image(args.image, needs=get_method(args.method).needs)  # values etc. for value-aware methods
     else:
         say("tracing …")
         trace = model.trace([args.text], max_length=args.max_length)[0]
