@@ -47,7 +47,8 @@ side is resized to 256 px (bicubic), the centre 224x224 is cropped and the pixel
 [0, 1] and normalised with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)
 - the input the ONNX graph it is converted from expects. That gives CLS + a 16x16 grid of 14-px
 patches; the overlay covers the cropped square. Other vision models follow their folder's
-preprocessor_config.json. On an image, flow computes only the saliency row (CLS by default).
+preprocessor_config.json. On an image, flow computes only the saliency row (CLS by default);
+rollout, raw, flow, norm and norm_rollout apply (gradient and target methods do not).
 
 The output folder receives explanation.json (model, method, options, tokens, row, scores,
 matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
