@@ -43,6 +43,7 @@ test-all: setup browser
 bench: setup
 	$(PY) benchmarks/bench_flow.py
 	$(PY) benchmarks/bench_corpus.py
+	$(PY) benchmarks/bench_vision.py
 
 clean:
 	rm -rf $(VENV) out build dist

@@ -255,7 +255,8 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores = np.asarray(spec.function(trace.attentions, **chosen), dtype=np.float64).reshape(n)
+            source = trace if _takes_trace(spec) else trace.attentions
+            scores = np.asarray(spec.function(source, **chosen), dtype=np.float64).reshape(n)
             return _explanation(trace, spec, chosen, row, None, scores, None)
     if "model" in spec.needs:
         if model is None:
