@@ -8,14 +8,24 @@ Quick start::
     R = attnflow.rollout(trace.attentions)                # [query, key], rows sum to 1
     explanation = attnflow.explain(trace, method="rollout", row="mean")
     explanation.save("out/")
+
+    classifier = attnflow.load("minilm-sentiment")         # minilm + a trained sentiment head
+    classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
 from attnflow.methods import (
+    alti,
     attention_flow,
     available_methods,
     context_similarity,
     encoder_decoder_rollout,
     get_method,
+    grad_rollout,
+    grad_x_input,
+    gradient,
+    norm,
+    norm_rollout,
+    random,
     raw_attention,
     rollout,
     saliency_row,
@@ -40,13 +50,20 @@ def __getattr__(name: str):
 __all__ = [
     "Explanation",
     "Trace",
+    "alti",
     "attention_flow",
     "available_methods",
     "context_similarity",
     "encoder_decoder_rollout",
     "explain",
     "get_method",
+    "grad_rollout",
+    "grad_x_input",
+    "gradient",
     "load",
+    "norm",
+    "norm_rollout",
+    "random",
     "raw_attention",
     "rollout",
     "saliency_row",

@@ -76,6 +76,7 @@ class Explanation:
     image: str | None = None
     head_matrices: np.ndarray | None = None
     target: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +159,8 @@ class Explanation:
         }
         if self.target is not None:
             data["target"] = _jsonable(self.target)
+        if self.prediction is not None:
+            data["prediction"] = _jsonable(self.prediction)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -190,6 +193,7 @@ class Explanation:
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
             target=data.get("target"),
+            prediction=data.get("prediction"),
             image_box=data.get("image_box"),
         )
 
@@ -301,7 +305,8 @@ def _explanation(
         n_prefix_tokens=trace.n_prefix_tokens,
         image=str(image) if image else None,
         head_matrices=head_matrices,
-        target=trace.target.to_dict() if trace.target is not None else None,
+        target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
+        prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
     )
 

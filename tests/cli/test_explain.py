@@ -41,7 +41,13 @@ class FakeModel:
         words = texts[0].split()[: (max_length or 512) - 2]
         return [self._trace(["[CLS]", *words, "[SEP]"], text=texts[0])]
 
-    def trace_image(self, path, needs=None):
+    def trace_for(self, methods, texts, target=None, target_text=None, max_length=None):
+        return self.trace(texts, max_length=max_length)
+
+    def trace_image_for(self, methods, path):
+        return self.trace_image(path)
+
+    def trace_image(self, path):
         self.calls.append(("trace_image", path))
         tokens = ["[CLS]"] + [f"patch({r},{c})" for r in range(2) for c in range(2)]
         return self._trace(tokens, grid=(2, 2), n_prefix_tokens=1, meta={"image": str(path)})

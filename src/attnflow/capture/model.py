@@ -23,6 +23,7 @@ from attnflow.capture.hooks import StopForward, find_layers, record_stack, recor
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         "decoder": transformers.AutoModelForCausalLM,
         "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
     }.get(adapter.kind, transformers.AutoModel)
+    if adapter.kind == "encoder" and any(
+        architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
+    ):
+        auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
     try:
         model = auto_class.from_pretrained(
             source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -165,6 +170,12 @@ class AttentionModel:
     def kind(self) -> str:
         return self.adapter.kind
 
+
+    @property
+    def is_classifier(self) -> bool:
+        """A text classifier: its output is ``logits [batch, class]``."""
+        name = type(self.model).__name__
+        return self.kind == "encoder" and (name.endswith("ForSequenceClassification") or name == "PooledClassifier")
 
     @property
     def is_decoder(self) -> bool:
@@ -297,22 +308,41 @@ class AttentionModel:
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
         """
         from attnflow.explanation import explain, method_options
-        from attnflow.methods.registry import check_family, get_method
 
-        spec = get_method(method)
-        check_family(spec, self.adapter.family)
-        method_options(spec, options)  # bad options fail before any forward pass
-        if (target is not None or target_text is not None) and not spec.uses_target:
-            raise InputError(f"method {spec.name!r} does not depend on a target; drop --target/--target-text")
         single = isinstance(texts, str)
-        traces = self.trace(
-            texts, needs=spec.needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        method_options(get_method(method), options)  # bad options fail before any forward pass
+        traces = self.trace_for(
+            [method], texts, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
         )
         explanations = [
-            explain(trace, method=spec.name, row=self.default_row if row is None else row, model=self, **options)
+            explain(trace, method=method, row=self.default_row if row is None else row, model=self, **options)
             for trace in traces
         ]
         return explanations[0] if single else explanations
+
+    def trace_for(
+        self,
+        methods: Sequence[str],
+        texts: str | Sequence[str],
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+    ) -> list[Trace]:
+        """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
+        checking that each method supports this model's family and that a target is only given
+        to methods that use one."""
+        specs = self._supported(methods)
+        if (target is not None or target_text is not None) and not any(spec.uses_target for spec in specs):
+            names = ", ".join(spec.name for spec in specs)
+            raise InputError(f"{names} does not depend on a target; drop --target/--target-token/--target-text")
+        needs = frozenset().union(*(spec.needs for spec in specs))
+        if self.is_classifier:
+            needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
+        return self.trace(
+            texts, needs=needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        )
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
         if needs is None:
@@ -466,6 +496,18 @@ class AttentionModel:
             cross_attentions=_first(cross.stacked_weights()),
             meta={"default_row": self.default_row},
         )
+
+    def _supported(self, methods: Sequence[str]) -> list[Any]:
+        """The methods' registry entries, after checking that each supports this model's family."""
+        specs = [get_method(name) for name in methods]
+        for spec in specs:
+            check_family(spec, self.adapter.family)
+        return specs
+
+    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
+        """Trace ``image`` capturing what all of ``methods`` need (one pass), after checking that
+        each method supports this model's family."""
+        return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
 
     def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
         """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
 
 TRACE_FILE = "trace.npz"
+COMPARISON_FILE = "comparison.html"
+DEFAULT_MODEL = "minilm-sentiment"
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -30,13 +33,18 @@ FLAGS = {
     "threshold": "--threshold",
     "discard_ratio": "--discard-ratio",
     "layer": "--layer",
+    "seed": "--seed",
+    "n_steps": "--steps",
 }
 
 EPILOG = """\
 examples:
   attnflow explain "The movie was terrible, but the acting was great." --out out/movie
-  attnflow explain "The movie was terrible, but the acting was great." --row cls --discard-ratio 0.9
-  attnflow explain "Paris is the capital of" --model smollm2 --row last --head-fusion max
+  attnflow explain "The movie was terrible, but the acting was great." --method rollout,alti --out out/both
+  attnflow explain "The movie was terrible, but the acting was great." --method grad_rollout --target positive
+  attnflow explain "Paris is the capital of" --model smollm2 --method norm_rollout --row last
+  attnflow explain "Paris is the capital of" --model smollm2 --method gradient --target-token " France"
+  attnflow explain "A cat sat on the mat." --model minilm --method leave_one_out --target-text "a dog"
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
   attnflow explain --image photo.jpg --model dinov2-s --out out/photo
   attnflow explain --image photo.jpg --model dinov2-s --method flow --save-trace
@@ -50,15 +58,20 @@ patches; the overlay covers the cropped square. Other vision models follow their
 preprocessor_config.json. On an image, flow computes only the saliency row (CLS by default);
 rollout, raw, flow, norm and norm_rollout apply (gradient and target methods do not).
 
-The output folder receives explanation.json (model, method, options, tokens, row, scores,
+The default model, minilm-sentiment, is a real classifier (all-MiniLM-L6-v2, mean pooling and a
+logistic-regression head trained on Rotten Tomatoes snippets; `attnflow models list` shows its
+held-out accuracy): target-dependent methods explain its predicted class unless --target names one.
+
+The output folder receives explanation.json (model, method, options, target, tokens, row, scores,
 matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
-image, explanation_overlay.png (the saliency over the image).
+image, explanation_overlay.png (the saliency over the image). With several methods (--method a,b)
+each goes to DIR/METHOD/ and DIR/comparison.html shows them side by side.
 A folder that already holds an explanation is only replaced with --overwrite.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    methods = "\n".join(f"  {name:<10} {get_method(name).summary}" for name in available_methods())
+    methods = "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
     parser = subparsers.add_parser(
         "explain",
         help="explain one text or image with attention rollout (or another method)",
@@ -71,21 +84,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to explain (omit with --image)")
     source = parser.add_argument_group("input and model")
-    source.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2, dinov2-s), local path or hub id (default: minilm)")
+    source.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, dinov2-s, ...), local path or hub id (default: {DEFAULT_MODEL})",
+    )
     source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)")
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 
-    method = parser.add_argument_group("method and options (see DESIGN §2)")
-    method.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
+    method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
+    method.add_argument(
+        "--method", default="rollout", type=_methods, metavar="NAME[,NAME..]", help="one or more methods listed above (default: rollout)"
+    )
     method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: per-head rollout, averaged)")
     method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
-    method.add_argument("--residual", type=_residual, metavar="half|renorm|none|ALPHA", help="residual correction (default: half)")
+    method.add_argument(
+        "--residual", type=_residual, metavar="half|renorm|none|ALPHA|norm", help="residual correction (default: half; norm: norm_rollout only)"
+    )
     method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
     method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
     method.add_argument("--threshold", type=_non_negative_float, metavar="T", help="drop entries below T in each row")
     method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row")
-    method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw (default: last)")
+    method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw or norm (default: last)")
+    method.add_argument("--seed", type=_non_negative_int, metavar="S", help="seed of --method random (default: 0)")
+    method.add_argument("--steps", type=_positive_int, metavar="N", help="steps of --method integrated_gradients (default: 32)")
+    target = parser.add_argument_group("target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)")
+    target.add_argument("--target", metavar="CLASS", help="classifiers: class index or label name (default: the predicted class)")
+    target.add_argument("--target-token", metavar="TOKEN", help="causal LMs: the next token explained (default: the most likely one)")
+    target.add_argument("--target-text", metavar="TEXT", help="sentence encoders without a head: explain the similarity to this text")
     method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
 
     output = parser.add_argument_group("output")
@@ -99,21 +126,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.explanation import OUTPUT_FILES, explain, method_options
+    from attnflow.explanation import OUTPUT_FILES, explain
 
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
             raise InputError("give either TEXT or --image, not both")
+        if args.target is not None or args.target_token is not None or args.target_text is not None:
+            raise InputError("targets (--target, --target-token, --target-text) are not defined for images")
         read_image(args.image)  # a missing or unreadable file fails before the model loads
     elif args.text is None:
         raise InputError("nothing to explain: give a TEXT (or --image PATH)")
     elif not args.text.strip():
         raise InputError("the text to explain is empty")
-    options = _options(args)
-    method_options(get_method(args.method), options, spell=FLAGS)
+    if args.target is not None and args.target_token is not None:
+        raise InputError("give either --target (a class) or --target-token (a next token), not both")
+    per_method = _options_per_method(args.method, _options(args))
     out = Path(args.out)
-    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE,))
+    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE, COMPARISON_FILE))
     if previous and not args.overwrite:
         raise FileExistsError(
             f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
@@ -125,29 +155,73 @@ def run(args: argparse.Namespace) -> int:
     model = _load(args.model, args.device, args.quiet)
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image(args.image, needs=get_method(args.method).needs)  # values etc. for value-aware methods
+        trace = model.trace_image_for(list(per_method), args.image)
     else:
         say("tracing …")
-        trace = model.trace([args.text], max_length=args.max_length)[0]
+        target = args.target if args.target is not None else args.target_token
+        trace = model.trace_for(args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length)[0]
     row = args.row if args.row is not None else getattr(model, "default_row", None)
-    explanation = explain(trace, method=args.method, row=row, **options)
+    explanations = []
+    for method, options in per_method.items():
+        say(f"{method} …")
+        explanations.append(explain(trace, method=method, row=row, model=model, **options))
 
     for path in previous:  # only now: a failed run above leaves the old explanation intact
-        path.unlink()
-    paths = explanation.save(out)
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    paths = _save(explanations, out)
     if args.save_trace:
         paths["trace"] = out / TRACE_FILE
         trace.save(str(paths["trace"]))
 
     if args.json:
-        json.dump(explanation.to_dict(), sys.stdout, ensure_ascii=False)
+        data = [explanation.to_dict() for explanation in explanations]
+        json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     elif not args.quiet:
-        top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
-        print(f"top tokens (row {explanation.row}): {top}")
+        if trace.target is not None:
+            print(f"prediction: {trace.target.describe()}" if any(e.target is None for e in explanations) else f"explains: {trace.target.describe()}")
+        for explanation in explanations:
+            top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
+            where = f"row {explanation.row}" if explanation.row is not None else "scores"
+            print(f"{explanation.method} top tokens ({where}): {top}")
         for kind, path in paths.items():
             print(f"wrote {path}")
     return 0
+
+
+def _options_per_method(methods: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's share of the options the user set; an option no chosen method takes is an error."""
+    from attnflow.explanation import method_options
+
+    given = {name: value for name, value in options.items() if value is not None}
+    if len(methods) == 1:
+        method_options(get_method(methods[0]), given, spell=FLAGS)
+        return {methods[0]: given}
+    specs = [get_method(name) for name in methods]
+    accepted = {name for spec in specs for name in spec.options} | ({"weights"} if any("head_fusion" in s.options for s in specs) else set())
+    unused = [FLAGS.get(name, name) for name in given if name not in accepted]
+    if unused:
+        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
+    chosen = {}
+    for spec in specs:
+        mine = {name: value for name, value in given.items() if name in spec.options or (name == "weights" and "head_fusion" in spec.options)}
+        chosen[spec.name] = method_options(spec, mine, spell=FLAGS)
+    return chosen
+
+
+def _save(explanations: list[Any], out: Path) -> dict[str, Path]:
+    """One method: its files in ``out``. Several: each in ``out/METHOD/`` plus ``out/comparison.html``."""
+    if len(explanations) == 1:
+        return explanations[0].save(out)
+    from attnflow.viz.html import comparison_html
+
+    paths: dict[str, Path] = {}
+    for explanation in explanations:
+        for kind, path in explanation.save(out / explanation.method).items():
+            paths[f"{explanation.method} {kind}"] = path
+    paths["comparison"] = out / COMPARISON_FILE
+    paths["comparison"].write_text(comparison_html(explanations), encoding="utf-8")
+    return paths
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,13 +235,19 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "threshold": args.threshold,
         "discard_ratio": args.discard_ratio,
         "layer": args.layer,
+        "seed": args.seed,
+        "n_steps": args.steps,
     }
 
 
 def _previous_outputs(out: Path, names: tuple[str, ...]) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    return [out / name for name in names if (out / name).exists()]
+    from attnflow.explanation import JSON_FILE
+
+    files = [out / name for name in names if (out / name).exists()]
+    method_folders = [path for path in sorted(out.glob(f"*/{JSON_FILE}")) if path.parent.name in available_methods()]
+    return files + [path.parent for path in method_folders]
 
 
 def _load(name: str, device: str, quiet: bool) -> Any:
@@ -226,10 +306,20 @@ def _ratio(text: str) -> float:
     return value
 
 
+def _methods(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in available_methods()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
+        )
+    return list(dict.fromkeys(names))
+
+
 def _residual(text: str) -> str | float:
-    if text in ("half", "renorm", "none"):
+    if text in ("half", "renorm", "none", "norm"):
         return text
-    value = _number(text, float, "half, renorm, none or a number in [0, 1]")
+    value = _number(text, float, "half, renorm, none, norm or a number in [0, 1]")
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"a residual weight must lie in [0, 1], got {text}")
     return value

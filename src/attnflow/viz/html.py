@@ -47,6 +47,33 @@ def explanation_html(explanation: "Explanation") -> str:
     )
 
 
+def comparison_html(explanations: "list[Explanation]") -> str:
+    """One page with several methods' explanations of the same text, one section each (tokens
+    coloured by score, each on its own scale, and the top tokens), in the order given."""
+    first = explanations[0]
+    parts = []
+    for explanation in explanations:
+        described = target_words(explanation)
+        note = f"explains {described}; " if described else "does not depend on a target; "
+        note += f"scores: {_row_words(explanation.row)}"
+        parts.append(
+            section(
+                explanation.method,
+                f'<p class="note">{esc(note)}</p>\n' + _token_view(explanation) + _top_table(explanation, k=5),
+                f"method-{explanation.method}",
+            )
+        )
+    methods = ", ".join(explanation.method for explanation in explanations)
+    prediction = target_words(first, "prediction")
+    return page(
+        f"attnflow: {methods}",
+        '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
+        subtitle=f"{first.model or 'model'} · {first.text}" + (f" · prediction: {prediction}" if prediction else ""),
+        meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
+        css=CSS,
+    )
+
+
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
     parts = []
@@ -143,11 +170,11 @@ def _image_view(explanation: "Explanation") -> str:
     return "\n".join(parts)
 
 
-def _top_table(explanation: "Explanation") -> str:
+def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
     total = float(explanation.scores.sum())
     rows = [
         (rank, index, display_token(token), score, 100 * score / total if total > 0 else 0.0)
-        for rank, (index, token, score) in enumerate(explanation.top(TOP_K), start=1)
+        for rank, (index, token, score) in enumerate(explanation.top(k), start=1)
     ]
     return table(("rank", "index", "token", "score", "% of all"), rows)
 
@@ -164,18 +191,22 @@ def _row_words(row: object) -> str:
     return _ROW_WORDS.get(row, f"row {row}") if isinstance(row, str) else f"row {row}"
 
 
-def target_words(explanation: "Explanation") -> str | None:
-    """``negative (p = 0.83)``: what a target-dependent explanation is about, else None."""
-    if explanation.target is None:
+def target_words(explanation: "Explanation", field: str = "target") -> str | None:
+    """``negative (p = 0.83)``: what a target-dependent explanation is about (``field="prediction"``:
+    what the model predicted), else None."""
+    described = getattr(explanation, field)
+    if described is None:
         return None
     from attnflow.targets import Target
 
-    return Target(**explanation.target).describe()
+    return Target(**described).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:
     source = explanation.image if explanation.grid is not None else explanation.text
-    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·")
+    prediction = target_words(explanation, "prediction")
+    predicted = f" · prediction: {prediction}" if prediction else ""
+    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·") + predicted
 
 
 def _meta(explanation: "Explanation") -> dict[str, object]:
@@ -183,6 +214,7 @@ def _meta(explanation: "Explanation") -> dict[str, object]:
         "model": explanation.model or None,
         "method": explanation.method,
         "options": {key: value for key, value in explanation.options.items() if value is not None} or None,
+        "prediction": target_words(explanation, "prediction"),
         "explains": target_words(explanation),
         "saliency row": _row_words(explanation.row),
         "tokens": explanation.n_tokens,
