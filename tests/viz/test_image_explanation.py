@@ -91,3 +91,14 @@ def test_colour_scale_saturates_at_the_99th_percentile(tmp_path):
     top = 0.45 * 128 + 0.55 * np.array(colormaps["inferno"](1.0)[:3]) * 255  # grey blended with the top colour
     np.testing.assert_allclose(face, top, atol=2)  # saturated: the artifact does not wash the face out
     assert face.sum() >= artifact.sum() and face.sum() > background.sum() + 100
+
+
+def test_comparison_page_shows_each_method_over_the_image(tmp_path):
+    from attnflow.viz.html import comparison_html
+
+    path = _image(tmp_path)
+    trace = random_trace(n=5, grid=(2, 2), prefix=1, meta={"image": str(path), "image_box": (20, 5, 40, 25)})
+    html = comparison_html([explain(trace, method="rollout"), explain(trace, method="flow")])
+    assert html.count('class="overlay"') == 2  # one overlay per method
+    assert 'class="tok"' not in html  # patches are not listed as coloured tokens
+    assert str(path) in html and "box left, top, right, bottom = 20, 5, 40, 25 px" in html

@@ -48,8 +48,9 @@ def explanation_html(explanation: "Explanation") -> str:
 
 
 def comparison_html(explanations: "list[Explanation]") -> str:
-    """One page with several methods' explanations of the same text, one section each (tokens
-    coloured by score, each on its own scale, and the top tokens), in the order given."""
+    """One page with several methods' explanations of the same text or image, one section each
+    (tokens coloured by score or the overlay on the image, each on its own scale, and the top
+    tokens), in the order given."""
     first = explanations[0]
     parts = []
     for explanation in explanations:
@@ -59,7 +60,7 @@ def comparison_html(explanations: "list[Explanation]") -> str:
         parts.append(
             section(
                 explanation.method,
-                f'<p class="note">{esc(note)}</p>\n' + _token_view(explanation) + _top_table(explanation, k=5),
+                f'<p class="note">{esc(note)}</p>\n' + _scores_view(explanation) + _top_table(explanation, k=5),
                 f"method-{explanation.method}",
             )
         )
@@ -68,7 +69,7 @@ def comparison_html(explanations: "list[Explanation]") -> str:
     return page(
         f"attnflow: {methods}",
         '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
-        subtitle=f"{first.model or 'model'} · {first.text}" + (f" · prediction: {prediction}" if prediction else ""),
+        subtitle=f"{first.model or 'model'} · {first.image or first.text}" + (f" · prediction: {prediction}" if prediction else ""),
         meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
         css=CSS,
     )
@@ -151,6 +152,10 @@ def _token_span(shown: str, level: float, title: str) -> str:
         f'<span class="tok" style="background: rgba(217,72,15,{level:.3f}); color: {color}" '
         f'title="{esc(title)}">{esc(shown)}</span>'
     )
+
+
+def _scores_view(explanation: "Explanation") -> str:
+    return _image_view(explanation) if explanation.grid is not None else _token_view(explanation)
 
 
 def _image_view(explanation: "Explanation") -> str:
