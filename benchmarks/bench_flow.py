@@ -3,7 +3,7 @@
     python benchmarks/bench_flow.py [--quick] [--seed 0] [--real]
 
 Inputs: seeded random softmax attentions, 12 layers x 12 heads (logits ~ N(0, 2^2)), fused by the
-mean, residual ½(A + I) (DESIGN §5). Three comparisons:
+mean, residual ½(A + I). Three comparisons:
 
 (a) networkx (the reference implementation's approach): one DiGraph of the layered graph and one
     ``networkx.maximum_flow_value`` call (default: preflow-push) per (output, input) pair; CLS row
@@ -194,7 +194,7 @@ REAL_TEXT = (
 
 
 def real_attention(models, repeats):
-    """Attention captured from the embedded models (DESIGN §4) on one ~114-token text."""
+    """Attention captured from the embedded models (README, "Models and data") on one ~114-token text."""
     import attnflow
 
     print("\n(d) real attention (one text, padding removed): attnflow n_jobs=1, and scipy per pair on the CLS row")

@@ -198,8 +198,17 @@ def test_plot_is_a_headless_figure_and_tolerates_odd_tokens(tmp_path):
 
 
 def test_many_tokens_plot_without_labels(tmp_path):
-    explanation = explain(random_trace(n=80, n_layers=2))
-    explanation.plot().savefig(tmp_path / "many.png")
+    """Beyond 64 tokens the axes show positions (numbers), not 80 unreadable token strings."""
+    figure = explain(random_trace(n=80, n_layers=2)).plot()
+    figure.savefig(tmp_path / "many.png")  # draws, so the default locators have placed their ticks
+    bars_axes, matrix_axes = figure.axes[:2]
+    for axis in (bars_axes.xaxis, matrix_axes.xaxis, matrix_axes.yaxis):
+        labels = [label.get_text() for label in axis.get_ticklabels()]
+        assert 2 <= len(labels) <= 20
+        assert not any(label.startswith("w") or label.startswith("[") for label in labels)
+        assert all(float(label.replace("\u2212", "-")) == int(float(label.replace("\u2212", "-"))) for label in labels)
+    few = explain(random_trace(n=10, n_layers=2)).plot()
+    assert [label.get_text() for label in few.axes[1].get_yticklabels()][1] == "w1"
 
 
 def test_top_tokens_skip_special_tokens():

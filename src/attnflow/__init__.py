@@ -34,6 +34,40 @@ from attnflow.methods import (
 from attnflow.trace import Trace
 
 
+def _connect_views() -> None:
+    """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz.
+
+    The views read Explanations and the Explanation imports no view; this root of the package
+    knows both and connects them. The view modules (matplotlib) are imported on first use only.
+    """
+    from attnflow.explanation import _VIEWS
+
+    def html(explanation):
+        from attnflow.viz.html import explanation_html
+
+        return explanation_html(explanation)
+
+    def fragment(explanation):
+        from attnflow.viz.html import explanation_fragment
+
+        return explanation_fragment(explanation)
+
+    def figure(explanation):
+        from attnflow.viz.plot import plot_explanation
+
+        return plot_explanation(explanation)
+
+    def overlay(image_path, patch_scores):
+        from attnflow.viz.plot import overlay_image
+
+        return overlay_image(image_path, patch_scores)
+
+    _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+
+_connect_views()
+
+
 def __getattr__(name: str):
     # Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast.
     if name == "load":

@@ -16,12 +16,12 @@ import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from attnflow.methods.registry import MethodSpec, get_method
-from attnflow.methods.saliency import ROWS, Row, saliency_row, to_patch_grid
+from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
 
 JSON_FILE = "explanation.json"
@@ -29,6 +29,11 @@ HTML_FILE = "explanation.html"
 PNG_FILE = "explanation.png"
 OVERLAY_FILE = "explanation_overlay.png"
 OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
+
+# How an Explanation shows itself: "html" (page), "fragment" (notebook), "figure" (matplotlib),
+# "overlay" (image). The views live in attnflow.viz and read Explanations, so this module imports
+# none of them; the package root (attnflow/__init__.py) fills this table, loading them on first use.
+_VIEWS: dict[str, Callable[..., Any]] = {}
 
 
 @dataclass
@@ -113,35 +118,27 @@ class Explanation:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
         if not include_special and self.special_mask is not None:
-            order = [i for i in order if not self.special_mask[i]]
+            order = order[~self.special_mask[order]]
         return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
 
     # ----- showing -----------------------------------------------------------------------------
 
     def to_html(self) -> str:
         """A self-contained offline HTML page (no scripts, figures embedded as base64 PNG)."""
-        from attnflow.viz.html import explanation_html
-
-        return explanation_html(self)
+        return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        from attnflow.viz.html import explanation_fragment
-
-        return explanation_fragment(self)
+        return _VIEWS["fragment"](self)
 
     def plot(self) -> Any:
         """A matplotlib Figure: token scores (or the image overlay) above the matrix heatmap."""
-        from attnflow.viz.plot import plot_explanation
-
-        return plot_explanation(self)
+        return _VIEWS["figure"](self)
 
     def overlay(self) -> Any:
         """The patch-grid saliency blended over the image (a PIL image); images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
-        from attnflow.viz.plot import overlay_image
-
-        return overlay_image(self.image, self.patch_scores, box=self.image_box)
+        return _VIEWS["overlay"](self.image, self.patch_scores, box=self.image_box)
 
     # ----- saving ------------------------------------------------------------------------------
 
@@ -168,7 +165,7 @@ class Explanation:
         if self.grid is not None:
             data["grid"] = list(self.grid)
             data["n_prefix_tokens"] = self.n_prefix_tokens
-            data["patch_scores"] = self.patch_scores.tolist()
+            data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
         if self.image_box is not None:
@@ -331,22 +328,8 @@ def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[
     return chosen
 
 
-def parse_row(row: Row) -> Row:
-    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
-    if isinstance(row, str):
-        if row in ROWS:
-            return row
-        try:
-            return int(row)
-        except ValueError:
-            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
-    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
-        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
-    return int(row)
-
-
 def default_row(trace: Trace) -> Row:
-    """The natural saliency row for a trace (DESIGN §2 "Saliency row").
+    """The natural saliency row for a trace (docs/methods.md, "Saliency row").
 
     In order: ``trace.meta["default_row"]`` when capture recorded one (e.g. ``"mean"`` for
     sentence encoders); images: ``"cls"`` when the model has prefix tokens, else ``"mean"``;

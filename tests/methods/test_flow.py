@@ -1,4 +1,4 @@
-"""Attention flow against an independent oracle: networkx max-flow on the layered graph (DESIGN §2)."""
+"""Attention flow against an independent oracle: networkx max-flow on the layered graph (docs/methods.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def structured_attentions(rng, n_layers, n_heads, n):
 
 
 def capacities(attentions, head_fusion="mean", residual="half"):
-    """Ã per layer, written out from DESIGN §2 (independently of attnflow.methods.transforms)."""
+    """Ã per layer, written out from docs/methods.md (independently of attnflow.methods.transforms)."""
     if isinstance(head_fusion, str):
         fused = {"mean": np.mean, "max": np.max, "min": np.min}[head_fusion](attentions, axis=-3)
         fused = fused / fused.sum(axis=-1, keepdims=True)  # max/min are renormalised; mean unchanged

@@ -243,7 +243,9 @@ def test_grad_rollout_equals_an_explicit_loop(tiny_bert):
     assert np.abs(relevance - np.eye(n)).max() > 0  # the gradients really weigh something
 
 
-def test_value_zeroing_equals_full_forward_passes_with_one_token_zeroed(tiny_bert):
+@pytest.mark.parametrize("family", CLASSIFIER_FAMILIES)
+def test_value_zeroing_equals_full_forward_passes_with_one_token_zeroed(tiny_classifier_path, family):
+    tiny_bert = attnflow.load(str(tiny_classifier_path(family)), device="cpu")
     text = "the cat sat on the mat."
     trace = tiny_bert.trace(text, needs=("attentions",))[0]
     n = trace.n_tokens
@@ -307,6 +309,19 @@ def test_integrated_gradients_are_complete(tiny_bert):
     scores = explain(trace, method="integrated_gradients", model=tiny_bert, n_steps=300).scores
     np.testing.assert_allclose(scores, np.linalg.norm(attributions, axis=-1), rtol=1e-6)
     assert np.all(scores[trace.special_mask] == 0)  # baseline == input there: no path, no attribution
+
+
+@pytest.mark.parametrize("family", CLASSIFIER_FAMILIES)
+def test_every_method_runs_on_every_bert_like_family(tiny_classifier_path, family):
+    model = attnflow.load(str(tiny_classifier_path(family)), device="cpu")
+    texts = [TEXT, "hi there."]
+    for method in attnflow.available_methods():
+        explanations = model.explain(texts, method=method, batch_size=2)
+        for explanation in explanations:
+            assert np.all(np.isfinite(explanation.scores)), method
+            assert explanation.prediction["kind"] == "class"
+            if explanation.matrix is not None and method != "grad_rollout":
+                np.testing.assert_allclose(explanation.matrix.sum(axis=1), 1.0, atol=1e-6, err_msg=method)
 
 
 def test_random_is_seeded(tiny_bert):

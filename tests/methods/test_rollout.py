@@ -23,7 +23,7 @@ def random_attention(rng, layers=3, heads=2, n=4, batch=None):
     return weights / weights.sum(-1, keepdims=True)
 
 
-# -- the oracle: loops over every index, written from DESIGN.md §2 -------------------------------
+# -- the oracle: loops over every index, written from docs/methods.md -------------------------------
 
 
 def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
@@ -42,7 +42,7 @@ def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
             else:  # weights
                 total = sum(fusion)
                 fused[i][j] = sum(w / total * v for w, v in zip(fusion, values))
-    if fusion in ("max", "min"):  # element-wise max/min rows are renormalised (DESIGN §2)
+    if fusion in ("max", "min"):  # element-wise max/min rows are renormalised (docs/methods.md)
         fused = [[v / sum(row) for v in row] for row in fused]
     mixed = [[0.0] * n for _ in range(n)]
     for i in range(n):
@@ -152,9 +152,16 @@ def test_batched_equals_per_sample_and_pruning_is_per_row_and_sample():
 
 
 def test_pruning_keeps_the_row_maximum():
-    attentions = random_attention(np.random.default_rng(4), n=5)
-    result = rollout(attentions, threshold=0.99)  # drops everything but each row's maximum
-    np.testing.assert_allclose(result.sum(-1), 1.0)
+    """A threshold above every entry would empty each row; the row's largest entry survives alone."""
+    attentions = random_attention(np.random.default_rng(4), layers=1, n=5)
+    fused = attentions[0].mean(axis=0)  # [query, key]; the oracle's own fusion
+    assert fused.max() < 0.99
+    result = rollout(attentions, residual="none", threshold=0.99)  # one layer, no residual: R = pruned Ã
+    expected = np.zeros((5, 5))
+    expected[np.arange(5), fused.argmax(axis=-1)] = 1.0
+    np.testing.assert_allclose(result, expected, atol=1e-12)
+    for options in ({"top_k": 1}, {"discard_ratio": 0.9}):
+        np.testing.assert_allclose(rollout(attentions, residual="none", **options), expected, atol=1e-12)
 
 
 def test_torch_in_torch_out():
@@ -254,3 +261,13 @@ def test_encoder_decoder_rollout_by_hand():
     np.testing.assert_allclose(result.decoder_to_encoder, [[0.4375, 0.5625], [0.40625, 0.59375]])
     with pytest.raises(ValueError, match="layers"):
         encoder_decoder_rollout(enc, dec, cross[:1])
+
+
+def test_saliency_row_parses_rows_like_the_cli():
+    """One row parser (`parse_row`) serves the CLI, `explain` and `saliency_row`."""
+    matrix = np.arange(16.0).reshape(4, 4)
+    np.testing.assert_array_equal(saliency_row(matrix, "2"), matrix[2])
+    np.testing.assert_array_equal(saliency_row(matrix, -1), matrix[3])
+    for bad in (1.5, True, None):
+        with pytest.raises(ValueError, match="row must be"):
+            saliency_row(matrix, bad)

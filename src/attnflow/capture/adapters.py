@@ -5,7 +5,8 @@ prefix such as ``bert.`` or ``model.`` matches), the attention modules whose for
 holds the softmax weights ``[batch, head, query, key]`` at ``weights_index``, and the output
 projections whose *input* is the concatenation of all heads' outputs ``[batch, token, head *
 d_head]``. The first group of every pattern is the layer index. A new architecture is one new
-row plus one tiny-model test in ``tests/capture/test_families.py``.
+row plus its tiny config in ``tests/tiny_models.py`` (``tiny_config`` and ``TEXT_FAMILIES`` or
+``VISION_FAMILIES``), which the capture tests in ``tests/capture/test_capture.py`` then cover.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def record_stack(
                     f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
                     f"({stack.output_projection!r})"
                 )
-            for name, (_, projection) in zip(names, projections):
+            for name, (_, projection) in zip(names, projections, strict=True):
                 handles.append(projection.register_forward_pre_hook(_input_hook(recording, name, stop)))
         yield recording
     finally:
@@ -123,7 +123,7 @@ def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool
 
 
 def _weights_hook(recording: StackRecording, name: str, index: int, stop):
-    def hook(module: nn.Module, inputs: tuple, output) -> None:
+    def hook(module: nn.Module, _inputs: tuple, output) -> None:
         weights = output[index] if isinstance(output, (tuple, list)) else None
         if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
             raise CaptureError(
@@ -137,7 +137,7 @@ def _weights_hook(recording: StackRecording, name: str, index: int, stop):
 
 
 def _input_hook(recording: StackRecording, name: str, stop):
-    def hook(module: nn.Module, inputs: tuple) -> None:
+    def hook(_module: nn.Module, inputs: tuple) -> None:
         recording.head_inputs[name] = inputs[0]
         stop()
 

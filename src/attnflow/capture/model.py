@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Adapter, Stack, adapter_for
+from attnflow.capture.adapters import Adapter, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
-from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
+from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
@@ -65,10 +65,8 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     """
     import transformers
 
-    from attnflow.capture.probes import PROBES, load_probe
-
     if name in PROBES:
-        return load_probe(name, device=device)
+        return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     try:
@@ -104,6 +102,18 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
+
+
+def _load_probe(alias: str, device: str | torch.device | None) -> "AttentionModel":
+    """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
+    from attnflow.capture.probes import probe_classifier
+
+    encoder = load(PROBES[alias].encoder, device="cpu")
+    classifier, meta = probe_classifier(alias, encoder)
+    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model.default_row = encoder.default_row
+    model.probe = meta
+    return model
 
 
 def _mean_pooled(source: ModelSource) -> bool:
@@ -146,7 +156,7 @@ class AttentionModel:
         if image_processor is None and self.adapter.kind == "vision":
             image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
-        self.name = name or getattr(config, "_name_or_path", type(model).__name__)
+        self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
         self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
         if not self.layer_names:
@@ -159,6 +169,7 @@ class AttentionModel:
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
         if tokenizer is not None:
@@ -176,10 +187,6 @@ class AttentionModel:
         """A text classifier: its output is ``logits [batch, class]``."""
         name = type(self.model).__name__
         return self.kind == "encoder" and (name.endswith("ForSequenceClassification") or name == "PooledClassifier")
-
-    @property
-    def is_decoder(self) -> bool:
-        return self.adapter.kind == "decoder"
 
     def __repr__(self) -> str:
         return (
@@ -274,7 +281,7 @@ class AttentionModel:
             goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
             if len(goals) != len(texts):
                 raise InputError(f"{len(texts)} texts but {len(goals)} targets")
-            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals)]
+            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals, strict=True)]
         objective = None
         if wanted & TARGET_NEEDS:
             from attnflow.targets import Objective
@@ -374,7 +381,7 @@ class AttentionModel:
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         shared = self._shared_fields(needs)
         traces = []
-        for index, (text, n) in enumerate(zip(texts, lengths)):
+        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
             per_sample = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
             traces.append(
@@ -475,6 +482,8 @@ class AttentionModel:
             with torch.no_grad():
                 decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
         adapter = self.adapter
+        if adapter.decoder is None or adapter.cross is None:
+            raise CaptureError(f"the {adapter.family} adapter names no decoder or cross-attention stack")
         with ExitStack() as hooks, torch.no_grad():
             encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
             decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))

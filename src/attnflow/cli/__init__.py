@@ -1,8 +1,8 @@
 """The `attnflow` command. Each subcommand lives in its own module with `register(subparsers)`.
 
 Errors the user can fix (bad text, unknown model, missing file, bad corpus) are raised as
-`UsageError` (or ValueError/FileNotFoundError from the library) and printed as one clear line
-with a non-zero exit status, never as a traceback.
+`attnflow.errors.AttnflowError` subclasses, ValueError or FileNotFoundError and printed as one
+line, ``attnflow: error: ...``, with exit status 2, never as a traceback.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
     per_method = _options_per_method(args.method, _options(args))
     out = Path(args.out)
-    previous = _previous_outputs(out, OUTPUT_FILES + (TRACE_FILE, COMPARISON_FILE))
+    previous = _previous_outputs(out, (*OUTPUT_FILES, TRACE_FILE, COMPARISON_FILE))
     if previous and not args.overwrite:
         raise FileExistsError(
             f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
             where = f"row {explanation.row}" if explanation.row is not None else "scores"
             print(f"{explanation.method} top tokens ({where}): {top}")
-        for kind, path in paths.items():
+        for path in paths.values():
             print(f"wrote {path}")
     return 0
 
@@ -333,7 +333,7 @@ def _weights(text: str) -> list[float]:
 
 
 def _row(text: str) -> str | int:
-    from attnflow.explanation import parse_row
+    from attnflow.methods.saliency import parse_row
 
     try:
         return parse_row(text)

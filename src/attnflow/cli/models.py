@@ -6,8 +6,8 @@ import argparse
 import json
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED
-from attnflow.capture.probes import PROBES, probe_metadata
+from attnflow.capture.loading import EMBEDDED, PROBES
+from attnflow.capture.probes import probe_metadata
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,7 +58,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    width = max(len(row["alias"]) for row in rows)
+    width = max(len(model.alias) for model in EMBEDDED.values())
     for row in rows:
         state = "installed" if row["installed"] else "not installed"
         print(f"{row['alias']:<{width}}  {state:<13}  {row['description']}")
@@ -69,10 +69,11 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_install(args: argparse.Namespace) -> int:
     if args.alias in PROBES:
+        from attnflow.capture.model import load
         from attnflow.capture.probes import train_probe
 
         if probe_metadata(args.alias) is None or args.force:
-            train_probe(args.alias)
+            train_probe(args.alias, load(PROBES[args.alias].encoder, device="cpu"))
         meta = probe_metadata(args.alias)
         print(f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} on {meta['n_test']} {meta['task']} examples")
         return 0

@@ -1,4 +1,4 @@
-"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (DESIGN.md §2).
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (docs/methods.md).
 
 The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
 Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
@@ -68,7 +68,7 @@ def attention_flow(
             weights (numpy or torch; rows sum to 1, no NaN, no negative weights).
         head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights (``"none"`` is not
             supported: the flow graph needs one capacity per edge).
-        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (docs/methods.md); the edge
             capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
             the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.
@@ -357,24 +357,24 @@ def _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, old_sink, new_sink, surplu
         rf[0, a, new_sink] = cap[0, a, new_sink] - keep
         value += keep
         surplus[a] = f - keep  # surplus[a]: excess of node (l, a) on the layer being cancelled
-    for l in range(1, n_layers):
+    for layer in range(1, n_layers):
         for b in range(n):
             s = surplus[b]
             if s == 0:
                 continue
             surplus[b] = 0
-            if l == n_layers - 1:  # only the source feeds the top layer
-                rb[l, b, source] -= s
-                rf[l, source, b] += s
+            if layer == n_layers - 1:  # only the source feeds the top layer
+                rb[layer, b, source] -= s
+                rf[layer, source, b] += s
                 continue
-            for k in range(bwd_deg[l, b]):
-                a = bwd_adj[l, b, k]
-                f = rb[l, b, a]
+            for k in range(bwd_deg[layer, b]):
+                a = bwd_adj[layer, b, k]
+                f = rb[layer, b, a]
                 if f == 0:
                     continue
                 take = min(s, f)
-                rb[l, b, a] = f - take
-                rf[l, a, b] += take
+                rb[layer, b, a] = f - take
+                rf[layer, a, b] += take
                 surplus[n + a] += take
                 s -= take
                 if s == 0:
@@ -412,12 +412,12 @@ def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
     for b in range(n):  # the source's edges into layer L-1
         if level[(n_layers - 1) * n + b] >= 0:
             total += cap[n_layers - 1, source, b]
-    for l in range(2, n_layers):
+    for layer in range(2, n_layers):
         for a in range(n):
-            if level[l * n + a] < 0:
+            if level[layer * n + a] < 0:
                 for b in range(n):
-                    if level[(l - 1) * n + b] >= 0:
-                        total += cap[l - 1, a, b]
+                    if level[(layer - 1) * n + b] >= 0:
+                        total += cap[layer - 1, a, b]
                 if total > limit:  # each node adds at most its row sum, ~2^50
                     return -1
     for a in range(n):
@@ -486,8 +486,8 @@ def _source_flows(cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks,
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
-            for l in range(n_layers + 1):
-                level[l * n : (l + 1) * n] = l
+            for layer in range(n_layers + 1):
+                level[layer * n : (layer + 1) * n] = layer
             flow += _blocking_flow(
                 rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, True, bound - flow, work
             )

@@ -1,4 +1,4 @@
-"""Attention rollout (Abnar & Zuidema 2020) with every variant of DESIGN.md §2, and raw attention."""
+"""Attention rollout (Abnar & Zuidema 2020) with every variant of docs/methods.md, and raw attention."""
 
 from __future__ import annotations
 

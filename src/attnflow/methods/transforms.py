@@ -2,7 +2,7 @@
 
 Every function here is pure and works on numpy arrays with any number of leading batch axes:
 a single sample is ``[layer, head, query, key]``, a batch ``[batch, layer, head, query, key]``.
-Definitions: DESIGN.md §2 ("Head fusion", "Residual correction", "Pruning").
+Definitions: docs/methods.md ("Head fusion", "Residual correction", "Pruning").
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.n
 
 
 def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndarray:
-    """Account for the skip connection on ``[..., q, k]`` maps (DESIGN §2 "Residual correction").
+    """Account for the skip connection on ``[..., q, k]`` maps (docs/methods.md, "Residual correction").
 
     ``half``: (A + I) / 2; ``renorm``: (A + I) / rowsum; float alpha in [0, 1]:
     alpha * A + (1 - alpha) * I; ``none``: A unchanged.
@@ -174,7 +174,7 @@ def prepare_layers(
     discard_ratio: float | None = None,
     row_stochastic: bool = True,
 ) -> np.ndarray:
-    """Validate, fuse heads, add the residual and prune: the per-layer matrices Ã of DESIGN §2.
+    """Validate, fuse heads, add the residual and prune: the per-layer matrices Ã of docs/methods.md.
 
     ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]`` (or ``[..., layer, head, q, k]`` with
     ``head_fusion="none"``), float64, every row summing to 1.

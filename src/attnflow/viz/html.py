@@ -116,15 +116,16 @@ def _token_view(explanation: "Explanation") -> str:
     vmax = float(regular.max()) if regular.size and regular.max() > 0 else 1.0
     total = float(scores.sum())
     pieces = []
-    text, offsets = explanation.text, explanation.offsets
-    use_text = bool(text) and offsets is not None
+    text = explanation.text
+    offsets = explanation.offsets if text else None  # [n, 2] character spans into the text
+    use_text = offsets is not None
     cursor = 0
     for i, token in enumerate(explanation.tokens):
         title = f"#{i} {token!r}  score {scores[i]:.4g}"
         if special[i]:
             pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
             continue
-        start, end = (int(offsets[i][0]), int(offsets[i][1])) if use_text else (0, 0)
+        start, end = (int(offsets[i][0]), int(offsets[i][1])) if offsets is not None else (0, 0)
         if use_text and end > start and end > cursor:
             start = max(start, cursor)
             if start > cursor:
@@ -162,6 +163,7 @@ def _image_view(explanation: "Explanation") -> str:
     parts = []
     if explanation.image is not None:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
+    assert explanation.grid is not None, "an image view needs the patch grid"
     rows, cols = explanation.grid
     covered = "" if explanation.image_box is None else (
         " The overlay covers the part of the image the model saw (box left, top, right, bottom = "

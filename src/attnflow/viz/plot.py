@@ -144,6 +144,7 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
         overlay_axes.set_title(f"{_title(explanation)} saliency over the image", parse_math=False)
         overlay_axes.axis("off")
     grid_axes = axes[0]
+    assert explanation.grid is not None, "an image figure needs the patch grid"
     low, high = patch_color_range(explanation.patch_scores)
     patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest", vmin=low, vmax=max(high, low + 1e-12))
     saturated = high < float(explanation.patch_scores.max())
