@@ -59,8 +59,10 @@ def main() -> None:
     onnx_file = loading._package_dir(onnx_dinov2.PACKAGE) / onnx_dinov2.ONNX_FILE
     session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     onnx_seconds, _ = timed(lambda: session.run(None, {"input_image": pixels}), repeats=3)
-    print(f"(b) trace_image {trace_seconds:.2f} s, onnxruntime whole graph {onnx_seconds:.2f} s "
-          f"(ratio {trace_seconds / onnx_seconds:.1f})")
+    print(
+        f"(b) trace_image {trace_seconds:.2f} s, onnxruntime whole graph {onnx_seconds:.2f} s "
+        f"(ratio {trace_seconds / onnx_seconds:.1f})"
+    )
 
     row_seconds, _ = timed(lambda: attnflow.attention_flow(trace.attentions, rows=[0]))
     line = f"(c) flow CLS row {row_seconds:.2f} s"

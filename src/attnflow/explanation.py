@@ -101,7 +101,8 @@ class Explanation:
         if self.grid is not None:
             self.grid = (int(self.grid[0]), int(self.grid[1]))
         if self.image_box is not None:
-            self.image_box = tuple(float(edge) for edge in self.image_box)
+            left, top, right, bottom = (float(edge) for edge in self.image_box)
+            self.image_box = (left, top, right, bottom)
 
     @property
     def n_tokens(self) -> int:
@@ -348,7 +349,7 @@ def _single_position(row: Row, n: int) -> int | None:
     """The query index a saliency row names (``cls`` 0, ``last`` n - 1, an index), or None for ``mean``."""
     if row == "mean":
         return None
-    index = {"cls": 0, "last": n - 1}.get(row, row) if isinstance(row, str) else int(row)
+    index = (0 if row == "cls" else n - 1) if isinstance(row, str) else int(row)
     if not -n <= index < n:
         raise ValueError(f"row index {row} is out of range for {n} tokens")
     return index % n

@@ -32,8 +32,11 @@ def skimage_photo(name: str) -> Path:
     return Path(skimage.data.__file__).parent / name  # photos shipped in the scikit-image wheel
 
 
-PHOTOS = {"grace_hopper": grace_hopper, "astronaut": lambda: skimage_photo("astronaut.png"),
-          "chelsea": lambda: skimage_photo("chelsea.png")}
+PHOTOS = {
+    "grace_hopper": grace_hopper,
+    "astronaut": lambda: skimage_photo("astronaut.png"),
+    "chelsea": lambda: skimage_photo("chelsea.png"),
+}
 
 
 def onnx_path() -> Path:
@@ -53,8 +56,16 @@ def onnx_graph_outputs():
     names = [BACKBONE_OUTPUT]
     for layer in range(LAYERS):
         base = ATTENTION.format(layer)
-        names += [base + part for part in ("Softmax_output_0", "query/Add_output_0", "key/Add_output_0",
-                                           "value/Add_output_0", "MatMul_1_output_0")]
+        names += [
+            base + part
+            for part in (
+                "Softmax_output_0",
+                "query/Add_output_0",
+                "key/Add_output_0",
+                "value/Add_output_0",
+                "MatMul_1_output_0",
+            )
+        ]
     produced = {output for node in model.graph.node for output in node.output}
     assert set(names) <= produced, sorted(set(names) - produced)
     del model.graph.output[:]
@@ -81,7 +92,9 @@ def test_attentions_and_outputs_equal_the_onnx_graph(photo, dinov2, onnx_graph_o
     softmax = np.stack([expected[ATTENTION.format(layer) + "Softmax_output_0"][0] for layer in range(LAYERS)])
     assert np.abs(trace.attentions - softmax).max() <= 1e-3  # measured ~3e-5
     context = np.stack([expected[ATTENTION.format(layer) + "MatMul_1_output_0"][0] for layer in range(LAYERS)])
-    np.testing.assert_allclose(trace.head_outputs, context.transpose(0, 2, 1, 3), atol=1e-3)  # [layer, token, head, d_head]
+    np.testing.assert_allclose(
+        trace.head_outputs, context.transpose(0, 2, 1, 3), atol=1e-3
+    )  # [layer, token, head, d_head]
     with torch.no_grad():
         hidden = dinov2.model(pixel_values=pixels).last_hidden_state[0].numpy()
     np.testing.assert_allclose(hidden, expected[BACKBONE_OUTPUT][0], atol=1e-3)  # values up to ~11
@@ -97,6 +110,7 @@ def test_every_linear_weight_sits_where_the_graph_uses_it(dinov2, onnx_graph_out
     try:
         for layer, block in enumerate(dinov2.model.encoder.layer):
             for projection, graph_name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+
                 def keep(module, inputs, output, key=(layer, graph_name)):
                     recorded[key] = output.detach()
 
@@ -116,8 +130,14 @@ def test_the_numbering_of_the_unnamed_weights_is_not_query_key_value():
     """Why the converter follows the graph: within a layer the exporter numbered the weights key,
     value, query — mapping them in q, k, v order would swap all three."""
     graph = onnx.load(str(onnx_path())).graph
-    users = {node.input[1]: node.name for node in graph.node if node.op_type == "MatMul" and node.input[1].startswith("onnx::")}
-    first_layer = sorted((name for name in users if "/layer.0/" in users[name]), key=lambda name: int(name.rsplit("_", 1)[1]))
+    users = {
+        node.input[1]: node.name
+        for node in graph.node
+        if node.op_type == "MatMul" and node.input[1].startswith("onnx::")
+    }
+    first_layer = sorted(
+        (name for name in users if "/layer.0/" in users[name]), key=lambda name: int(name.rsplit("_", 1)[1])
+    )
     roles = [users[name].split("/")[-2] for name in first_layer]
     assert roles == ["key", "value", "query", "dense", "fc1", "fc2"]
     state = onnx_dinov2.backbone_state_dict(graph)
@@ -173,7 +193,12 @@ def test_install_checks_the_onnx_file_and_the_weights_and_is_atomic(tmp_path, mo
     monkeypatch.undo()
     monkeypatch.setenv("ATTNFLOW_CACHE", str(tmp_path))
     folder = loading.install_dinov2_s()
-    assert sorted(p.name for p in folder.iterdir()) == ["SOURCE.txt", "config.json", "model.safetensors", "preprocessor_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "SOURCE.txt",
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dinov2-s"]  # no scratch left
     from safetensors.numpy import load_file
     from transformers import Dinov2Model
@@ -206,7 +231,9 @@ def test_value_vectors_and_output_weights_decompose_the_attention_block(dinov2):
     equals what each layer's attention block adds to the residual stream (LayerScale's output)."""
     added: dict[int, torch.Tensor] = {}
     handles = [
-        block.layer_scale1.register_forward_hook(lambda module, inputs, output, layer=layer: added.__setitem__(layer, output))
+        block.layer_scale1.register_forward_hook(
+            lambda module, inputs, output, layer=layer: added.__setitem__(layer, output)
+        )
         for layer, block in enumerate(dinov2.model.encoder.layer)
     ]
     try:
@@ -220,7 +247,9 @@ def test_value_vectors_and_output_weights_decompose_the_attention_block(dinov2):
     scales = np.stack([block.layer_scale1.lambda1.detach().numpy() for block in dinov2.model.encoder.layer])
     assert np.abs(scales - 1).max() > 1  # LayerScale is far from 1 (|λ| up to ~10): leaving it out would be wrong
     for layer in range(LAYERS):
-        contributions = np.einsum("jhd,hde->jhe", trace.values[layer], trace.output_weights[layer])  # [key, head, d_model]
+        contributions = np.einsum(
+            "jhd,hde->jhe", trace.values[layer], trace.output_weights[layer]
+        )  # [key, head, d_model]
         rebuilt = np.einsum("hij,jhe->ie", trace.attentions[layer], contributions) + trace.output_bias[layer]
         np.testing.assert_allclose(rebuilt, added[layer][0].numpy(), atol=1e-4, err_msg=f"layer {layer}")
 

@@ -12,9 +12,18 @@ from PIL import Image
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.errors import InputError
 
-DINOV2 = {"do_resize": True, "size": {"shortest_edge": 8}, "resample": 3, "do_center_crop": True,
-          "crop_size": {"height": 6, "width": 6}, "do_rescale": True, "rescale_factor": 1 / 255,
-          "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+DINOV2 = {
+    "do_resize": True,
+    "size": {"shortest_edge": 8},
+    "resample": 3,
+    "do_center_crop": True,
+    "crop_size": {"height": 6, "width": 6},
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225],
+}
 
 
 def test_shortest_edge_resize_centre_crop_and_box_by_hand():
@@ -33,8 +42,9 @@ def test_shortest_edge_resize_centre_crop_and_box_by_hand():
 
 
 def test_square_resize_without_crop_covers_the_whole_image():
-    recipe = ImagePreprocessing.from_dict({"size": {"height": 4, "width": 4}, "do_normalize": True,
-                                           "image_mean": [0.5] * 3, "image_std": [0.5] * 3})
+    recipe = ImagePreprocessing.from_dict(
+        {"size": {"height": 4, "width": 4}, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    )
     image = Image.new("RGB", (10, 6), (255, 0, 128))
     pixels, box = recipe(image)
     assert box == (0.0, 0.0, 10.0, 6.0)
@@ -44,11 +54,16 @@ def test_square_resize_without_crop_covers_the_whole_image():
 def test_without_a_preprocessor_file_the_vit_default(tmp_path):
     recipe = ImagePreprocessing.from_folder(tmp_path, SimpleNamespace(image_size=16))
     assert recipe == ImagePreprocessing(resize_to=(16, 16))
-    assert recipe.describe() == "resize to 16x16 (bilinear), x0.00392157, normalise mean (0.5, 0.5, 0.5) std (0.5, 0.5, 0.5)"
+    assert (
+        recipe.describe()
+        == "resize to 16x16 (bilinear), x0.00392157, normalise mean (0.5, 0.5, 0.5) std (0.5, 0.5, 0.5)"
+    )
 
 
 def test_describe_the_dinov2_recipe():
-    recipe = ImagePreprocessing.from_dict({**DINOV2, "size": {"shortest_edge": 256}, "crop_size": {"height": 224, "width": 224}})
+    recipe = ImagePreprocessing.from_dict(
+        {**DINOV2, "size": {"shortest_edge": 256}, "crop_size": {"height": 224, "width": 224}}
+    )
     assert recipe.describe() == (
         "shorter side -> 256 px (bicubic), centre crop 224x224, x0.00392157, "
         "normalise mean (0.485, 0.456, 0.406) std (0.229, 0.224, 0.225)"
@@ -65,9 +80,13 @@ def test_unsupported_size_and_too_small_image():
 
 @pytest.mark.parametrize(
     "mode, note",
-    [("L", "grayscale image converted to RGB"), ("RGBA", "RGBA image converted to RGB (transparency dropped)"),
-     ("LA", "grayscale + alpha image converted to RGB (transparency dropped)"), ("P", "palette image converted to RGB"),
-     ("CMYK", "CMYK image converted to RGB")],
+    [
+        ("L", "grayscale image converted to RGB"),
+        ("RGBA", "RGBA image converted to RGB (transparency dropped)"),
+        ("LA", "grayscale + alpha image converted to RGB (transparency dropped)"),
+        ("P", "palette image converted to RGB"),
+        ("CMYK", "CMYK image converted to RGB"),
+    ],
 )
 def test_other_modes_are_converted_with_a_note(mode, note, caplog):
     image = Image.new("RGB", (4, 3), (200, 100, 50)).convert(mode)

@@ -30,7 +30,9 @@ def test_values_rebuild_the_attention_block_output(family, tiny_model_path, tmp_
     handles = []
     for index, layer in enumerate(layers):
         last = layer.layer_scale1 if family == "dinov2" else layer.attention.o_proj  # what joins the residual
-        handles.append(last.register_forward_hook(lambda module, args, output, i=index: added.__setitem__(i, output[0])))
+        handles.append(
+            last.register_forward_hook(lambda module, args, output, i=index: added.__setitem__(i, output[0]))
+        )
         handles.append(layer.register_forward_pre_hook(lambda module, args, i=index: inputs.__setitem__(i, args[0][0])))
     try:
         with torch.no_grad():  # the whole model, as an independent pass
@@ -41,7 +43,9 @@ def test_values_rebuild_the_attention_block_output(family, tiny_model_path, tmp_
     n = trace.n_tokens
     assert trace.values.shape == (model.n_layers, n, model.n_heads, model.d_head)
     for layer in range(model.n_layers):
-        contributions = np.einsum("jhd,hde->jhe", trace.values[layer], trace.output_weights[layer])  # [key, head, d_model]
+        contributions = np.einsum(
+            "jhd,hde->jhe", trace.values[layer], trace.output_weights[layer]
+        )  # [key, head, d_model]
         rebuilt = np.einsum("hij,jhe->ie", trace.attentions[layer], contributions) + trace.output_bias[layer]
         np.testing.assert_allclose(rebuilt, added[layer].detach().numpy(), atol=1e-5)
         np.testing.assert_allclose(trace.layer_inputs[layer], inputs[layer].detach().numpy(), atol=1e-6)

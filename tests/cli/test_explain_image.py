@@ -55,7 +55,11 @@ def test_rollout_on_grace_hopper_writes_overlay_html_and_trace(with_dinov2, tmp_
     data = explain_image(grace_hopper(), tmp_path, "--save-trace")
     assert with_dinov2 == ["dinov2-s"]
     assert {p.name for p in tmp_path.iterdir()} == {
-        "explanation.json", "explanation.html", "explanation.png", "explanation_overlay.png", "trace.npz"
+        "explanation.json",
+        "explanation.html",
+        "explanation.png",
+        "explanation_overlay.png",
+        "trace.npz",
     }
     assert data["grid"] == list(GRID) and data["n_prefix_tokens"] == 1 and data["row"] == "cls"
     assert np.asarray(data["patch_scores"]).shape == GRID
@@ -126,7 +130,9 @@ def test_an_image_given_to_a_text_model(tmp_path):
 
 
 def test_a_text_given_to_a_vision_model(tmp_path):
-    result = run_script("A cat sat on the mat.", "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q", timeout=300)
+    result = run_script(
+        "A cat sat on the mat.", "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q", timeout=300
+    )
     assert_one_line_error(result, "dinov2-s is a vision model: it explains images, not text", "--image PATH")
     assert not (tmp_path / "out").exists()
 
@@ -135,8 +141,14 @@ def test_help_states_the_preprocessing(capsys):
     with pytest.raises(SystemExit):
         main(["explain", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for fragment in ("shorter side is resized to 256 px (bicubic)", "centre 224x224", "ImageNet mean (0.485, 0.456, 0.406)",
-                     "std (0.229, 0.224, 0.225)", "16x16 grid", "flow computes only the saliency row"):
+    for fragment in (
+        "shorter side is resized to 256 px (bicubic)",
+        "centre 224x224",
+        "ImageNet mean (0.485, 0.456, 0.406)",
+        "std (0.229, 0.224, 0.225)",
+        "16x16 grid",
+        "flow computes only the saliency row",
+    ):
         assert fragment in text
 
 

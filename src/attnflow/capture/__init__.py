@@ -18,4 +18,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnflow.capture' has no attribute {name!r}")
 
 
-__all__ = ["ADAPTERS", "EMBEDDED", "Adapter", "Stack", "adapter_for", "install_dinov2_s", "install_mpnet", "resolve", *_MODEL_NAMES]
+__all__ = [
+    "ADAPTERS",
+    "EMBEDDED",
+    "Adapter",
+    "Stack",
+    "adapter_for",
+    "install_dinov2_s",
+    "install_mpnet",
+    "resolve",
+    *_MODEL_NAMES,
+]

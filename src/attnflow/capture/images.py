@@ -28,8 +28,17 @@ log = logging.getLogger(__name__)
 Box = tuple[float, float, float, float]  # (left, top, right, bottom) in original image pixels
 
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-_MODE_NAMES = {"L": "grayscale", "LA": "grayscale + alpha", "RGBA": "RGBA", "P": "palette", "CMYK": "CMYK",
-               "1": "black-and-white", "I": "32-bit grayscale", "I;16": "16-bit grayscale", "F": "float grayscale"}
+_MODE_NAMES = {
+    "L": "grayscale",
+    "LA": "grayscale + alpha",
+    "RGBA": "RGBA",
+    "P": "palette",
+    "CMYK": "CMYK",
+    "1": "black-and-white",
+    "I": "32-bit grayscale",
+    "I;16": "16-bit grayscale",
+    "F": "float grayscale",
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,8 @@ class ImagePreprocessing:
         if settings.get("do_center_crop", False):
             crop_size = settings.get("crop_size")
             crop_size = {"height": crop_size, "width": crop_size} if isinstance(crop_size, int) else crop_size
+            if not isinstance(crop_size, dict) or not {"height", "width"} <= set(crop_size):
+                raise InputError(f"{source}: do_center_crop needs a crop_size with height and width, got {crop_size!r}")
             crop = (int(crop_size["height"]), int(crop_size["width"]))
         normalize = settings.get("do_normalize", True)
         return cls(
@@ -117,7 +128,11 @@ class ImagePreprocessing:
 
         width, height = image.size
         new_width, new_height = self.resized_size(width, height)
-        resized = image.resize((new_width, new_height), resample=self.resample) if (new_width, new_height) != (width, height) else image
+        resized = (
+            image.resize((new_width, new_height), resample=self.resample)
+            if (new_width, new_height) != (width, height)
+            else image
+        )
         left, top, crop_width, crop_height = 0, 0, new_width, new_height
         if self.crop is not None:
             crop_height, crop_width = self.crop
@@ -125,10 +140,10 @@ class ImagePreprocessing:
                 raise InputError(f"image of {width}x{height} px is too small for a {crop_width}x{crop_height} crop")
             top, left = (new_height - crop_height) // 2, (new_width - crop_width) // 2
             resized = resized.crop((left, top, left + crop_width, top + crop_height))
-        array = np.asarray(resized, dtype=np.float32)  # [height, width, channel]
+        array: np.ndarray = np.asarray(resized, dtype=np.float32)  # [height, width, channel]
         if self.rescale is not None:
             array = array * np.float32(self.rescale)
-        if self.mean is not None:
+        if self.mean is not None and self.std is not None:
             array = (array - np.asarray(self.mean, dtype=np.float32)) / np.asarray(self.std, dtype=np.float32)
         pixels = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))[None]  # [1, channel, height, width]
         scale_x, scale_y = new_width / width, new_height / height

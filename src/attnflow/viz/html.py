@@ -69,7 +69,8 @@ def comparison_html(explanations: "list[Explanation]") -> str:
     return page(
         f"attnflow: {methods}",
         '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
-        subtitle=f"{first.model or 'model'} · {first.image or first.text}" + (f" · prediction: {prediction}" if prediction else ""),
+        subtitle=f"{first.model or 'model'} · {first.image or first.text}"
+        + (f" · prediction: {prediction}" if prediction else ""),
         meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
         css=CSS,
     )
@@ -172,7 +173,8 @@ def _image_view(explanation: "Explanation") -> str:
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
         f"(CLS, distillation, registers) left out of the grid.{esc(covered)} Colours saturate above the "
-        f"{SATURATION_PERCENTILE}th percentile of the patch scores, so that a few outlier patches do not wash out the rest.</p>"
+        f"{SATURATION_PERCENTILE}th percentile of the patch scores, so that a few outlier patches do not wash "
+        "out the rest.</p>"
     )
     return "\n".join(parts)
 

@@ -49,6 +49,7 @@ def plot_explanation(explanation: "Explanation") -> Figure:
     bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
     plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
     bars_axes.set_title(f"{explanation.method} saliency, row = {explanation.row}", loc="left")
+    plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
     figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
     return figure
 
@@ -101,7 +102,11 @@ def plot_matrix(axes: Any, matrix: np.ndarray, tokens: Sequence[str], row: Any =
 
 
 def overlay_image(
-    image_path: str, patch_scores: np.ndarray, alpha: float = 0.55, cmap: str = "inferno", box: Sequence[float] | None = None
+    image_path: str,
+    patch_scores: np.ndarray,
+    alpha: float = 0.55,
+    cmap: str = "inferno",
+    box: Sequence[float] | None = None,
 ) -> Any:
     """Blend ``[rows, cols]`` patch scores (scaled by `patch_color_range`, upsampled bilinearly)
     over the image, or over its region ``box = (left, top, right, bottom)`` (the part the model
@@ -111,7 +116,8 @@ def overlay_image(
     with Image.open(image_path) as opened:
         base = opened.convert("RGB")
     if box is not None:
-        base = base.crop(tuple(int(round(edge)) for edge in box))
+        left, top, right, bottom = (round(edge) for edge in box)
+        base = base.crop((left, top, right, bottom))
     grid = np.asarray(patch_scores, dtype=np.float32)
     low, high = patch_color_range(grid)
     grid = np.clip((grid - low) / (high - low), 0.0, 1.0) if high > low else np.zeros_like(grid)
@@ -145,9 +151,12 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
         overlay_axes.axis("off")
     grid_axes = axes[0]
     assert explanation.grid is not None, "an image figure needs the patch grid"
-    low, high = patch_color_range(explanation.patch_scores)
-    patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest", vmin=low, vmax=max(high, low + 1e-12))
-    saturated = high < float(explanation.patch_scores.max())
+    patch_scores = explanation.patch_scores
+    assert patch_scores is not None
+    low, high = patch_color_range(patch_scores)
+    top = max(high, low + 1e-12)
+    patches = grid_axes.imshow(patch_scores, cmap="inferno", interpolation="nearest", vmin=low, vmax=top)
+    saturated = high < float(patch_scores.max())
     label = f"score (saturates above the {SATURATION_PERCENTILE}th percentile)" if saturated else "score"
     figure.colorbar(patches, ax=grid_axes, shrink=0.8, label=label, extend="max" if saturated else "neither")
     rows, cols = explanation.grid
