@@ -78,18 +78,30 @@ def __getattr__(name: str):
         from attnflow import explanation
 
         return getattr(explanation, name)
+    if name in ("Exploration", "explore"):
+        from attnflow import exploration
+
+        return getattr(exploration, name)
+    if name in ("Comparison", "compare"):
+        from attnflow import comparison
+
+        return getattr(comparison, name)
     raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
 
 
 __all__ = [
+    "Comparison",
     "Explanation",
+    "Exploration",
     "Trace",
     "alti",
     "attention_flow",
     "available_methods",
+    "compare",
     "context_similarity",
     "encoder_decoder_rollout",
     "explain",
+    "explore",
     "get_method",
     "grad_rollout",
     "grad_x_input",

@@ -115,6 +115,12 @@ class Explanation:
             return None
         return to_patch_grid(self.scores, self.grid, self.n_prefix_tokens)
 
+    def summary(self) -> str:
+        """One plain-language sentence: the words that carry most of the relevance, and their share."""
+        from attnflow.methods.summary import explanation_summary
+
+        return explanation_summary(self)
+
     def top(self, k: int = 10, include_special: bool = False) -> list[tuple[int, str, float]]:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
@@ -257,16 +263,9 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            source = trace if _takes_trace(spec) else trace.attentions
-            scores = np.asarray(spec.function(source, **chosen), dtype=np.float64).reshape(n)
+            scores = np.asarray(apply_method(spec, trace, model=model, **chosen), dtype=np.float64).reshape(n)
             return _explanation(trace, spec, chosen, row, None, scores, None)
-    if "model" in spec.needs:
-        if model is None:
-            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
-        result = np.asarray(spec.function(model, trace, **chosen), dtype=np.float64)
-    else:
-        source = trace if _takes_trace(spec) else trace.attentions
-        result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
+    result = np.asarray(apply_method(spec, trace, model=model, **chosen), dtype=np.float64)
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -307,6 +306,18 @@ def _explanation(
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
     )
+
+
+def apply_method(spec: MethodSpec, trace: Trace, model: Any = None, **options: Any) -> Any:
+    """Call a registered method on a trace: with ``(model, trace)`` when it needs the model, the
+    whole Trace when its first parameter is named ``trace``, else ``trace.attentions``
+    (``[layer, head, query, key]``). ``options`` go to the function as given (no validation:
+    see `method_options`)."""
+    if "model" in spec.needs:
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        return spec.function(model, trace, **options)
+    return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:

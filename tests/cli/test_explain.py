@@ -244,3 +244,13 @@ def test_max_length_above_the_model_maximum(tmp_path, capsys):
     result = main(["explain", "hello", "--max-length", "100000", "--out", str(tmp_path), "--device", "cpu", "-q"])
     assert result == 2 and not (tmp_path / "explanation.json").exists()
     assert "exceeds the model's maximum of 512 tokens" in capsys.readouterr().err
+
+
+def test_prints_the_summary_line(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path)) == 0
+    explanation = attnflow.Explanation.load(tmp_path)
+    printed = capsys.readouterr().out
+    assert f"summary: {explanation.summary()}\n" in printed
+    assert "of the relevance for the mean-pooled output" in explanation.summary()
+    html = (tmp_path / "explanation.html").read_text(encoding="utf-8")
+    assert f'<p class="summary">{explanation.summary()}</p>' in html.replace("&#x27;", "'")

@@ -263,6 +263,17 @@ def test_encoder_decoder_rollout_by_hand():
         encoder_decoder_rollout(enc, dec, cross[:1])
 
 
+def test_raw_attention_layerwise_returns_every_layer():
+    rng = np.random.default_rng(2)
+    attentions = rng.dirichlet(np.ones(5), size=(3, 4, 5))  # [layer, head, query, key]
+    layers = raw_attention(attentions, layerwise=True)
+    assert layers.shape == (3, 5, 5)
+    for layer in range(3):
+        np.testing.assert_allclose(layers[layer], sum(attentions[layer, h] for h in range(4)) / 4)
+        np.testing.assert_allclose(layers[layer], raw_attention(attentions, layer=layer))
+    np.testing.assert_allclose(raw_attention(attentions, head_fusion="none", layerwise=True), attentions)
+
+
 def test_saliency_row_parses_rows_like_the_cli():
     """One row parser (`parse_row`) serves the CLI, `explain` and `saliency_row`."""
     matrix = np.arange(16.0).reshape(4, 4)

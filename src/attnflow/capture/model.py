@@ -510,6 +510,13 @@ class AttentionModel:
             meta={"default_row": self.default_row},
         )
 
+    def explore(self, text: str, **options: Any) -> Any:
+        """`attnflow.explore(self, text, **options)`: the interactive explorer of one text
+        (an `Exploration`; shows itself in notebooks, ``.save(dir)`` writes explorer.html)."""
+        from attnflow.exploration import explore
+
+        return explore(self, text, **options)
+
     def _supported(self, methods: Sequence[str]) -> list[Any]:
         """The methods' registry entries, after checking that each supports this model's family."""
         specs = [get_method(name) for name in methods]

@@ -12,10 +12,10 @@ import logging
 import sys
 from typing import Sequence
 
-from attnflow.cli import corpus, explain, models
+from attnflow.cli import compare, corpus, explain, explore, models
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, models, corpus)
+SUBCOMMANDS = (explain, explore, compare, models, corpus)
 
 
 def build_parser() -> argparse.ArgumentParser:

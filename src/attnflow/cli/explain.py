@@ -70,8 +70,13 @@ A folder that already holds an explanation is only replaced with --overwrite.
 """
 
 
+def method_table() -> str:
+    """One line per registered method: its name and summary (for --help texts)."""
+    return "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    methods = "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
+    methods = method_table()
     parser = subparsers.add_parser(
         "explain",
         help="explain one text or image with attention rollout (or another method)",
@@ -189,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
             top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
             where = f"row {explanation.row}" if explanation.row is not None else "scores"
             print(f"{explanation.method} top tokens ({where}): {top}")
+            print(f"{explanation.method} summary: {explanation.summary()}")
         for path in paths.values():
             print(f"wrote {path}")
     return 0

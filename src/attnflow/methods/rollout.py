@@ -85,9 +85,17 @@ def rollout(
 
 @register("raw", "raw attention of one layer (default: last), fused over heads", ("head_fusion", "layer"))
 @accepts_torch
-def raw_attention(attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1) -> np.ndarray:
-    """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``."""
+def raw_attention(
+    attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1, layerwise: bool = False
+) -> np.ndarray:
+    """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``.
+
+    ``layerwise=True`` returns every layer instead (``layer`` is then ignored): ``[..., layer, q, k]``.
+    With ``head_fusion="none"`` the head axis stays: ``[..., (layer,) head, q, k]``.
+    """
     array = validate_attentions(attentions)
+    if layerwise:
+        return fuse_heads(array, head_fusion)
     n_layers = array.shape[-4]
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")

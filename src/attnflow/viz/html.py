@@ -31,6 +31,8 @@ CSS = """
                    background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
 .attnflow .note { color: #555; font-size: .9rem; }
+.attnflow .summary { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #d9480f;
+                     background: #fff6f0; }
 """
 
 _ROW_WORDS = {"cls": "row 0 (the first token, [CLS])", "mean": "the mean of all rows", "last": "the last row"}
@@ -78,7 +80,7 @@ def comparison_html(explanations: "list[Explanation]") -> str:
 
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
-    parts = []
+    parts = [f'<p class="summary">{esc(explanation.summary())}</p>']
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
     else:
