@@ -68,7 +68,8 @@ def main() -> None:
     line = f"(c) flow CLS row {row_seconds:.2f} s"
     if not args.skip_full_flow:
         full_seconds, _ = timed(lambda: attnflow.attention_flow(trace.attentions))
-        line += f", full {trace.n_tokens} x {trace.n_tokens} matrix {full_seconds:.1f} s (ratio {full_seconds / row_seconds:.0f})"
+        n = trace.n_tokens
+        line += f", full {n} x {n} matrix {full_seconds:.1f} s (ratio {full_seconds / row_seconds:.0f})"
     print(line)
 
 

@@ -73,7 +73,7 @@ def onnx_graph_outputs():
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
     def run(pixels: torch.Tensor) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, {"input_image": pixels.numpy()})))
+        return dict(zip(names, session.run(names, {"input_image": pixels.numpy()}), strict=True))
 
     return run
 

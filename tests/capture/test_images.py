@@ -107,7 +107,7 @@ def test_read_image_errors(tmp_path):
         read_image(tmp_path / "missing.png")
     text = tmp_path / "notes.png"
     text.write_text("hello")
-    with pytest.raises(InputError, match="is not an image file Pillow can read$"):
+    with pytest.raises(InputError, match=r"is not an image file Pillow can read$"):
         read_image(text)
     truncated = tmp_path / "cut.png"
     Image.new("RGB", (50, 50), (1, 2, 3)).save(truncated)

@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 import attnflow
+
 from tiny_models import VISION_FAMILIES
 
 NEEDS = ("attentions", "values", "output_weights", "layer_inputs")

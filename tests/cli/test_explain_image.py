@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import skimage.data
 from PIL import Image
+from test_explain import assert_one_line_error, run_script
 
 import attnflow
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
-from test_explain import assert_one_line_error, run_script
 
 GRID = (16, 16)
 
