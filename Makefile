@@ -61,6 +61,8 @@ package-check: setup
 bench: setup
 	$(PY) benchmarks/bench_flow.py
 	$(PY) benchmarks/bench_corpus.py
+	$(PY) benchmarks/bench_load.py
+	$(PY) benchmarks/bench_explain_file.py
 	$(PY) benchmarks/bench_vision.py
 
 clean:

@@ -12,6 +12,7 @@ from PIL import Image
 import attnflow
 from attnflow.explanation import OUTPUT_FILES, Explanation, default_row, explain, parse_row
 from attnflow.methods import registry
+from attnflow.methods.transforms import PruningCollapseWarning
 from attnflow.trace import Trace
 
 
@@ -52,8 +53,23 @@ def test_rollout_explanation_matches_the_method_and_row():
     # Options as used, with the method's defaults filled in.
     assert explanation.options == {
         "head_fusion": "mean", "residual": 0.7, "start_layer": 0,
-        "threshold": None, "top_k": None, "discard_ratio": 0.5,
+        "threshold": None, "top_k": None, "discard_ratio": 0.5, "prune_on": "attention",
     }
+    assert explanation.notes == []
+
+
+def test_pruning_collapse_is_a_warning_and_a_note_on_the_page(tmp_path):
+    trace = random_trace(n=6, seed=3)
+    trace.attentions[:] = 0.8 * np.eye(6) + 0.2 * trace.attentions  # diagonal-heavy: top-1 keeps the diagonal
+    with pytest.warns(PruningCollapseWarning, match="diagonal alone"):
+        explanation = explain(trace, top_k=1)
+    np.testing.assert_allclose(explanation.matrix, np.eye(6))
+    assert len(explanation.notes) == 1 and "layer(s) 0, 1, 2 of 3" in explanation.notes[0]
+    paths = explanation.save(tmp_path)
+    assert json.loads(paths["json"].read_text())["notes"] == explanation.notes
+    assert Explanation.load(tmp_path).notes == explanation.notes
+    page = paths["html"].read_text()
+    assert 'class="warning"' in page and "diagonal alone" in page
 
 
 def test_raw_method_and_row_index():

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
 from attnflow.methods.registry import MethodSpec, get_method
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
@@ -64,6 +66,8 @@ class Explanation:
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
+        notes: warnings the method raised while computing this explanation (e.g. pruning that
+            left only the diagonal); saved to JSON and shown on the page.
     """
 
     tokens: list[str]
@@ -83,6 +87,7 @@ class Explanation:
     target: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -177,6 +182,8 @@ class Explanation:
             data["image"] = str(self.image)
         if self.image_box is not None:
             data["image_box"] = list(self.image_box)
+        if self.notes:
+            data["notes"] = list(self.notes)
         return data
 
     @classmethod
@@ -199,6 +206,7 @@ class Explanation:
             target=data.get("target"),
             prediction=data.get("prediction"),
             image_box=data.get("image_box"),
+            notes=list(data.get("notes", [])),
         )
 
     @classmethod
@@ -263,9 +271,9 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores = np.asarray(apply_method(spec, trace, model=model, **chosen), dtype=np.float64).reshape(n)
-            return _explanation(trace, spec, chosen, row, None, scores, None)
-    result = np.asarray(apply_method(spec, trace, model=model, **chosen), dtype=np.float64)
+            scores, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
+    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -279,12 +287,12 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
-    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes)
 
 
 def _explanation(
     trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row | None, matrix: np.ndarray | None,
-    scores: np.ndarray, head_matrices: np.ndarray | None,
+    scores: np.ndarray, head_matrices: np.ndarray | None, notes: list[str],
 ) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
@@ -305,6 +313,7 @@ def _explanation(
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
+        notes=notes,
     )
 
 
@@ -318,6 +327,18 @@ def apply_method(spec: MethodSpec, trace: Trace, model: Any = None, **options: A
             raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
         return spec.function(model, trace, **options)
     return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
+
+
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+    """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
+    messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
+    what the console said)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = np.asarray(call(), dtype=np.float64)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import skimage.data
 import torch
 
 import attnflow
-from attnflow.capture import loading, onnx_dinov2
+from attnflow.capture import loading, onnx_dinov2, weight_cache
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.errors import InputError, ModelLoadError
 
@@ -185,7 +185,7 @@ def test_install_checks_the_onnx_file_and_the_weights_and_is_atomic(tmp_path, mo
     monkeypatch.setattr(onnx_dinov2, "ONNX_SHA256", "0" * 64)
     with pytest.raises(ModelLoadError, match="sha256"):
         loading.install_dinov2_s()
-    monkeypatch.setattr(onnx_dinov2, "ONNX_SHA256", loading._sha256(onnx_path()))
+    monkeypatch.setattr(onnx_dinov2, "ONNX_SHA256", weight_cache.sha256(onnx_path()))
     monkeypatch.setattr(onnx_dinov2, "WEIGHTS_DIGEST", "0" * 64)
     with pytest.raises(ModelLoadError, match="digest"):
         loading.install_dinov2_s()

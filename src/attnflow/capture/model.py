@@ -7,21 +7,25 @@ projections' inputs); the forward pass runs with eager attention and ``output_at
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from attnflow.capture import weight_cache
 from attnflow.capture.adapters import Adapter, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
+from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
@@ -58,17 +62,26 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return resolved
 
 
-def load(name: str = "minilm", device: str | torch.device | None = "auto", trust_remote_code: bool = False) -> "AttentionModel":
+def load(
+    name: str = "minilm",
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> "AttentionModel":
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
 
-    Attention is forced to the eager implementation so that weights exist to capture.
+    Attention is forced to the eager implementation so that weights exist to capture. A local
+    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
+    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
     """
     import transformers
 
     if name in PROBES:
-        return _load_probe(name, device)
+        return _load_probe(name, device, progress)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
+    _check_local_model_type(name, source)
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -88,9 +101,10 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
     ):
         auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
     try:
-        model = auto_class.from_pretrained(
-            source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
-        )
+        with _gguf_progress(progress):
+            model = auto_class.from_pretrained(
+                source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
+            )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
@@ -98,28 +112,60 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    if source.cache_to is not None:
+        weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
 
 
-def _load_probe(alias: str, device: str | torch.device | None) -> "AttentionModel":
+def _load_probe(alias: str, device: str | torch.device | None, progress: bool) -> "AttentionModel":
     """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
     from attnflow.capture.probes import probe_classifier
 
     encoder = load(PROBES[alias].encoder, device="cpu")
-    classifier, meta = probe_classifier(alias, encoder)
+    classifier, meta = probe_classifier(alias, encoder, progress=progress)
     model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
     model.default_row = encoder.default_row
     model.probe = meta
     return model
 
 
+def _check_local_model_type(name: str, source: ModelSource) -> None:
+    """A local folder whose config names a model type outside the adapter table: say so (the
+    table, the supported types), instead of a hub-id failure from transformers."""
+    config_file = Path(source.path) / "config.json"
+    if source.load_kwargs.get("gguf_file") or not config_file.is_file():
+        return
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
+    if not model_type:
+        raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
+    adapter_for(model_type, f"the model in {source.path}")
+
+
+@contextmanager
+def _gguf_progress(enabled: bool) -> Iterator[None]:
+    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging switches)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - an older transformers without GGUF support
+        yield
+        return
+    original = gguf_utils.tqdm
+    if not enabled:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _mean_pooled(source: ModelSource) -> bool:
     """A sentence-transformers folder whose pooling layer averages the tokens (minilm, mpnet)."""
-    import json
-
     pooling = Path(source.path) / "1_Pooling" / "config.json"
     try:
         return bool(json.loads(pooling.read_text()).get("pooling_mode_mean_tokens"))
@@ -262,7 +308,8 @@ class AttentionModel:
             target / target_text: what the target is (see `attnflow.targets.Objective`): class
                 index or label name, next token, or the text a sentence encoder is compared to.
             batch_size: texts per forward pass.
-            max_length: truncate longer texts (default: the model's maximum), with a warning.
+            max_length: truncate longer texts (default: the model's maximum), with a warning
+                (a text that becomes mostly unknown tokens, [UNK], is warned about too).
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
@@ -272,10 +319,7 @@ class AttentionModel:
                 f"{self.name} is a vision model: it explains images, not text "
                 "(--image PATH on the command line, trace_image(path) in Python)"
             )
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        for text in texts:
-            if not isinstance(text, str) or not text.strip():
-                raise InputError("the text to explain is empty")
+        texts = check_texts(texts)  # None, bytes, non-strings, empty or undecodable texts: InputError
         wanted = self._needs(needs, head_outputs)
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
@@ -383,6 +427,7 @@ class AttentionModel:
         # name -> [batch, ...] numpy
         batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        self._warn_unknown(texts, encoded, lengths)
         shared = self._shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
@@ -606,10 +651,27 @@ class AttentionModel:
         return int(max_length)
 
     def _warn_truncation(self, texts: list[str], limit: int) -> None:
-        for ids in self.tokenizer(texts)["input_ids"]:  # one batched call, untruncated lengths
+        # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
+        # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
+        for ids in self.tokenizer(texts, verbose=False)["input_ids"]:
             n = len(ids)
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
+
+    def _warn_unknown(self, texts: list[str], encoded: Any, lengths: list[int]) -> None:
+        """Warn about texts whose content tokens are mostly the unknown token."""
+        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
+        for index, (text, n) in enumerate(zip(texts, lengths)):
+            unknown, content = unknown_share(
+                encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
+            )
+            if content and unknown / content > UNKNOWN_SHARE_WARNING:
+                log.warning(
+                    "text %r: %s of its %d tokens are the unknown token %s (%s has no tokens for these "
+                    "characters), so the explanation is about placeholders, not the text",
+                    text if len(text) <= 40 else text[:39] + "…",
+                    "all" if unknown == content else unknown, content, self.tokenizer.unk_token, self.name,
+                )
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from typing import Sequence
 
 from attnflow.cli import compare, corpus, explain, explore, models
@@ -37,13 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="attnflow: %(levelname)s: %(message)s")
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         return 130
-    except (AttnflowError, ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+    except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
         print(f"attnflow: error: {error}", file=sys.stderr)
         return 2
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Python warnings as one line, like attnflow's logged warnings (no file, line or source)."""
+    print(f"attnflow: WARNING: {message}", file=sys.stderr if file is None else file)
 
 
 def _version() -> str:

@@ -1,27 +1,26 @@
 """`attnflow explain`: explain one text (or one image) with a registered attention method.
 
 Writes DIR/explanation.json, DIR/explanation.html and DIR/explanation.png (and, for an image,
-DIR/explanation_overlay.png; with --save-trace, DIR/trace.npz). The output folder may already
-exist and hold other files: those are never touched. If it already holds files that explain
-writes (a previous explanation), explain stops unless --overwrite is given; with --overwrite the
-previous explanation's files are all replaced or removed, so the folder never mixes two runs.
+DIR/explanation_overlay.png; with --save-trace, DIR/trace.npz); with --json and no --out it
+only prints the JSON. The folder rules (other files kept, --overwrite, safe writes) are in
+`attnflow.cli.outputs`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
+from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
 
-TRACE_FILE = "trace.npz"
-COMPARISON_FILE = "comparison.html"
 DEFAULT_MODEL = "minilm-sentiment"
+from attnflow.viz.tokens import display_token
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -32,6 +31,7 @@ FLAGS = {
     "top_k": "--top-k",
     "threshold": "--threshold",
     "discard_ratio": "--discard-ratio",
+    "prune_on": "--prune-on",
     "layer": "--layer",
     "seed": "--seed",
     "n_steps": "--steps",
@@ -48,6 +48,8 @@ examples:
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
   attnflow explain --image photo.jpg --model dinov2-s --out out/photo
   attnflow explain --image photo.jpg --model dinov2-s --method flow --save-trace
+  attnflow explain --file reviews.jsonl --text-field review --out out/reviews   # one folder per text + index.html
+  cat sentences.txt | attnflow explain --file - --json --quiet > explanations.jsonl
 
 Images (--image): any file Pillow reads; grayscale, RGBA and palette images are converted to
 RGB with a note. dinov2-s (DINOv2 ViT-S/14) uses the standard DINOv2 preprocessing: the shorter
@@ -100,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)",
     )
+    source.add_argument("--file", metavar="PATH", help="explain every text of a .txt (one per line), .jsonl or .csv file, or of stdin (-): DIR/001/, DIR/002/, ... and DIR/index.html")
+    source.add_argument("--text-field", metavar="NAME", help="--file: the JSON field that holds the text (default: text; with -: read JSON lines)")
+    source.add_argument("--text-column", metavar="NAME", help="--file: the CSV column that holds the text (default: text; with -: read CSV)")
+    source.add_argument("--batch-size", type=_positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)")
     source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
     source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
 
@@ -114,8 +120,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
     method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
-    method.add_argument("--threshold", type=_non_negative_float, metavar="T", help="drop entries below T in each row")
-    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row")
+    method.add_argument("--threshold", type=_ratio, metavar="T", help="drop entries below T in each row (T in [0, 1))")
+    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row (Q in [0, 1))")
+    method.add_argument(
+        "--prune-on",
+        choices=("attention", "residual"),
+        help="what --top-k/--threshold/--discard-ratio prune: the head-fused attention before the residual "
+        "is added (default), or the residual-corrected matrix (its diagonal is >= 1/2, so strong pruning "
+        "keeps only the diagonal)",
+    )
     method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw or norm (default: last)")
     method.add_argument("--seed", type=_non_negative_int, metavar="S", help="seed of --method random (default: 0)")
     method.add_argument("--steps", type=_positive_int, metavar="N", help="steps of --method integrated_gradients (default: 32)")
@@ -126,18 +139,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--out", default="out/explain", metavar="DIR", help="output folder (default: out/explain)")
+    output.add_argument("--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)")
     output.add_argument("--overwrite", action="store_true", help="replace an explanation already in DIR")
     output.add_argument("--save-trace", action="store_true", help=f"also write DIR/{TRACE_FILE} (attentions [L,H,n,n] float32, tokens)")
-    output.add_argument("--json", action="store_true", help="print explanation.json to stdout")
+    output.add_argument("--json", action="store_true", help="print explanation.json to stdout (writes no folder unless --out is given)")
     output.add_argument("--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.explanation import OUTPUT_FILES, explain
+    from attnflow.explanation import explain
 
+    if args.file is not None:
+        from attnflow.cli.explain_file import run_file
+
+        return run_file(args)
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -146,19 +163,13 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("targets (--target, --target-token, --target-text) are not defined for images")
         read_image(args.image)  # a missing or unreadable file fails before the model loads
     elif args.text is None:
-        raise InputError("nothing to explain: give a TEXT (or --image PATH)")
-    elif not args.text.strip():
-        raise InputError("the text to explain is empty")
+        raise InputError("nothing to explain: give a TEXT (or --image PATH, or --file PATH)")
+    else:
+        check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
     per_method = _options_per_method(args.method, _options(args))
-    out = Path(args.out)
-    previous = _previous_outputs(out, (*OUTPUT_FILES, TRACE_FILE, COMPARISON_FILE))
-    if previous and not args.overwrite:
-        raise FileExistsError(
-            f"{out} already holds an explanation ({previous[0].name}); pass --overwrite to replace it "
-            "or choose another --out"
-        )
+    out = prepare_output(args)
 
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")
@@ -176,12 +187,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"{method} …")
         explanations.append(explain(trace, method=method, row=row, model=model, **options))
 
-    for path in previous:  # only now: a failed run above leaves the old explanation intact
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    paths = _save(explanations, out)
-    if args.save_trace:
-        paths["trace"] = out / TRACE_FILE
-        trace.save(str(paths["trace"]))
+    paths = write_explanations(out, explanations, trace if args.save_trace else None) if out is not None else {}
 
     if args.json:
         data = [explanation.to_dict() for explanation in explanations]
@@ -191,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         if trace.target is not None:
             print(f"prediction: {trace.target.describe()}" if any(e.target is None for e in explanations) else f"explains: {trace.target.describe()}")
         for explanation in explanations:
-            top = ", ".join(f"{token} {score:.3f}" for _, token, score in explanation.top(5))
+            top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
             where = f"row {explanation.row}" if explanation.row is not None else "scores"
             print(f"{explanation.method} top tokens ({where}): {top}")
             print(f"{explanation.method} summary: {explanation.summary()}")
@@ -220,21 +226,6 @@ def _options_per_method(methods: list[str], options: dict[str, Any]) -> dict[str
     return chosen
 
 
-def _save(explanations: list[Any], out: Path) -> dict[str, Path]:
-    """One method: its files in ``out``. Several: each in ``out/METHOD/`` plus ``out/comparison.html``."""
-    if len(explanations) == 1:
-        return explanations[0].save(out)
-    from attnflow.viz.html import comparison_html
-
-    paths: dict[str, Path] = {}
-    for explanation in explanations:
-        for kind, path in explanation.save(out / explanation.method).items():
-            paths[f"{explanation.method} {kind}"] = path
-    paths["comparison"] = out / COMPARISON_FILE
-    paths["comparison"].write_text(comparison_html(explanations), encoding="utf-8")
-    return paths
-
-
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The method options the user set (None: not given, the method's default applies)."""
     return {
@@ -245,20 +236,11 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "top_k": args.top_k,
         "threshold": args.threshold,
         "discard_ratio": args.discard_ratio,
+        "prune_on": args.prune_on,
         "layer": args.layer,
         "seed": args.seed,
         "n_steps": args.steps,
     }
-
-
-def _previous_outputs(out: Path, names: tuple[str, ...]) -> list[Path]:
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    from attnflow.explanation import JSON_FILE
-
-    files = [out / name for name in names if (out / name).exists()]
-    method_folders = [path for path in sorted(out.glob(f"*/{JSON_FILE}")) if path.parent.name in available_methods()]
-    return files + [path.parent for path in method_folders]
 
 
 def _load(name: str, device: str, quiet: bool) -> Any:
@@ -272,7 +254,7 @@ def _load(name: str, device: str, quiet: bool) -> Any:
             pass
     from attnflow.capture import load
 
-    return load(name, device=device)
+    return load(name, device=device, progress=not quiet)
 
 
 class _Progress:
@@ -300,13 +282,6 @@ def _non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
 
 

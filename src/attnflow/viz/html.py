@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
-from attnflow.viz.plot import SATURATION_PERCENTILE, display_token, matrix_figure
+from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
+from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
@@ -33,6 +34,8 @@ CSS = """
 .attnflow .note { color: #555; font-size: .9rem; }
 .attnflow .summary { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #d9480f;
                      background: #fff6f0; }
+.attnflow .warning { color: #7a4b00; background: #fff6e0; border: 1px solid #f0c36d; border-radius: 6px;
+                     padding: .5rem .8rem; font-size: .95rem; }
 """
 
 _ROW_WORDS = {"cls": "row 0 (the first token, [CLS])", "mean": "the mean of all rows", "last": "the last row"}
@@ -80,7 +83,8 @@ def comparison_html(explanations: "list[Explanation]") -> str:
 
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
-    parts = [f'<p class="summary">{esc(explanation.summary())}</p>']
+    parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes]
+    parts.append(f'<p class="summary">{esc(explanation.summary())}</p>')
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
     else:
@@ -124,7 +128,7 @@ def _token_view(explanation: "Explanation") -> str:
     use_text = offsets is not None
     cursor = 0
     for i, token in enumerate(explanation.tokens):
-        title = f"#{i} {token!r}  score {scores[i]:.4g}"
+        title = f"#{i} {display_token(token)} (token {token!r})  score {scores[i]:.4g}"
         if special[i]:
             pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
             continue

@@ -14,6 +14,8 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from attnflow.viz.tokens import display_token
+
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
 
@@ -22,14 +24,6 @@ MAX_LABEL_CHARS = 16
 SPECIAL_COLOR = "#9e9e9e"
 SCORE_COLOR = "#d9480f"
 SATURATION_PERCENTILE = 99  # patch colour scales saturate above this percentile (see patch_color_range)
-
-
-def display_token(token: str) -> str:
-    """A token as a reader wants to see it: byte-level/sentencepiece space markers removed."""
-    text = token.replace("Ċ", "\\n").replace("\n", "\\n")
-    if text[:1] in ("Ġ", "▁") and len(text) > 1:
-        text = text[1:]
-    return text
 
 
 def plot_explanation(explanation: "Explanation") -> Figure:
