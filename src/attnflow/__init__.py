@@ -58,10 +58,10 @@ def _connect_views() -> None:
 
         return plot_explanation(explanation)
 
-    def overlay(image_path, patch_scores):
+    def overlay(image_path, patch_scores, box=None):
         from attnflow.viz.plot import overlay_image
 
-        return overlay_image(image_path, patch_scores)
+        return overlay_image(image_path, patch_scores, box=box)
 
     _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
 

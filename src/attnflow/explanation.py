@@ -46,7 +46,8 @@ class Explanation:
         tokens: ``n`` token strings.
         matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
             None for attribution-only methods (gradients, leave-one-out, ...), which give one
-            score per token and no matrix.
+            score per token and no matrix, and when only the saliency row was computed
+            (attention flow on an image, see `explain`; ``row`` then names it).
         scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``, or the
             attribution-only method's scores.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
@@ -59,6 +60,8 @@ class Explanation:
         grid: ``(rows, cols)`` patch grid for vision models, else None.
         n_prefix_tokens: tokens before the first patch (CLS, distillation, registers).
         image: path of the explained image, or None.
+        image_box: ``(left, top, right, bottom)``: the region of the image (original pixels) that
+            the patch grid covers (a centre crop, for example), or None for the whole image.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
@@ -83,6 +86,7 @@ class Explanation:
     head_matrices: np.ndarray | None = None
     target: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
+    image_box: tuple[float, float, float, float] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -101,6 +105,9 @@ class Explanation:
             self.special_mask = np.asarray(self.special_mask, dtype=bool).reshape(n)
         if self.grid is not None:
             self.grid = (int(self.grid[0]), int(self.grid[1]))
+        if self.image_box is not None:
+            left, top, right, bottom = (float(edge) for edge in self.image_box)
+            self.image_box = (left, top, right, bottom)
 
     @property
     def n_tokens(self) -> int:
@@ -143,7 +150,7 @@ class Explanation:
         """The patch-grid saliency blended over the image (a PIL image); images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
-        return _VIEWS["overlay"](self.image, self.patch_scores)
+        return _VIEWS["overlay"](self.image, self.patch_scores, box=self.image_box)
 
     # ----- saving ------------------------------------------------------------------------------
 
@@ -173,6 +180,8 @@ class Explanation:
             data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
+        if self.image_box is not None:
+            data["image_box"] = list(self.image_box)
         if self.notes:
             data["notes"] = list(self.notes)
         return data
@@ -196,6 +205,7 @@ class Explanation:
             image=data.get("image"),
             target=data.get("target"),
             prediction=data.get("prediction"),
+            image_box=data.get("image_box"),
             notes=list(data.get("notes", [])),
         )
 
@@ -246,11 +256,24 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
     model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
     Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
     ``[key]`` scores for attribution-only methods.
+
+    On an image, a method that can compute selected output rows (attention flow, ``rows=``)
+    computes only the saliency row when that is one position (``cls``, ``last``, an index): the
+    full flow matrix of a 16 × 16 grid (257 tokens) takes minutes, its CLS row about a second.
+    The Explanation's ``matrix`` is then None, ``row`` names the row and ``options["rows"]``
+    records it.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
     n = trace.n_tokens
+    if trace.grid is not None and not spec.scores_only and "rows" in inspect.signature(spec.function).parameters:
+        row = parse_row(default_row(trace) if row is None else row)
+        position = _single_position(row, n)
+        if position is not None:
+            chosen = {**chosen, "rows": [position]}
+            scores, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
+    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -264,6 +287,13 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes)
+
+
+def _explanation(
+    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row | None, matrix: np.ndarray | None,
+    scores: np.ndarray, head_matrices: np.ndarray | None, notes: list[str],
+) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
         tokens=list(trace.tokens),
@@ -278,10 +308,11 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         special_mask=trace.special_mask,
         grid=trace.grid,
         n_prefix_tokens=trace.n_prefix_tokens,
-        image=str(image) if image is not None else None,
+        image=str(image) if image else None,
         head_matrices=head_matrices,
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
+        image_box=trace.meta.get("image_box"),
         notes=notes,
     )
 
@@ -344,6 +375,16 @@ def default_row(trace: Trace) -> Row:
     if trace.n_tokens > 1 and not np.any(np.triu(np.asarray(trace.attentions), k=1) > 1e-6):
         return "last"
     return "cls"
+
+
+def _single_position(row: Row, n: int) -> int | None:
+    """The query index a saliency row names (``cls`` 0, ``last`` n - 1, an index), or None for ``mean``."""
+    if row == "mean":
+        return None
+    index = (0 if row == "cls" else n - 1) if isinstance(row, str) else int(row)
+    if not -n <= index < n:
+        raise ValueError(f"row index {row} is out of range for {n} tokens")
+    return index % n
 
 
 def _takes_trace(spec: MethodSpec) -> bool:

