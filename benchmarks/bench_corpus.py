@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from attnflow.capture import load
-from attnflow.corpus.engine import StudyOptions, new_stats, process_batch, run_study
+from attnflow.corpus.engine import run_study
+from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.readers import open_corpus
 from attnflow.corpus.windows import WindowStream, batched
 

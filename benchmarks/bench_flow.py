@@ -3,7 +3,7 @@
     python benchmarks/bench_flow.py [--quick] [--seed 0] [--real]
 
 Inputs: seeded random softmax attentions, 12 layers x 12 heads (logits ~ N(0, 2^2)), fused by the
-mean, residual ½(A + I) (DESIGN §5). Three comparisons:
+mean, residual ½(A + I). Comparisons:
 
 (a) networkx (the reference implementation's approach): one DiGraph of the layered graph and one
     ``networkx.maximum_flow_value`` call (default: preflow-push) per (output, input) pair; CLS row
@@ -15,11 +15,17 @@ mean, residual ½(A + I) (DESIGN §5). Three comparisons:
 (c) harder inputs (sharp one-head attention; sharp, local attention with a sink token, where many
     min cuts lie inside the graph): attnflow with n_jobs = 1 and 2 against scipy on the CLS row,
     and attnflow's full matrix (not with --quick).
-(d) with --real: attention captured from the embedded MiniLM (6 layers) and MPNet (12 layers)
-    models on one text, against scipy on the CLS row.
+(d) with --real: attention of three disjoint 128-token windows of the embedded Wikipedia text
+    through MiniLM (6 layers) and MPNet (12 layers): attnflow against scipy per pair on the CLS row
+    (all pairs) and the full matrix (scipy extrapolated from 4 rows); the slowest real full matrix
+    against the random-input full matrix of (b).
+(e) with --real: per-head flow (head_fusion="none") on a MiniLM window, n_jobs = 1 and 2.
+(f) with --real: n = 512, 12 layers (one 512-token MPNet window): the CLS row (n_jobs = 1) and the
+    full matrix (n_jobs = 2, not with --quick), each in a fresh process for its peak RSS.
 
-Acceptance (issue 3): (a) >= 1000x, (b) >= 10x for the CLS row and the full 128 x 128 matrix,
-max abs difference <= 1e-9 against networkx.
+Acceptance (issues 3 and 11): (a) >= 1000x, max abs difference <= 1e-9 against networkx; (b) >= 10x
+for the CLS row and the full 128 x 128 matrix; (c) >= 10x on the sharp/local input; (d) >= 20x on
+the CLS row of every real window, real full matrix within 2x of the random one; (f) completes.
 """
 
 from __future__ import annotations
@@ -93,10 +99,14 @@ def header():
     import numba
     import scipy
 
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-          f"scipy {scipy.__version__}, networkx {networkx.__version__}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
+    print(
+        f"python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+        f"scipy {scipy.__version__}, networkx {networkx.__version__}"
+    )
 
 
 def compare_networkx(rng, n, n_pairs):
@@ -145,15 +155,21 @@ def compare_scipy(rng, n, sample_rows, repeats):
     diff = max(np.abs(full[0] - scipy_cls).max(), np.abs(full[rows] - scipy_rows).max())
     print(f"\n(b) n = {n}, {N_LAYERS} layers: scipy maximum_flow (Dinic, capacities x 1e9) per pair vs attnflow")
     print(f"    scipy CLS row ({n} pairs)      {t_sp_cls:8.3f} s")
-    print(f"    scipy full {n}x{n}            {t_sp_full:8.1f} s, extrapolated: {t_sp_row:.3f} s per row "
-          f"(mean of {len(rows) + 1} rows) x {n} rows")
+    print(
+        f"    scipy full {n}x{n}            {t_sp_full:8.1f} s, extrapolated: {t_sp_row:.3f} s per row "
+        f"(mean of {len(rows) + 1} rows) x {n} rows"
+    )
     for jobs, (t_cls, t_full) in results.items():
-        print(f"    attnflow n_jobs={jobs}: CLS row {t_cls:7.4f} s ({t_sp_cls / t_cls:4.0f}x)   "
-              f"full {t_full:6.2f} s ({t_sp_full / t_full:4.0f}x)")
-    print(f"    attnflow n_jobs=2 vs 1: CLS row {results[1][0] / results[2][0]:.2f}x, "
-          f"full {results[1][1] / results[2][1]:.2f}x faster")
+        print(
+            f"    attnflow n_jobs={jobs}: CLS row {t_cls:7.4f} s ({t_sp_cls / t_cls:4.0f}x)   "
+            f"full {t_full:6.2f} s ({t_sp_full / t_full:4.0f}x)"
+        )
+    print(
+        f"    attnflow n_jobs=2 vs 1: CLS row {results[1][0] / results[2][0]:.2f}x, "
+        f"full {results[1][1] / results[2][1]:.2f}x faster"
+    )
     print(f"    max |diff| vs scipy on those {len(rows) + 1} rows: {diff:.1e} (scipy's 1e9 scaling: ~1e-8 expected)")
-    return t_sp_cls / results[1][0], t_sp_full / results[1][1], diff
+    return t_sp_cls / results[1][0], t_sp_full / results[1][1], diff, results[1][1]
 
 
 def harder_inputs(rng, n, repeats, full_matrix):
@@ -162,6 +178,7 @@ def harder_inputs(rng, n, repeats, full_matrix):
         "sharp, local, sink token 0": softmax_attentions(rng, n, sigma=4.0, sink=4.0, locality=0.5),
     }
     print(f"\n(c) harder inputs, n = {n}, {N_LAYERS} layers: attnflow, and scipy per pair on the CLS row")
+    ratio = None
     for name, attentions in cases.items():
         layers = prepare_layers(attentions)
         start = time.perf_counter()
@@ -175,74 +192,234 @@ def harder_inputs(rng, n, repeats, full_matrix):
         at_bound = np.mean(np.abs(cls[0] - np.minimum(1.0, layers[0].sum(axis=0))) < 1e-12)
         print(f"    {name}: {100 * at_bound:.0f}% of the CLS row's flows at the trivial bound min(1, column sum)")
         diff = np.abs(cls[0] - scipy_cls).max()
-        print(f"        CLS row: scipy {t_sp:.3f} s; attnflow n_jobs=1 {t_af[1]:.4f} s ({t_sp / t_af[1]:.0f}x), "
-              f"n_jobs=2 {t_af[2]:.4f} s ({t_sp / t_af[2]:.0f}x); max |diff| vs scipy {diff:.1e}")
+        print(
+            f"        CLS row: scipy {t_sp:.3f} s; attnflow n_jobs=1 {t_af[1]:.4f} s ({t_sp / t_af[1]:.0f}x), "
+            f"n_jobs=2 {t_af[2]:.4f} s ({t_sp / t_af[2]:.0f}x); max |diff| vs scipy {diff:.1e}"
+        )
         if full_matrix:
             times = {jobs: best_time(lambda: attention_flow(attentions, n_jobs=jobs), 1)[0] for jobs in (1, 2)}
-            print(f"        full {n}x{n}: attnflow n_jobs=1 {times[1]:.2f} s, n_jobs=2 {times[2]:.2f} s "
-                  f"(scipy, extrapolated from its CLS row: {t_sp * n:.0f} s)")
+            print(
+                f"        full {n}x{n}: attnflow n_jobs=1 {times[1]:.2f} s, n_jobs=2 {times[2]:.2f} s "
+                f"(scipy, extrapolated from its CLS row: {t_sp * n:.0f} s)"
+            )
+        ratio = t_sp / t_af[1]
+    return ratio  # the last case: the adversarial sharp/local input
 
 
-REAL_TEXT = (
-    "Attention flow treats the attention graph as a flow network. Information from each input token moves "
-    "through the layers of the transformer, and the maximum flow between an output and an input position "
-    "measures how much of the output can be attributed to that input. The movie was terrible, but the acting "
-    "was great, and the soundtrack carried every scene. Critics disagreed about the ending, which some called "
-    "brave and others called lazy. In 1998 the director returned to the same city to film a sequel that nobody "
-    "had asked for, yet it became a surprise hit across Europe and Asia."
-)
+def wiki_windows(model, seq_len, count):
+    """The first ``count`` disjoint ``seq_len``-token windows of the embedded Wikipedia text."""
+    from attnflow.corpus.readers import open_corpus
+    from attnflow.corpus.windows import WindowStream
+
+    return [w.token_ids for w in WindowStream(open_corpus("wiki"), model.tokenizer, seq_len=seq_len, samples=count)]
 
 
-def real_attention(models, repeats):
-    """Attention captured from the embedded models (DESIGN §4) on one ~114-token text."""
+def window_attentions(model, token_ids):
+    """``[layer, head, query, key]`` float64 attention of one window, rows re-normalised (float32 capture)."""
+    import torch
+
+    capture = model.capture_batch(torch.as_tensor(np.asarray(token_ids))[None], head_outputs=False)
+    attentions = capture.attentions[0].double().numpy()
+    return attentions / attentions.sum(axis=-1, keepdims=True)
+
+
+def scipy_rows(layers, rows):
+    """scipy per pair on the given output rows: (seconds per row, flows ``[len(rows), key]``)."""
+    n_layers, n = layers.shape[0], layers.shape[-1]
+    graph = scipy_graph(layers)
+    start = time.perf_counter()
+    flows = np.array([scipy_row(graph, n_layers, n, int(i)) for i in rows])
+    return (time.perf_counter() - start) / len(rows), flows
+
+
+def real_attention(models, n_windows, repeats, t_random_full):
+    """CLS row and full matrix on real 128-token windows: attnflow against scipy per pair."""
     import attnflow
 
-    print("\n(d) real attention (one text, padding removed): attnflow n_jobs=1, and scipy per pair on the CLS row")
+    print(
+        f"\n(d) real attention, {n_windows} disjoint 128-token windows of the embedded Wikipedia text "
+        "(no padding): attnflow n_jobs=1 vs scipy per pair"
+    )
+    results = {}
     for name in models:
         try:
-            trace = attnflow.load(name, device="cpu").trace(REAL_TEXT)[0]
+            model = attnflow.load(name, device="cpu")
         except Exception as error:  # a model that is not installed is reported, not fatal
             print(f"    {name}: skipped ({type(error).__name__}: {error})")
             continue
-        attentions = np.asarray(trace.attentions, dtype=np.float64)  # [layer, head, query, key]
-        attentions /= attentions.sum(axis=-1, keepdims=True)  # float32 capture: re-normalise in float64
-        layers = prepare_layers(attentions)
-        n_layers, n = layers.shape[0], layers.shape[-1]
-        start = time.perf_counter()
-        scipy_cls = scipy_row(scipy_graph(layers), n_layers, n, 0)
-        t_sp = time.perf_counter() - start
-        t_cls, cls = best_time(lambda: attention_flow(attentions, rows=[0], normalize=False), repeats)
-        t_full, _ = best_time(lambda: attention_flow(attentions, normalize=False), 1)
-        diff = np.abs(cls[0] - scipy_cls).max()
-        print(f"    {name} ({n_layers} layers, n = {n}): CLS row scipy {t_sp:.3f} s, attnflow {t_cls:.4f} s "
-              f"({t_sp / t_cls:.0f}x); full {n}x{n} attnflow {t_full:.2f} s (scipy extrapolated: {t_sp * n:.0f} s); "
-              f"max |diff| vs scipy {diff:.1e}")
+        ratios, full_ratios, full_times = [], [], []
+        for index, ids in enumerate(wiki_windows(model, 128, n_windows)):
+            attentions = window_attentions(model, ids)
+            layers = prepare_layers(attentions)
+            n_layers, n = layers.shape[0], layers.shape[-1]
+            sample = [0, n // 3, 2 * n // 3, n - 1]  # scipy's full matrix: extrapolated from these rows
+            t_sp_row, sp = scipy_rows(layers, sample)
+            start = time.perf_counter()
+            sp_cls = scipy_row(scipy_graph(layers), n_layers, n, 0)
+            t_sp_cls = time.perf_counter() - start
+            t_cls, cls = best_time(lambda: attention_flow(attentions, rows=[0], normalize=False), repeats)
+            t_full, full = best_time(lambda: attention_flow(attentions, normalize=False), 1)
+            assert np.array_equal(cls[0], full[0])
+            diff = max(np.abs(cls[0] - sp_cls).max(), np.abs(full[sample] - sp).max())
+            ratios.append(t_sp_cls / t_cls)
+            full_ratios.append(t_sp_row * n / t_full)
+            full_times.append(t_full)
+            print(
+                f"    {name} window {index} ({n_layers} layers, n = {n}): CLS row scipy {t_sp_cls:.3f} s, "
+                f"attnflow {t_cls:.4f} s ({t_sp_cls / t_cls:.0f}x); full attnflow {t_full:.2f} s, scipy "
+                f"{t_sp_row * n:.0f} s extrapolated from {len(sample)} rows ({t_sp_row * n / t_full:.0f}x); "
+                f"max |diff| vs scipy {diff:.1e}"
+            )
+        if ratios:
+            results[name] = (min(ratios), min(full_ratios), max(full_times))
+            print(
+                f"    {name}: worst CLS-row ratio {min(ratios):.1f}x; worst full-matrix ratio {min(full_ratios):.0f}x; "
+                f"slowest full matrix {max(full_times):.2f} s = {max(full_times) / t_random_full:.2f}x the "
+                f"random-input full matrix of (b) ({t_random_full:.2f} s)"
+            )
+    return results
+
+
+def per_head(repeats):
+    """Per-head flow (head_fusion="none"): the CLS row of every head of a real minilm window."""
+    import attnflow
+
+    model = attnflow.load("minilm", device="cpu")
+    attentions = window_attentions(model, wiki_windows(model, 128, 1)[0])
+    n_heads = attentions.shape[1]
+    times = {}
+    for jobs in (1, 2):
+        times[jobs], flows = best_time(
+            lambda: attention_flow(attentions, head_fusion="none", rows=[0], normalize=False, n_jobs=jobs), repeats
+        )
+    layers = prepare_layers(attentions[:, [3]])
+    diff = np.abs(flows[3, 0] - scipy_row(scipy_graph(layers), layers.shape[0], layers.shape[-1], 0)).max()
+    print(
+        f"\n(e) per-head flow, minilm window 0: the CLS row of each of the {n_heads} heads through its own "
+        f"{attentions.shape[0]} layers"
+    )
+    print(
+        f"    attnflow n_jobs=1 {times[1]:.3f} s, n_jobs=2 {times[2]:.3f} s ({times[1] / times[2]:.2f}x); "
+        f"head 3 vs scipy: max |diff| {diff:.1e}"
+    )
+
+
+LONG_CHILD = """
+import resource, sys, time
+import numpy as np
+from attnflow.methods.flow import attention_flow
+def rss(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+attentions = np.load(sys.argv[1]).astype(np.float64)  # [layer, head, query, key]
+rows = None if sys.argv[2] == "all" else [0]
+attention_flow(attentions[:, :, :4, :4] / attentions[:, :, :4, :4].sum(-1, keepdims=True), rows=[0])
+before = rss("VmRSS:")
+start = time.perf_counter()
+flows = attention_flow(attentions, rows=rows, normalize=False, n_jobs=int(sys.argv[3]))
+elapsed = time.perf_counter() - start
+np.save(sys.argv[4], flows)
+print(elapsed, before, rss("VmHWM:"))
+"""
+
+
+def long_sequence(full_matrix, jobs):
+    """n = 512 (MPNet's maximum), 12 layers: CLS row and full matrix, each in a fresh process for its peak memory."""
+    import subprocess
+    import tempfile
+
+    import attnflow
+
+    try:
+        model = attnflow.load("mpnet", device="cpu")
+    except Exception as error:
+        print(f"\n(f) n = 512: skipped ({type(error).__name__}: {error})")
+        return None
+    attentions = window_attentions(model, wiki_windows(model, 512, 1)[0])
+    n_layers, n_heads, n = attentions.shape[0], attentions.shape[1], attentions.shape[-1]
+    print(
+        f"\n(f) long sequence: mpnet, one {n}-token window, {n_layers} layers x {n_heads} heads "
+        f"(each run in a fresh process; peak = its VmHWM, input = the float64 attentions already loaded)"
+    )
+    layers = prepare_layers(attentions)
+    sinks = np.linspace(0, n - 1, 8).round().astype(int)
+    graph = scipy_graph(layers)
+    from scipy.sparse.csgraph import maximum_flow
+
+    start = time.perf_counter()
+    sp = np.array([maximum_flow(graph, n_layers * n, int(j)).flow_value for j in sinks]) / SCIPY_SCALE
+    t_sp_cls = (time.perf_counter() - start) / len(sinks) * n
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "attentions.npy")
+        np.save(path, attentions.astype(np.float32))  # float32 on disk: the child converts, like a capture
+        for label, rows, threads in (("CLS row", "cls", 1), ("full matrix", "all", jobs)):
+            if rows == "all" and not full_matrix:
+                continue
+            out = os.path.join(folder, f"{rows}.npy")
+            done = subprocess.run(
+                [sys.executable, "-c", LONG_CHILD, path, rows, str(threads), out],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            elapsed, before, peak = (float(x) for x in done.stdout.split())
+            flows = np.load(out)
+            results[label] = (elapsed, peak)
+            extra = ""
+            if rows == "cls":
+                diff = np.abs(flows[0, sinks] - sp).max()
+                extra = f"; scipy {t_sp_cls:.0f} s extrapolated from {len(sinks)} pairs ({t_sp_cls / elapsed:.0f}x), max |diff| {diff:.1e}"
+            print(
+                f"    {label} (n_jobs={threads}): {elapsed:.1f} s; peak RSS {peak:.0f} MB "
+                f"({peak - before:.0f} MB above the {before:.0f} MB before the call){extra}"
+            )
+    return results
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer networkx pairs and scipy rows, fewer repeats")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--real", action="store_true", help="also time attention captured from minilm and mpnet")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="also real minilm/mpnet windows, per-head flow and n = 512 (several minutes)",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     header()
     attention_flow(softmax_attentions(np.random.default_rng(1), 4), rows=[0])  # compile or load the numba cache
 
     ratio_nx, diff_nx = compare_networkx(rng, 64, n_pairs=4 if args.quick else 16)
-    ratio_cls, ratio_full, diff_sp = compare_scipy(
+    ratio_cls, ratio_full, diff_sp, t_random_full = compare_scipy(
         rng, 128, sample_rows=1 if args.quick else 7, repeats=3 if args.quick else 5
     )
-    harder_inputs(rng, 128, repeats=2 if args.quick else 3, full_matrix=not args.quick)
-    if args.real:
-        real_attention(("minilm", "mpnet"), repeats=3)
+    adversarial = harder_inputs(rng, 128, repeats=2 if args.quick else 3, full_matrix=not args.quick)
 
     checks = [
         (f"(a) >= 1000x networkx (CLS row, n=64): {ratio_nx:.0f}x", ratio_nx >= 1000),
         (f"(a) max |diff| vs networkx <= 1e-9: {diff_nx:.1e}", diff_nx <= 1e-9),
         (f"(b) >= 10x scipy, CLS row n=128: {ratio_cls:.0f}x", ratio_cls >= 10),
         (f"(b) >= 10x scipy, full 128x128: {ratio_full:.0f}x", ratio_full >= 10),
+        (f"(c) >= 10x scipy, sharp/local CLS row: {adversarial:.1f}x", adversarial >= 10),
     ]
+    if args.real:
+        real = real_attention(("minilm", "mpnet"), n_windows=3, repeats=3, t_random_full=t_random_full)
+        per_head(repeats=2)
+        long = long_sequence(full_matrix=not args.quick, jobs=2)
+        for name, (worst_cls, _, slowest_full) in real.items():
+            checks.append((f"(d) >= 20x scipy, {name} CLS row, worst of 3 windows: {worst_cls:.1f}x", worst_cls >= 20))
+            checks.append(
+                (
+                    f"(d) {name} full 128x128 within 2x of random input: {slowest_full / t_random_full:.2f}x",
+                    slowest_full <= 2 * t_random_full,
+                )
+            )
+        if long:
+            for label, (elapsed, peak) in long.items():
+                checks.append((f"(f) n=512 {label} completes: {elapsed:.1f} s, peak RSS {peak:.0f} MB", True))
     print("\nacceptance:")
     for text, ok in checks:
         print(f"    {'PASS' if ok else 'FAIL'}  {text}")

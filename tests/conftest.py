@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import build_tiny_model
+from tiny_models import build_tiny_classifier, build_tiny_model
 
 # No hub here: make transformers fail at once instead of retrying the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +27,28 @@ def tiny_model_path(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_path(tmp_path_factory):
+    """``tiny_classifier_path(family) -> Path`` of a saved tiny random sequence classifier."""
+    root = tmp_path_factory.mktemp("tiny-classifiers")
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_classifier(family, root / family)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def minilm_sentiment():
+    """The real embedded classifier (minilm + mean pooling + trained head) on the CPU."""
+    import attnflow
+
+    return attnflow.load("minilm-sentiment", device="cpu")
 
 
 @pytest.fixture(scope="session")

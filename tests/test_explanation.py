@@ -12,6 +12,7 @@ from PIL import Image
 import attnflow
 from attnflow.explanation import OUTPUT_FILES, Explanation, default_row, explain, parse_row
 from attnflow.methods import registry
+from attnflow.methods.transforms import PruningCollapseWarning
 from attnflow.trace import Trace
 
 
@@ -52,8 +53,23 @@ def test_rollout_explanation_matches_the_method_and_row():
     # Options as used, with the method's defaults filled in.
     assert explanation.options == {
         "head_fusion": "mean", "residual": 0.7, "start_layer": 0,
-        "threshold": None, "top_k": None, "discard_ratio": 0.5,
+        "threshold": None, "top_k": None, "discard_ratio": 0.5, "prune_on": "attention",
     }
+    assert explanation.notes == []
+
+
+def test_pruning_collapse_is_a_warning_and_a_note_on_the_page(tmp_path):
+    trace = random_trace(n=6, seed=3)
+    trace.attentions[:] = 0.8 * np.eye(6) + 0.2 * trace.attentions  # diagonal-heavy: top-1 keeps the diagonal
+    with pytest.warns(PruningCollapseWarning, match="diagonal alone"):
+        explanation = explain(trace, top_k=1)
+    np.testing.assert_allclose(explanation.matrix, np.eye(6))
+    assert len(explanation.notes) == 1 and "layer(s) 0, 1, 2 of 3" in explanation.notes[0]
+    paths = explanation.save(tmp_path)
+    assert json.loads(paths["json"].read_text())["notes"] == explanation.notes
+    assert Explanation.load(tmp_path).notes == explanation.notes
+    page = paths["html"].read_text()
+    assert 'class="warning"' in page and "diagonal alone" in page
 
 
 def test_raw_method_and_row_index():
@@ -198,8 +214,17 @@ def test_plot_is_a_headless_figure_and_tolerates_odd_tokens(tmp_path):
 
 
 def test_many_tokens_plot_without_labels(tmp_path):
-    explanation = explain(random_trace(n=80, n_layers=2))
-    explanation.plot().savefig(tmp_path / "many.png")
+    """Beyond 64 tokens the axes show positions (numbers), not 80 unreadable token strings."""
+    figure = explain(random_trace(n=80, n_layers=2)).plot()
+    figure.savefig(tmp_path / "many.png")  # draws, so the default locators have placed their ticks
+    bars_axes, matrix_axes = figure.axes[:2]
+    for axis in (bars_axes.xaxis, matrix_axes.xaxis, matrix_axes.yaxis):
+        labels = [label.get_text() for label in axis.get_ticklabels()]
+        assert 2 <= len(labels) <= 20
+        assert not any(label.startswith("w") or label.startswith("[") for label in labels)
+        assert all(float(label.replace("\u2212", "-")) == int(float(label.replace("\u2212", "-"))) for label in labels)
+    few = explain(random_trace(n=10, n_layers=2)).plot()
+    assert [label.get_text() for label in few.axes[1].get_yticklabels()][1] == "w1"
 
 
 def test_top_tokens_skip_special_tokens():

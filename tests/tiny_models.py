@@ -58,6 +58,25 @@ TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "l
 VISION_FAMILIES = ("vit", "deit", "dinov2")
 
 
+CLASSIFIER_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet")
+
+
+def build_tiny_classifier(family: str, folder: Path) -> Path:
+    """A tiny random ``*ForSequenceClassification`` (2 classes, labels "neg"/"pos") of a BERT-like family."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = tiny_config(family)
+    config.num_labels = 2
+    config.id2label, config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    model = T.AutoModelForSequenceClassification.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60).save_pretrained(folder)
+    return folder
+
+
 def build_tiny_model(family: str, folder: Path) -> Path:
     import torch
     import transformers as T

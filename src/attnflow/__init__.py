@@ -8,20 +8,90 @@ Quick start::
     R = attnflow.rollout(trace.attentions)                # [query, key], rows sum to 1
     explanation = attnflow.explain(trace, method="rollout", row="mean")
     explanation.save("out/")
+
+    classifier = attnflow.load("minilm-sentiment")         # minilm + a trained sentiment head
+    classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
 from attnflow.methods import (
+    alti,
     attention_flow,
     available_methods,
     context_similarity,
     encoder_decoder_rollout,
     get_method,
+    grad_rollout,
+    grad_x_input,
+    gradient,
+    norm,
+    norm_rollout,
+    random,
     raw_attention,
     rollout,
     saliency_row,
     to_patch_grid,
 )
 from attnflow.trace import Trace
+
+
+def _connect_views() -> None:
+    """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz,
+    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`).
+
+    The views read Explanations and the Explanation imports no view; this root of the package
+    knows both and connects them. The view modules (matplotlib) are imported on first use only.
+    """
+    from attnflow.explanation import _VIEWS
+
+    def html(explanation):
+        from attnflow.viz.html import explanation_html
+
+        return explanation_html(explanation)
+
+    def fragment(explanation):
+        from attnflow.viz.html import explanation_fragment
+
+        return explanation_fragment(explanation)
+
+    def figure(explanation):
+        from attnflow.viz.plot import plot_explanation
+
+        return plot_explanation(explanation)
+
+    def overlay(image_path, patch_scores, box=None):
+        from attnflow.viz.plot import overlay_image
+
+        return overlay_image(image_path, patch_scores, box=box)
+
+    _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+    from attnflow import comparison, exploration
+
+    def comparison_page(compared):
+        from attnflow.viz.compare import comparison_html
+
+        return comparison_html(compared)
+
+    def comparison_fragment(compared):
+        from attnflow.viz.compare import comparison_fragment
+
+        return comparison_fragment(compared)
+
+    def explorer_page(explored):
+        from attnflow.viz.explorer import explorer_html
+
+        return explorer_html(explored)
+
+    def explorer_fragment(explored):
+        from attnflow.viz.explorer import explorer_iframe
+
+        return explorer_iframe(explored)
+
+    comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
+    exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
+
+
+_connect_views()
 
 
 def __getattr__(name: str):
@@ -34,19 +104,38 @@ def __getattr__(name: str):
         from attnflow import explanation
 
         return getattr(explanation, name)
+    if name in ("Exploration", "explore"):
+        from attnflow import exploration
+
+        return getattr(exploration, name)
+    if name in ("Comparison", "compare"):
+        from attnflow import comparison
+
+        return getattr(comparison, name)
     raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
 
 
 __all__ = [
+    "Comparison",
     "Explanation",
+    "Exploration",
     "Trace",
+    "alti",
     "attention_flow",
     "available_methods",
+    "compare",
     "context_similarity",
     "encoder_decoder_rollout",
     "explain",
+    "explore",
     "get_method",
+    "grad_rollout",
+    "grad_x_input",
+    "gradient",
     "load",
+    "norm",
+    "norm_rollout",
+    "random",
     "raw_attention",
     "rollout",
     "saliency_row",

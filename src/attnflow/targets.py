@@ -59,8 +59,7 @@ def target_kind(model: Any) -> str:
     if model.kind == "decoder":
         return "next_token"
     if model.kind == "encoder":
-        name = type(model.model).__name__
-        return "class" if name.endswith("ForSequenceClassification") or name == "PooledClassifier" else "similarity"
+        return "class" if model.is_classifier else "similarity"
     raise InputError(
         f"{model.name} is a {model.kind} model: targets (and the methods that need one) are available for "
         "classifiers, causal LMs and sentence encoders"
@@ -91,6 +90,7 @@ class Objective:
                     f"{model.name} is a sentence encoder without a classifier head: this method explains the "
                     "similarity to a target text; give one (--target-text / target_text=)"
                 )
+            self._reference_embedding()  # now, never inside a caller's capture hooks
         elif target_text is not None:
             raise InputError(f"--target-text is for sentence encoders; {model.name} has a {self.kind.replace('_', '-')} target")
         elif target is not None:
@@ -123,11 +123,11 @@ class Objective:
 
     def _token_id(self, target: int | str) -> int:
         tokenizer = self.model.tokenizer
-        if isinstance(target, int) or (isinstance(target, str) and target.isdigit() and len(target) > 3):
-            index = int(target)
-            if not 0 <= index < len(tokenizer):
-                raise InputError(f"token id {index} out of range (vocabulary of {len(tokenizer)})")
-            return index
+        if isinstance(target, int):
+            vocabulary = getattr(self.model.model.config, "vocab_size", None) or len(tokenizer)
+            if not 0 <= target < vocabulary:
+                raise InputError(f"token id {target} out of range (vocabulary of {vocabulary})")
+            return target
         ids = tokenizer(target, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
             pieces = tokenizer.convert_ids_to_tokens(ids)
@@ -174,6 +174,8 @@ class Objective:
     def describe(self, y: float, index: int | None, probability: float | None) -> Target:
         if self.kind == "similarity":
             return Target("similarity", None, self.target_text, float(y))
+        if index is None or probability is None:
+            raise ValueError(f"a {self.kind} target needs its index and probability")
         label = self.labels[index] if self.kind == "class" else self.model.tokenizer.decode([index])
         return Target(self.kind, int(index), label, float(y), float(probability))
 
@@ -185,6 +187,7 @@ class Objective:
         return hidden[:, 0]
 
     def _reference_embedding(self) -> torch.Tensor:
+        """``[1, d_model]`` the pooled embedding of the target text."""
         import torch
 
         if self._reference is None:
@@ -193,5 +196,5 @@ class Objective:
             ).to(self.model.device)
             with torch.no_grad():
                 hidden = self.model.model(**encoded).last_hidden_state
-            self._reference = self._pool(hidden, encoded["attention_mask"])  # [1, d_model]
+            self._reference = self._pool(hidden, encoded["attention_mask"])
         return self._reference

@@ -68,7 +68,6 @@ class Trace:
         embeddings / embedding_grads: ``[token, d_model]`` the word embeddings the model read
             and d(target)/d(embeddings), or None.
         target: the `attnflow.targets.Target` explained (kind, index, label, value), or None.
-        sentence_ids: ``[n]`` int sentence index per token (-1 for special tokens), or None.
         meta: free-form extras (e.g. the image path).
     """
 
@@ -95,7 +94,6 @@ class Trace:
     embeddings: np.ndarray | None = None
     embedding_grads: np.ndarray | None = None
     target: Any = None
-    sentence_ids: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -134,6 +132,11 @@ class Trace:
                 f"{method} needs {', '.join(missing)} in the trace; capture them with "
                 f"model.trace(texts, needs=...) or use model.explain(text, method=...)"
             )
+
+    def captured(self, name: str, method: str = "this method") -> Any:
+        """The field ``name``, raising the clear ValueError of `require` when it was not captured."""
+        self.require(name, method=method)
+        return getattr(self, name)
 
     def save(self, path: str) -> None:
         """Write the arrays to an ``.npz`` (``attentions`` float32 ``[L,H,n,n]``, ``tokens``, and

@@ -4,6 +4,7 @@ the families with plain scaled dot-product attention)."""
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import contextmanager
 
@@ -234,6 +235,33 @@ def test_unknown_model_names_list_the_aliases():
         attnflow.load("no such model!")
 
 
+@pytest.mark.parametrize("model_type", ["no-such-family", "gptj"])  # unknown to transformers; known but not in the table
+def test_local_folder_with_an_unknown_model_type_names_the_adapter_table(tiny_model_path, tmp_path, model_type):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = json.loads((tiny_model_path("bert") / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    with pytest.raises(CaptureError, match=f"model_type '{model_type}'.* not in attnflow's adapter table; supported model types: .*bert") as caught:
+        attnflow.load(str(folder), device="cpu")
+    assert "hub id" not in str(caught.value)
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    with pytest.raises(ModelLoadError, match="names no model_type"):
+        attnflow.load(str(folder), device="cpu")
+
+
+def test_gguf_progress_bar_follows_the_progress_switch():
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from attnflow.capture.model import _gguf_progress
+
+    original = gguf_utils.tqdm
+    with _gguf_progress(False):
+        assert gguf_utils.tqdm(range(3)).disable  # what transformers' dequantisation loop calls
+    with _gguf_progress(True):
+        assert not gguf_utils.tqdm(range(3), file=None).disable
+    assert gguf_utils.tqdm is original
+
+
 def test_bad_text_and_truncation(tiny_model_path, caplog):
     model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
     for bad in ["", "   \n"]:
@@ -248,7 +276,47 @@ def test_bad_text_and_truncation(tiny_model_path, caplog):
         model.trace(long_text, max_length=1000)
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (None, r"no text given \(None\)"),
+        (b"caf\xc3\xa9", "got bytes: decode it first"),
+        (bytearray(b"abc"), "got bytearray"),
+        (["fine", b"bytes"], r"got bytes.*\(text 1\)"),
+        (["fine", None], r"got NoneType \(text 1\)"),
+        (["fine", "  "], r"empty \(text 1\)"),
+        ([], "the list of texts is empty"),
+        (42, "got int"),
+        ("caf\udce9 au lait", "not valid UTF-8: byte 0xe9 at character 3"),
+    ],
+)
+def test_texts_that_are_not_text_are_clear_errors(tiny_model_path, bad, message):
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    with pytest.raises(InputError, match=message):
+        model.trace(bad)
+
+
+def test_transformers_too_long_warning_is_silenced(tiny_model_path, capfd, caplog):
+    """attnflow warns about truncation itself; transformers' "indexing errors" line was a second, wrong one."""
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    with caplog.at_level("WARNING"):
+        model.trace(" ".join(["movie"] * 200))
+    assert "truncated to 60" in caplog.text
+    assert "indexing errors" not in capfd.readouterr().err + caplog.text
+
+
 # -- the real embedded model ------------------------------------------------------------------
+
+
+def test_text_that_is_mostly_unknown_tokens_warns(minilm, caplog):
+    with caplog.at_level("WARNING"):
+        trace = minilm.trace(["😀 🎉 🙈", "😀 🎉 ok", "😀 ok", "The movie was terrible."])
+    unknown = [(t.tokens.count("[UNK]"), len(t.tokens) - 2) for t in trace]
+    assert unknown == [(3, 3), (2, 3), (1, 2), (0, 5)]  # half [UNK] ("😀 ok") is not "mostly"
+    warnings = [r.getMessage() for r in caplog.records if "unknown token" in r.getMessage()]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("text '😀 🎉 🙈': all of its 3 tokens are the unknown token [UNK]")
+    assert warnings[1].startswith("text '😀 🎉 ok': 2 of its 3 tokens")
 
 
 def test_minilm_capture_against_its_own_weights(minilm):

@@ -6,7 +6,10 @@ the bad-input cases also run the installed `attnflow` script; two tests use the 
 
 from __future__ import annotations
 
+import csv
+import errno
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
 import attnflow
@@ -36,10 +40,15 @@ class FakeModel:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def trace(self, texts, max_length=None):
+    def trace(self, texts, max_length=None, batch_size=8):
         self.calls.append(("trace", tuple(texts), max_length))
-        words = texts[0].split()[: (max_length or 512) - 2]
-        return [self._trace(["[CLS]", *words, "[SEP]"], text=texts[0])]
+        return [self._trace(["[CLS]", *text.split()[: (max_length or 512) - 2], "[SEP]"], text=text) for text in texts]
+
+    def trace_for(self, methods, texts, target=None, target_text=None, max_length=None, batch_size=8):
+        return self.trace(texts, max_length=max_length, batch_size=batch_size)
+
+    def trace_image_for(self, methods, path):
+        return self.trace_image(path)
 
     def trace_image(self, path):
         self.calls.append(("trace_image", path))
@@ -96,7 +105,7 @@ def test_options_reach_the_method(fake_model, tmp_path, capsys):
     data = json.loads(out)
     assert err == ""
     assert data["options"] == {"head_fusion": "max", "residual": 0.3, "start_layer": 1, "top_k": 3,
-                               "threshold": 0.01, "discard_ratio": 0.25}
+                               "threshold": 0.01, "discard_ratio": 0.25, "prune_on": "attention"}
     assert data["row"] == 2
     trace = fake_model.trace([SENTENCE])[0]
     expected = attnflow.rollout(trace.attentions, head_fusion="max", residual=0.3, start_layer=1, top_k=3,
@@ -104,6 +113,33 @@ def test_options_reach_the_method(fake_model, tmp_path, capsys):
     np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
     np.testing.assert_allclose(data["scores"], expected[2], rtol=1e-6)
     assert json.loads((tmp_path / "explanation.json").read_text()) == data
+
+
+def test_prune_on_reaches_the_method(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--discard-ratio", "0.5", "--prune-on", "residual", "--json", "-q") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["options"]["prune_on"] == "residual"
+    trace = fake_model.trace([SENTENCE])[0]
+    np.testing.assert_allclose(data["matrix"], attnflow.rollout(trace.attentions, discard_ratio=0.5, prune_on="residual"), rtol=1e-6)
+    assert np.abs(np.asarray(data["matrix"]) - attnflow.rollout(trace.attentions, discard_ratio=0.5)).max() > 1e-3
+
+
+@pytest.mark.parametrize("flag, value", [("--threshold", "2"), ("--threshold", "1"), ("--discard-ratio", "1"),
+                                         ("--discard-ratio", "-0.1"), ("--prune-on", "fused")])
+def test_pruning_outside_its_range_is_rejected(fake_model, tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(SENTENCE, "--out", str(tmp_path / "out"), flag, value)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and fake_model.loads == []
+
+
+def test_collapse_warning_is_one_line_and_on_the_page(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path), "--top-k", "1", "--prune-on", "residual", "-q") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnflow: WARNING: pruning (top_k=1, prune_on='residual') left every row")
+    assert "diagonal alone" in (tmp_path / "explanation.html").read_text()
+    assert json.loads((tmp_path / "explanation.json").read_text())["notes"] == [err[0].removeprefix("attnflow: WARNING: ")]
 
 
 def test_head_weights_and_raw_layer(fake_model, tmp_path, capsys):
@@ -238,3 +274,182 @@ def test_max_length_above_the_model_maximum(tmp_path, capsys):
     result = main(["explain", "hello", "--max-length", "100000", "--out", str(tmp_path), "--device", "cpu", "-q"])
     assert result == 2 and not (tmp_path / "explanation.json").exists()
     assert "exceeds the model's maximum of 512 tokens" in capsys.readouterr().err
+
+
+def test_prints_the_summary_line(fake_model, tmp_path, capsys):
+    assert run_cli(SENTENCE, "--out", str(tmp_path)) == 0
+    explanation = attnflow.Explanation.load(tmp_path)
+    printed = capsys.readouterr().out
+    assert f"summary: {explanation.summary()}\n" in printed
+    assert "of the relevance for the mean-pooled output" in explanation.summary()
+    html = (tmp_path / "explanation.html").read_text(encoding="utf-8")
+    assert f'<p class="summary">{explanation.summary()}</p>' in html.replace("&#x27;", "'")
+# ----- safe writes: a full disk or a read-only folder never leaves a half-written folder -----
+
+
+def _fail_savefig(code: int):
+    def savefig(self, *args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    return savefig
+
+
+def _scratch_folders(parent: Path) -> list[str]:
+    return [entry.name for entry in parent.iterdir() if entry.name.startswith(".attnflow-tmp-")]
+
+
+@pytest.mark.parametrize("code, name", [(errno.ENOSPC, "ENOSPC"), (errno.EROFS, "EROFS"), (errno.EACCES, "EACCES")])
+def test_a_failed_write_is_one_line_and_leaves_nothing(fake_model, tmp_path, capsys, monkeypatch, code, name):
+    """The png is written last: before, a full disk left json + html behind and the next run was refused."""
+    monkeypatch.setattr(Figure, "savefig", _fail_savefig(code))
+    out = tmp_path / "out"
+    assert run_cli(SENTENCE, "--out", str(out), "-q") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attnflow: error: cannot write {out}: {name}: "), err
+    assert not out.exists() and _scratch_folders(tmp_path) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(explain_command, "_load", lambda *a: fake_model)
+    assert run_cli(SENTENCE, "--out", str(out), "-q") == 0  # not refused: nothing was left behind
+    assert {p.name for p in out.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
+
+
+def test_a_failed_overwrite_keeps_the_previous_explanation(fake_model, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert run_cli(SENTENCE, "--out", str(out), "--save-trace", "-q") == 0
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(Figure, "savefig", _fail_savefig(errno.ENOSPC))
+    assert run_cli("Another text.", "--out", str(out), "--overwrite", "-q") == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _scratch_folders(tmp_path) == []
+
+
+def test_a_read_only_parent_is_one_line(fake_model, tmp_path, capsys, monkeypatch):
+    """Creating the scratch folder beside --out fails on a read-only file system."""
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    assert run_cli(SENTENCE, "--out", str(tmp_path / "out"), "-q") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "EROFS: Read-only file system" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+# ----- --json: stdout only, unless --out is given --------------------------------------------
+
+
+def test_json_without_out_writes_no_folder_and_runs_twice(fake_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):  # the help's example, twice: before, the second run found out/explain and stopped
+        assert run_cli(SENTENCE, "--json", "-q") == 0
+        assert json.loads(capsys.readouterr().out)["tokens"][1] == "The"
+    assert list(tmp_path.iterdir()) == []
+    assert run_cli(SENTENCE, "--json", "-q", "--out", "given") == 0  # --out given: both
+    assert json.loads(capsys.readouterr().out) == json.loads((tmp_path / "given" / "explanation.json").read_text())
+    assert run_cli(SENTENCE, "-q") == 0  # without --json the default folder is still written
+    assert (tmp_path / "out" / "explain" / "explanation.json").exists()
+    assert run_cli(SENTENCE, "--json", "--save-trace", "-q") == 2
+    assert "--save-trace writes files: give --out" in capsys.readouterr().err
+
+
+# ----- --file: many texts, one model load, batched, one folder per text and an index ----------
+
+TEXTS = ["The movie was terrible.", "A <b>bold</b> & daring film.", "Fine."]
+
+
+def _write_source(folder: Path, kind: str) -> tuple[Path, list[str]]:
+    if kind == "txt":
+        path = folder / "texts.txt"
+        path.write_text(TEXTS[0] + "\n\n" + "\n".join(TEXTS[1:]) + "\n", encoding="utf-8")  # blank lines skipped
+        return path, []
+    if kind == "jsonl":
+        path = folder / "texts.jsonl"
+        path.write_text("".join(json.dumps({"id": i, "review": t}) + "\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
+        return path, ["--text-field", "review"]
+    path = folder / "texts.csv"
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["id", "snippet"], *[[i, t] for i, t in enumerate(TEXTS)]])
+    return path, ["--text-column", "snippet"]
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "csv"])
+def test_file_explains_every_text_with_one_load(fake_model, tmp_path, capsys, kind):
+    source, extra = _write_source(tmp_path, kind)
+    out = tmp_path / "out"
+    assert run_cli("--file", str(source), *extra, "--out", str(out), "--batch-size", "2", "-q") == 0
+    assert len(fake_model.loads) == 1
+    assert [call[1] for call in fake_model.calls] == [tuple(TEXTS[:2]), tuple(TEXTS[2:])]  # batches of 2
+    assert sorted(p.name for p in out.iterdir()) == ["001", "002", "003", "index.html"]
+    for number, text in enumerate(TEXTS, start=1):
+        data = json.loads((out / f"{number:03d}" / "explanation.json").read_text())
+        assert data["text"] == text
+        expected = attnflow.rollout(fake_model.trace([text])[0].attentions)
+        np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
+        assert (out / f"{number:03d}" / "explanation.png").exists()
+    index = (out / "index.html").read_text()
+    assert all(f'href="{n:03d}/explanation.html"' in index for n in (1, 2, 3))
+    assert "A &lt;b&gt;bold&lt;/b&gt; &amp; daring film." in index and "<b>bold" not in index
+
+
+def test_file_from_stdin_as_json_lines(fake_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("\n".join(TEXTS).encode("utf-8"))))
+    assert run_cli("--file", "-", "--json", "-q") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["text"] for line in lines] == TEXTS
+    assert list(tmp_path.iterdir()) == []  # --json without --out: nothing written
+
+
+def test_file_rerun_needs_overwrite_and_replaces_every_folder(fake_model, tmp_path, capsys):
+    source, _ = _write_source(tmp_path, "txt")
+    out = tmp_path / "out"
+    assert run_cli("--file", str(source), "--out", str(out), "-q") == 0
+    assert run_cli("--file", str(source), "--out", str(out), "-q") == 2
+    assert "--overwrite" in capsys.readouterr().err
+    source.write_text("Only one text now.\n")
+    assert run_cli("--file", str(source), "--out", str(out), "-q", "--overwrite") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["001", "index.html"]  # 002, 003 of the old run are gone
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        ("", [], "holds no text"),
+        ("ok\n", ["--text-field", "a", "--text-column", "b"], "not both"),
+        (b"caf\xe9\n", [], "invalid UTF-8 at line 1"),
+    ],
+)
+def test_bad_files_fail_before_loading(fake_model, tmp_path, capsys, content, args, message):
+    source = tmp_path / "texts.txt"
+    source.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert run_cli("--file", str(source), *args, "--out", str(tmp_path / "out")) == 2
+    assert message in capsys.readouterr().err and fake_model.loads == []
+    assert run_cli("--file", str(tmp_path / "missing.txt")) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert run_cli("--file", str(source), "some text") == 2
+    assert "not several" in capsys.readouterr().err
+
+
+def test_non_utf8_command_line_text_is_one_line(tmp_path):
+    """Bytes that are not UTF-8 reach Python as surrogates (surrogateescape): before, a TypeError traceback."""
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([str(SCRIPT), "explain", b"caf\xe9 au lait", "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120, env=environment)
+    assert_one_line_error(result, "not valid UTF-8: byte 0xe9 at character 3")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_minilm
+def test_file_on_minilm_equals_one_by_one(tmp_path, minilm, monkeypatch):
+    monkeypatch.setattr(explain_command, "_load", lambda *args: minilm)
+    source, _ = _write_source(tmp_path, "txt")
+    assert run_cli("--file", str(source), "--out", str(tmp_path / "out"), "-q", "--batch-size", "3") == 0
+    for number, text in enumerate(TEXTS, start=1):
+        data = json.loads((tmp_path / "out" / f"{number:03d}" / "explanation.json").read_text())
+        alone = attnflow.explain(minilm.trace(text)[0])
+        assert data["tokens"] == alone.tokens
+        np.testing.assert_allclose(data["matrix"], alone.matrix, atol=1e-5)  # padding in the batch changes nothing

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, rebuild_report, run_study
+from attnflow.corpus.stats import StudyConfig
 from attnflow.errors import InputError
 from corpus_helpers import assert_same_arrays, load_npz, story
 
@@ -105,7 +106,7 @@ def test_resume_with_another_configuration_is_refused(tiny_bert, txt_corpus, tmp
     with pytest.raises(InputError, match=r"different configuration \(seq_len: 32 then, 16 now.*stride: 30 then, 14 now"):
         run_study(tiny_options(tiny_bert, txt_corpus, samples=4, seq_len=16), out, resume=True)
     with pytest.raises(InputError, match=r"study: .*\"high\": \"top-percent:2\".*zscore:2"):
-        run_study(tiny_options(tiny_bert, txt_corpus, samples=4, high="zscore:2"), out, resume=True)
+        run_study(tiny_options(tiny_bert, txt_corpus, samples=4, statistics=StudyConfig(high="zscore:2")), out, resume=True)
     # Neither the batch size nor the engine settings are part of the configuration.
     run_study(tiny_options(tiny_bert, txt_corpus, samples=4, batch_size=2), out, resume=True)
 
@@ -191,3 +192,14 @@ def test_report_is_rebuilt_from_saved_statistics(tiny_bert, txt_corpus, tmp_path
     assert "data:image/png;base64," in (out / "report.html").read_text()
     with pytest.raises(InputError, match="no summary.json or stats.npz"):
         rebuild_report(tmp_path)
+
+
+def test_study_options_declare_the_statistics_and_reading_options_once():
+    from dataclasses import fields
+
+    from attnflow.corpus.readers import ReadOptions
+
+    own = {field.name for field in fields(StudyOptions)}
+    assert not own & {field.name for field in fields(StudyConfig)}
+    assert not own & {field.name for field in fields(ReadOptions)}
+    assert isinstance(StudyOptions().statistics, StudyConfig) and isinstance(StudyOptions().reading, ReadOptions)

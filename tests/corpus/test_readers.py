@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnflow.corpus.readers import open_corpus, wiki_path
+from attnflow.corpus.readers import ReadOptions, open_corpus, wiki_path
 from attnflow.errors import InputError
 from corpus_helpers import write_jsonl
 
@@ -26,7 +26,7 @@ def test_txt_one_document_per_line_skips_blank_lines(tmp_path):
 def test_txt_paragraph_mode_joins_lines_between_blank_lines(tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("a one.\na two.\n\n\nb one.\n\nc one.\nc two.", encoding="utf-8")
-    docs = list(open_corpus(str(path), txt_docs="paragraph"))
+    docs = list(open_corpus(str(path), ReadOptions(txt_docs="paragraph")))
     assert docs == ["a one.\na two.", "b one.", "c one.\nc two."]
 
 
@@ -38,7 +38,7 @@ def test_txt_byte_order_mark_is_dropped(tmp_path):
 
 def test_jsonl_reads_the_chosen_field(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"body": "one.", "id": 1}, {"body": "two."}, "", {"body": None}])
-    assert list(open_corpus(str(path), text_field="body")) == ["one.", "two."]
+    assert list(open_corpus(str(path), ReadOptions(text_field="body"))) == ["one.", "two."]
 
 
 def test_jsonl_malformed_line_reports_its_number(tmp_path):
@@ -49,7 +49,7 @@ def test_jsonl_malformed_line_reports_its_number(tmp_path):
 
 def test_jsonl_skip_bad_counts_and_skips(tmp_path):
     records = [{"text": "a."}, "not json", {"text": 5}, {"other": "x"}, '["a list"]', {"text": "b."}]
-    corpus = open_corpus(str(write_jsonl(tmp_path / "d.jsonl", records)), skip_bad=True)
+    corpus = open_corpus(str(write_jsonl(tmp_path / "d.jsonl", records)), ReadOptions(skip_bad=True))
     assert corpus.validate() == 2
     assert list(corpus) == ["a.", "b."]
     assert corpus.info()["bad_lines_skipped"] == 4
@@ -82,7 +82,7 @@ def test_invalid_utf8_says_line_and_byte(tmp_path, suffix):
 def test_csv_column_and_quoted_newlines(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text('id,review\n1,"good film,\nreally."\n2,bad.\n3,\n', encoding="utf-8")
-    assert list(open_corpus(str(path), text_column="review")) == ["good film,\nreally.", "bad."]
+    assert list(open_corpus(str(path), ReadOptions(text_column="review"))) == ["good film,\nreally.", "bad."]
 
 
 def test_csv_missing_column_lists_the_columns(tmp_path):
@@ -98,11 +98,11 @@ def test_parquet_column_missing_column_and_non_text_column(tmp_path):
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"body": ["one.", None, "two."], "n": [1, 2, 3]}), path)
-    assert list(open_corpus(str(path), text_column="body")) == ["one.", "two."]
+    assert list(open_corpus(str(path), ReadOptions(text_column="body"))) == ["one.", "two."]
     with pytest.raises(InputError, match=r"no column 'text' \(columns: body, n\)"):
         open_corpus(str(path)).validate()
     with pytest.raises(InputError, match=r"column 'n' holds int64, not text"):
-        open_corpus(str(path), text_column="n").validate()
+        open_corpus(str(path), ReadOptions(text_column="n")).validate()
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n   \n"])
@@ -122,7 +122,7 @@ def test_unknown_type_missing_file_and_folder(tmp_path):
     with pytest.raises(InputError, match="is a folder"):
         open_corpus(str(tmp_path))
     with pytest.raises(InputError, match="--txt-docs"):
-        open_corpus("wiki", txt_docs="sentence")
+        open_corpus("wiki", ReadOptions(txt_docs="sentence"))
 
 
 def test_messages_are_one_line(tmp_path):

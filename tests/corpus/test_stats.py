@@ -1,5 +1,5 @@
 """`StudyStats` on hand-built windows with known answers, against a per-matrix numpy oracle,
-and merge / checkpoint exactness (DESIGN.md §3)."""
+and merge / checkpoint exactness (definitions: the docstring of attnflow/corpus/stats.py)."""
 
 from __future__ import annotations
 

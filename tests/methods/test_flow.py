@@ -1,4 +1,4 @@
-"""Attention flow against an independent oracle: networkx max-flow on the layered graph (DESIGN §2)."""
+"""Attention flow against an independent oracle: networkx max-flow on the layered graph (docs/methods.md)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def structured_attentions(rng, n_layers, n_heads, n):
 
 
 def capacities(attentions, head_fusion="mean", residual="half"):
-    """Ã per layer, written out from DESIGN §2 (independently of attnflow.methods.transforms)."""
+    """Ã per layer, written out from docs/methods.md (independently of attnflow.methods.transforms)."""
     if isinstance(head_fusion, str):
         fused = {"mean": np.mean, "max": np.max, "min": np.min}[head_fusion](attentions, axis=-3)
         fused = fused / fused.sum(axis=-1, keepdims=True)  # max/min are renormalised; mean unchanged
@@ -111,8 +111,98 @@ def test_matches_networkx_on_a_larger_graph_with_inner_cuts():
     cols = np.arange(0, 40, 3)  # the kernel solves every sink in turn; networkx checks every third
     expected = networkx_flows(layers, rows=[0, 21], cols=cols)
     np.testing.assert_allclose(raw[:, cols], expected, rtol=0, atol=1e-9)
+    assert_inner_cuts(expected, layers, cols)
+
+
+def sharp_local_attentions(rng, n_layers, n_heads, n):
+    """The benchmark's adversarial input: sharp (logits sigma 4), local (-0.5 per position of
+    distance), with a sink token 0 (+4): most flows stop at cuts inside the graph."""
+    logits = rng.normal(size=(n_layers, n_heads, n, n)) * 4.0
+    logits[..., 0] += 4.0
+    logits -= 0.5 * np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def assert_inner_cuts(expected, layers, cols, share=0.2):
+    """The oracle case is not trivial: many flows stay below min(1, column sum)."""
     trivial_bound = np.minimum(1.0, layers[0].sum(axis=0))[cols]
-    assert np.mean(np.abs(expected - trivial_bound) > 1e-6) > 0.2  # the oracle case is not trivial
+    assert np.mean(np.abs(expected - trivial_bound) > 1e-6) > share
+
+
+def test_matches_networkx_on_the_sharp_local_input():
+    rng = np.random.default_rng(12)
+    attentions = sharp_local_attentions(rng, 6, 1, 24)  # one sharp head: most flows stop inside
+    layers = capacities(attentions)
+    raw = attention_flow(attentions, rows=[0, 23], normalize=False)
+    expected = networkx_flows(layers, rows=[0, 23])
+    np.testing.assert_allclose(raw, expected, rtol=0, atol=1e-9)
+    assert_inner_cuts(expected, layers, np.arange(24))
+
+
+@pytest.mark.parametrize("n_layers, n, rows", [(3, 70, [0, 37]), (2, 131, [130])])
+def test_matches_networkx_beyond_one_word_of_nodes(n_layers, n, rows):
+    # The kernel keeps residuals and live nodes as 64-bit words: n > 64 and n > 128 cross words.
+    rng = np.random.default_rng(n)
+    attentions = structured_attentions(rng, n_layers, 2, n)
+    layers = capacities(attentions, "mean", 0.6)
+    raw = attention_flow(attentions, residual=0.6, rows=rows, normalize=False)
+    cols = np.array([0, rows[0], 63, 64, n - 1])  # the kernel solves every sink; networkx checks these
+    expected = networkx_flows(layers, rows=rows, cols=cols)
+    np.testing.assert_allclose(raw[:, cols], expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("residual, kind", [("half", "dense"), (0.6, "structured"), ("renorm", "sharp_local")])
+def test_per_head_flow_matches_networkx_on_each_heads_own_graph(residual, kind):
+    rng = np.random.default_rng(13)
+    n_layers, n_heads, n = 4, 3, 9
+    attentions = {
+        "dense": lambda: softmax_attentions(rng, n_layers, n_heads, n),
+        "structured": lambda: structured_attentions(rng, n_layers, n_heads, n),
+        "sharp_local": lambda: sharp_local_attentions(rng, n_layers, n_heads, n),
+    }[kind]()
+    raw = attention_flow(attentions, head_fusion="none", residual=residual, normalize=False)
+    normalized = attention_flow(attentions, head_fusion="none", residual=residual)
+    assert raw.shape == normalized.shape == (n_heads, n, n)
+    for head in range(n_heads):
+        # head h alone, through every layer: the "mean" of one head is that head
+        expected = networkx_flows(capacities(attentions[:, [head]], "mean", residual))
+        np.testing.assert_allclose(raw[head], expected, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(normalized[head], expected / expected.sum(-1, keepdims=True), rtol=0, atol=1e-9)
+    # heads really differ: a per-head graph is not the fused one
+    assert np.abs(raw - attention_flow(attentions, residual=residual, normalize=False)).max() > 1e-3
+
+
+def test_per_head_flow_batched_rows_layer_and_threads():
+    rng = np.random.default_rng(14)
+    batch = np.stack([structured_attentions(rng, 3, 4, 11) for _ in range(2)])  # [batch, layer, head, q, k]
+    one_thread = attention_flow(batch, head_fusion="none", rows=[0, -1], layer=2)
+    assert one_thread.shape == (2, 4, 2, 11)  # [batch, head, rows, key]
+    for b in range(2):
+        for head in range(4):
+            np.testing.assert_array_equal(
+                one_thread[b, head], attention_flow(batch[b][:, [head]], rows=[0, 10], layer=2)
+            )
+    for n_jobs in (2, -1):  # threads over (graph, row, run of sinks): the same flows
+        np.testing.assert_array_equal(
+            attention_flow(batch, head_fusion="none", rows=[0, -1], layer=2, n_jobs=n_jobs), one_thread
+        )
+    single = attention_flow(torch.from_numpy(batch[0]), head_fusion="none", rows=[0], n_jobs=2)
+    assert isinstance(single, torch.Tensor) and single.shape == (4, 1, 11)
+
+
+def test_real_minilm_attention_cls_row_and_per_head_match_networkx(minilm):
+    trace = minilm.trace("Attention flow follows information through every layer of the model.")[0]
+    attentions = np.asarray(trace.attentions, dtype=np.float64)  # [layer, head, query, key], float32 capture
+    attentions /= attentions.sum(axis=-1, keepdims=True)
+    n = attentions.shape[-1]
+    cls = attention_flow(attentions, rows=[0], normalize=False)
+    np.testing.assert_allclose(cls, networkx_flows(capacities(attentions), rows=[0]), rtol=0, atol=1e-9)
+    per_head = attention_flow(attentions, head_fusion="none", rows=[0], normalize=False, n_jobs=2)
+    assert per_head.shape == (attentions.shape[1], 1, n)
+    for head in (0, 7):
+        expected = networkx_flows(capacities(attentions[:, [head]]), rows=[0])
+        np.testing.assert_allclose(per_head[head], expected, rtol=0, atol=1e-9)
 
 
 def test_raw_flow_is_between_zero_and_the_trivial_bounds():
@@ -214,7 +304,6 @@ BAD_INPUTS = [
     (lambda a: a, {"layer": 3}, "layer must be"),
     (lambda a: a, {"layer": True}, "layer must be"),
     (lambda a: a, {"layer": 1.0}, "layer must be"),
-    (lambda a: a, {"head_fusion": "none"}, "fused heads"),
     (lambda a: a, {"head_fusion": "sum"}, "unknown head_fusion"),
     (lambda a: a, {"head_fusion": [1.0, 2.0, 3.0]}, "head weights"),
     (lambda a: a, {"residual": 1.5}, "alpha"),

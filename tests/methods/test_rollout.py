@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis.extra.numpy import arrays
 
 import attnflow
 from attnflow.methods import encoder_decoder_rollout, raw_attention, rollout, saliency_row, to_patch_grid
+from attnflow.methods.transforms import PruningCollapseWarning, prepare_layers
 
 
 def random_attention(rng, layers=3, heads=2, n=4, batch=None):
@@ -23,11 +25,25 @@ def random_attention(rng, layers=3, heads=2, n=4, batch=None):
     return weights / weights.sum(-1, keepdims=True)
 
 
-# -- the oracle: loops over every index, written from DESIGN.md §2 -------------------------------
+# -- the oracle: loops over every index, written from docs/methods.md -------------------------------
 
 
-def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
-    """Ã for one layer ``[head][q][k]`` as nested lists."""
+def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio, prune_on="attention"):
+    """Ã for one layer ``[head][q][k]`` as nested lists.
+
+    prune_on="attention": fuse, prune the fused rows, add the residual, renormalise the rows;
+    prune_on="residual": fuse, add the residual, prune Ã's rows and renormalise them.
+    """
+    fused = oracle_fuse(attention, fusion)
+    pruning = (threshold, top_k, discard_ratio)
+    if all(option is None for option in pruning):
+        return oracle_residual(fused, residual)
+    if prune_on == "attention":
+        return oracle_renormalise(oracle_residual(oracle_prune(fused, *pruning), residual))
+    return oracle_renormalise(oracle_prune(oracle_residual(fused, residual), *pruning))
+
+
+def oracle_fuse(attention, fusion):
     heads, n = len(attention), len(attention[0])
     fused = [[0.0] * n for _ in range(n)]
     for i in range(n):
@@ -42,8 +58,13 @@ def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
             else:  # weights
                 total = sum(fusion)
                 fused[i][j] = sum(w / total * v for w, v in zip(fusion, values))
-    if fusion in ("max", "min"):  # element-wise max/min rows are renormalised (DESIGN §2)
-        fused = [[v / sum(row) for v in row] for row in fused]
+    if fusion in ("max", "min"):  # element-wise max/min rows are renormalised
+        fused = oracle_renormalise(fused)
+    return fused
+
+
+def oracle_residual(fused, residual):
+    n = len(fused)
     mixed = [[0.0] * n for _ in range(n)]
     for i in range(n):
         for j in range(n):
@@ -56,8 +77,14 @@ def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
                 mixed[i][j] = fused[i][j]
             else:
                 mixed[i][j] = residual * fused[i][j] + (1 - residual) * eye
-    for i in range(n):
-        row = mixed[i]
+    return mixed
+
+
+def oracle_prune(matrix, threshold, top_k, discard_ratio):
+    """Zero the pruned entries of every row (no renormalisation); each row keeps its maximum."""
+    n = len(matrix)
+    pruned = []
+    for row in matrix:
         order = sorted(range(n), key=lambda j: (-row[j], j))
         rank = {j: r for r, j in enumerate(order)}
         top = max(row)
@@ -71,9 +98,12 @@ def oracle_layer(attention, fusion, residual, threshold, top_k, discard_ratio):
             if discard_ratio is not None and rank[j] >= n - math.floor(discard_ratio * n):
                 keep = False
             kept.append(row[j] if keep or row[j] == top else 0.0)
-        total = sum(kept)
-        mixed[i] = [v / total for v in kept]
-    return mixed
+        pruned.append(kept)
+    return pruned
+
+
+def oracle_renormalise(matrix):
+    return [[value / sum(row) for value in row] for row in matrix]
 
 
 def oracle_rollout(attentions, fusion="mean", residual="half", start_layer=0, **pruning):
@@ -93,21 +123,35 @@ RESIDUALS = ["half", "renorm", 0.3, "none"]
 PRUNINGS = [{}, {"threshold": 0.2}, {"top_k": 2}, {"discard_ratio": 0.5}, {"threshold": 0.1, "top_k": 3}]
 
 
+PRUNE_PLACES = ["attention", "residual"]
+
+
 @pytest.mark.parametrize(
-    "fusion,residual,start_layer,pruning", list(itertools.product(FUSIONS, RESIDUALS, [0, 1], PRUNINGS))
+    "fusion,residual,start_layer,pruning,prune_on",
+    list(itertools.product(FUSIONS, RESIDUALS, [0, 1], PRUNINGS, PRUNE_PLACES)),
 )
-def test_rollout_matches_explicit_loops(fusion, residual, start_layer, pruning):
+def test_rollout_matches_explicit_loops(fusion, residual, start_layer, pruning, prune_on):
     attentions = random_attention(np.random.default_rng(7), layers=3, heads=2, n=5)
-    kwargs = dict(residual=residual, start_layer=start_layer, **pruning)
+    kwargs = dict(residual=residual, start_layer=start_layer, prune_on=prune_on, **pruning)
     if isinstance(fusion, tuple):
         kwargs["weights"] = list(fusion)
     else:
         kwargs["head_fusion"] = fusion
     expected = oracle_rollout(attentions.tolist(), fusion, residual, start_layer,
                               threshold=pruning.get("threshold"), top_k=pruning.get("top_k"),
-                              discard_ratio=pruning.get("discard_ratio"))
-    np.testing.assert_allclose(rollout(attentions, **kwargs), expected[-1], atol=1e-12)
-    np.testing.assert_allclose(rollout(attentions, layerwise=True, **kwargs), expected, atol=1e-12)
+                              discard_ratio=pruning.get("discard_ratio"), prune_on=prune_on)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PruningCollapseWarning)  # collapse is tested on its own below
+        np.testing.assert_allclose(rollout(attentions, **kwargs), expected[-1], atol=1e-12)
+        np.testing.assert_allclose(rollout(attentions, layerwise=True, **kwargs), expected, atol=1e-12)
+
+
+def test_the_two_pruning_places_differ():
+    """Pruning the fused attention and pruning Ã give different layers (so the oracle tells them apart)."""
+    attentions = random_attention(np.random.default_rng(9), layers=2, heads=2, n=5)
+    on_attention = rollout(attentions, discard_ratio=0.5, prune_on="attention")
+    on_residual = rollout(attentions, discard_ratio=0.5, prune_on="residual")
+    assert np.abs(on_attention - on_residual).max() > 1e-3
 
 
 def test_layerwise_is_the_cumulative_product():
@@ -144,17 +188,54 @@ def test_batched_equals_per_sample_and_pruning_is_per_row_and_sample():
         together = rollout(batch, **options)
         for index in range(4):
             np.testing.assert_allclose(together[index], rollout(batch[index], **options), atol=1e-14)
-    # discard_ratio 0.5 on 6 keys keeps exactly 3 entries in every row of every layer of every sample
-    from attnflow.methods.transforms import prepare_layers
+    # discard_ratio 0.5 on 6 keys keeps exactly 3 entries in every row of every layer of every
+    # sample (pruning the attention: the residual then adds the diagonal back when it was dropped)
+    for prune_on in PRUNE_PLACES:
+        kept = (prepare_layers(batch, discard_ratio=0.5, residual="none", prune_on=prune_on) > 0).sum(-1)
+        assert (kept == 3).all()
+    pruned_attention = prepare_layers(batch, discard_ratio=0.5, residual="none") > 0
+    with_residual = prepare_layers(batch, discard_ratio=0.5) > 0  # prune_on="attention", ½(A + I)
+    np.testing.assert_array_equal(with_residual, pruned_attention | np.eye(6, dtype=bool))
 
-    kept = (prepare_layers(batch, discard_ratio=0.5) > 0).sum(-1)
-    assert (kept == 3).all()
 
-
-def test_pruning_keeps_the_row_maximum():
+@pytest.mark.parametrize("prune_on", PRUNE_PLACES)
+def test_pruning_keeps_the_row_maximum(prune_on):
     attentions = random_attention(np.random.default_rng(4), n=5)
-    result = rollout(attentions, threshold=0.99)  # drops everything but each row's maximum
-    np.testing.assert_allclose(result.sum(-1), 1.0)
+    fused = attentions.mean(1)  # [layer, q, k]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PruningCollapseWarning)
+        layers = prepare_layers(attentions, residual="none", threshold=0.99, prune_on=prune_on)
+    # threshold 0.99 drops everything but each row's maximum, which is kept (and becomes 1)
+    kept = layers > 0
+    np.testing.assert_array_equal(kept, fused == fused.max(-1, keepdims=True))
+    np.testing.assert_allclose(layers[kept], 1.0)
+
+
+def test_pruning_that_leaves_only_the_diagonal_warns():
+    """A diagonal-heavy attention: ½(A + I) pruned to its largest entry is the identity."""
+    n = 6
+    rng = np.random.default_rng(11)
+    attentions = random_attention(rng, layers=3, heads=2, n=n)
+    attentions[1] = 0.3 * np.eye(n) + 0.7 * attentions[1]  # layer 1 still has off-diagonal maxima
+    with pytest.warns(PruningCollapseWarning, match=r"layer\(s\) 0, 1, 2 of 3") as caught:
+        collapsed = rollout(attentions, head_fusion="max", discard_ratio=0.9, prune_on="residual")
+    assert "prune_on='attention'" in str(caught[0].message)
+    np.testing.assert_allclose(collapsed, np.eye(n))  # the surprise the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PruningCollapseWarning)
+        kept = rollout(attentions, head_fusion="max", discard_ratio=0.9, prune_on="attention")
+    assert np.abs(kept - np.eye(n)).max() > 0.05
+    # Attention whose largest entry is the diagonal in layer 2 only: the warning names layer 2.
+    attentions[2] = 0.6 * np.eye(n) + 0.4 * attentions[2]
+    with pytest.warns(PruningCollapseWarning, match=r"layer\(s\) 2 of 3"):
+        rollout(attentions, top_k=1, prune_on="attention")
+    # batched: a layer collapsed in any sample is named; heads kept apart: only if every head collapsed
+    with pytest.warns(PruningCollapseWarning, match=r"layer\(s\) 2 of 3"):
+        rollout(np.stack([random_attention(rng, layers=3, heads=2, n=n), attentions]), top_k=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PruningCollapseWarning)
+        rollout(attentions, top_k=2)  # two entries per row: nothing collapses
+        rollout(attentions)  # no pruning, no warning
 
 
 def test_torch_in_torch_out():
@@ -164,6 +245,7 @@ def test_torch_in_torch_out():
     np.testing.assert_allclose(result.numpy(), rollout(attentions), atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore::attnflow.methods.transforms.PruningCollapseWarning")
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.data(),
@@ -197,6 +279,11 @@ def test_rows_stochastic_and_non_negative(data, layers, heads, n, fusion, residu
         (np.ones((2, 2, 3, 3)) / 3, {"start_layer": 2}, "start_layer"),
         (np.ones((2, 2, 3, 3)) / 3, {"top_k": 0}, "top_k"),
         (np.ones((2, 2, 3, 3)) / 3, {"discard_ratio": 1.0}, "discard_ratio"),
+        (np.ones((2, 2, 3, 3)) / 3, {"discard_ratio": -0.1}, "discard_ratio"),
+        (np.ones((2, 2, 3, 3)) / 3, {"threshold": 2}, r"threshold must lie in \[0, 1\)"),
+        (np.ones((2, 2, 3, 3)) / 3, {"threshold": 1.0}, "threshold"),
+        (np.ones((2, 2, 3, 3)) / 3, {"threshold": float("nan")}, "threshold"),
+        (np.ones((2, 2, 3, 3)) / 3, {"prune_on": "fused"}, "prune_on"),
         (np.ones((2, 2, 3, 3)) / 3, {"weights": [1, 2, 3]}, "2 heads"),
     ],
 )
@@ -254,3 +341,19 @@ def test_encoder_decoder_rollout_by_hand():
     np.testing.assert_allclose(result.decoder_to_encoder, [[0.4375, 0.5625], [0.40625, 0.59375]])
     with pytest.raises(ValueError, match="layers"):
         encoder_decoder_rollout(enc, dec, cross[:1])
+
+
+def test_readme_pruning_example_on_minilm_is_not_the_identity(minilm):
+    """``--head-fusion max --discard-ratio 0.9`` (the README's example) on the real minilm: pruning
+    the fused attention keeps a real map; pruning Ã (the old behaviour) gives the identity and warns."""
+    trace = minilm.trace("The movie was terrible.")[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PruningCollapseWarning)
+        kept = rollout(trace.attentions, head_fusion="max", discard_ratio=0.9)
+    assert np.abs(kept - np.eye(trace.n_tokens)).max() > 0.5
+    content = ~trace.special_mask
+    scores = kept.mean(axis=0)
+    assert trace.tokens[int(np.flatnonzero(content)[np.argmax(scores[content])])] == "terrible"
+    with pytest.warns(PruningCollapseWarning, match=r"layer\(s\) 0, 1, 2, 3, 4, 5 of 6"):
+        collapsed = rollout(trace.attentions, head_fusion="max", discard_ratio=0.9, prune_on="residual")
+    np.testing.assert_allclose(collapsed, np.eye(trace.n_tokens))

@@ -1,4 +1,4 @@
-"""`context_similarity` against an explicit loop over layers and heads (DESIGN.md §2)."""
+"""`context_similarity` against an explicit loop over layers and heads (docs/methods.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ printing `--help` stays fast.
 """
 
 from attnflow.capture.adapters import ADAPTERS, Adapter, Stack, adapter_for
-from attnflow.capture.loading import EMBEDDED, install_mpnet, resolve
+from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, resolve
 
 _MODEL_NAMES = ("AttentionModel", "BatchCapture", "load", "resolve_device")
 
@@ -18,4 +18,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'attnflow.capture' has no attribute {name!r}")
 
 
-__all__ = ["ADAPTERS", "EMBEDDED", "Adapter", "Stack", "adapter_for", "install_mpnet", "resolve", *_MODEL_NAMES]
+__all__ = [
+    "ADAPTERS",
+    "EMBEDDED",
+    "Adapter",
+    "Stack",
+    "adapter_for",
+    "install_dinov2_s",
+    "install_mpnet",
+    "resolve",
+    *_MODEL_NAMES,
+]

@@ -5,7 +5,8 @@ prefix such as ``bert.`` or ``model.`` matches), the attention modules whose for
 holds the softmax weights ``[batch, head, query, key]`` at ``weights_index``, and the output
 projections whose *input* is the concatenation of all heads' outputs ``[batch, token, head *
 d_head]``. The first group of every pattern is the layer index. A new architecture is one new
-row plus one tiny-model test in ``tests/capture/test_families.py``.
+row plus its tiny config in ``tests/tiny_models.py`` (``tiny_config`` and ``TEXT_FAMILIES`` or
+``VISION_FAMILIES``), which the capture tests in ``tests/capture/test_capture.py`` then cover.
 """
 
 from __future__ import annotations
@@ -32,11 +33,15 @@ class Values:
     ``block``: the whole layer (its input is the residual stream entering the attention block;
     value zeroing reruns it); ``norm``: post-LN families only, the layer norm right after the
     attention block (its input is y = attention output + residual); None for pre-LN families.
+    ``output_scale``: families with LayerScale (DINOv2): the module whose ``lambda1 [d_model]``
+    multiplies the attention block's output before the residual; `AttentionModel.output_weights`
+    folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
     """
 
     value: str
     block: str
     norm: str | None = None
+    output_scale: str | None = None
 
     @property
     def post_norm(self) -> bool:
@@ -65,6 +70,9 @@ _BERT_VALUES = Values(
     r"layer\.(\d+)\.attention\.self\.value$", r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.LayerNorm$"
 )
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
+# ViT/DeiT: layers.N (layernorm_before, attention.{q,k,v,o}_proj); DINOv2: encoder.layer.N (norm1,
+# attention.{q,k,v,o}_proj, layer_scale1, norm2, mlp, layer_scale2). Both pre-LN.
+_VIT_VALUES = Values(r"layers?\.(\d+)\.attention\.v_proj$", r"layers?\.(\d+)$")
 
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE, values=_BERT_VALUES),
@@ -100,8 +108,16 @@ ADAPTERS: tuple[Adapter, ...] = (
         Stack(r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.self_attn\.o_proj$"),
         values=Values(r"layers\.(\d+)\.self_attn\.v_proj$", r"layers\.(\d+)$"),
     ),
-    Adapter("vit", "vision", ("vit", "dinov2"), _VIT_LIKE, n_prefix_tokens=1),
-    Adapter("deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2),  # CLS + distillation token
+    Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),
+    Adapter(
+        "dinov2",
+        "vision",
+        ("dinov2",),
+        _VIT_LIKE,
+        n_prefix_tokens=1,
+        values=Values(_VIT_VALUES.value, _VIT_VALUES.block, output_scale=r"layers?\.(\d+)\.layer_scale1$"),
+    ),
+    Adapter("deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2, values=_VIT_VALUES),  # CLS + distillation token
     Adapter(
         "t5",
         "encoder-decoder",

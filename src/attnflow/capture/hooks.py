@@ -102,7 +102,7 @@ def record_stack(
                     f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
                     f"({stack.output_projection!r})"
                 )
-            for name, (_, projection) in zip(names, projections):
+            for name, (_, projection) in zip(names, projections, strict=True):
                 handles.append(projection.register_forward_pre_hook(_input_hook(recording, name, stop)))
         yield recording
     finally:
@@ -123,7 +123,7 @@ def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool
 
 
 def _weights_hook(recording: StackRecording, name: str, index: int, stop):
-    def hook(module: nn.Module, inputs: tuple, output) -> None:
+    def hook(module: nn.Module, _inputs: tuple, output) -> None:
         weights = output[index] if isinstance(output, (tuple, list)) else None
         if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
             raise CaptureError(
@@ -137,7 +137,7 @@ def _weights_hook(recording: StackRecording, name: str, index: int, stop):
 
 
 def _input_hook(recording: StackRecording, name: str, stop):
-    def hook(module: nn.Module, inputs: tuple) -> None:
+    def hook(_module: nn.Module, inputs: tuple) -> None:
         recording.head_inputs[name] = inputs[0]
         stop()
 
@@ -153,13 +153,13 @@ def record_tensors(modules: list[tuple[str, nn.Module]], *, inputs: bool = False
     handles = []
 
     def output_hook(name: str):
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
             recorded[name] = output[0] if isinstance(output, (tuple, list)) else output
 
         return hook
 
     def input_hook(name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
             if not torch.is_tensor(hidden):
                 raise CaptureError(f"{name}: found no hidden-states input to record")
@@ -195,7 +195,7 @@ def record_calls(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, tup
     handles = []
 
     def hook(name: str):
-        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             recorded[name] = (args, dict(kwargs))
 
         return record

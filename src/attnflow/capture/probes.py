@@ -21,11 +21,10 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnflow.capture.loading import cache_dir
+from attnflow.capture.loading import PROBES, ProbeSpec, cache_dir
 from attnflow.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -34,30 +33,6 @@ HEAD_FILE = "head.safetensors"
 META_FILE = "probe.json"
 PROBE_MAX_LENGTH = 128  # tokens per text when the features are computed (special tokens included)
 L2_PENALTY = 1e-3  # on standardised features, per example (scikit-learn's C = 1 / (penalty * n_train))
-
-
-@dataclass(frozen=True)
-class ProbeSpec:
-    alias: str
-    encoder: str  # an embedded encoder alias
-    task: str  # a name in attnflow.datasets.TASKS
-    description: str
-
-
-PROBES: dict[str, ProbeSpec] = {
-    "minilm-sentiment": ProbeSpec(
-        "minilm-sentiment",
-        "minilm",
-        "rotten-tomatoes",
-        "minilm + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
-    ),
-    "minilm-topics": ProbeSpec(
-        "minilm-topics",
-        "minilm",
-        "wiki-topics",
-        "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
-    ),
-}
 
 
 def probe_dir(alias: str) -> Path:
@@ -156,20 +131,19 @@ def fit_logistic_regression(features: Any, labels: Any, n_classes: int, seed: in
     return raw_weight.float().numpy(), raw_bias.float().numpy()
 
 
-def train_probe(alias: str, device: Any = "cpu", progress: bool = True) -> Path:
-    """Train the probe ``alias`` once and cache it (atomic: written into a temporary folder
-    beside the target and renamed). Returns the probe's folder."""
+def train_probe(alias: str, encoder: Any, progress: bool = True) -> Path:
+    """Train the probe ``alias`` on ``encoder`` (the `AttentionModel` of its encoder alias) once and
+    cache it (atomic: written into a temporary folder beside the target and renamed). Returns the
+    probe's folder."""
     import numpy as np
     import torch
     from safetensors.torch import save_file
 
-    from attnflow.capture.model import load
     from attnflow.datasets import load_task
 
     spec = _spec(alias)
     data = load_task(spec.task)
     train, test = data.split()
-    encoder = load(spec.encoder, device=device)
     log.info("training %s on %d %s examples (held out: %d)", alias, len(train), spec.task, len(test))
     features = mean_pooled_features(encoder, list(data.texts), progress=progress)
     weight, bias = fit_logistic_regression(features[train], data.labels[train], len(data.label_names))
@@ -187,8 +161,8 @@ def train_probe(alias: str, device: Any = "cpu", progress: bool = True) -> Path:
             "encoder": spec.encoder,
             "task": spec.task,
             "labels": list(data.label_names),
-            "n_train": int(len(train)),
-            "n_test": int(len(test)),
+            "n_train": len(train),
+            "n_test": len(test),
             "split": "stratified 80/20, seed 0 (attnflow.datasets)",
             "max_length": PROBE_MAX_LENGTH,
             "l2_penalty": L2_PENALTY,
@@ -207,30 +181,23 @@ def train_probe(alias: str, device: Any = "cpu", progress: bool = True) -> Path:
     return target
 
 
-def load_probe(alias: str, device: Any = "auto", progress: bool = True) -> Any:
-    """The probe as an `AttentionModel` around a `PooledClassifier` (trained first if needed)."""
+def probe_classifier(alias: str, encoder: Any, progress: bool = True) -> tuple[Any, dict[str, Any]]:
+    """``(PooledClassifier, metadata)`` of the probe ``alias`` around ``encoder``'s torch module,
+    training the head first if it is not cached (`AttentionModel` wrapping is the caller's)."""
     import torch
     from safetensors.torch import load_file
 
-    from attnflow.capture.model import AttentionModel, load
-
-    spec = _spec(alias)
     meta = probe_metadata(alias)
     if meta is None:
-        train_probe(alias, progress=progress)
+        train_probe(alias, encoder, progress=progress)
         meta = probe_metadata(alias)
     head_path = probe_dir(alias) / HEAD_FILE
     if meta is None or not head_path.exists() or _sha256(head_path) != meta.get("head_sha256"):
         raise ModelLoadError(f"the cached {alias} head is damaged; run `attnflow models install {alias} --force`")
-    encoder = load(spec.encoder, device="cpu")
     tensors = load_file(str(head_path))
     head = torch.nn.Linear(tensors["weight"].shape[1], tensors["weight"].shape[0])
     head.load_state_dict(tensors)
-    classifier = _make_classifier()(encoder.model, head, list(meta["labels"]))
-    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
-    model.default_row = encoder.default_row
-    model.probe = meta
-    return model
+    return _make_classifier()(encoder.model, head, list(meta["labels"])), meta
 
 
 def _spec(alias: str) -> ProbeSpec:

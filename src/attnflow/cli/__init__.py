@@ -1,8 +1,8 @@
 """The `attnflow` command. Each subcommand lives in its own module with `register(subparsers)`.
 
 Errors the user can fix (bad text, unknown model, missing file, bad corpus) are raised as
-`UsageError` (or ValueError/FileNotFoundError from the library) and printed as one clear line
-with a non-zero exit status, never as a traceback.
+`attnflow.errors.AttnflowError` subclasses, ValueError or FileNotFoundError and printed as one
+line, ``attnflow: error: ...``, with exit status 2, never as a traceback.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+import warnings
+from typing import Any, Sequence
 
-from attnflow.cli import corpus, evaluate, explain, models
+from attnflow.cli import compare, corpus, evaluate, explain, explore, models
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, models, corpus, evaluate)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,13 +38,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="attnflow: %(levelname)s: %(message)s")
     try:
-        return int(args.handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         return 130
-    except (AttnflowError, ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+    except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
         print(f"attnflow: error: {error}", file=sys.stderr)
         return 2
+
+
+def _show_warning(  # the signature of warnings.showwarning, which this replaces
+    message: Warning | str,
+    category: type[Warning],  # noqa: ARG001
+    filename: str,  # noqa: ARG001
+    lineno: int,  # noqa: ARG001
+    file: Any = None,
+    line: str | None = None,  # noqa: ARG001
+) -> None:
+    """Python warnings as one line, like attnflow's logged warnings (no file, line or source)."""
+    print(f"attnflow: WARNING: {message}", file=sys.stderr if file is None else file)
 
 
 def _version() -> str:

@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     running.add_argument("--ray-address", default=None, metavar="ADDR", help="Ray cluster to join (e.g. auto); default: a private local Ray runtime")
     running.add_argument(
         "--workers", type=int, default=None, metavar="N",
-        help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per CPU on a cluster)",
+        help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per cluster CPU)",
     )
     running.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)")
     running.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -104,6 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.corpus.engine import StudyOptions, run_study
+    from attnflow.corpus.readers import ReadOptions
+    from attnflow.corpus.stats import StudyConfig
 
     options = StudyOptions(
         model=args.model,
@@ -112,12 +114,10 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         stride=args.stride,
         batch_size=args.batch_size,
-        high=args.high,
-        attention_top_percent=args.attention_top_percent,
-        text_field=args.text_field,
-        text_column=args.text_column,
-        txt_docs=args.txt_docs,
-        skip_bad=args.skip_bad,
+        statistics=StudyConfig(high=args.high, attention_top_percent=args.attention_top_percent),
+        reading=ReadOptions(
+            text_field=args.text_field, text_column=args.text_column, txt_docs=args.txt_docs, skip_bad=args.skip_bad
+        ),
         device=args.device,
         engine=args.engine,
         workers=args.workers,

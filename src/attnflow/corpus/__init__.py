@@ -7,7 +7,8 @@
 _EXPORTS = {
     "open_corpus": "attnflow.corpus.readers",
     "WindowStream": "attnflow.corpus.windows",
-    "StudyOptions": "attnflow.corpus.engine",
+    "StudyOptions": "attnflow.corpus.study",
+    "ReadOptions": "attnflow.corpus.readers",
     "run_study": "attnflow.corpus.engine",
     "rebuild_report": "attnflow.corpus.engine",
     "StudyConfig": "attnflow.corpus.stats",

@@ -33,15 +33,16 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 import numpy as np
 
 from attnflow.corpus.readers import Corpus, open_corpus
-from attnflow.corpus.stats import StudyConfig, StudyStats
-from attnflow.corpus.windows import WindowBatch, WindowStream, batched, marker_token_ids
+from attnflow.corpus.stats import StudyStats
+from attnflow.corpus.study import StudyOptions, new_stats, process_batch
+from attnflow.corpus.windows import WindowBatch, WindowStream, batched
 from attnflow.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -54,48 +55,6 @@ REPORT = "report.html"
 OUTPUTS = (SUMMARY, STATS, HEADS, REPORT)
 CHECKPOINT_FORMAT = 1
 _STATE_PREFIX = "stats/"
-
-
-@dataclass
-class StudyOptions:
-    """Everything a study run is given (the `attnflow corpus` options, as a library object).
-
-    ``samples=None`` takes every window the corpus gives; ``stride=None`` is ``seq_len`` minus the
-    special tokens (disjoint windows). ``workers``: torch threads for the local engine, model
-    replicas (actors) for Ray. ``checkpoint_every``: batches between checkpoints.
-    """
-
-    model: str = "minilm"
-    data: str = "wiki"
-    samples: int | None = 20000
-    seq_len: int = 128
-    stride: int | None = None
-    batch_size: int = 16
-    high: str = "top-percent:2"
-    attention_top_percent: float = 2.0
-    short_range: int = 8
-    n_anchor_tokens: int = 10
-    text_field: str = "text"
-    text_column: str = "text"
-    txt_docs: str = "line"
-    skip_bad: bool = False
-    device: str = "auto"
-    engine: str = "local"
-    workers: int | None = None
-    ray_address: str | None = None
-    checkpoint_every: int = 20
-    quiet: bool = False
-
-    def study_config(self) -> StudyConfig:
-        try:
-            return StudyConfig(
-                high=self.high,
-                attention_top_percent=self.attention_top_percent,
-                short_range=self.short_range,
-                n_anchor_tokens=self.n_anchor_tokens,
-            )
-        except ValueError as error:
-            raise InputError(f"--high: {error}") from None
 
 
 class Backend(Protocol):
@@ -133,35 +92,6 @@ class LocalBackend:
         torch.set_num_threads(self._threads)
 
 
-def process_batch(model: Any, stats: StudyStats, batch: WindowBatch) -> None:
-    """One batch through ``model.capture_batch`` into ``stats`` (shared by every engine)."""
-    import torch
-
-    token_ids = torch.from_numpy(batch.token_ids)  # [batch, seq_len]
-    capture = model.capture_batch(token_ids, head_outputs=True)
-    device = capture.head_outputs.device
-    stats.update(
-        token_ids=token_ids.to(device),
-        sentence_ids=torch.from_numpy(batch.sentence_ids).to(device),  # [batch, seq_len], -1 special
-        attentions=capture.layer_attentions,  # layer x [batch, head, query, key], not copied
-        head_outputs=capture.head_outputs,  # [batch, layer, token, head, d_head]
-    )
-
-
-def new_stats(model: Any, options: StudyOptions) -> StudyStats:
-    """An empty accumulator shaped for ``model`` and ``options``."""
-    special, punctuation = marker_token_ids(model.tokenizer)
-    return StudyStats(
-        model.n_layers,
-        model.n_heads,
-        options.seq_len,
-        options.study_config(),
-        special_token_ids=special,
-        punctuation_ids=punctuation,
-        vocab_size=len(model.tokenizer),
-    )
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -189,13 +119,7 @@ def run_study(
     _check_options(options)
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite)
-    corpus = open_corpus(
-        options.data,
-        text_field=options.text_field,
-        text_column=options.text_column,
-        txt_docs=options.txt_docs,
-        skip_bad=options.skip_bad,
-    )
+    corpus = open_corpus(options.data, options.reading)
     if model is None:
         from attnflow.capture import load
 
@@ -274,7 +198,6 @@ def _check_options(options: StudyOptions) -> None:
         raise InputError(f"--workers must be at least 1, not {options.workers}")
     if options.engine not in ("local", "ray"):
         raise InputError(f"--engine must be local or ray, not {options.engine!r}")
-    options.study_config()
 
 
 def _backend(options: StudyOptions, model: Any, stats: StudyStats) -> Backend:
@@ -388,7 +311,8 @@ def _save(
         "elapsed_s": elapsed,
         "complete": complete,
     }
-    arrays = {_STATE_PREFIX + name: np.asarray(value) for name, value in stats.state_dict().items()}
+    # dict[str, Any]: numpy's stubs would otherwise match an array value against savez's allow_pickle flag.
+    arrays: dict[str, Any] = {_STATE_PREFIX + name: np.asarray(value) for name, value in stats.state_dict().items()}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     with atomic_file(path) as handle:
         np.savez(handle, **arrays)
@@ -419,7 +343,7 @@ def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream
         "stride": stream.stride,
         "samples": options.samples,
         "special_tokens": [stream.prefix, stream.suffix],
-        "study": asdict(options.study_config()),
+        "study": asdict(options.statistics),
     }
 
 
@@ -513,7 +437,7 @@ def write_outputs(out: Path, summary: dict[str, Any], stats: StudyStats, tokeniz
     """summary.json, stats.npz, heads.csv and report.html, each written atomically."""
     from attnflow.viz.report import build_report
 
-    arrays = stats.arrays()
+    arrays: dict[str, Any] = stats.arrays()  # Any: see _save
     with atomic_file(out / STATS) as handle:
         np.savez_compressed(handle, **arrays)
     rows = stats.head_table(lambda token_id: tokenizer.convert_ids_to_tokens(int(token_id)))

@@ -1,7 +1,7 @@
 """The Ray engine (``--engine ray``): model replicas as Ray actors, statistics merged on the driver.
 
 The driver reads the corpus and cuts the deterministic window stream into batches exactly as the
-local engine does (`attnflow.corpus.engine.run_study` is shared); `RayBackend.process` sends each
+local engine does (`attnflow.corpus.engine.run_study` drives both engines); `RayBackend.process` sends each
 batch (two small ``[batch, seq_len]`` int64 arrays) to the least busy actor. Every actor holds a
 model replica and its own `StudyStats`; `RayBackend.collect` waits for the batches in flight, takes
 each actor's accumulator (``state_dict``, then the actor starts a fresh one) and merges it into the
@@ -25,14 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from attnflow.corpus.engine import StudyOptions, new_stats, process_batch
 from attnflow.corpus.stats import StudyStats
+from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch
 from attnflow.errors import AttnflowError
 
 log = logging.getLogger(__name__)
 
 IN_FLIGHT_PER_ACTOR = 2
+MAX_REPLACEMENTS = 3  # per actor slot: a worker that keeps dying (e.g. out of memory) stops the study
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2
 
 
@@ -62,7 +63,15 @@ class StudyWorker:
 
 
 class RayBackend:
-    """`attnflow.corpus.engine.Backend` over Ray actors (see the module doc)."""
+    """`attnflow.corpus.engine.Backend` over Ray actors (see the module doc).
+
+    Faults: an actor that dies (its process killed, its node lost) takes its accumulator with it,
+    so the driver keeps every batch an actor has been given since its last `take` (``given``).
+    When a call fails because the actor died, a fresh actor replaces it and is given all of
+    those batches again: each window ends up counted exactly once, in the accumulator of the
+    actor that was alive when the driver took it. Errors inside a batch (not a dead actor) and
+    an actor that keeps dying (``MAX_REPLACEMENTS`` per slot) stop the study with one line.
+    """
 
     def __init__(self, options: StudyOptions, stats: StudyStats) -> None:
         try:
@@ -94,24 +103,28 @@ class RayBackend:
         use_gpu = options.device == "cuda" or (options.device == "auto" and gpus > 0)
         gpu_share = min(1.0, gpus / workers) if use_gpu and gpus > 0 else (1.0 if options.device == "cuda" else 0.0)
         threads = max(1, cpus // workers) if local else max(1, (os.cpu_count() or 1) // max(1, workers))
-        actor = ray.remote(StudyWorker)
         device = "cuda" if use_gpu else "cpu"
-        self.actors = [
-            actor.options(num_cpus=1, num_gpus=gpu_share).remote(options, threads, device) for _ in range(workers)
-        ]
+        remote_worker = ray.remote(StudyWorker).options(num_cpus=1, num_gpus=gpu_share)
+        self._new_actor = lambda: remote_worker.remote(options, threads, device)
+        self.actors = [self._new_actor() for _ in range(workers)]
+        self.replacements = [0] * workers
+        # Per actor: the batches given to it since its last `take` and, of those, the calls in flight.
+        self.given: list[list[WindowBatch]] = [[] for _ in self.actors]
         self.pending: list[list[Any]] = [[] for _ in self.actors]
         log.info("ray engine: %d actors, %d threads each, device %s", workers, threads, device)
 
     def process(self, batch: WindowBatch) -> None:
         self._finish(block=sum(map(len, self.pending)) >= IN_FLIGHT_PER_ACTOR * len(self.actors))
-        target = min(range(len(self.actors)), key=lambda k: len(self.pending[k]))
-        self.pending[target].append(self.actors[target].process.remote(batch.token_ids, batch.sentence_ids))
+        slot = min(range(len(self.actors)), key=lambda k: len(self.pending[k]))
+        self._give(slot, batch)
 
     def collect(self) -> StudyStats:
-        for queue in self.pending:
-            self._get(queue)
-            queue.clear()
-        for state in self._get([actor.take.remote() for actor in self.actors]):
+        states: list[dict[str, Any] | None] = [None] * len(self.actors)
+        while any(state is None for state in states):
+            for slot, queue in enumerate(self.pending):
+                if states[slot] is None and self._wait_all(slot, queue):
+                    states[slot] = self._take(slot)
+        for state in filter(None, states):
             if int(state["n_samples"]) > 0:  # copies: arrays from Ray's object store are read-only
                 own = {name: np.array(value) for name, value in state.items()}
                 self.stats = self.stats.merge(StudyStats.from_state_dict(own))
@@ -124,21 +137,63 @@ class RayBackend:
         if self.owns_runtime:
             self.ray.shutdown()
 
+    def _give(self, slot: int, batch: WindowBatch) -> None:
+        self.given[slot].append(batch)
+        self.pending[slot].append(self.actors[slot].process.remote(batch.token_ids, batch.sentence_ids))
+
     def _finish(self, block: bool) -> None:
-        """Drop finished batches from the queues (waiting for one when ``block``); re-raise failures."""
+        """Drop finished calls from the queues (waiting for one when ``block``); replace dead actors."""
         refs = [ref for queue in self.pending for ref in queue]
         if not refs:
             return
         if block:
             self.ray.wait(refs, num_returns=1)
         done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
-        self._get(done)
         finished = set(done)
-        self.pending = [[ref for ref in queue if ref not in finished] for queue in self.pending]
+        for slot, queue in enumerate(self.pending):
+            if any(ref in finished for ref in queue) and self._wait_all(
+                slot, [ref for ref in queue if ref in finished]
+            ):
+                self.pending[slot] = [ref for ref in queue if ref not in finished]
+
+    def _wait_all(self, slot: int, refs: list[Any]) -> bool:
+        """Wait for ``refs`` of actor ``slot``; False when the actor died (it is then replaced)."""
+        try:
+            self._get(refs)
+        except self.ray.exceptions.RayActorError:
+            self._replace(slot)
+            return False
+        if refs is self.pending[slot]:
+            self.pending[slot] = []
+        return True
+
+    def _take(self, slot: int) -> dict[str, Any] | None:
+        try:
+            state = self._get([self.actors[slot].take.remote()])[0]
+        except self.ray.exceptions.RayActorError:
+            self._replace(slot)
+            return None
+        self.given[slot] = []  # handed back: from now on these windows live in the driver's stats
+        return state
+
+    def _replace(self, slot: int) -> None:
+        """A fresh actor in ``slot``, given again every batch the dead one had not handed back."""
+        self.replacements[slot] += 1
+        if self.replacements[slot] > MAX_REPLACEMENTS:
+            raise AttnflowError(f"a Ray worker died {self.replacements[slot]} times; giving up")
+        lost = self.given[slot]
+        log.warning("a Ray worker died; a new one recomputes its %d batches", len(lost))
+        self.ray.kill(self.actors[slot])
+        self.actors[slot] = self._new_actor()
+        self.given[slot], self.pending[slot] = [], []
+        for batch in lost:
+            self._give(slot, batch)
 
     def _get(self, refs: list[Any]) -> list[Any]:
         try:
             return self.ray.get(refs)
+        except self.ray.exceptions.RayActorError:
+            raise
         except self.ray.exceptions.RayError as error:
             first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
             raise AttnflowError(f"a Ray worker failed: {first}") from error

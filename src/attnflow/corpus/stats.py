@@ -1,4 +1,5 @@
-"""Mergeable streaming statistics of the corpus study (DESIGN.md §3, seed 000).
+"""Mergeable streaming statistics of the corpus study (the study of the paper "Self-attention
+vector output similarities reveal how machines pay attention"; S is defined in docs/methods.md).
 
 `StudyStats` eats batches of windows (token ids, sentence ids, attention maps and per-head
 outputs, as torch tensors on any device) and keeps only sums and counts whose size does not
@@ -34,7 +35,7 @@ window of n tokens, so a window has P = n(n−1)/2 pairs; S = `context_similarit
   special token) are *eligible*; ``same_sentence_share`` = |{eligible pairs of H with equal
   sentence ids}| / |{eligible pairs of H}|; ``same_sentence_chance`` = the same ratio over all
   pairs = Σ_samples Σₛ nₛ(nₛ−1)/2 / Σ_samples m(m−1)/2, m = non-special tokens of the window
-  (DESIGN's Σₛ nₛ(nₛ−1)/(n(n−1)) with n counting only the m non-special tokens).
+  (the familiar Σₛ nₛ(nₛ−1)/(n(n−1)) with n counting only the m non-special tokens).
 * **Repeats**: ``repeat_share`` = share of H with token_ids equal at i and j; ``repeat_chance``
   = share of all pairs with equal token ids (special tokens included, like in H).
 * **Anchor token**: per matrix with a non-empty H, cover(t) = number of pairs of H with token t
@@ -146,7 +147,7 @@ def parse_high(spec: str) -> HighRule:
 
 def top_count(percent: float, n_pairs: int) -> int:
     """How many of ``n_pairs`` pairs the top ``percent`` % holds: max(1, ⌊percent/100 · n_pairs + ½⌋)."""
-    return max(1, min(n_pairs, int(math.floor(percent / 100.0 * n_pairs + 0.5))))
+    return max(1, min(n_pairs, math.floor(percent / 100.0 * n_pairs + 0.5)))
 
 
 @dataclass
@@ -420,8 +421,8 @@ class StudyStats:
             sentence_ids = torch.full_like(token_ids, -1)
         if tuple(sentence_ids.shape) != (batch, n):
             raise ValueError(f"sentence_ids must be [batch={batch}, {n}]; got {tuple(sentence_ids.shape)}")
-        if torch.is_tensor(attentions):
-            fits, got = tuple(attentions.shape) == (batch, n_layers, n_heads, n, n), tuple(attentions.shape)
+        if isinstance(attentions, torch.Tensor):
+            fits, got = tuple(attentions.shape) == (batch, n_layers, n_heads, n, n), str(tuple(attentions.shape))
         else:
             fits = len(attentions) == n_layers and all(tuple(a.shape) == (batch, n_heads, n, n) for a in attentions)
             got = f"{len(attentions)} tensors, the first {tuple(attentions[0].shape) if len(attentions) else ()}"
@@ -625,7 +626,7 @@ class StudyStats:
         def names(prefix: str) -> dict[str, int]:
             keys = [str(k) for k in np.asarray(state[f"{prefix}_names"]).reshape(-1)]
             values = [int(v) for v in np.asarray(state[f"{prefix}_values"]).reshape(-1)]
-            return dict(zip(keys, values))
+            return dict(zip(keys, values, strict=True))
 
         config = StudyConfig(
             high=str(scalar("config_high")),
@@ -769,7 +770,7 @@ class StudyStats:
                 }
                 row["top_anchor_tokens"] = [
                     {"token": id_to_token(int(token)), "id": int(token), "count": int(count)}
-                    for token, count in zip(anchor_ids[layer, head], anchor_counts[layer, head])
+                    for token, count in zip(anchor_ids[layer, head], anchor_counts[layer, head], strict=True)
                     if count > 0
                 ]
                 heads.append(row)
@@ -844,13 +845,13 @@ class _Window:
 
 
 def _maps_device(attentions: torch.Tensor | Sequence[torch.Tensor]) -> torch.device:
-    return attentions.device if torch.is_tensor(attentions) else attentions[0].device
+    return attentions.device if isinstance(attentions, torch.Tensor) else attentions[0].device
 
 
 def _attention_block(attentions: torch.Tensor | Sequence[torch.Tensor], layers: slice) -> torch.Tensor:
     """Layers ``layers`` of ``[batch, layer, head, q, k]`` or of per-layer maps, without a copy
     when possible (a single layer of a list, any slice of a tensor)."""
-    if torch.is_tensor(attentions):
+    if isinstance(attentions, torch.Tensor):
         return attentions[:, layers]
     if layers.stop - layers.start == 1:
         return attentions[layers.start].unsqueeze(1)

@@ -1,6 +1,6 @@
 """Windowing: a corpus becomes a deterministic stream of fixed-length token windows.
 
-The rule (DESIGN §3): documents are tokenized without special tokens and packed end to end in
+The rule: documents are tokenized without special tokens and packed end to end in
 corpus order into one stream of wordpieces. Window ``k`` takes the ``content_len`` wordpieces at
 stream positions ``[k * stride, k * stride + content_len)`` and wraps them in the model's own
 special tokens (``[CLS] … [SEP]`` for BERT, ``<s> … </s>`` for MPNet), so every window has exactly
@@ -189,7 +189,7 @@ class WindowStream:
                 return_token_type_ids=False,
                 verbose=False,
             )
-            for text, doc_ids, offsets in zip(chunk, encoded["input_ids"], encoded["offset_mapping"]):
+            for text, doc_ids, offsets in zip(chunk, encoded["input_ids"], encoded["offset_mapping"], strict=True):
                 self.documents_read += 1
                 if not doc_ids:
                     continue

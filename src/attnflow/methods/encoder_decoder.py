@@ -1,6 +1,6 @@
 """Encoder-decoder rollout: how much each decoder position draws on each encoder token.
 
-The rule (DESIGN.md §2), exactly as implemented:
+The rule (docs/methods.md), exactly as implemented:
 
 * ``R_enc = rollout(encoder self-attention)`` — ``[enc, enc]``;
 * ``R_dec⁽ˡ⁾ = Ã_dec⁽ˡ⁾ ⋯ Ã_dec⁽⁰⁾`` — decoder self-attention rollout through layer l

@@ -1,4 +1,4 @@
-"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (DESIGN.md §2).
+"""Attention flow (Abnar & Zuidema 2020): maximum flow on the layered attention graph (docs/methods.md).
 
 The graph has nodes (l, i), l = 0 … L, i = 0 … n−1, and an edge (l+1, i) → (l, j) with capacity
 Ã⁽ˡ⁾[i, j] (head-fused, residual-corrected). The raw flow F[i, j] is the maximum flow from the
@@ -10,8 +10,12 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   only error is the rounding of each capacity (≤ 2⁻⁵¹ per edge; ~1e-14 on real inputs).
 * For a sink (0, j), the other input nodes are dead ends and the other nodes of layer L are never
   reached, so they are left out; the residual graph is kept as dense ``[layer, q, k]`` arrays
-  (forward residuals and, transposed, the flow that can be sent back), with per-node adjacency
-  lists that skip zero-capacity edges and try the largest capacities first.
+  (forward residuals and, transposed, the flow that can be sent back). Which residuals are
+  positive is mirrored in bit sets (one uint64 word per 64 nodes, per row and per column), and so
+  is which nodes are still alive in the current phase: the searches and the DFS find the next
+  usable edge with a word AND and a trailing-zero count, jumping over saturated edges and dead
+  nodes 64 at a time (on real attention most tested edges lead to a dead node). The DFS first
+  tries each node's few largest capacities (``N_HEAVY``), then the rest by key.
 * Dinic's algorithm, with levels = distances to the sink. Every edge goes down one layer, so in
   the first phase the distances are the layers themselves: that phase runs without a search, and
   on most inputs it already reaches a trivial upper bound, min(Σ source capacities, Σ sink
@@ -26,7 +30,14 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   give upper bounds for the next sinks: a flow that reaches one needs no final search. On the
   CLS row of real attention (a sink token, with its min cut next to the source) this saves most
   of the final searches.
-* ``n_jobs`` threads share the (sample, output row, run of sinks) tasks.
+* ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
+  one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
+  k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 2``
+  bytes): it does not depend on the number of rows, sinks, samples or heads.
+
+Measured alternatives (BENCHMARKS.md): a highest-label push-relabel with global relabelling, gap
+heuristic and the preflow kept across sinks was exact but 1.2–9× slower than this Dinic on every
+input (it moves far more excess than a sink can take).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from attnflow.methods.registry import register
 from attnflow.methods.transforms import HeadFusion, Residual, accepts_torch, prepare_layers
@@ -47,6 +59,7 @@ SCALE_BITS = 50
 _SCALE = float(2**SCALE_BITS)
 
 Rows = Union[None, int, Sequence[int], np.ndarray]
+N_HEAVY = 4  # edges per node tried first, by decreasing capacity, before the others by key
 N_CUTS = 8  # min cuts remembered per output row, as upper bounds for the next sinks
 
 
@@ -66,10 +79,12 @@ def attention_flow(
     Args:
         attentions: ``[layer, head, query, key]`` or ``[batch, layer, head, query, key]`` softmax
             weights (numpy or torch; rows sum to 1, no NaN, no negative weights).
-        head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights (``"none"`` is not
-            supported: the flow graph needs one capacity per edge).
-        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (DESIGN §2); the edge
-            capacities are the resulting Ã⁽ˡ⁾.
+        head_fusion: ``"mean"``, ``"max"``, ``"min"`` or per-head weights: one graph whose
+            capacities are the fused maps; ``"none"``: per-head flow, one graph per head through
+            that head's own layers (Ã_h⁽ˡ⁾ = the residual applied to head h of layer l, as
+            head-specific rollout composes them), and a head axis in the result.
+        residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (docs/methods.md); the
+            edge capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
             the end); ``None`` computes all n. ``rows=[0]`` is the CLS row.
         layer: l in 1 … L: flows from the nodes (l, i), the outputs of the first l layers
@@ -78,36 +93,38 @@ def attention_flow(
         normalize: divide each output row by its sum (the reference implementation's output);
             ``False`` returns the raw max-flow values, each in [0, 1] (a source sends at most its
             row sum, 1).
-        n_jobs: threads over output rows (and runs of sinks when there are few rows); ``None``
-            or 1: one thread; -1: all cores.
+        n_jobs: threads over graphs (samples, heads), output rows and runs of sinks; ``None`` or
+            1: one thread; -1: all cores.
 
     Returns:
         float64 ``[len(rows), key]`` (``[query, key]`` with ``rows=None``; batched input gives
-        ``[batch, len(rows), key]``), a torch tensor when the input is one. Entry [i, j] is the
-        flow from output position rows[i] to input position j. Capacities are rounded to
-        multiples of 2^-50 (int64) and the max-flow arithmetic is exact, so a flow differs from
-        the real-valued one by at most 2^-51 per edge of its min cut (~1e-14 in practice).
+        ``[batch, len(rows), key]``; ``head_fusion="none"`` adds a head axis after the batch
+        axis: ``[(batch,) head, len(rows), key]``), a torch tensor when the input is one. Entry
+        [i, j] is the flow from output position rows[i] to input position j. Capacities are
+        rounded to multiples of 2^-50 (int64) and the max-flow arithmetic is exact, so a flow
+        differs from the real-valued one by at most 2^-51 per edge of its min cut (~1e-14 in
+        practice).
     """
-    if isinstance(head_fusion, str) and head_fusion == "none":
-        raise ValueError("attention_flow needs fused heads: head_fusion='none' is not supported")
     if not isinstance(normalize, (bool, np.bool_)):
         raise ValueError(f"normalize must be True or False, got {normalize!r}")
-    layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, q, k]
-    batched = layers.ndim == 4
-    samples = layers if batched else layers[None]  # [batch, layer, q, k]
-    n_layers, n = samples.shape[1], samples.shape[-1]
+    per_head = isinstance(head_fusion, str) and head_fusion == "none"
+    layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, (head,) q, k]
+    if per_head:
+        layers = np.moveaxis(layers, -3, -4)  # [..., head, layer, q, k]: each head its own graph
+    graphs = layers.reshape((-1, *layers.shape[-3:]))  # [graph, layer, q, k]
+    n_layers, n = graphs.shape[1], graphs.shape[-1]
     depth = _check_layer(layer, n_layers)
     sources = _check_rows(rows, n)
     jobs = _check_n_jobs(n_jobs)
 
-    raw = _max_flows(samples[:, :depth], sources, jobs)  # [batch, rows, key], int64 scaled by 2^50
-    flows = raw / _SCALE
+    raw = _max_flows(graphs[:, :depth], sources, jobs)  # [graph, rows, key], int64 scaled by 2^50
+    flows = raw.reshape(layers.shape[:-3] + raw.shape[1:]) / _SCALE  # [(batch,) (head,) rows, key]
     if normalize:
         totals = flows.sum(axis=-1, keepdims=True)
         # A row of Ã that sums to 1 always leads somewhere, so totals are positive; only an all-zero
         # fused row (min fusion of heads with disjoint supports) gives 0, and its flows stay 0.
         flows = np.divide(flows, totals, out=np.zeros_like(flows), where=totals > 0)
-    return flows if batched else flows[0]
+    return flows
 
 
 def _check_layer(layer: Any, n_layers: int) -> int:
@@ -141,41 +158,57 @@ def _check_n_jobs(n_jobs: Any) -> int:
     return int(n_jobs)
 
 
-def _graph(layers: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Integer capacities and adjacency of one sample's ``[layer, q, k]`` matrices Ã.
+def _graph(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Integer capacities of one graph's ``[layer, q, k]`` matrices Ã, their non-zero pattern as bits.
 
-    Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``cap_t [layer, k, q]`` (its transpose, so
-    that column scans are contiguous), ``fwd_adj [layer, q, k]`` (per row, the keys by decreasing
-    capacity), ``fwd_deg [layer, q]`` (non-zero edges per row), ``bwd_adj [layer, k, q]`` and
-    ``bwd_deg [layer, k]`` (the same per column).
+    Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``nonzero [layer, q, words]`` (bit k of row q
+    set when cap[layer, q, k] > 0; 64 keys per uint64 word), ``nonzero_t [layer, k, words]``
+    (the same per column) and ``heavy [layer, q, N_HEAVY]`` (each row's largest capacities, keys
+    by decreasing capacity, -1 past the non-zero ones).
     """
     cap = np.rint(layers * _SCALE).astype(np.int64)
-    cap_t = np.ascontiguousarray(cap.transpose(0, 2, 1))
-    nonzero = cap > 0
-    fwd_adj = np.argsort(-cap, axis=-1).astype(np.int32)  # zero capacities sort last
-    bwd_adj = np.argsort(-cap_t, axis=-1).astype(np.int32)
-    fwd_deg = nonzero.sum(axis=-1, dtype=np.int64)
-    bwd_deg = nonzero.sum(axis=-2, dtype=np.int64)
-    return cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg
+    positive = cap > 0
+    n_heavy = min(N_HEAVY, cap.shape[-1])
+    heavy = np.argsort(-cap, axis=-1)[..., :n_heavy].astype(np.int64)
+    heavy[np.take_along_axis(cap, heavy, axis=-1) == 0] = -1
+    return cap, _bit_rows(positive), _bit_rows(positive.transpose(0, 2, 1)), heavy
 
 
-def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
-    """Raw integer flows ``[batch, len(sources), key]`` for ``[batch, layer, q, k]`` matrices."""
-    n_samples, n = samples.shape[0], samples.shape[-1]
-    out = np.zeros((n_samples, len(sources), n), dtype=np.int64)
-    # With fewer rows than threads, split each row's sinks into runs so that every thread has work.
-    n_runs = 1 if jobs == 1 or len(sources) >= 4 * jobs else min(n, math.ceil(2 * jobs / max(len(sources), 1)))
-    tasks = [(r, run) for r in range(len(sources)) for run in np.array_split(np.arange(n, dtype=np.int64), n_runs)]
-    pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 and len(tasks) > 1 else None
+def _bit_rows(flags: np.ndarray) -> np.ndarray:
+    """``[..., n]`` booleans -> ``[..., ceil(n / 64)]`` uint64 words, bit j of word w = flags[..., 64 w + j]."""
+    n = flags.shape[-1]
+    words = -(-n // 64)
+    padded = np.zeros((*flags.shape[:-1], words * 64), dtype=np.uint8)
+    padded[..., :n] = flags
+    packed = np.packbits(padded.reshape((*flags.shape[:-1], words, 8, 8)), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed.reshape((*flags.shape[:-1], words, 8))).view("<u8")[..., 0].astype(np.uint64)
+
+
+def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
+    """Raw integer flows ``[graph, len(sources), key]`` for ``[graph, layer, q, k]`` matrices.
+
+    Graphs (samples, heads) are solved ``jobs`` at a time, each built just before: memory grows
+    with the threads, never with the batch or the number of heads.
+    """
+    n_graphs, n = graphs.shape[0], graphs.shape[-1]
+    out = np.zeros((n_graphs, len(sources), n), dtype=np.int64)
+    group = max(1, min(jobs, n_graphs))
+    # With fewer (graph, row) pairs than threads, split each row's sinks into runs so that every
+    # thread has work.
+    pairs = group * len(sources)
+    n_runs = 1 if jobs == 1 or pairs >= 4 * jobs else min(n, math.ceil(2 * jobs / max(pairs, 1)))
+    runs = np.array_split(np.arange(n, dtype=np.int64), n_runs)
+    pool = ThreadPoolExecutor(max_workers=jobs) if jobs > 1 else None
     try:
-        for b in range(n_samples):  # one sample's graph at a time: memory does not grow with the batch
-            graph = _graph(samples[b])
+        for first in range(0, n_graphs, group):
+            built = {g: _graph(graphs[g]) for g in range(first, min(first + group, n_graphs))}
+            tasks = [(g, r, run) for g in built for r in range(len(sources)) for run in runs]
 
-            def solve(task: tuple[int, np.ndarray], b: int = b, graph: tuple = graph) -> None:
-                r, run = task
-                _source_flows(*graph, sources[r], run, out[b, r])
+            def solve(task: tuple[int, int, np.ndarray], built: dict = built) -> None:
+                g, r, run = task
+                _source_flows(*built[g], sources[r], run, out[g, r])
 
-            if pool is None:
+            if pool is None or len(tasks) == 1:
                 for task in tasks:
                     solve(task)
             else:
@@ -190,24 +223,80 @@ def _max_flows(samples: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarra
 # Compiled kernel. Node (l, i) has id l * n + i. Residuals of the edges of block l (from layer
 # l+1 to layer l): rf[l, a, b] forward on (l+1, a) -> (l, b); rb[l, b, a] = its flow, i.e. the
 # residual of the reverse edge (l, b) -> (l+1, a). The sink (0, sink) has id `sink`.
+# Which residuals are positive is also kept as bit sets (64 nodes per uint64 word), so that a
+# search jumps over saturated edges and dead or labelled nodes 64 at a time instead of testing
+# them one by one: ``res[l, a]`` bit b: rf[l, a, b] > 0, ``res_t[l, b]`` bit a: the same;
+# ``flow[l, b]`` bit a: rb[l, b, a] > 0, ``flow_t[l, a]`` bit b: the same. ``live[l]`` bit i: node
+# (l, i) is labelled and not dead in the current phase (level >= 0).
 # Line coverage cannot see compiled code; NUMBA_DISABLE_JIT=1 runs these functions as Python.
+
+_ONE = np.uint64(1)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _set(bits, i):  # pragma: no cover
+    bits[i >> 6] |= _ONE << np.uint64(i & 63)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clear(bits, i):  # pragma: no cover
+    bits[i >> 6] &= ~(_ONE << np.uint64(i & 63))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _next(x, y, y_inverted, start, n):  # pragma: no cover
+    """First index >= start whose bit is set in ``x & y`` (``x & ~y`` when y_inverted), else n."""
+    if start >= n:
+        return n
+    w = start >> 6
+    flip = _ALL if y_inverted else np.uint64(0)
+    word = x[w] & (y[w] ^ flip) & (_ALL << np.uint64(start & 63))
+    while word == 0:
+        w += 1
+        if w >= x.shape[0]:
+            return n
+        word = x[w] & (y[w] ^ flip)
+    return (w << 6) + int(trailing_zeros(word))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add(values, by_row, by_col, layer, x, y, d):  # pragma: no cover
+    """values[layer, x, y] += d, keeping bit y of by_row[layer, x] and bit x of by_col[layer, y] = (value > 0)."""
+    before = values[layer, x, y]
+    after = before + d
+    values[layer, x, y] = after
+    if before > 0 and after == 0:
+        _clear(by_row[layer, x], y)
+        _clear(by_col[layer, y], x)
+    elif before == 0 and after > 0:
+        _set(by_row[layer, x], y)
+        _set(by_col[layer, y], x)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _shift(state, layer, a, b, d):  # pragma: no cover
+    """Send d more units (d < 0: cancel -d) along (layer+1, a) -> (layer, b), keeping the bit sets in step."""
+    rf, rb, res, res_t, flow, flow_t = state
+    _add(rf, res, res_t, layer, a, b, -d)
+    _add(rb, flow, flow_t, layer, b, a, d)
 
 
 @njit(cache=True, nogil=True)
-def _distances(
-    cap, cap_t, rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue
-):  # pragma: no cover
+def _distances(state, live, source, sink, level, queue):  # pragma: no cover
     """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
 
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
-    Returns False when the source cannot reach the sink. The residual of the edge
-    (l+1, a) -> (l, b) is cap_t[l, b, a] - rb[l, b, a], so every scan reads a contiguous row.
+    Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes.
     """
+    rf, _, _, res_t, _, flow_t = state  # searches read the column bit sets
     n_layers = rf.shape[0]
     n = rf.shape[1]
     s = n_layers * n + source
     level[:] = -1
+    live[:] = 0
     level[sink] = 0
+    _set(live[0], sink)
     queue[0] = sink
     head = 0
     tail = 1
@@ -218,41 +307,46 @@ def _distances(
         vi = v - vl * n
         lv = level[v] + 1
         if vl == n_layers - 1:  # only the source feeds this layer
-            if cap_t[vl, vi, source] - rb[vl, vi, source] > 0:
+            if rf[vl, source, vi] > 0:
                 level[s] = lv  # BFS order: every node nearer to the sink is labelled already
                 return True
-        else:
-            for k in range(bwd_deg[vl, vi]):  # (vl+1, a) -> (vl, vi) with room left
-                a = bwd_adj[vl, vi, k]
+        else:  # (vl+1, a) -> (vl, vi) with room left, (vl+1, a) not labelled yet
+            a = _next(res_t[vl, vi], live[vl + 1], True, 0, n)
+            while a < n:
                 w = (vl + 1) * n + a
-                if level[w] < 0 and cap_t[vl, vi, a] - rb[vl, vi, a] > 0:  # level first: it is in cache
-                    level[w] = lv
-                    queue[tail] = w
-                    tail += 1
-        if vl >= 2:
-            for k in range(fwd_deg[vl - 1, vi]):  # (vl-1, c) -> (vl, vi): cancels flow on (vl, vi) -> (vl-1, c)
-                c = fwd_adj[vl - 1, vi, k]
+                level[w] = lv
+                _set(live[vl + 1], a)
+                queue[tail] = w
+                tail += 1
+                a = _next(res_t[vl, vi], live[vl + 1], True, a + 1, n)
+        if vl >= 2:  # (vl-1, c) -> (vl, vi): cancels flow on (vl, vi) -> (vl-1, c)
+            c = _next(flow_t[vl - 1, vi], live[vl - 1], True, 0, n)
+            while c < n:
                 w = (vl - 1) * n + c
-                if level[w] < 0 and cap[vl - 1, vi, c] - rf[vl - 1, vi, c] > 0:
-                    level[w] = lv
-                    queue[tail] = w
-                    tail += 1
+                level[w] = lv
+                _set(live[vl - 1], c)
+                queue[tail] = w
+                tail += 1
+                c = _next(flow_t[vl - 1, vi], live[vl - 1], True, c + 1, n)
     return False
 
 
 @njit(cache=True, nogil=True)
-def _blocking_flow(
-    rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, forward_only, limit, work
-):  # pragma: no cover
+def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit, work):  # pragma: no cover
     """Push up to ``limit`` units along edges that go one step nearer to the sink (``level``).
 
-    A DFS with current arcs that splits a node's flow over its edges (multi-push).
+    A DFS with current arcs that splits a node's flow over its edges (multi-push); the edges of
+    a node are tried in key order, found through the bit sets (saturated edges and dead or
+    unlabelled nodes are skipped 64 at a time).
 
     ``work`` holds the per-node current arc and the DFS stack (node, edge, budget, pushed).
-    Returns the flow pushed. Exhausted nodes get level -1 (dead for the rest of the phase).
+    Returns the flow pushed. Exhausted nodes get level -1 and leave ``live`` (dead for the rest
+    of the phase).
     """
+    rf, rb, res, _, flow, _ = state  # the DFS reads the row bit sets
     n_layers = rf.shape[0]
     n = rf.shape[1]
+    n_heavy = heavy.shape[2]
     cur, st_node, st_kind, st_blk, st_a, st_b, budget, got = work
     cur[:] = 0
     depth = 0
@@ -270,37 +364,60 @@ def _blocking_flow(
             k = cur[u]
             v = -1
             r = 0
-            # Edges in order: forward ones (down a layer; from layer 1 only the one into the
-            # sink), then in the general phases reverse ones (back up a layer, along flow).
-            n_fwd = 1 if ul == 1 else fwd_deg[ul - 1, ui]
-            n_edges = n_fwd
-            if not forward_only and 1 <= ul <= n_layers - 2:
-                n_edges += bwd_deg[ul, ui]
+            # Edge positions: [0, n_fwd) forward ones (down a layer; from layer 1 only the one
+            # into the sink), then in the general phases [n_fwd, n_fwd + n) reverse ones (back
+            # up a layer, along flow), by key.
+            n_fwd = 1 if ul == 1 else n_heavy + n
+            n_edges = n_fwd + n if not forward_only and 1 <= ul <= n_layers - 2 else n_fwd
             while k < n_edges:
-                if k < n_fwd:
-                    kind = 0
-                    blk = ul - 1
-                    a = ui
-                    b = sink if ul == 1 else fwd_adj[blk, ui, k]
-                    r = rf[blk, a, b]
-                    w = blk * n + b
-                else:
-                    kind = 1
-                    blk = ul
-                    a = bwd_adj[ul, ui, k - n_fwd]
-                    b = ui
-                    r = rb[blk, b, a]
-                    w = (ul + 1) * n + a
-                if r > 0:
-                    lw = level[w]
-                    if lw == lu - 1:
-                        v = w
-                        st_kind[depth] = kind
-                        st_blk[depth] = blk
-                        st_a[depth] = a
-                        st_b[depth] = b
+                if ul == 1 and k == 0:
+                    if rf[0, ui, sink] > 0 and lu == 1:
+                        v = sink
+                        st_kind[depth] = 0
+                        st_blk[depth] = 0
+                        st_a[depth] = ui
+                        st_b[depth] = sink
+                        r = rf[0, ui, sink]
                         break
-                k += 1
+                    k = 1
+                elif k < n_fwd:
+                    if k < n_heavy:  # the largest capacities first
+                        b = heavy[ul - 1, ui, k]
+                        if b < 0:
+                            k = n_heavy
+                            continue
+                    else:  # then every edge by key (the heavy ones again: at most one more test each)
+                        b = _next(res[ul - 1, ui], live[ul - 1], False, k - n_heavy, n)
+                        if b >= n:
+                            k = n_fwd
+                            continue
+                        k = n_heavy + b
+                    w = (ul - 1) * n + b
+                    if level[w] == lu - 1 and rf[ul - 1, ui, b] > 0:
+                        v = w
+                        st_kind[depth] = 0
+                        st_blk[depth] = ul - 1
+                        st_a[depth] = ui
+                        st_b[depth] = b
+                        r = rf[ul - 1, ui, b]
+                        break
+                    k += 1
+                else:
+                    a = _next(flow[ul, ui], live[ul + 1], False, k - n_fwd, n)
+                    if a >= n:
+                        k = n_edges
+                        continue
+                    k = n_fwd + a
+                    w = (ul + 1) * n + a
+                    if level[w] == lu - 1:
+                        v = w
+                        st_kind[depth] = 1
+                        st_blk[depth] = ul
+                        st_a[depth] = a
+                        st_b[depth] = ui
+                        r = rb[ul, ui, a]
+                        break
+                    k += 1
             cur[u] = k
             if v >= 0:  # descend, asking for what this node still has to place
                 ask = min(budget[depth] - got[depth], r)
@@ -310,6 +427,7 @@ def _blocking_flow(
                 got[depth] = 0
                 continue
             level[u] = -1
+            _clear(live[ul], ui)
             d = got[depth]
         # Hand d units back up the stack until a node still has budget left to place.
         while True:
@@ -323,13 +441,11 @@ def _blocking_flow(
             left = 0
             if d > 0:
                 if st_kind[depth] == 0:
-                    left = rf[blk, a, b] - d
-                    rf[blk, a, b] = left
-                    rb[blk, b, a] += d
+                    _shift(state, blk, a, b, d)
+                    left = rf[blk, a, b]
                 else:
-                    left = rb[blk, b, a] - d
-                    rb[blk, b, a] = left
-                    rf[blk, a, b] += d
+                    _shift(state, blk, a, b, -d)
+                    left = rb[blk, b, a]
                 got[depth] += d
             if left == 0 or d < asked:
                 cur[st_node[depth]] += 1  # edge saturated or child blocked: next edge
@@ -339,46 +455,39 @@ def _blocking_flow(
 
 
 @njit(cache=True, nogil=True)
-def _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, old_sink, new_sink, surplus):  # pragma: no cover
+def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no cover
     """Turn a flow into ``old_sink`` into a valid flow into ``new_sink``; returns its value.
 
     Edge (1, a) -> sink keeps min(its flow, new capacity); the excess is cancelled upward, layer
     by layer, along edges that carry flow, until it is taken off the source's edges.
     """
+    rb, flow = state[1], state[4]
     n_layers = cap.shape[0]
     n = cap.shape[1]
     value = 0
     for a in range(n):
         f = rb[0, old_sink, a]
-        rb[0, old_sink, a] = 0
-        rf[0, a, old_sink] = cap[0, a, old_sink]
+        _shift(state, 0, a, old_sink, -f)
         keep = min(f, cap[0, a, new_sink])
-        rb[0, new_sink, a] = keep
-        rf[0, a, new_sink] = cap[0, a, new_sink] - keep
+        _shift(state, 0, a, new_sink, keep)
         value += keep
-        surplus[a] = f - keep  # surplus[a]: excess of node (l, a) on the layer being cancelled
-    for l in range(1, n_layers):
+        surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being cancelled
+    for layer in range(1, n_layers):
         for b in range(n):
             s = surplus[b]
             if s == 0:
                 continue
             surplus[b] = 0
-            if l == n_layers - 1:  # only the source feeds the top layer
-                rb[l, b, source] -= s
-                rf[l, source, b] += s
+            if layer == n_layers - 1:  # only the source feeds the top layer
+                _shift(state, layer, source, b, -s)
                 continue
-            for k in range(bwd_deg[l, b]):
-                a = bwd_adj[l, b, k]
-                f = rb[l, b, a]
-                if f == 0:
-                    continue
-                take = min(s, f)
-                rb[l, b, a] = f - take
-                rf[l, a, b] += take
+            a = _next(flow[layer, b], flow[layer, b], False, 0, n)
+            while s > 0:  # (layer, b) has at least s units coming in: the loop ends before a reaches n
+                take = min(s, rb[layer, b, a])
+                _shift(state, layer, a, b, -take)
                 surplus[n + a] += take
                 s -= take
-                if s == 0:
-                    break
+                a = _next(flow[layer, b], flow[layer, b], False, a + 1, n)
         for a in range(n):  # the next layer's excess becomes the current one
             surplus[a] = surplus[n + a]
             surplus[n + a] = 0
@@ -412,12 +521,12 @@ def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
     for b in range(n):  # the source's edges into layer L-1
         if level[(n_layers - 1) * n + b] >= 0:
             total += cap[n_layers - 1, source, b]
-    for l in range(2, n_layers):
+    for layer in range(2, n_layers):
         for a in range(n):
-            if level[l * n + a] < 0:
+            if level[layer * n + a] < 0:
                 for b in range(n):
-                    if level[(l - 1) * n + b] >= 0:
-                        total += cap[l - 1, a, b]
+                    if level[(layer - 1) * n + b] >= 0:
+                        total += cap[layer - 1, a, b]
                 if total > limit:  # each node adds at most its row sum, ~2^50
                     return -1
     for a in range(n):
@@ -426,16 +535,29 @@ def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _source_flows(cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks, out):  # pragma: no cover
+def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma: no cover
     """Max flow from (L, source) to each (0, sink) in ``sinks``, written to ``out[sink]``.
 
-    ``cap [layer, q, k]`` are the integer capacities; see ``_graph`` for the adjacency arrays.
+    ``cap [layer, q, k]`` are the integer capacities; ``nonzero``/``nonzero_t`` their bit sets
+    (see ``_graph``).
     """
     n_layers = cap.shape[0]
     n = cap.shape[1]
     n_nodes = (n_layers + 1) * n
-    rf = cap.copy()
-    rb = np.zeros_like(cap)
+    words = nonzero.shape[2]
+    state = (
+        cap.copy(),  # rf
+        np.zeros_like(cap),  # rb
+        nonzero.copy(),  # res
+        nonzero_t.copy(),  # res_t
+        np.zeros_like(nonzero),  # flow
+        np.zeros_like(nonzero),  # flow_t
+    )
+    live = np.zeros((n_layers + 1, words), np.uint64)
+    all_live = np.zeros((n_layers + 1, words), np.uint64)
+    for i in range(n):
+        for layer in range(n_layers + 1):
+            _set(all_live[layer], i)
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
     surplus = np.zeros(2 * n, np.int64)
@@ -479,27 +601,28 @@ def _source_flows(cap, cap_t, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sinks,
                 bound = min(bound, cut)
         warm = previous >= 0 and not start_cold
         if warm:
-            flow = _move_sink(cap, rf, rb, bwd_adj, bwd_deg, source, previous, sink, surplus)
+            flow = _move_sink(cap, state, source, previous, sink, surplus)
         elif previous >= 0:
-            rf[:] = cap
-            rb[:] = 0
+            state[0][:] = cap
+            state[1][:] = 0
+            state[2][:] = nonzero
+            state[3][:] = nonzero_t
+            state[4][:] = 0
+            state[5][:] = 0
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
-            for l in range(n_layers + 1):
-                level[l * n : (l + 1) * n] = l
-            flow += _blocking_flow(
-                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, True, bound - flow, work
-            )
+            for layer in range(n_layers + 1):
+                level[layer * n : (layer + 1) * n] = layer
+            live[:] = all_live
+            flow += _blocking_flow(state, heavy, live, source, sink, level, True, bound - flow, work)
         start_cold = False
         while flow < bound:
-            if not _distances(cap, cap_t, rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, queue):
+            if not _distances(state, live, source, sink, level, queue):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_side[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
             start_cold = warm
-            flow += _blocking_flow(
-                rf, rb, fwd_adj, fwd_deg, bwd_adj, bwd_deg, source, sink, level, False, bound - flow, work
-            )
+            flow += _blocking_flow(state, heavy, live, source, sink, level, False, bound - flow, work)
         out[sink] = flow

@@ -77,7 +77,11 @@ def available_methods() -> list[str]:
 
 def methods_for(family: str) -> list[str]:
     """The registered methods that support an adapter family (e.g. ``"bert"``, ``"llama"``)."""
-    return [name for name in available_methods() if _METHODS[name].families is None or family in _METHODS[name].families]
+    return [name for name in available_methods() if _supports(_METHODS[name], family)]
+
+
+def _supports(spec: MethodSpec, family: str) -> bool:
+    return spec.families is None or family in spec.families
 
 
 def check_family(spec: MethodSpec, family: str) -> None:

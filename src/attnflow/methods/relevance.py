@@ -22,7 +22,7 @@ from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import Residual
 from attnflow.trace import Trace
 
-VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama")
+VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama", "vit", "deit", "dinov2")
 POST_LN_FAMILIES = ("bert", "roberta", "distilbert", "mpnet")
 GRADIENT_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "gpt2", "llama")
 QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are materialised
@@ -31,23 +31,30 @@ QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are 
 @register(
     "grad_rollout",
     "gradient-weighted rollout (Chefer et al.): R += mean_h (dy/dA * A)+ R, explains the target",
-    ("start_layer",),
+    ("start_layer", "keep_identity"),
     needs=("attentions", "attention_grads", "target"),
     families=GRADIENT_FAMILIES,
 )
-def grad_rollout(trace: Trace, start_layer: int = 0) -> np.ndarray:
-    """``[query, key]`` R = Π_l (I + Ā⁽ˡ⁾) over layers ``start_layer`` … L−1 (not renormalised),
-    with Ā⁽ˡ⁾ = mean_h max(0, ∂y/∂A⁽ˡ⁾ ⊙ A⁽ˡ⁾)."""
+def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False) -> np.ndarray:
+    """``[query, key]`` R − I with R = Π_l (I + Ā⁽ˡ⁾) over layers ``start_layer`` … L−1 (not
+    renormalised), Ā⁽ˡ⁾ = mean_h max(0, ∂y/∂A⁽ˡ⁾ ⊙ A⁽ˡ⁾).
+
+    The identity R starts from is every token's unchanged share of itself: in a mean row it adds
+    the same 1/n to every token and, since the gradient terms are small, flattens the map (on a
+    real sentence the content tokens spanned 0.083–0.092 with it). It is dropped by default;
+    ``keep_identity=True`` returns Chefer et al.'s R itself.
+    """
     trace.require("attention_grads", method="grad_rollout")
     attentions = np.asarray(trace.attentions, dtype=np.float64)
     n_layers = attentions.shape[0]
     if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
         raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
-    weighted = np.maximum(np.asarray(trace.attention_grads, dtype=np.float64) * attentions, 0.0).mean(axis=1)  # [layer, q, k]
-    joint = np.eye(trace.n_tokens)
+    weighted = np.maximum(np.asarray(trace.captured("attention_grads"), dtype=np.float64) * attentions, 0.0).mean(axis=1)  # [layer, q, k]
+    identity = np.eye(trace.n_tokens)
+    joint = identity
     for layer in weighted[start_layer:]:
         joint = joint + layer @ joint
-    return joint
+    return joint if keep_identity else joint - identity
 
 
 def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
@@ -67,7 +74,7 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
         gram = np.einsum("jhe,jge->jhg", contributions, contributions, optimize=True)  # [key, head, head]
         squared[layer] = np.einsum("hij,jhg,gij->ij", attentions[layer], gram, attentions[layer], optimize=True)
         if residual_vector:
-            inputs = np.asarray(trace.layer_inputs[layer], dtype=np.float64)  # [token, d_model]
+            inputs = np.asarray(trace.captured("layer_inputs")[layer], dtype=np.float64)  # [token, d_model]
             diagonal_attention = attentions[layer][:, index, index].T  # [token, head]
             cross = np.einsum("ih,ihe,ie->i", diagonal_attention, contributions, inputs, optimize=True)
             squared[layer, index, index] += 2.0 * cross + np.einsum("ie,ie->i", inputs, inputs)
@@ -124,27 +131,28 @@ def alti_layer_parts(trace: Trace, layer: int, queries: slice) -> tuple[np.ndarr
     contributions = value_contributions(trace, layer)  # [key, head, d_model]
     attention = np.asarray(trace.attentions[layer, :, queries], dtype=np.float64)  # [head, q, k]
     parts = np.einsum("hij,jhe->ije", attention, contributions, optimize=True)  # [q, k, d_model]
-    inputs = np.asarray(trace.layer_inputs[layer], dtype=np.float64)  # [token, d_model]
+    inputs = np.asarray(trace.captured("layer_inputs")[layer], dtype=np.float64)  # [token, d_model]
     rows = np.arange(trace.n_tokens)[queries]
     parts[np.arange(len(rows)), rows] += inputs[rows]
-    y = parts.sum(axis=1) + np.asarray(trace.output_bias[layer], dtype=np.float64)
-    sigma = np.sqrt(y.var(axis=-1) + trace.layer_norms["eps"])
+    y = parts.sum(axis=1) + np.asarray(trace.captured("output_bias")[layer], dtype=np.float64)
+    sigma = np.sqrt(y.var(axis=-1) + trace.captured("layer_norms")["eps"])
     return parts, y, sigma
 
 
 def value_contributions(trace: Trace, layer: int) -> np.ndarray:
     """``[token, head, d_model]`` f_h(x_j) = v_j^h W_O^h of one layer, every head and token."""
     trace.require("values", "output_weights", method="value-aware relevance")
-    values = np.asarray(trace.values[layer], dtype=np.float64)  # [token, head, d_head]
-    return np.einsum("jhd,hde->jhe", values, np.asarray(trace.output_weights[layer], dtype=np.float64), optimize=True)
+    values = np.asarray(trace.captured("values")[layer], dtype=np.float64)  # [token, head, d_head]
+    return np.einsum("jhd,hde->jhe", values, np.asarray(trace.captured("output_weights")[layer], dtype=np.float64), optimize=True)
 
 
 def alti_matrices(trace: Trace) -> np.ndarray:
     """``[layer, query, key]`` row-normalised ALTI contributions
     c_ij = max(0, ‖x̃_i‖₁ − ‖x̃_i − z_ij‖₁), z_ij = g ⊙ (T_i(x_j) − mean(T_i(x_j))) / σ(y_i),
     x̃_i the layer norm's real output."""
-    gain = np.asarray(trace.layer_norms["weight"], dtype=np.float64)  # [layer, d_model]
-    shift = np.asarray(trace.layer_norms["bias"], dtype=np.float64)
+    trace.require("values", "output_weights", "layer_inputs", "output_bias", "layer_norms", method="alti")
+    gain = np.asarray(trace.captured("layer_norms")["weight"], dtype=np.float64)  # [layer, d_model]
+    shift = np.asarray(trace.captured("layer_norms")["bias"], dtype=np.float64)
     n = trace.n_tokens
     result = np.zeros((trace.n_layers, n, n))
     for layer in range(trace.n_layers):
@@ -182,7 +190,7 @@ def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndar
 def gradient(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j‖₂."""
     trace.require("embedding_grads", method="gradient")
-    return np.linalg.norm(np.asarray(trace.embedding_grads, dtype=np.float64), axis=-1)
+    return np.linalg.norm(np.asarray(trace.captured("embedding_grads"), dtype=np.float64), axis=-1)
 
 
 @register(
@@ -196,7 +204,7 @@ def gradient(trace: Trace) -> np.ndarray:
 def grad_x_input(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂."""
     trace.require("embeddings", "embedding_grads", method="grad_x_input")
-    product = np.asarray(trace.embedding_grads, dtype=np.float64) * np.asarray(trace.embeddings, dtype=np.float64)
+    product = np.asarray(trace.captured("embedding_grads"), dtype=np.float64) * np.asarray(trace.captured("embeddings"), dtype=np.float64)
     return np.linalg.norm(product, axis=-1)
 
 

@@ -1,4 +1,4 @@
-"""Attention rollout (Abnar & Zuidema 2020) with every variant of DESIGN.md §2, and raw attention."""
+"""Attention rollout (Abnar & Zuidema 2020) with every variant of docs/methods.md, and raw attention."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from attnflow.methods.transforms import (
     validate_attentions,
 )
 
-ROLLOUT_OPTIONS = ("head_fusion", "residual", "start_layer", "threshold", "top_k", "discard_ratio")
+ROLLOUT_OPTIONS = ("head_fusion", "residual", "start_layer", "threshold", "top_k", "discard_ratio", "prune_on")
 
 
 @register("rollout", "attention rollout: product of residual-corrected, head-fused layers", ROLLOUT_OPTIONS)
@@ -30,6 +30,7 @@ def rollout(
     threshold: float | None = None,
     top_k: int | None = None,
     discard_ratio: float | None = None,
+    prune_on: str = "attention",
     layerwise: bool = False,
     aggregate_heads: bool = False,
 ) -> np.ndarray:
@@ -43,7 +44,11 @@ def rollout(
         weights: per-head weights (overrides ``head_fusion``); normalised to sum 1.
         residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1].
         start_layer: first layer composed (0-based); earlier layers are skipped.
-        threshold / top_k / discard_ratio: per-row pruning of each Ã before composing.
+        threshold / top_k / discard_ratio: per-row pruning of each layer before composing
+            (threshold and discard_ratio in [0, 1); every row keeps its largest entry).
+        prune_on: ``"attention"`` (default): prune the head-fused attention, then add the
+            residual and renormalise the rows; ``"residual"``: prune Ã after the residual
+            (strong pruning then keeps only the diagonal: a `PruningCollapseWarning` says so).
         layerwise: also return every intermediate R⁽ˡ⁾.
         aggregate_heads: with ``head_fusion="none"``, average the per-head rollouts.
 
@@ -61,6 +66,7 @@ def rollout(
         threshold=threshold,
         top_k=top_k,
         discard_ratio=discard_ratio,
+        prune_on=prune_on,
     )  # [..., layer, (head,) q, k]
     batched = np.asarray(attentions).ndim == 5
     layer_axis = 1 if batched else 0
@@ -85,9 +91,17 @@ def rollout(
 
 @register("raw", "raw attention of one layer (default: last), fused over heads", ("head_fusion", "layer"))
 @accepts_torch
-def raw_attention(attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1) -> np.ndarray:
-    """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``."""
+def raw_attention(
+    attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1, layerwise: bool = False
+) -> np.ndarray:
+    """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``.
+
+    ``layerwise=True`` returns every layer instead (``layer`` is then ignored): ``[..., layer, q, k]``.
+    With ``head_fusion="none"`` the head axis stays: ``[..., (layer,) head, q, k]``.
+    """
     array = validate_attentions(attentions)
+    if layerwise:
+        return fuse_heads(array, head_fusion)
     n_layers = array.shape[-4]
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")

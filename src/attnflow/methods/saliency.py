@@ -18,20 +18,27 @@ def saliency_row(matrix: np.ndarray, row: Row = "cls") -> np.ndarray:
     """
     matrix = np.asarray(matrix)
     n = matrix.shape[-2]
-    if isinstance(row, str):
-        if row == "cls":
-            return matrix[..., 0, :]
-        if row == "mean":
-            return matrix.mean(axis=-2)
-        if row == "last":
-            return matrix[..., -1, :]
-        try:
-            row = int(row)
-        except ValueError:
-            raise ValueError(f"row must be one of {ROWS} or a token index, got {row!r}") from None
-    if isinstance(row, bool) or not -n <= int(row) < n:
+    row = parse_row(row)
+    if row == "mean":
+        return matrix.mean(axis=-2)
+    index = {"cls": 0, "last": n - 1}[row] if isinstance(row, str) else row
+    if not -n <= index < n:
         raise ValueError(f"row index {row} is out of range for {n} tokens")
-    return matrix[..., int(row), :]
+    return matrix[..., index, :]
+
+
+def parse_row(row: Row) -> Row:
+    """``"cls"``/``"mean"``/``"last"`` stay names; ``"3"`` or ``3`` become the index 3."""
+    if isinstance(row, str):
+        if row in ROWS:
+            return row
+        try:
+            return int(row)
+        except ValueError:
+            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
+    if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
+    return int(row)
 
 
 def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: int = 1) -> np.ndarray:
@@ -45,4 +52,4 @@ def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: in
             f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill "
             f"a {rows}x{cols} grid"
         )
-    return patches.reshape(patches.shape[:-1] + (rows, cols))
+    return patches.reshape((*patches.shape[:-1], rows, cols))

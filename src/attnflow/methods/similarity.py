@@ -1,4 +1,4 @@
-"""Context similarity matrices (DESIGN.md §2, "Context similarity matrix"; seed 000).
+"""Context similarity matrices (docs/methods.md, "Context similarity").
 
 For layer l and head h let Zₗₕ ∈ ℝⁿˣᵈʰ be that head's attention output softmax(QKᵀ/√d)V
 (taken before the output projection). The context similarity matrix is the plain dot product

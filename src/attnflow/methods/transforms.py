@@ -2,21 +2,25 @@
 
 Every function here is pure and works on numpy arrays with any number of leading batch axes:
 a single sample is ``[layer, head, query, key]``, a batch ``[batch, layer, head, query, key]``.
-Definitions: DESIGN.md §2 ("Head fusion", "Residual correction", "Pruning").
+Definitions: docs/methods.md ("Head fusion", "Residual correction", "Pruning").
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
+
+from attnflow.errors import ExplanationWarning
 
 HeadFusion = Union[str, Sequence[float], np.ndarray]
 Residual = Union[str, float]
 
 HEAD_FUSIONS = ("mean", "max", "min", "none")
 RESIDUALS = ("half", "renorm", "none")
+PRUNE_PLACES = ("attention", "residual")
 
 
 def accepts_torch(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,7 +104,7 @@ def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.n
 
 
 def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndarray:
-    """Account for the skip connection on ``[..., q, k]`` maps (DESIGN §2 "Residual correction").
+    """Account for the skip connection on ``[..., q, k]`` maps (docs/methods.md, "Residual correction").
 
     ``half``: (A + I) / 2; ``renorm``: (A + I) / rowsum; float alpha in [0, 1]:
     alpha * A + (1 - alpha) * I; ``none``: A unchanged.
@@ -130,13 +134,17 @@ def prune_rows(
     threshold: float | None = None,
     top_k: int | None = None,
     discard_ratio: float | None = None,
+    renormalise: bool = True,
 ) -> np.ndarray:
-    """Drop small entries of each row of ``[..., q, k]`` maps and renormalise the rows.
+    """Drop small entries of each row of ``[..., q, k]`` maps (and, by default, renormalise rows).
 
-    Pruning is per row and per sample: ``threshold`` drops entries < tau; ``top_k`` keeps the k
-    largest; ``discard_ratio`` drops the smallest ``floor(q * k)`` entries of each row. Every row
-    keeps at least its largest entry (ties keep all equal maxima). Several options combine.
+    Pruning is per row and per sample: ``threshold`` (tau in [0, 1)) drops entries < tau;
+    ``top_k`` keeps the k largest; ``discard_ratio`` (q in [0, 1)) drops the smallest
+    ``floor(q * k)`` entries of each row. Every row keeps at least its largest entry (ties keep
+    all equal maxima). Several options combine. ``renormalise=False`` returns the pruned rows
+    as they are (their sums fall below 1).
     """
+    check_pruning(threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
     if threshold is None and top_k is None and discard_ratio is None:
         return matrices
     n_keys = matrices.shape[-1]
@@ -146,22 +154,52 @@ def prune_rows(
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(n_keys).reshape((1,) * (matrices.ndim - 1) + (n_keys,)), axis=-1)
     if threshold is not None:
-        if not np.isfinite(threshold) or threshold < 0:
-            raise ValueError(f"threshold must be a non-negative number, got {threshold}")
         keep &= matrices >= threshold
     if top_k is not None:
-        if int(top_k) != top_k or top_k < 1:
-            raise ValueError(f"top_k must be a positive integer, got {top_k}")
         keep &= rank < int(top_k)
     if discard_ratio is not None:
-        if not 0.0 <= discard_ratio < 1.0:
-            raise ValueError(f"discard_ratio must lie in [0, 1), got {discard_ratio}")
         n_drop = int(np.floor(discard_ratio * n_keys))
         keep &= rank < n_keys - n_drop
     row_max = matrices.max(axis=-1, keepdims=True)
     keep |= matrices == row_max
     pruned = np.where(keep, matrices, 0.0)
-    return pruned / pruned.sum(axis=-1, keepdims=True)
+    return normalise_rows(pruned) if renormalise else pruned
+
+
+def check_pruning(
+    *, threshold: float | None = None, top_k: int | None = None, discard_ratio: float | None = None
+) -> None:
+    """Raise ValueError unless ``threshold`` and ``discard_ratio`` lie in [0, 1) and ``top_k`` >= 1."""
+    for name, value in (("threshold", threshold), ("discard_ratio", discard_ratio)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{name} must lie in [0, 1) (a share of a row that sums to 1), got {value!r}")
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+
+
+def normalise_rows(matrices: np.ndarray) -> np.ndarray:
+    """Divide each row of ``[..., q, k]`` by its sum (``keepdims``: rows, never columns)."""
+    return matrices / matrices.sum(axis=-1, keepdims=True)
+
+
+class PruningCollapseWarning(ExplanationWarning):
+    """Pruning left every row of a layer with its diagonal alone: the layer passes nothing on."""
+
+
+def diagonal_only_layers(layers: np.ndarray, *, batched: bool, heads_kept: bool) -> np.ndarray:
+    """Which layers keep nothing but their diagonal, from Ã ``[(batch,) layer, (head,) q, k]``.
+
+    Returns a bool ``[layer]``: True where, in at least one sample (and in every head when
+    heads are kept apart), every row's only non-zero entry is its diagonal one.
+    """
+    n = layers.shape[-1]
+    off_diagonal = layers * (1.0 - np.eye(n))
+    collapsed = ~np.any(off_diagonal > 0, axis=(-2, -1))  # [(batch,) layer, (head,)]
+    if heads_kept:
+        collapsed = collapsed.all(axis=-1)
+    return collapsed.any(axis=0) if batched else collapsed
 
 
 def prepare_layers(
@@ -172,14 +210,43 @@ def prepare_layers(
     threshold: float | None = None,
     top_k: int | None = None,
     discard_ratio: float | None = None,
+    prune_on: str = "attention",
     row_stochastic: bool = True,
 ) -> np.ndarray:
-    """Validate, fuse heads, add the residual and prune: the per-layer matrices Ã of DESIGN §2.
+    """Validate, fuse heads, prune and add the residual: the per-layer matrices Ã.
+
+    ``prune_on="attention"`` (default) prunes each row of the head-fused attention, adds the
+    residual and renormalises the rows; ``prune_on="residual"`` adds the residual first and
+    prunes (and renormalises) Ã itself. With ½(A + I) the diagonal of Ã is at least ½, so strong
+    pruning on Ã keeps only the diagonal: whenever pruning leaves every row of a layer with its
+    diagonal alone, a `PruningCollapseWarning` names those layers (rollout through them is the
+    identity). See docs/methods.md ("Pruning").
 
     ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]`` (or ``[..., layer, head, q, k]`` with
     ``head_fusion="none"``), float64, every row summing to 1.
     """
+    if prune_on not in PRUNE_PLACES:
+        raise ValueError(f"prune_on must be one of {', '.join(PRUNE_PLACES)}, got {prune_on!r}")
+    check_pruning(threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
     array = validate_attentions(attentions, row_stochastic=row_stochastic and residual != "renorm")
     fused = fuse_heads(array, head_fusion)
-    mixed = add_residual(fused, residual)
-    return prune_rows(mixed, threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
+    pruning: dict[str, Any] = {"threshold": threshold, "top_k": top_k, "discard_ratio": discard_ratio}
+    if all(value is None for value in pruning.values()):
+        return add_residual(fused, residual)
+    if prune_on == "attention":
+        layers = normalise_rows(add_residual(prune_rows(fused, renormalise=False, **pruning), residual))
+    else:
+        layers = prune_rows(add_residual(fused, residual), **pruning)
+    heads_kept = isinstance(head_fusion, str) and head_fusion == "none"
+    collapsed = diagonal_only_layers(layers, batched=array.ndim == 5, heads_kept=heads_kept)
+    if layers.shape[-1] > 1 and collapsed.any():
+        chosen = ", ".join(f"{name}={value}" for name, value in pruning.items() if value is not None)
+        warnings.warn(
+            f"pruning ({chosen}, prune_on={prune_on!r}) left every row of layer(s) "
+            f"{', '.join(str(i) for i in np.flatnonzero(collapsed))} of {collapsed.size} with its diagonal "
+            "alone: those layers pass nothing between tokens and rollout through them is the identity"
+            + ("; prune_on='attention' or a gentler setting avoids this" if prune_on == "residual" else ""),
+            PruningCollapseWarning,
+            stacklevel=2,
+        )
+    return layers

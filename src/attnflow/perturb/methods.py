@@ -74,8 +74,14 @@ def _score(objective: Any, ids: np.ndarray, index: int | None, device: Any) -> n
     scores_only=True,
 )
 def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
-    """``[token]`` ‖IG_j‖₂: captum's layer integrated gradients on the word-embedding layer, from a
-    baseline whose content tokens are the pad token (special tokens kept), ``n_steps`` steps."""
+    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`."""
+    return np.linalg.norm(integrated_gradient_attributions(model, trace, n_steps, internal_batch_size), axis=-1)
+
+
+def integrated_gradient_attributions(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
+    """``[token, d_model]`` captum's layer integrated gradients on the word-embedding layer, from a
+    baseline whose content tokens are the pad token (special tokens kept), ``n_steps`` steps.
+    They sum to y(x) − y(baseline) up to the integral's discretisation error."""
     import torch
     from captum.attr import LayerIntegratedGradients
 
@@ -95,7 +101,7 @@ def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_b
     attributions = integrated.attribute(
         input_ids, baselines=baseline, n_steps=int(n_steps), internal_batch_size=internal_batch_size
     )  # [1, token, d_model]
-    return attributions[0].norm(dim=-1).double().detach().cpu().numpy()
+    return attributions[0].double().detach().cpu().numpy()
 
 
 @register(
@@ -121,13 +127,13 @@ def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
         model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
     n = trace.n_tokens
     matrices = np.zeros((len(blocks), n, n))
-    for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections)):
+    for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections, strict=True)):
         args, kwargs = calls[name]
         original = outputs[name][0]  # [token, d_model]
         for start in range(0, n, max(1, batch_size)):
             zeroed = torch.arange(start, min(n, start + batch_size), device=model.device)  # variant b zeroes token zeroed[b]
 
-            def zero_value(module: Any, inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
+            def zero_value(_module: Any, _inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
                 output = output.clone()
                 output[torch.arange(len(zeroed)), zeroed] = 0.0  # [variant, token, kv_head * d_head]
                 return output

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
-from attnflow.viz.plot import display_token, matrix_figure
+from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
+from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
@@ -31,6 +32,10 @@ CSS = """
                    background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
 .attnflow .note { color: #555; font-size: .9rem; }
+.attnflow .summary { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #d9480f;
+                     background: #fff6f0; }
+.attnflow .warning { color: #7a4b00; background: #fff6e0; border: 1px solid #f0c36d; border-radius: 6px;
+                     padding: .5rem .8rem; font-size: .95rem; }
 """
 
 _ROW_WORDS = {"cls": "row 0 (the first token, [CLS])", "mean": "the mean of all rows", "last": "the last row"}
@@ -47,9 +52,39 @@ def explanation_html(explanation: "Explanation") -> str:
     )
 
 
+def comparison_html(explanations: "list[Explanation]") -> str:
+    """One page with several methods' explanations of the same text or image, one section each
+    (tokens coloured by score or the overlay on the image, each on its own scale, and the top
+    tokens), in the order given."""
+    first = explanations[0]
+    parts = []
+    for explanation in explanations:
+        described = target_words(explanation)
+        note = f"explains {described}; " if described else "does not depend on a target; "
+        note += f"scores: {_row_words(explanation.row)}"
+        parts.append(
+            section(
+                explanation.method,
+                f'<p class="note">{esc(note)}</p>\n' + _scores_view(explanation) + _top_table(explanation, k=5),
+                f"method-{explanation.method}",
+            )
+        )
+    methods = ", ".join(explanation.method for explanation in explanations)
+    prediction = target_words(first, "prediction")
+    return page(
+        f"attnflow: {methods}",
+        '<div class="attnflow">\n' + "\n".join(parts) + "</div>",
+        subtitle=f"{first.model or 'model'} · {first.image or first.text}"
+        + (f" · prediction: {prediction}" if prediction else ""),
+        meta={"model": first.model or None, "methods": methods, "tokens": first.n_tokens},
+        css=CSS,
+    )
+
+
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
-    parts = []
+    parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes]
+    parts.append(f'<p class="summary">{esc(explanation.summary())}</p>')
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
     else:
@@ -62,6 +97,16 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
                 '<p class="note">Row i: how much output position i draws on each input token j '
                 f"(rows sum to 1 for rollout). The scores above are {esc(_row_words(explanation.row))}.</p>\n"
                 + figure_img(matrix_figure(explanation), alt="relevance matrix heatmap"),
+                "matrix",
+            )
+        )
+    elif explanation.row is not None:  # a matrix method computed for the saliency row only
+        parts.append(
+            section(
+                "Relevance matrix [query, key]",
+                f'<p class="note">{esc(explanation.method)} was computed for the saliency row only '
+                f"({esc(_row_words(explanation.row))}): the full matrix over {explanation.n_tokens} tokens "
+                "would take minutes, so there is no matrix to show.</p>",
                 "matrix",
             )
         )
@@ -78,15 +123,16 @@ def _token_view(explanation: "Explanation") -> str:
     vmax = float(regular.max()) if regular.size and regular.max() > 0 else 1.0
     total = float(scores.sum())
     pieces = []
-    text, offsets = explanation.text, explanation.offsets
-    use_text = bool(text) and offsets is not None
+    text = explanation.text
+    offsets = explanation.offsets if text else None  # [n, 2] character spans into the text
+    use_text = offsets is not None
     cursor = 0
     for i, token in enumerate(explanation.tokens):
-        title = f"#{i} {token!r}  score {scores[i]:.4g}"
+        title = f"#{i} {display_token(token)} (token {token!r})  score {scores[i]:.4g}"
         if special[i]:
             pieces.append(f'<span class="special" title="{esc(title)}">{esc(token)}</span>')
             continue
-        start, end = (int(offsets[i][0]), int(offsets[i][1])) if use_text else (0, 0)
+        start, end = (int(offsets[i][0]), int(offsets[i][1])) if offsets is not None else (0, 0)
         if use_text and end > start and end > cursor:
             start = max(start, cursor)
             if start > cursor:
@@ -116,23 +162,34 @@ def _token_span(shown: str, level: float, title: str) -> str:
     )
 
 
+def _scores_view(explanation: "Explanation") -> str:
+    return _image_view(explanation) if explanation.grid is not None else _token_view(explanation)
+
+
 def _image_view(explanation: "Explanation") -> str:
     parts = []
     if explanation.image is not None:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
+    assert explanation.grid is not None, "an image view needs the patch grid"
     rows, cols = explanation.grid
+    covered = "" if explanation.image_box is None else (
+        " The overlay covers the part of the image the model saw (box left, top, right, bottom = "
+        + ", ".join(f"{edge:.0f}" for edge in explanation.image_box) + " px)."
+    )
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '
-        "(CLS, distillation, registers) left out of the grid.</p>"
+        f"(CLS, distillation, registers) left out of the grid.{esc(covered)} Colours saturate above the "
+        f"{SATURATION_PERCENTILE}th percentile of the patch scores, so that a few outlier patches do not wash "
+        "out the rest.</p>"
     )
     return "\n".join(parts)
 
 
-def _top_table(explanation: "Explanation") -> str:
+def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
     total = float(explanation.scores.sum())
     rows = [
         (rank, index, display_token(token), score, 100 * score / total if total > 0 else 0.0)
-        for rank, (index, token, score) in enumerate(explanation.top(TOP_K), start=1)
+        for rank, (index, token, score) in enumerate(explanation.top(k), start=1)
     ]
     return table(("rank", "index", "token", "score", "% of all"), rows)
 
@@ -149,18 +206,22 @@ def _row_words(row: object) -> str:
     return _ROW_WORDS.get(row, f"row {row}") if isinstance(row, str) else f"row {row}"
 
 
-def target_words(explanation: "Explanation") -> str | None:
-    """``negative (p = 0.83)``: what a target-dependent explanation is about, else None."""
-    if explanation.target is None:
+def target_words(explanation: "Explanation", field: str = "target") -> str | None:
+    """``negative (p = 0.83)``: what a target-dependent explanation is about (``field="prediction"``:
+    what the model predicted), else None."""
+    described = getattr(explanation, field)
+    if described is None:
         return None
     from attnflow.targets import Target
 
-    return Target(**explanation.target).describe()
+    return Target(**described).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:
     source = explanation.image if explanation.grid is not None else explanation.text
-    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·")
+    prediction = target_words(explanation, "prediction")
+    predicted = f" · prediction: {prediction}" if prediction else ""
+    return f"{explanation.model or 'model'} · {explanation.method} · {source or ''}".rstrip(" ·") + predicted
 
 
 def _meta(explanation: "Explanation") -> dict[str, object]:
@@ -168,6 +229,7 @@ def _meta(explanation: "Explanation") -> dict[str, object]:
         "model": explanation.model or None,
         "method": explanation.method,
         "options": {key: value for key, value in explanation.options.items() if value is not None} or None,
+        "prediction": target_words(explanation, "prediction"),
         "explains": target_words(explanation),
         "saliency row": _row_words(explanation.row),
         "tokens": explanation.n_tokens,

@@ -14,6 +14,8 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from attnflow.viz.tokens import display_token
+
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
 
@@ -21,14 +23,7 @@ MAX_LABELLED_TOKENS = 64  # beyond this, axes show positions instead of token st
 MAX_LABEL_CHARS = 16
 SPECIAL_COLOR = "#9e9e9e"
 SCORE_COLOR = "#d9480f"
-
-
-def display_token(token: str) -> str:
-    """A token as a reader wants to see it: byte-level/sentencepiece space markers removed."""
-    text = token.replace("Ċ", "\\n").replace("\n", "\\n")
-    if text[:1] in ("Ġ", "▁") and len(text) > 1:
-        text = text[1:]
-    return text
+SATURATION_PERCENTILE = 99  # patch colour scales saturate above this percentile (see patch_color_range)
 
 
 def plot_explanation(explanation: "Explanation") -> Figure:
@@ -57,6 +52,8 @@ def matrix_figure(explanation: "Explanation") -> Figure:
     """The ``[query, key]`` matrix alone, as a heatmap."""
     size = float(np.clip(0.22 * explanation.n_tokens + 3.0, 5.5, 11.0))
     figure = Figure(figsize=(size + 1.2, size), layout="constrained")
+    if explanation.matrix is None:
+        raise ValueError(f"{explanation.method} gives one score per token and no matrix to draw")
     plot_matrix(figure.subplots(), explanation.matrix, explanation.tokens, row=explanation.row)
     return figure
 
@@ -100,19 +97,41 @@ def plot_matrix(axes: Any, matrix: np.ndarray, tokens: Sequence[str], row: Any =
         axes.add_patch(Rectangle((-0.5, index - 0.5), n, 1, fill=False, edgecolor="#ff4d4d", linewidth=1.5))
 
 
-def overlay_image(image_path: str, patch_scores: np.ndarray, alpha: float = 0.55, cmap: str = "inferno") -> Any:
-    """Blend ``[rows, cols]`` patch scores (min-max scaled, upsampled bilinearly to the image
-    size) over the image; returns a PIL RGB image of the image's size."""
+def overlay_image(
+    image_path: str,
+    patch_scores: np.ndarray,
+    alpha: float = 0.55,
+    cmap: str = "inferno",
+    box: Sequence[float] | None = None,
+) -> Any:
+    """Blend ``[rows, cols]`` patch scores (scaled by `patch_color_range`, upsampled bilinearly)
+    over the image, or over its region ``box = (left, top, right, bottom)`` (the part the model
+    saw, e.g. a centre crop); returns a PIL RGB image of that region's size."""
     from PIL import Image
 
     with Image.open(image_path) as opened:
         base = opened.convert("RGB")
+    if box is not None:
+        left, top, right, bottom = (round(edge) for edge in box)
+        base = base.crop((left, top, right, bottom))
     grid = np.asarray(patch_scores, dtype=np.float32)
-    span = float(grid.max() - grid.min())
-    grid = (grid - grid.min()) / span if span > 0 else np.zeros_like(grid)
+    low, high = patch_color_range(grid)
+    grid = np.clip((grid - low) / (high - low), 0.0, 1.0) if high > low else np.zeros_like(grid)
     heat = Image.fromarray(grid).resize(base.size, Image.Resampling.BILINEAR)  # mode "F"
     colored = colormaps[cmap](np.clip(np.asarray(heat), 0.0, 1.0))[..., :3]  # [height, width, rgb]
     return Image.blend(base, Image.fromarray((colored * 255).astype(np.uint8)), alpha)
+
+
+def patch_color_range(patch_scores: np.ndarray) -> tuple[float, float]:
+    """``(low, high)`` of the colour scale for patch scores: the minimum and the 99th percentile.
+
+    A few patches can hold far more than the rest — DINOv2 without registers routes attention to
+    high-norm "artifact" patches in low-information regions (Darcet et al. 2023) — and a max-scaled
+    map would show only them; above the 99th percentile the colour saturates (at most ~3 of 256
+    patches), and figures mark it on the colour bar.
+    """
+    scores = np.asarray(patch_scores, dtype=np.float64)
+    return float(scores.min()), float(np.percentile(scores, SATURATION_PERCENTILE))
 
 
 def _plot_image_explanation(explanation: "Explanation") -> Figure:
@@ -127,13 +146,20 @@ def _plot_image_explanation(explanation: "Explanation") -> Figure:
         overlay_axes.set_title(f"{_title(explanation)} saliency over the image", parse_math=False)
         overlay_axes.axis("off")
     grid_axes = axes[0]
-    patches = grid_axes.imshow(explanation.patch_scores, cmap="inferno", interpolation="nearest")
-    figure.colorbar(patches, ax=grid_axes, shrink=0.8, label="score")
+    assert explanation.grid is not None, "an image figure needs the patch grid"
+    patch_scores = explanation.patch_scores
+    assert patch_scores is not None
+    low, high = patch_color_range(patch_scores)
+    top = max(high, low + 1e-12)
+    patches = grid_axes.imshow(patch_scores, cmap="inferno", interpolation="nearest", vmin=low, vmax=top)
+    saturated = high < float(patch_scores.max())
+    label = f"score (saturates above the {SATURATION_PERCENTILE}th percentile)" if saturated else "score"
+    figure.colorbar(patches, ax=grid_axes, shrink=0.8, label=label, extend="max" if saturated else "neither")
     rows, cols = explanation.grid
     grid_axes.set_title(f"patch grid {rows}x{cols}, row = {explanation.row}")
     grid_axes.set_xticks([])
     grid_axes.set_yticks([])
-    if has_matrix:
+    if explanation.matrix is not None:
         plot_matrix(axes[1], explanation.matrix, explanation.tokens, row=explanation.row)
     if not has_image:
         axes[-1].set_title(_title(explanation), parse_math=False)

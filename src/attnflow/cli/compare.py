@@ -1,0 +1,87 @@
+"""`attnflow compare`: one text, one method, two models with the same tokenizer.
+
+Prints Spearman's rank correlation and the top-k overlap of the two saliency vectors (content
+tokens), both summaries and the largest changes, and writes DIR/model_comparison.json and
+DIR/model_comparison.html. Models whose tokenizers split the text differently are refused in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnflow.cli.explain import _load, _positive_int, _Progress
+from attnflow.cli.explore import add_text_options
+from attnflow.errors import InputError
+from attnflow.methods.registry import available_methods
+
+EPILOG = """\
+examples:
+  attnflow compare "The movie was terrible, but the acting was great." --model minilm --model path/to/finetuned
+  attnflow compare "A cat sat on the mat." --model A --model B --method raw --top-k 3 --json
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare one method's saliency for a text under two models (same tokenizer)",
+        description="Side-by-side saliency of two models for one text: difference, Spearman rho, top-k overlap.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", metavar="TEXT", help="the text to compare on")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="give it twice: model A, then model B (alias, folder or hub id)",
+    )
+    parser.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
+    parser.add_argument(
+        "--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)"
+    )
+    add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
+    parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnflow.comparison import compare
+
+    if len(args.model) != 2:
+        raise InputError(f"give --model exactly twice (model A and model B), got {len(args.model)}")
+    if not args.text.strip():
+        raise InputError("the text to compare is empty")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    say = _Progress(args.quiet)
+    models = []
+    for name in args.model:
+        say(f"loading {name} …")
+        models.append(_load(name, args.device, args.quiet))
+    comparison = compare(
+        models[0],
+        models[1],
+        args.text,
+        method=args.method,
+        row=args.row,
+        k=args.top_k,
+        max_length=args.max_length,
+        target=args.target,
+        target_text=args.target_text,
+    )
+    paths = comparison.save(out)
+    if args.json:
+        json.dump(comparison.to_dict(), sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        for line in comparison.describe():
+            print(line)
+        for path in paths.values():
+            print(f"wrote {path}")
+    return 0

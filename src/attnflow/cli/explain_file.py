@@ -1,0 +1,123 @@
+"""`attnflow explain --file PATH`: explain every text of a file (or of stdin, ``--file -``).
+
+One model load, batched forward passes, one explanation per text in a numbered folder
+(``DIR/001/explanation.{json,html,png}``, ...) and ``DIR/index.html`` linking them all. Formats:
+``.txt`` (one text per non-blank line), ``.jsonl`` (the text in ``--text-field``, default
+``text``), ``.csv`` (the text in ``--text-column``, default ``text``). Standard input is read as
+lines of text, or as JSON lines / CSV when --text-field / --text-column say so. With ``--json``
+the explanations are printed as JSON lines (one object per text) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from attnflow.capture.texts import check_texts
+from attnflow.corpus.readers import KINDS, Corpus, ReadOptions
+from attnflow.errors import InputError
+
+FILE_KINDS = ("txt", "jsonl", "csv")
+
+
+def read_texts(source: str, text_field: str | None = None, text_column: str | None = None) -> list[str]:
+    """The texts of ``source`` (a .txt/.jsonl/.csv path, or ``-`` for stdin), blank ones skipped."""
+    if text_field is not None and text_column is not None:
+        raise InputError("give --text-field (JSON lines) or --text-column (CSV), not both")
+    if source == "-":
+        kind = "jsonl" if text_field is not None else "csv" if text_column is not None else "txt"
+        with tempfile.TemporaryDirectory(prefix="attnflow-stdin-") as folder:
+            path = Path(folder) / f"stdin.{kind}"
+            path.write_bytes(sys.stdin.buffer.read())
+            return _read(Corpus("-", kind, path, _reading(text_field, text_column)), "standard input")
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise InputError(f"--file {source}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
+    kind = KINDS.get(path.suffix.lower(), "")
+    if kind not in FILE_KINDS:
+        raise InputError(f"--file {source}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl or .csv")
+    return _read(Corpus(source, kind, path, _reading(text_field, text_column)), source)
+
+
+def _reading(text_field: str | None, text_column: str | None) -> ReadOptions:
+    return ReadOptions(text_field=text_field or "text", text_column=text_column or "text")
+
+
+def _read(corpus: Corpus, name: str) -> list[str]:
+    texts = list(corpus)
+    if not texts:
+        raise InputError(f"--file {name} holds no text")
+    check_texts(texts)  # undecodable characters are reported before the model loads
+    return texts
+
+
+def run_file(
+    args: argparse.Namespace,
+    per_method: dict[str, dict[str, Any]],
+    load: Callable[[str, str, bool], Any],
+    say: Callable[[str], None],
+) -> int:
+    """The --file variant of `attnflow explain` (see the module docstring): ``per_method`` holds each
+    method's checked options, ``load(model, device, quiet)`` loads the model, ``say`` reports progress."""
+    from attnflow.cli.outputs import owned, prepare_output, save_explanations
+    from attnflow.staging import staged_output
+    from attnflow.viz.index import index_html
+
+    if args.text is not None or args.image is not None:
+        raise InputError("give either TEXT, --image or --file, not several")
+    texts = read_texts(args.file, args.text_field, args.text_column)
+    out = prepare_output(args)
+
+    say(f"loading {args.model} …")
+    model = load(args.model, args.device, args.quiet)
+    row = args.row if args.row is not None else getattr(model, "default_row", None)
+    width = max(3, len(str(len(texts))))
+    explained = _explain_all(model, texts, args, row, per_method)
+    if out is None:
+        for _, explanations in explained:
+            _print_json(explanations)
+        return 0
+    summaries = []
+    with staged_output(out, owned) as scratch:
+        for number, (trace, explanations) in enumerate(explained, start=1):
+            folder = scratch / f"{number:0{width}d}"
+            save_explanations(folder, explanations, trace if args.save_trace else None)
+            summaries.append((folder.name, explanations[0]))
+            if args.json:
+                _print_json(explanations)
+        (scratch / "index.html").write_text(index_html(summaries, source=args.file), encoding="utf-8")
+    if not args.quiet and not args.json:
+        print(f"explained {len(texts)} texts; wrote {out / 'index.html'} and {len(texts)} folders")
+    return 0
+
+
+def _print_json(explanations: list[Any]) -> None:
+    """One JSON line per text: the explanation, or the list of them when several methods ran."""
+    data = [explanation.to_dict() for explanation in explanations]
+    json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def _explain_all(
+    model: Any, texts: list[str], args: argparse.Namespace, row: Any, per_method: dict[str, dict]
+) -> Iterator[tuple[Any, list[Any]]]:
+    """(trace, one explanation per method) per text, tracing ``args.batch_size`` texts per forward pass."""
+    from tqdm.auto import tqdm
+
+    from attnflow.explanation import explain
+
+    with tqdm(total=len(texts), desc="explaining", unit="text", disable=args.quiet, file=sys.stderr) as bar:
+        for start in range(0, len(texts), args.batch_size):
+            batch = texts[start : start + args.batch_size]
+            target = args.target if args.target is not None else args.target_token
+            traces = model.trace_for(
+                list(per_method), batch, target=target, target_text=args.target_text,
+                max_length=args.max_length, batch_size=args.batch_size,
+            )
+            for trace in traces:
+                yield trace, [explain(trace, method=m, row=row, model=model, **o) for m, o in per_method.items()]
+                bar.update(1)

@@ -1,0 +1,101 @@
+"""`attnflow explore`: one interactive, self-contained HTML page for one text.
+
+Writes DIR/explorer.html: every registered method (or --methods), per layer and per head where
+the method has them, the relevance matrix, per-layer diagnostics, the heads' context similarity
+and a one-line summary. The page works offline (no network, no CDN).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnflow.cli.explain import _load, _methods, _positive_int, _Progress, _row, method_table
+from attnflow.errors import InputError
+
+EPILOG = """\
+examples:
+  attnflow explore "The movie was terrible, but the acting was great." --out out/explore
+  attnflow explore "Paris is the capital of" --model smollm2 --methods raw,rollout
+  attnflow explore "$(cat review.txt)" --model mpnet --max-length 512 --methods raw,rollout
+
+Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
+token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
+(flow, value_zeroing and leave_one_out above 128 tokens) are left out unless --methods names them;
+target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
+encoders), and are left out, with the reason, when there is no target.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explore",
+        help="an interactive page: every method, layer and head for one text",
+        description=(
+            "Write one self-contained HTML explorer for a text: methods, layers, heads, the\n"
+            f"relevance matrix, rollout diagnostics and context similarity.\n\nmethods (--methods):\n{method_table()}"
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", metavar="TEXT", help="the text to explore")
+    parser.add_argument(
+        "--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)"
+    )
+    parser.add_argument(
+        "--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)"
+    )
+    add_text_options(parser, row_help="default saliency row (default: the model's)", out="out/explore")
+    parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
+    parser.set_defaults(handler=run)
+
+
+def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
+    """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
+    parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help=row_help)
+    parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
+    )
+    parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
+    parser.add_argument(
+        "--target",
+        metavar="CLASS|TOKEN",
+        help="what target-dependent methods explain: classifiers: a class index or label; "
+        "causal LMs: the next token (default: the prediction)",
+    )
+    parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnflow.exploration import EXPLORER_FILE, explore
+
+    if not args.text.strip():
+        raise InputError("the text to explore is empty")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    if (out / EXPLORER_FILE).exists() and not args.overwrite:
+        raise FileExistsError(f"{out / EXPLORER_FILE} exists; pass --overwrite to replace it or choose another --out")
+    say = _Progress(args.quiet)
+    say(f"loading {args.model} …")
+    model = _load(args.model, args.device, args.quiet)
+    exploration = explore(
+        model,
+        args.text,
+        methods=args.methods,
+        row=args.row,
+        max_length=args.max_length,
+        target=args.target,
+        target_text=args.target_text,
+        progress=not args.quiet,
+    )
+    path = exploration.save(out)
+    if not args.quiet:
+        for view in exploration.methods:
+            print(f"{view.name}: {view.summaries['fused'][-1]}")
+        for name, why in exploration.skipped.items():
+            print(f"{name}: not shown ({why})")
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return 0

@@ -1,0 +1,360 @@
+"""`attnflow.explore`: every registered method for one text, gathered for the interactive explorer.
+
+    exploration = attnflow.explore("minilm", "The movie was terrible, but the acting was great.")
+    exploration.save("out/explore")        # out/explore/explorer.html, one self-contained file
+    exploration                            # in a notebook: the explorer itself
+
+The explorer is built over the method registry, with no list of methods of its own. Each method
+contributes a `MethodView`:
+
+* a method whose function takes ``layerwise`` gives one ``[query, key]`` matrix per layer
+  (rollout: R⁽ˡ⁾, the composition through layer l; raw: A⁽ˡ⁾); any other method gives its final
+  matrix only;
+* a method that accepts ``head_fusion="none"`` also gives one matrix per head (rollout: the
+  head-specific rollout, each head composed with itself);
+* an attribution-only method (``scores_only``: gradients, leave-one-out, ...) gives its scores,
+  one per token, and no matrix;
+* what the methods need is captured once for all of them (`AttentionModel.trace(needs=...)`),
+  plus one pass with a backward pass for the target-dependent ones; methods that re-run the
+  model get it;
+* per-layer diagnostics (row entropy, special-token share, top token, flags; see
+  `attnflow.methods.diagnostics`) of every method with non-negative matrices;
+* summary sentences (`attnflow.methods.summary`) of every view for the default saliency row.
+
+The trace's per-head context similarity (`attnflow.methods.similarity`) comes along when the
+trace holds head outputs. Nothing here draws: `attnflow.viz.explorer` turns an `Exploration` into
+the page.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from attnflow.errors import AttnflowError, InputError
+from attnflow.explanation import apply_method, default_row, parse_row
+from attnflow.methods.diagnostics import is_causal, layer_diagnostics
+from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method
+from attnflow.methods.saliency import Row, saliency_row
+from attnflow.methods.similarity import context_similarity
+from attnflow.methods.summary import subject, summarize
+from attnflow.trace import Trace
+
+# The views ("html", "fragment": an iframe for notebooks) live in attnflow.viz.explorer and read
+# Explorations; the package root (attnflow/__init__.py) fills this table, so this module imports no view.
+_VIEWS: dict[str, Callable[..., Any]] = {}
+
+EXPLORER_FILE = "explorer.html"
+# What the page always wants from the forward pass: head outputs for the context similarity.
+PAGE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
+# Methods that a default exploration (no explicit method list) leaves out above this many tokens,
+# because their cost grows too fast (attention flow: a max-flow per output row; value zeroing and
+# leave-one-out: a forward pass per token).
+EXPENSIVE_ABOVE = {"flow": 128, "value_zeroing": 128, "leave_one_out": 128}
+
+
+@dataclass
+class MethodView:
+    """One method's relevance for one text, as the explorer shows it.
+
+    Attributes:
+        name / description: the registry's name and one-line summary.
+        matrices: ``[view, query, key]``: per layer for layerwise methods (view v is layer
+            ``first_layer + v``), else ``[1, query, key]`` (the final matrix); None for
+            attribution-only methods.
+        head_matrices: ``[view, head, query, key]`` per head, or None.
+        scores: ``[token]`` scores of attribution-only methods (None when ``matrices`` exist:
+            the page takes a row of the matrix).
+        first_layer: the layer of view 0, or None when the method gives its final matrix only.
+        summaries: ``{"fused": [view], "heads": [view][head]}`` summary sentences for the
+            default row (``"heads"`` only with head matrices).
+        diagnostics: ``{"fused": {...}, "heads": {...}}`` `LayerDiagnostics.to_dict()` of the
+            fused and per-head matrices (fields ``[view]`` and ``[view, head]``), or None.
+        note: why something is missing (e.g. no diagnostics for signed scores).
+    """
+
+    name: str
+    description: str
+    matrices: np.ndarray | None = None
+    head_matrices: np.ndarray | None = None
+    scores: np.ndarray | None = None
+    first_layer: int | None = None
+    summaries: dict[str, list] = field(default_factory=dict)
+    diagnostics: dict[str, dict] | None = None
+    note: str = ""
+
+    @property
+    def n_views(self) -> int:
+        return 0 if self.matrices is None else int(self.matrices.shape[0])
+
+
+@dataclass
+class Exploration:
+    """Everything the explorer page shows for one text.
+
+    Attributes:
+        tokens / special_mask ``[token]`` / offsets ``[token, 2]`` / text / model: the input.
+        n_layers / n_heads: the model's shape.
+        row: the default saliency row (``"mean"``, ``"cls"``, ``"last"`` or an index).
+        causal: True for decoders (row i reaches keys 0 … i only).
+        methods: one `MethodView` per method shown.
+        similarity: ``[layer, head, query, key]`` context similarity S = Z Zᵀ (diagonal 0), or None.
+        skipped: ``{method: why}`` for methods left out.
+    """
+
+    tokens: list[str]
+    special_mask: np.ndarray
+    offsets: np.ndarray | None
+    text: str
+    model: str
+    n_layers: int
+    n_heads: int
+    row: Row
+    causal: bool
+    methods: list[MethodView]
+    similarity: np.ndarray | None = None
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def method(self, name: str) -> MethodView:
+        for view in self.methods:
+            if view.name == name:
+                return view
+        raise KeyError(f"method {name!r} is not in this exploration; it has {[v.name for v in self.methods]}")
+
+    def to_html(self) -> str:
+        """The explorer as one self-contained HTML page (inline script and data, no network)."""
+        return _VIEWS["html"](self)
+
+    def _repr_html_(self) -> str:
+        return _VIEWS["fragment"](self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``directory/explorer.html`` (creating the folder); returns its path."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / EXPLORER_FILE
+        path.write_text(self.to_html(), encoding="utf-8")
+        return path
+
+
+def explore(
+    source: Any,
+    text: str | None = None,
+    *,
+    methods: Sequence[str] | None = None,
+    row: Row | None = None,
+    max_length: int | None = None,
+    target: int | str | None = None,
+    target_text: str | None = None,
+    progress: bool = False,
+) -> Exploration:
+    """Run every requested method on one text and gather what the explorer page shows.
+
+    With a model, one forward pass captures what all the methods without a target need (plus
+    head outputs for the context similarity), and one more pass with a backward pass serves the
+    target-dependent methods (gradient-weighted rollout, gradients, ...), whose target is
+    ``target`` / ``target_text`` (see `attnflow.targets`).
+
+    Args:
+        source: a loaded model (`attnflow.load(...)`), a model name to load, or a `Trace`
+            (then ``text`` is not needed, and only methods whose needs the trace holds run).
+        text: the text to explore.
+        methods: registry names; None: every registered method the model supports (those in
+            ``EXPENSIVE_ABOVE`` only up to their token limit; methods that cannot run, e.g.
+            without a target, are listed in ``skipped`` with the reason).
+        row: default saliency row (None: the model's, see `attnflow.explanation.default_row`).
+        max_length: truncate the text to this many tokens.
+        target / target_text: what target-dependent methods explain.
+        progress: show a progress bar over the methods (stderr).
+
+    Raises:
+        ValueError / attnflow errors: an unknown method, or an explicitly requested method that
+        cannot run (its reason).
+    """
+    model = None
+    if isinstance(source, Trace):
+        base = source
+    else:
+        if text is None or not str(text).strip():
+            raise InputError("the text to explore is empty")
+        if isinstance(source, str):
+            from attnflow.capture import load
+
+            source = load(source)
+        model = source
+    names = _requested(methods)
+    skipped: dict[str, str] = {}
+
+    def skip(name: str, why: str) -> None:
+        if methods is not None:
+            raise ValueError(f"method {name!r} cannot run here: {why}")
+        skipped[name] = why
+
+    specs = [get_method(name) for name in names]
+    if model is not None:
+        family = getattr(getattr(model, "adapter", None), "family", None)
+        for spec in list(specs):
+            try:
+                if family is not None:
+                    check_family(spec, family)
+            except ValueError as error:
+                skip(spec.name, str(error))
+                specs.remove(spec)
+        plain_needs = PAGE_NEEDS.union(*(spec.needs for spec in specs if not spec.uses_target)) - {"model"}
+        base = model.trace([text], needs=plain_needs, max_length=max_length)[0]
+    if base.grid is not None:
+        raise InputError("the explorer shows text; explain images with `attnflow explain --image`")
+    traces = {spec.name: base for spec in specs}
+    targeted = [spec for spec in specs if spec.uses_target]
+    if model is not None and targeted:
+        needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
+        try:
+            with_target = model.trace(
+                [text], needs=needs, target=target, target_text=target_text, max_length=max_length
+            )[0]
+            traces.update({spec.name: with_target for spec in targeted})
+        except (AttnflowError, ValueError) as error:
+            for spec in targeted:
+                skip(spec.name, str(error))
+            specs = [spec for spec in specs if not spec.uses_target]
+    for spec in list(specs):
+        limit = EXPENSIVE_ABOVE.get(spec.name)
+        if methods is None and limit is not None and base.n_tokens > limit:
+            skipped[spec.name] = (
+                f"left out for {base.n_tokens} tokens (slow above {limit}); ask for it by name to include it"
+            )
+            specs.remove(spec)
+    row = parse_row(row) if row is not None else default_row(base)
+    views = []
+    for spec in _progress(specs, progress):
+        missing = _missing_needs(spec, traces[spec.name], model)
+        if missing:
+            skip(spec.name, f"needs {', '.join(missing)}: explore it with a model, not a trace")
+            continue
+        views.append(method_view(spec.name, traces[spec.name], row, model=model))
+    if not views:
+        raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
+    similarity = None
+    if base.head_outputs is not None:
+        similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)
+    return Exploration(
+        tokens=list(base.tokens),
+        special_mask=np.asarray(base.special_mask, dtype=bool),
+        offsets=None if base.offsets is None else np.asarray(base.offsets),
+        text=base.text,
+        model=base.model_name,
+        n_layers=int(base.attentions.shape[0]),
+        n_heads=int(base.attentions.shape[1]),
+        row=row,
+        causal=is_causal(base.attentions),
+        methods=views,
+        similarity=similarity,
+        skipped=skipped,
+    )
+
+
+def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodView:
+    """A `MethodView` of one registered method on a trace that holds what it needs (see the
+    module docstring for what it contributes)."""
+    view = _view_from_trace(get_method(name), trace, model)
+    _add_summaries(view, trace, row)
+    _add_diagnostics(view, trace)
+    return view
+
+
+def _missing_needs(spec: MethodSpec, trace: Trace, model: Any) -> list[str]:
+    """The needs of ``spec`` that neither ``trace`` nor ``model`` can serve."""
+    missing = []
+    for need in sorted(spec.needs - {"attentions"}):
+        have = model is not None if need == "model" else getattr(trace, need, None) is not None
+        if not have:
+            missing.append(need)
+    return missing
+
+
+def _requested(methods: Sequence[str] | None) -> list[str]:
+    if methods is None:
+        return available_methods()
+    names = list(dict.fromkeys(methods))
+    if not names:
+        raise ValueError("no methods to explore")
+    for name in names:
+        get_method(name)  # unknown names fail here, before any work
+    return names
+
+
+def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> MethodView:
+    n = trace.n_tokens
+    parameters = inspect.signature(spec.function).parameters
+    layerwise = {"layerwise": True} if "layerwise" in parameters else {}
+    result = np.asarray(apply_method(spec, trace, model=model, **layerwise), dtype=np.float64)
+    if spec.scores_only:
+        if result.shape != (n,):
+            raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
+        return MethodView(
+            spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix"
+        )
+    if layerwise:
+        matrices = result  # [layer, query, key]
+        first_layer = trace.attentions.shape[0] - matrices.shape[0]
+    else:
+        matrices, first_layer = result[None], None  # [1, query, key]
+    if matrices.ndim != 3 or matrices.shape[1:] != (n, n):
+        raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected [(layer,) query, key]")
+    head_matrices = None
+    if "head_fusion" in spec.options:
+        try:
+            per_head = np.asarray(
+                apply_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64
+            )
+        except ValueError:  # the method cannot keep heads apart (e.g. attention flow)
+            per_head = None
+        if per_head is not None:
+            head_matrices = per_head if layerwise else per_head[None]  # [view, head, query, key]
+            if head_matrices.shape[0] != matrices.shape[0] or head_matrices.shape[2:] != (n, n):
+                raise ValueError(f"method {spec.name!r} returned per-head shape {per_head.shape}")
+    return MethodView(spec.name, spec.summary, matrices=matrices, head_matrices=head_matrices, first_layer=first_layer)
+
+
+def _add_summaries(view: MethodView, trace: Trace, row: Row) -> None:
+    explained = subject(None if view.matrices is None else row, trace.tokens, trace.target)
+
+    def sentence(scores: np.ndarray) -> str:
+        return summarize(trace.tokens, scores, explained, trace.special_mask, trace.text, trace.offsets)
+
+    if view.matrices is None:
+        assert view.scores is not None  # an attribution-only view holds its scores
+        view.summaries = {"fused": [sentence(view.scores)]}
+        return
+    view.summaries = {"fused": [sentence(saliency_row(matrix, row)) for matrix in view.matrices]}
+    if view.head_matrices is not None:
+        view.summaries["heads"] = [[sentence(saliency_row(m, row)) for m in heads] for heads in view.head_matrices]
+
+
+def _add_diagnostics(view: MethodView, trace: Trace) -> None:
+    if view.matrices is None:
+        return
+    if np.any(view.matrices < 0) or (view.head_matrices is not None and np.any(view.head_matrices < 0)):
+        view.note = "no row diagnostics: the matrix has negative entries"
+        return
+    causal = is_causal(trace.attentions)
+    view.diagnostics = {"fused": layer_diagnostics(view.matrices, trace.special_mask, causal).to_dict()}
+    if view.head_matrices is not None:
+        view.diagnostics["heads"] = layer_diagnostics(view.head_matrices, trace.special_mask, causal).to_dict()
+
+
+def _progress(specs: list[MethodSpec], show: bool) -> Any:
+    if not show:
+        return specs
+    from tqdm import tqdm
+
+    return tqdm(specs, desc="methods", unit="method", file=sys.stderr)

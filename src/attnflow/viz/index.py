@@ -1,0 +1,48 @@
+"""The index page of an `attnflow explain --file` run: one row per text, linking its explanation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from attnflow.viz.page import esc, page
+from attnflow.viz.tokens import display_token
+
+if TYPE_CHECKING:
+    from attnflow.explanation import Explanation
+
+TEXT_CHARS = 160  # longer texts are shortened on the index (the explanation page has them whole)
+TOP_TOKENS = 3
+
+CSS = """
+td.text { max-width: 40rem; }
+td.warn { color: #7a4b00; }
+"""
+
+
+def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -> str:
+    """A self-contained page listing ``(folder, explanation)`` pairs; every text is escaped and each
+    row links ``folder/explanation.html``."""
+    rows = []
+    for folder, explanation in entries:
+        text = explanation.text if len(explanation.text) <= TEXT_CHARS else explanation.text[: TEXT_CHARS - 1] + "…"
+        top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(TOP_TOKENS))
+        notes = f' <span class="warn" title="{esc(" | ".join(explanation.notes))}">(warning)</span>' if explanation.notes else ""
+        rows.append(
+            f'<tr><td class="num"><a href="{esc(folder)}/explanation.html">{esc(folder)}</a></td>'
+            f'<td class="text">{esc(text)}</td><td>{esc(top)}{notes}</td>'
+            f'<td class="num">{explanation.n_tokens}</td></tr>'
+        )
+    first = entries[0][1] if entries else None
+    body = (
+        "<table>\n<thead><tr><th>#</th><th>text</th><th>top tokens</th><th>tokens</th></tr></thead>\n<tbody>\n"
+        + "\n".join(rows)
+        + "\n</tbody>\n</table>"
+    )
+    meta = {
+        "source": source or None,
+        "texts": len(entries),
+        "model": first.model if first is not None else None,
+        "method": first.method if first is not None else None,
+        "options": {k: v for k, v in first.options.items() if v is not None} if first is not None else None,
+    }
+    return page("attnflow: explanations", body, subtitle="one explanation per text; click a number to open it", meta=meta, css=CSS)

@@ -1,0 +1,341 @@
+"""Relevance beyond attention weights, against independent oracles.
+
+- captured value vectors and output weights add back up to the real output projection's output
+  (Σ_j Σ_h A f_h(x_j) + b_O), on tiny models of every value-aware family and on real minilm;
+- ALTI's per-token parts, pushed through the layer norm, add up to the real layer-norm output;
+- norm / norm_rollout / ALTI / grad_rollout against explicit Python loops over the definitions;
+- attention gradients against the chain rule through the head outputs (dy/dA = dy/dZ · Vᵀ) and
+  embedding gradients against central finite differences;
+- value zeroing against full forward passes that zero one token's values at one layer;
+- leave-one-out against one forward pass per shortened input; integrated gradients against
+  completeness (attributions sum to y(x) − y(baseline)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+from attnflow.capture.hooks import find_layers
+from attnflow.explanation import explain
+from attnflow.methods.relevance import alti_layer_parts, alti_matrices, norm_matrices
+from attnflow.perturb.methods import integrated_gradient_attributions
+
+from tiny_models import CLASSIFIER_FAMILIES
+
+TEXT = "the movie was terrible, but the acting was great."
+VALUE_NEEDS = ("values", "output_weights", "layer_inputs")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tiny_classifier_path):
+    return attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
+
+
+def _projection_outputs(model, text):
+    """The real output projection outputs ``[layer, token, d_model]`` recorded by a plain hook."""
+    recorded = {}
+    layers = find_layers(model.model, model.adapter.stack.output_projection)
+    handles = [
+        module.register_forward_hook(lambda m, i, o, name=name: recorded.__setitem__(name, o.detach()))
+        for name, module in layers
+    ]
+    try:
+        with torch.no_grad():
+            encoded = model.tokenizer(text, return_tensors="pt")
+            model.model(**encoded)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return np.stack([recorded[name][0].double().numpy() for name, _ in layers])
+
+
+def _check_decomposition(model, text):
+    trace = model.trace(text, needs=VALUE_NEEDS)[0]
+    real = _projection_outputs(model, text)  # [layer, token, d_model]
+    for layer in range(trace.n_layers):
+        parts = np.einsum("hij,jhd,hde->ie", trace.attentions[layer], trace.values[layer], trace.output_weights[layer])
+        rebuilt = parts + trace.output_bias[layer]
+        np.testing.assert_allclose(rebuilt, real[layer], atol=2e-4 * max(1.0, np.abs(real[layer]).max()))
+
+
+@pytest.mark.parametrize("family", [*CLASSIFIER_FAMILIES])
+def test_values_and_output_weights_add_up_to_the_projection_output(tiny_classifier_path, family):
+    _check_decomposition(attnflow.load(str(tiny_classifier_path(family)), device="cpu"), TEXT)
+
+
+def test_grouped_query_values_add_up_on_llama(tiny_model_path):
+    model = attnflow.load(str(tiny_model_path("llama")), device="cpu")
+    assert model.config.num_key_value_heads < model.n_heads
+    _check_decomposition(model, TEXT)
+
+
+def test_values_add_up_on_real_minilm(minilm_sentiment):
+    _check_decomposition(minilm_sentiment, "The movie was terrible, but the acting was great.")
+
+
+def test_layer_inputs_are_the_residual_stream(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("layer_inputs",))[0]
+    with torch.no_grad():
+        hidden = tiny_bert.model(**tiny_bert.tokenizer(TEXT, return_tensors="pt"), output_hidden_states=True).hidden_states
+    for layer in range(trace.n_layers):  # hidden_states[l] is the input of layer l
+        np.testing.assert_allclose(trace.layer_inputs[layer], hidden[layer][0].numpy(), atol=1e-6)
+
+
+def _norm_loop(trace, layer, residual_vector=False):
+    n = trace.n_tokens
+    result = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            vector = np.zeros(trace.output_weights.shape[-1])
+            for h in range(trace.n_heads):
+                vector += trace.attentions[layer, h, i, j] * (trace.values[layer, j, h] @ trace.output_weights[layer, h])
+            if residual_vector and i == j:
+                vector += trace.layer_inputs[layer, i]
+            result[i, j] = np.linalg.norm(vector)
+    return result
+
+
+@pytest.mark.parametrize("residual_vector", [False, True])
+def test_norm_matrices_equal_explicit_loops(tiny_bert, residual_vector):
+    trace = tiny_bert.trace("the cat sat on the mat.", needs=VALUE_NEEDS)[0]
+    fast = norm_matrices(trace, residual_vector=residual_vector)
+    for layer in range(trace.n_layers):
+        np.testing.assert_allclose(fast[layer], _norm_loop(trace, layer, residual_vector), rtol=1e-6, atol=1e-8)
+
+
+def test_norm_and_norm_rollout_compose_the_row_normalised_norms(tiny_bert):
+    trace = tiny_bert.trace("the cat sat on the mat.", needs=VALUE_NEEDS)[0]
+    normalised = [m / m.sum(axis=1, keepdims=True) for m in (_norm_loop(trace, l) for l in range(trace.n_layers))]
+    np.testing.assert_allclose(attnflow.norm(trace), normalised[-1], atol=1e-10)
+    np.testing.assert_allclose(attnflow.norm(trace, layer=0), normalised[0], atol=1e-10)
+    expected = np.eye(trace.n_tokens)
+    for matrix in normalised:
+        expected = (0.5 * matrix + 0.5 * np.eye(trace.n_tokens)) @ expected
+    np.testing.assert_allclose(attnflow.norm_rollout(trace, residual="half"), expected, atol=1e-10)
+    residual = [m / m.sum(axis=1, keepdims=True) for m in (_norm_loop(trace, l, True) for l in range(trace.n_layers))]
+    np.testing.assert_allclose(attnflow.norm_rollout(trace, residual="norm"), residual[1] @ residual[0], atol=1e-10)
+
+
+def _layer_norm_outputs(model, text):
+    recorded = {}
+    layers = find_layers(model.model, model.adapter.values.norm)
+    handles = [
+        module.register_forward_hook(lambda m, i, o, name=name: recorded.__setitem__(name, o.detach()))
+        for name, module in layers
+    ]
+    try:
+        with torch.no_grad():
+            model.model(**model.tokenizer(text, return_tensors="pt"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return np.stack([recorded[name][0].double().numpy() for name, _ in layers])
+
+
+@pytest.mark.parametrize("model_name", ["tiny-distilbert", "tiny-mpnet", "minilm-sentiment"])
+def test_alti_parts_add_up_to_the_real_layer_norm_output(model_name, tiny_classifier_path, minilm_sentiment):
+    if model_name == "minilm-sentiment":
+        model = minilm_sentiment
+    else:
+        model = attnflow.load(str(tiny_classifier_path(model_name.split("-")[1])), device="cpu")
+    text = "The movie was terrible, but the acting was great."
+    trace = model.trace(text, needs=(*VALUE_NEEDS, "layer_norms"))[0]
+    real = _layer_norm_outputs(model, text)
+    gain, shift = trace.layer_norms["weight"], trace.layer_norms["bias"]
+    for layer in range(trace.n_layers):
+        parts, y, sigma = alti_layer_parts(trace, layer, slice(None))
+        z = gain[layer] * (parts - parts.mean(-1, keepdims=True)) / sigma[:, None, None]  # [q, k, d]
+        bias = gain[layer] * (trace.output_bias[layer] - trace.output_bias[layer].mean()) / sigma[:, None]
+        rebuilt = z.sum(axis=1) + bias + shift[layer]
+        np.testing.assert_allclose(rebuilt, real[layer], atol=2e-4 * max(1.0, np.abs(real[layer]).max()))
+
+
+def test_alti_equals_an_explicit_loop(tiny_bert):
+    trace = tiny_bert.trace("the cat sat on the mat.", needs=(*VALUE_NEEDS, "layer_norms"))[0]
+    for name in ("attentions", "values", "output_weights", "layer_inputs", "output_bias"):
+        setattr(trace, name, getattr(trace, name).astype(np.float64))  # the loop in float64, as the method
+    n, eps = trace.n_tokens, trace.layer_norms["eps"]
+    expected = []
+    for layer in range(trace.n_layers):
+        g, b = trace.layer_norms["weight"][layer].astype(np.float64), trace.layer_norms["bias"][layer].astype(np.float64)
+        contributions = np.zeros((n, n))
+        for i in range(n):
+            parts = []
+            for j in range(n):
+                t = sum(trace.attentions[layer, h, i, j] * trace.values[layer, j, h] @ trace.output_weights[layer, h] for h in range(trace.n_heads))
+                parts.append(t + (trace.layer_inputs[layer, i] if i == j else 0.0))
+            y = np.sum(parts, axis=0) + trace.output_bias[layer]
+            sigma = np.sqrt(y.var() + eps)
+            normed = g * (y - y.mean()) / sigma + b
+            for j in range(n):
+                z = g * (parts[j] - parts[j].mean()) / sigma
+                contributions[i, j] = max(0.0, np.abs(normed).sum() - np.abs(normed - z).sum())
+        expected.append(contributions / contributions.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(alti_matrices(trace), np.stack(expected), atol=1e-8)
+    np.testing.assert_allclose(attnflow.alti(trace), expected[1] @ expected[0], atol=1e-8)
+
+
+def test_attention_grads_follow_the_chain_rule_through_head_outputs(tiny_bert):
+    """dy/dA[h, i, j] = <dy/dZ[i, h], V[j, h]> with Z = A V the head outputs (recorded independently)."""
+    encoded = tiny_bert.tokenizer(TEXT, return_tensors="pt")
+    trace = tiny_bert.trace(TEXT, needs=("attention_grads", "values"))[0]
+    heads_in = {}
+    layers = find_layers(tiny_bert.model, tiny_bert.adapter.stack.output_projection)
+
+    def keep(name):
+        def hook(module, inputs):
+            inputs[0].retain_grad()
+            heads_in[name] = inputs[0]
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(keep(name)) for name, module in layers]
+    try:
+        logits = tiny_bert.model(**encoded).logits
+        logits[0, trace.target.index].backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer, (name, _) in enumerate(layers):
+        grad_z = heads_in[name].grad[0].reshape(trace.n_tokens, tiny_bert.n_heads, -1).double().numpy()  # [i, h, d]
+        expected = np.einsum("ihd,jhd->hij", grad_z, trace.values[layer])
+        np.testing.assert_allclose(trace.attention_grads[layer], expected, atol=1e-6)
+    assert np.abs(trace.attention_grads).max() > 0
+
+
+def test_embedding_grads_match_finite_differences(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("embedding_grads",))[0]
+    model = tiny_bert.model.double()
+    try:
+        ids = torch.as_tensor(trace.token_ids)[None]
+        embeddings = model.get_input_embeddings()(ids)
+        direction = torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        eps = 1e-5
+        with torch.no_grad():
+            plus = model(inputs_embeds=embeddings + eps * direction).logits[0, trace.target.index]
+            minus = model(inputs_embeds=embeddings - eps * direction).logits[0, trace.target.index]
+    finally:
+        tiny_bert.model.float()
+    numeric = float((plus - minus) / (2 * eps))
+    analytic = float((torch.as_tensor(trace.embedding_grads, dtype=torch.float64) * direction[0]).sum())
+    assert analytic == pytest.approx(numeric, rel=1e-3, abs=1e-6)
+    np.testing.assert_allclose(trace.embeddings, embeddings[0].detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(attnflow.gradient(trace), np.linalg.norm(trace.embedding_grads, axis=-1))
+    np.testing.assert_allclose(attnflow.grad_x_input(trace), np.linalg.norm(trace.embedding_grads * trace.embeddings, axis=-1))
+
+
+def test_grad_rollout_equals_an_explicit_loop(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("attention_grads",))[0]
+    n = trace.n_tokens
+    relevance = np.eye(n)
+    for layer in range(trace.n_layers):
+        weighted = np.zeros((n, n))
+        for h in range(trace.n_heads):
+            for i in range(n):
+                for j in range(n):
+                    weighted[i, j] += max(0.0, trace.attention_grads[layer, h, i, j] * trace.attentions[layer, h, i, j]) / trace.n_heads
+        relevance = relevance + weighted @ relevance
+    np.testing.assert_allclose(attnflow.grad_rollout(trace, keep_identity=True), relevance, atol=1e-10)
+    np.testing.assert_allclose(attnflow.grad_rollout(trace), relevance - np.eye(n), atol=1e-10)
+    assert np.abs(relevance - np.eye(n)).max() > 0  # the gradients really weigh something
+
+
+@pytest.mark.parametrize("family", CLASSIFIER_FAMILIES)
+def test_value_zeroing_equals_full_forward_passes_with_one_token_zeroed(tiny_classifier_path, family):
+    tiny_bert = attnflow.load(str(tiny_classifier_path(family)), device="cpu")
+    text = "the cat sat on the mat."
+    trace = tiny_bert.trace(text, needs=("attentions",))[0]
+    n = trace.n_tokens
+    ids = torch.as_tensor(trace.token_ids)[None]
+    blocks = find_layers(tiny_bert.model, tiny_bert.adapter.values.block)
+    values = find_layers(tiny_bert.model, tiny_bert.adapter.values.value)
+
+    def block_output(layer, zero_token=None):
+        recorded = {}
+        handles = [blocks[layer][1].register_forward_hook(lambda m, i, o: recorded.__setitem__("out", o[0] if isinstance(o, tuple) else o))]
+        if zero_token is not None:
+            def zero(module, inputs, output):
+                output = output.clone()
+                output[:, zero_token] = 0.0
+                return output
+
+            handles.append(values[layer][1].register_forward_hook(zero))
+        try:
+            with torch.no_grad():
+                tiny_bert.model(input_ids=ids)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return recorded["out"][0].double()
+
+    expected = []
+    for layer in range(trace.n_layers):
+        original = block_output(layer)
+        matrix = np.zeros((n, n))
+        for j in range(n):
+            altered = block_output(layer, j)
+            matrix[:, j] = (1 - torch.nn.functional.cosine_similarity(original, altered, dim=-1)).clamp(min=0).numpy()
+        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    result = explain(trace, method="value_zeroing", model=tiny_bert, batch_size=3).matrix  # 3: several batches
+    np.testing.assert_allclose(result, expected[1] @ expected[0], atol=1e-6)
+
+
+def test_leave_one_out_equals_one_forward_per_removed_token(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("target",))[0]
+    scores = explain(trace, method="leave_one_out", model=tiny_bert, batch_size=4).scores
+    ids = list(trace.token_ids)
+    with torch.no_grad():
+        full = float(tiny_bert.model(input_ids=torch.tensor([ids])).logits[0, trace.target.index])
+        for j in range(len(ids)):
+            if trace.special_mask[j]:
+                assert scores[j] == 0.0
+                continue
+            shorter = ids[:j] + ids[j + 1 :]
+            value = float(tiny_bert.model(input_ids=torch.tensor([shorter])).logits[0, trace.target.index])
+            assert scores[j] == pytest.approx(full - value, abs=1e-5)
+
+
+def test_integrated_gradients_are_complete(tiny_bert):
+    """Σ_j Σ_d IG_jd = y(x) − y(baseline), the baseline replacing content tokens by [PAD]."""
+    trace = tiny_bert.trace(TEXT, needs=("target",))[0]
+    attributions = integrated_gradient_attributions(tiny_bert, trace, n_steps=300)  # [token, d_model]
+    baseline = np.where(trace.special_mask, trace.token_ids, tiny_bert.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = [tiny_bert.model(input_ids=torch.as_tensor(ids)[None]).logits[0, trace.target.index] for ids in (trace.token_ids, baseline)]
+    assert attributions.sum() == pytest.approx(float(logits[0] - logits[1]), rel=2e-2, abs=1e-4)
+    scores = explain(trace, method="integrated_gradients", model=tiny_bert, n_steps=300).scores
+    np.testing.assert_allclose(scores, np.linalg.norm(attributions, axis=-1), rtol=1e-6)
+    assert np.all(scores[trace.special_mask] == 0)  # baseline == input there: no path, no attribution
+
+
+@pytest.mark.parametrize("family", CLASSIFIER_FAMILIES)
+def test_every_method_runs_on_every_bert_like_family(tiny_classifier_path, family):
+    model = attnflow.load(str(tiny_classifier_path(family)), device="cpu")
+    texts = [TEXT, "hi there."]
+    for method in attnflow.available_methods():
+        explanations = model.explain(texts, method=method, batch_size=2)
+        for explanation in explanations:
+            assert np.all(np.isfinite(explanation.scores)), method
+            assert explanation.prediction["kind"] == "class"
+            if explanation.matrix is not None and method != "grad_rollout":
+                np.testing.assert_allclose(explanation.matrix.sum(axis=1), 1.0, atol=1e-6, err_msg=method)
+
+
+def test_random_is_seeded(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("attentions",))[0]
+    first, again, other = (attnflow.random(trace, seed=s) for s in (3, 3, 4))
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    assert first.shape == (trace.n_tokens,)
+
+
+def test_methods_refuse_a_trace_without_what_they_need(tiny_bert):
+    trace = tiny_bert.trace(TEXT, needs=("attentions",))[0]
+    for method in ("norm", "alti", "grad_rollout", "gradient"):
+        with pytest.raises(ValueError, match="needs"):
+            explain(trace, method=method)
+    with pytest.raises(ValueError, match="re-runs the model"):
+        explain(trace, method="value_zeroing")

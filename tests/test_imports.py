@@ -1,0 +1,68 @@
+"""The package's modules import each other without circles (lazy and type-only imports included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+import attnflow
+
+SOURCE = Path(attnflow.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> nx.DiGraph:
+    """An edge a -> b when module a names module b (or a name from it) in any import statement."""
+    modules = {module_name(path): path for path in SOURCE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            for target in targets:
+                # `from attnflow.viz import html` names the module attnflow.viz.html; `from
+                # attnflow.viz.html import explanation_html` names attnflow.viz.html.
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # A module's own packages are imported with it; those edges are not circles of design.
+                if target and target != name and not name.startswith(target + "."):
+                    graph.add_edge(name, target)
+    return graph
+
+
+def test_the_oracle_sees_edges():
+    graph = import_graph()
+    assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.stats")
+    assert graph.has_edge("attnflow.viz.report", "attnflow.viz.page")
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    # Package __init__ modules re-export their children (lazily); only module-to-module circles matter.
+    modules = graph.subgraph(name for name in graph if not (SOURCE.parent / name.replace(".", "/")).is_dir())
+    assert list(nx.simple_cycles(modules)) == []
+
+
+def test_explanation_does_not_import_its_views():
+    assert not any(target.startswith("attnflow.viz") for target in import_graph().successors("attnflow.explanation"))
+
+
+def test_the_engines_share_the_batch_step_without_importing_each_other():
+    graph = import_graph()
+    assert not graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.engine")
+    assert graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.study")
+    assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.study")

