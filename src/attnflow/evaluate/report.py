@@ -91,12 +91,12 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
     import numpy as np
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for name in ordered_methods(results):
+    for index, name in enumerate(ordered_methods(results)):
         curve = results["methods"][name]["deletion_curve"]
         x, mean, se = np.asarray(curve["x"]), np.asarray(curve["mean"]), np.asarray(curve["se"])
-        style = dict(color="black", linestyle="--") if name == "random" else {}
-        axis.plot(x, mean, label=name, **style)
-        axis.fill_between(x, mean - se, mean + se, alpha=0.15, **({"color": "black"} if name == "random" else {}))
+        colour = "black" if name == "random" else plt.cm.tab20(index % 20)  # distinct colours for up to 20 methods
+        axis.plot(x, mean, label=name, color=colour, linestyle="--" if name == "random" else "-")
+        axis.fill_between(x, mean - se, mean + se, alpha=0.12, color=colour)
     axis.set_xlabel("fraction of content tokens removed (most relevant first)")
     axis.set_ylabel("probability of the predicted class")
     axis.set_title("Deletion curves (lower is better)")
