@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rank the methods by how faithfully they explain a classifier",
         description=(
             "Faithfulness benchmark on held-out examples: AOPC comprehensiveness and sufficiency over "
-            f"{', '.join(f'{k * 100:g}' for k in BINS)} %% of the content tokens, deletion-curve AUC, Spearman rho "
+            f"{', '.join(f'{k * 100:g}' for k in BINS)} % of the content tokens, deletion-curve AUC, Spearman rho "
             "against leave_one_out, and a cascading-randomisation sanity check, each with its standard error, "
             "for every method next to `random`. Tokens are removed from the token-id sequence (special tokens "
             "never), or masked with --replace mask. Writes results.json, results.md, figures and results.html."

@@ -67,8 +67,9 @@ def describe(results: dict[str, Any]) -> str:
         f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
         f"Tokens are {replace}; special tokens are never removed. Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
         f"of the content tokens (top ⌈k·m⌉); the deletion curve has {options['curve_points']} points.",
-        f"Sanity check: {options['sanity_samples']} samples re-explained after randomising the head, then each layer top-down; "
-        "flagged when the mean Spearman ρ after the last stage is ≥ 0.5.",
+        (f"Sanity check: {options['sanity_samples']} samples re-explained after randomising the head, then each layer "
+         "top-down; flagged when the mean Spearman ρ after the last stage is ≥ 0.5." if options["sanity_samples"] else
+         "No sanity check (--sanity-samples 0)."),
         "Every figure is the mean ± standard error over samples; the target is the class predicted for the untouched input.",
     ]
     return " ".join(part for part in parts if part)
