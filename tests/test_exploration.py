@@ -94,8 +94,10 @@ def test_layer_and_head_views_match_the_methods(tiny_bert, tiny_exploration):
     np.testing.assert_allclose(raw.matrices, attentions.mean(axis=1), atol=1e-6)
     np.testing.assert_allclose(raw.head_matrices, attentions, atol=1e-6)
     flow = tiny_exploration.method("flow")
-    assert flow.first_layer is None and flow.head_matrices is None  # final matrix only, no per-head flow
+    assert flow.first_layer is None  # the final matrix only: flow has no per-layer view
     np.testing.assert_allclose(flow.matrices[0], attnflow.attention_flow(attentions), atol=1e-9)
+    # per-head flow: one graph per head through the head's own layers
+    np.testing.assert_allclose(flow.head_matrices[0], attnflow.attention_flow(attentions, head_fusion="none"), atol=1e-9)
     np.testing.assert_allclose(tiny_exploration.similarity, context_similarity(trace), atol=1e-5)
 
 
