@@ -34,8 +34,8 @@ import torch
 
 from attnflow.capture import load
 from attnflow.corpus.engine import run_study
-from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.readers import open_corpus
+from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowStream, batched
 
 
@@ -93,8 +93,12 @@ def small_bert(folder: Path) -> Path:
     minilm = load("minilm", device="cpu")
     torch.manual_seed(0)
     config = transformers.BertConfig(
-        vocab_size=len(minilm.tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=512,
+        vocab_size=len(minilm.tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=512,
     )
     transformers.BertModel(config).save_pretrained(folder)
     minilm.tokenizer.save_pretrained(folder)
@@ -104,8 +108,17 @@ def small_bert(folder: Path) -> Path:
 def child_rss(model: str, samples: int, stride: int, batch_size: int) -> dict:
     """Run in a fresh process: one study of ``samples`` windows, then its peak RSS."""
     command = [
-        sys.executable, __file__, "--child", "--model", model, "--child-samples", str(samples),
-        "--stride", str(stride), "--batch-size", str(batch_size),
+        sys.executable,
+        __file__,
+        "--child",
+        "--model",
+        model,
+        "--child-samples",
+        str(samples),
+        "--stride",
+        str(stride),
+        "--batch-size",
+        str(batch_size),
     ]
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -119,8 +132,13 @@ def child_rss(model: str, samples: int, stride: int, batch_size: int) -> dict:
 def child(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as out:
         options = StudyOptions(
-            model=args.model, data="wiki", samples=args.child_samples, stride=args.stride,
-            batch_size=args.batch_size, device="cpu", quiet=True,
+            model=args.model,
+            data="wiki",
+            samples=args.child_samples,
+            stride=args.stride,
+            batch_size=args.batch_size,
+            device="cpu",
+            quiet=True,
         )
         summary = run_study(options, Path(out) / "study")
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
@@ -130,13 +148,19 @@ def child(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small random BERT for the memory part, fewer windows")
-    parser.add_argument("--model", default="minilm", help="model of the overhead part (and of the memory part without --quick)")
-    parser.add_argument("--windows", type=int, default=None, help="windows of the overhead part (default 128, quick 48)")
+    parser.add_argument(
+        "--model", default="minilm", help="model of the overhead part (and of the memory part without --quick)"
+    )
+    parser.add_argument(
+        "--windows", type=int, default=None, help="windows of the overhead part (default 128, quick 48)"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=None, help="alternating repetitions (default 5, quick 3)")
     parser.add_argument("--small", type=int, default=2000, help="windows of the small memory run")
     parser.add_argument("--large", type=int, default=20000, help="windows of the large memory run")
-    parser.add_argument("--stride", type=int, default=50, help="window stride of the memory runs (wiki has ~8,000 disjoint windows)")
+    parser.add_argument(
+        "--stride", type=int, default=50, help="window stride of the memory runs (wiki has ~8,000 disjoint windows)"
+    )
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -147,19 +171,25 @@ def main() -> None:
         child(args)
         return
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(f"# corpus study benchmark: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"# corpus study benchmark: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     results: dict = {}
     if not args.skip_overhead:
         windows = args.windows or (48 if args.quick else 128)
         repeats = args.repeats or (3 if args.quick else 5)
         result = overhead(args.model, windows, args.batch_size, repeats)
         results["overhead"] = result
-        print(f"(a) overhead, {args.model}, {windows} windows x 128 tokens, batch {args.batch_size}, "
-              f"median of {repeats} alternating runs:")
+        print(
+            f"(a) overhead, {args.model}, {windows} windows x 128 tokens, batch {args.batch_size}, "
+            f"median of {repeats} alternating runs:"
+        )
         print(f"    bare forward (output_attentions=True)  {result['bare_s']:8.2f} s")
         print(f"    capture (attentions + head outputs)    {result['capture_s']:8.2f} s")
-        print(f"    study = capture + statistics           {result['study_s']:8.2f} s   (statistics {result['statistics_s']:.2f} s)")
+        print(
+            f"    study = capture + statistics           {result['study_s']:8.2f} s   (statistics {result['statistics_s']:.2f} s)"
+        )
         print(f"    windowing (tokenizer + pysbd), once    {result['windowing_s']:8.2f} s")
         print(f"    ratio study / bare                     {result['ratio']:8.2f}   (target <= 1.3)")
         print(f"    ratio incl. windowing                  {result['ratio_with_windowing']:8.2f}")

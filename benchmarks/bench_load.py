@@ -41,7 +41,9 @@ print(json.dumps({"import_s": imported - start, "load_s": loaded - imported}))
 
 def run(mode: str, cache: str, out: str) -> dict:
     environment = {**os.environ, "ATTNFLOW_CACHE": cache, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", CHILD, mode, SENTENCE, out], capture_output=True, text=True, env=environment)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, SENTENCE, out], capture_output=True, text=True, env=environment
+    )
     if result.returncode != 0:
         sys.exit(f"the {mode} load failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -61,11 +63,15 @@ def main() -> None:
         first = run("first", cache, os.path.join(scratch, "first.npy"))
         print(f"first load (GGUF + writing the cache): load {first['load_s']:.1f} s")
         cached = [run("cached", cache, os.path.join(scratch, "cached.npy"))["load_s"] for _ in range(args.repeats)]
-        print(f"cached loads: {', '.join(f'{t:.1f}' for t in cached)} s (best {min(cached):.1f} s); "
-              f"speed-up {gguf['load_s'] / min(cached):.1f}x")
+        print(
+            f"cached loads: {', '.join(f'{t:.1f}' for t in cached)} s (best {min(cached):.1f} s); "
+            f"speed-up {gguf['load_s'] / min(cached):.1f}x"
+        )
         size = os.path.getsize(os.path.join(cache, "smollm2-dequantised", "model.safetensors"))
         print(f"cache size: {size / 2**20:.0f} MiB")
-        difference = np.abs(np.load(os.path.join(scratch, "gguf.npy")) - np.load(os.path.join(scratch, "cached.npy"))).max()
+        difference = np.abs(
+            np.load(os.path.join(scratch, "gguf.npy")) - np.load(os.path.join(scratch, "cached.npy"))
+        ).max()
         print(f"max |attention difference| GGUF vs cached: {difference:.3g}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 

@@ -34,7 +34,9 @@ def distance_profiles(summary: dict) -> tuple[np.ndarray, np.ndarray]:
     config, corpus = summary["config"], summary["corpus"]
     tokenizer = AutoTokenizer.from_pretrained(resolve(summary["model"]["name"]).path)
     documents = open_corpus(corpus["source"])
-    stream = WindowStream(documents, tokenizer, seq_len=summary["seq_len"], stride=config["stride"], samples=summary["samples"])
+    stream = WindowStream(
+        documents, tokenizer, seq_len=summary["seq_len"], stride=config["stride"], samples=summary["samples"]
+    )
     n = summary["seq_len"]
     same, eligible, repeat = np.zeros(n), np.zeros(n), np.zeros(n)
     for batch in batched(stream, 256):
@@ -66,8 +68,10 @@ def main() -> None:
     layers = summary["layers"]
     heads = [head for layer in layers for head in layer["heads"]]
     names = list(layers[0]["attention_to"])
-    print(f"## {summary['model']['name']}: {summary['samples']} windows of {summary['seq_len']} tokens, "
-          f"stride {summary['config']['stride']}, {summary['elapsed_s']:.0f} s\n")
+    print(
+        f"## {summary['model']['name']}: {summary['samples']} windows of {summary['seq_len']} tokens, "
+        f"stride {summary['config']['stride']}, {summary['elapsed_s']:.0f} s\n"
+    )
 
     hist = arrays["high_distance_hist"].astype(float)  # [layer, head, distance]
     if not args.no_control:
@@ -78,9 +82,12 @@ def main() -> None:
     else:
         matched_same = matched_repeat = np.full(hist.shape[:2], np.nan)
 
-    print("| layer | mean distance H (all pairs) | short-range share H (chance) | same-sentence share H (chance / distance-matched) "
-          "| repeat share H (chance / distance-matched) | anchor share (chance) | signal share (chance) | "
-          + " | ".join(f"attention to {name}" for name in names) + " |")
+    print(
+        "| layer | mean distance H (all pairs) | short-range share H (chance) | same-sentence share H (chance / distance-matched) "
+        "| repeat share H (chance / distance-matched) | anchor share (chance) | signal share (chance) | "
+        + " | ".join(f"attention to {name}" for name in names)
+        + " |"
+    )
     print("|" + "---|" * (7 + len(names)))
     for k, layer in enumerate(layers):
         print(
@@ -90,35 +97,53 @@ def main() -> None:
             f"| **{fmt(layer['repeat_share'])}** ({fmt(layer['repeat_chance'])} / {fmt(np.nanmean(matched_repeat[k]))}) "
             f"| {fmt(layer['anchor_share'])} ({fmt(layer['anchor_share_chance'])}) "
             f"| {fmt(layer['signal_share'])} ({fmt(layer['signal_chance'])}) | "
-            + " | ".join(fmt(layer["attention_to"][name]) for name in names) + " |"
+            + " | ".join(fmt(layer["attention_to"][name]) for name in names)
+            + " |"
         )
     chance = summary["chance"]["attention_to"]
     print("| share of positions | | | | | | | " + " | ".join(fmt(chance[name]) for name in names) + " |\n")
 
     same = arrays["same_sentence_share"]
-    print(f"- heads with same-sentence share above chance: {(same > arrays['same_sentence_chance']).sum()}/{same.size}; "
-          f"above 0.33: {(same > 0.33).sum()}; above the distance-matched chance: {(same > matched_same).sum()}; "
-          f"range {np.nanmin(same):.3f}–{np.nanmax(same):.3f}")
+    print(
+        f"- heads with same-sentence share above chance: {(same > arrays['same_sentence_chance']).sum()}/{same.size}; "
+        f"above 0.33: {(same > 0.33).sum()}; above the distance-matched chance: {(same > matched_same).sum()}; "
+        f"range {np.nanmin(same):.3f}–{np.nanmax(same):.3f}"
+    )
     excess = same - matched_same
     best = np.dstack(np.unravel_index(np.argsort(-np.nan_to_num(excess, nan=-9).ravel())[:5], same.shape))[0]
-    print("- largest same-sentence excess over the distance-matched chance: " + ", ".join(
-        f"L{l}H{h} {same[l, h]:.3f} vs {matched_same[l, h]:.3f}" for l, h in best))
+    print(
+        "- largest same-sentence excess over the distance-matched chance: "
+        + ", ".join(f"L{l}H{h} {same[l, h]:.3f} vs {matched_same[l, h]:.3f}" for l, h in best)
+    )
     rep = arrays["repeat_share"]
     top = np.dstack(np.unravel_index(np.argsort(-rep.ravel())[:6], rep.shape))[0]
-    print("- repetition heads (repeat share vs distance-matched chance; mean distance of H): " + "; ".join(
-        f"L{l}H{h} {rep[l, h]:.3f} vs {matched_repeat[l, h]:.3f}, {arrays['mean_distance_high'][l, h]:.1f} tokens, "
-        f"anchors {', '.join(repr(a['token']) for a in layers[l]['heads'][h]['top_anchor_tokens'][:3])}" for l, h in top))
+    print(
+        "- repetition heads (repeat share vs distance-matched chance; mean distance of H): "
+        + "; ".join(
+            f"L{l}H{h} {rep[l, h]:.3f} vs {matched_repeat[l, h]:.3f}, {arrays['mean_distance_high'][l, h]:.1f} tokens, "
+            f"anchors {', '.join(repr(a['token']) for a in layers[l]['heads'][h]['top_anchor_tokens'][:3])}"
+            for l, h in top
+        )
+    )
     top1 = collections.Counter(h["top_anchor_tokens"][0]["token"] for h in heads if h["top_anchor_tokens"])
     anchor = arrays["anchor_share"]
-    dominance = np.array([h["top_anchor_tokens"][0]["count"] / summary["samples"] for h in heads if h["top_anchor_tokens"]])
-    print(f"- anchor share: median {np.nanmedian(anchor):.3f} (chance {np.nanmedian(arrays['anchor_share_chance']):.3f}), "
-          f"heads above 0.5: {(anchor > 0.5).sum()}/{anchor.size}; the head's most frequent anchor is the anchor in a "
-          f"median {np.median(dominance):.0%} of windows (max {dominance.max():.0%})")
-    print(f"- distinct most-frequent anchor tokens over {len(heads)} heads: {len(top1)}: "
-          + ", ".join(f"{token!r} ×{count}" for token, count in top1.most_common(12)))
+    dominance = np.array(
+        [h["top_anchor_tokens"][0]["count"] / summary["samples"] for h in heads if h["top_anchor_tokens"]]
+    )
+    print(
+        f"- anchor share: median {np.nanmedian(anchor):.3f} (chance {np.nanmedian(arrays['anchor_share_chance']):.3f}), "
+        f"heads above 0.5: {(anchor > 0.5).sum()}/{anchor.size}; the head's most frequent anchor is the anchor in a "
+        f"median {np.median(dominance):.0%} of windows (max {dominance.max():.0%})"
+    )
+    print(
+        f"- distinct most-frequent anchor tokens over {len(heads)} heads: {len(top1)}: "
+        + ", ".join(f"{token!r} ×{count}" for token, count in top1.most_common(12))
+    )
     signal = arrays["signal_share"]
-    print(f"- signal share: median {np.nanmedian(signal):.3f}, range {np.nanmin(signal):.3f}–{np.nanmax(signal):.3f} "
-          f"(chance {float(np.nanmean(arrays['signal_chance'])):.3f}); heads below chance: {(signal < arrays['signal_chance']).sum()}")
+    print(
+        f"- signal share: median {np.nanmedian(signal):.3f}, range {np.nanmin(signal):.3f}–{np.nanmax(signal):.3f} "
+        f"(chance {float(np.nanmean(arrays['signal_chance'])):.3f}); heads below chance: {(signal < arrays['signal_chance']).sum()}"
+    )
     if args.figures:
         from attnflow.viz.report import save_figures
 

@@ -52,8 +52,13 @@ def test_rollout_explanation_matches_the_method_and_row():
     assert explanation.row == "mean" and explanation.method == "rollout"
     # Options as used, with the method's defaults filled in.
     assert explanation.options == {
-        "head_fusion": "mean", "residual": 0.7, "start_layer": 0,
-        "threshold": None, "top_k": None, "discard_ratio": 0.5, "prune_on": "attention",
+        "head_fusion": "mean",
+        "residual": 0.7,
+        "start_layer": 0,
+        "threshold": None,
+        "top_k": None,
+        "discard_ratio": 0.5,
+        "prune_on": "attention",
     }
     assert explanation.notes == []
 
@@ -198,7 +203,10 @@ def test_save_writes_json_html_png_and_round_trips(tmp_path):
     np.testing.assert_allclose(loaded.matrix, explanation.matrix)
     np.testing.assert_allclose(loaded.scores, explanation.scores)
     assert (loaded.tokens, loaded.row, loaded.options, loaded.text) == (
-        explanation.tokens, explanation.row, explanation.options, explanation.text
+        explanation.tokens,
+        explanation.row,
+        explanation.options,
+        explanation.text,
     )
     np.testing.assert_array_equal(loaded.special_mask, explanation.special_mask)
 

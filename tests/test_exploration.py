@@ -97,7 +97,9 @@ def test_layer_and_head_views_match_the_methods(tiny_bert, tiny_exploration):
     assert flow.first_layer is None  # the final matrix only: flow has no per-layer view
     np.testing.assert_allclose(flow.matrices[0], attnflow.attention_flow(attentions), atol=1e-9)
     # per-head flow: one graph per head through the head's own layers
-    np.testing.assert_allclose(flow.head_matrices[0], attnflow.attention_flow(attentions, head_fusion="none"), atol=1e-9)
+    np.testing.assert_allclose(
+        flow.head_matrices[0], attnflow.attention_flow(attentions, head_fusion="none"), atol=1e-9
+    )
     np.testing.assert_allclose(tiny_exploration.similarity, context_similarity(trace), atol=1e-5)
 
 

@@ -21,8 +21,16 @@ from attnflow.errors import InputError
 SENTENCE = "The movie was terrible, but the acting was great."
 SCRIPT = Path(sys.executable).with_name("attnflow")
 RELEVANCE_METHODS = (
-    "grad_rollout", "norm", "norm_rollout", "alti", "value_zeroing", "gradient", "grad_x_input",
-    "integrated_gradients", "leave_one_out", "random",
+    "grad_rollout",
+    "norm",
+    "norm_rollout",
+    "alti",
+    "value_zeroing",
+    "gradient",
+    "grad_x_input",
+    "integrated_gradients",
+    "leave_one_out",
+    "random",
 )
 
 
@@ -129,7 +137,9 @@ def test_a_causal_lm_explains_the_next_token(tiny_model_path):
         model.explain("the cat sat on the", method="gradient", target="cat dog")
 
 
-@pytest.mark.parametrize("method", ["grad_rollout", "norm", "norm_rollout", "gradient", "grad_x_input", "leave_one_out"])
+@pytest.mark.parametrize(
+    "method", ["grad_rollout", "norm", "norm_rollout", "gradient", "grad_x_input", "leave_one_out"]
+)
 def test_llama_family_methods_run(tiny_model_path, method):
     model = attnflow.load(str(tiny_model_path("llama")), device="cpu")
     explanation = model.explain("the cat sat on the mat", method=method)
@@ -139,13 +149,17 @@ def test_llama_family_methods_run(tiny_model_path, method):
 @pytest.mark.parametrize(("family", "method"), [("llama", "alti"), ("llama", "value_zeroing"), ("gpt2", "norm")])
 def test_unsupported_combinations_name_the_family_and_what_works(tiny_model_path, family, method):
     model = attnflow.load(str(tiny_model_path(family)), device="cpu")
-    with pytest.raises(ValueError, match=rf"'{method}' does not support the {family} family.*methods for {family}: .*grad_rollout"):
+    with pytest.raises(
+        ValueError, match=rf"'{method}' does not support the {family} family.*methods for {family}: .*grad_rollout"
+    ):
         model.explain("the cat sat on the mat", method=method)
 
 
 def test_needs_capture_exactly_what_is_asked(minilm_sentiment):
     plain = minilm_sentiment.trace(SENTENCE, needs=("attentions",))[0]
-    assert plain.target is None and plain.attention_grads is None and plain.values is None and plain.head_outputs is None
+    assert (
+        plain.target is None and plain.attention_grads is None and plain.values is None and plain.head_outputs is None
+    )
     full = minilm_sentiment.trace(SENTENCE, needs=("attention_grads", "values"))[0]
     assert full.target.label == "negative" and full.embedding_grads is None
     assert full.attention_grads.shape == full.attentions.shape
@@ -163,14 +177,18 @@ def test_batched_relevance_equals_one_by_one(minilm_sentiment):
         np.testing.assert_allclose(explanation.matrix, single.matrix, atol=1e-4)
     grads = minilm_sentiment.explain(texts, method="grad_x_input", batch_size=3)
     for text, explanation in zip(texts, grads):
-        np.testing.assert_allclose(explanation.scores, minilm_sentiment.explain(text, method="grad_x_input").scores, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(
+            explanation.scores, minilm_sentiment.explain(text, method="grad_x_input").scores, rtol=1e-3, atol=1e-5
+        )
 
 
 def test_cli_explains_the_classifier_by_default(tmp_path):
     out = tmp_path / "both"
     result = subprocess.run(
         [str(SCRIPT), "explain", SENTENCE, "--method", "rollout,alti,grad_rollout", "--out", str(out), "--save-trace"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     assert "prediction: negative (p = 0." in result.stdout
@@ -179,7 +197,10 @@ def test_cli_explains_the_classifier_by_default(tmp_path):
     assert data["model"] == "minilm-sentiment" and data["target"]["label"] == "negative"
     assert "target" not in json.loads((out / "rollout" / "explanation.json").read_text())
     with np.load(out / "trace.npz") as arrays:
-        assert arrays["attention_grads"].shape == arrays["attentions"].shape and arrays["attention_grads"].dtype == np.float32
+        assert (
+            arrays["attention_grads"].shape == arrays["attentions"].shape
+            and arrays["attention_grads"].dtype == np.float32
+        )
     page = (out / "comparison.html").read_text()
     assert "prediction: negative" in page and page.index("rollout") < page.index("alti")
 
@@ -197,7 +218,10 @@ def test_cli_explains_the_classifier_by_default(tmp_path):
 def test_cli_bad_method_or_target_is_one_line(tmp_path, tiny_model_path, args, words):
     args = [str(tiny_model_path("llama")) if arg == "TINY_LLAMA" else arg for arg in args]
     result = subprocess.run(
-        [str(SCRIPT), "explain", SENTENCE, "--out", str(tmp_path / "x"), "-q", *args], capture_output=True, text=True, timeout=600
+        [str(SCRIPT), "explain", SENTENCE, "--out", str(tmp_path / "x"), "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -223,7 +247,9 @@ def smollm2():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["grad_rollout", "gradient", "grad_x_input", "norm", "norm_rollout", "leave_one_out"])
+@pytest.mark.parametrize(
+    "method", ["grad_rollout", "gradient", "grad_x_input", "norm", "norm_rollout", "leave_one_out"]
+)
 def test_smollm2_methods(smollm2, method):
     explanation = smollm2.explain("The capital of France is", method=method)
     assert explanation.target is None or explanation.target["kind"] == "next_token"

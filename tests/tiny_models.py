@@ -46,9 +46,18 @@ def tiny_config(family: str):
             vocab_size=160, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, decoder_start_token_id=0, **ids
         ),
         "bart": lambda: T.BartConfig(
-            vocab_size=160, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
-            decoder_start_token_id=2, forced_eos_token_id=None, **ids,
+            vocab_size=160,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+            **ids,
         ),
     }
     return configs[family]()
@@ -83,8 +92,12 @@ def build_tiny_model(family: str, folder: Path) -> Path:
 
     torch.manual_seed(0)
     config = tiny_config(family)
-    auto = {"gpt2": T.AutoModelForCausalLM, "llama": T.AutoModelForCausalLM, "t5": T.AutoModelForSeq2SeqLM,
-            "bart": T.AutoModelForSeq2SeqLM}.get(family, T.AutoModel)
+    auto = {
+        "gpt2": T.AutoModelForCausalLM,
+        "llama": T.AutoModelForCausalLM,
+        "t5": T.AutoModelForSeq2SeqLM,
+        "bart": T.AutoModelForSeq2SeqLM,
+    }.get(family, T.AutoModel)
     model = auto.from_config(config)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

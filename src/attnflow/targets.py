@@ -84,7 +84,9 @@ class Objective:
         self.target_text = target_text
         if self.kind == "similarity":
             if target is not None:
-                raise InputError(f"{model.name} is a sentence encoder without a classifier: give --target-text, not --target")
+                raise InputError(
+                    f"{model.name} is a sentence encoder without a classifier: give --target-text, not --target"
+                )
             if not isinstance(target_text, str) or not target_text.strip():
                 raise InputError(
                     f"{model.name} is a sentence encoder without a classifier head: this method explains the "
@@ -92,7 +94,9 @@ class Objective:
                 )
             self._reference_embedding()  # now, never inside a caller's capture hooks
         elif target_text is not None:
-            raise InputError(f"--target-text is for sentence encoders; {model.name} has a {self.kind.replace('_', '-')} target")
+            raise InputError(
+                f"--target-text is for sentence encoders; {model.name} has a {self.kind.replace('_', '-')} target"
+            )
         elif target is not None:
             self.fixed_index = self._class_index(target) if self.kind == "class" else self._token_id(target)
 
@@ -118,7 +122,9 @@ class Objective:
             return labels.index(target)
         index = int(target)
         if not 0 <= index < len(labels):
-            raise InputError(f"class index {index} out of range: {self.model.name} has {len(labels)} classes ({', '.join(labels)})")
+            raise InputError(
+                f"class index {index} out of range: {self.model.name} has {len(labels)} classes ({', '.join(labels)})"
+            )
         return index
 
     def _token_id(self, target: int | str) -> int:
@@ -168,7 +174,9 @@ class Objective:
                 else logits.argmax(dim=-1)
             )
         chosen = logits.gather(1, index[:, None].to(logits.device))[:, 0]  # [batch]
-        probability = chosen.exp() if self.kind == "next_token" else torch.softmax(logits, dim=-1).gather(1, index[:, None])[:, 0]
+        probability = (
+            chosen.exp() if self.kind == "next_token" else torch.softmax(logits, dim=-1).gather(1, index[:, None])[:, 0]
+        )
         return chosen, index, probability
 
     def describe(self, y: float, index: int | None, probability: float | None) -> Target:

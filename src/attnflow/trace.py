@@ -100,8 +100,7 @@ class Trace:
         n = len(self.tokens)
         if self.attentions.ndim != 4 or self.attentions.shape[2:] != (n, n):
             raise ValueError(
-                f"attentions must be [layer, head, {n}, {n}] for {n} tokens, "
-                f"got {tuple(self.attentions.shape)}"
+                f"attentions must be [layer, head, {n}, {n}] for {n} tokens, got {tuple(self.attentions.shape)}"
             )
         if self.head_outputs is not None and self.head_outputs.shape[:2] != (
             self.attentions.shape[0],

@@ -166,7 +166,9 @@ def test_output_weights_rebuild_the_projection(tiny_model_path):
         projection = find_layers(model.model, model.adapter.stack.output_projection)[0][1]
         z = torch.from_numpy(trace.head_outputs[0])  # [token, head, d_head]
         expected = projection(z.reshape(z.shape[0], -1)).detach().numpy()
-        rebuilt = np.einsum("thd,hdm->tm", trace.head_outputs[0], trace.output_weights[0]) + projection.bias.detach().numpy()
+        rebuilt = (
+            np.einsum("thd,hdm->tm", trace.head_outputs[0], trace.output_weights[0]) + projection.bias.detach().numpy()
+        )
         np.testing.assert_allclose(rebuilt, expected, atol=1e-5)
 
 
@@ -235,13 +237,18 @@ def test_unknown_model_names_list_the_aliases():
         attnflow.load("no such model!")
 
 
-@pytest.mark.parametrize("model_type", ["no-such-family", "gptj"])  # unknown to transformers; known but not in the table
+@pytest.mark.parametrize(
+    "model_type", ["no-such-family", "gptj"]
+)  # unknown to transformers; known but not in the table
 def test_local_folder_with_an_unknown_model_type_names_the_adapter_table(tiny_model_path, tmp_path, model_type):
     folder = tmp_path / "model"
     folder.mkdir()
     config = json.loads((tiny_model_path("bert") / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
-    with pytest.raises(CaptureError, match=f"model_type '{model_type}'.* not in attnflow's adapter table; supported model types: .*bert") as caught:
+    with pytest.raises(
+        CaptureError,
+        match=f"model_type '{model_type}'.* not in attnflow's adapter table; supported model types: .*bert",
+    ) as caught:
         attnflow.load(str(folder), device="cpu")
     assert "hub id" not in str(caught.value)
     (folder / "config.json").write_text(json.dumps({"hidden_size": 32}))

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_capture import TEXT, _attention_inputs, _check_head_outputs
 
 import attnflow
 from attnflow.capture import loading
 from attnflow.errors import ModelLoadError
-
-from test_capture import TEXT, _attention_inputs, _check_head_outputs
 
 
 def test_mpnet_install_checks_the_sha256(tmp_path, monkeypatch):

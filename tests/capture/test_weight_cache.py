@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import attnflow
-from attnflow.capture import loading, model as capture_model, weight_cache
+from attnflow.capture import loading, weight_cache
+from attnflow.capture import model as capture_model
 from attnflow.capture.loading import ModelSource
 
 TEXT = "the movie was terrible."
@@ -77,7 +78,9 @@ def test_smollm2_resolves_to_the_gguf_then_to_its_cache(tiny_llama, tmp_path, mo
     assert first.load_kwargs == {"gguf_file": loading.SMOLLM2_GGUF} and first.path == str(package)
     assert first.cache_to == str(tmp_path / "cache" / "smollm2-dequantised")
     # load() writes the cache of whatever it loaded from a source that asks for one
-    tiny = ModelSource("smollm2", tiny_llama.model.config._name_or_path, cache_to=first.cache_to, cache_source=first.cache_source)
+    tiny = ModelSource(
+        "smollm2", tiny_llama.model.config._name_or_path, cache_to=first.cache_to, cache_source=first.cache_source
+    )
     monkeypatch.setattr(capture_model, "resolve", lambda name: tiny)
     attnflow.load("smollm2", device="cpu")
     second = loading.resolve("smollm2")
@@ -108,8 +111,15 @@ def test_every_weight_survives_the_cache_tied_embeddings_included(tmp_path, sour
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = transformers.LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     original = transformers.LlamaForCausalLM(config).eval()
     original.config.quantization_config = {"quant_method": "gguf"}  # what a GGUF load may carry
     assert weight_cache.write(original, None, tmp_path / "tiny", source_file)

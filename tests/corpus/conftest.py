@@ -28,5 +28,3 @@ def txt_corpus(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(story(i) for i in range(80)) + "\n", encoding="utf-8")
     return path
-
-

@@ -13,8 +13,16 @@ def test_help_teaches_with_examples(capsys):
     with pytest.raises(SystemExit):
         main(["corpus", "--help"])
     text = capsys.readouterr().out
-    for needle in ("--samples", "--stride", "--resume", "--engine", "--high", "top-percent:2", "examples:",
-                   "attnflow corpus --data wiki --samples 20000 --stride 50"):
+    for needle in (
+        "--samples",
+        "--stride",
+        "--resume",
+        "--engine",
+        "--high",
+        "top-percent:2",
+        "examples:",
+        "attnflow corpus --data wiki --samples 20000 --stride 50",
+    ):
         assert needle in text
     with pytest.raises(SystemExit):
         main(["report", "--help"])
@@ -23,8 +31,24 @@ def test_help_teaches_with_examples(capsys):
 
 def test_cli_end_to_end_and_report(tiny_bert, txt_corpus, tmp_path, capsys):
     out = tmp_path / "study"
-    args = ["corpus", "--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "8", "--seq-len", "24",
-            "--batch-size", "4", "--device", "cpu", "--json", "--out", str(out)]
+    args = [
+        "corpus",
+        "--model",
+        str(tiny_bert),
+        "--data",
+        str(txt_corpus),
+        "--samples",
+        "8",
+        "--seq-len",
+        "24",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--json",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["samples"] == 8 and len(printed["layers"]) == 2

@@ -17,6 +17,7 @@ import pytest
 from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, rebuild_report, run_study
 from attnflow.corpus.stats import StudyConfig
 from attnflow.errors import InputError
+
 from corpus_helpers import assert_same_arrays, load_npz, story
 
 REQUIRED_SCALARS = (
@@ -39,7 +40,13 @@ def tiny_options(model: Path, data: Path, **changes) -> StudyOptions:
 def test_study_writes_every_output(tiny_bert, txt_corpus, tmp_path):
     out = tmp_path / "study"
     summary = run_study(tiny_options(tiny_bert, txt_corpus), out)
-    assert sorted(p.name for p in out.iterdir()) == [CHECKPOINT, "heads.csv", "report.html", "stats.npz", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        CHECKPOINT,
+        "heads.csv",
+        "report.html",
+        "stats.npz",
+        "summary.json",
+    ]
     saved = json.loads((out / "summary.json").read_text())
     assert saved == json.loads(json.dumps(summary))
     assert saved["samples"] == 24 and saved["seq_len"] == 32 and saved["model"]["n_layers"] == 2
@@ -103,10 +110,14 @@ def test_seq_len_above_the_model_maximum_is_refused(tiny_bert, txt_corpus, tmp_p
 def test_resume_with_another_configuration_is_refused(tiny_bert, txt_corpus, tmp_path):
     out = tmp_path / "study"
     run_study(tiny_options(tiny_bert, txt_corpus, samples=4), out)
-    with pytest.raises(InputError, match=r"different configuration \(seq_len: 32 then, 16 now.*stride: 30 then, 14 now"):
+    with pytest.raises(
+        InputError, match=r"different configuration \(seq_len: 32 then, 16 now.*stride: 30 then, 14 now"
+    ):
         run_study(tiny_options(tiny_bert, txt_corpus, samples=4, seq_len=16), out, resume=True)
     with pytest.raises(InputError, match=r"study: .*\"high\": \"top-percent:2\".*zscore:2"):
-        run_study(tiny_options(tiny_bert, txt_corpus, samples=4, statistics=StudyConfig(high="zscore:2")), out, resume=True)
+        run_study(
+            tiny_options(tiny_bert, txt_corpus, samples=4, statistics=StudyConfig(high="zscore:2")), out, resume=True
+        )
     # Neither the batch size nor the engine settings are part of the configuration.
     run_study(tiny_options(tiny_bert, txt_corpus, samples=4, batch_size=2), out, resume=True)
 
@@ -153,9 +164,29 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, tmp_path):
 
     def command(out: Path) -> list[str]:
         return [
-            sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "corpus", "--model", str(tiny_bert), "--data", str(corpus),
-            "--samples", "600", "--seq-len", "24", "--stride", "15", "--batch-size", "2",
-            "--checkpoint-every", "3", "--device", "cpu", "--quiet", "--out", str(out),
+            sys.executable,
+            "-c",
+            "import sys; from attnflow.cli import main; sys.exit(main())",
+            "corpus",
+            "--model",
+            str(tiny_bert),
+            "--data",
+            str(corpus),
+            "--samples",
+            "600",
+            "--seq-len",
+            "24",
+            "--stride",
+            "15",
+            "--batch-size",
+            "2",
+            "--checkpoint-every",
+            "3",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            str(out),
         ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

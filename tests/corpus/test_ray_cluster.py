@@ -20,6 +20,7 @@ import pytest
 import attnflow
 from attnflow.corpus import ray_engine
 from attnflow.corpus.engine import StudyOptions, run_study
+
 from corpus_helpers import assert_same_arrays, load_npz
 
 pytest.importorskip("ray")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnflow.corpus.engine import StudyOptions, run_study
+
 from corpus_helpers import assert_same_arrays, load_npz
 
 pytest.importorskip("ray")
@@ -13,15 +14,24 @@ pytest.importorskip("ray")
 
 def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
     options = dict(
-        model=str(tiny_bert), data=str(txt_corpus), samples=30, seq_len=32, stride=20, batch_size=4,
-        device="cpu", quiet=True, checkpoint_every=3,
+        model=str(tiny_bert),
+        data=str(txt_corpus),
+        samples=30,
+        seq_len=32,
+        stride=20,
+        batch_size=4,
+        device="cpu",
+        quiet=True,
+        checkpoint_every=3,
     )
     local = run_study(StudyOptions(**options), tmp_path / "local")
     distributed = run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
     assert distributed["samples"] == local["samples"] == 30
     assert distributed["config"]["engine"] == "ray"
     # Same windows, accumulators merged in another order: equal up to float64 rounding.
-    assert_same_arrays(load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False)
+    assert_same_arrays(
+        load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False
+    )
     heads = lambda summary: [h["top_anchor_tokens"] for layer in summary["layers"] for h in layer["heads"]]  # noqa: E731
     assert heads(distributed) == heads(local)
 
@@ -32,8 +42,15 @@ def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_co
     from attnflow.corpus import ray_engine
 
     options = dict(
-        model=str(tiny_bert), data=str(txt_corpus), samples=30, seq_len=32, stride=20, batch_size=2,
-        device="cpu", quiet=True, checkpoint_every=3,
+        model=str(tiny_bert),
+        data=str(txt_corpus),
+        samples=30,
+        seq_len=32,
+        stride=20,
+        batch_size=2,
+        device="cpu",
+        quiet=True,
+        checkpoint_every=3,
     )
     local = run_study(StudyOptions(**options), tmp_path / "local")
     process_batch, killed = ray_engine.RayBackend.process, []
@@ -47,4 +64,6 @@ def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_co
     monkeypatch.setattr(ray_engine.RayBackend, "process", process_then_kill)
     distributed = run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
     assert killed and distributed["samples"] == local["samples"] == 30
-    assert_same_arrays(load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False)
+    assert_same_arrays(
+        load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False
+    )

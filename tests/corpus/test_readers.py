@@ -6,6 +6,7 @@ import pytest
 
 from attnflow.corpus.readers import ReadOptions, open_corpus, wiki_path
 from attnflow.errors import InputError
+
 from corpus_helpers import write_jsonl
 
 
@@ -88,7 +89,9 @@ def test_csv_column_and_quoted_newlines(tmp_path):
 def test_csv_missing_column_lists_the_columns(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("id,review\n1,x\n", encoding="utf-8")
-    with pytest.raises(InputError, match=r"no column 'text' \(columns: id, review\); choose the text with --text-column"):
+    with pytest.raises(
+        InputError, match=r"no column 'text' \(columns: id, review\); choose the text with --text-column"
+    ):
         open_corpus(str(path)).validate()
 
 

@@ -19,7 +19,9 @@ def hostile_stats() -> StudyStats:
     sentence_ids = torch.arange(12).div(5, rounding_mode="floor").expand(3, 12).clone()
     sentence_ids[:, 0] = sentence_ids[:, -1] = -1
     attentions = torch.softmax(torch.randn(3, 2, 2, 12, 12), dim=-1)
-    stats.update(token_ids=token_ids, sentence_ids=sentence_ids, attentions=attentions, head_outputs=torch.randn(3, 2, 12, 2, 4))
+    stats.update(
+        token_ids=token_ids, sentence_ids=sentence_ids, attentions=attentions, head_outputs=torch.randn(3, 2, 12, 2, 4)
+    )
     return stats
 
 
@@ -41,7 +43,14 @@ def test_figures_draw_from_the_arrays():
     stats = hostile_stats()
     summary = stats.summary(VOCAB.__getitem__)
     figures = study_figures(summary, stats.arrays())
-    assert set(figures) == {"distance_by_layer", "layer_trends", "same_sentence", "similarity_grid", "head_maps", "attention_targets"}
+    assert set(figures) == {
+        "distance_by_layer",
+        "layer_trends",
+        "same_sentence",
+        "similarity_grid",
+        "head_maps",
+        "attention_targets",
+    }
     grid = figures["similarity_grid"]
     assert len(grid.axes) == 4 + 1  # layer × head panels and the colour bar
     image = grid.axes[0].images[0].get_array()
@@ -87,6 +96,11 @@ def test_page_states_each_baseline():
     stats = hostile_stats()
     html = build_report(stats.summary(VOCAB.__getitem__), stats.arrays())
     assert "over all pairs of the same windows (chance)" not in html  # the old blanket statement
-    for phrase in ("share of all pairs of non-special tokens that lie in one sentence", "(n + 1)/3", "k_M / P",
-                   "most pair-covering token", "1 / n (a uniform attention row)"):
+    for phrase in (
+        "share of all pairs of non-special tokens that lie in one sentence",
+        "(n + 1)/3",
+        "k_M / P",
+        "most pair-covering token",
+        "1 / n (a uniform attention row)",
+    ):
         assert phrase in html, phrase

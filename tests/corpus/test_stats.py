@@ -165,7 +165,11 @@ def test_star_anchor_and_corpus_anchor_counts():
     star = np.zeros((N, N))
     star[np.arange(N), np.arange(N)] = 1
     star[3] = 1  # token 3 is similar to every other token
-    windows = [[CLS, 40, 41, 42, 43, 44, 45, SEP], [CLS, 50, 51, 42, 53, 54, 55, SEP], [CLS, 60, 61, 62, 63, 64, 65, SEP]]
+    windows = [
+        [CLS, 40, 41, 42, 43, 44, 45, SEP],
+        [CLS, 50, 51, 42, 53, 54, 55, SEP],
+        [CLS, 60, 61, 62, 63, 64, 65, SEP],
+    ]
     stats = make_stats(n_heads=2, high=f"top-percent:{ADJACENT_PERCENT}", n_anchor_tokens=2)
     feed(stats, windows, star)
     assert value(stats, "anchor_share", head=1) == 1  # all 7 pairs touch position 3
@@ -183,7 +187,10 @@ def oracle(config, token_ids, sentence_ids, attentions, head_outputs):
     rule = parse_high(config.high)
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     shape = (n_layers, n_heads)
-    acc = {key: np.zeros(shape) for key in ("high", "dist", "short", "same", "eligible", "repeat", "signal", "anchor", "nonempty")}
+    acc = {
+        key: np.zeros(shape)
+        for key in ("high", "dist", "short", "same", "eligible", "repeat", "signal", "anchor", "nonempty")
+    }
     acc["hist"] = np.zeros((*shape, n))
     acc["entries"] = [[[] for _ in range(n_heads)] for _ in range(n_layers)]
     anchors = [[Counter() for _ in range(n_heads)] for _ in range(n_layers)]
@@ -225,20 +232,28 @@ def oracle(config, token_ids, sentence_ids, attentions, head_outputs):
                     acc["repeat"][layer, head] += tokens[i] == tokens[j]
                     acc["signal"][layer, head] += (i, j) in in_attention
                 if high:
-                    cover = {t: sum(1 for i, j in high if tokens[i] == t or tokens[j] == t) for t in set(tokens.tolist())}
+                    cover = {
+                        t: sum(1 for i, j in high if tokens[i] == t or tokens[j] == t) for t in set(tokens.tolist())
+                    }
                     best = max(cover.values())
                     anchor = next(int(t) for t in tokens if cover[t] == best)  # first occurring
                     acc["anchor"][layer, head] += best / len(high)
                     acc["nonempty"][layer, head] += 1
                     anchors[layer][head][anchor] += 1
     same_pairs = sum(
-        1 for b in range(batch) for i, j in pairs if sentence_ids[b, i] >= 0 and sentence_ids[b, i] == sentence_ids[b, j]
+        1
+        for b in range(batch)
+        for i, j in pairs
+        if sentence_ids[b, i] >= 0 and sentence_ids[b, i] == sentence_ids[b, j]
     )
-    eligible_pairs = sum(1 for b in range(batch) for i, j in pairs if sentence_ids[b, i] >= 0 and sentence_ids[b, j] >= 0)
+    eligible_pairs = sum(
+        1 for b in range(batch) for i, j in pairs if sentence_ids[b, i] >= 0 and sentence_ids[b, j] >= 0
+    )
     repeat_pairs = sum(1 for b in range(batch) for i, j in pairs if token_ids[b, i] == token_ids[b, j])
     anchor_chance = np.mean(
         [
-            max(sum(1 for i, j in pairs if token_ids[b, i] == t or token_ids[b, j] == t) for t in token_ids[b]) / len(pairs)
+            max(sum(1 for i, j in pairs if token_ids[b, i] == t or token_ids[b, j] == t) for t in token_ids[b])
+            / len(pairs)
             for b in range(batch)
         ]
     )
@@ -262,11 +277,22 @@ def oracle(config, token_ids, sentence_ids, attentions, head_outputs):
         "anchor_share": acc["anchor"] / acc["nonempty"],
         "anchor_share_chance": np.full(shape, anchor_chance),
         "attention_self": np.einsum("blhii->lh", a) / (n * batch),
-        "attention_prev": np.array([[np.mean([a[b, l, h, i, i - 1] for b in range(batch) for i in range(1, n)]) for h in range(n_heads)] for l in range(n_layers)]),
-        "attention_next": np.array([[np.mean([a[b, l, h, i, i + 1] for b in range(batch) for i in range(n - 1)]) for h in range(n_heads)] for l in range(n_layers)]),
+        "attention_prev": np.array(
+            [
+                [np.mean([a[b, l, h, i, i - 1] for b in range(batch) for i in range(1, n)]) for h in range(n_heads)]
+                for l in range(n_layers)
+            ]
+        ),
+        "attention_next": np.array(
+            [
+                [np.mean([a[b, l, h, i, i + 1] for b in range(batch) for i in range(n - 1)]) for h in range(n_heads)]
+                for l in range(n_layers)
+            ]
+        ),
         "attention_entropy": entropy,
         "attention_to": np.stack(
-            [(a * (token_ids[:, None, None, None, :] == t)).sum(-1).mean(-1).mean(0) for t in (CLS, SEP, DOT, COMMA)], -1
+            [(a * (token_ids[:, None, None, None, :] == t)).sum(-1).mean(-1).mean(0) for t in (CLS, SEP, DOT, COMMA)],
+            -1,
         ),
         "anchors": anchors,
     }
@@ -304,7 +330,11 @@ def test_every_statistic_matches_the_oracle(high):
     for layer in range(2):
         for head in range(3):
             wanted = sorted(expected["anchors"][layer][head].items(), key=lambda item: (-item[1], item[0]))[:3]
-            got = [(int(t), int(c)) for t, c in zip(arrays["top_anchor_ids"][layer, head], arrays["top_anchor_counts"][layer, head]) if c]
+            got = [
+                (int(t), int(c))
+                for t, c in zip(arrays["top_anchor_ids"][layer, head], arrays["top_anchor_counts"][layer, head])
+                if c
+            ]
             assert got == wanted
 
 
@@ -413,7 +443,18 @@ def test_summary_is_json_with_layer_means_over_heads():
 
 @pytest.mark.parametrize(
     "spec",
-    ["top-percent", "top-percent:0", "top-percent:150", "top-percent:x", "top-k-per-row:1.5", "top-k-per-row:0", "zscore:nan", "top:2", "zscore:1:2", 5],
+    [
+        "top-percent",
+        "top-percent:0",
+        "top-percent:150",
+        "top-percent:x",
+        "top-k-per-row:1.5",
+        "top-k-per-row:0",
+        "zscore:nan",
+        "top:2",
+        "zscore:1:2",
+        5,
+    ],
 )
 def test_bad_high_rules_raise(spec):
     with pytest.raises(ValueError, match="bad high-similarity rule .* expected .*top-percent:P"):

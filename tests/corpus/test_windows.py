@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from attnflow.corpus.windows import SentenceSplitter, WindowStream, batched, marker_token_ids, special_tokens
 from attnflow.errors import InputError
+
 from corpus_helpers import story
 
 DOCS = [story(i, sentences=1 + i % 4) for i in range(40)]
@@ -39,7 +40,9 @@ def test_windows_are_exact_slices_of_the_packed_stream(tiny_tokenizer, seq_len, 
         assert window.index == k
         assert window.token_ids.shape == window.sentence_ids.shape == (seq_len,)
         assert window.token_ids.dtype == np.int64
-        assert window.token_ids[0] == tiny_tokenizer.cls_token_id and window.token_ids[-1] == tiny_tokenizer.sep_token_id
+        assert (
+            window.token_ids[0] == tiny_tokenizer.cls_token_id and window.token_ids[-1] == tiny_tokenizer.sep_token_id
+        )
         np.testing.assert_array_equal(window.token_ids[1:-1], reference[k * step : k * step + content])
         assert window.sentence_ids[0] == window.sentence_ids[-1] == -1
         assert (window.sentence_ids[1:-1] >= 0).all()

@@ -34,14 +34,18 @@ def _key_classifier(encoder, key_id: int):
             return self.encoder.get_input_embeddings()
 
         def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
-            outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
+            outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
             hidden = outputs.last_hidden_state  # [batch, token, d_model]
             if attention_mask is None:
                 attention_mask = torch.ones(hidden.shape[:2], dtype=torch.long)
             weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # [batch, token, 1]
             pooled = (hidden * weights).sum(1) / weights.sum(1)
             keys = ((input_ids == key_id) & attention_mask.bool()).sum(1, keepdim=True).to(hidden.dtype)  # [batch, 1]
-            return SequenceClassifierOutput(logits=self.head(torch.cat([pooled, keys], dim=-1)), attentions=outputs.attentions)
+            return SequenceClassifierOutput(
+                logits=self.head(torch.cat([pooled, keys], dim=-1)), attentions=outputs.attentions
+            )
 
     return KeyTokenClassifier()
 
@@ -54,7 +58,13 @@ def key_model(tiny_model_path):
 
     encoder = attnflow.load(str(tiny_model_path("bert")), device="cpu")
     key_id = encoder.tokenizer.convert_tokens_to_ids(KEY_WORD)
-    model = AttentionModel(_key_classifier(encoder.model, key_id), encoder.tokenizer, name="key-token", adapter=encoder.adapter, device="cpu")
+    model = AttentionModel(
+        _key_classifier(encoder.model, key_id),
+        encoder.tokenizer,
+        name="key-token",
+        adapter=encoder.adapter,
+        device="cpu",
+    )
     model.default_row = encoder.default_row
     return model
 

@@ -7,12 +7,13 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import KEY_TEXTS, KEY_WORD
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
 from attnflow.evaluate.perturb import without_top
 from attnflow.evaluate.sanity import FLAG_RHO, randomisation_stages
 from attnflow.evaluate.scorer import ClassifierScorer
+
+from conftest import KEY_TEXTS, KEY_WORD
 
 
 def token_ids(model, text):
@@ -21,7 +22,10 @@ def token_ids(model, text):
 
 def key_first(model, texts, method, targets):
     """Ranks the known decisive token first: 1 on it, 0 elsewhere."""
-    return [(np.asarray(token_ids(model, text)) == model.tokenizer.convert_tokens_to_ids(KEY_WORD)).astype(float) for text in texts]
+    return [
+        (np.asarray(token_ids(model, text)) == model.tokenizer.convert_tokens_to_ids(KEY_WORD)).astype(float)
+        for text in texts
+    ]
 
 
 def random_scores(model, texts, method, targets):
@@ -57,8 +61,18 @@ def results(key_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     options = BenchmarkOptions(sanity_samples=4, chunk_size=3)
     labels = [1] * len(KEY_TEXTS)
-    run = run_benchmark(key_model, KEY_TEXTS, labels, list(FAKE_METHODS), options, out, {"model": "key-token"},
-                        progress=False, attribute_fn=dispatch, reference_method="occlusion")
+    run = run_benchmark(
+        key_model,
+        KEY_TEXTS,
+        labels,
+        list(FAKE_METHODS),
+        options,
+        out,
+        {"model": "key-token"},
+        progress=False,
+        attribute_fn=dispatch,
+        reference_method="occlusion",
+    )
     return run, out
 
 
@@ -75,7 +89,9 @@ def test_ranking_the_decisive_token_first_wins_comprehensiveness(results):
     assert max(comprehensiveness, key=comprehensiveness.get) in ("key_first", "occlusion")
     # removing "great" first flips every prediction: all bins drop p_c by > 0.8
     assert all(b["mean"] > 0.8 for b in methods["key_first"]["comprehensiveness"]["bins"].values())
-    assert comprehensiveness["key_first"] > comprehensiveness["random"] + 3 * methods["random"]["comprehensiveness"]["se"]
+    assert (
+        comprehensiveness["key_first"] > comprehensiveness["random"] + 3 * methods["random"]["comprehensiveness"]["se"]
+    )
     assert methods["key_first"]["sufficiency"]["mean"] < methods["random"]["sufficiency"]["mean"]
     assert methods["key_first"]["deletion_auc"]["mean"] < methods["random"]["deletion_auc"]["mean"]
 
@@ -93,7 +109,9 @@ def test_every_figure_has_a_standard_error(results):
 
 def test_sanity_check_flags_a_constant_attribution_and_passes_occlusion(results, key_model):
     methods = results[0]["methods"]
-    assert [s["stage"] for s in methods["constant"]["sanity"]["stages"]] == [label for label, _ in randomisation_stages(key_model)]
+    assert [s["stage"] for s in methods["constant"]["sanity"]["stages"]] == [
+        label for label, _ in randomisation_stages(key_model)
+    ]
     assert methods["constant"]["sanity"]["final_rho"] == 1.0 and methods["constant"]["sanity"]["flagged"]
     assert methods["key_first"]["sanity"]["flagged"]  # it ignores the weights too
     assert methods["occlusion"]["sanity"]["final_rho"] < FLAG_RHO and not methods["occlusion"]["sanity"]["flagged"]
@@ -112,23 +130,50 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
         calls.append(method)
         return dispatch(model, texts, method, targets)
 
-    again = run_benchmark(key_model, KEY_TEXTS, [1] * len(KEY_TEXTS), list(FAKE_METHODS), BenchmarkOptions(sanity_samples=4, chunk_size=3),
-                          out, {"model": "key-token"}, resume=True, progress=False, attribute_fn=counting, reference_method="occlusion")
+    again = run_benchmark(
+        key_model,
+        KEY_TEXTS,
+        [1] * len(KEY_TEXTS),
+        list(FAKE_METHODS),
+        BenchmarkOptions(sanity_samples=4, chunk_size=3),
+        out,
+        {"model": "key-token"},
+        resume=True,
+        progress=False,
+        attribute_fn=counting,
+        reference_method="occlusion",
+    )
     assert calls == []
     assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
     with pytest.raises(ValueError, match="different run"):
-        run_benchmark(key_model, KEY_TEXTS, [1] * len(KEY_TEXTS), ["random"], BenchmarkOptions(replace="mask"), out,
-                      {"model": "key-token"}, resume=True, progress=False, attribute_fn=counting)
+        run_benchmark(
+            key_model,
+            KEY_TEXTS,
+            [1] * len(KEY_TEXTS),
+            ["random"],
+            BenchmarkOptions(replace="mask"),
+            out,
+            {"model": "key-token"},
+            resume=True,
+            progress=False,
+            attribute_fn=counting,
+        )
 
 
 def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
     from attnflow.evaluate.sanity import cascade
 
-    assert randomisation_stages(key_model) == [("head", "head"), ("layer 1", "encoder.encoder.layer.1"), ("layer 0", "encoder.encoder.layer.0")]
+    assert randomisation_stages(key_model) == [
+        ("head", "head"),
+        ("layer 1", "encoder.encoder.layer.1"),
+        ("layer 0", "encoder.encoder.layer.0"),
+    ]
     original = {name: p.detach().clone() for name, p in key_model.model.named_parameters()}
 
     def changed(model, prefix):
-        return any(not np.allclose(p.detach(), original[n]) for n, p in model.model.named_parameters() if n.startswith(prefix))
+        return any(
+            not np.allclose(p.detach(), original[n]) for n, p in model.model.named_parameters() if n.startswith(prefix)
+        )
 
     seen = []
     for label, randomised in cascade(key_model, seed=1):

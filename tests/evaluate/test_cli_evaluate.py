@@ -21,8 +21,20 @@ def run_cli(capsys, *argv):
 def small_run(tmp_path_factory):
     """Three held-out Rotten Tomatoes examples, three methods, one sanity sample."""
     out = tmp_path_factory.mktemp("evaluate")
-    code = main(["evaluate", "--samples", "3", "--methods", "rollout,gradient,random", "--sanity-samples", "1",
-                 "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "evaluate",
+            "--samples",
+            "3",
+            "--methods",
+            "rollout,gradient,random",
+            "--sanity-samples",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     return code, out
 
 
@@ -70,10 +82,27 @@ def test_task_file_without_the_columns_is_one_line(capsys, tmp_path):
 
 def test_samples_above_the_file_size_are_capped_with_a_warning(capsys, tmp_path, caplog):
     path = tmp_path / "mine.jsonl"
-    path.write_text('{"review": "A wonderful, moving film.", "y": "positive"}\n'
-                    '{"review": "Dull and far too long.", "y": 0}\n')
-    code, _, err = run_cli(capsys, "--task", str(path), "--text-column", "review", "--label-column", "y", "--samples", "50",
-                           "--methods", "random", "--sanity-samples", "0", "--out", str(tmp_path / "out"), "--quiet")
+    path.write_text(
+        '{"review": "A wonderful, moving film.", "y": "positive"}\n{"review": "Dull and far too long.", "y": 0}\n'
+    )
+    code, _, err = run_cli(
+        capsys,
+        "--task",
+        str(path),
+        "--text-column",
+        "review",
+        "--label-column",
+        "y",
+        "--samples",
+        "50",
+        "--methods",
+        "random",
+        "--sanity-samples",
+        "0",
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+    )
     assert code == 0
     assert any("--samples 50 is more than the 2" in record.getMessage() for record in caplog.records)
     results = json.loads((tmp_path / "out" / "results.json").read_text())

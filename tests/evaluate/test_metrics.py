@@ -37,7 +37,9 @@ def test_aopc_equals_hand_computation_on_three_tokens():
     example = toy_example()
     ranking = content_ranking(np.array([9.0, 3.0, 1.0, 2.0, 9.0]), example.special_mask)
     assert ranking.tolist() == [1, 3, 2]  # special tokens (score 9) never ranked
-    without, only, curve = perturbation_probabilities(LookupScorer(), [example], [ranking], BenchmarkOptions(curve_points=4), MASK)
+    without, only, curve = perturbation_probabilities(
+        LookupScorer(), [example], [ranking], BenchmarkOptions(curve_points=4), MASK
+    )
     # comprehensiveness: without a -> 0.4 (drop 0.5, four bins), without a and c -> 0.2 (drop 0.7)
     drops, comprehensiveness = aopc([0.9], without)
     assert drops[0] == pytest.approx([0.5, 0.5, 0.5, 0.5, 0.7])

@@ -79,7 +79,9 @@ def test_values_add_up_on_real_minilm(minilm_sentiment):
 def test_layer_inputs_are_the_residual_stream(tiny_bert):
     trace = tiny_bert.trace(TEXT, needs=("layer_inputs",))[0]
     with torch.no_grad():
-        hidden = tiny_bert.model(**tiny_bert.tokenizer(TEXT, return_tensors="pt"), output_hidden_states=True).hidden_states
+        hidden = tiny_bert.model(
+            **tiny_bert.tokenizer(TEXT, return_tensors="pt"), output_hidden_states=True
+        ).hidden_states
     for layer in range(trace.n_layers):  # hidden_states[l] is the input of layer l
         np.testing.assert_allclose(trace.layer_inputs[layer], hidden[layer][0].numpy(), atol=1e-6)
 
@@ -91,7 +93,9 @@ def _norm_loop(trace, layer, residual_vector=False):
         for j in range(n):
             vector = np.zeros(trace.output_weights.shape[-1])
             for h in range(trace.n_heads):
-                vector += trace.attentions[layer, h, i, j] * (trace.values[layer, j, h] @ trace.output_weights[layer, h])
+                vector += trace.attentions[layer, h, i, j] * (
+                    trace.values[layer, j, h] @ trace.output_weights[layer, h]
+                )
             if residual_vector and i == j:
                 vector += trace.layer_inputs[layer, i]
             result[i, j] = np.linalg.norm(vector)
@@ -160,12 +164,18 @@ def test_alti_equals_an_explicit_loop(tiny_bert):
     n, eps = trace.n_tokens, trace.layer_norms["eps"]
     expected = []
     for layer in range(trace.n_layers):
-        g, b = trace.layer_norms["weight"][layer].astype(np.float64), trace.layer_norms["bias"][layer].astype(np.float64)
+        g, b = (
+            trace.layer_norms["weight"][layer].astype(np.float64),
+            trace.layer_norms["bias"][layer].astype(np.float64),
+        )
         contributions = np.zeros((n, n))
         for i in range(n):
             parts = []
             for j in range(n):
-                t = sum(trace.attentions[layer, h, i, j] * trace.values[layer, j, h] @ trace.output_weights[layer, h] for h in range(trace.n_heads))
+                t = sum(
+                    trace.attentions[layer, h, i, j] * trace.values[layer, j, h] @ trace.output_weights[layer, h]
+                    for h in range(trace.n_heads)
+                )
                 parts.append(t + (trace.layer_inputs[layer, i] if i == j else 0.0))
             y = np.sum(parts, axis=0) + trace.output_bias[layer]
             sigma = np.sqrt(y.var() + eps)
@@ -224,7 +234,9 @@ def test_embedding_grads_match_finite_differences(tiny_bert):
     assert analytic == pytest.approx(numeric, rel=1e-3, abs=1e-6)
     np.testing.assert_allclose(trace.embeddings, embeddings[0].detach().numpy(), atol=1e-6)
     np.testing.assert_allclose(attnflow.gradient(trace), np.linalg.norm(trace.embedding_grads, axis=-1))
-    np.testing.assert_allclose(attnflow.grad_x_input(trace), np.linalg.norm(trace.embedding_grads * trace.embeddings, axis=-1))
+    np.testing.assert_allclose(
+        attnflow.grad_x_input(trace), np.linalg.norm(trace.embedding_grads * trace.embeddings, axis=-1)
+    )
 
 
 def test_grad_rollout_equals_an_explicit_loop(tiny_bert):
@@ -236,7 +248,10 @@ def test_grad_rollout_equals_an_explicit_loop(tiny_bert):
         for h in range(trace.n_heads):
             for i in range(n):
                 for j in range(n):
-                    weighted[i, j] += max(0.0, trace.attention_grads[layer, h, i, j] * trace.attentions[layer, h, i, j]) / trace.n_heads
+                    weighted[i, j] += (
+                        max(0.0, trace.attention_grads[layer, h, i, j] * trace.attentions[layer, h, i, j])
+                        / trace.n_heads
+                    )
         relevance = relevance + weighted @ relevance
     np.testing.assert_allclose(attnflow.grad_rollout(trace, keep_identity=True), relevance, atol=1e-10)
     np.testing.assert_allclose(attnflow.grad_rollout(trace), relevance - np.eye(n), atol=1e-10)
@@ -255,8 +270,13 @@ def test_value_zeroing_equals_full_forward_passes_with_one_token_zeroed(tiny_cla
 
     def block_output(layer, zero_token=None):
         recorded = {}
-        handles = [blocks[layer][1].register_forward_hook(lambda m, i, o: recorded.__setitem__("out", o[0] if isinstance(o, tuple) else o))]
+        handles = [
+            blocks[layer][1].register_forward_hook(
+                lambda m, i, o: recorded.__setitem__("out", o[0] if isinstance(o, tuple) else o)
+            )
+        ]
         if zero_token is not None:
+
             def zero(module, inputs, output):
                 output = output.clone()
                 output[:, zero_token] = 0.0
@@ -304,7 +324,10 @@ def test_integrated_gradients_are_complete(tiny_bert):
     attributions = integrated_gradient_attributions(tiny_bert, trace, n_steps=300)  # [token, d_model]
     baseline = np.where(trace.special_mask, trace.token_ids, tiny_bert.tokenizer.pad_token_id)
     with torch.no_grad():
-        logits = [tiny_bert.model(input_ids=torch.as_tensor(ids)[None]).logits[0, trace.target.index] for ids in (trace.token_ids, baseline)]
+        logits = [
+            tiny_bert.model(input_ids=torch.as_tensor(ids)[None]).logits[0, trace.target.index]
+            for ids in (trace.token_ids, baseline)
+        ]
     assert attributions.sum() == pytest.approx(float(logits[0] - logits[1]), rel=2e-2, abs=1e-4)
     scores = explain(trace, method="integrated_gradients", model=tiny_bert, n_steps=300).scores
     np.testing.assert_allclose(scores, np.linalg.norm(attributions, axis=-1), rtol=1e-6)

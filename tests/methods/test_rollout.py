@@ -137,9 +137,16 @@ def test_rollout_matches_explicit_loops(fusion, residual, start_layer, pruning, 
         kwargs["weights"] = list(fusion)
     else:
         kwargs["head_fusion"] = fusion
-    expected = oracle_rollout(attentions.tolist(), fusion, residual, start_layer,
-                              threshold=pruning.get("threshold"), top_k=pruning.get("top_k"),
-                              discard_ratio=pruning.get("discard_ratio"), prune_on=prune_on)
+    expected = oracle_rollout(
+        attentions.tolist(),
+        fusion,
+        residual,
+        start_layer,
+        threshold=pruning.get("threshold"),
+        top_k=pruning.get("top_k"),
+        discard_ratio=pruning.get("discard_ratio"),
+        prune_on=prune_on,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PruningCollapseWarning)  # collapse is tested on its own below
         np.testing.assert_allclose(rollout(attentions, **kwargs), expected[-1], atol=1e-12)
@@ -296,7 +303,9 @@ def test_raw_attention_and_registry():
     attentions = random_attention(np.random.default_rng(6))
     np.testing.assert_allclose(raw_attention(attentions), attentions[-1].mean(0))
     max_fused = attentions[0].max(0)
-    np.testing.assert_allclose(raw_attention(attentions, layer=0, head_fusion="max"), max_fused / max_fused.sum(-1, keepdims=True))
+    np.testing.assert_allclose(
+        raw_attention(attentions, layer=0, head_fusion="max"), max_fused / max_fused.sum(-1, keepdims=True)
+    )
     assert {"rollout", "raw"} <= set(attnflow.available_methods())
     assert attnflow.get_method("rollout").function is rollout
     with pytest.raises(ValueError, match="available"):

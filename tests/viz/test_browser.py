@@ -28,9 +28,19 @@ SENTENCE = "The movie was terrible, but the acting was great."
 def chromium(page: Path, profile: Path, *mode: str) -> subprocess.CompletedProcess:
     """Run headless Chromium on a local file with networking features off."""
     command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", "--window-size=1200,900", *mode, page.resolve().as_uri(),
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1200,900",
+        *mode,
+        page.resolve().as_uri(),
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
 
@@ -82,7 +92,10 @@ def test_cli_explain_on_minilm_renders_in_chromium(tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [str(script), "explain", SENTENCE, "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr

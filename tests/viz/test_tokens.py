@@ -15,9 +15,22 @@ from attnflow.viz.tokens import display_token
 @pytest.mark.parametrize(
     "token, shown",
     [
-        ("Ġupon", "upon"), ("▁upon", "upon"), ("##ing", "ing"), ("Ċ", "\\n"), ("ĊĊ", "\\n\\n"), ("ĉ", "\\t"),
-        ("Ã©t", "ét"), ("é", "é"), ("<0x0A>", "\\n"), ("Ġ", "␣"), ("[CLS]", "[CLS]"), ("<s>", "<s>"),
-        ("<|im_start|>", "<|im_start|>"), ("##", "##"), ("$x$", "$x$"), ("ðŁĺ", "�"),
+        ("Ġupon", "upon"),
+        ("▁upon", "upon"),
+        ("##ing", "ing"),
+        ("Ċ", "\\n"),
+        ("ĊĊ", "\\n\\n"),
+        ("ĉ", "\\t"),
+        ("Ã©t", "ét"),
+        ("é", "é"),
+        ("<0x0A>", "\\n"),
+        ("Ġ", "␣"),
+        ("[CLS]", "[CLS]"),
+        ("<s>", "<s>"),
+        ("<|im_start|>", "<|im_start|>"),
+        ("##", "##"),
+        ("$x$", "$x$"),
+        ("ðŁĺ", "�"),
     ],
 )
 def test_display_token(token, shown):
@@ -53,8 +66,14 @@ def test_byte_level_tokens_match_the_tokenizers_own_decoder():
 def test_page_and_figure_show_readable_tokens_json_keeps_raw(tmp_path):
     tokens = ["Once", "Ġupon", "Ġa", "Ġtime"]
     n = len(tokens)
-    explanation = Explanation(tokens=tokens, matrix=np.full((n, n), 1 / n), scores=np.arange(1.0, n + 1) / 10,
-                              method="rollout", options={}, row="last")
+    explanation = Explanation(
+        tokens=tokens,
+        matrix=np.full((n, n), 1 / n),
+        scores=np.arange(1.0, n + 1) / 10,
+        method="rollout",
+        options={},
+        row="last",
+    )
     paths = explanation.save(tmp_path)
     page = paths["html"].read_text()
     assert "<td>upon</td>" in page and "<td>Ġupon</td>" not in page  # the top-tokens table

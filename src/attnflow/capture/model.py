@@ -114,7 +114,9 @@ def load(
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
-    wrapped = AttentionModel(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
+    wrapped = AttentionModel(
+        model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor
+    )
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
@@ -227,7 +229,6 @@ class AttentionModel:
     def kind(self) -> str:
         return self.adapter.kind
 
-
     @property
     def is_classifier(self) -> bool:
         """A text classifier: its output is ``logits [batch, class]``."""
@@ -324,11 +325,18 @@ class AttentionModel:
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
             if wanted - {"attentions", "head_outputs", "output_weights"}:
-                raise CaptureError(f"{self.name} is an encoder-decoder model: only attentions and head outputs are captured")
-            goals = [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
+                raise CaptureError(
+                    f"{self.name} is an encoder-decoder model: only attentions and head outputs are captured"
+                )
+            goals = (
+                [None] * len(texts) if targets is None else ([targets] if isinstance(targets, str) else list(targets))
+            )
             if len(goals) != len(texts):
                 raise InputError(f"{len(texts)} texts but {len(goals)} targets")
-            return [self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted) for text, goal in zip(texts, goals, strict=True)]
+            return [
+                self._trace_seq2seq(text, goal, limit, "head_outputs" in wanted)
+                for text, goal in zip(texts, goals, strict=True)
+            ]
         objective = None
         if wanted & TARGET_NEEDS:
             from attnflow.targets import Objective
@@ -406,7 +414,9 @@ class AttentionModel:
         if unknown:
             raise ValueError(f"unknown needs {sorted(unknown)}; known: {', '.join(NEEDS)}")
         if "layer_norms" in wanted and not self._values_table().post_norm:
-            raise CaptureError(f"the {self.adapter.family} family is pre-LN: it has no layer norm after the attention block")
+            raise CaptureError(
+                f"the {self.adapter.family} family is pre-LN: it has no layer norm after the attention block"
+            )
         if wanted & {"values", "layer_inputs"}:
             self._values_table()
         return wanted
@@ -438,7 +448,9 @@ class AttentionModel:
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
-            per_sample: dict[str, Any] = {name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"}
+            per_sample: dict[str, Any] = {
+                name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"
+            }
             traces.append(
                 Trace(
                     tokens=self.tokenizer.convert_ids_to_tokens(ids.tolist()),
@@ -475,7 +487,10 @@ class AttentionModel:
         with ExitStack() as hooks:
             recording = hooks.enter_context(
                 record_stack(
-                    self.model, self.adapter.stack, head_outputs="head_outputs" in needs, stop_after_last_layer=not run_whole_model
+                    self.model,
+                    self.adapter.stack,
+                    head_outputs="head_outputs" in needs,
+                    stop_after_last_layer=not run_whole_model,
                 )
             )
             value_layers = find_layers(self.model, self._values_table().value) if "values" in needs else []
@@ -495,7 +510,9 @@ class AttentionModel:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
             if gradients:
-                sources = (weights if "attention_grads" in gradients else []) + [embeddings[n] for n, _ in embedding_layer]
+                sources = (weights if "attention_grads" in gradients else []) + [
+                    embeddings[n] for n, _ in embedding_layer
+                ]
                 grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
                 if "attention_grads" in gradients:
                     captured["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights))
@@ -512,12 +529,16 @@ class AttentionModel:
             # grouped-query attention: query head h reads value head h // (heads per value head)
             captured["values"] = _numpy(per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3))
         if block_layers:
-            captured["layer_inputs"] = _numpy(stack_recorded(layer_inputs, block_layers))  # [batch, layer, token, d_model]
+            captured["layer_inputs"] = _numpy(
+                stack_recorded(layer_inputs, block_layers)
+            )  # [batch, layer, token, d_model]
         if run_whole_model:
             y = y.detach().double().cpu().numpy()
             probability = None if probability is None else probability.detach().double().cpu().numpy()
             captured["target"] = [
-                objective.describe(y[i], None if index is None else int(index[i]), None if probability is None else probability[i])
+                objective.describe(
+                    y[i], None if index is None else int(index[i]), None if probability is None else probability[i]
+                )
                 for i in range(len(y))
             ]
         return captured
@@ -525,8 +546,12 @@ class AttentionModel:
     def _trace_seq2seq(self, text: str, target: str | None, limit: int, head_outputs: bool) -> Trace:
         self._warn_truncation([text], limit)
         encoded = self.tokenizer(
-            text, truncation=True, max_length=limit, return_offsets_mapping=True,
-            return_special_tokens_mask=True, return_tensors="pt",
+            text,
+            truncation=True,
+            max_length=limit,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_tensors="pt",
         )
         input_ids = encoded["input_ids"].to(self.device)
         start = torch.tensor([[self.config.decoder_start_token_id]], device=self.device)
@@ -676,7 +701,10 @@ class AttentionModel:
                     "text %r: %s of its %d tokens are the unknown token %s (%s has no tokens for these "
                     "characters), so the explanation is about placeholders, not the text",
                     text if len(text) <= 40 else text[:39] + "…",
-                    "all" if unknown == content else unknown, content, self.tokenizer.unk_token, self.name,
+                    "all" if unknown == content else unknown,
+                    content,
+                    self.tokenizer.unk_token,
+                    self.name,
                 )
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:

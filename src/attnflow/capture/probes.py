@@ -71,8 +71,12 @@ def _make_classifier():
         def get_input_embeddings(self) -> nn.Module:
             return self.encoder.get_input_embeddings()
 
-        def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs) -> SequenceClassifierOutput:
-            outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
+        def forward(
+            self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs
+        ) -> SequenceClassifierOutput:
+            outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
             hidden = outputs.last_hidden_state  # [batch, token, d_model]
             if attention_mask is None:
                 attention_mask = torch.ones(hidden.shape[:2], device=hidden.device)
@@ -96,7 +100,11 @@ def mean_pooled_features(model: Any, texts: list[str], batch_size: int = 64, pro
         for start in tqdm(range(0, len(texts), batch_size), desc="features", unit="batch", disable=not progress):
             index = order[start : start + batch_size]
             encoded = model.tokenizer(
-                [texts[i] for i in index], padding=True, truncation=True, max_length=PROBE_MAX_LENGTH, return_tensors="pt"
+                [texts[i] for i in index],
+                padding=True,
+                truncation=True,
+                max_length=PROBE_MAX_LENGTH,
+                return_tensors="pt",
             ).to(model.device)
             hidden = model.model(**encoded).last_hidden_state  # [batch, token, d_model]
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)

@@ -72,7 +72,9 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
         os.rename(scratch, folder)
         scratch = None
     except (OSError, ValueError, RuntimeError) as error:  # a failed cache never fails the load
-        log.warning("could not cache the dequantised weights in %s (%s); the next load dequantises again", folder, error)
+        log.warning(
+            "could not cache the dequantised weights in %s (%s); the next load dequantises again", folder, error
+        )
         return False
     finally:
         if scratch is not None:

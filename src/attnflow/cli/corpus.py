@@ -47,44 +47,90 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = parser.add_argument_group("what to study")
-    what.add_argument("--model", default="minilm", help="alias (minilm, mpnet, smollm2), local folder or hub id (default: minilm)")
     what.add_argument(
-        "--data", default="wiki", metavar="wiki|PATH",
+        "--model", default="minilm", help="alias (minilm, mpnet, smollm2), local folder or hub id (default: minilm)"
+    )
+    what.add_argument(
+        "--data",
+        default="wiki",
+        metavar="wiki|PATH",
         help="'wiki' (embedded Wikipedia summaries) or a .txt, .jsonl, .csv or .parquet file (default: wiki)",
     )
-    what.add_argument("--samples", type=int, default=20000, metavar="N", help="windows to process, at most (default: 20000)")
-    what.add_argument("--seq-len", type=int, default=128, metavar="N", help="tokens per window, special tokens included (default: 128)")
-    what.add_argument("--stride", type=int, default=None, metavar="S", help="wordpieces between window starts (default: seq_len-2, no overlap)")
     what.add_argument(
-        "--high", default="top-percent:2", metavar="RULE",
+        "--samples", type=int, default=20000, metavar="N", help="windows to process, at most (default: 20000)"
+    )
+    what.add_argument(
+        "--seq-len",
+        type=int,
+        default=128,
+        metavar="N",
+        help="tokens per window, special tokens included (default: 128)",
+    )
+    what.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        metavar="S",
+        help="wordpieces between window starts (default: seq_len-2, no overlap)",
+    )
+    what.add_argument(
+        "--high",
+        default="top-percent:2",
+        metavar="RULE",
         help="high-similarity pairs per matrix: top-percent:P, top-k-per-row:K or zscore:Z (default: top-percent:2)",
     )
     what.add_argument(
-        "--attention-top-percent", type=float, default=2.0, metavar="P",
+        "--attention-top-percent",
+        type=float,
+        default=2.0,
+        metavar="P",
         help="high-attention pairs M: top P %% by max(A_ij, A_ji) (default: 2)",
     )
     reading = parser.add_argument_group("reading the corpus")
     reading.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     reading.add_argument("--text-column", default="text", help="CSV/Parquet column holding the text (default: text)")
     reading.add_argument(
-        "--txt-docs", choices=("line", "paragraph"), default="line",
+        "--txt-docs",
+        choices=("line", "paragraph"),
+        default="line",
         help=".txt files: one document per line, or per blank-line-separated paragraph (default: line)",
     )
     reading.add_argument("--skip-bad", action="store_true", help="count and skip bad JSONL lines instead of stopping")
     running = parser.add_argument_group("running")
-    running.add_argument("--out", required=True, metavar="DIR", help="output folder (refused if not empty, unless --resume/--overwrite)")
+    running.add_argument(
+        "--out", required=True, metavar="DIR", help="output folder (refused if not empty, unless --resume/--overwrite)"
+    )
     again = running.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue the run checkpointed in DIR (same options)")
     again.add_argument("--overwrite", action="store_true", help="delete attnflow's files in DIR and start again")
-    running.add_argument("--batch-size", type=int, default=16, metavar="B", help="windows per forward pass (default: 16)")
-    running.add_argument("--checkpoint-every", type=int, default=20, metavar="K", help="batches between checkpoints (default: 20)")
-    running.add_argument("--engine", choices=("local", "ray"), default="local", help="local: this process; ray: model replicas as Ray actors")
-    running.add_argument("--ray-address", default=None, metavar="ADDR", help="Ray cluster to join (e.g. auto); default: a private local Ray runtime")
     running.add_argument(
-        "--workers", type=int, default=None, metavar="N",
+        "--batch-size", type=int, default=16, metavar="B", help="windows per forward pass (default: 16)"
+    )
+    running.add_argument(
+        "--checkpoint-every", type=int, default=20, metavar="K", help="batches between checkpoints (default: 20)"
+    )
+    running.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process; ray: model replicas as Ray actors",
+    )
+    running.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="Ray cluster to join (e.g. auto); default: a private local Ray runtime",
+    )
+    running.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
         help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per cluster CPU)",
     )
-    running.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)")
+    running.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)"
+    )
     running.add_argument("--quiet", action="store_true", help="no progress bar")
     running.add_argument("--json", action="store_true", help="print the summary's layer table as JSON on stdout")
     parser.set_defaults(handler=run)
@@ -127,8 +173,15 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = run_study(options, args.out, resume=args.resume, overwrite=args.overwrite)
     if args.json:
-        keys = ("mean_distance_high", "mean_distance_all", "same_sentence_share", "same_sentence_chance",
-                "repeat_share", "repeat_chance", "signal_share")
+        keys = (
+            "mean_distance_high",
+            "mean_distance_all",
+            "same_sentence_share",
+            "same_sentence_chance",
+            "repeat_share",
+            "repeat_chance",
+            "signal_share",
+        )
         layers = [{"layer": layer["layer"], **{key: layer.get(key) for key in keys}} for layer in summary["layers"]]
         json.dump({"out": str(args.out), "samples": summary["samples"], "layers": layers}, sys.stdout, indent=1)
         print()

@@ -22,25 +22,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=(
             "examples:\n  attnflow evaluate --out out/eval --samples 50 --methods rollout,alti,gradient,random\n"
             "  attnflow evaluate --model minilm-topics --task wiki-topics --out out/topics\n"
-            "  attnflow evaluate --model minilm-sentiment --task reviews.csv --text-column review --label-column stars --out out/mine"
+            "  attnflow evaluate --model minilm-sentiment --task reviews.csv "
+            "--text-column review --label-column stars --out out/mine"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="minilm-sentiment", help="a classifier: minilm-sentiment (default), minilm-topics, or a path")
-    parser.add_argument("--task", default=None,
-                        help="rotten-tomatoes, wiki-topics (their held-out 20 %%) or a CSV/JSONL file; default: the classifier's own task")
+    parser.add_argument(
+        "--model", default="minilm-sentiment", help="a classifier: minilm-sentiment (default), minilm-topics, or a path"
+    )
+    parser.add_argument(
+        "--task",
+        default=None,
+        help=(
+            "rotten-tomatoes, wiki-topics (their held-out 20 %%) or "
+            "a CSV/JSONL file; default: the classifier's own task"
+        ),
+    )
     parser.add_argument("--text-column", default="text", help="text column of a task file (default: text)")
-    parser.add_argument("--label-column", default="label",
-                        help="label column of a task file: the model's class names or indices (default: label)")
+    parser.add_argument(
+        "--label-column",
+        default="label",
+        help="label column of a task file: the model's class names or indices (default: label)",
+    )
     parser.add_argument("--methods", default="all", help="comma-separated method names, or all (default)")
-    parser.add_argument("--samples", type=int, default=500, help="held-out examples to evaluate (default 500; capped at the split size)")
-    parser.add_argument("--sanity-samples", type=int, default=32,
-                        help="examples re-explained at each randomisation stage (default 32; 0 skips the sanity check)")
-    parser.add_argument("--replace", choices=("remove", "mask"), default="remove",
-                        help="remove tokens from the sequence (default) or put the mask token in their place")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the sample choice and the randomised weights (default 0)")
+    parser.add_argument(
+        "--samples", type=int, default=500, help="held-out examples to evaluate (default 500; capped at the split size)"
+    )
+    parser.add_argument(
+        "--sanity-samples",
+        type=int,
+        default=32,
+        help="examples re-explained at each randomisation stage (default 32; 0 skips the sanity check)",
+    )
+    parser.add_argument(
+        "--replace",
+        choices=("remove", "mask"),
+        default="remove",
+        help="remove tokens from the sequence (default) or put the mask token in their place",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the sample choice and the randomised weights (default 0)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--resume", action="store_true", help="keep the methods already finished in --out (same run only)")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the methods already finished in --out (same run only)"
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
@@ -58,8 +84,20 @@ def run(args: argparse.Namespace) -> int:
     from attnflow.capture.model import load
 
     model = load(args.model, device=args.device)
-    results = evaluate(model, args.task, args.methods, args.samples, args.out, options, resume=args.resume,
-                       progress=not args.quiet, text_column=args.text_column, label_column=args.label_column)
-    print(f"{len(results['methods'])} methods on {results['run']['samples']} samples: {args.out / 'results.md'}, "
-          f"{args.out / 'results.html'}")
+    results = evaluate(
+        model,
+        args.task,
+        args.methods,
+        args.samples,
+        args.out,
+        options,
+        resume=args.resume,
+        progress=not args.quiet,
+        text_column=args.text_column,
+        label_column=args.label_column,
+    )
+    print(
+        f"{len(results['methods'])} methods on {results['run']['samples']} samples: {args.out / 'results.md'}, "
+        f"{args.out / 'results.html'}"
+    )
     return 0

@@ -101,26 +101,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="explain an image instead of a text (needs a vision model, e.g. dinov2-s; preprocessing below)",
     )
-    source.add_argument("--file", metavar="PATH", help="explain every text of a .txt (one per line), .jsonl or .csv file, or of stdin (-): DIR/001/, DIR/002/, ... and DIR/index.html")
-    source.add_argument("--text-field", metavar="NAME", help="--file: the JSON field that holds the text (default: text; with -: read JSON lines)")
-    source.add_argument("--text-column", metavar="NAME", help="--file: the CSV column that holds the text (default: text; with -: read CSV)")
-    source.add_argument("--batch-size", type=_positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)")
-    source.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens (default: the model's maximum)")
-    source.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)")
+    source.add_argument(
+        "--file",
+        metavar="PATH",
+        help=(
+            "explain every text of a .txt (one per line), .jsonl or .csv "
+            "file, or of stdin (-): DIR/001/, DIR/002/, ... and DIR/index.html"
+        ),
+    )
+    source.add_argument(
+        "--text-field",
+        metavar="NAME",
+        help="--file: the JSON field that holds the text (default: text; with -: read JSON lines)",
+    )
+    source.add_argument(
+        "--text-column",
+        metavar="NAME",
+        help="--file: the CSV column that holds the text (default: text; with -: read CSV)",
+    )
+    source.add_argument(
+        "--batch-size", type=_positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)"
+    )
+    source.add_argument(
+        "--max-length",
+        type=_positive_int,
+        metavar="N",
+        help="truncate the text to N tokens (default: the model's maximum)",
+    )
+    source.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
+    )
 
     method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
     method.add_argument(
-        "--method", default="rollout", type=_methods, metavar="NAME[,NAME..]", help="one or more methods listed above (default: rollout)"
+        "--method",
+        default="rollout",
+        type=_methods,
+        metavar="NAME[,NAME..]",
+        help="one or more methods listed above (default: rollout)",
     )
-    method.add_argument("--head-fusion", choices=("mean", "max", "min", "none"), help="fuse heads (default: mean; none: one rollout or flow per head, averaged)")
-    method.add_argument("--head-weights", type=_weights, metavar="W1,W2,..", help="weighted head fusion, one weight per head (normalised)")
     method.add_argument(
-        "--residual", type=_residual, metavar="half|renorm|none|ALPHA|norm", help="residual correction (default: half; norm: norm_rollout only)"
+        "--head-fusion",
+        choices=("mean", "max", "min", "none"),
+        help="fuse heads (default: mean; none: one rollout or flow per head, averaged)",
+    )
+    method.add_argument(
+        "--head-weights",
+        type=_weights,
+        metavar="W1,W2,..",
+        help="weighted head fusion, one weight per head (normalised)",
+    )
+    method.add_argument(
+        "--residual",
+        type=_residual,
+        metavar="half|renorm|none|ALPHA|norm",
+        help="residual correction (default: half; norm: norm_rollout only)",
     )
     method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
     method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
     method.add_argument("--threshold", type=_ratio, metavar="T", help="drop entries below T in each row (T in [0, 1))")
-    method.add_argument("--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row (Q in [0, 1))")
+    method.add_argument(
+        "--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row (Q in [0, 1))"
+    )
     method.add_argument(
         "--prune-on",
         choices=("attention", "residual"),
@@ -130,19 +172,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw or norm (default: last)")
     method.add_argument("--seed", type=_non_negative_int, metavar="S", help="seed of --method random (default: 0)")
-    method.add_argument("--steps", type=_positive_int, metavar="N", help="steps of --method integrated_gradients (default: 32)")
-    target = parser.add_argument_group("target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)")
-    target.add_argument("--target", metavar="CLASS", help="classifiers: class index or label name (default: the predicted class)")
-    target.add_argument("--target-token", metavar="TOKEN", help="causal LMs: the next token explained (default: the most likely one)")
-    target.add_argument("--target-text", metavar="TEXT", help="sentence encoders without a head: explain the similarity to this text")
-    method.add_argument("--row", type=_row, metavar="cls|mean|last|N", help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)")
+    method.add_argument(
+        "--steps", type=_positive_int, metavar="N", help="steps of --method integrated_gradients (default: 32)"
+    )
+    target = parser.add_argument_group(
+        "target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)"
+    )
+    target.add_argument(
+        "--target", metavar="CLASS", help="classifiers: class index or label name (default: the predicted class)"
+    )
+    target.add_argument(
+        "--target-token", metavar="TOKEN", help="causal LMs: the next token explained (default: the most likely one)"
+    )
+    target.add_argument(
+        "--target-text", metavar="TEXT", help="sentence encoders without a head: explain the similarity to this text"
+    )
+    method.add_argument(
+        "--row",
+        type=_row,
+        metavar="cls|mean|last|N",
+        help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
+    )
 
     output = parser.add_argument_group("output")
-    output.add_argument("--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)")
+    output.add_argument(
+        "--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)"
+    )
     output.add_argument("--overwrite", action="store_true", help="replace an explanation already in DIR")
-    output.add_argument("--save-trace", action="store_true", help=f"also write DIR/{TRACE_FILE} (attentions [L,H,n,n] float32, tokens)")
-    output.add_argument("--json", action="store_true", help="print explanation.json to stdout (writes no folder unless --out is given)")
-    output.add_argument("--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)")
+    output.add_argument(
+        "--save-trace", action="store_true", help=f"also write DIR/{TRACE_FILE} (attentions [L,H,n,n] float32, tokens)"
+    )
+    output.add_argument(
+        "--json", action="store_true", help="print explanation.json to stdout (writes no folder unless --out is given)"
+    )
+    output.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -179,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
-        trace = model.trace_for(args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length)[0]
+        trace = model.trace_for(
+            args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length
+        )[0]
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     explanations = []
     for method, options in per_method.items():
@@ -194,7 +261,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif not args.quiet:
         if trace.target is not None:
-            print(f"prediction: {trace.target.describe()}" if any(e.target is None for e in explanations) else f"explains: {trace.target.describe()}")
+            print(
+                f"prediction: {trace.target.describe()}"
+                if any(e.target is None for e in explanations)
+                else f"explains: {trace.target.describe()}"
+            )
         for explanation in explanations:
             top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
             where = f"row {explanation.row}" if explanation.row is not None else "scores"
@@ -214,13 +285,19 @@ def _options_per_method(methods: list[str], options: dict[str, Any]) -> dict[str
         method_options(get_method(methods[0]), given, spell=FLAGS)
         return {methods[0]: given}
     specs = [get_method(name) for name in methods]
-    accepted = {name for spec in specs for name in spec.options} | ({"weights"} if any("head_fusion" in s.options for s in specs) else set())
+    accepted = {name for spec in specs for name in spec.options} | (
+        {"weights"} if any("head_fusion" in s.options for s in specs) else set()
+    )
     unused = [FLAGS.get(name, name) for name in given if name not in accepted]
     if unused:
         raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
     chosen = {}
     for spec in specs:
-        mine = {name: value for name, value in given.items() if name in spec.options or (name == "weights" and "head_fusion" in spec.options)}
+        mine = {
+            name: value
+            for name, value in given.items()
+            if name in spec.options or (name == "weights" and "head_fusion" in spec.options)
+        }
         chosen[spec.name] = method_options(spec, mine, spell=FLAGS)
     return chosen
 

@@ -39,7 +39,9 @@ def read_texts(source: str, text_field: str | None = None, text_column: str | No
         raise InputError(f"--file {source}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
     kind = KINDS.get(path.suffix.lower(), "")
     if kind not in FILE_KINDS:
-        raise InputError(f"--file {source}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl or .csv")
+        raise InputError(
+            f"--file {source}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl or .csv"
+        )
     return _read(Corpus(source, kind, path, _reading(text_field, text_column)), source)
 
 
@@ -115,8 +117,12 @@ def _explain_all(
             batch = texts[start : start + args.batch_size]
             target = args.target if args.target is not None else args.target_token
             traces = model.trace_for(
-                list(per_method), batch, target=target, target_text=args.target_text,
-                max_length=args.max_length, batch_size=args.batch_size,
+                list(per_method),
+                batch,
+                target=target,
+                target_text=args.target_text,
+                max_length=args.max_length,
+                batch_size=args.batch_size,
             )
             for trace in traces:
                 yield trace, [explain(trace, method=m, row=row, model=model, **o) for m, o in per_method.items()]

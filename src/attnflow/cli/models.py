@@ -48,7 +48,9 @@ def run_list(args: argparse.Namespace) -> int:
         meta = probe_metadata(probe.alias)
         description = probe.description
         if meta is not None:
-            description += f"; held-out accuracy {meta['heldout_accuracy']:.3f} (majority class {meta['majority_accuracy']:.3f})"
+            description += (
+                f"; held-out accuracy {meta['heldout_accuracy']:.3f} (majority class {meta['majority_accuracy']:.3f})"
+            )
         rows.append(
             {
                 "alias": probe.alias,
@@ -78,7 +80,10 @@ def run_install(args: argparse.Namespace) -> int:
         if probe_metadata(args.alias) is None or args.force:
             train_probe(args.alias, load(PROBES[args.alias].encoder, device="cpu"))
         meta = probe_metadata(args.alias) or {}
-        print(f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} on {meta['n_test']} {meta['task']} examples")
+        print(
+            f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} "
+            f"on {meta['n_test']} {meta['task']} examples"
+        )
         return 0
     model = EMBEDDED[args.alias]
     if model.install is not None:

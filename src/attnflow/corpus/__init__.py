@@ -1,7 +1,7 @@
 """The corpus study: readers, windowing, mergeable statistics, the local and Ray engines.
 
-    from attnflow.corpus import StudyOptions, run_study
-    summary = run_study(StudyOptions(model="minilm", data="wiki", samples=200), "out/study")
+from attnflow.corpus import StudyOptions, run_study
+summary = run_study(StudyOptions(model="minilm", data="wiki", samples=200), "out/study")
 """
 
 _EXPORTS = {

@@ -161,7 +161,14 @@ def run_study(
                 progress.update(len(batch))
                 if stop.is_set() or batches_done % options.checkpoint_every == 0:
                     stats = backend.collect()
-                    _save(checkpoint_path(out), stats, consumed, fields, fingerprint, elapsed_before + time.perf_counter() - started)
+                    _save(
+                        checkpoint_path(out),
+                        stats,
+                        consumed,
+                        fields,
+                        fingerprint,
+                        elapsed_before + time.perf_counter() - started,
+                    )
                 if stop.is_set():
                     log.warning(
                         "stopped: checkpoint saved after %d windows; continue with the same command and --resume",
@@ -274,8 +281,7 @@ def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | None:
             raise InputError(f"--resume: {out} has no {CHECKPOINT} to continue from")
         return checkpoint_path(out)
     raise InputError(
-        f"{out} exists and is not empty; pass --resume to continue the run saved there, "
-        "or --overwrite to start again"
+        f"{out} exists and is not empty; pass --resume to continue the run saved there, or --overwrite to start again"
     )
 
 
@@ -323,11 +329,11 @@ def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     try:
         with np.load(path, allow_pickle=False) as saved:
             meta = json.loads(saved["meta"].tobytes().decode("utf-8"))
-            state = {
-                name[len(_STATE_PREFIX) :]: saved[name] for name in saved.files if name.startswith(_STATE_PREFIX)
-            }
+            state = {name[len(_STATE_PREFIX) :]: saved[name] for name in saved.files if name.startswith(_STATE_PREFIX)}
     except (OSError, ValueError, KeyError) as error:
-        raise InputError(f"{path}: not a readable attnflow checkpoint ({error}); use --overwrite to start again") from None
+        raise InputError(
+            f"{path}: not a readable attnflow checkpoint ({error}); use --overwrite to start again"
+        ) from None
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
     return state, meta

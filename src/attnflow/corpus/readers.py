@@ -171,7 +171,7 @@ class Corpus:
                 except UnicodeDecodeError as error:
                     raise InputError(
                         f"{self.path}: invalid UTF-8 at line {number}, byte {offset + error.start} "
-                        f"(column {error.start + 1}): {raw[error.start:error.start + 4]!r}"
+                        f"(column {error.start + 1}): {raw[error.start : error.start + 4]!r}"
                     ) from None
                 offset += len(raw)
                 if number == 1 and line.startswith("\ufeff"):
@@ -290,8 +290,7 @@ def open_corpus(data: str, reading: ReadOptions | None = None) -> Corpus:
     kind = KINDS.get(path.suffix.lower())
     if kind is None:
         raise InputError(
-            f"--data {data}: unknown file type {path.suffix or '(no extension)'!r}; "
-            "use .txt, .jsonl, .csv or .parquet"
+            f"--data {data}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl, .csv or .parquet"
         )
     if not os.access(path, os.R_OK):
         raise InputError(f"--data {data}: not readable")

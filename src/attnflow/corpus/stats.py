@@ -172,7 +172,11 @@ class StudyConfig:
         percent = self.attention_top_percent
         if isinstance(percent, bool) or not (isinstance(percent, (int, float)) and 0 < percent <= 100):
             raise ValueError(f"attention_top_percent must lie in (0, 100]; got {self.attention_top_percent!r}")
-        if isinstance(self.short_range, bool) or not isinstance(self.short_range, (int, np.integer)) or self.short_range < 1:
+        if (
+            isinstance(self.short_range, bool)
+            or not isinstance(self.short_range, (int, np.integer))
+            or self.short_range < 1
+        ):
             raise ValueError(f"short_range must be an integer >= 1; got {self.short_range!r}")
         if (
             isinstance(self.n_anchor_tokens, bool)
@@ -567,8 +571,22 @@ class StudyStats:
     # ------------------------------------------------------------------ merge and state
 
     def _check_compatible(self, other: "StudyStats") -> None:
-        mine = (self.n_layers, self.n_heads, self.seq_len, asdict(self.config), self.special_token_ids, self.punctuation_ids)
-        theirs = (other.n_layers, other.n_heads, other.seq_len, asdict(other.config), other.special_token_ids, other.punctuation_ids)
+        mine = (
+            self.n_layers,
+            self.n_heads,
+            self.seq_len,
+            asdict(self.config),
+            self.special_token_ids,
+            self.punctuation_ids,
+        )
+        theirs = (
+            other.n_layers,
+            other.n_heads,
+            other.seq_len,
+            asdict(other.config),
+            other.special_token_ids,
+            other.punctuation_ids,
+        )
         if mine != theirs:
             raise ValueError(
                 "cannot merge statistics of different studies: (layers, heads, seq_len, config, special "
@@ -803,7 +821,9 @@ class StudyStats:
             "n_heads": self.n_heads,
             "seq_len": n,
             "config": asdict(self.config),
-            "high_pairs_per_matrix": top_count(self.rule.value, self.n_pairs) if self.rule.kind == "top-percent" else None,
+            "high_pairs_per_matrix": top_count(self.rule.value, self.n_pairs)
+            if self.rule.kind == "top-percent"
+            else None,
             "attention_pairs_per_matrix": top_count(self.config.attention_top_percent, self.n_pairs),
             "chance": {
                 "attention_to": {name: _json_float(attention_to_chance[k]) for k, name in enumerate(self.token_names)},
@@ -876,6 +896,7 @@ def kth_largest(values: torch.Tensor, k: int, overwrite: bool = False) -> torch.
         array = values.contiguous().numpy()
         return torch.from_numpy(np.partition(array, size - k, axis=-1)[..., size - k].copy())
     return values.kthvalue(size - k + 1, dim=-1).values
+
 
 def _nanmean(values: np.ndarray) -> float:
     finite = values[~np.isnan(values)]

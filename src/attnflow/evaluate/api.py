@@ -25,7 +25,9 @@ def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
     if samples > n_available:
-        log.warning("--samples %d is more than the %d held-out examples; using all %d", samples, n_available, n_available)
+        log.warning(
+            "--samples %d is more than the %d held-out examples; using all %d", samples, n_available, n_available
+        )
         samples = n_available
     return np.sort(np.random.default_rng(seed).choice(n_available, size=samples, replace=False))
 
@@ -35,7 +37,9 @@ def resolve_methods(methods: str | Sequence[str]) -> list[str]:
     from attnflow.methods.registry import available_methods, get_method
 
     if isinstance(methods, str):
-        methods = available_methods() if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+        methods = (
+            available_methods() if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+        )
     if not methods:
         raise ValueError("no methods given")
     for method in methods:
@@ -59,7 +63,9 @@ def load_evaluation_task(task: str | None, model: Any, label_names: list[str], t
     probe = getattr(model, "probe", None) or {}
     task = task or probe.get("task")
     if task is None:
-        raise InputError(f"model {model.name!r} has no default task; give --task ({', '.join(TASKS)} or a CSV/JSONL file)")
+        raise InputError(
+            f"model {model.name!r} has no default task; give --task ({', '.join(TASKS)} or a CSV/JSONL file)"
+        )
     if task in TASKS:
         data = load_task(task)
         if [name.lower() for name in data.label_names] != [name.lower() for name in label_names]:
@@ -73,9 +79,17 @@ def load_evaluation_task(task: str | None, model: Any, label_names: list[str], t
 
 
 def evaluate(
-    model: str | Any = "minilm-sentiment", task: str | None = None, methods: str | Sequence[str] = "all",
-    samples: int = 500, out: str | Path = "out/evaluate", options: BenchmarkOptions | None = None, resume: bool = False,
-    progress: bool = True, text_column: str = "text", label_column: str = "label", figures: bool = True,
+    model: str | Any = "minilm-sentiment",
+    task: str | None = None,
+    methods: str | Sequence[str] = "all",
+    samples: int = 500,
+    out: str | Path = "out/evaluate",
+    options: BenchmarkOptions | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    text_column: str = "text",
+    label_column: str = "label",
+    figures: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
 
@@ -107,7 +121,9 @@ def evaluate(
         "methods": method_names,
     }
     began = time.perf_counter()
-    results = run_benchmark(model, data.texts, data.labels, method_names, options, out, run_info, resume=resume, progress=progress)
+    results = run_benchmark(
+        model, data.texts, data.labels, method_names, options, out, run_info, resume=resume, progress=progress
+    )
     results["run"]["wall_seconds"] = time.perf_counter() - began
     out = Path(out)
     (out / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")

@@ -86,14 +86,16 @@ class MethodRecord:
     scores: list[list[float]] = field(default_factory=list)
 
 
-def prepare_examples(model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int]) -> list[Example]:
+def prepare_examples(
+    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int]
+) -> list[Example]:
     """Tokenise (as the front door does), predict, and drop nothing silently: a text without
     content tokens is an error."""
     tokenizer = model.tokenizer
     encoded = tokenizer(list(texts), truncation=True, max_length=model.max_length)["input_ids"]
     probabilities = scorer.probabilities(encoded)  # [text, class]
     examples = []
-    for text, label, ids, row in zip(texts, labels, encoded, probabilities):
+    for text, label, ids, row in zip(texts, labels, encoded, probabilities, strict=False):
         special = np.asarray(tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True), dtype=bool)
         if special.all():
             raise ValueError(f"text {text[:40]!r} has no content tokens")
@@ -103,7 +105,10 @@ def prepare_examples(model: Any, scorer: ClassifierScorer, texts: Sequence[str],
 
 
 def perturbation_probabilities(
-    scorer: ClassifierScorer, examples: Sequence[Example], rankings: Sequence[np.ndarray], options: BenchmarkOptions,
+    scorer: ClassifierScorer,
+    examples: Sequence[Example],
+    rankings: Sequence[np.ndarray],
+    options: BenchmarkOptions,
     mask_id: int | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``p_c`` of every perturbed variant: ``(without top [sample, bin], only top [sample, bin],
@@ -111,7 +116,7 @@ def perturbation_probabilities(
     fractions = np.linspace(0.0, 1.0, options.curve_points)
     unique: dict[tuple[int, ...], int] = {}
     slots = []  # per example: (comprehensiveness slots, sufficiency slots, curve slots)
-    for example, ranking in zip(examples, rankings):
+    for example, ranking in zip(examples, rankings, strict=False):
         m = len(ranking)
         variants = (
             [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
@@ -121,36 +126,53 @@ def perturbation_probabilities(
         slots.append(tuple([unique.setdefault(variant, len(unique)) for variant in group] for group in variants))
     probabilities = scorer.probabilities(list(unique))  # [variant, class]
     gathered = [
-        np.array([[probabilities[slot, example.target] for slot in example_slots[group]] for example, example_slots in zip(examples, slots)])
+        np.array(
+            [
+                [probabilities[slot, example.target] for slot in example_slots[group]]
+                for example, example_slots in zip(examples, slots, strict=False)
+            ]
+        )
         for group in range(3)
     ]
     return gathered[0], gathered[1], gathered[2]
 
 
-def content_agreement(scores: Sequence[np.ndarray], reference: Sequence[np.ndarray], examples: Sequence[Example]) -> list[float]:
+def content_agreement(
+    scores: Sequence[np.ndarray], reference: Sequence[np.ndarray], examples: Sequence[Example]
+) -> list[float]:
     """Spearman's rho of each sample's scores with the reference's on its content tokens."""
-    return [spearman(s[~e.special_mask], r[~e.special_mask]) for s, r, e in zip(scores, reference, examples)]
+    return [
+        spearman(s[~e.special_mask], r[~e.special_mask]) for s, r, e in zip(scores, reference, examples, strict=False)
+    ]
 
 
 def evaluate_method(
-    model: Any, scorer: ClassifierScorer, examples: Sequence[Example], method: str, options: BenchmarkOptions,
-    reference: Sequence[np.ndarray] | None = None, advance: Callable[[int], None] = lambda n: None,
+    model: Any,
+    scorer: ClassifierScorer,
+    examples: Sequence[Example],
+    method: str,
+    options: BenchmarkOptions,
+    reference: Sequence[np.ndarray] | None = None,
+    advance: Callable[[int], None] = lambda _n: None,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
 ) -> MethodRecord:
     """All metrics of one method on ``examples`` (see `MethodRecord`)."""
     record = MethodRecord()
-    mask_id = model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
+    mask_id = (
+        model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
+    )
     for start in range(0, len(examples), options.chunk_size):
         chunk = examples[start : start + options.chunk_size]
         began = time.perf_counter()
         scores = attribute_fn(model, [e.text for e in chunk], method, [e.target for e in chunk])
         record.seconds.append((time.perf_counter() - began) / len(chunk))
-        for example, example_scores in zip(chunk, scores):
+        for example, example_scores in zip(chunk, scores, strict=False):
             if example_scores.shape != (len(example.ids),):
                 raise ValueError(
-                    f"method {method!r} gave {example_scores.shape} scores for {len(example.ids)} tokens of {example.text[:40]!r}"
+                    f"method {method!r} gave {example_scores.shape} scores "
+                    f"for {len(example.ids)} tokens of {example.text[:40]!r}"
                 )
-        rankings = [content_ranking(s, e.special_mask) for s, e in zip(scores, chunk)]
+        rankings = [content_ranking(s, e.special_mask) for s, e in zip(scores, chunk, strict=False)]
         without, only, curve = perturbation_probabilities(scorer, chunk, rankings, options, mask_id)
         p_full = np.array([e.p_full for e in chunk])
         record.comprehensiveness += aopc(p_full, without)[0].tolist()
@@ -164,7 +186,9 @@ def evaluate_method(
     sanity_examples = list(examples[: options.sanity_samples])
     if sanity_examples:
         for label, randomised in cascade(model, seed=options.seed):
-            rerun = attribute_fn(randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples])
+            rerun = attribute_fn(
+                randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
+            )
             record.sanity[label] = content_agreement(rerun, original, sanity_examples)
             advance(len(sanity_examples))
     return record
@@ -183,7 +207,10 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
         bins_mean, bins_se = mean_se(drops)
         return {
             **figure(drops.mean(axis=1)),
-            "bins": {f"{k:g}": {"mean": float(m), "se": float(s)} for k, m, s in zip(options.bins, bins_mean, bins_se)},
+            "bins": {
+                f"{k:g}": {"mean": float(m), "se": float(s)}
+                for k, m, s in zip(options.bins, bins_mean, bins_se, strict=False)
+            },
         }
 
     curve_mean, curve_se = mean_se(curve)
@@ -193,16 +220,25 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
         "sufficiency": aopc_figure(sufficiency),
         "deletion_auc": figure(deletion_auc(curve)),
         "deletion_curve": {
-            "x": np.linspace(0.0, 1.0, options.curve_points).tolist(), "mean": curve_mean.tolist(), "se": curve_se.tolist()
+            "x": np.linspace(0.0, 1.0, options.curve_points).tolist(),
+            "mean": curve_mean.tolist(),
+            "se": curve_se.tolist(),
         },
         "agreement_loo": figure(np.asarray(record.agreement)) if record.agreement else None,
         "seconds_per_sample": figure(np.asarray(record.seconds)),
         "sanity": None,
     }
     if record.sanity:
-        stages = [{"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()]
+        stages: list[dict[str, Any]] = [
+            {"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()
+        ]
         final = stages[-1]["mean"]
-        summary["sanity"] = {"stages": stages, "final_rho": final, "flagged": bool(final >= FLAG_RHO), "threshold": FLAG_RHO}
+        summary["sanity"] = {
+            "stages": stages,
+            "final_rho": final,
+            "flagged": bool(final >= FLAG_RHO),
+            "threshold": FLAG_RHO,
+        }
     return summary
 
 
@@ -214,9 +250,17 @@ def _finished_record(path: Path) -> MethodRecord | None:
 
 
 def run_benchmark(
-    model: Any, texts: Sequence[str], labels: Sequence[int], methods: Sequence[str], options: BenchmarkOptions,
-    out_dir: str | Path, run_info: dict[str, Any], resume: bool = False, progress: bool = True,
-    attribute_fn: Callable[..., list[np.ndarray]] = attribute, reference_method: str | None = REFERENCE_METHOD,
+    model: Any,
+    texts: Sequence[str],
+    labels: Sequence[int],
+    methods: Sequence[str],
+    options: BenchmarkOptions,
+    out_dir: str | Path,
+    run_info: dict[str, Any],
+    resume: bool = False,
+    progress: bool = True,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    reference_method: str | None = REFERENCE_METHOD,
 ) -> dict[str, Any]:
     """Evaluate ``methods`` on the given texts; returns (and writes ``DIR/methods/*.json``) the
     results: ``{"run": run_info + options, "methods": {name: summary}}``.

@@ -15,7 +15,7 @@ for the untouched input; every perturbed input is scored on that same class.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.stats import rankdata
@@ -43,7 +43,7 @@ def content_ranking(scores: np.ndarray, special_mask: np.ndarray) -> np.ndarray:
     return content[np.argsort(-scores[content], kind="stable")]
 
 
-def aopc(p_full: np.ndarray, p_perturbed: np.ndarray) -> np.ndarray:
+def aopc(p_full: np.ndarray, p_perturbed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-bin drops and their mean: ``p_full [sample]``, ``p_perturbed [sample, bin]`` ->
     ``(drops [sample, bin], aopc [sample])``."""
     p_full = np.asarray(p_full, dtype=np.float64)
@@ -74,17 +74,18 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float((rank_a * rank_b).sum() / math.sqrt((rank_a**2).sum() * (rank_b**2).sum()))
 
 
-def mean_se(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray | float, np.ndarray | float]:
+def mean_se(values: Sequence[float] | np.ndarray) -> tuple[Any, Any]:
     """Mean and standard error of the mean (``std(ddof=1) / sqrt(count)``, 0 for a single sample)
     over the first axis of ``[sample]`` or ``[sample, point]`` values. NaN samples (a quantity
-    undefined for that sample) are left out of 1-D values; 2-D values must be finite."""
-    values = np.asarray(values, dtype=np.float64)
-    if values.ndim == 1:
-        values = values[~np.isnan(values)]
-    if values.shape[0] == 0:
+    undefined for that sample) are left out of 1-D values; 2-D values must be finite. Floats for
+    1-D values, ``[point]`` arrays for 2-D ones."""
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim == 1:
+        array = array[~np.isnan(array)]
+    if array.shape[0] == 0:
         raise ValueError("no samples to average")
-    mean = values.mean(axis=0)
-    se = values.std(axis=0, ddof=1) / math.sqrt(values.shape[0]) if values.shape[0] > 1 else np.zeros_like(mean)
-    if values.ndim == 1:
+    mean = array.mean(axis=0)
+    se = array.std(axis=0, ddof=1) / math.sqrt(array.shape[0]) if array.shape[0] > 1 else np.zeros_like(mean)
+    if array.ndim == 1:
         return float(mean), float(se)
     return mean, se

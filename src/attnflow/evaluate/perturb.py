@@ -19,15 +19,17 @@ def perturb(ids: Sequence[int], positions: np.ndarray, replace: str, mask_id: in
     chosen = np.zeros(len(ids), dtype=bool)
     chosen[np.asarray(positions, dtype=np.int64)] = True
     if replace == "remove":
-        return tuple(int(token) for token, drop in zip(ids, chosen) if not drop)
+        return tuple(int(token) for token, drop in zip(ids, chosen, strict=False) if not drop)
     if replace == "mask":
         if mask_id is None:
             raise ValueError("--replace mask needs a tokenizer with a mask or pad token")
-        return tuple(int(mask_id) if drop else int(token) for token, drop in zip(ids, chosen))
+        return tuple(int(mask_id) if drop else int(token) for token, drop in zip(ids, chosen, strict=False))
     raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
 
 
-def without_top(ids: Sequence[int], ranking: np.ndarray, count: int, replace: str, mask_id: int | None) -> tuple[int, ...]:
+def without_top(
+    ids: Sequence[int], ranking: np.ndarray, count: int, replace: str, mask_id: int | None
+) -> tuple[int, ...]:
     """The input without its ``count`` most relevant content tokens (comprehensiveness, deletion)."""
     return perturb(ids, ranking[:count], replace, mask_id)
 

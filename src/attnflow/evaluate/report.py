@@ -26,16 +26,36 @@ def ordered_methods(results: dict[str, Any]) -> list[str]:
 
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the results table (mean ± standard error over samples)."""
-    header = ["method", "comprehensiveness ↑", "sufficiency ↓", "deletion AUC ↓", "ρ vs leave-one-out", "sanity ρ (all random)",
-              "s / sample"]
+    header = [
+        "method",
+        "comprehensiveness ↑",
+        "sufficiency ↓",
+        "deletion AUC ↓",
+        "ρ vs leave-one-out",
+        "sanity ρ (all random)",
+        "s / sample",
+    ]
     rows = []
     for name in ordered_methods(results):
         summary = results["methods"][name]
         sanity = summary.get("sanity")
-        sanity_cell = "–" if sanity is None else f"{sanity['final_rho']:.2f}" + (" **flagged**" if sanity["flagged"] else "")
-        agreement = "reference" if name == results["run"].get("agreement_reference") else _pm(summary["agreement_loo"], 2)
-        rows.append([name, _pm(summary["comprehensiveness"]), _pm(summary["sufficiency"]), _pm(summary["deletion_auc"]),
-                     agreement, sanity_cell, _pm(summary["seconds_per_sample"], 2)])
+        sanity_cell = (
+            "–" if sanity is None else f"{sanity['final_rho']:.2f}" + (" **flagged**" if sanity["flagged"] else "")
+        )
+        agreement = (
+            "reference" if name == results["run"].get("agreement_reference") else _pm(summary["agreement_loo"], 2)
+        )
+        rows.append(
+            [
+                name,
+                _pm(summary["comprehensiveness"]),
+                _pm(summary["sufficiency"]),
+                _pm(summary["deletion_auc"]),
+                agreement,
+                sanity_cell,
+                _pm(summary["seconds_per_sample"], 2),
+            ]
+        )
     return header, rows
 
 
@@ -59,27 +79,44 @@ def describe(results: dict[str, Any]) -> str:
     run = results["run"]
     options = run["options"]
     accuracy = run.get("classifier_heldout_accuracy")
-    replace = ("removed from the token-id sequence (the sequence gets shorter)" if options["replace"] == "remove"
-               else "replaced by the mask token")
+    replace = (
+        "removed from the token-id sequence (the sequence gets shorter)"
+        if options["replace"] == "remove"
+        else "replaced by the mask token"
+    )
     parts = [
-        f"Model `{run['model']}` on task `{run['task']}` ({run.get('split', '')}), {run['samples']} samples, seed {options['seed']}.",
-        f"Classifier held-out accuracy: {accuracy:.3f} (majority class {run['majority_accuracy']:.3f})." if accuracy is not None else "",
-        f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
-        f"Tokens are {replace}; special tokens are never removed. Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
+        f"Model `{run['model']}` on task `{run['task']}` ({run.get('split', '')}), "
+        f"{run['samples']} samples, seed {options['seed']}.",
+        f"Classifier held-out accuracy: {accuracy:.3f} (majority class {run['majority_accuracy']:.3f})."
+        if accuracy is not None
+        else "",
+        f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; "
+        f"mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
+        f"Tokens are {replace}; special tokens are never removed. "
+        f"Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
         f"of the content tokens (top ⌈k·m⌉); the deletion curve has {options['curve_points']} points.",
-        (f"Sanity check: {options['sanity_samples']} samples re-explained after randomising the head, then each layer "
-         "top-down; flagged when the mean Spearman ρ after the last stage is ≥ 0.5." if options["sanity_samples"] else
-         "No sanity check (--sanity-samples 0)."),
-        "Every figure is the mean ± standard error over samples; the target is the class predicted for the untouched input.",
+        (
+            f"Sanity check: {options['sanity_samples']} samples "
+            "re-explained after randomising the head, then each layer "
+            "top-down; flagged when the mean Spearman ρ after the last stage is ≥ 0.5."
+            if options["sanity_samples"]
+            else "No sanity check (--sanity-samples 0)."
+        ),
+        "Every figure is the mean ± standard error over samples; "
+        "the target is the class predicted for the untouched input.",
     ]
     return " ".join(part for part in parts if part)
 
 
 def markdown(results: dict[str, Any]) -> str:
     sections = [
-        "# Faithfulness benchmark", describe(results), _markdown_table(*table_rows(results)),
-        "## Comprehensiveness per bin", _markdown_table(*bin_rows(results, "comprehensiveness")),
-        "## Sufficiency per bin", _markdown_table(*bin_rows(results, "sufficiency")),
+        "# Faithfulness benchmark",
+        describe(results),
+        _markdown_table(*table_rows(results)),
+        "## Comprehensiveness per bin",
+        _markdown_table(*bin_rows(results, "comprehensiveness")),
+        "## Sufficiency per bin",
+        _markdown_table(*bin_rows(results, "sufficiency")),
     ]
     return "\n\n".join(sections) + "\n"
 
@@ -114,9 +151,13 @@ def plot_bars(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = ordered_methods(results)
-    metrics = [("comprehensiveness", "comprehensiveness ↑"), ("sufficiency", "sufficiency ↓"), ("deletion_auc", "deletion AUC ↓")]
+    metrics = [
+        ("comprehensiveness", "comprehensiveness ↑"),
+        ("sufficiency", "sufficiency ↓"),
+        ("deletion_auc", "deletion AUC ↓"),
+    ]
     figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 0.3 * len(names) + 1.5), sharey=True)
-    for axis, (metric, title) in zip(axes, metrics):
+    for axis, (metric, title) in zip(axes, metrics, strict=False):
         means = [results["methods"][n][metric]["mean"] for n in names]
         errors = [results["methods"][n][metric]["se"] for n in names]
         colours = ["0.5" if n == "random" else "C0" for n in names]
@@ -132,14 +173,21 @@ def plot_bars(results: dict[str, Any], path: Path) -> None:
 def html_page(results: dict[str, Any], figures: bool) -> str:
     def table(header: list[str], rows: list[list[str]]) -> str:
         head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell.replace('**', ''))}</td>" for cell in row) + "</tr>" for row in rows)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(cell.replace('**', ''))}</td>" for cell in row) + "</tr>"
+            for row in rows
+        )
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
-    images = (f'<img src="{CURVES_PNG}" alt="deletion curves"><img src="{BARS_PNG}" alt="metrics with standard errors">'
-              if figures else "")
+    images = (
+        f'<img src="{CURVES_PNG}" alt="deletion curves"><img src="{BARS_PNG}" alt="metrics with standard errors">'
+        if figures
+        else ""
+    )
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>attnflow faithfulness benchmark</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse;margin:1em 0}"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+        "table{border-collapse:collapse;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
         "img{max-width:100%;display:block;margin:1em 0}</style></head><body>"
         f"<h1>Faithfulness benchmark</h1><p>{html.escape(describe(results))}</p>"

@@ -71,7 +71,12 @@ def cascade(model: Any, seed: int = 0) -> Iterator[tuple[str, Any]]:
     std = float(getattr(model.config, "initializer_range", 0.02))
     for label, name in stages:
         reinitialise(parts[name], generator, std)
-        randomised = AttentionModel(module, model.tokenizer, name=f"{model.name} ({label} and above random)",
-                                    adapter=model.adapter, device=model.device)
+        randomised = AttentionModel(
+            module,
+            model.tokenizer,
+            name=f"{model.name} ({label} and above random)",
+            adapter=model.adapter,
+            device=model.device,
+        )
         randomised.default_row = model.default_row
         yield label, randomised

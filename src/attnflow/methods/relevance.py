@@ -49,7 +49,9 @@ def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False
     n_layers = attentions.shape[0]
     if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
         raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
-    weighted = np.maximum(np.asarray(trace.captured("attention_grads"), dtype=np.float64) * attentions, 0.0).mean(axis=1)  # [layer, q, k]
+    weighted = np.maximum(np.asarray(trace.captured("attention_grads"), dtype=np.float64) * attentions, 0.0).mean(
+        axis=1
+    )  # [layer, q, k]
     identity = np.eye(trace.n_tokens)
     joint = identity
     for layer in weighted[start_layer:]:
@@ -109,7 +111,9 @@ def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
     needs=("attentions", "values", "output_weights", "layer_inputs"),
     families=VALUE_AWARE_FAMILIES,
 )
-def norm_rollout(trace: Trace, residual: Residual = "half", start_layer: int = 0, layerwise: bool = False) -> np.ndarray:
+def norm_rollout(
+    trace: Trace, residual: Residual = "half", start_layer: int = 0, layerwise: bool = False
+) -> np.ndarray:
     """``[query, key]`` rollout of the row-normalised N⁽ˡ⁾: ``residual`` as in `rollout`
     (``half``, ``renorm``, ``none``, α) or ``"norm"`` (the residual vector inside the norm,
     no identity added)."""
@@ -143,7 +147,9 @@ def value_contributions(trace: Trace, layer: int) -> np.ndarray:
     """``[token, head, d_model]`` f_h(x_j) = v_j^h W_O^h of one layer, every head and token."""
     trace.require("values", "output_weights", method="value-aware relevance")
     values = np.asarray(trace.captured("values")[layer], dtype=np.float64)  # [token, head, d_head]
-    return np.einsum("jhd,hde->jhe", values, np.asarray(trace.captured("output_weights")[layer], dtype=np.float64), optimize=True)
+    return np.einsum(
+        "jhd,hde->jhe", values, np.asarray(trace.captured("output_weights")[layer], dtype=np.float64), optimize=True
+    )
 
 
 def alti_matrices(trace: Trace) -> np.ndarray:
@@ -204,7 +210,9 @@ def gradient(trace: Trace) -> np.ndarray:
 def grad_x_input(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂."""
     trace.require("embeddings", "embedding_grads", method="grad_x_input")
-    product = np.asarray(trace.captured("embedding_grads"), dtype=np.float64) * np.asarray(trace.captured("embeddings"), dtype=np.float64)
+    product = np.asarray(trace.captured("embedding_grads"), dtype=np.float64) * np.asarray(
+        trace.captured("embeddings"), dtype=np.float64
+    )
     return np.linalg.norm(product, axis=-1)
 
 

@@ -49,7 +49,6 @@ def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: in
     patches = scores[..., n_prefix_tokens:]
     if patches.shape[-1] != rows * cols:
         raise ValueError(
-            f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill "
-            f"a {rows}x{cols} grid"
+            f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill a {rows}x{cols} grid"
         )
     return patches.reshape((*patches.shape[:-1], rows, cols))

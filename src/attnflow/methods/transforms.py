@@ -173,7 +173,11 @@ def check_pruning(
     for name, value in (("threshold", threshold), ("discard_ratio", discard_ratio)):
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not 0.0 <= value < 1.0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float, np.integer, np.floating))
+            or not 0.0 <= value < 1.0
+        ):
             raise ValueError(f"{name} must lie in [0, 1) (a share of a row that sums to 1), got {value!r}")
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k}")

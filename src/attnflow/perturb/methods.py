@@ -78,7 +78,9 @@ def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_b
     return np.linalg.norm(integrated_gradient_attributions(model, trace, n_steps, internal_batch_size), axis=-1)
 
 
-def integrated_gradient_attributions(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
+def integrated_gradient_attributions(
+    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16
+) -> np.ndarray:
     """``[token, d_model]`` captum's layer integrated gradients on the word-embedding layer, from a
     baseline whose content tokens are the pad token (special tokens kept), ``n_steps`` steps.
     They sum to y(x) − y(baseline) up to the integral's discretisation error."""
@@ -131,9 +133,13 @@ def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
         args, kwargs = calls[name]
         original = outputs[name][0]  # [token, d_model]
         for start in range(0, n, max(1, batch_size)):
-            zeroed = torch.arange(start, min(n, start + batch_size), device=model.device)  # variant b zeroes token zeroed[b]
+            zeroed = torch.arange(
+                start, min(n, start + batch_size), device=model.device
+            )  # variant b zeroes token zeroed[b]
 
-            def zero_value(_module: Any, _inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
+            def zero_value(
+                _module: Any, _inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed
+            ) -> torch.Tensor:
                 output = output.clone()
                 output[torch.arange(len(zeroed)), zeroed] = 0.0  # [variant, token, kv_head * d_head]
                 return output

@@ -111,7 +111,7 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
             )
         )
     if with_meta:
-        parts.insert(0, f"<p class=\"note\">{esc(_subtitle(explanation))}</p>")
+        parts.insert(0, f'<p class="note">{esc(_subtitle(explanation))}</p>')
         return f'<div class="attnflow"><style>{CSS}</style>\n' + "\n".join(parts) + "</div>"
     return '<div class="attnflow">\n' + "\n".join(parts) + "</div>"
 
@@ -172,9 +172,14 @@ def _image_view(explanation: "Explanation") -> str:
         parts.append(img(image_png(explanation.overlay()), alt="saliency overlay on the image", css_class="overlay"))
     assert explanation.grid is not None, "an image view needs the patch grid"
     rows, cols = explanation.grid
-    covered = "" if explanation.image_box is None else (
-        " The overlay covers the part of the image the model saw (box left, top, right, bottom = "
-        + ", ".join(f"{edge:.0f}" for edge in explanation.image_box) + " px)."
+    covered = (
+        ""
+        if explanation.image_box is None
+        else (
+            " The overlay covers the part of the image the model saw (box left, top, right, bottom = "
+            + ", ".join(f"{edge:.0f}" for edge in explanation.image_box)
+            + " px)."
+        )
     )
     parts.append(
         f'<p class="note">Patch grid {rows}x{cols}; {explanation.n_prefix_tokens} prefix token(s) '

@@ -26,7 +26,11 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
     for folder, explanation in entries:
         text = explanation.text if len(explanation.text) <= TEXT_CHARS else explanation.text[: TEXT_CHARS - 1] + "…"
         top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(TOP_TOKENS))
-        notes = f' <span class="warn" title="{esc(" | ".join(explanation.notes))}">(warning)</span>' if explanation.notes else ""
+        notes = (
+            f' <span class="warn" title="{esc(" | ".join(explanation.notes))}">(warning)</span>'
+            if explanation.notes
+            else ""
+        )
         rows.append(
             f'<tr><td class="num"><a href="{esc(folder)}/explanation.html">{esc(folder)}</a></td>'
             f'<td class="text">{esc(text)}</td><td>{esc(top)}{notes}</td>'
@@ -45,4 +49,10 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
         "method": first.method if first is not None else None,
         "options": {k: v for k, v in first.options.items() if v is not None} if first is not None else None,
     }
-    return page("attnflow: explanations", body, subtitle="one explanation per text; click a number to open it", meta=meta, css=CSS)
+    return page(
+        "attnflow: explanations",
+        body,
+        subtitle="one explanation per text; click a number to open it",
+        meta=meta,
+        css=CSS,
+    )

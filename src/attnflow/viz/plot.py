@@ -72,8 +72,17 @@ def plot_scores(axes: Any, tokens: Sequence[str], scores: np.ndarray, special_ma
         ceiling = 1.3 * float(regular.max())
         axes.set_ylim(0.0, ceiling)
         for index in np.flatnonzero(scores > ceiling):
-            axes.text(index, ceiling * 0.97, f"{scores[index]:.2f}", ha="center", va="top", fontsize=7,
-                      color="white", rotation=90, parse_math=False)
+            axes.text(
+                index,
+                ceiling * 0.97,
+                f"{scores[index]:.2f}",
+                ha="center",
+                va="top",
+                fontsize=7,
+                color="white",
+                rotation=90,
+                parse_math=False,
+            )
         axes.set_ylabel("score (clipped)")
     axes.spines[["top", "right"]].set_visible(False)
     _token_ticks(axes, "x", tokens)
@@ -174,7 +183,9 @@ def _token_ticks(axes: Any, axis: str, tokens: Sequence[str]) -> None:
     fontsize = 9 if n <= 24 else 7 if n <= 40 else 6
     # parse_math=False: a token such as "$x$" is shown as typed, never as mathtext.
     if axis == "x":
-        axes.set_xticks(np.arange(n), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize, parse_math=False)
+        axes.set_xticks(
+            np.arange(n), labels, rotation=60, ha="right", rotation_mode="anchor", fontsize=fontsize, parse_math=False
+        )
     else:
         axes.set_yticks(np.arange(n), labels, fontsize=fontsize, parse_math=False)
 

@@ -18,7 +18,9 @@ _SHOWN_CONTROL = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 @functools.lru_cache(maxsize=1)
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-to-character table, inverted: character -> byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     characters = printable[:]
     shift = 0
     for byte in range(256):
