@@ -64,6 +64,8 @@ bench: setup
 	$(PY) benchmarks/bench_load.py
 	$(PY) benchmarks/bench_explain_file.py
 	$(PY) benchmarks/bench_vision.py
+	$(PY) benchmarks/bench_relevance.py
+	$(PY) benchmarks/bench_relevance_memory.py
 
 clean:
 	rm -rf $(VENV) out build dist

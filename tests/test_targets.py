@@ -211,12 +211,17 @@ def test_cli_explains_the_classifier_by_default(tmp_path):
         (["--method", "rollout", "--target", "positive"], ["does not depend on a target"]),
         (["--method", "gradient", "--target", "neutral"], ["unknown class 'neutral'"]),
         (["--method", "alti", "--model", "TINY_LLAMA"], ["alti", "llama"]),
+        (["--method", "gradient", "--target", "5"], ["class index 5 out of range", "negative, positive"]),
+        (["--method", "gradient", "--model", "TINY_BERT", "--target-text", "a dog"], ["no sentence-embedding pooling"]),
+        (["--method", "gradient", "--model", "TINY_LLAMA", "--target-token", "zzqx"], ["give exactly one token"]),
+        (["--method", "grad_rollout", "--model", "TINY_BERT"], ["without a classifier head", "--target-text"]),
         (["--method", "norm,alti", "--discard-ratio", "0.5"], ["none of the methods", "--discard-ratio"]),
         (["--method", "nope"], ["unknown method nope"]),
     ],
 )
 def test_cli_bad_method_or_target_is_one_line(tmp_path, tiny_model_path, args, words):
-    args = [str(tiny_model_path("llama")) if arg == "TINY_LLAMA" else arg for arg in args]
+    tiny = {"TINY_LLAMA": "llama", "TINY_BERT": "bert"}
+    args = [str(tiny_model_path(tiny[arg])) if arg in tiny else arg for arg in args]
     result = subprocess.run(
         [str(SCRIPT), "explain", SENTENCE, "--out", str(tmp_path / "x"), "-q", *args],
         capture_output=True,

@@ -5,8 +5,8 @@
 - a causal LM: log p(next token = t | text) at the last real position; default the argmax token,
   or a token string (one token) or id;
 - a sentence encoder without a head: cosine(embedding(text), embedding(target text)) with the
-  model's own pooling (mean for mean-pooled encoders, else the first token); a target text is
-  required.
+  model's own mean pooling (read from its sentence-transformers config); a target text is
+  required, and an encoder without such pooling is refused.
 
 `Objective` computes y from a forward pass (differentiably, so methods can take gradients), and
 `Target` records what was explained: kind, index, label, value. Torch is imported on first use:
@@ -91,6 +91,11 @@ class Objective:
                 raise InputError(
                     f"{model.name} is a sentence encoder without a classifier head: this method explains the "
                     "similarity to a target text; give one (--target-text / target_text=)"
+                )
+            if model.default_row != "mean":
+                raise InputError(
+                    f"{model.name} has no sentence-embedding pooling (a sentence-transformers mean-pooling "
+                    "config): --target-text needs a sentence encoder such as minilm or mpnet"
                 )
             self._reference_embedding()  # now, never inside a caller's capture hooks
         elif target_text is not None:
@@ -188,11 +193,9 @@ class Objective:
         return Target(self.kind, int(index), label, float(y), float(probability))
 
     def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[batch, token, d_model]`` → ``[batch, d_model]`` with the model's own pooling."""
-        if self.model.default_row == "mean":
-            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
-            return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        return hidden[:, 0]
+        """``[batch, token, d_model]`` → ``[batch, d_model]``: the sentence encoder's mean pooling."""
+        weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
     def _reference_embedding(self) -> torch.Tensor:
         """``[1, d_model]`` the pooled embedding of the target text."""

@@ -7,6 +7,7 @@ the tokens, and no script element may have been injected by a token).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -104,4 +105,46 @@ def test_cli_explain_on_minilm_renders_in_chromium(tmp_path):
     assert_not_blank(image)
     for word in ("movie", "terrible", "acting", "great", "[CLS]", "[SEP]"):
         assert word in dom
+    assert script_elements(dom) == 0
+
+
+@needs_chromium
+def test_demo_page_shows_the_prediction_and_two_methods(tmp_path):
+    """What `make demo` writes: the classifier's prediction and each method's top tokens on one page."""
+    out = tmp_path / "demo"
+    script = Path(sys.executable).with_name("attnflow")
+    result = subprocess.run(
+        [
+            str(script),
+            "explain",
+            SENTENCE,
+            "--model",
+            "minilm-sentiment",
+            "--method",
+            "rollout,norm",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    image, dom = render(out / "comparison.html", tmp_path)
+    assert_not_blank(image)
+    artifacts = Path("out/test-artifacts")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    image.save(artifacts / "demo_comparison.png")
+    prediction = json.loads((out / "norm" / "explanation.json").read_text())["prediction"]
+    assert f"prediction: {prediction['label']} (p = {prediction['probability']:.2f})" in dom
+    for method in ("rollout", "norm"):
+        section = dom[dom.index(f'id="method-{method}"') :]
+        top = json.loads((out / method / "explanation.json").read_text())
+        best = max(
+            (score, token)
+            for score, token, special in zip(top["scores"], top["tokens"], top["special_mask"], strict=True)
+            if not special
+        )[1]
+        assert best in section[: section.index("</section>")]
     assert script_elements(dom) == 0

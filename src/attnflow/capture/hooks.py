@@ -35,6 +35,14 @@ def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
     return [found[layer] for layer in sorted(found)]
 
 
+def layer_index(pattern: str, name: str) -> int:
+    """The layer index in a module name (the first group of ``pattern``)."""
+    match = re.search(pattern, name)
+    if match is None:
+        raise CaptureError(f"{name} does not match {pattern!r}")
+    return int(match.group(1))
+
+
 @dataclass
 class StackRecording:
     """What one forward pass left in the hooks of one stack (one entry per layer, by name)."""
@@ -86,7 +94,9 @@ def record_stack(
             f"{type(model).__name__} has no module matching {stack.attention!r}; "
             "its architecture differs from the adapter table row"
         )
-    names = [name for name, _ in attention_layers]
+    # Recorded tensors are keyed by module name and ordered by the layer index in that name, never
+    # by the order in which hooks were registered or fired.
+    names = sorted((name for name, _ in attention_layers), key=lambda name: layer_index(stack.attention, name))
     recording = StackRecording(layer_names=names)
     handles = []
     try:
@@ -102,7 +112,9 @@ def record_stack(
                     f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
                     f"({stack.output_projection!r})"
                 )
-            for name, (_, projection) in zip(names, projections, strict=True):
+            by_index = {layer_index(stack.output_projection, name): module for name, module in projections}
+            for name in names:
+                projection = by_index[layer_index(stack.attention, name)]
                 handles.append(projection.register_forward_pre_hook(_input_hook(recording, name, stop)))
         yield recording
     finally:

@@ -8,14 +8,19 @@ zeroing). Torch is imported inside the functions: registering them costs nothing
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
+from attnflow.errors import ExplanationWarning
 from attnflow.methods.registry import register
 from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
 from attnflow.trace import Trace
+
+
+COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
 
 
 def _objective(model: Any, trace: Trace) -> Any:
@@ -74,16 +79,31 @@ def _score(objective: Any, ids: np.ndarray, index: int | None, device: Any) -> n
     scores_only=True,
 )
 def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
-    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`."""
-    return np.linalg.norm(integrated_gradient_attributions(model, trace, n_steps, internal_batch_size), axis=-1)
+    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`. When the completeness error
+    (captum's convergence delta) exceeds `COMPLETENESS_TOLERANCE` of |y(x) − y(baseline)|, an
+    `ExplanationWarning` says so (and the Explanation keeps it in its notes)."""
+    attributions, delta, difference = integrated_gradient_attributions(
+        model, trace, n_steps, internal_batch_size, return_delta=True
+    )
+    if abs(delta) > COMPLETENESS_TOLERANCE * max(abs(difference), 1e-12):
+        warnings.warn(
+            f"integrated gradients: completeness error {abs(delta):.3g} is "
+            f"{100 * abs(delta) / max(abs(difference), 1e-12):.0f} % of y(x) - y(baseline) = {difference:.3g} "
+            f"with {n_steps} steps; raise --steps",
+            ExplanationWarning,
+            stacklevel=2,
+        )
+    return np.linalg.norm(attributions, axis=-1)
 
 
 def integrated_gradient_attributions(
-    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16
-) -> np.ndarray:
+    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, return_delta: bool = False
+) -> Any:
     """``[token, d_model]`` captum's layer integrated gradients on the word-embedding layer, from a
     baseline whose content tokens are the pad token (special tokens kept), ``n_steps`` steps.
-    They sum to y(x) − y(baseline) up to the integral's discretisation error."""
+    They sum to y(x) − y(baseline) up to the integral's discretisation error; ``return_delta``
+    also returns that error (captum's convergence delta, attributions' sum minus the difference)
+    and the difference y(x) − y(baseline): ``(attributions, delta, difference)``."""
     import torch
     from captum.attr import LayerIntegratedGradients
 
@@ -100,10 +120,19 @@ def integrated_gradient_attributions(
         return objective(torch.ones_like(ids), input_ids=ids, index=fixed)[0]
 
     integrated = LayerIntegratedGradients(forward, model.model.get_input_embeddings())
-    attributions = integrated.attribute(
-        input_ids, baselines=baseline, n_steps=int(n_steps), internal_batch_size=internal_batch_size
-    )  # [1, token, d_model]
-    return attributions[0].double().detach().cpu().numpy()
+    attributions, delta = integrated.attribute(
+        input_ids,
+        baselines=baseline,
+        n_steps=int(n_steps),
+        internal_batch_size=internal_batch_size,
+        return_convergence_delta=True,
+    )  # [1, token, d_model], [1]
+    result = attributions[0].double().detach().cpu().numpy()
+    if not return_delta:
+        return result
+    with torch.no_grad():
+        difference = float(forward(input_ids)[0] - forward(baseline)[0])
+    return result, float(delta[0]), difference
 
 
 @register(
