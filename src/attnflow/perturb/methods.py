@@ -19,7 +19,6 @@ from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
 from attnflow.trace import Trace
 
-
 COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
 
 
