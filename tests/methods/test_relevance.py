@@ -424,3 +424,15 @@ def test_gradients_reach_the_right_layers_when_hooks_register_in_a_shuffled_orde
         np.testing.assert_array_equal(trace.attention_grads, expected.attention_grads)
         np.testing.assert_array_equal(trace.head_outputs, expected.head_outputs)
     assert not np.allclose(expected.attention_grads[0], expected.attention_grads[1])  # layers differ
+
+
+@pytest.mark.parametrize("method", sorted(set(attnflow.available_methods()) - {"random"}))
+def test_batched_explanations_equal_one_by_one(tiny_bert, method):
+    """Padding in a batch changes nothing: every method gives each text what it gives it alone."""
+    texts = [TEXT, "hi there.", "the dog ran to the cat and the cat sat on the mat."]
+    batched = tiny_bert.explain(texts, method=method, batch_size=3)
+    for text, explanation in zip(texts, batched, strict=True):
+        single = tiny_bert.explain(text, method=method)
+        np.testing.assert_allclose(explanation.scores, single.scores, rtol=1e-4, atol=1e-6)
+        if single.matrix is not None:
+            np.testing.assert_allclose(explanation.matrix, single.matrix, rtol=1e-4, atol=1e-6)
