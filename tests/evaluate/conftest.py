@@ -24,7 +24,9 @@ def _key_classifier(encoder, key_id: int):
             self.encoder = encoder
             self.config = encoder.config
             self.config.id2label = {0: "negative", 1: "positive"}
-            self.head = nn.Linear(encoder.config.hidden_size + 1, 2)
+            with torch.random.fork_rng():  # the same head whatever ran before in this process
+                torch.manual_seed(0)
+                self.head = nn.Linear(encoder.config.hidden_size + 1, 2)
             with torch.no_grad():
                 self.head.weight.mul_(0.01)
                 self.head.weight[:, -1] = torch.tensor([-KEY_WEIGHT / 2, KEY_WEIGHT / 2])
