@@ -35,18 +35,18 @@ def tiny_bert(tiny_classifier_path):
     return attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
 
 
-def _projection_outputs(model, text):
-    """The real output projection outputs ``[layer, token, d_model]`` recorded by a plain hook."""
+def _module_outputs(model, pattern, text):
+    """The real outputs ``[layer, token, d_model]`` of the modules matching ``pattern`` (one per
+    layer), recorded by a plain forward hook during one forward pass over ``text``."""
     recorded = {}
-    layers = find_layers(model.model, model.adapter.stack.output_projection)
+    layers = find_layers(model.model, pattern)
     handles = [
         module.register_forward_hook(lambda m, i, o, name=name: recorded.__setitem__(name, o.detach()))
         for name, module in layers
     ]
     try:
         with torch.no_grad():
-            encoded = model.tokenizer(text, return_tensors="pt")
-            model.model(**encoded)
+            model.model(**model.tokenizer(text, return_tensors="pt"))
     finally:
         for handle in handles:
             handle.remove()
@@ -55,7 +55,7 @@ def _projection_outputs(model, text):
 
 def _check_decomposition(model, text):
     trace = model.trace(text, needs=VALUE_NEEDS)[0]
-    real = _projection_outputs(model, text)  # [layer, token, d_model]
+    real = _module_outputs(model, model.adapter.stack.output_projection, text)  # [layer, token, d_model]
     for layer in range(trace.n_layers):
         parts = np.einsum("hij,jhd,hde->ie", trace.attentions[layer], trace.values[layer], trace.output_weights[layer])
         rebuilt = parts + trace.output_bias[layer]
@@ -150,22 +150,6 @@ def test_norm_and_norm_rollout_compose_the_row_normalised_norms(tiny_bert):
     np.testing.assert_allclose(attnflow.norm_rollout(trace, residual="norm"), residual[1] @ residual[0], atol=1e-6)
 
 
-def _layer_norm_outputs(model, text):
-    recorded = {}
-    layers = find_layers(model.model, model.adapter.values.norm)
-    handles = [
-        module.register_forward_hook(lambda m, i, o, name=name: recorded.__setitem__(name, o.detach()))
-        for name, module in layers
-    ]
-    try:
-        with torch.no_grad():
-            model.model(**model.tokenizer(text, return_tensors="pt"))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return np.stack([recorded[name][0].double().numpy() for name, _ in layers])
-
-
 @pytest.mark.parametrize("model_name", ["tiny-bert", "tiny-distilbert", "tiny-mpnet", "minilm-sentiment", "mpnet"])
 def test_alti_parts_add_up_to_the_real_layer_norm_output(model_name, tiny_classifier_path, minilm_sentiment):
     if model_name == "minilm-sentiment":
@@ -176,7 +160,7 @@ def test_alti_parts_add_up_to_the_real_layer_norm_output(model_name, tiny_classi
         model = attnflow.load(str(tiny_classifier_path(model_name.split("-")[1])), device="cpu")
     text = "The movie was terrible, but the acting was great."
     trace = model.trace(text, needs=(*VALUE_NEEDS, "layer_norms"))[0]
-    real = _layer_norm_outputs(model, text)
+    real = _module_outputs(model, model.adapter.values.norm, text)
     gain, shift = trace.layer_norms["weight"], trace.layer_norms["bias"]
     for layer in range(trace.n_layers):
         parts, y, sigma = alti_layer_parts(trace, layer, slice(None))
