@@ -173,16 +173,19 @@ def test_target_dependent_methods_on_the_sentiment_probe():
     assert "for the mean-pooled output" in exploration.method("rollout").summaries["fused"][-1]
 
 
-def test_target_dependent_methods_need_a_target(tiny_bert):
+def test_target_dependent_methods_need_a_target(tiny_bert, minilm):
     # a bare encoder without a target text: left out by default with the reason, an error by name
     assert "target" in explore(tiny_bert, SENTENCE).skipped["gradient"]
     with pytest.raises(ValueError, match="cannot run here"):
         explore(tiny_bert, SENTENCE, methods=["gradient"])
     trace = tiny_bert.trace([SENTENCE])[0]
     assert "needs embedding_grads, target" in explore(trace).skipped["gradient"]
+    # a target text needs a sentence encoder's pooling, which the tiny BERT lacks
+    with pytest.raises(ValueError, match="no sentence-embedding pooling"):
+        explore(tiny_bert, SENTENCE, methods=["gradient"], target_text="a good film")
     # with a target text, the similarity to it is what the gradient explains
-    exploration = explore(tiny_bert, SENTENCE, methods=["gradient"], target_text="a good film")
-    expected = tiny_bert.explain(SENTENCE, method="gradient", target_text="a good film")
+    exploration = explore(minilm, SENTENCE, methods=["gradient"], target_text="a good film")
+    expected = minilm.explain(SENTENCE, method="gradient", target_text="a good film")
     np.testing.assert_allclose(exploration.method("gradient").scores, expected.scores, rtol=1e-6)
     assert (
         "of the relevance for the similarity to 'a good film'" in exploration.method("gradient").summaries["fused"][0]
