@@ -63,7 +63,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    width = max(len(row["alias"]) for row in rows)
+    width = max(len(str(row["alias"])) for row in rows)
     for row in rows:
         state = "installed" if row["installed"] else "not installed"
         print(f"{row['alias']:<{width}}  {state:<13}  {row['description']}")
