@@ -57,7 +57,8 @@ def test_small_real_run_writes_every_output(small_run):
     table = (out / "results.md").read_text()
     assert all(f"| {name} |" in table for name in ("rollout", "gradient", "random")) and "held-out accuracy" in table
     page = (out / "results.html").read_text()
-    assert "<table>" in page and "deletion_curves.png" in page
+    assert "<table>" in page and page.count('src="data:image/png;base64,') == 2  # both figures embedded
+    assert "Content-Security-Policy" in page and "<script" not in page
     assert (out / "deletion_curves.png").stat().st_size > 0 and (out / "metrics.png").stat().st_size > 0
 
 

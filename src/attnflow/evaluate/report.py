@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+from attnflow.viz.page import img, page, section, table
 
 RESULTS_MD = "results.md"
 RESULTS_HTML = "results.html"
@@ -170,31 +171,17 @@ def plot_bars(results: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
-def html_page(results: dict[str, Any], figures: bool) -> str:
-    def table(header: list[str], rows: list[list[str]]) -> str:
-        head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell.replace('**', ''))}</td>" for cell in row) + "</tr>"
-            for row in rows
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-    images = (
-        f'<img src="{CURVES_PNG}" alt="deletion curves"><img src="{BARS_PNG}" alt="metrics with standard errors">'
-        if figures
-        else ""
+def html_page(results: dict[str, Any], figures: Sequence[Path] = ()) -> str:
+    """``results.html``: the description, the table, the figures (embedded, so the page is one
+    self-contained file) and the per-bin tables, through attnflow.viz's escaped offline page."""
+    images = "".join(img(path.read_bytes(), alt=path.stem.replace("_", " ")) for path in figures)
+    body = (
+        table(*table_rows(results))
+        + images
+        + section("Comprehensiveness per bin", table(*bin_rows(results, "comprehensiveness")))
+        + section("Sufficiency per bin", table(*bin_rows(results, "sufficiency")))
     )
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>attnflow faithfulness benchmark</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
-        "table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-        "img{max-width:100%;display:block;margin:1em 0}</style></head><body>"
-        f"<h1>Faithfulness benchmark</h1><p>{html.escape(describe(results))}</p>"
-        f"{table(*table_rows(results))}{images}"
-        f"<h2>Comprehensiveness per bin</h2>{table(*bin_rows(results, 'comprehensiveness'))}"
-        f"<h2>Sufficiency per bin</h2>{table(*bin_rows(results, 'sufficiency'))}</body></html>\n"
-    )
+    return page("attnflow faithfulness benchmark", body.replace("**", ""), subtitle=describe(results))
 
 
 def write_report(results: dict[str, Any], out: str | Path, figures: bool = True) -> dict[str, Path]:
@@ -206,5 +193,6 @@ def write_report(results: dict[str, Any], out: str | Path, figures: bool = True)
         paths["curves"], paths["bars"] = out / CURVES_PNG, out / BARS_PNG
         plot_curves(results, paths["curves"])
         plot_bars(results, paths["bars"])
-    paths["html"].write_text(html_page(results, figures), encoding="utf-8")
+    figure_paths = [paths["curves"], paths["bars"]] if figures else []
+    paths["html"].write_text(html_page(results, figure_paths), encoding="utf-8")
     return paths
