@@ -15,32 +15,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory):
-    """``tiny_model_path(family) -> Path`` of a saved tiny random model (built once per session)."""
-    root = tmp_path_factory.mktemp("tiny-models")
+def _built_once(tmp_path_factory, folder: str, build):
+    """``get(family) -> Path``: ``build(family, path)`` on first request, the same path after."""
+    root = tmp_path_factory.mktemp(folder)
     built: dict[str, Path] = {}
 
     def get(family: str) -> Path:
         if family not in built:
-            built[family] = build_tiny_model(family, root / family)
+            built[family] = build(family, root / family)
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """``tiny_model_path(family) -> Path`` of a saved tiny random model (built once per session)."""
+    return _built_once(tmp_path_factory, "tiny-models", build_tiny_model)
 
 
 @pytest.fixture(scope="session")
 def tiny_classifier_path(tmp_path_factory):
     """``tiny_classifier_path(family) -> Path`` of a saved tiny random sequence classifier."""
-    root = tmp_path_factory.mktemp("tiny-classifiers")
-    built: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in built:
-            built[family] = build_tiny_classifier(family, root / family)
-        return built[family]
-
-    return get
+    return _built_once(tmp_path_factory, "tiny-classifiers", build_tiny_classifier)
 
 
 @pytest.fixture(scope="session")

@@ -44,14 +44,13 @@ def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False
     real sentence the content tokens spanned 0.083–0.092 with it). It is dropped by default;
     ``keep_identity=True`` returns Chefer et al.'s R itself.
     """
-    trace.require("attention_grads", method="grad_rollout")
     attentions = np.asarray(trace.attentions, dtype=np.float64)
     n_layers = attentions.shape[0]
     if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
         raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
-    weighted = np.maximum(np.asarray(trace.captured("attention_grads"), dtype=np.float64) * attentions, 0.0).mean(
-        axis=1
-    )  # [layer, q, k]
+    weighted = np.maximum(
+        np.asarray(trace.captured("attention_grads", method="grad_rollout"), dtype=np.float64) * attentions, 0.0
+    ).mean(axis=1)  # [layer, q, k]
     identity = np.eye(trace.n_tokens)
     joint = identity
     for layer in weighted[start_layer:]:
@@ -195,8 +194,7 @@ def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndar
 )
 def gradient(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j‖₂."""
-    trace.require("embedding_grads", method="gradient")
-    return np.linalg.norm(np.asarray(trace.captured("embedding_grads"), dtype=np.float64), axis=-1)
+    return np.linalg.norm(np.asarray(trace.captured("embedding_grads", method="gradient"), dtype=np.float64), axis=-1)
 
 
 @register(
