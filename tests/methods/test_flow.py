@@ -339,3 +339,25 @@ def test_flow_invariants(n_layers, n_heads, n, seed, residual, kind):
     assert raw.min() >= 0.0 and raw.max() <= 1.0 + 1e-12
     np.testing.assert_allclose(normalized.sum(axis=-1), 1.0, atol=1e-12)
     np.testing.assert_allclose(normalized, raw / raw.sum(axis=-1, keepdims=True), atol=1e-15)
+
+
+@pytest.mark.parametrize("n", [3, 70])
+def test_graph_capacities_bits_and_heaviest_edges_match_numpy(n):
+    from attnflow.methods.flow import N_HEAVY, SCALE_BITS, _graph
+
+    rng = np.random.default_rng(n)
+    layers = softmax_attentions(rng, 2, 1, n, sparse=True)[:, 0]  # exact zeros and equal rows' maxima
+    cap, nonzero, nonzero_t, heavy = _graph(layers)
+    want = np.rint(layers * 2.0**SCALE_BITS).astype(np.int64)
+    np.testing.assert_array_equal(cap, want)
+
+    def bits(words):  # [layer, row, word] uint64 -> [layer, row, n] 0/1
+        return np.array([[[(int(w[k >> 6]) >> (k & 63)) & 1 for k in range(n)] for w in row] for row in words])
+
+    np.testing.assert_array_equal(bits(nonzero), want > 0)
+    np.testing.assert_array_equal(bits(nonzero_t), (want > 0).transpose(0, 2, 1))
+    top = min(N_HEAVY, n)
+    picked = np.where(heavy >= 0, np.take_along_axis(want, np.maximum(heavy, 0), axis=-1), 0)
+    np.testing.assert_array_equal(picked, -np.sort(-want, axis=-1)[..., :top])  # the largest, in order
+    n_positive = (want > 0).sum(axis=-1, keepdims=True)
+    np.testing.assert_array_equal(heavy < 0, np.arange(top) >= n_positive)  # -1 only past the non-zero ones

@@ -21,15 +21,19 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   on most inputs it already reaches a trivial upper bound, min(Σ source capacities, Σ sink
   capacities), which ends the max-flow with no search at all. Otherwise BFS phases (from the sink,
   over reversed residual edges, stopping at the source) follow; the last one proves optimality.
-  The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time.
-* Reuse across sinks: the max flow to sink j is the starting flow for sink j+1. The flow that
-  sink j+1 cannot take is cancelled back up the graph (a pass over the layers, from the bottom),
-  and the phases continue from there. When that warm start needed extra BFS phases, the next sink
-  starts from zero flow instead (on some real attention maps, starting over is cheaper). The
-  min cuts proved by earlier sinks' last searches are kept (their sink-independent part) and
-  give upper bounds for the next sinks: a flow that reaches one needs no final search. On the
-  CLS row of real attention (a sink token, with its min cut next to the source) this saves most
-  of the final searches.
+  The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time;
+  a node of layer 2 pushes into the sink through its children at distance 1 at once (their only
+  admissible edge goes there), without descending into them.
+* Reuse across sinks: a sink starts warm or cold, whichever has cost fewer search and DFS steps
+  per sink so far in this row (running means, the other kind retried every ``EXPLORE`` sinks).
+  Warm: the max flow to the previous sink, with the flow the new sink cannot take cancelled back
+  up the graph (a pass over the layers, from the bottom). Cold: zero flow (only the edges that
+  carry flow are reset). Warm wins on random, MPNet and adversarial attention; on MiniLM's CLS
+  row the moved flow needs extra search phases and starting over is ~1.4x cheaper. The min cuts
+  proved by earlier sinks' last searches are kept (their sink-independent part) and give upper
+  bounds for the next sinks: a flow that reaches one needs no final search. On the CLS row of
+  real attention (a sink token, with its min cut next to the source) this saves most of the
+  final searches.
 * ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
   one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
   k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 2``
@@ -61,6 +65,8 @@ _SCALE = float(2**SCALE_BITS)
 Rows = Union[None, int, Sequence[int], np.ndarray]
 N_HEAVY = 4  # edges per node tried first, by decreasing capacity, before the others by key
 N_CUTS = 8  # min cuts remembered per output row, as upper bounds for the next sinks
+EXPLORE = 16  # every EXPLORE-th sink starts the other way (warm or cold) than the cheaper one
+COST_DECAY = 0.25  # weight of the last sink in the running mean cost of warm and cold starts
 
 
 @register("flow", "attention flow: max-flow on the layered attention graph", FLOW_OPTIONS)
@@ -164,24 +170,9 @@ def _graph(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``nonzero [layer, q, words]`` (bit k of row q
     set when cap[layer, q, k] > 0; 64 keys per uint64 word), ``nonzero_t [layer, k, words]``
     (the same per column) and ``heavy [layer, q, N_HEAVY]`` (each row's largest capacities, keys
-    by decreasing capacity, -1 past the non-zero ones).
+    by decreasing capacity, ties by key, -1 past the non-zero ones).
     """
-    cap = np.rint(layers * _SCALE).astype(np.int64)
-    positive = cap > 0
-    n_heavy = min(N_HEAVY, cap.shape[-1])
-    heavy = np.argsort(-cap, axis=-1)[..., :n_heavy].astype(np.int64)
-    heavy[np.take_along_axis(cap, heavy, axis=-1) == 0] = -1
-    return cap, _bit_rows(positive), _bit_rows(positive.transpose(0, 2, 1)), heavy
-
-
-def _bit_rows(flags: np.ndarray) -> np.ndarray:
-    """``[..., n]`` booleans -> ``[..., ceil(n / 64)]`` uint64 words, bit j of word w = flags[..., 64 w + j]."""
-    n = flags.shape[-1]
-    words = -(-n // 64)
-    padded = np.zeros((*flags.shape[:-1], words * 64), dtype=np.uint8)
-    padded[..., :n] = flags
-    packed = np.packbits(padded.reshape((*flags.shape[:-1], words, 8, 8)), axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed.reshape((*flags.shape[:-1], words, 8))).view("<u8")[..., 0].astype(np.uint64)
+    return _build_graph(np.ascontiguousarray(layers, dtype=np.float64), min(N_HEAVY, layers.shape[-1]))
 
 
 def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray:
@@ -283,11 +274,40 @@ def _shift(state, layer, a, b, d):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _distances(state, live, source, sink, level, queue):  # pragma: no cover
+def _build_graph(layers, n_heavy):  # pragma: no cover
+    """One pass over ``layers [layer, q, k]`` for `_graph`."""
+    n_layers, n = layers.shape[0], layers.shape[2]
+    words = (n + 63) // 64
+    cap = np.empty((n_layers, n, n), np.int64)
+    nonzero = np.zeros((n_layers, n, words), np.uint64)
+    nonzero_t = np.zeros((n_layers, n, words), np.uint64)
+    heavy = np.full((n_layers, n, n_heavy), -1, np.int64)
+    for layer in range(n_layers):
+        for q in range(n):
+            top = heavy[layer, q]
+            for k in range(n):
+                c = np.int64(np.rint(layers[layer, q, k] * _SCALE))
+                cap[layer, q, k] = c
+                if c <= 0:
+                    continue
+                _set(nonzero[layer, q], k)
+                _set(nonzero_t[layer, k], q)
+                place = n_heavy  # insertion into the row's top list (earlier keys win ties)
+                while place > 0 and (top[place - 1] < 0 or cap[layer, q, top[place - 1]] < c):
+                    place -= 1
+                if place < n_heavy:
+                    top[place + 1 :] = top[place:-1].copy()
+                    top[place] = k
+    return cap, nonzero, nonzero_t, heavy
+
+
+@njit(cache=True, nogil=True)
+def _distances(state, live, source, sink, level, queue, steps):  # pragma: no cover
     """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
 
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
-    Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes.
+    Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes;
+    ``steps[0]`` counts the nodes taken from the queue.
     """
     rf, _, _, res_t, _, flow_t = state  # searches read the column bit sets
     n_layers = rf.shape[0]
@@ -303,6 +323,7 @@ def _distances(state, live, source, sink, level, queue):  # pragma: no cover
     while head < tail:
         v = queue[head]
         head += 1
+        steps[0] += 1
         vl = v // n
         vi = v - vl * n
         lv = level[v] + 1
@@ -339,7 +360,8 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
     a node are tried in key order, found through the bit sets (saturated edges and dead or
     unlabelled nodes are skipped 64 at a time).
 
-    ``work`` holds the per-node current arc and the DFS stack (node, edge, budget, pushed).
+    ``work`` holds the per-node current arc, the DFS stack (node, edge, budget, pushed) and a step
+    counter (``steps[0]``: one per visit of a node).
     Returns the flow pushed. Exhausted nodes get level -1 and leave ``live`` (dead for the rest
     of the phase).
     """
@@ -347,13 +369,14 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
     n_layers = rf.shape[0]
     n = rf.shape[1]
     n_heavy = heavy.shape[2]
-    cur, st_node, st_kind, st_blk, st_a, st_b, budget, got = work
+    cur, st_node, st_kind, st_blk, st_a, st_b, budget, got, steps = work
     cur[:] = 0
     depth = 0
     st_node[0] = n_layers * n + source
     budget[0] = limit
     got[0] = 0
     while True:
+        steps[0] += 1
         u = st_node[depth]
         if u == sink:
             d = budget[depth]
@@ -394,6 +417,18 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                         k = n_heavy + b
                     w = (ul - 1) * n + b
                     if level[w] == lu - 1 and rf[ul - 1, ui, b] > 0:
+                        if lu == 2:  # a child at distance 1 (layer 1) can only go into the sink: push there at once
+                            d = min(budget[depth] - got[depth], rf[1, ui, b], rf[0, b, sink])
+                            _shift(state, 0, b, sink, d)
+                            _shift(state, 1, ui, b, d)
+                            got[depth] += d
+                            if rf[0, b, sink] == 0:
+                                level[w] = -1
+                                _clear(live[1], b)
+                            if got[depth] == budget[depth]:
+                                break  # placed all it was asked for (the edge may have room left)
+                            k += 1  # the edge or the child's edge into the sink is full
+                            continue
                         v = w
                         st_kind[depth] = 0
                         st_blk[depth] = ul - 1
@@ -426,8 +461,9 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                 budget[depth] = ask
                 got[depth] = 0
                 continue
-            level[u] = -1
-            _clear(live[ul], ui)
+            if got[depth] < budget[depth]:  # no admissible edge left: dead for this phase
+                level[u] = -1
+                _clear(live[ul], ui)
             d = got[depth]
         # Hand d units back up the stack until a node still has budget left to place.
         while True:
@@ -497,6 +533,20 @@ def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no c
 
 
 @njit(cache=True, nogil=True)
+def _clear_flow(state):  # pragma: no cover
+    """Back to zero flow, touching only the edges that carry some (found through the flow bit sets)."""
+    rb, flow = state[1], state[4]
+    n_layers = rb.shape[0]
+    n = rb.shape[1]
+    for layer in range(n_layers):
+        for b in range(n):
+            a = _next(flow[layer, b], flow[layer, b], False, 0, n)
+            while a < n:
+                _shift(state, layer, a, b, -rb[layer, b, a])
+                a = _next(flow[layer, b], flow[layer, b], False, a + 1, n)
+
+
+@njit(cache=True, nogil=True)
 def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
     """Remember the min cut found by a failed search, to bound the flows to later sinks.
 
@@ -561,6 +611,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
     surplus = np.zeros(2 * n, np.int64)
+    steps = np.zeros(1, np.int64)  # search and DFS steps so far, the cost of a sink's max-flow
     stack = n_nodes + 1  # a DFS path visits each distance to the sink at most once
     work = (
         np.zeros(n_nodes, np.int64),  # current arc per node
@@ -571,13 +622,18 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         np.empty(stack, np.int64),
         np.empty(stack, np.int64),  # budget
         np.empty(stack, np.int64),  # pushed so far
+        steps,
     )
     out_capacity = 0
     for b in range(n):
         out_capacity += cap[n_layers - 1, source, b]
     flow = 0
     previous = -1
-    start_cold = False
+    # A sink starts warm (from the flow into the previous sink) or cold (from zero flow), whichever
+    # has cost fewer steps per sink lately (running means; the other is retried every EXPLORE
+    # sinks): warm starts win on most inputs, but on some real attention maps (MiniLM's CLS row)
+    # the moved flow needs more search phases than starting over.
+    cost = np.full(2, -1.0)  # [cold, warm] mean steps per sink, -1 until tried
     # Min cuts of earlier sinks, reused as upper bounds (see _source_side_cut), a ring of them.
     cut_base = np.full(N_CUTS, -1, np.int64)
     cut_side = np.zeros((N_CUTS, n), np.bool_)
@@ -599,16 +655,19 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                         if cut > bound:
                             break
                 bound = min(bound, cut)
-        warm = previous >= 0 and not start_cold
+        warm = False
+        if previous >= 0:
+            if cost[1] < 0 or cost[0] < 0:
+                warm = cost[1] < 0  # try each once: warm first
+            else:
+                warm = cost[1] <= cost[0]
+                if index % EXPLORE == 0:
+                    warm = not warm
+        began = steps[0]
         if warm:
             flow = _move_sink(cap, state, source, previous, sink, surplus)
         elif previous >= 0:
-            state[0][:] = cap
-            state[1][:] = 0
-            state[2][:] = nonzero
-            state[3][:] = nonzero_t
-            state[4][:] = 0
-            state[5][:] = 0
+            _clear_flow(state)
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
@@ -616,13 +675,15 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                 level[layer * n : (layer + 1) * n] = layer
             live[:] = all_live
             flow += _blocking_flow(state, heavy, live, source, sink, level, True, bound - flow, work)
-        start_cold = False
         while flow < bound:
-            if not _distances(state, live, source, sink, level, queue):
+            if not _distances(state, live, source, sink, level, queue, steps):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_side[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
-            start_cold = warm
             flow += _blocking_flow(state, heavy, live, source, sink, level, False, bound - flow, work)
         out[sink] = flow
+        if index > 0:  # a choice was made
+            spent = float(steps[0] - began)
+            mode = int(warm)
+            cost[mode] = spent if cost[mode] < 0 else (1 - COST_DECAY) * cost[mode] + COST_DECAY * spent
