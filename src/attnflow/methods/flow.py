@@ -629,11 +629,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         out_capacity += cap[n_layers - 1, source, b]
     flow = 0
     previous = -1
-    # A sink starts warm (from the flow into the previous sink) or cold (from zero flow), whichever
-    # has cost fewer steps per sink lately (running means; the other is retried every EXPLORE
-    # sinks): warm starts win on most inputs, but on some real attention maps (MiniLM's CLS row)
-    # the moved flow needs more search phases than starting over.
-    cost = np.full(2, -1.0)  # [cold, warm] mean steps per sink, -1 until tried
+    cost = np.full(2, -1.0)  # warm or cold start (module docstring): [cold, warm] mean steps per sink, -1 until tried
     # Min cuts of earlier sinks, reused as upper bounds (see _source_side_cut), a ring of them.
     cut_base = np.full(N_CUTS, -1, np.int64)
     cut_side = np.zeros((N_CUTS, n), np.bool_)
