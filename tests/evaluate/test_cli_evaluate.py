@@ -59,6 +59,7 @@ def test_small_real_run_writes_every_output(small_run):
     page = (out / "results.html").read_text()
     assert "<table>" in page and page.count('src="data:image/png;base64,') == 2  # both figures embedded
     assert "Content-Security-Policy" in page and "<script" not in page
+    assert "Model minilm-sentiment on task" in page and "`" not in page and "**" not in page  # no Markdown marks
     assert (out / "deletion_curves.png").stat().st_size > 0 and (out / "metrics.png").stat().st_size > 0
 
 

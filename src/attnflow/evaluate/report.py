@@ -181,7 +181,8 @@ def html_page(results: dict[str, Any], figures: Sequence[Path] = ()) -> str:
         + section("Comprehensiveness per bin", table(*bin_rows(results, "comprehensiveness")))
         + section("Sufficiency per bin", table(*bin_rows(results, "sufficiency")))
     )
-    return page("attnflow faithfulness benchmark", body.replace("**", ""), subtitle=describe(results))
+    # Markdown marks (**flagged**, `name`) are for results.md; the page shows plain text.
+    return page("attnflow faithfulness benchmark", body.replace("**", ""), subtitle=describe(results).replace("`", ""))
 
 
 def write_report(results: dict[str, Any], out: str | Path, figures: bool = True) -> dict[str, Path]:
