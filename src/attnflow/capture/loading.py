@@ -243,6 +243,12 @@ PROBES: dict[str, ProbeSpec] = {
         "wiki-topics",
         "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
     ),
+    "mpnet-sentiment": ProbeSpec(
+        "mpnet-sentiment",
+        "mpnet",
+        "rotten-tomatoes",
+        "mpnet + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
+    ),
 }
 
 

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--model", default="minilm-sentiment", help="a classifier: minilm-sentiment (default), minilm-topics, or a path"
+        "--model",
+        default="minilm-sentiment",
+        help="a classifier: minilm-sentiment (default), minilm-topics, mpnet-sentiment, or a path",
     )
     parser.add_argument(
         "--task",

