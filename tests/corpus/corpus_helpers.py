@@ -43,3 +43,12 @@ def assert_same_arrays(first: dict, second: dict, exact: bool = True) -> None:
                 np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True, err_msg=name)
         else:
             np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def tiny_options(model: Path, data: Path, **changes):
+    """`StudyOptions` of a small CPU study of ``model`` on ``data`` (``changes`` override the defaults)."""
+    from attnflow.corpus.engine import StudyOptions
+
+    options = dict(model=str(model), data=str(data), samples=24, seq_len=32, batch_size=4, device="cpu", quiet=True)
+    options.update(changes)
+    return StudyOptions(**options)

@@ -18,7 +18,7 @@ from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, re
 from attnflow.corpus.stats import StudyConfig
 from attnflow.errors import InputError
 
-from corpus_helpers import assert_same_arrays, load_npz, story
+from corpus_helpers import assert_same_arrays, load_npz, story, tiny_options
 
 REQUIRED_SCALARS = (
     "mean_distance_high",
@@ -29,12 +29,6 @@ REQUIRED_SCALARS = (
     "repeat_chance",
     "signal_share",
 )
-
-
-def tiny_options(model: Path, data: Path, **changes) -> StudyOptions:
-    options = dict(model=str(model), data=str(data), samples=24, seq_len=32, batch_size=4, device="cpu", quiet=True)
-    options.update(changes)
-    return StudyOptions(**options)
 
 
 def test_study_writes_every_output(tiny_bert, txt_corpus, tmp_path):

@@ -19,9 +19,9 @@ import pytest
 
 import attnflow
 from attnflow.corpus import ray_engine
-from attnflow.corpus.engine import StudyOptions, run_study
+from attnflow.corpus.engine import run_study
 
-from corpus_helpers import assert_same_arrays, load_npz
+from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # ~85 s on 2 shared cores: two `ray start` nodes and four actor starts
@@ -122,18 +122,8 @@ def test_a_killed_worker_does_not_change_the_statistics(
     ray_cluster, tiny_bert, txt_corpus, tmp_path, monkeypatch, caplog
 ):
     address, temp_dir = ray_cluster
-    options = dict(
-        model=str(tiny_bert),
-        data=str(txt_corpus),
-        samples=40,
-        seq_len=32,
-        stride=20,
-        batch_size=2,
-        device="cpu",
-        quiet=True,
-        checkpoint_every=4,
-    )
-    local = run_study(StudyOptions(**options), tmp_path / "local")
+    options = dict(samples=40, stride=20, batch_size=2, checkpoint_every=4)
+    local = run_study(tiny_options(tiny_bert, txt_corpus, **options), tmp_path / "local")
 
     killed: list[int] = []
     process_batch = ray_engine.RayBackend.process
@@ -150,7 +140,10 @@ def test_a_killed_worker_does_not_change_the_statistics(
 
     monkeypatch.setattr(ray_engine.RayBackend, "process", process_then_kill)
     with caplog.at_level(logging.WARNING, logger="attnflow.corpus.ray_engine"):
-        distributed = run_study(StudyOptions(**options, engine="ray", workers=2, ray_address=address), tmp_path / "ray")
+        distributed = run_study(
+            tiny_options(tiny_bert, txt_corpus, **options, engine="ray", workers=2, ray_address=address),
+            tmp_path / "ray",
+        )
     assert killed and not psutil.pid_exists(killed[0])
     assert any("a Ray worker died" in record.getMessage() for record in caplog.records)
     assert distributed["samples"] == local["samples"] == 40

@@ -5,27 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from attnflow.corpus.engine import StudyOptions, run_study
+from attnflow.corpus.engine import run_study
 
-from corpus_helpers import assert_same_arrays, load_npz
+from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
 pytest.importorskip("ray")
 
 
 def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
-    options = dict(
-        model=str(tiny_bert),
-        data=str(txt_corpus),
-        samples=30,
-        seq_len=32,
-        stride=20,
-        batch_size=4,
-        device="cpu",
-        quiet=True,
-        checkpoint_every=3,
-    )
-    local = run_study(StudyOptions(**options), tmp_path / "local")
-    distributed = run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
+    options = dict(samples=30, stride=20, checkpoint_every=3)
+    local = run_study(tiny_options(tiny_bert, txt_corpus, **options), tmp_path / "local")
+    distributed = run_study(tiny_options(tiny_bert, txt_corpus, **options, engine="ray", workers=2), tmp_path / "ray")
     assert distributed["samples"] == local["samples"] == 30
     assert distributed["config"]["engine"] == "ray"
     # Same windows, accumulators merged in another order: equal up to float64 rounding.
@@ -41,18 +31,8 @@ def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_co
     the statistics still equal the local engine's, no window lost or counted twice."""
     from attnflow.corpus import ray_engine
 
-    options = dict(
-        model=str(tiny_bert),
-        data=str(txt_corpus),
-        samples=30,
-        seq_len=32,
-        stride=20,
-        batch_size=2,
-        device="cpu",
-        quiet=True,
-        checkpoint_every=3,
-    )
-    local = run_study(StudyOptions(**options), tmp_path / "local")
+    options = dict(samples=30, stride=20, batch_size=2, checkpoint_every=3)
+    local = run_study(tiny_options(tiny_bert, txt_corpus, **options), tmp_path / "local")
     process_batch, killed = ray_engine.RayBackend.process, []
 
     def process_then_kill(backend, batch):
@@ -62,7 +42,7 @@ def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_co
             backend.ray.kill(backend.actors[0])
 
     monkeypatch.setattr(ray_engine.RayBackend, "process", process_then_kill)
-    distributed = run_study(StudyOptions(**options, engine="ray", workers=2), tmp_path / "ray")
+    distributed = run_study(tiny_options(tiny_bert, txt_corpus, **options, engine="ray", workers=2), tmp_path / "ray")
     assert killed and distributed["samples"] == local["samples"] == 30
     assert_same_arrays(
         load_npz(tmp_path / "local" / "stats.npz"), load_npz(tmp_path / "ray" / "stats.npz"), exact=False
