@@ -351,8 +351,9 @@ def test_graph_capacities_bits_and_heaviest_edges_match_numpy(n):
     want = np.rint(layers * 2.0**SCALE_BITS).astype(np.int64)
     np.testing.assert_array_equal(cap, want)
 
-    def bits(words):  # [layer, row, word] uint64 -> [layer, row, n] 0/1
-        return np.array([[[(int(w[k >> 6]) >> (k & 63)) & 1 for k in range(n)] for w in row] for row in words])
+    def bits(words):  # [layer n + row, word] uint64 -> [layer, row, n] 0/1
+        rows = words.reshape(2, n, -1)
+        return np.array([[[(int(w[k >> 6]) >> (k & 63)) & 1 for k in range(n)] for w in row] for row in rows])
 
     np.testing.assert_array_equal(bits(nonzero), want > 0)
     np.testing.assert_array_equal(bits(nonzero_t), (want > 0).transpose(0, 2, 1))

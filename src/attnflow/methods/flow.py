@@ -26,10 +26,12 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   admissible edge goes there), without descending into them.
 * Reuse across sinks: a sink starts warm or cold, whichever has cost fewer search and DFS steps
   per sink so far in this row (running means, the other kind retried every ``EXPLORE`` sinks).
-  Warm: the max flow to the previous sink, with the flow the new sink cannot take cancelled back
-  up the graph (a pass over the layers, from the bottom). Cold: zero flow (only the edges that
-  carry flow are reset). Warm wins on random, MPNet and adversarial attention; on MiniLM's CLS
-  row the moved flow needs extra search phases and starting over is ~1.4x cheaper. The min cuts
+  Warm: the max flow to the previous sink, moved to the new one in a pass over the layers from
+  the bottom: what the new sink cannot take becomes excess, which each node first pushes on to
+  the new sink along forward edges and only then cancels one layer up, so that the flow of the
+  upper layers is kept. Cold: zero flow (only the edges that carry flow are reset). Warm wins on
+  random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
+  phases and starting over is ~1.4x cheaper. The min cuts
   proved by earlier sinks' last searches are kept (their sink-independent part) and give upper
   bounds for the next sinks: a flow that reaches one needs no final search. On the CLS row of
   real attention (a sink token, with its min cut next to the source) this saves most of the
@@ -220,55 +222,59 @@ def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray
 # ``flow[l, b]`` bit a: rb[l, b, a] > 0, ``flow_t[l, a]`` bit b: the same. ``live[l]`` bit i: node
 # (l, i) is labelled and not dead in the current phase (level >= 0).
 # Line coverage cannot see compiled code; NUMBA_DISABLE_JIT=1 runs these functions as Python.
+# The small helpers below are inlined by LLVM (forceinline), not by numba (inline="always"):
+# numba's inlining binds each array argument to a new variable, with an atomic reference-count
+# increment and decrement per call, which took ~30 % of the kernel's time.
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _set(bits, i):  # pragma: no cover
-    bits[i >> 6] |= _ONE << np.uint64(i & 63)
+@njit(cache=True, nogil=True, forceinline=True)
+def _set(bits, row, i):  # pragma: no cover
+    bits[row, i >> 6] |= _ONE << np.uint64(i & 63)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _clear(bits, i):  # pragma: no cover
-    bits[i >> 6] &= ~(_ONE << np.uint64(i & 63))
+@njit(cache=True, nogil=True, forceinline=True)
+def _clear(bits, row, i):  # pragma: no cover
+    bits[row, i >> 6] &= ~(_ONE << np.uint64(i & 63))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _next(x, y, y_inverted, start, n):  # pragma: no cover
-    """First index >= start whose bit is set in ``x & y`` (``x & ~y`` when y_inverted), else n."""
+@njit(cache=True, nogil=True, forceinline=True)
+def _next(x, x_row, y, y_row, y_inverted, start, n):  # pragma: no cover
+    """First index >= start whose bit is set in ``x[x_row] & y[y_row]`` (``& ~y[y_row]`` when
+    y_inverted), else n."""
     if start >= n:
         return n
     w = start >> 6
     flip = _ALL if y_inverted else np.uint64(0)
-    word = x[w] & (y[w] ^ flip) & (_ALL << np.uint64(start & 63))
+    word = x[x_row, w] & (y[y_row, w] ^ flip) & (_ALL << np.uint64(start & 63))
     while word == 0:
         w += 1
-        if w >= x.shape[0]:
+        if w >= x.shape[1]:
             return n
-        word = x[w] & (y[w] ^ flip)
+        word = x[x_row, w] & (y[y_row, w] ^ flip)
     return (w << 6) + int(trailing_zeros(word))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _add(values, by_row, by_col, layer, x, y, d):  # pragma: no cover
-    """values[layer, x, y] += d, keeping bit y of by_row[layer, x] and bit x of by_col[layer, y] = (value > 0)."""
+    """values[layer, x, y] += d, keeping bit y of by_row[layer n + x] and bit x of by_col[layer n + y] = (value > 0)."""
     before = values[layer, x, y]
     after = before + d
     values[layer, x, y] = after
+    n = values.shape[1]
     if before > 0 and after == 0:
-        _clear(by_row[layer, x], y)
-        _clear(by_col[layer, y], x)
+        _clear(by_row, layer * n + x, y)
+        _clear(by_col, layer * n + y, x)
     elif before == 0 and after > 0:
-        _set(by_row[layer, x], y)
-        _set(by_col[layer, y], x)
+        _set(by_row, layer * n + x, y)
+        _set(by_col, layer * n + y, x)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _shift(state, layer, a, b, d):  # pragma: no cover
+@njit(cache=True, nogil=True, forceinline=True)
+def _shift(rf, rb, res, res_t, flow, flow_t, layer, a, b, d):  # pragma: no cover
     """Send d more units (d < 0: cancel -d) along (layer+1, a) -> (layer, b), keeping the bit sets in step."""
-    rf, rb, res, res_t, flow, flow_t = state
     _add(rf, res, res_t, layer, a, b, -d)
     _add(rb, flow, flow_t, layer, b, a, d)
 
@@ -279,8 +285,8 @@ def _build_graph(layers, n_heavy):  # pragma: no cover
     n_layers, n = layers.shape[0], layers.shape[2]
     words = (n + 63) // 64
     cap = np.empty((n_layers, n, n), np.int64)
-    nonzero = np.zeros((n_layers, n, words), np.uint64)
-    nonzero_t = np.zeros((n_layers, n, words), np.uint64)
+    nonzero = np.zeros((n_layers * n, words), np.uint64)
+    nonzero_t = np.zeros((n_layers * n, words), np.uint64)
     heavy = np.full((n_layers, n, n_heavy), -1, np.int64)
     for layer in range(n_layers):
         for q in range(n):
@@ -290,8 +296,8 @@ def _build_graph(layers, n_heavy):  # pragma: no cover
                 cap[layer, q, k] = c
                 if c <= 0:
                     continue
-                _set(nonzero[layer, q], k)
-                _set(nonzero_t[layer, k], q)
+                _set(nonzero, layer * n + q, k)
+                _set(nonzero_t, layer * n + k, q)
                 place = n_heavy  # insertion into the row's top list (earlier keys win ties)
                 while place > 0 and (top[place - 1] < 0 or cap[layer, q, top[place - 1]] < c):
                     place -= 1
@@ -302,7 +308,7 @@ def _build_graph(layers, n_heavy):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _distances(state, live, source, sink, level, queue, steps):  # pragma: no cover
+def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pragma: no cover
     """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
 
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
@@ -316,7 +322,7 @@ def _distances(state, live, source, sink, level, queue, steps):  # pragma: no co
     level[:] = -1
     live[:] = 0
     level[sink] = 0
-    _set(live[0], sink)
+    _set(live, 0, sink)
     queue[0] = sink
     head = 0
     tail = 1
@@ -324,7 +330,7 @@ def _distances(state, live, source, sink, level, queue, steps):  # pragma: no co
         v = queue[head]
         head += 1
         steps[0] += 1
-        vl = v // n
+        vl = layer_of[v]
         vi = v - vl * n
         lv = level[v] + 1
         if vl == n_layers - 1:  # only the source feeds this layer
@@ -332,56 +338,59 @@ def _distances(state, live, source, sink, level, queue, steps):  # pragma: no co
                 level[s] = lv  # BFS order: every node nearer to the sink is labelled already
                 return True
         else:  # (vl+1, a) -> (vl, vi) with room left, (vl+1, a) not labelled yet
-            a = _next(res_t[vl, vi], live[vl + 1], True, 0, n)
+            a = _next(res_t, vl * n + vi, live, vl + 1, True, 0, n)
             while a < n:
                 w = (vl + 1) * n + a
                 level[w] = lv
-                _set(live[vl + 1], a)
+                _set(live, vl + 1, a)
                 queue[tail] = w
                 tail += 1
-                a = _next(res_t[vl, vi], live[vl + 1], True, a + 1, n)
+                a = _next(res_t, vl * n + vi, live, vl + 1, True, a + 1, n)
         if vl >= 2:  # (vl-1, c) -> (vl, vi): cancels flow on (vl, vi) -> (vl-1, c)
-            c = _next(flow_t[vl - 1, vi], live[vl - 1], True, 0, n)
+            c = _next(flow_t, (vl - 1) * n + vi, live, vl - 1, True, 0, n)
             while c < n:
                 w = (vl - 1) * n + c
                 level[w] = lv
-                _set(live[vl - 1], c)
+                _set(live, vl - 1, c)
                 queue[tail] = w
                 tail += 1
-                c = _next(flow_t[vl - 1, vi], live[vl - 1], True, c + 1, n)
+                c = _next(flow_t, (vl - 1) * n + vi, live, vl - 1, True, c + 1, n)
     return False
 
 
 @njit(cache=True, nogil=True)
-def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit, work):  # pragma: no cover
-    """Push up to ``limit`` units along edges that go one step nearer to the sink (``level``).
+def _blocking_flow(state, heavy, live, start, sink, level, forward_only, limit, work, fresh):  # pragma: no cover
+    """Push up to ``limit`` units from node ``start`` along edges that go one step nearer to the sink (``level``).
 
     A DFS with current arcs that splits a node's flow over its edges (multi-push); the edges of
     a node are tried in key order, found through the bit sets (saturated edges and dead or
     unlabelled nodes are skipped 64 at a time).
 
-    ``work`` holds the per-node current arc, the DFS stack (node, edge, budget, pushed) and a step
-    counter (``steps[0]``: one per visit of a node).
+    ``work`` holds the per-node current arc (reset when ``fresh``; kept across calls within one
+    phase), the DFS stack (node, edge, budget, pushed), a step counter (``steps[0]``: one per
+    visit of a node) and each node's layer.
     Returns the flow pushed. Exhausted nodes get level -1 and leave ``live`` (dead for the rest
     of the phase).
     """
-    rf, rb, res, _, flow, _ = state  # the DFS reads the row bit sets
+    rf, rb, res, res_t, flow, flow_t = state  # the DFS reads the row bit sets
     n_layers = rf.shape[0]
     n = rf.shape[1]
     n_heavy = heavy.shape[2]
-    cur, st_node, st_kind, st_blk, st_a, st_b, budget, got, steps = work
-    cur[:] = 0
+    cur, st_node, st_kind, st_blk, st_a, st_b, budget, got, steps, layer_of = work
+    if fresh:
+        cur[:] = 0
     depth = 0
-    st_node[0] = n_layers * n + source
+    st_node[0] = start
     budget[0] = limit
     got[0] = 0
+    visits = 0
     while True:
-        steps[0] += 1
+        visits += 1
         u = st_node[depth]
         if u == sink:
             d = budget[depth]
         else:
-            ul = u // n
+            ul = layer_of[u]
             ui = u - ul * n
             lu = level[u]
             k = cur[u]
@@ -410,7 +419,7 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                             k = n_heavy
                             continue
                     else:  # then every edge by key (the heavy ones again: at most one more test each)
-                        b = _next(res[ul - 1, ui], live[ul - 1], False, k - n_heavy, n)
+                        b = _next(res, (ul - 1) * n + ui, live, ul - 1, False, k - n_heavy, n)
                         if b >= n:
                             k = n_fwd
                             continue
@@ -419,12 +428,12 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                     if level[w] == lu - 1 and rf[ul - 1, ui, b] > 0:
                         if lu == 2:  # a child at distance 1 (layer 1) can only go into the sink: push there at once
                             d = min(budget[depth] - got[depth], rf[1, ui, b], rf[0, b, sink])
-                            _shift(state, 0, b, sink, d)
-                            _shift(state, 1, ui, b, d)
+                            _shift(rf, rb, res, res_t, flow, flow_t, 0, b, sink, d)
+                            _shift(rf, rb, res, res_t, flow, flow_t, 1, ui, b, d)
                             got[depth] += d
                             if rf[0, b, sink] == 0:
                                 level[w] = -1
-                                _clear(live[1], b)
+                                _clear(live, 1, b)
                             if got[depth] == budget[depth]:
                                 break  # placed all it was asked for (the edge may have room left)
                             k += 1  # the edge or the child's edge into the sink is full
@@ -438,7 +447,7 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                         break
                     k += 1
                 else:
-                    a = _next(flow[ul, ui], live[ul + 1], False, k - n_fwd, n)
+                    a = _next(flow, ul * n + ui, live, ul + 1, False, k - n_fwd, n)
                     if a >= n:
                         k = n_edges
                         continue
@@ -463,11 +472,12 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
                 continue
             if got[depth] < budget[depth]:  # no admissible edge left: dead for this phase
                 level[u] = -1
-                _clear(live[ul], ui)
+                _clear(live, ul, ui)
             d = got[depth]
         # Hand d units back up the stack until a node still has budget left to place.
         while True:
             if depth == 0:
+                steps[0] += visits
                 return d
             asked = budget[depth]
             depth -= 1
@@ -477,10 +487,10 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
             left = 0
             if d > 0:
                 if st_kind[depth] == 0:
-                    _shift(state, blk, a, b, d)
+                    _shift(rf, rb, res, res_t, flow, flow_t, blk, a, b, d)
                     left = rf[blk, a, b]
                 else:
-                    _shift(state, blk, a, b, -d)
+                    _shift(rf, rb, res, res_t, flow, flow_t, blk, a, b, -d)
                     left = rb[blk, b, a]
                 got[depth] += d
             if left == 0 or d < asked:
@@ -491,39 +501,58 @@ def _blocking_flow(state, heavy, live, source, sink, level, forward_only, limit,
 
 
 @njit(cache=True, nogil=True)
-def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no cover
-    """Turn a flow into ``old_sink`` into a valid flow into ``new_sink``; returns its value.
+def _move_sink(
+    cap, state, heavy, live, all_live, level, work, source, old_sink, new_sink, surplus, limit
+):  # pragma: no cover
+    """Turn the max flow into ``old_sink`` into a valid flow into ``new_sink`` (at most ``limit``); returns its value.
 
-    Edge (1, a) -> sink keeps min(its flow, new capacity); the excess is cancelled upward, layer
-    by layer, along edges that carry flow, until it is taken off the source's edges.
+    Edge (1, a) -> sink keeps min(its flow, new capacity); the rest becomes excess at (1, a).
+    Then, layer by layer from the bottom, each node pushes its excess on to the new sink along
+    forward edges (a forward-only DFS from that node), and what it cannot place is cancelled one
+    layer up along edges that carry flow; at the top, off the source's edges. The flow of the
+    upper layers, which does not depend much on the sink, is kept.
     """
-    rb, flow = state[1], state[4]
+    rf, rb, res, res_t, flow, flow_t = state
     n_layers = cap.shape[0]
     n = cap.shape[1]
     value = 0
     for a in range(n):
         f = rb[0, old_sink, a]
-        _shift(state, 0, a, old_sink, -f)
+        _shift(rf, rb, res, res_t, flow, flow_t, 0, a, old_sink, -f)
         keep = min(f, cap[0, a, new_sink])
-        _shift(state, 0, a, new_sink, keep)
+        _shift(rf, rb, res, res_t, flow, flow_t, 0, a, new_sink, keep)
         value += keep
-        surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being cancelled
+        surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being handled
+    for layer in range(n_layers + 1):
+        level[layer * n : (layer + 1) * n] = layer
+    live[:] = all_live
+    fresh = True
     for layer in range(1, n_layers):
+        if layer >= 2:  # (1, a) has no other way to the sink
+            for b in range(n):
+                s = surplus[b]
+                if s > 0 and value < limit and level[layer * n + b] >= 0:
+                    pushed = _blocking_flow(
+                        state, heavy, live, layer * n + b, new_sink, level, True, min(s, limit - value), work, fresh
+                    )
+                    fresh = False
+                    value += pushed
+                    surplus[b] = s - pushed
         for b in range(n):
             s = surplus[b]
             if s == 0:
                 continue
             surplus[b] = 0
             if layer == n_layers - 1:  # only the source feeds the top layer
-                _shift(state, layer, source, b, -s)
+                _shift(rf, rb, res, res_t, flow, flow_t, layer, source, b, -s)
                 continue
-            a = _next(flow[layer, b], flow[layer, b], False, 0, n)
+            a = _next(flow, layer * n + b, flow, layer * n + b, False, 0, n)
             while s > 0:  # (layer, b) has at least s units coming in: the loop ends before a reaches n
                 take = min(s, rb[layer, b, a])
-                _shift(state, layer, a, b, -take)
+                _shift(rf, rb, res, res_t, flow, flow_t, layer, a, b, -take)
                 surplus[n + a] += take
                 s -= take
-                a = _next(flow[layer, b], flow[layer, b], False, a + 1, n)
+                a = _next(flow, layer * n + b, flow, layer * n + b, False, a + 1, n)
         for a in range(n):  # the next layer's excess becomes the current one
             surplus[a] = surplus[n + a]
             surplus[n + a] = 0
@@ -535,15 +564,15 @@ def _move_sink(cap, state, source, old_sink, new_sink, surplus):  # pragma: no c
 @njit(cache=True, nogil=True)
 def _clear_flow(state):  # pragma: no cover
     """Back to zero flow, touching only the edges that carry some (found through the flow bit sets)."""
-    rb, flow = state[1], state[4]
+    rf, rb, res, res_t, flow, flow_t = state
     n_layers = rb.shape[0]
     n = rb.shape[1]
     for layer in range(n_layers):
         for b in range(n):
-            a = _next(flow[layer, b], flow[layer, b], False, 0, n)
+            a = _next(flow, layer * n + b, flow, layer * n + b, False, 0, n)
             while a < n:
-                _shift(state, layer, a, b, -rb[layer, b, a])
-                a = _next(flow[layer, b], flow[layer, b], False, a + 1, n)
+                _shift(rf, rb, res, res_t, flow, flow_t, layer, a, b, -rb[layer, b, a])
+                a = _next(flow, layer * n + b, flow, layer * n + b, False, a + 1, n)
 
 
 @njit(cache=True, nogil=True)
@@ -594,7 +623,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     n_layers = cap.shape[0]
     n = cap.shape[1]
     n_nodes = (n_layers + 1) * n
-    words = nonzero.shape[2]
+    words = nonzero.shape[1]
     state = (
         cap.copy(),  # rf
         np.zeros_like(cap),  # rb
@@ -607,7 +636,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     all_live = np.zeros((n_layers + 1, words), np.uint64)
     for i in range(n):
         for layer in range(n_layers + 1):
-            _set(all_live[layer], i)
+            _set(all_live, layer, i)
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
     surplus = np.zeros(2 * n, np.int64)
@@ -623,6 +652,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         np.empty(stack, np.int64),  # budget
         np.empty(stack, np.int64),  # pushed so far
         steps,
+        np.arange(n_nodes) // n,  # layer of each node id (cheaper than a division per step)
     )
     out_capacity = 0
     for b in range(n):
@@ -661,7 +691,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                     warm = not warm
         began = steps[0]
         if warm:
-            flow = _move_sink(cap, state, source, previous, sink, surplus)
+            flow = _move_sink(cap, state, heavy, live, all_live, level, work, source, previous, sink, surplus, bound)
         elif previous >= 0:
             _clear_flow(state)
             flow = 0
@@ -670,14 +700,18 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             for layer in range(n_layers + 1):
                 level[layer * n : (layer + 1) * n] = layer
             live[:] = all_live
-            flow += _blocking_flow(state, heavy, live, source, sink, level, True, bound - flow, work)
+            flow += _blocking_flow(
+                state, heavy, live, n_layers * n + source, sink, level, True, bound - flow, work, True
+            )
         while flow < bound:
-            if not _distances(state, live, source, sink, level, queue, steps):
+            if not _distances(state, live, source, sink, level, queue, steps, work[-1]):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_side[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
-            flow += _blocking_flow(state, heavy, live, source, sink, level, False, bound - flow, work)
+            flow += _blocking_flow(
+                state, heavy, live, n_layers * n + source, sink, level, False, bound - flow, work, True
+            )
         out[sink] = flow
         if index > 0:  # a choice was made
             spent = float(steps[0] - began)
