@@ -169,8 +169,8 @@ def _check_n_jobs(n_jobs: Any) -> int:
 def _graph(layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Integer capacities of one graph's ``[layer, q, k]`` matrices Ã, their non-zero pattern as bits.
 
-    Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``nonzero [layer, q, words]`` (bit k of row q
-    set when cap[layer, q, k] > 0; 64 keys per uint64 word), ``nonzero_t [layer, k, words]``
+    Returns ``cap [layer, q, k]`` int64 (Ã · 2^50), ``nonzero [layer n + q, words]`` (bit k of row q
+    set when cap[layer, q, k] > 0; 64 keys per uint64 word), ``nonzero_t [layer n + k, words]``
     (the same per column) and ``heavy [layer, q, N_HEAVY]`` (each row's largest capacities, keys
     by decreasing capacity, ties by key, -1 past the non-zero ones).
     """
@@ -218,8 +218,9 @@ def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray
 # residual of the reverse edge (l, b) -> (l+1, a). The sink (0, sink) has id `sink`.
 # Which residuals are positive is also kept as bit sets (64 nodes per uint64 word), so that a
 # search jumps over saturated edges and dead or labelled nodes 64 at a time instead of testing
-# them one by one: ``res[l, a]`` bit b: rf[l, a, b] > 0, ``res_t[l, b]`` bit a: the same;
-# ``flow[l, b]`` bit a: rb[l, b, a] > 0, ``flow_t[l, a]`` bit b: the same. ``live[l]`` bit i: node
+# them one by one (bit-set rows are numbered l n + node): ``res[l n + a]`` bit b: rf[l, a, b] > 0,
+# ``res_t[l n + b]`` bit a: the same; ``flow[l n + b]`` bit a: rb[l, b, a] > 0, ``flow_t[l n + a]``
+# bit b: the same. ``live[l]`` bit i: node
 # (l, i) is labelled and not dead in the current phase (level >= 0).
 # Line coverage cannot see compiled code; NUMBA_DISABLE_JIT=1 runs these functions as Python.
 # The small helpers below are inlined by LLVM (forceinline), not by numba (inline="always"):
