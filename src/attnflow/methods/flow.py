@@ -524,8 +524,7 @@ def _move_sink(
         _shift(rf, rb, res, res_t, flow, flow_t, 0, a, new_sink, keep)
         value += keep
         surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being handled
-    for layer in range(n_layers + 1):
-        level[layer * n : (layer + 1) * n] = layer
+    level[:] = work[-1]  # the layer of each node: in a forward phase, distances to the sink are the layers
     live[:] = all_live
     fresh = True
     for layer in range(1, n_layers):
@@ -643,6 +642,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     surplus = np.zeros(2 * n, np.int64)
     steps = np.zeros(1, np.int64)  # search and DFS steps so far, the cost of a sink's max-flow
     stack = n_nodes + 1  # a DFS path visits each distance to the sink at most once
+    layer_of = np.arange(n_nodes) // n  # layer of each node id (cheaper than a division per step)
     work = (
         np.zeros(n_nodes, np.int64),  # current arc per node
         np.empty(stack, np.int64),  # DFS stack: node
@@ -653,7 +653,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         np.empty(stack, np.int64),  # budget
         np.empty(stack, np.int64),  # pushed so far
         steps,
-        np.arange(n_nodes) // n,  # layer of each node id (cheaper than a division per step)
+        layer_of,
     )
     out_capacity = 0
     for b in range(n):
@@ -698,14 +698,13 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
-            for layer in range(n_layers + 1):
-                level[layer * n : (layer + 1) * n] = layer
+            level[:] = layer_of
             live[:] = all_live
             flow += _blocking_flow(
                 state, heavy, live, n_layers * n + source, sink, level, True, bound - flow, work, True
             )
         while flow < bound:
-            if not _distances(state, live, source, sink, level, queue, steps, work[-1]):
+            if not _distances(state, live, source, sink, level, queue, steps, layer_of):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_side[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
