@@ -17,8 +17,9 @@ mean, residual ½(A + I). Comparisons:
     and attnflow's full matrix (not with --quick).
 (d) with --real: attention of three disjoint 128-token windows of the embedded Wikipedia text
     through MiniLM (6 layers) and MPNet (12 layers): attnflow against scipy per pair on the CLS row
-    (all pairs) and the full matrix (scipy extrapolated from 4 rows); the slowest real full matrix
-    against the random-input full matrix of (b).
+    (all pairs) and the full matrix (scipy extrapolated from 4 rows); each real full matrix against
+    the random-input full matrix of (b), the two timed alternately (CPU time drifts with the
+    machine's other load within a run).
 (e) with --real: per-head flow (head_fusion="none") on a MiniLM window, n_jobs = 1 and 2.
 (f) with --real: n = 512, 12 layers (one 512-token MPNet window): the CLS row (n_jobs = 1) and the
     full matrix (n_jobs = 2, not with --quick), each in a fresh process for its peak RSS.
@@ -180,7 +181,7 @@ def compare_scipy(rng, n, sample_rows, repeats):
         f"full {results[1][1] / results[2][1]:.2f}x faster"
     )
     print(f"    max |diff| vs scipy on those {len(rows) + 1} rows: {diff:.1e} (scipy's 1e9 scaling: ~1e-8 expected)")
-    return t_sp_cls / results[1][0], t_sp_full / results[1][1], diff, results[1][1]
+    return t_sp_cls / results[1][0], t_sp_full / results[1][1], diff, attentions
 
 
 def harder_inputs(rng, n, repeats, full_matrix):
@@ -243,8 +244,10 @@ def scipy_rows(layers, rows):
     return (time.process_time() - start) / len(rows), flows
 
 
-def real_attention(models, n_windows, repeats, t_random_full):
-    """CLS row and full matrix on real 128-token windows: attnflow against scipy per pair."""
+def real_attention(models, n_windows, repeats, random_attentions):
+    """CLS row and full matrix on real 128-token windows: attnflow against scipy per pair, and each
+    real full matrix against the random-input full matrix of (b), the two timed alternately (best of
+    2 each) so that both see the same machine."""
     import attnflow
 
     print(
@@ -258,7 +261,7 @@ def real_attention(models, n_windows, repeats, t_random_full):
         except Exception as error:  # a model that is not installed is reported, not fatal
             print(f"    {name}: skipped ({type(error).__name__}: {error})")
             continue
-        ratios, full_ratios, full_times = [], [], []
+        ratios, full_ratios, vs_random = [], [], []
         for index, ids in enumerate(wiki_windows(model, 128, n_windows)):
             attentions = window_attentions(model, ids)
             layers = prepare_layers(attentions)
@@ -269,24 +272,28 @@ def real_attention(models, n_windows, repeats, t_random_full):
             sp_cls = scipy_row(scipy_graph(layers), n_layers, n, 0)
             t_sp_cls = time.process_time() - start
             t_cls, cls = best_time(lambda: attention_flow(attentions, rows=[0], normalize=False), repeats)
-            t_full, full = best_time(lambda: attention_flow(attentions, normalize=False), 1)
+            t_full, t_random = float("inf"), float("inf")
+            for _ in range(2):
+                elapsed, full = best_time(lambda: attention_flow(attentions, normalize=False), 1)
+                t_full = min(t_full, elapsed)
+                t_random = min(t_random, best_time(lambda: attention_flow(random_attentions, normalize=False), 1)[0])
             assert np.array_equal(cls[0], full[0])
             diff = max(np.abs(cls[0] - sp_cls).max(), np.abs(full[sample] - sp).max())
             ratios.append(t_sp_cls / t_cls)
             full_ratios.append(t_sp_row * n / t_full)
-            full_times.append(t_full)
+            vs_random.append(t_full / t_random)
             print(
                 f"    {name} window {index} ({n_layers} layers, n = {n}): CLS row scipy {t_sp_cls:.3f} s, "
                 f"attnflow {t_cls:.4f} s ({t_sp_cls / t_cls:.0f}x); full attnflow {t_full:.2f} s, scipy "
-                f"{t_sp_row * n:.0f} s extrapolated from {len(sample)} rows ({t_sp_row * n / t_full:.0f}x); "
+                f"{t_sp_row * n:.0f} s extrapolated from {len(sample)} rows ({t_sp_row * n / t_full:.0f}x), "
+                f"random input's full matrix timed alongside {t_random:.2f} s ({t_full / t_random:.2f}x); "
                 f"max |diff| vs scipy {diff:.1e}"
             )
         if ratios:
-            results[name] = (min(ratios), min(full_ratios), max(full_times))
+            results[name] = (min(ratios), min(full_ratios), max(vs_random))
             print(
                 f"    {name}: worst CLS-row ratio {min(ratios):.1f}x; worst full-matrix ratio {min(full_ratios):.0f}x; "
-                f"slowest full matrix {max(full_times):.2f} s = {max(full_times) / t_random_full:.2f}x the "
-                f"random-input full matrix of (b) ({t_random_full:.2f} s)"
+                f"slowest full matrix against the random input's: {max(vs_random):.2f}x"
             )
     return results
 
@@ -407,7 +414,7 @@ def main(argv=None):
     attention_flow(softmax_attentions(np.random.default_rng(1), 4), rows=[0])  # compile or load the numba cache
 
     ratio_nx, diff_nx = compare_networkx(rng, 64, n_pairs=4 if args.quick else 16)
-    ratio_cls, ratio_full, diff_sp, t_random_full = compare_scipy(
+    ratio_cls, ratio_full, diff_sp, random_attentions = compare_scipy(
         rng, 128, sample_rows=1 if args.quick else 7, repeats=3 if args.quick else 5
     )
     adversarial = harder_inputs(rng, 128, repeats=2 if args.quick else 3, full_matrix=not args.quick)
@@ -420,15 +427,15 @@ def main(argv=None):
         (f"(c) >= 10x scipy, sharp/local CLS row: {adversarial:.1f}x", adversarial >= 10),
     ]
     if args.real:
-        real = real_attention(("minilm", "mpnet"), n_windows=3, repeats=3, t_random_full=t_random_full)
+        real = real_attention(("minilm", "mpnet"), n_windows=3, repeats=3, random_attentions=random_attentions)
         per_head(repeats=2)
         long = long_sequence(full_matrix=not args.quick, jobs=2)
-        for name, (worst_cls, _, slowest_full) in real.items():
+        for name, (worst_cls, _, worst_vs_random) in real.items():
             checks.append((f"(d) >= 20x scipy, {name} CLS row, worst of 3 windows: {worst_cls:.1f}x", worst_cls >= 20))
             checks.append(
                 (
-                    f"(d) {name} full 128x128 within 2x of random input: {slowest_full / t_random_full:.2f}x",
-                    slowest_full <= 2 * t_random_full,
+                    f"(d) {name} full 128x128 within 2x of random input (worst window): {worst_vs_random:.2f}x",
+                    worst_vs_random <= 2,
                 )
             )
         if long:
