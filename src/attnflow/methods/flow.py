@@ -31,7 +31,7 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
   upper layers is kept. Cold: zero flow (only the edges that carry flow are reset). Warm wins on
   random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
-  phases and starting over is ~1.4x cheaper. The min cuts
+  phases and starting over is ~1.5x cheaper. The min cuts
   proved by earlier sinks' last searches are kept (their sink-independent part) and give upper
   bounds for the next sinks: a flow that reaches one needs no final search. On the CLS row of
   real attention (a sink token, with its min cut next to the source) this saves most of the
