@@ -362,3 +362,38 @@ def test_graph_capacities_bits_and_heaviest_edges_match_numpy(n):
     np.testing.assert_array_equal(picked, -np.sort(-want, axis=-1)[..., :top])  # the largest, in order
     n_positive = (want > 0).sum(axis=-1, keepdims=True)
     np.testing.assert_array_equal(heavy < 0, np.arange(top) >= n_positive)  # -1 only past the non-zero ones
+
+
+@pytest.mark.parametrize("n_layers", [2, 3, 5])
+def test_a_remembered_cut_bounds_every_sink_and_is_exact_for_its_own(n_layers):
+    """The min cut kept from one sink's last search (its source side above layer 1, each node of
+    layer 1 on whichever side cuts less for the next sink) bounds every other sink's max flow and
+    equals its own sink's; checked against networkx on the integer capacities the kernel uses."""
+    from attnflow.methods.flow import _graph, _source_side_cut
+
+    layers = capacities(structured_attentions(np.random.default_rng(3), n_layers, 2, 10))
+    cap = _graph(layers)[0]  # [layer, q, k] int64, the kernel's exact capacities
+    n = layers.shape[-1]
+    graph = nx.DiGraph()
+    for l in range(n_layers):
+        for i, j in zip(*np.nonzero(cap[l])):
+            graph.add_edge((l + 1, int(i)), (l, int(j)), capacity=int(cap[l, i, j]))
+    kept = 0
+    for source in (0, 4):
+        flows = [nx.maximum_flow_value(graph, (n_layers, source), (0, j)) for j in range(n)]
+        limit = int(cap[n_layers - 1, source].sum())
+        for sink in range(n):
+            value, (side, _) = nx.minimum_cut(graph, (n_layers, source), (0, sink))
+            assert value == flows[sink]
+            level = np.zeros((n_layers + 1) * n, np.int64)
+            for l, i in side:
+                level[l * n + i] = -1
+            into = np.zeros(n, np.int64)
+            base = _source_side_cut(cap, level, source, into, limit)
+            if base < 0:
+                continue  # not kept (a large source side)
+            kept += 1
+            bounds = [base + int(np.minimum(cap[0, :, j], into).sum()) for j in range(n)]
+            assert bounds[sink] == flows[sink]
+            assert all(bound >= flow for bound, flow in zip(bounds, flows))
+    assert kept >= n  # most cuts are kept

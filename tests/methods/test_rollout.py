@@ -276,6 +276,10 @@ def test_rows_stochastic_and_non_negative(data, layers, heads, n, fusion, residu
     "bad,kwargs,message",
     [
         (np.full((2, 2, 3, 3), np.nan), {}, "NaN"),
+        (np.where(np.eye(3, dtype=bool), np.inf, 0.0) * np.ones((2, 2, 3, 3)), {}, "NaN or infinite"),
+        (np.where(np.eye(3, dtype=bool), -np.inf, 0.5) * np.ones((2, 2, 3, 3)), {}, "NaN or infinite"),
+        (np.full((2, 2, 3, 3), 1e308), {}, "sum to infinity"),
+        (np.full((2, 2, 3, 3), 1e308), {"residual": "renorm"}, "sum to infinity"),
         (-np.ones((2, 2, 3, 3)) / 3, {}, "negative"),
         (np.ones((2, 2, 3, 3)), {}, "sum to 1"),
         (np.ones((2, 3, 3)) / 3, {}, r"\[layer, head, query, key\]"),

@@ -24,18 +24,22 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time;
   a node of layer 2 pushes into the sink through its children at distance 1 at once (their only
   admissible edge goes there), without descending into them.
-* Reuse across sinks: a sink starts warm or cold, whichever has cost fewer search and DFS steps
-  per sink so far in this row (running means, the other kind retried every ``EXPLORE`` sinks).
+* Reuse across sinks: a sink starts warm or cold, whichever has cost fewer steps per sink so far
+  in this row (running means; a search step counts ``SEARCH_COST`` DFS steps). The other kind is
+  retried after ``EXPLORE`` sinks, then after twice as many each time it loses again: on inputs
+  where one kind is always cheaper, few sinks pay for the retries.
   Warm: the max flow to the previous sink, moved to the new one in a pass over the layers from
   the bottom: what the new sink cannot take becomes excess, which each node first pushes on to
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
   upper layers is kept. Cold: zero flow (only the edges that carry flow are reset). Warm wins on
   random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
   phases and starting over is ~1.5x cheaper. The min cuts
-  proved by earlier sinks' last searches are kept (their sink-independent part) and give upper
-  bounds for the next sinks: a flow that reaches one needs no final search. On the CLS row of
-  real attention (a sink token, with its min cut next to the source) this saves most of the
-  final searches.
+  proved by earlier sinks' last searches are kept and give upper bounds for the next sinks: a
+  flow that reaches one needs no final search. A kept cut is its source side S above layer 1;
+  for each new sink, every node of layer 1 joins S or not, whichever cuts less (its edge into the
+  sink, or the edges from S into it). On the CLS row of real attention (a sink token, with its
+  min cut next to the source) this gives the exact max-flow value of nearly every sink (MiniLM:
+  123-127 of 128) and saves their final searches.
 * ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
   one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
   k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 2``
@@ -67,8 +71,10 @@ _SCALE = float(2**SCALE_BITS)
 Rows = Union[None, int, Sequence[int], np.ndarray]
 N_HEAVY = 4  # edges per node tried first, by decreasing capacity, before the others by key
 N_CUTS = 8  # min cuts remembered per output row, as upper bounds for the next sinks
-EXPLORE = 16  # every EXPLORE-th sink starts the other way (warm or cold) than the cheaper one
+EXPLORE = 16  # sinks before the first retry of the other way to start (warm or cold); doubled while it loses
 COST_DECAY = 0.25  # weight of the last sink in the running mean cost of warm and cold starts
+SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) counts for, in those costs
+_NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
 
 
 @register("flow", "attention flow: max-flow on the layered attention graph", FLOW_OPTIONS)
@@ -314,7 +320,7 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
 
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
     Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes;
-    ``steps[0]`` counts the nodes taken from the queue.
+    ``steps[0]`` counts SEARCH_COST per node taken from the queue.
     """
     rf, _, _, res_t, _, flow_t = state  # searches read the column bit sets
     n_layers = rf.shape[0]
@@ -330,7 +336,7 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
     while head < tail:
         v = queue[head]
         head += 1
-        steps[0] += 1
+        steps[0] += SEARCH_COST
         vl = layer_of[v]
         vi = v - vl * n
         lv = level[v] + 1
@@ -576,40 +582,43 @@ def _clear_flow(state):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _source_side_cut(cap, level, source, side, limit):  # pragma: no cover
+def _source_side_cut(cap, level, source, into_inputs, limit):  # pragma: no cover
     """Remember the min cut found by a failed search, to bound the flows to later sinks.
 
     S = the nodes that cannot reach the sink (``level < 0``). Returns the capacity of the edges
-    from S to the other nodes of layers 1 … L−1, which does not depend on the sink, and marks in
-    ``side`` the nodes of layer 1 in S (their edges into the next sink complete the cut). Returns
-    -1 (nothing remembered) when S holds more than half the nodes (such cuts rarely fit another
-    sink and cost as much as a search to add up) or when the cut exceeds ``limit`` (the source's
-    capacity, already a bound; stopping there also keeps the sum far from int64 overflow).
+    from S to the other nodes of layers 2 … L−1, which does not depend on the sink, and writes to
+    ``into_inputs[a]`` the capacity from S into (1, a). For another sink j, each (1, a) can join
+    S (cutting its edge into j) or not (cutting the edges from S into it), whichever is smaller:
+    the cut's bound for j is the returned base + Σₐ min(cap[0, a, j], into_inputs[a]). Returns -1
+    (nothing remembered) when S holds more than half the nodes of layers 2 … L−1 (such cuts rarely
+    fit another sink) or when the base exceeds ``limit`` (the source's capacity, already a bound;
+    stopping there also keeps the sums far from int64 overflow).
     """
     n_layers = cap.shape[0]
     n = cap.shape[1]
     if n_layers == 1:
         return -1
     in_s = 0
-    for u in range(n, n_layers * n):
+    for u in range(2 * n, n_layers * n):
         if level[u] < 0:
             in_s += 1
-    if 2 * in_s > (n_layers - 1) * n:
+    if 2 * in_s > (n_layers - 2) * n:
         return -1
+    into_inputs[:] = 0
     total = 0
-    for b in range(n):  # the source's edges into layer L-1
-        if level[(n_layers - 1) * n + b] >= 0:
-            total += cap[n_layers - 1, source, b]
-    for layer in range(2, n_layers):
+    for layer in range(2, n_layers + 1):
         for a in range(n):
-            if level[layer * n + a] < 0:
+            if (layer == n_layers and a != source) or (layer < n_layers and level[layer * n + a] >= 0):
+                continue
+            if layer == 2:
+                for b in range(n):
+                    into_inputs[b] = min(into_inputs[b] + cap[1, a, b], _NO_LIMIT)
+            else:
                 for b in range(n):
                     if level[(layer - 1) * n + b] >= 0:
                         total += cap[layer - 1, a, b]
                 if total > limit:  # each node adds at most its row sum, ~2^50
                     return -1
-    for a in range(n):
-        side[a] = level[n + a] < 0
     return total
 
 
@@ -663,8 +672,10 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
     cost = np.full(2, -1.0)  # warm or cold start (module docstring): [cold, warm] mean steps per sink, -1 until tried
     # Min cuts of earlier sinks, reused as upper bounds (see _source_side_cut), a ring of them.
     cut_base = np.full(N_CUTS, -1, np.int64)
-    cut_side = np.zeros((N_CUTS, n), np.bool_)
+    cut_into = np.zeros((N_CUTS, n), np.int64)
     n_cuts = 0
+    interval = EXPLORE
+    next_explore = EXPLORE
     for index in range(sinks.shape[0]):
         sink = sinks[index]
         in_capacity = 0
@@ -676,20 +687,21 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         for c in range(N_CUTS):
             if cut_base[c] >= 0:
                 cut = cut_base[c]
-                for a in range(n):
-                    if cut_side[c, a]:
-                        cut += cap[0, a, sink]
-                        if cut > bound:
-                            break
+                for a in range(n):  # (1, a) in S or not, whichever cuts less
+                    cut += min(cap[0, a, sink], cut_into[c, a])
+                    if cut > bound:  # no larger sums: no int64 overflow for any n
+                        break
                 bound = min(bound, cut)
         warm = False
+        exploring = False
         if previous >= 0:
             if cost[1] < 0 or cost[0] < 0:
                 warm = cost[1] < 0  # try each once: warm first
             else:
                 warm = cost[1] <= cost[0]
-                if index % EXPLORE == 0:
+                if index >= next_explore:
                     warm = not warm
+                    exploring = True
         began = steps[0]
         if warm:
             flow = _move_sink(cap, state, heavy, live, all_live, level, work, source, previous, sink, surplus, bound)
@@ -706,7 +718,7 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         while flow < bound:
             if not _distances(state, live, source, sink, level, queue, steps, layer_of):
                 slot = n_cuts % N_CUTS
-                cut_base[slot] = _source_side_cut(cap, level, source, cut_side[slot], out_capacity)
+                cut_base[slot] = _source_side_cut(cap, level, source, cut_into[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
             flow += _blocking_flow(
@@ -717,3 +729,6 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             spent = float(steps[0] - began)
             mode = int(warm)
             cost[mode] = spent if cost[mode] < 0 else (1 - COST_DECAY) * cost[mode] + COST_DECAY * spent
+            if exploring:  # retry the other kind half as often while it keeps losing
+                interval = interval * 2 if (cost[1] <= cost[0]) != warm else EXPLORE
+                next_explore = index + interval
