@@ -33,7 +33,7 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
   upper layers is kept. Cold: zero flow (only the edges that carry flow are reset). Warm wins on
   random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
-  phases and starting over is ~1.5x cheaper. The min cuts
+  phases and starting over is ~1.6x cheaper. The min cuts
   proved by earlier sinks' last searches are kept and give upper bounds for the next sinks: a
   flow that reaches one needs no final search. A kept cut is its source side S above layer 1;
   for each new sink, every node of layer 1 joins S or not, whichever cuts less (its edge into the
