@@ -23,7 +23,9 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   over reversed residual edges, stopping at the source) follow; the last one proves optimality.
   The DFS splits flow over a node's edges (multi-push) instead of re-walking one path at a time;
   a node of layer 2 pushes into the sink through its children at distance 1 at once (their only
-  admissible edge goes there), without descending into them.
+  admissible edge goes there), without descending into them. The first phase has a DFS of its
+  own, which knows every step goes one layer down (no distances, edge kinds or layers to look up
+  per step: 15 % less time on MiniLM and MPNet than the general one).
 * Reuse across sinks: a sink starts warm or cold, whichever has cost fewer steps per sink so far
   in this row (running means; a search step counts ``SEARCH_COST`` DFS steps). The other kind is
   retried after ``EXPLORE`` sinks, then after twice as many each time it loses again: on inputs
@@ -366,7 +368,7 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
 
 
 @njit(cache=True, nogil=True)
-def _blocking_flow(state, heavy, live, start, sink, level, forward_only, limit, work, fresh):  # pragma: no cover
+def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh):  # pragma: no cover
     """Push up to ``limit`` units from node ``start`` along edges that go one step nearer to the sink (``level``).
 
     A DFS with current arcs that splits a node's flow over its edges (multi-push); the edges of
@@ -407,7 +409,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, forward_only, limit, 
             # into the sink), then in the general phases [n_fwd, n_fwd + n) reverse ones (back
             # up a layer, along flow), by key.
             n_fwd = 1 if ul == 1 else n_heavy + n
-            n_edges = n_fwd + n if not forward_only and 1 <= ul <= n_layers - 2 else n_fwd
+            n_edges = n_fwd + n if 1 <= ul <= n_layers - 2 else n_fwd
             while k < n_edges:
                 if ul == 1 and k == 0:
                     if rf[0, ui, sink] > 0 and lu == 1:
@@ -507,10 +509,112 @@ def _blocking_flow(state, heavy, live, start, sink, level, forward_only, limit, 
             d = got[depth]
 
 
+@njit(cache=True, nogil=True, forceinline=True)
+def _alive(live, layer, i):  # pragma: no cover
+    return (live[layer, i >> 6] >> np.uint64(i & 63)) & _ONE != 0
+
+
 @njit(cache=True, nogil=True)
-def _move_sink(
-    cap, state, heavy, live, all_live, level, work, source, old_sink, new_sink, surplus, limit
-):  # pragma: no cover
+def _forward_flow(state, heavy, live, top, start, sink, limit, work, fresh):  # pragma: no cover
+    """Push up to ``limit`` units from node (top, start), top >= 2, to the sink along forward residual edges.
+
+    The search-free phase of Dinic's algorithm: every edge goes down one layer, so the distances
+    to the sink are the layers, a DFS step from layer l always goes to layer l − 1 and the stack
+    depth gives the layer (only node indices are kept; ``level`` is not read). Otherwise the DFS
+    of `_blocking_flow`: multi-push, current arcs (positions: the ``N_HEAVY`` largest capacities,
+    then every edge by key), dead nodes leave ``live``, and a node of layer 2 pushes into the
+    sink through its children at once. ``work`` and ``fresh`` as there. Returns the flow pushed.
+
+    No early return before the DFS: numba then keeps reference-count updates of the array
+    arguments on every call (it is called once per node with excess when a flow moves to the
+    next sink), which made the whole kernel 1.3x slower.
+    """
+    rf, rb, res, res_t, flow, flow_t = state
+    n = rf.shape[1]
+    n_heavy = heavy.shape[2]
+    cur = work[0]
+    st_node = work[1]
+    budget = work[6]
+    got = work[7]
+    steps = work[8]
+    if fresh:
+        cur[:] = 0
+    n_positions = n_heavy + n
+    depth = 0
+    st_node[0] = start
+    budget[0] = limit
+    got[0] = 0
+    visits = 0
+    while True:
+        visits += 1
+        layer = top - depth
+        ui = st_node[depth]
+        blk = layer - 1
+        node = layer * n + ui
+        want = budget[depth] - got[depth]
+        k = cur[node]
+        child = -1
+        while k < n_positions:
+            if k < n_heavy:  # the largest capacities first
+                b = heavy[blk, ui, k]
+                if b < 0:
+                    k = n_heavy
+                    continue
+                if rf[blk, ui, b] == 0 or (live[blk, b >> 6] >> np.uint64(b & 63)) & _ONE == 0:
+                    k += 1
+                    continue
+            else:  # then every edge by key (the heavy ones again: at most one more test each)
+                b = _next(res, blk * n + ui, live, blk, False, k - n_heavy, n)
+                if b >= n:
+                    k = n_positions
+                    break
+                k = n_heavy + b
+            if layer == 2:  # a child of layer 1 can only go into the sink: push there at once
+                d = min(want, rf[1, ui, b], rf[0, b, sink])
+                _shift(rf, rb, res, res_t, flow, flow_t, 0, b, sink, d)
+                _shift(rf, rb, res, res_t, flow, flow_t, 1, ui, b, d)
+                got[depth] += d
+                want -= d
+                if rf[0, b, sink] == 0:
+                    _clear(live, 1, b)
+                if want == 0:
+                    break  # placed all it was asked for (the edge may have room left)
+                k += 1  # the edge or the child's edge into the sink is full
+                continue
+            child = b
+            break
+        cur[node] = k
+        if child >= 0:  # descend, asking for what this node still has to place
+            depth += 1
+            st_node[depth] = child
+            budget[depth] = min(want, rf[blk, ui, child])
+            got[depth] = 0
+            continue
+        if want > 0:  # no usable edge left: dead for this phase
+            _clear(live, layer, ui)
+        d = got[depth]
+        # Hand d units back up the stack until a node still has budget left to place.
+        while True:
+            if depth == 0:
+                steps[0] += visits
+                return d
+            asked = budget[depth]
+            b = st_node[depth]
+            depth -= 1
+            layer = top - depth
+            a = st_node[depth]
+            if d > 0:
+                _shift(rf, rb, res, res_t, flow, flow_t, layer - 1, a, b, d)
+                got[depth] += d
+            if d < asked or rf[layer - 1, a, b] == 0:
+                cur[layer * n + a] += 1  # child blocked or edge saturated: next edge
+            if got[depth] < budget[depth]:
+                break
+            d = got[depth]
+
+
+@njit(cache=True, nogil=True)
+def _move_sink(cap, state, heavy, live, all_live, work, source, old_sink, new_sink, surplus, limit):  # pragma: no cover
     """Turn the max flow into ``old_sink`` into a valid flow into ``new_sink`` (at most ``limit``); returns its value.
 
     Edge (1, a) -> sink keeps min(its flow, new capacity); the rest becomes excess at (1, a).
@@ -530,17 +634,14 @@ def _move_sink(
         _shift(rf, rb, res, res_t, flow, flow_t, 0, a, new_sink, keep)
         value += keep
         surplus[a] = f - keep  # surplus[a]: excess of node (layer, a) on the layer being handled
-    level[:] = work[-1]  # the layer of each node: in a forward phase, distances to the sink are the layers
     live[:] = all_live
     fresh = True
     for layer in range(1, n_layers):
         if layer >= 2:  # (1, a) has no other way to the sink
             for b in range(n):
                 s = surplus[b]
-                if s > 0 and value < limit and level[layer * n + b] >= 0:
-                    pushed = _blocking_flow(
-                        state, heavy, live, layer * n + b, new_sink, level, True, min(s, limit - value), work, fresh
-                    )
+                if s > 0 and value < limit and _alive(live, layer, b):
+                    pushed = _forward_flow(state, heavy, live, layer, b, new_sink, min(s, limit - value), work, fresh)
                     fresh = False
                     value += pushed
                     surplus[b] = s - pushed
@@ -704,26 +805,27 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                     exploring = True
         began = steps[0]
         if warm:
-            flow = _move_sink(cap, state, heavy, live, all_live, level, work, source, previous, sink, surplus, bound)
+            flow = _move_sink(cap, state, heavy, live, all_live, work, source, previous, sink, surplus, bound)
         elif previous >= 0:
             _clear_flow(state)
             flow = 0
         previous = sink
         if flow < bound:  # first phase on forward edges only: distances are the layers, no search
-            level[:] = layer_of
-            live[:] = all_live
-            flow += _blocking_flow(
-                state, heavy, live, n_layers * n + source, sink, level, True, bound - flow, work, True
-            )
+            if n_layers == 1:  # one edge from the source into the sink
+                rf, rb, res, res_t, carried, carried_t = state
+                d = min(bound - flow, rf[0, source, sink])
+                _shift(rf, rb, res, res_t, carried, carried_t, 0, source, sink, d)
+                flow += d
+            else:
+                live[:] = all_live
+                flow += _forward_flow(state, heavy, live, n_layers, source, sink, bound - flow, work, True)
         while flow < bound:
             if not _distances(state, live, source, sink, level, queue, steps, layer_of):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_into[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
-            flow += _blocking_flow(
-                state, heavy, live, n_layers * n + source, sink, level, False, bound - flow, work, True
-            )
+            flow += _blocking_flow(state, heavy, live, n_layers * n + source, sink, level, bound - flow, work, True)
         out[sink] = flow
         if index > 0:  # a choice was made
             spent = float(steps[0] - began)
