@@ -26,10 +26,14 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   admissible edge goes there), without descending into them. The first phase has a DFS of its
   own, which knows every step goes one layer down (no distances, edge kinds or layers to look up
   per step: 15 % less time on MiniLM and MPNet than the general one).
-* Reuse across sinks: a sink starts warm or cold, whichever has cost fewer steps per sink so far
-  in this row (running means; a search step counts ``SEARCH_COST`` DFS steps). The other kind is
-  retried after ``EXPLORE`` sinks, then after twice as many each time it loses again: on inputs
-  where one kind is always cheaper, few sinks pay for the retries.
+* Reuse across sinks: a sink starts warm or cold, whichever kind is chosen; the other kind is
+  retried on one sink after ``EXPLORE`` sinks, then after twice as many each time it costs more
+  than the chosen kind's running mean (steps per sink; a search step counts ``SEARCH_COST`` DFS
+  steps), and chosen when it costs less. A switch is on trial until the next retry: when the new
+  kind's running mean exceeds the old one's, the old kind comes back (one cheap sink can mislead:
+  on MiniLM the cost of a warm start varies 10x from sink to sink). Costs are compared only
+  between neighbouring sinks, since they drift along a row (on the adversarial input the sinks
+  far from the source need several searches each).
   Warm: the max flow to the previous sink, moved to the new one in a pass over the layers from
   the bottom: what the new sink cannot take becomes excess, which each node first pushes on to
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
@@ -73,8 +77,8 @@ _SCALE = float(2**SCALE_BITS)
 Rows = Union[None, int, Sequence[int], np.ndarray]
 N_HEAVY = 4  # edges per node tried first, by decreasing capacity, before the others by key
 N_CUTS = 8  # min cuts remembered per output row, as upper bounds for the next sinks
-EXPLORE = 16  # sinks before the first retry of the other way to start (warm or cold); doubled while it loses
-COST_DECAY = 0.25  # weight of the last sink in the running mean cost of warm and cold starts
+EXPLORE = 16  # sinks between retries of the kind of start (warm or cold) not chosen; doubled while it loses
+COST_DECAY = 0.25  # weight of the last sink in the running mean cost of the chosen kind of start
 SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) counts for, in those costs
 _NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
 
@@ -770,13 +774,18 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
         out_capacity += cap[n_layers - 1, source, b]
     flow = 0
     previous = -1
-    cost = np.full(2, -1.0)  # warm or cold start (module docstring): [cold, warm] mean steps per sink, -1 until tried
+    # Warm or cold start (module docstring): the kind chosen, the running mean of its cost (steps
+    # per sink), and while a switch is on trial the cost of the kind given up (-1 otherwise).
+    warm_chosen = True
+    chosen_cost = 0.0
+    given_up_cost = -1.0
+    since_switch = 0
     # Min cuts of earlier sinks, reused as upper bounds (see _source_side_cut), a ring of them.
     cut_base = np.full(N_CUTS, -1, np.int64)
     cut_into = np.zeros((N_CUTS, n), np.int64)
     n_cuts = 0
     interval = EXPLORE
-    next_explore = EXPLORE
+    next_retry = EXPLORE
     for index in range(sinks.shape[0]):
         sink = sinks[index]
         in_capacity = 0
@@ -793,16 +802,8 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                     if cut > bound:  # no larger sums: no int64 overflow for any n
                         break
                 bound = min(bound, cut)
-        warm = False
-        exploring = False
-        if previous >= 0:
-            if cost[1] < 0 or cost[0] < 0:
-                warm = cost[1] < 0  # try each once: warm first
-            else:
-                warm = cost[1] <= cost[0]
-                if index >= next_explore:
-                    warm = not warm
-                    exploring = True
+        retry = index == 2 or (index > 2 and index >= next_retry)  # the kind not chosen, this once
+        warm = index >= 1 and warm_chosen != retry
         began = steps[0]
         if warm:
             flow = _move_sink(cap, state, heavy, live, all_live, work, source, previous, sink, surplus, bound)
@@ -827,10 +828,21 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                 break  # no augmenting path: the flow is maximum
             flow += _blocking_flow(state, heavy, live, n_layers * n + source, sink, level, bound - flow, work, True)
         out[sink] = flow
-        if index > 0:  # a choice was made
+        if index > 0:
             spent = float(steps[0] - began)
-            mode = int(warm)
-            cost[mode] = spent if cost[mode] < 0 else (1 - COST_DECAY) * cost[mode] + COST_DECAY * spent
-            if exploring:  # retry the other kind half as often while it keeps losing
-                interval = interval * 2 if (cost[1] <= cost[0]) != warm else EXPLORE
-                next_explore = index + interval
+            if not retry:
+                chosen_cost = spent if index == 1 else (1 - COST_DECAY) * chosen_cost + COST_DECAY * spent
+                since_switch += 1
+                if given_up_cost >= 0 and since_switch >= 2 and chosen_cost > given_up_cost:
+                    warm_chosen = not warm_chosen  # the last switch did not pay: back
+                    chosen_cost, given_up_cost = given_up_cost, -1.0
+            elif spent < chosen_cost:  # the other kind did better than the chosen one lately: switch
+                given_up_cost, chosen_cost = chosen_cost, spent
+                warm_chosen = warm
+                since_switch = 0
+                interval = EXPLORE
+                next_retry = index + interval
+            else:  # it lost again: the chosen kind stays, and is retried half as often
+                given_up_cost = -1.0
+                interval = EXPLORE if index == 2 else 2 * interval
+                next_retry = index + interval
