@@ -321,12 +321,19 @@ def _build_graph(layers, n_heavy):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pragma: no cover
+def _distances(state, live, by_level, slots, used, source, sink, level, queue, steps, layer_of):  # pragma: no cover
     """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
 
     Stops once the source is labelled (nodes farther away cannot be on a shortest path).
     Returns False when the source cannot reach the sink. ``live`` ends up marking the labelled nodes;
     ``steps[0]`` counts SEARCH_COST per node taken from the queue.
+
+    The labelled nodes are also sorted by distance into the bit sets ``by_level``: every edge goes
+    one layer up or down, so a node's distance and layer have the same parity, and node (l, i) at
+    distance d is bit i of row l * slots + (d − l) / 2. The DFS of `_blocking_flow` then finds the
+    nodes one step nearer to the sink as one row: a node's children (a layer down) in its own row
+    index, its parents (a layer up) in the one before. ``used[0]``: the rows per layer in use,
+    cleared at the next search.
     """
     rf, _, _, res_t, _, flow_t = state  # searches read the column bit sets
     n_layers = rf.shape[0]
@@ -334,8 +341,14 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
     s = n_layers * n + source
     level[:] = -1
     live[:] = 0
+    for layer in range(n_layers + 1):
+        for row in range(layer * slots, layer * slots + used[0]):
+            for w in range(by_level.shape[1]):
+                by_level[row, w] = 0
+    used[0] = 1
     level[sink] = 0
     _set(live, 0, sink)
+    _set(by_level, 0, sink)
     queue[0] = sink
     head = 0
     tail = 1
@@ -346,6 +359,9 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
         vl = layer_of[v]
         vi = v - vl * n
         lv = level[v] + 1
+        up = (lv - vl - 1) >> 1  # rows of by_level for distance lv, a layer up and a layer down
+        down = (lv - vl + 1) >> 1
+        used[0] = max(used[0], down + 1)
         if vl == n_layers - 1:  # only the source feeds this layer
             if rf[vl, source, vi] > 0:
                 level[s] = lv  # BFS order: every node nearer to the sink is labelled already
@@ -356,6 +372,7 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
                 w = (vl + 1) * n + a
                 level[w] = lv
                 _set(live, vl + 1, a)
+                _set(by_level, (vl + 1) * slots + up, a)
                 queue[tail] = w
                 tail += 1
                 a = _next(res_t, vl * n + vi, live, vl + 1, True, a + 1, n)
@@ -365,6 +382,7 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
                 w = (vl - 1) * n + c
                 level[w] = lv
                 _set(live, vl - 1, c)
+                _set(by_level, (vl - 1) * slots + down, c)
                 queue[tail] = w
                 tail += 1
                 c = _next(flow_t, (vl - 1) * n + vi, live, vl - 1, True, c + 1, n)
@@ -372,18 +390,20 @@ def _distances(state, live, source, sink, level, queue, steps, layer_of):  # pra
 
 
 @njit(cache=True, nogil=True)
-def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh):  # pragma: no cover
+def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, work, fresh):  # pragma: no cover
     """Push up to ``limit`` units from node ``start`` along edges that go one step nearer to the sink (``level``).
 
     A DFS with current arcs that splits a node's flow over its edges (multi-push); the edges of
-    a node are tried in key order, found through the bit sets (saturated edges and dead or
-    unlabelled nodes are skipped 64 at a time).
+    a node are tried in key order, found through the bit sets: ``by_level`` (see `_distances`)
+    holds the live nodes of each layer by distance, so the search ANDs a node's residual edges
+    with the nodes one step nearer to the sink and skips saturated edges, dead nodes and nodes
+    at other distances 64 at a time.
 
     ``work`` holds the per-node current arc (reset when ``fresh``; kept across calls within one
     phase), the DFS stack (node, edge, budget, pushed), a step counter (``steps[0]``: one per
     visit of a node) and each node's layer.
-    Returns the flow pushed. Exhausted nodes get level -1 and leave ``live`` (dead for the rest
-    of the phase).
+    Returns the flow pushed. Exhausted nodes get level -1 and leave ``by_level`` (dead for the
+    rest of the phase).
     """
     rf, rb, res, res_t, flow, flow_t = state  # the DFS reads the row bit sets
     n_layers = rf.shape[0]
@@ -406,6 +426,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
             ul = layer_of[u]
             ui = u - ul * n
             lu = level[u]
+            here = (lu - ul) >> 1  # u's row of by_level: its children one step nearer are in the same one
             k = cur[u]
             v = -1
             r = 0
@@ -413,7 +434,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
             # into the sink), then in the general phases [n_fwd, n_fwd + n) reverse ones (back
             # up a layer, along flow), by key.
             n_fwd = 1 if ul == 1 else n_heavy + n
-            n_edges = n_fwd + n if 1 <= ul <= n_layers - 2 else n_fwd
+            n_edges = n_fwd + n if 1 <= ul <= n_layers - 2 and here > 0 else n_fwd
             while k < n_edges:
                 if ul == 1 and k == 0:
                     if rf[0, ui, sink] > 0 and lu == 1:
@@ -432,7 +453,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
                             k = n_heavy
                             continue
                     else:  # then every edge by key (the heavy ones again: at most one more test each)
-                        b = _next(res, (ul - 1) * n + ui, live, ul - 1, False, k - n_heavy, n)
+                        b = _next(res, (ul - 1) * n + ui, by_level, (ul - 1) * slots + here, False, k - n_heavy, n)
                         if b >= n:
                             k = n_fwd
                             continue
@@ -446,7 +467,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
                             got[depth] += d
                             if rf[0, b, sink] == 0:
                                 level[w] = -1
-                                _clear(live, 1, b)
+                                _clear(by_level, slots, b)  # layer 1, distance 1
                             if got[depth] == budget[depth]:
                                 break  # placed all it was asked for (the edge may have room left)
                             k += 1  # the edge or the child's edge into the sink is full
@@ -460,7 +481,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
                         break
                     k += 1
                 else:
-                    a = _next(flow, ul * n + ui, live, ul + 1, False, k - n_fwd, n)
+                    a = _next(flow, ul * n + ui, by_level, (ul + 1) * slots + here - 1, False, k - n_fwd, n)
                     if a >= n:
                         k = n_edges
                         continue
@@ -485,7 +506,7 @@ def _blocking_flow(state, heavy, live, start, sink, level, limit, work, fresh): 
                 continue
             if got[depth] < budget[depth]:  # no admissible edge left: dead for this phase
                 level[u] = -1
-                _clear(live, ul, ui)
+                _clear(by_level, ul * slots + here, ui)
             d = got[depth]
         # Hand d units back up the stack until a node still has budget left to place.
         while True:
@@ -762,6 +783,9 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
             _set(all_live, layer, i)
     level = np.empty(n_nodes, np.int64)
     queue = np.empty(n_nodes, np.int64)
+    slots = n_nodes // 2 + 1  # (distance - layer) / 2 of a node is below this
+    by_level = np.zeros(((n_layers + 1) * slots, words), np.uint64)  # see _distances
+    used = np.zeros(1, np.int64)
     surplus = np.zeros(2 * n, np.int64)
     steps = np.zeros(1, np.int64)  # search and DFS steps so far, the cost of a sink's max-flow
     stack = n_nodes + 1  # a DFS path visits each distance to the sink at most once
@@ -830,12 +854,14 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                 live[:] = all_live
                 flow += _forward_flow(state, heavy, live, n_layers, source, sink, bound - flow, work, True)
         while flow < bound:
-            if not _distances(state, live, source, sink, level, queue, steps, layer_of):
+            if not _distances(state, live, by_level, slots, used, source, sink, level, queue, steps, layer_of):
                 slot = n_cuts % N_CUTS
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_into[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
-            flow += _blocking_flow(state, heavy, live, n_layers * n + source, sink, level, bound - flow, work, True)
+            flow += _blocking_flow(
+                state, heavy, by_level, slots, n_layers * n + source, sink, level, bound - flow, work, True
+            )
         out[sink] = flow
         if index > 0:
             spent = float(steps[0] - began)
