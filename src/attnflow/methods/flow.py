@@ -25,7 +25,12 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   a node of layer 2 pushes into the sink through its children at distance 1 at once (their only
   admissible edge goes there), without descending into them. The first phase has a DFS of its
   own, which knows every step goes one layer down (no distances, edge kinds or layers to look up
-  per step: 15 % less time on MiniLM and MPNet than the general one).
+  per step: 15 % less time on MiniLM and MPNet than the general one). In the searched phases a
+  node's distance to the sink and its layer have the same parity (every edge goes one layer up
+  or down), and the search sorts the labelled nodes by distance into bit sets (see
+  `_distances`): the DFS finds the nodes one step nearer to the sink with a word AND instead of
+  testing the distance of every live node (2 of 3 tested were at other distances on the
+  adversarial input).
 * Reuse across sinks: a sink starts warm or cold, whichever kind is chosen; the other kind is
   retried on one sink after ``EXPLORE`` sinks, then after twice as many each time it costs more
   than the chosen kind's running mean (steps per sink; a search step counts ``SEARCH_COST`` DFS
@@ -37,7 +42,8 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   Warm: the max flow to the previous sink, moved to the new one in a pass over the layers from
   the bottom: what the new sink cannot take becomes excess, which each node first pushes on to
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
-  upper layers is kept. Cold: zero flow (only the edges that carry flow are reset). Warm wins on
+  upper layers is kept. Cold: zero flow (the edges that carry flow get their capacity back, the
+  bit sets are copied from the empty flow's). Warm wins on
   random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
   phases and starting over is ~1.6x cheaper. The min cuts
   proved by earlier sinks' last searches are kept and give upper bounds for the next sinks: a
@@ -48,8 +54,9 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   123-127 of 128) and saves their final searches.
 * ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
   one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
-  k]`` int64) plus, per thread, the residual arrays (two more) and the bit sets (``L n² / 2``
-  bytes): it does not depend on the number of rows, sinks, samples or heads.
+  k]`` int64) plus, per thread, the residual arrays (two more), the bit sets (``L n² / 2`` bytes)
+  and the bit sets by distance (``(L + 1)² n² / 16`` bytes, allocated untouched; a search touches
+  the few rows in use): it does not depend on the number of rows, sinks, samples or heads.
 
 Measured alternatives (BENCHMARKS.md): a highest-label push-relabel with global relabelling, gap
 heuristic and the preflow kept across sinks was exact but 1.2–9× slower than this Dinic on every
