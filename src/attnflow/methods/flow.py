@@ -400,11 +400,11 @@ def _distances(state, live, by_level, slots, used, source, sink, level, queue, s
 def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, work, fresh):  # pragma: no cover
     """Push up to ``limit`` units from node ``start`` along edges that go one step nearer to the sink (``level``).
 
-    A DFS with current arcs that splits a node's flow over its edges (multi-push); the edges of
-    a node are tried in key order, found through the bit sets: ``by_level`` (see `_distances`)
-    holds the live nodes of each layer by distance, so the search ANDs a node's residual edges
-    with the nodes one step nearer to the sink and skips saturated edges, dead nodes and nodes
-    at other distances 64 at a time.
+    The searched phases' DFS (the first phase has `_forward_flow`), with current arcs, that splits
+    a node's flow over its edges (multi-push); the edges of a node are tried in key order, found
+    through the bit sets: ``by_level`` (see `_distances`) holds the live nodes of each layer by
+    distance, so the search ANDs a node's residual edges with the nodes one step nearer to the
+    sink and skips saturated edges, dead nodes and nodes at other distances 64 at a time.
 
     ``work`` holds the per-node current arc (reset when ``fresh``; kept across calls within one
     phase), the DFS stack (node, edge, budget, pushed), a step counter (``steps[0]``: one per
@@ -438,8 +438,8 @@ def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, wor
             v = -1
             r = 0
             # Edge positions: [0, n_fwd) forward ones (down a layer; from layer 1 only the one
-            # into the sink), then in the general phases [n_fwd, n_fwd + n) reverse ones (back
-            # up a layer, along flow), by key.
+            # into the sink), then [n_fwd, n_fwd + n) reverse ones (back up a layer, along flow),
+            # by key.
             n_fwd = 1 if ul == 1 else n_heavy + n
             n_edges = n_fwd + n if 1 <= ul <= n_layers - 2 and here > 0 else n_fwd
             while k < n_edges:
@@ -543,6 +543,7 @@ def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, wor
 
 @njit(cache=True, nogil=True, forceinline=True)
 def _alive(live, layer, i):  # pragma: no cover
+    """Whether bit i of row ``layer`` of ``live`` is set (node (layer, i) alive in this phase)."""
     return (live[layer, i >> 6] >> np.uint64(i & 63)) & _ONE != 0
 
 
