@@ -867,9 +867,12 @@ def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma
                 cut_base[slot] = _source_side_cut(cap, level, source, cut_into[slot], out_capacity)
                 n_cuts += cut_base[slot] >= 0
                 break  # no augmenting path: the flow is maximum
-            flow += _blocking_flow(
+            pushed = _blocking_flow(
                 state, heavy, by_level, slots, n_layers * n + source, sink, level, bound - flow, work, True
             )
+            if pushed == 0:  # a search that reached the source leaves a path to push along: a bug, not a loop
+                raise RuntimeError("attention flow: a searched phase pushed no flow (internal error)")
+            flow += pushed
         out[sink] = flow
         if index > 0:
             spent = float(steps[0] - began)
