@@ -593,7 +593,7 @@ def _forward_flow(state, heavy, live, top, start, sink, limit, work, fresh):  # 
                 if b < 0:
                     k = n_heavy
                     continue
-                if rf[blk, ui, b] == 0 or (live[blk, b >> 6] >> np.uint64(b & 63)) & _ONE == 0:
+                if rf[blk, ui, b] == 0 or not _alive(live, blk, b):
                     k += 1
                     continue
             else:  # then every edge by key (the heavy ones again: at most one more test each)
