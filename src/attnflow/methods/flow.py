@@ -261,6 +261,12 @@ def _clear(bits, row, i):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True, forceinline=True)
+def _alive(bits, row, i):  # pragma: no cover
+    """Whether bit i of ``bits[row]`` is set (with ``live``: node (row, i) alive in this phase)."""
+    return (bits[row, i >> 6] >> np.uint64(i & 63)) & _ONE != 0
+
+
+@njit(cache=True, nogil=True, forceinline=True)
 def _next(x, x_row, y, y_row, y_inverted, start, n):  # pragma: no cover
     """First index >= start whose bit is set in ``x[x_row] & y[y_row]`` (``& ~y[y_row]`` when
     y_inverted), else n."""
@@ -539,12 +545,6 @@ def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, wor
             if got[depth] < budget[depth]:
                 break
             d = got[depth]
-
-
-@njit(cache=True, nogil=True, forceinline=True)
-def _alive(live, layer, i):  # pragma: no cover
-    """Whether bit i of row ``layer`` of ``live`` is set (node (layer, i) alive in this phase)."""
-    return (live[layer, i >> 6] >> np.uint64(i & 63)) & _ONE != 0
 
 
 @njit(cache=True, nogil=True, forceinline=True)
