@@ -16,6 +16,7 @@ import transformers as T
 import attnflow
 from attnflow.capture.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
+from attnflow.errors import InputError
 from attnflow.perturb.lrp import lrp_relevance
 from attnflow.targets import Objective
 
@@ -149,7 +150,7 @@ def relu_classifier(family: str, zero_biases: bool) -> AttentionModel:
     return AttentionModel(classifier, tokenizer, name=f"tiny relu {family}", device="cpu")
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert", "mpnet"])
+@pytest.mark.parametrize("family", ["bert", "electra", "roberta", "distilbert", "mpnet"])
 def test_cp_lrp_conserves_exactly_with_relu_and_accounts_for_biases(family):
     for zero_biases in (True, False):
         model = relu_classifier(family, zero_biases)
@@ -210,3 +211,43 @@ def test_the_model_is_unchanged_after_lrp_also_when_the_forward_pass_raises(tiny
     assert [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.model.modules()] == hook_counts
     for expected, actual in zip(before, plain_gradients(model, ids), strict=True):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_lrp_explains_the_real_classifier_and_not_random_weights(minilm_sentiment, tmp_path):
+    from scipy.stats import spearmanr
+
+    from attnflow.evaluate.sanity import cascade
+
+    sentence = "The movie was terrible, but the acting was great."
+    *_, (_, randomised) = cascade(minilm_sentiment)  # the head and every block random
+    for method in RULES:
+        explanation = minilm_sentiment.explain(sentence, method=method)
+        assert explanation.target["label"] == "negative"
+        content = ~explanation.special_mask
+        scores = explanation.scores[content]
+        assert np.abs(scores).max() > 0.3 * abs(explanation.target["value"])  # not ≈ 0
+        assert scores.std() > 0.2 * np.abs(scores).max()  # not constant
+        by_token = dict(zip(explanation.tokens, explanation.scores, strict=True))
+        assert by_token["terrible"] > 0 > by_token["great"]  # signed: for and against "negative"
+        extras = explanation.extras
+        assert extras["target_value"] == pytest.approx(explanation.target["value"], rel=1e-5)
+        assert extras["conservation"] == pytest.approx(explanation.scores.sum() / extras["target_value"])
+        assert extras["bias_share"] == pytest.approx(extras["bias_relevance"] / extras["target_value"])
+        explanation.save(tmp_path / method)
+        assert attnflow.Explanation.load(tmp_path / method).extras == pytest.approx(extras)
+        random_map = randomised.explain(sentence, method=method, target=explanation.target["index"]).scores[content]
+        assert abs(spearmanr(scores, random_map)[0]) < 0.5
+
+
+def test_lrp_refuses_other_families_in_one_line(tiny_model_path):
+    from PIL import Image
+
+    supported = r"it supports: bert, roberta, distilbert, mpnet, llama"
+    vision = attnflow.load(str(tiny_model_path("dinov2")), device="cpu")
+    with pytest.raises(ValueError, match=rf"'attnlrp' does not support the dinov2 family \({supported}\)"):
+        vision.trace_image_for(["attnlrp"], Image.new("RGB", (16, 16)))
+    gpt2 = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
+    with pytest.raises(ValueError, match=rf"'cp_lrp' does not support the gpt2 family \({supported}\)"):
+        gpt2.explain("the cat sat", method="cp_lrp")
+    with pytest.raises(InputError, match=rf"cp_lrp does not support the gpt2 family .*{supported}"):
+        lrp_relevance(gpt2, gpt2.trace("the cat sat", needs=("attentions", "target")), "cp_lrp")
