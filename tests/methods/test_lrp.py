@@ -251,3 +251,19 @@ def test_lrp_refuses_other_families_in_one_line(tiny_model_path):
         gpt2.explain("the cat sat", method="cp_lrp")
     with pytest.raises(InputError, match=rf"cp_lrp does not support the gpt2 family .*{supported}"):
         lrp_relevance(gpt2, gpt2.trace("the cat sat", needs=("attentions", "target")), "cp_lrp")
+
+
+@pytest.mark.slow
+def test_lrp_on_smollm2_explains_the_next_token():
+    smollm2 = attnflow.load("smollm2", device="cpu")
+    prompts = ["The capital of France is", "One, two, three, four,"]
+    traces = smollm2.trace(prompts, needs=("attentions", "target"))
+    for rule in RULES:
+        batched = lrp_relevance(smollm2, traces, rule)
+        for trace, relevance in zip(traces, batched, strict=True):
+            assert trace.target.kind == "next_token"
+            assert np.all(np.isfinite(relevance.scores)) and np.abs(relevance.scores).max() > 0
+            (alone,) = lrp_relevance(smollm2, [trace], rule)
+            np.testing.assert_allclose(relevance.scores, alone.scores, rtol=1e-3, atol=1e-5)
+        explanation = smollm2.explain(prompts[0], method=rule)
+        assert explanation.target["kind"] == "next_token" and "conservation" in explanation.extras
