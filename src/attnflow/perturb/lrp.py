@@ -30,6 +30,7 @@ rule's absorbed term; both: a non-linear target such as a log-probability or a c
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -59,13 +60,17 @@ class Relevance:
 
     @property
     def conservation(self) -> float:
-        """Σ_j R_j / y: 1 when all of y reaches the tokens."""
-        return float(self.scores.sum() / self.target_value)
+        """Σ_j R_j / y: 1 when all of y reaches the tokens (NaN when y = 0)."""
+        return _share(float(self.scores.sum()), self.target_value)
 
     @property
     def bias_share(self) -> float:
-        """Σ_b b · ∂̃y/∂b / y: the part of y that the biases absorb."""
-        return float(self.bias_relevance / self.target_value)
+        """Σ_b b · ∂̃y/∂b / y: the part of y that the biases absorb (NaN when y = 0)."""
+        return _share(self.bias_relevance, self.target_value)
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole != 0 else float("nan")
 
 
 @register(
@@ -227,9 +232,9 @@ def lrp_rules(model: Any, rule: str) -> Iterator[RuleRecording]:
 
     handles = []
     try:
-        embedding_norms = find_layers_by_name(model.model, EMBEDDING_NORM)
-        if embedding_norms:
-            handles.append(embedding_norms[0].register_forward_pre_hook(take_embedding_sum))
+        embedding_norm = next((module for name, module in modules.items() if re.search(EMBEDDING_NORM, name)), None)
+        if embedding_norm is not None:
+            handles.append(embedding_norm.register_forward_pre_hook(take_embedding_sum))
         else:
             handles.append(model.model.get_input_embeddings().register_forward_hook(take_word_embeddings))
         hooked = norms | set(activations) | set(gradient_factors)
@@ -240,14 +245,6 @@ def lrp_rules(model: Any, rule: str) -> Iterator[RuleRecording]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def find_layers_by_name(model: Any, pattern: str) -> list[Any]:
-    """The modules whose name matches ``pattern`` (a regex searched in the name), in model order."""
-    import re
-
-    regex = re.compile(pattern)
-    return [module for name, module in model.named_modules() if regex.search(name)]
 
 
 def _is_norm(module: Any) -> bool:
