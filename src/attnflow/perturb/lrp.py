@@ -253,6 +253,7 @@ def _is_norm(module: Any) -> bool:
     return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
 
 
+@cache
 def _elementwise() -> tuple[type, ...]:
     """The element-wise activation classes (transformers' ``ACT2FN`` table: GELU, SiLU, tanh, ...)."""
     from transformers.activations import ACT2CLS
