@@ -76,10 +76,12 @@ def _share(part: float, whole: float) -> float:
 @register(
     "cp_lrp",
     "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
-    (),
+    takes="model",
     needs=("attentions", "target", "model"),
     families=LRP_FAMILIES,
     scores_only=True,
+    signed=True,
+    cost="backward",
 )
 def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
     """``[token]`` signed CP-LRP relevance R_j of the trace's target (see the module docstring)."""
@@ -90,10 +92,12 @@ def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
     "attnlrp",
     "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
     "activations, softmax and products",
-    (),
+    takes="model",
     needs=("attentions", "target", "model"),
     families=LRP_FAMILIES,
     scores_only=True,
+    signed=True,
+    cost="backward",
 )
 def attnlrp(model: Any, trace: Trace) -> np.ndarray:
     """``[token]`` signed AttnLRP relevance R_j of the trace's target (see the module docstring)."""
