@@ -1,4 +1,4 @@
-"""Layer-wise relevance propagation for transformers: `cp_lrp` and `attnlrp` (definitions: docs/relevance.md).
+"""Layer-wise relevance propagation for transformers: `cp_lrp` and `attnlrp` (definitions: docs/methods.md).
 
 Both are gradient × input on a modified backward pass: one forward and one backward pass of the
 model, during which temporary forward hooks (removed on exit, also when the forward pass raises)
