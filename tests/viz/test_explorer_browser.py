@@ -69,6 +69,11 @@ class Page:
 
     def select(self, selector: str, value: str) -> None:
         self.page.select_option(selector, value)
+        self.wait_drawn()
+
+    def wait_drawn(self) -> None:
+        """Wait until the page has drawn its latest state (it inflates data chunks asynchronously)."""
+        self.page.wait_for_selector("body[data-busy='0']", state="attached", timeout=60_000)
 
     def token_colours(self) -> list[str]:
         return self.page.eval_on_selector_all(".tok", "spans => spans.map(s => s.style.backgroundColor)")
@@ -142,12 +147,13 @@ def test_hovering_a_token_shows_its_row_and_the_matrix_values_decode(browser, ti
         float(re.findall(r"[\d.]+", colour)[-1]) if colour.startswith("rgba") else 1.0
         for colour in page.token_colours()
     ]
-    # the browser keeps alpha in 8 bits (steps of 1/255)
-    np.testing.assert_allclose(np.minimum(alphas, 1.0), np.minimum(expected, 1.0), atol=1 / 255 + 1e-3)
+    # the page's 7-bit codes are off by at most 1/254 of the row's largest non-special entry (the
+    # colour scale), and the browser keeps alpha in 8 bits (steps of 1/255)
+    np.testing.assert_allclose(np.minimum(alphas, 1.0), np.minimum(expected, 1.0), atol=1 / 254 + 1 / 255 + 1e-3)
     assert page.token_colours() != before
     page.page.mouse.move(0, 0)
     assert page.token_colours() == before  # leaving the token goes back to the default row
-    # hover the matrix cell (query 4, key 7): the readout shows the float16-decoded value
+    # hover cells of the last row: the readout shows the decoded value, 3 significant digits
     box = page.page.locator("#matrix").bounding_box()
     readouts = []
     for x in np.linspace(0.3, 0.98, 9):
@@ -158,7 +164,8 @@ def test_hovering_a_token_shows_its_row_and_the_matrix_values_decode(browser, ti
     for readout in last_row:
         key = int(re.search(r"→ #(\d+)", readout).group(1))
         value = float(readout.rsplit(": ", 1)[1])
-        assert value == pytest.approx(rollout[-1, key], rel=2e-3, abs=1e-6)
+        step = rollout[-1][~exploration.special_mask].max() / 254  # the largest error of the 7-bit codes
+        assert abs(value - rollout[-1, key]) <= step + 5e-3 * abs(value)
     page.page.click(".tok[data-i='4']")
     assert page.page.input_value("#row") == "4"
     page.screenshot("tiny-row-4-pinned")
@@ -180,6 +187,7 @@ def test_diagnostics_panel_shows_the_flags_and_switches_layers(browser, tiny_pag
         assert ("collapsed" in cells[4]) == bool(expected.collapsed[layer])
         assert ("diffuse" in cells[4]) == bool(expected.diffuse[layer])
     rows.nth(0).click()
+    page.wait_drawn()
     assert page.page.input_value("#layer") == "0"
     assert "current" in (rows.nth(0).get_attribute("class") or "")
     page.close()
@@ -322,6 +330,7 @@ def test_notebook_iframe_runs_the_explorer(browser, tiny_page_path, tmp_path):
     frame.wait_for_selector("body[data-ready='1']", timeout=60_000)
     assert frame.eval_on_selector_all(".tok", "spans => spans.length") == exploration.n_tokens
     frame.select_option("#layer", "0")
+    frame.wait_for_selector("body[data-busy='0']", state="attached")
     assert "layer 0" in (frame.text_content("#similarity-caption") or "")
     page.close()
     assert errors == []

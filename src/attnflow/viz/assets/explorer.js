@@ -7,41 +7,66 @@
   var n = meta.tokens.length;
   var $ = function (id) { return document.getElementById(id); };
 
-  // ----- float16 chunks -------------------------------------------------------------------------
-  var F16 = new Float32Array(65536);
-  (function () {
-    for (var h = 0; h < 65536; h++) {
-      var sign = h & 0x8000 ? -1 : 1, exponent = (h >> 10) & 31, fraction = h & 1023;
-      if (exponent === 0) F16[h] = sign * fraction * Math.pow(2, -24);
-      else if (exponent === 31) F16[h] = fraction ? NaN : sign * Infinity;
-      else F16[h] = sign * Math.pow(2, exponent - 15) * (1 + fraction / 1024);
-    }
-  })();
+  // ----- data chunks ----------------------------------------------------------------------------
+  // A chunk is base64 of zlib-deflated [float32 scales][float32 exact values][int8 codes]: one scale
+  // per vector along the array's last axis, a value is code × scale / 127, except in the
+  // reference's exact_columns (special tokens), whose values are stored as they are. Chunks are
+  // inflated when first shown; the last CACHE_CHUNKS are kept.
+  var cache = new Map(), pending = new Map();
+  var CACHE_CHUNKS = 40, CODE_LEVELS = 127;
 
-  var cache = new Map();
-  var CACHE_CHUNKS = 40;
-
-  function chunkWords(id) {
-    if (cache.has(id)) {
-      var hit = cache.get(id);
-      cache.delete(id);
-      cache.set(id, hit);
-      return hit;
-    }
-    var binary = atob($(id).textContent);
-    var bytes = new Uint8Array(binary.length);
+  function base64Bytes(text) {
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);
+    var binary = atob(text), bytes = new Uint8Array(binary.length);
     for (var i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-    var words = new Uint16Array(bytes.buffer);
-    cache.set(id, words);
-    if (cache.size > CACHE_CHUNKS) cache.delete(cache.keys().next().value);
-    return words;
+    return bytes;
   }
 
-  // Values [offset, offset + length) of chunk `index` of a reference, as float32.
+  function inflate(bytes) {
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Response(stream).arrayBuffer();
+  }
+
+  function cached(id) { return cache.has(id); }
+
+  // Promise of chunk `index` of a reference, inflated and split into {scales, exact, codes}.
+  function load(ref, index) {
+    var id = ref.chunks[index];
+    if (cache.has(id)) return Promise.resolve(cache.get(id));
+    if (!pending.has(id)) {
+      var rows = ref.shape.slice(1, -1).reduce(function (a, b) { return a * b; }, 1), k = ref.exact_columns.length;
+      var inflated = Promise.resolve($(id).textContent).then(function (text) { return inflate(base64Bytes(text)); });
+      pending.set(id, inflated.then(function (buffer) {
+        var chunk = {
+          scales: new Float32Array(buffer, 0, rows),
+          exact: new Float32Array(buffer, rows * 4, rows * k),
+          codes: new Int8Array(buffer, rows * 4 * (1 + k)),
+        };
+        pending.delete(id);
+        cache.set(id, chunk);
+        if (cache.size > CACHE_CHUNKS) cache.delete(cache.keys().next().value);
+        return chunk;
+      }));
+    }
+    return pending.get(id);
+  }
+
+  // Values [offset, offset + length) of chunk `index` of a reference (loaded), as float32.
   function read(ref, index, offset, length) {
-    var words = chunkWords(ref.chunks[index]), scale = ref.scales[index];
-    var out = new Float32Array(length);
-    for (var i = 0; i < length; i++) out[i] = F16[words[offset + i]] * scale;
+    var id = ref.chunks[index], chunk = cache.get(id);
+    cache.delete(id);
+    cache.set(id, chunk);
+    var width = ref.shape[ref.shape.length - 1], columns = ref.exact_columns, k = columns.length;
+    var out = new Float32Array(length), end = offset + length;
+    for (var row = Math.floor(offset / width); row * width < end; row++) {
+      var first = Math.max(row * width, offset), stop = Math.min((row + 1) * width, end);
+      var step = chunk.scales[row] / CODE_LEVELS;
+      for (var i = first; i < stop; i++) out[i - offset] = chunk.codes[i] * step;
+      for (var e = 0; e < k; e++) {
+        var at = row * width + columns[e];
+        if (at >= first && at < stop) out[at - offset] = chunk.exact[row * k + e];
+      }
+    }
     return out;
   }
 
@@ -61,11 +86,17 @@
 
   function headShown(m) { return state.head >= 0 && m.heads ? state.head : -1; }
 
-  function currentMatrix() {
+  // The chunk that holds the shown matrix: {ref, index, offset}, or null.
+  function matrixSource() {
     var m = method(), view = viewIndex(m);
     if (view < 0) return null;
     var head = headShown(m);
-    return head < 0 ? read(m.matrices, view, 0, n * n) : read(m.heads, view, head * n * n, n * n);
+    return head < 0 ? { ref: m.matrices, index: view, offset: 0 } : { ref: m.heads, index: view, offset: head * n * n };
+  }
+
+  function currentMatrix() {
+    var source = matrixSource();
+    return source ? read(source.ref, source.index, source.offset, n * n) : null;
   }
 
   // Saliency scores: a row of the matrix ("cls", "mean", "last" or a query index).
@@ -397,8 +428,40 @@
   // ----- rendering ------------------------------------------------------------------------------
   var current = { matrix: null };
 
+  // A render inflates the chunks it needs first (asynchronously, unless they are cached), then
+  // draws; a newer render supersedes one still waiting. body[data-busy] is "1" until it has drawn.
+  var renderSerial = 0;
+
   function render() {
-    var started = performance.now();
+    document.body.dataset.busy = "1";
+    show(performance.now(), ++renderSerial);
+  }
+
+  function neededChunks() {
+    var needed = [], source = matrixSource();
+    if (source) needed.push(source);
+    if (meta.similarity) needed.push({ ref: meta.similarity, index: state.layer });
+    return needed;
+  }
+
+  function show(started, serial) {
+    if (serial !== renderSerial) return;
+    var needed = neededChunks();
+    if (needed.every(function (c) { return cached(c.ref.chunks[c.index]); })) { draw(started); return; }
+    Promise.all(needed.map(function (c) { return load(c.ref, c.index); })).then(
+      function () { show(started, serial); }, failed);
+  }
+
+  function failed(error) {
+    var empty = $("matrix-empty");
+    empty.hidden = false;
+    empty.textContent = "could not decode the page's data (" + error + "); the explorer needs a browser with " +
+      "DecompressionStream: Chrome or Edge 80, Firefox 113, Safari 16.4 or later";
+    document.body.dataset.busy = "0";
+    throw error;
+  }
+
+  function draw(started) {
     var m = method(), view = viewIndex(m), head = headShown(m);
     current.matrix = currentMatrix();
     $("row").disabled = !m.matrices;
@@ -432,6 +495,9 @@
     var elapsed = performance.now() - started;
     document.body.dataset.renderMs = elapsed.toFixed(1);
     $("timing").textContent = "drawn in " + elapsed.toFixed(0) + " ms";
+    document.body.dataset.busy = "0";
+    document.body.dataset.ready = "1";
+    document.dispatchEvent(new CustomEvent("attnflow-drawn", { detail: elapsed }));
   }
 
   // Token colours, the matrix with its row outlined, and the row text: for the hovered or chosen row.
@@ -495,8 +561,17 @@
       : "";
     window.addEventListener("resize", function () { render(); });
     render();
-    document.body.dataset.ready = "1";
   }
+
+  // For tests and scripts: the decoded values of chunk `index` of a data reference in `meta`
+  // (e.g. attnflowExplorer.values(attnflowExplorer.meta.methods[0].heads, 3): layer view 3).
+  window.attnflowExplorer = {
+    meta: meta,
+    values: function (ref, index) {
+      var size = ref.shape.slice(1).reduce(function (a, b) { return a * b; }, 1);
+      return load(ref, index).then(function () { return read(ref, index, 0, size); });
+    },
+  };
 
   init();
 })();
