@@ -49,15 +49,18 @@ def browser():
 
 
 class Page:
-    """A loaded explorer page that records console errors, page errors and dialogs."""
+    """A loaded explorer page, offline, that records console errors, page errors, dialogs and any
+    request beyond its own file."""
 
     def __init__(self, browser, path: Path, width: int = 1300, height: int = 1250) -> None:
         self.errors: list[str] = []
         self.dialogs: list[str] = []
-        self.page = browser.new_page(viewport={"width": width, "height": height})
+        self.requests: list[str] = []
+        self.page = browser.new_page(viewport={"width": width, "height": height}, offline=True)
         self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
         self.page.on("pageerror", lambda error: self.errors.append(str(error)))
         self.page.on("dialog", self._dialog)
+        self.page.on("request", lambda request: self.requests.append(request.url))
         started = time.perf_counter()
         self.page.goto(path.resolve().as_uri())
         self.page.wait_for_selector("body[data-ready='1']", timeout=120_000)
@@ -90,8 +93,15 @@ class Page:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
+    def values(self, reference: str, index: int) -> np.ndarray:
+        """Chunk ``index`` of the data reference ``reference`` (a JS expression on ``meta``) as the
+        page's own decoder gives it, flattened."""
+        reference = f"attnflowExplorer.meta.{reference}"
+        return np.asarray(self.page.evaluate(f"(i) => attnflowExplorer.values({reference}, i).then(Array.from)", index))
+
     def close(self) -> None:
         self.page.close()
+        assert self.requests == [self.requests[0]] and self.requests[0].startswith("file:"), self.requests
         assert self.errors == [], f"console errors: {self.errors}"
         assert self.dialogs == [], f"a dialog opened: {self.dialogs}"
 
@@ -169,6 +179,33 @@ def test_hovering_a_token_shows_its_row_and_the_matrix_values_decode(browser, ti
     page.page.click(".tok[data-i='4']")
     assert page.page.input_value("#row") == "4"
     page.screenshot("tiny-row-4-pinned")
+    page.close()
+
+
+@needs_chromium
+def test_the_page_decodes_every_array_to_the_python_one_within_the_quantisation_error(browser, tiny_page_path):
+    """Every chunk, read back through the page's own decoder (inflate, 7-bit codes × row scales,
+    exact special-token columns), against the float64 arrays of the exploration."""
+    path, exploration = tiny_page_path
+    page = Page(browser, path)
+    special = exploration.special_mask
+    n = exploration.n_tokens
+
+    def check(reference: str, original: np.ndarray, exact: np.ndarray) -> None:
+        for index, part in enumerate(original):
+            decoded = page.values(reference, index).reshape(part.shape)
+            np.testing.assert_allclose(decoded[..., exact], part[..., exact], rtol=1e-7)  # stored as float32
+            largest = np.abs(part[..., ~exact]).max(axis=-1, keepdims=True)
+            error = np.abs(decoded - part)[..., ~exact]
+            assert np.all(error <= largest / 254 * (1 + 1e-6)), (reference, index, np.max(error / largest))
+
+    for number, view in enumerate(exploration.methods):
+        if view.matrices is not None:
+            check(f"methods[{number}].matrices", view.matrices, special)
+        if view.head_matrices is not None:
+            check(f"methods[{number}].heads", view.head_matrices, special)
+    upper = np.triu_indices(n, k=1)
+    check("similarity", exploration.similarity[..., upper[0], upper[1]], np.zeros(len(upper[0]), dtype=bool))
     page.close()
 
 

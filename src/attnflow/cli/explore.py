@@ -17,13 +17,15 @@ EPILOG = """\
 examples:
   attnflow explore "The movie was terrible, but the acting was great." --out out/explore
   attnflow explore "Paris is the capital of" --model smollm2 --methods raw,rollout
-  attnflow explore "$(cat review.txt)" --model mpnet --max-length 512 --methods raw,rollout
+  attnflow explore "$(cat review.txt)" --model mpnet --max-tokens 512 --methods raw,rollout
 
 Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
 token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
 (flow, value_zeroing and leave_one_out above 128 tokens) are left out unless --methods names them;
 target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
-encoders), and are left out, with the reason, when there is no target.
+encoders), and are left out, with the reason, when there is no target. The page grows with the
+square of the token count (mpnet, 512 tokens, raw and rollout: 44 MB); above 50 MB a warning
+suggests --max-tokens or fewer --methods.
 """
 
 
@@ -56,7 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
     """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
     parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help=row_help)
-    parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
+    parser.add_argument(
+        "--max-length",
+        "--max-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="truncate the text to N tokens",
+    )
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
