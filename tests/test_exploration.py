@@ -87,11 +87,12 @@ def chunked(ref: dict, chunks: dict[str, bytes]) -> np.ndarray:
 
 def assert_within_quantisation(decoded: np.ndarray, original: np.ndarray, exact_columns: list[int]) -> None:
     """Exact columns hold the float32 values; any other value is off by at most half a code step,
-    1/254 of the largest magnitude in its row outside the exact columns."""
+    1/254 of the largest magnitude in its row outside the exact columns (times 1 + 1e-4: the scales
+    are float32)."""
     np.testing.assert_allclose(decoded[..., exact_columns], original[..., exact_columns], rtol=1e-7)
     largest = np.delete(np.abs(original), exact_columns, axis=-1).max(axis=-1, keepdims=True)
     error = np.delete(np.abs(decoded - original), exact_columns, axis=-1)
-    assert np.all(error <= largest / 254 * (1 + 1e-6)), np.max(error / np.maximum(largest, 1e-300))
+    assert np.all(error <= largest / 254 * (1 + 1e-4)), np.max(error / np.maximum(largest, 1e-300))
 
 
 def test_methods_come_from_the_registry(tiny_exploration):
@@ -162,8 +163,9 @@ def test_page_carries_chunks_that_decode_to_the_matrices_within_the_quantisation
         if view.head_matrices is not None:
             assert_within_quantisation(chunked(entry["heads"], chunks), view.head_matrices, special)
     upper = np.triu_indices(n, k=1)
-    similarity = chunked(meta["similarity"], chunks)  # [layer, head, pair]
-    assert_within_quantisation(similarity, tiny_exploration.similarity[..., upper[0], upper[1]], [])
+    pairs = tiny_exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
+    assert_within_quantisation(chunked(meta["similarity"]["heads"], chunks), pairs, [])
+    assert_within_quantisation(chunked(meta["similarity"]["mean"], chunks), pairs.mean(axis=1), [])
     assert meta["tokens"] == tiny_exploration.tokens
 
 

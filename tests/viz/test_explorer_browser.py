@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import re
 import shutil
@@ -93,11 +92,13 @@ class Page:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
-    def values(self, reference: str, index: int) -> np.ndarray:
+    def values(self, reference: str, index: int, part: int | None = None, parts: int = 1) -> np.ndarray:
         """Chunk ``index`` of the data reference ``reference`` (a JS expression on ``meta``) as the
-        page's own decoder gives it, flattened."""
-        reference = f"attnflowExplorer.meta.{reference}"
-        return np.asarray(self.page.evaluate(f"(i) => attnflowExplorer.values({reference}, i).then(Array.from)", index))
+        page's own decoder gives it, flattened; or only ``part`` of ``parts`` equal slices of it."""
+        script = f"attnflowExplorer.values(attnflowExplorer.meta.{reference}, {index})"
+        if part is not None:
+            script += f".then(a => a.subarray(a.length / {parts} * {part}, a.length / {parts} * {part + 1}))"
+        return np.asarray(self.page.evaluate(f"{script}.then(Array.from)"))
 
     def close(self) -> None:
         self.page.close()
@@ -196,8 +197,8 @@ def test_the_page_decodes_every_array_to_the_python_one_within_the_quantisation_
             decoded = page.values(reference, index).reshape(part.shape)
             np.testing.assert_allclose(decoded[..., exact], part[..., exact], rtol=1e-7)  # stored as float32
             largest = np.abs(part[..., ~exact]).max(axis=-1, keepdims=True)
-            error = np.abs(decoded - part)[..., ~exact]
-            assert np.all(error <= largest / 254 * (1 + 1e-6)), (reference, index, np.max(error / largest))
+            error = np.abs(decoded - part)[..., ~exact]  # half a code step at most (the page's floats: float32)
+            assert np.all(error <= largest / 254 * (1 + 1e-4)), (reference, index, np.max(error / largest))
 
     for number, view in enumerate(exploration.methods):
         if view.matrices is not None:
@@ -205,7 +206,9 @@ def test_the_page_decodes_every_array_to_the_python_one_within_the_quantisation_
         if view.head_matrices is not None:
             check(f"methods[{number}].heads", view.head_matrices, special)
     upper = np.triu_indices(n, k=1)
-    check("similarity", exploration.similarity[..., upper[0], upper[1]], np.zeros(len(upper[0]), dtype=bool))
+    pairs = exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
+    check("similarity.heads", pairs, np.zeros(pairs.shape[-1], dtype=bool))
+    check("similarity.mean", pairs.mean(axis=1), np.zeros(pairs.shape[-1], dtype=bool))
     page.close()
 
 
@@ -297,43 +300,31 @@ def test_cli_explore_on_minilm(browser, tmp_path):
 
 @needs_chromium
 @pytest.mark.slow
-def test_mpnet_512_tokens_switches_layers_quickly(browser, tmp_path):
-    """A 512-token, 12-layer, 12-head explorer on mpnet; records the file size and layer-switch times."""
+def test_mpnet_512_tokens_page_is_at_most_50_mb_and_decodes(browser, tmp_path):
+    """A 512-token, 12-layer, 12-head explorer on mpnet (raw and rollout per head: 268 MB as float16
+    in base64) stays within 50 MB, and the page decodes a layer's per-head rollout to the Python
+    array within the quantisation error. Switch times: benchmarks/bench_explorer.py."""
     from attnflow.corpus.readers import open_corpus
 
     model = attnflow.load("mpnet", device="cpu")
     text = " ".join(itertools.islice(open_corpus("wiki"), 40))
-    started = time.perf_counter()
     exploration = explore(model, text, methods=["raw", "rollout"], max_length=512)
     assert (exploration.n_tokens, exploration.n_layers, exploration.n_heads) == (512, 12, 12)
     path = exploration.save(tmp_path)
-    build_seconds = time.perf_counter() - started  # methods, diagnostics, summaries, encoding, writing
+    assert path.stat().st_size <= 50e6, path.stat().st_size
     page = Page(browser, path, height=1400)
-    timings = {}
-    for layer in (0, 6, 11, 3):
-        timings[f"layer {layer}"] = page.page.evaluate(
-            """(layer) => { const s = document.getElementById('layer'); const t0 = performance.now();
-                s.value = String(layer); s.dispatchEvent(new Event('change')); return performance.now() - t0; }""",
-            layer,
-        )
-    timings["layer 6 again"] = page.page.evaluate(
-        """() => { const s = document.getElementById('layer'); const t0 = performance.now();
-            s.value = '6'; s.dispatchEvent(new Event('change')); return performance.now() - t0; }"""
-    )
+    rollout = [view.name for view in exploration.methods].index("rollout")
+    heads = exploration.method("rollout").head_matrices[6]  # [head, query, key]
+    special = exploration.special_mask
+    for head in (0, 4, 11):
+        decoded = page.values(f"methods[{rollout}].heads", 6, part=head, parts=12).reshape(512, 512)
+        np.testing.assert_allclose(decoded[:, special], heads[head][:, special], rtol=1e-7)  # exact: float32
+        largest = heads[head][:, ~special].max(axis=-1, keepdims=True)
+        assert np.all(np.abs(decoded - heads[head])[:, ~special] <= largest / 254 * (1 + 1e-4))  # half a step
+    page.select("#layer", "6")
     page.select("#head", "4")
     page.screenshot("mpnet-512-rollout-layer6-head4")
     page.close()
-    record = {
-        "file_mb": round(path.stat().st_size / 1e6, 1),
-        "build_s": round(build_seconds, 1),
-        "load_s": round(page.load_seconds, 1),
-        "tokens": exploration.n_tokens,
-        "switch_ms": {key: round(value, 1) for key, value in timings.items()},
-    }
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "mpnet-512.json").write_text(json.dumps(record, indent=1))
-    print(record)
-    assert max(timings.values()) < 2000, timings
 
 
 def hostile_trace(words: list[str]):

@@ -10,8 +10,9 @@ Layout of the file:
   and ``codes`` (int8, one per value: ``value ≈ code × scale / 127``; see `quantize`), all
   little-endian. The page inflates a chunk with the browser's ``DecompressionStream`` when it
   first shows it. Chunks are per layer view: ``[query, key]`` fused matrices, ``[head, query,
-  key]`` per-head matrices (one scale per row) and ``[head, pair]`` context similarities (the
-  strict upper triangle, row-major: S is symmetric with a zero diagonal; one scale per head);
+  key]`` per-head matrices (one scale per row), ``[head, pair]`` context similarities (the
+  strict upper triangle, row-major: S is symmetric with a zero diagonal; one scale per head) and
+  their mean over heads ``[pair]`` (what the page shows with the heads fused);
 * the viewer script and styles, read from ``viz/assets/explorer.js`` and ``explorer.css``.
 
 The page reaches nothing outside itself: its Content-Security-Policy allows no network at all and
@@ -127,7 +128,8 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
     if exploration.similarity is not None:
         n = exploration.n_tokens
         upper = np.triu_indices(n, k=1)
-        similarity = chunks.add(exploration.similarity[..., upper[0], upper[1]])  # [layer, head, pair]
+        pairs = exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
+        similarity = {"heads": chunks.add(pairs), "mean": chunks.add(pairs.mean(axis=1))}  # the mean: heads fused
     meta = {
         "model": exploration.model,
         "text": exploration.text,

@@ -23,8 +23,8 @@
   }
 
   function inflate(bytes) {
-    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
-    return new Response(stream).arrayBuffer();
+    var source = new ReadableStream({ start: function (controller) { controller.enqueue(bytes); controller.close(); } });
+    return new Response(source.pipeThrough(new DecompressionStream("deflate"))).arrayBuffer();
   }
 
   function cached(id) { return cache.has(id); }
@@ -57,11 +57,11 @@
     cache.delete(id);
     cache.set(id, chunk);
     var width = ref.shape[ref.shape.length - 1], columns = ref.exact_columns, k = columns.length;
-    var out = new Float32Array(length), end = offset + length;
+    var codes = chunk.codes, out = new Float32Array(length), end = offset + length;
     for (var row = Math.floor(offset / width); row * width < end; row++) {
       var first = Math.max(row * width, offset), stop = Math.min((row + 1) * width, end);
       var step = chunk.scales[row] / CODE_LEVELS;
-      for (var i = first; i < stop; i++) out[i - offset] = chunk.codes[i] * step;
+      for (var i = first; i < stop; i++) out[i - offset] = codes[i] * step;
       for (var e = 0; e < k; e++) {
         var at = row * width + columns[e];
         if (at >= first && at < stop) out[at - offset] = chunk.exact[row * k + e];
@@ -131,9 +131,10 @@
     var x = Math.min(Math.max(t, 0), 1) * (stops.length - 1), k = Math.min(Math.floor(x), stops.length - 2), f = x - k;
     return [0, 1, 2].map(function (c) { return Math.round(stops[k][c] + f * (stops[k + 1][c] - stops[k][c])); });
   }
+  // 256 colours as packed RGBA pixels (ImageData's bytes R, G, B, A on a little-endian machine).
   function lut(colour) {
-    var table = new Uint8ClampedArray(256 * 3);
-    for (var i = 0; i < 256; i++) { var c = colour(i / 255); table.set(c, i * 3); }
+    var table = new Uint32Array(256);
+    for (var i = 0; i < 256; i++) { var c = colour(i / 255); table[i] = (c[0] | (c[1] << 8) | (c[2] << 16) | (255 << 24)) >>> 0; }
     return table;
   }
   var SEQUENTIAL = sequentialLut(), DIVERGING = divergingLut();
@@ -215,8 +216,10 @@
   var matrixState = { matrix: null, margin: 0 };
   var similarityState = { matrix: null, margin: 0 };
 
+  // holder.css: the canvas's CSS width, measured by draw() before it changes the DOM (measuring
+  // here would force a layout of every token span just recoloured).
   function drawMatrix(canvas, matrix, diverging, sqrt, highlightRow, holder) {
-    var css = canvas.getBoundingClientRect().width || 520;
+    var css = holder.css || 520;
     var ratio = window.devicePixelRatio || 1;
     var size = Math.round(css * ratio);
     if (canvas.width !== size) { canvas.width = size; canvas.height = size; }
@@ -237,20 +240,22 @@
     var vmax = 0, i;
     for (i = 0; i < matrix.length; i++) vmax = Math.max(vmax, Math.abs(matrix[i]));
     if (!(vmax > 0)) vmax = 1;
-    var image = new ImageData(n, n), data = image.data, table = diverging ? DIVERGING : SEQUENTIAL;
+    var image = new ImageData(n, n), pixels = new Uint32Array(image.data.buffer);
+    var table = diverging ? DIVERGING : SEQUENTIAL, inverse = 1 / vmax, level;
     for (i = 0; i < matrix.length; i++) {
-      var v = matrix[i] / vmax, level;
+      var v = matrix[i] * inverse;
       if (diverging) level = Math.round((v + 1) * 127.5);
-      else level = Math.round((sqrt ? Math.sqrt(Math.max(v, 0)) : Math.max(v, 0)) * 255);
-      level = Math.min(Math.max(level, 0), 255);
-      data[i * 4] = table[level * 3]; data[i * 4 + 1] = table[level * 3 + 1]; data[i * 4 + 2] = table[level * 3 + 2]; data[i * 4 + 3] = 255;
+      else level = v > 0 ? Math.round((sqrt ? Math.sqrt(v) : v) * 255) : 0;
+      pixels[i] = table[level < 0 ? 0 : level > 255 ? 255 : level];
     }
-    var off = document.createElement("canvas");
-    off.width = n; off.height = n;
-    off.getContext("2d").putImageData(image, 0, 0);
+    if (!holder.pixels) {  // an n × n canvas of the matrix's pixels, scaled onto the visible one
+      holder.pixels = document.createElement("canvas");
+      holder.pixels.width = n; holder.pixels.height = n;
+    }
+    holder.pixels.getContext("2d").putImageData(image, 0, 0);
     var cell = (size - margin) / n;
     ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(off, margin, margin, size - margin, size - margin);
+    ctx.drawImage(holder.pixels, margin, margin, size - margin, size - margin);
     if (labels) {
       ctx.fillStyle = "#333";
       ctx.textBaseline = "middle";
@@ -296,20 +301,21 @@
   }
 
   // ----- similarity -----------------------------------------------------------------------------
+  // The similarity shown: the layer's mean over heads, or the selected head's part of the layer's chunk.
+  function similaritySource() {
+    if (!meta.similarity) return null;
+    if (state.head < 0) return { ref: meta.similarity.mean, index: state.layer, offset: 0 };
+    return { ref: meta.similarity.heads, index: state.layer, offset: state.head * n * (n - 1) / 2 };
+  }
+
   function similarityMatrix() {
-    var ref = meta.similarity;
-    if (!ref) return null;
-    var pairs = n * (n - 1) / 2, heads = meta.n_heads;
-    var first = state.head >= 0 ? state.head : 0, last = state.head >= 0 ? state.head : heads - 1;
-    var sum = new Float32Array(pairs);
-    for (var h = first; h <= last; h++) {
-      var values = read(ref, state.layer, h * pairs, pairs);
-      for (var p = 0; p < pairs; p++) sum[p] += values[p];
-    }
-    var count = last - first + 1, full = new Float32Array(n * n), index = 0;
+    var source = similaritySource();
+    if (!source) return null;
+    var upper = read(source.ref, source.index, source.offset, n * (n - 1) / 2);
+    var full = new Float32Array(n * n), index = 0;
     for (var i = 0; i < n; i++) {
       for (var j = i + 1; j < n; j++) {
-        var v = sum[index++] / count;
+        var v = upper[index++];
         full[i * n + j] = v;
         full[j * n + i] = v;
       }
@@ -440,7 +446,7 @@
   function neededChunks() {
     var needed = [], source = matrixSource();
     if (source) needed.push(source);
-    if (meta.similarity) needed.push({ ref: meta.similarity, index: state.layer });
+    if (meta.similarity) needed.push(similaritySource());
     return needed;
   }
 
@@ -462,6 +468,8 @@
   }
 
   function draw(started) {
+    matrixState.css = $("matrix").getBoundingClientRect().width;
+    similarityState.css = $("similarity").getBoundingClientRect().width;
     var m = method(), view = viewIndex(m), head = headShown(m);
     current.matrix = currentMatrix();
     $("row").disabled = !m.matrices;
