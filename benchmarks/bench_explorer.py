@@ -124,10 +124,12 @@ def switched_layers(n_layers: int) -> tuple[int, ...]:
 
 def read_back_error(page, method: int, view, layer: int, head: int) -> float:
     """Largest |decoded - original| / (half a code step) over the shown chunk (exact columns: 0)."""
-    kind = "matrices" if head < 0 else "heads"
-    original = (view.matrices if head < 0 else view.head_matrices)[layer - (view.first_layer or 0)]
+    at = layer - (view.first_layer or 0)
+    if head < 0:
+        kind, original, index = "matrices", view.matrices[at], at
+    else:  # one chunk per layer and head
+        kind, original, index = "heads", view.head_matrices[at, head], at * view.head_matrices.shape[1] + head
     reference = page.evaluate(f"attnflowExplorer.meta.methods[{method}].{kind}")
-    index = layer - (view.first_layer or 0)
     encoded = page.evaluate(READ_BACK, [reference, index])
     decoded = np.frombuffer(base64.b64decode(encoded), dtype="<f4").reshape(original.shape)
     exact = np.zeros(original.shape[-1], dtype=bool)

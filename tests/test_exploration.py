@@ -62,11 +62,11 @@ def decode_page(html: str) -> tuple[dict, dict[str, bytes]]:
 
 
 def chunked(ref: dict, chunks: dict[str, bytes]) -> np.ndarray:
-    """The array a reference stands for, written out with explicit loops: each chunk is float32
-    scales (one per row), float32 values of the exact columns, then one int8 code per value
-    (value = code × scale / 127)."""
+    """The array a reference stands for, written out with explicit loops: one chunk per entry of
+    the first ``split`` axes, each float32 scales (one per row), float32 values of the exact
+    columns, then one int8 code per value (value = code × scale / 127)."""
     *_, width = ref["shape"]
-    rows = int(np.prod(ref["shape"][1:-1]))
+    rows = int(np.prod(ref["shape"][ref["split"] : -1]))
     columns = ref["exact_columns"]
     views = []
     for key in ref["chunks"]:

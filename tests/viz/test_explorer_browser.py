@@ -92,13 +92,11 @@ class Page:
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
-    def values(self, reference: str, index: int, part: int | None = None, parts: int = 1) -> np.ndarray:
+    def values(self, reference: str, index: int) -> np.ndarray:
         """Chunk ``index`` of the data reference ``reference`` (a JS expression on ``meta``) as the
-        page's own decoder gives it, flattened; or only ``part`` of ``parts`` equal slices of it."""
-        script = f"attnflowExplorer.values(attnflowExplorer.meta.{reference}, {index})"
-        if part is not None:
-            script += f".then(a => a.subarray(a.length / {parts} * {part}, a.length / {parts} * {part + 1}))"
-        return np.asarray(self.page.evaluate(f"{script}.then(Array.from)"))
+        page's own decoder gives it, flattened."""
+        script = f"attnflowExplorer.values(attnflowExplorer.meta.{reference}, {index}).then(Array.from)"
+        return np.asarray(self.page.evaluate(script))
 
     def close(self) -> None:
         self.page.close()
@@ -192,8 +190,8 @@ def test_the_page_decodes_every_array_to_the_python_one_within_the_quantisation_
     special = exploration.special_mask
     n = exploration.n_tokens
 
-    def check(reference: str, original: np.ndarray, exact: np.ndarray) -> None:
-        for index, part in enumerate(original):
+    def check(reference: str, original: np.ndarray, exact: np.ndarray, split: int = 1) -> None:
+        for index, part in enumerate(original.reshape(-1, *original.shape[split:])):  # one chunk per part
             decoded = page.values(reference, index).reshape(part.shape)
             np.testing.assert_allclose(decoded[..., exact], part[..., exact], rtol=1e-7)  # stored as float32
             largest = np.abs(part[..., ~exact]).max(axis=-1, keepdims=True)
@@ -204,10 +202,10 @@ def test_the_page_decodes_every_array_to_the_python_one_within_the_quantisation_
         if view.matrices is not None:
             check(f"methods[{number}].matrices", view.matrices, special)
         if view.head_matrices is not None:
-            check(f"methods[{number}].heads", view.head_matrices, special)
+            check(f"methods[{number}].heads", view.head_matrices, special, split=2)  # per layer and head
     upper = np.triu_indices(n, k=1)
     pairs = exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
-    check("similarity.heads", pairs, np.zeros(pairs.shape[-1], dtype=bool))
+    check("similarity.heads", pairs, np.zeros(pairs.shape[-1], dtype=bool), split=2)
     check("similarity.mean", pairs.mean(axis=1), np.zeros(pairs.shape[-1], dtype=bool))
     page.close()
 
@@ -317,7 +315,7 @@ def test_mpnet_512_tokens_page_is_at_most_50_mb_and_decodes(browser, tmp_path):
     heads = exploration.method("rollout").head_matrices[6]  # [head, query, key]
     special = exploration.special_mask
     for head in (0, 4, 11):
-        decoded = page.values(f"methods[{rollout}].heads", 6, part=head, parts=12).reshape(512, 512)
+        decoded = page.values(f"methods[{rollout}].heads", 6 * 12 + head).reshape(512, 512)
         np.testing.assert_allclose(decoded[:, special], heads[head][:, special], rtol=1e-7)  # exact: float32
         largest = heads[head][:, ~special].max(axis=-1, keepdims=True)
         assert np.all(np.abs(decoded - heads[head])[:, ~special] <= largest / 254 * (1 + 1e-4))  # half a step

@@ -9,10 +9,10 @@ Layout of the file:
   (float32, the vectors' entries in the reference's ``exact_columns``: the special tokens' keys)
   and ``codes`` (int8, one per value: ``value ≈ code × scale / 127``; see `quantize`), all
   little-endian. The page inflates a chunk with the browser's ``DecompressionStream`` when it
-  first shows it. Chunks are per layer view: ``[query, key]`` fused matrices, ``[head, query,
-  key]`` per-head matrices (one scale per row), ``[head, pair]`` context similarities (the
-  strict upper triangle, row-major: S is symmetric with a zero diagonal; one scale per head) and
-  their mean over heads ``[pair]`` (what the page shows with the heads fused);
+  first shows it. Chunks are per layer view, and per head where there are heads: ``[query, key]``
+  fused and per-head matrices (one scale per row), ``[pair]`` context similarities of a head (the
+  strict upper triangle, row-major: S is symmetric with a zero diagonal; one scale) and their
+  mean over heads (what the page shows with the heads fused);
 * the viewer script and styles, read from ``viz/assets/explorer.js`` and ``explorer.css``.
 
 The page reaches nothing outside itself: its Content-Security-Policy allows no network at all and
@@ -85,19 +85,21 @@ def quantize(array: np.ndarray, exact_columns: Sequence[int] = ()) -> tuple[np.n
 
 class _Chunks:
     """Collects quantised, deflated base64 chunks and hands out references
-    ``{"shape", "chunks", "exact_columns"}``."""
+    ``{"shape", "split", "chunks", "exact_columns"}``."""
 
     def __init__(self) -> None:
         self.blocks: list[str] = []
 
-    def add(self, array: np.ndarray, exact_columns: Sequence[int] = ()) -> dict[str, Any]:
-        """One chunk per entry of the leading axis of ``array`` (``[view, ...]``)."""
+    def add(self, array: np.ndarray, exact_columns: Sequence[int] = (), split: int = 1) -> dict[str, Any]:
+        """One chunk per entry of the first ``split`` axes of ``array``, row-major (split 2 on
+        ``[view, head, ...]``: chunk ``view × heads + head``), so the page inflates what it shows."""
+        shape = np.shape(array)
         ids = []
-        for part in array:
+        for part in np.reshape(array, (-1, *shape[split:])):
             packed = b"".join(np.ascontiguousarray(a).tobytes() for a in quantize(part, exact_columns))
             ids.append(f"c{len(self.blocks)}")
             self.blocks.append(base64.b64encode(zlib.compress(packed, COMPRESSION_LEVEL)).decode("ascii"))
-        return {"shape": list(np.shape(array)), "chunks": ids, "exact_columns": list(exact_columns)}
+        return {"shape": list(shape), "split": split, "chunks": ids, "exact_columns": list(exact_columns)}
 
     def html(self) -> str:
         return "\n".join(
@@ -120,7 +122,7 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
             "diagnostics": view.diagnostics,
             "note": view.note,
             "matrices": None if view.matrices is None else chunks.add(view.matrices, special_columns),
-            "heads": None if view.head_matrices is None else chunks.add(view.head_matrices, special_columns),
+            "heads": None if view.head_matrices is None else chunks.add(view.head_matrices, special_columns, split=2),
             "scores": None if view.scores is None else np.asarray(view.scores, dtype=np.float64).tolist(),
         }
         methods.append(entry)
@@ -129,7 +131,7 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
         n = exploration.n_tokens
         upper = np.triu_indices(n, k=1)
         pairs = exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
-        similarity = {"heads": chunks.add(pairs), "mean": chunks.add(pairs.mean(axis=1))}  # the mean: heads fused
+        similarity = {"heads": chunks.add(pairs, split=2), "mean": chunks.add(pairs.mean(axis=1))}  # mean: fused
     meta = {
         "model": exploration.model,
         "text": exploration.text,

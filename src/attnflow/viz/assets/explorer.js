@@ -10,10 +10,11 @@
   // ----- data chunks ----------------------------------------------------------------------------
   // A chunk is base64 of zlib-deflated [float32 scales][float32 exact values][int8 codes]: one scale
   // per vector along the array's last axis, a value is code × scale / 127, except in the
-  // reference's exact_columns (special tokens), whose values are stored as they are. Chunks are
-  // inflated when first shown; the last CACHE_CHUNKS are kept.
-  var cache = new Map(), pending = new Map();
-  var CACHE_CHUNKS = 40, CODE_LEVELS = 127;
+  // reference's exact_columns (special tokens), whose values are stored as they are. A reference
+  // of shape [view, head, ...] split on 2 axes has one chunk per view and head (view × heads + head).
+  // Chunks are inflated when first shown; the most recently used, up to CACHE_BYTES, are kept.
+  var cache = new Map(), pending = new Map(), cachedBytes = 0;
+  var CACHE_BYTES = 128 * 1024 * 1024, CODE_LEVELS = 127;
 
   function base64Bytes(text) {
     if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);
@@ -34,7 +35,7 @@
     var id = ref.chunks[index];
     if (cache.has(id)) return Promise.resolve(cache.get(id));
     if (!pending.has(id)) {
-      var rows = ref.shape.slice(1, -1).reduce(function (a, b) { return a * b; }, 1), k = ref.exact_columns.length;
+      var rows = ref.shape.slice(ref.split, -1).reduce(function (a, b) { return a * b; }, 1), k = ref.exact_columns.length;
       var inflated = Promise.resolve($(id).textContent).then(function (text) { return inflate(base64Bytes(text)); });
       pending.set(id, inflated.then(function (buffer) {
         var chunk = {
@@ -44,28 +45,29 @@
         };
         pending.delete(id);
         cache.set(id, chunk);
-        if (cache.size > CACHE_CHUNKS) cache.delete(cache.keys().next().value);
+        cachedBytes += buffer.byteLength;
+        while (cachedBytes > CACHE_BYTES && cache.size > 1) {
+          var oldest = cache.keys().next().value;
+          cachedBytes -= cache.get(oldest).codes.buffer.byteLength;
+          cache.delete(oldest);
+        }
         return chunk;
       }));
     }
     return pending.get(id);
   }
 
-  // Values [offset, offset + length) of chunk `index` of a reference (loaded), as float32.
-  function read(ref, index, offset, length) {
+  // The values of chunk `index` of a reference (loaded), as float32.
+  function read(ref, index) {
     var id = ref.chunks[index], chunk = cache.get(id);
     cache.delete(id);
     cache.set(id, chunk);
     var width = ref.shape[ref.shape.length - 1], columns = ref.exact_columns, k = columns.length;
-    var codes = chunk.codes, out = new Float32Array(length), end = offset + length;
-    for (var row = Math.floor(offset / width); row * width < end; row++) {
-      var first = Math.max(row * width, offset), stop = Math.min((row + 1) * width, end);
-      var step = chunk.scales[row] / CODE_LEVELS;
-      for (var i = first; i < stop; i++) out[i - offset] = codes[i] * step;
-      for (var e = 0; e < k; e++) {
-        var at = row * width + columns[e];
-        if (at >= first && at < stop) out[at - offset] = chunk.exact[row * k + e];
-      }
+    var codes = chunk.codes, out = new Float32Array(codes.length);
+    for (var row = 0; row < chunk.scales.length; row++) {
+      var step = chunk.scales[row] / CODE_LEVELS, start = row * width;
+      for (var i = start; i < start + width; i++) out[i] = codes[i] * step;
+      for (var e = 0; e < k; e++) out[start + columns[e]] = chunk.exact[row * k + e];
     }
     return out;
   }
@@ -86,17 +88,17 @@
 
   function headShown(m) { return state.head >= 0 && m.heads ? state.head : -1; }
 
-  // The chunk that holds the shown matrix: {ref, index, offset}, or null.
+  // The chunk of the shown matrix: {ref, index}, or null.
   function matrixSource() {
     var m = method(), view = viewIndex(m);
     if (view < 0) return null;
     var head = headShown(m);
-    return head < 0 ? { ref: m.matrices, index: view, offset: 0 } : { ref: m.heads, index: view, offset: head * n * n };
+    return head < 0 ? { ref: m.matrices, index: view } : { ref: m.heads, index: view * meta.n_heads + head };
   }
 
   function currentMatrix() {
     var source = matrixSource();
-    return source ? read(source.ref, source.index, source.offset, n * n) : null;
+    return source ? read(source.ref, source.index) : null;
   }
 
   // Saliency scores: a row of the matrix ("cls", "mean", "last" or a query index).
@@ -301,17 +303,17 @@
   }
 
   // ----- similarity -----------------------------------------------------------------------------
-  // The similarity shown: the layer's mean over heads, or the selected head's part of the layer's chunk.
+  // The similarity shown: the layer's mean over heads, or the selected head's.
   function similaritySource() {
     if (!meta.similarity) return null;
-    if (state.head < 0) return { ref: meta.similarity.mean, index: state.layer, offset: 0 };
-    return { ref: meta.similarity.heads, index: state.layer, offset: state.head * n * (n - 1) / 2 };
+    if (state.head < 0) return { ref: meta.similarity.mean, index: state.layer };
+    return { ref: meta.similarity.heads, index: state.layer * meta.n_heads + state.head };
   }
 
   function similarityMatrix() {
     var source = similaritySource();
     if (!source) return null;
-    var upper = read(source.ref, source.index, source.offset, n * (n - 1) / 2);
+    var upper = read(source.ref, source.index);
     var full = new Float32Array(n * n), index = 0;
     for (var i = 0; i < n; i++) {
       for (var j = i + 1; j < n; j++) {
@@ -572,12 +574,12 @@
   }
 
   // For tests and scripts: the decoded values of chunk `index` of a data reference in `meta`
-  // (e.g. attnflowExplorer.values(attnflowExplorer.meta.methods[0].heads, 3): layer view 3).
+  // (e.g. attnflowExplorer.values(attnflowExplorer.meta.methods[0].heads, 3 * meta.n_heads + 2):
+  // view 3, head 2).
   window.attnflowExplorer = {
     meta: meta,
     values: function (ref, index) {
-      var size = ref.shape.slice(1).reduce(function (a, b) { return a * b; }, 1);
-      return load(ref, index).then(function () { return read(ref, index, 0, size); });
+      return load(ref, index).then(function () { return read(ref, index); });
     },
   };
 
