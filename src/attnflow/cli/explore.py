@@ -24,7 +24,7 @@ token to see its row of the matrix, click it to keep that row. Methods that are 
 (flow, value_zeroing and leave_one_out above 128 tokens) are left out unless --methods names them;
 target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
 encoders), and are left out, with the reason, when there is no target. The page grows with the
-square of the token count (mpnet, 512 tokens, raw and rollout: 44 MB); above 50 MB a warning
+square of the token count (mpnet, 512 tokens, raw and rollout: 45 MB); above 50 MB a warning
 suggests --max-tokens or fewer --methods.
 """
 
