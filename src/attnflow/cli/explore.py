@@ -12,6 +12,7 @@ from pathlib import Path
 
 from attnflow.cli.explain import DEFAULT_MODEL, _load, _methods, _positive_int, _Progress, _row, method_table
 from attnflow.errors import InputError
+from attnflow.staging import check_output
 
 EPILOG = """\
 examples:
@@ -72,15 +73,12 @@ def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.exploration import EXPLORER_FILE, explore
+    from attnflow.exploration import explore, is_explorer_file
 
     if not args.text.strip():
         raise InputError("the text to explore is empty")
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    if (out / EXPLORER_FILE).exists() and not args.overwrite:
-        raise FileExistsError(f"{out / EXPLORER_FILE} exists; pass --overwrite to replace it or choose another --out")
+    check_output(out, is_explorer_file, args.overwrite)
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")
     model = _load(args.model, args.device, args.quiet)
@@ -94,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         target_text=args.target_text,
         progress=not args.quiet,
     )
-    path = exploration.save(out)
+    path = exploration.save(out, overwrite=args.overwrite)
     if not args.quiet:
         for view in exploration.methods:
             print(f"{view.name}: {view.summaries['fused'][-1]}")
