@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -189,9 +190,12 @@ def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
 # ----- the results folder: replaced only with overwrite, whole -------------------------------
 
 
-def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale(key_model, tmp_path):
+def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale(key_model, tmp_path, monkeypatch):
+    from attnflow.evaluate import api
     from attnflow.evaluate.api import evaluate
 
+    # Scores from the fake methods, and no leave-one-out reference: the folder rules are under test.
+    monkeypatch.setattr(api, "run_benchmark", partial(run_benchmark, attribute_fn=random_scores, reference_method=None))
     task = tmp_path / "task.csv"
     task.write_text("text,label\n" + "".join(f"{text},positive\n" for text in KEY_TEXTS[:2]))
     out = tmp_path / "out"
