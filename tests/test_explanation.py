@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import attnflow
+from attnflow.errors import ExplanationWarning
 from attnflow.explanation import OUTPUT_FILES, Explanation, default_row, explain, parse_row
 from attnflow.methods import registry
 from attnflow.methods.transforms import PruningCollapseWarning
@@ -290,7 +291,8 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     sink[0, 0] = 1.0
     sink /= sink.sum(axis=-1, keepdims=True)
     trace.attentions[:] = sink.astype(np.float32)
-    explanation = explain(trace, method="rollout", row="last")
+    with pytest.warns(ExplanationWarning, match="attention-sink"):
+        explanation = explain(trace, method="rollout", row="last")
     share = explanation.scores[0] / explanation.scores.sum()
     assert share > 0.5
     assert explanation.notes == [

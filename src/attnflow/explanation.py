@@ -328,6 +328,8 @@ def _explanation(
         if spec.scores_only
         else collapse_note(scores, list(trace.tokens), None if row is None else _single_position(row, trace.n_tokens))
     )
+    if collapse:
+        warnings.warn(collapse, ExplanationWarning, stacklevel=3)  # on the console too, like the method's notes
     return Explanation(
         tokens=list(trace.tokens),
         matrix=matrix,
