@@ -1,19 +1,22 @@
 """Start-up times of the command line (issue 23): `attnflow --help`, one sentence explained on
 minilm, and the attention-flow kernel compiled by numba (a cold cache) or loaded from its cache.
 
-    .venv/bin/python benchmarks/bench_startup.py             # ~3 min (the cold compilation is most of it)
-    .venv/bin/python benchmarks/bench_startup.py --no-cold   # skip the cold compilation
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_startup.py             # ~3 min (mostly the cold compilation)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_startup.py --no-cold   # skip the cold compilation
 
 Every measurement is the wall time of a fresh process (what a user waits for), repeated; the
 median and the fastest run are printed with the load average of the machine, since a shared
 machine's load stretches wall times. The cold compilation runs with an empty ``NUMBA_CACHE_DIR``
-of its own; the warm one with the same folder after it was filled.
+of its own; the warm one with the same folder after it was filled. The command is run as
+``python -c "from attnflow.cli import main; ..."``, so that PYTHONPATH=OTHER/src measures another
+checkout (the flow line of a checkout without ``--no-cold`` then still compiles in a cold cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,17 +29,23 @@ FIRST_FLOW = (
 )
 
 
-def wall(command: list[str], env: dict[str, str] | None = None) -> float:
+def wall(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one run of ``command`` in a new process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - began
+    elapsed = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def report(name: str, times: list[float]) -> None:
-    load = os.getloadavg()[0]
+def report(name: str, runs: list[tuple[float, float]]) -> None:
+    """Median and fastest wall time, and the median CPU time: with OMP_NUM_THREADS=1 the process
+    computes on about one core, so its CPU time is close to the wall time on an idle machine."""
+    walls, cpus = [run[0] for run in runs], [run[1] for run in runs]
     print(
-        f"{name:<44} median {statistics.median(times):6.2f} s   fastest {min(times):6.2f} s   "
-        f"({len(times)} runs, load average {load:.1f})",
+        f"{name:<44} wall median {statistics.median(walls):6.2f} s, fastest {min(walls):6.2f} s;   "
+        f"CPU median {statistics.median(cpus):6.2f} s   ({len(runs)} runs, load average {os.getloadavg()[0]:.1f})",
         flush=True,
     )
 
@@ -46,7 +55,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (default 5)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold compilation of the flow kernel")
     args = parser.parse_args()
-    attnflow = [sys.executable, "-m", "attnflow.cli"]
+    attnflow = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())"]
     with tempfile.TemporaryDirectory() as scratch:
         report("attnflow --help", [wall([*attnflow, "--help"]) for _ in range(args.repeats)])
         explain = [*attnflow, "explain", SENTENCE, "--model", "minilm", "--out", f"{scratch}/out", "--overwrite", "-q"]

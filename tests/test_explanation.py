@@ -285,7 +285,8 @@ def test_repr_is_one_short_line():
 def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     """Every head of a causal trace puts 97 % of each row on token 0: rollout's last row does too."""
     n = 6
-    trace = random_trace(n=n, causal=True, tokens=["<s>", "Paris", "is", "the", "capital", "of"])
+    trace = random_trace(n=n, causal=True, tokens=["Paris", "is", "the", "capital", "of", "France"])
+    trace.special_mask[:] = False  # like smollm2: no BOS token, the first word is the sink
     sink = np.tril(np.full((n, n), 0.03 / (n - 1)))
     sink[:, 0] = 0.97
     sink[0, 0] = 1.0
@@ -296,9 +297,11 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     share = explanation.scores[0] / explanation.scores.sum()
     assert share > 0.5
     assert explanation.notes == [
-        f"{share:.0%} of the relevance is on the first token '<s>': the attention-sink collapse (models park "
+        f"{share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models park "
         "attention on their first token, and composing layers piles it up there); a value-aware method "
         "(norm_rollout, alti) shows what the other tokens carry"
     ]
     assert explain(random_trace(n=n, causal=True), method="rollout", row="last").notes == []  # spread out: no note
     assert explain(trace, method="rollout", row="cls").notes == []  # row 0's mass on itself is no collapse
+    trace.special_mask[:] = np.arange(n) == 0  # a special first token: the summary line reports its share
+    assert explain(trace, method="rollout", row="last").notes == []

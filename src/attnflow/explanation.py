@@ -326,7 +326,12 @@ def _explanation(
     collapse = (
         None
         if spec.scores_only
-        else collapse_note(scores, list(trace.tokens), None if row is None else _single_position(row, trace.n_tokens))
+        else collapse_note(
+            scores,
+            list(trace.tokens),
+            None if row is None else _single_position(row, trace.n_tokens),
+            trace.special_mask,
+        )
     )
     if collapse:
         warnings.warn(collapse, ExplanationWarning, stacklevel=3)  # on the console too, like the method's notes

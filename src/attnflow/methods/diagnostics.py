@@ -45,13 +45,18 @@ def row_distributions(matrices: Any) -> np.ndarray:
 
 
 def collapse_note(
-    scores: Any, tokens: list[str], own: int | None = None, threshold: float = COLLAPSE_THRESHOLD
+    scores: Any,
+    tokens: list[str],
+    own: int | None = None,
+    special_mask: Any = None,
+    threshold: float = COLLAPSE_THRESHOLD,
 ) -> str | None:
-    """A note when one token holds at least ``threshold`` of a saliency row (``[key]`` non-negative
-    scores), the collapse the per-layer diagnostics flag; on the first token it names the attention
-    sink (decoders park attention on their first token; rollout compounds it through the layers).
-    None when the row is spread out, has negative scores (a gradient attribution), or its top token
-    is the row's ``own`` position (the residual's share, not a collapse)."""
+    """A note when one word token holds at least ``threshold`` of a saliency row (``[key]``
+    non-negative scores), the collapse the per-layer diagnostics flag; on the first token it names
+    the attention sink (a decoder without a BOS token parks attention on its first word, and rollout
+    compounds it through the layers). None when the row is spread out, has negative scores (a
+    gradient attribution), or its top token is the row's ``own`` position (the residual's share) or
+    a special token (``special_mask``: the summary line reports the special tokens' share)."""
     from attnflow.methods.summary import clean_token
 
     values = np.asarray(scores, dtype=np.float64)
@@ -60,7 +65,7 @@ def collapse_note(
         return None
     top = int(np.argmax(values))
     share = values[top] / total
-    if share < threshold or top == own:
+    if share < threshold or top == own or (special_mask is not None and bool(np.asarray(special_mask)[top])):
         return None
     if top == 0:
         return (
