@@ -55,6 +55,14 @@ def test_a_folder_of_other_files_is_written_into_without_overwrite(tmp_path):
     assert names(out) == {"result.json", "notes.txt"}
 
 
+def test_the_working_folder_itself_can_be_the_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "result-old.json").write_text("old")
+    with staged_output(Path("."), owned, overwrite=True) as scratch:
+        (scratch / "result.json").write_text("new")
+    assert names(tmp_path) == {"result.json"}
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_new_folders_follow_the_umask(tmp_path, umask):
     previous = os.umask(umask)

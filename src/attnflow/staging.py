@@ -178,8 +178,8 @@ def _move_into_place(scratch: Path, out: Path, owned: Callable[[str], bool], ove
     try:
         os.rename(scratch, out)  # out absent (or an empty folder): one atomic step
         return
-    except OSError as error:
-        if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+    except OSError as error:  # out holds files, is a file, or is the working folder (EBUSY)
+        if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EBUSY, errno.EINVAL):
             raise
     new = {entry.name for entry in scratch.iterdir()}
     refuse_occupied(out, lambda name: owned(name) or name in new, overwrite)
