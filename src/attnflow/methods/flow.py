@@ -89,7 +89,7 @@ EXPLORE = 16  # sinks between retries of the kind of start (warm or cold) not ch
 COST_DECAY = 0.25  # weight of the last sink in the running mean cost of the chosen kind of start
 SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) counts for, in those costs
 _NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
-COMPILE_TIME = "about a minute"  # numba compiling the kernels once: 40 s on a loaded 2-core machine (BENCHMARKS.md)
+COMPILE_TIME = "about a minute"  # numba compiling the kernels once: 40-97 s on a loaded 2-core machine (BENCHMARKS.md)
 
 log = logging.getLogger(__name__)
 
@@ -277,8 +277,8 @@ def _kernel(forceinline: bool = False) -> Any:
 
 def compile_kernels() -> None:
     """Replace the kernels' stand-ins by numba dispatchers and compile them, from numba's on-disk
-    cache when it holds them (``__pycache__`` beside this file, or the user's cache folder when
-    that is read-only, or ``NUMBA_CACHE_DIR``); otherwise say first how long the one-time
+    cache when it holds them (``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` beside this file, or
+    the user's cache folder when that one is read-only); otherwise say first how long the one-time
     compilation takes. `make setup` calls this, so that the first ``--method flow`` does not wait."""
     global _compiled
     with _COMPILE_LOCK:
