@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from attnflow.capture.texts import check_row_fits
 from attnflow.cli.explain import _load, _positive_int, _Progress
 from attnflow.cli.explore import add_text_options
 from attnflow.errors import InputError
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"give --model exactly twice (model A and model B), got {len(args.model)}")
     if not args.text.strip():
         raise InputError("the text to compare is empty")
+    check_row_fits(args.row, [args.text], args.max_length)
     out = Path(args.out)
     check_output(out, is_comparison_file, args.overwrite)
     say = _Progress(args.quiet)

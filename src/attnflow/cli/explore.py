@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnflow.capture.texts import check_row_fits
 from attnflow.cli.explain import DEFAULT_MODEL, _load, _methods, _positive_int, _Progress, _row, method_table
 from attnflow.errors import InputError
 from attnflow.staging import check_output
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.text.strip():
         raise InputError("the text to explore is empty")
+    check_row_fits(args.row, [args.text], args.max_length)
     out = Path(args.out)
     check_output(out, is_explorer_file, args.overwrite)
     say = _Progress(args.quiet)
