@@ -66,8 +66,10 @@ class Explanation:
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
-        notes: warnings the method raised while computing this explanation (e.g. pruning that
-            left only the diagonal); saved to JSON and shown on the page.
+        notes: what was warned about while capturing the input (truncation, mostly unknown
+            tokens, an image converted to RGB: the Trace's ``meta["notes"]``) and while computing
+            this explanation (e.g. pruning that left only the diagonal); saved to JSON and shown
+            on the page.
     """
 
     tokens: list[str]
@@ -321,7 +323,7 @@ def _explanation(
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
-        notes=notes,
+        notes=[*trace.meta.get("notes", ()), *notes],
     )
 
 
