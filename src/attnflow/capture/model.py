@@ -78,7 +78,7 @@ def load(
     import transformers
 
     if name in PROBES:
-        return _load_probe(name, device, progress)
+        return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     _check_local_model_type(source)
@@ -123,12 +123,12 @@ def load(
     return wrapped
 
 
-def _load_probe(alias: str, device: str | torch.device | None, progress: bool) -> "AttentionModel":
-    """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
+def _load_probe(alias: str, device: str | torch.device | None) -> "AttentionModel":
+    """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
     from attnflow.capture.probes import probe_classifier
 
     encoder = load(PROBES[alias].encoder, device="cpu")
-    classifier, meta = probe_classifier(alias, encoder, progress=progress)
+    classifier, meta = probe_classifier(alias, encoder)
     model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
     model.default_row = encoder.default_row
     model.probe = meta
