@@ -62,6 +62,7 @@ class Head:
 
 
 def shipped_head_path(alias: str) -> Path:
+    """Where the head of ``alias`` ships in the package (whether or not it ships yet)."""
     return SHIPPED_HEADS_DIR / f"{_spec(alias).alias}.npz"
 
 
