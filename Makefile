@@ -32,7 +32,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 # The embedded sentiment classifier explains its prediction with plain rollout next to two
-# value-aware methods (the first run trains the classifier's head once: a few minutes).
+# value-aware methods (its trained head ships in the package: nothing is trained).
 demo: setup
 	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method rollout,norm,alti --out out/demo --overwrite
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite

@@ -68,8 +68,10 @@ class Explanation:
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
-        notes: warnings the method raised while computing this explanation (e.g. pruning that
-            left only the diagonal); saved to JSON and shown on the page.
+        notes: what was warned about while capturing the input (truncation, mostly unknown
+            tokens, an image converted to RGB: the Trace's ``meta["notes"]``) and while computing
+            this explanation (e.g. pruning that left only the diagonal); saved to JSON and shown
+            on the page.
         extras: numbers the method reported about this explanation besides its scores
             (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
     """
@@ -358,7 +360,7 @@ def _explanation(
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
-        notes=[*trace.meta.get("image_notes", []), *notes, *([collapse] if collapse else [])],
+        notes=[*trace.meta.get("notes", ()), *notes, *([collapse] if collapse else [])],
         extras=extras,
     )
 

@@ -11,6 +11,7 @@ import pytest
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
 from attnflow.evaluate.perturb import without_top
+from attnflow.evaluate.report import write_report
 from attnflow.evaluate.sanity import FLAG_RHO, randomisation_stages
 from attnflow.evaluate.scorer import ClassifierScorer
 
@@ -218,3 +219,40 @@ def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale
     assert set(json.loads((out / "results.json").read_text())["methods"]) == {"random"}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     run(["random"], resume=True)  # the same run, continued in place
+
+
+def test_the_report_states_the_sanity_samples_run_and_what_each_mark_means(key_model, tmp_path):
+    # Three samples, the default --sanity-samples 32: only three can be re-explained.
+    texts = KEY_TEXTS[:3]
+    run_info = {"model": "key-token", "task": "key", "split": "all", "samples": len(texts), "majority_accuracy": 1.0}
+    results = run_benchmark(
+        key_model,
+        texts,
+        [1] * len(texts),
+        ["occlusion", "key_first", "random"],
+        BenchmarkOptions(),
+        tmp_path,
+        run_info,
+        progress=False,
+        attribute_fn=dispatch,
+        reference_method="occlusion",
+    )
+    assert results["run"]["options"]["sanity_samples"] == 32
+    assert {stage["n"] for stage in results["methods"]["random"]["sanity"]["stages"]} == {3}
+    paths = write_report(results, tmp_path, figures=False)
+    table = paths["markdown"].read_text(encoding="utf-8")
+    assert "Sanity check: 3 samples" in table and "Sanity check: 32" not in table
+    main_table = table.split("\n\n")[2].splitlines()  # title, description, table
+    assert main_table[0].startswith("| method |")
+    sanity = {row.split(" | ")[0][2:]: row.split(" | ")[5] for row in main_table[2:]}
+    assert sanity == {
+        "occlusion": f"{results['methods']['occlusion']['sanity']['final_rho']:.2f}",  # below FLAG_RHO: no flag
+        "key_first": "1.00 **flagged**",
+        "random": "1.00 **flagged** (expected: the control)",
+    }
+    legend = next(line for line in table.splitlines() if line.startswith("`reference`"))
+    assert "**flagged**: with the head and every layer re-initialised" in legend
+    assert "`random` is the control" in legend
+    page = paths["html"].read_text(encoding="utf-8")
+    assert "flagged: with the head and every layer re-initialised" in page and "random is the control" in page
+    assert "Sanity check: 3 samples" in page
