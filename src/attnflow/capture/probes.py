@@ -21,13 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-<<<<<<< HEAD
-=======
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
->>>>>>> i23a
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +30,7 @@ import numpy as np
 
 from attnflow.capture.loading import PROBES, ProbeSpec, cache_dir
 from attnflow.errors import ModelLoadError
-from attnflow.staging import building
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -124,21 +119,14 @@ def probe_metadata(alias: str) -> dict[str, Any]:
 
 def write_head(head: Head, path: Path) -> None:
     """Store ``head`` as ``path`` (an ``.npz``), atomically: written beside it and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".npz")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.savez(
-                out,
-                weight=head.weight.astype(np.float32),
-                bias=head.bias.astype(np.float32),
-                labels=np.array(head.meta["labels"], dtype=str),
-                meta=np.array(json.dumps({k: v for k, v in head.meta.items() if k not in ("labels", "source")})),
-            )
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as out:
+        np.savez(
+            out,
+            weight=head.weight.astype(np.float32),
+            bias=head.bias.astype(np.float32),
+            labels=np.array(head.meta["labels"], dtype=str),
+            meta=np.array(json.dumps({k: v for k, v in head.meta.items() if k not in ("labels", "source")})),
+        )
 
 
 def _make_classifier():
@@ -246,29 +234,6 @@ def train_probe(alias: str, encoder: Any, progress: bool = True) -> Head:
     predictions = (features[test] @ weight.T + bias).argmax(1)
     accuracy = float((predictions == data.labels[test]).mean())
     majority = float(np.bincount(data.labels[test]).max() / len(test))
-<<<<<<< HEAD
-    target = probe_dir(alias)
-    with building(target) as scratch:
-        scratch.mkdir()
-        head_path = scratch / HEAD_FILE
-        save_file({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}, str(head_path))
-        meta = {
-            "alias": alias,
-            "encoder": spec.encoder,
-            "task": spec.task,
-            "labels": list(data.label_names),
-            "n_train": len(train),
-            "n_test": len(test),
-            "split": "stratified 80/20, seed 0 (attnflow.datasets)",
-            "max_length": PROBE_MAX_LENGTH,
-            "l2_penalty": L2_PENALTY,
-            "heldout_accuracy": accuracy,
-            "majority_accuracy": majority,
-            "head_sha256": _sha256(head_path),
-        }
-        (scratch / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-=======
->>>>>>> i23a
     log.info("%s: held-out accuracy %.3f (majority class %.3f)", alias, accuracy, majority)
     meta = {
         "alias": alias,
