@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
-from attnflow.methods.diagnostics import collapse_note
+from attnflow.methods.diagnostics import collapse_note, is_causal
 from attnflow.methods.extras import collect_extras
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
@@ -388,7 +388,7 @@ def default_row(trace: Trace) -> Row:
         return parse_row(trace.meta["default_row"])
     if trace.grid is not None:
         return "cls" if trace.n_prefix_tokens > 0 else "mean"
-    if trace.n_tokens > 1 and not np.any(np.triu(np.asarray(trace.attentions), k=1) > 1e-6):
+    if is_causal(trace.attentions):
         return "last"
     return "cls"
 

@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
-from attnflow.evaluate.metrics import aopc, content_ranking, deletion_auc, mean_se, spearman, top_count
+from attnflow.evaluate.metrics import aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.perturb import only_top, perturb, without_top
 
 CLS, SEP, MASK = 101, 102, 103
@@ -99,14 +99,14 @@ def test_ranking_rejects_nan_and_keeps_text_order_on_ties():
         content_ranking(np.array([0, np.nan, 1, 2, 0]), special)
 
 
-def test_spearman_matches_scipy_and_handles_constant_maps():
+def test_rank_agreement_matches_scipy_and_handles_constant_maps():
     rng = np.random.default_rng(0)
     for _ in range(20):
         a, b = rng.integers(0, 4, 9).astype(float), rng.normal(size=9)  # ties in a
         if np.ptp(a) > 0:
-            assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic)
-    assert spearman(np.ones(4), np.ones(4)) == 1.0
-    assert spearman(np.ones(4), np.arange(4.0)) == 0.0
+            assert rank_agreement(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    assert rank_agreement(np.ones(4), np.ones(4)) == 1.0
+    assert rank_agreement(np.ones(4), np.arange(4.0)) == 0.0
 
 
 def test_mean_se_is_the_standard_error_of_the_mean():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnflow.methods.agreement import spearman, top_k, top_k_overlap
-from attnflow.methods.summary import clean_token, explanation_subject, row_subject, subject, summarize, words
+from attnflow.methods.summary import explanation_subject, row_subject, subject, summarize, words
 
 TEXT = "the terrible acting"
 TOKENS = ["[CLS]", "the", "terr", "##ible", "acting", "[SEP]"]
@@ -56,7 +56,6 @@ def test_subjects():
     assert subject(None, TOKENS, {"kind": "next_token", "label": "ĠParis"}) == "the next token 'Paris'"
     assert subject(None, TOKENS, {"kind": "similarity", "label": "a good film"}) == "the similarity to 'a good film'"
     assert subject(None, TOKENS) == "the output"
-    assert clean_token("##ing") == "ing" and clean_token("Ġthe") == "the" and clean_token("##") == "##"
 
 
 def test_spearman_by_hand():

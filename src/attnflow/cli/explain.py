@@ -27,7 +27,7 @@ from attnflow.cli.common import (
 )
 from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.errors import InputError
-from attnflow.viz.tokens import display_token
+from attnflow.tokens import display_token
 
 EPILOG = """\
 examples:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.evaluate.attribute import attribute
-from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, spearman, top_count
+from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.sanity import FLAG_RHO, cascade
 from attnflow.evaluate.scorer import ClassifierScorer
@@ -142,7 +142,8 @@ def content_agreement(
 ) -> list[float]:
     """Spearman's rho of each sample's scores with the reference's on its content tokens."""
     return [
-        spearman(s[~e.special_mask], r[~e.special_mask]) for s, r, e in zip(scores, reference, examples, strict=False)
+        rank_agreement(s[~e.special_mask], r[~e.special_mask])
+        for s, r, e in zip(scores, reference, examples, strict=False)
     ]
 
 

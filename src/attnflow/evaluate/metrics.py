@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.methods.agreement import spearman
+
 BINS: tuple[float, ...] = (0.01, 0.05, 0.10, 0.20, 0.50)
 
 
@@ -60,19 +62,17 @@ def deletion_auc(curve: np.ndarray) -> np.ndarray:
     return step * (curve[..., 1:] + curve[..., :-1]).sum(axis=-1) / 2.0
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rho of two ``[m]`` vectors (average ranks for ties). A constant vector carries no
-    ranking: rho is 1.0 when both are constant (nothing differs) and 0.0 when only one is."""
+def rank_agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho of two ``[m]`` vectors (`attnflow.methods.agreement.spearman`), where a
+    constant vector, which carries no ranking, counts as agreeing with another constant one (1.0:
+    nothing differs) and not with a varying one (0.0)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"cannot correlate shapes {a.shape} and {b.shape}")
     constant_a, constant_b = np.ptp(a) == 0 if a.size else True, np.ptp(b) == 0 if b.size else True
     if constant_a or constant_b:
         return 1.0 if constant_a and constant_b else 0.0
-    from scipy.stats import rankdata  # scipy.stats takes ~0.5 s to import: only when ranking
-
-    rank_a, rank_b = rankdata(a) - (a.size + 1) / 2, rankdata(b) - (b.size + 1) / 2
-    return float((rank_a * rank_b).sum() / math.sqrt((rank_a**2).sum() * (rank_b**2).sum()))
+    return spearman(a, b)
 
 
 def mean_se(values: Sequence[float] | np.ndarray) -> tuple[Any, Any]:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.methods.transforms import normalise_rows
+
 DIFFUSION_THRESHOLD = 0.9
 COLLAPSE_THRESHOLD = 0.5
 
@@ -40,8 +42,7 @@ def row_distributions(matrices: Any) -> np.ndarray:
         raise ValueError("matrices contain NaN or infinite values")
     if np.any(array < 0):
         raise ValueError("row diagnostics need non-negative matrices (a distribution per row)")
-    sums = array.sum(axis=-1, keepdims=True)
-    return array / np.where(sums > 0, sums, 1.0)  # an all-zero row stays 0
+    return normalise_rows(array)  # an all-zero row stays 0
 
 
 def collapse_note(
@@ -57,7 +58,7 @@ def collapse_note(
     compounds it through the layers). None when the row is spread out, has negative scores (a
     gradient attribution), or its top token is the row's ``own`` position (the residual's share) or
     a special token (``special_mask``: the summary line reports the special tokens' share)."""
-    from attnflow.methods.summary import clean_token
+    from attnflow.tokens import display_token
 
     values = np.asarray(scores, dtype=np.float64)
     total = values.sum()
@@ -69,11 +70,11 @@ def collapse_note(
         return None
     if top == 0:
         return (
-            f"{share:.0%} of the relevance is on the first token {clean_token(tokens[0])!r}: the attention-sink "
+            f"{share:.0%} of the relevance is on the first token {display_token(tokens[0])!r}: the attention-sink "
             "collapse (models park attention on their first token, and composing layers piles it up there); "
             "a value-aware method (norm_rollout, alti) shows what the other tokens carry"
         )
-    return f"{share:.0%} of the relevance is on one token, {clean_token(tokens[top])!r} (a collapsed row)"
+    return f"{share:.0%} of the relevance is on one token, {display_token(tokens[top])!r} (a collapsed row)"
 
 
 def row_entropy(matrices: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnflow.methods.rollout import rollout
-from attnflow.methods.transforms import HeadFusion, Residual, fuse_heads, validate_attentions
+from attnflow.methods.transforms import HeadFusion, Residual, fuse_heads, normalise_rows, validate_attentions
 
 
 @dataclass
@@ -57,4 +57,4 @@ def encoder_decoder_rollout(
     validate_attentions(cross, square=False)  # softmax rows over encoder keys
     fused_cross = fuse_heads(cross, head_fusion)  # [layer, dec, enc]
     mixed = np.einsum("lij,ljk->ik", decoder_layers, fused_cross) @ encoder  # Σₗ R_dec⁽ˡ⁾ C⁽ˡ⁾ R_enc
-    return EncoderDecoderRollout(encoder, decoder_layers[-1], mixed / mixed.sum(axis=-1, keepdims=True))
+    return EncoderDecoderRollout(encoder, decoder_layers[-1], normalise_rows(mixed))

@@ -77,7 +77,14 @@ import numpy as np
 
 from attnflow.methods import options
 from attnflow.methods.registry import register
-from attnflow.methods.transforms import HeadFusion, Residual, accepts_torch, choose_fusion, prepare_layers
+from attnflow.methods.transforms import (
+    HeadFusion,
+    Residual,
+    accepts_torch,
+    choose_fusion,
+    normalise_rows,
+    prepare_layers,
+)
 
 SCALE_BITS = 50
 _SCALE = float(2**SCALE_BITS)
@@ -162,10 +169,9 @@ def attention_flow(
     raw = _max_flows(graphs[:, :depth], sources, jobs)  # [graph, rows, key], int64 scaled by 2^50
     flows = raw.reshape(layers.shape[:-3] + raw.shape[1:]) / _SCALE  # [(batch,) (head,) rows, key]
     if normalize:
-        totals = flows.sum(axis=-1, keepdims=True)
         # A row of Ã that sums to 1 always leads somewhere, so totals are positive; only an all-zero
         # fused row (min fusion of heads with disjoint supports) gives 0, and its flows stay 0.
-        flows = np.divide(flows, totals, out=np.zeros_like(flows), where=totals > 0)
+        flows = normalise_rows(flows)
     return flows
 
 

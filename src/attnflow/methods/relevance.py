@@ -20,7 +20,7 @@ import numpy as np
 from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.rollout import rollout
-from attnflow.methods.transforms import Residual
+from attnflow.methods.transforms import Residual, normalise_rows
 from attnflow.trace import Trace
 
 VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama", "vit", "deit", "dinov2")
@@ -85,11 +85,6 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
     return np.sqrt(np.maximum(squared, 0.0))
 
 
-def _normalise_rows(matrices: np.ndarray) -> np.ndarray:
-    sums = matrices.sum(axis=-1, keepdims=True)
-    return np.divide(matrices, sums, out=np.zeros_like(matrices), where=sums > 0)
-
-
 @register(
     "norm",
     "value-aware attention norms (Kobayashi et al.): ||sum_h A f_h(x_j)||, one layer (default: last)",
@@ -104,7 +99,7 @@ def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
     n_layers = trace.n_layers
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
-    matrices = _normalise_rows(norm_matrices(trace))
+    matrices = normalise_rows(norm_matrices(trace))
     return matrices if layerwise else matrices[layer]
 
 
@@ -124,7 +119,7 @@ def norm_rollout(
     (``half``, ``renorm``, ``none``, α) or ``"norm"`` (the residual vector inside the norm,
     no identity added)."""
     as_vector = residual == "norm"
-    matrices = _normalise_rows(norm_matrices(trace, residual_vector=as_vector))  # [layer, q, k]
+    matrices = normalise_rows(norm_matrices(trace, residual_vector=as_vector))  # [layer, q, k]
     return rollout(
         matrices[:, None], residual="none" if as_vector else residual, start_layer=start_layer, layerwise=layerwise
     )
@@ -175,7 +170,7 @@ def alti_matrices(trace: Trace) -> np.ndarray:
             normed = gain[layer] * (y - y.mean(axis=-1, keepdims=True)) / sigma[:, None] + shift[layer]  # x̃ [q, d]
             distance = np.abs(normed[:, None, :] - z).sum(axis=-1)  # [q, k]
             result[layer, queries] = np.maximum(0.0, np.abs(normed).sum(axis=-1, keepdims=True) - distance)
-    return _normalise_rows(result)
+    return normalise_rows(result)
 
 
 @register(

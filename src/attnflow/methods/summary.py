@@ -17,17 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.tokens import display_token
+
 _ROW_SUBJECTS = {"mean": "the mean-pooled output (all rows averaged)"}
-
-
-def clean_token(token: str) -> str:
-    """A token without sub-word markers: ``##ing`` -> ``ing``, ``Ġthe``/``▁the`` -> ``the``."""
-    text = str(token).replace("\n", "\\n").replace("Ċ", "\\n")
-    if text.startswith("##") and len(text) > 2:
-        return text[2:]
-    if text[:1] in ("Ġ", "▁") and len(text) > 1:
-        return text[1:]
-    return text
 
 
 def words(
@@ -59,7 +51,7 @@ def words(
                 grouped.append((text[start:end], [i]))
             previous_end = end
         else:
-            grouped.append((clean_token(tokens[i]), [i]))
+            grouped.append((display_token(tokens[i]), [i]))
             previous_end = None
     return grouped
 
@@ -108,10 +100,10 @@ def row_subject(row: Any, tokens: Sequence[str]) -> str:
     if row in _ROW_SUBJECTS:
         return _ROW_SUBJECTS[row]
     if row == "cls":
-        return f"the first token {clean_token(tokens[0])}"
+        return f"the first token {display_token(tokens[0])}"
     index = len(tokens) - 1 if row == "last" else int(row)
     position = "the last token" if row == "last" else f"token #{index}"
-    return f"{position} '{clean_token(tokens[index])}'"
+    return f"{position} '{display_token(tokens[index])}'"
 
 
 def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
@@ -124,7 +116,7 @@ def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
         kind, label = read("kind"), read("label")
         if label is not None:
             if kind == "next_token":
-                return f"the next token '{clean_token(label)}'"
+                return f"the next token '{display_token(label)}'"
             if kind == "similarity":
                 return f"the similarity to '{label}'"
             return f"the prediction {label}"

@@ -104,7 +104,7 @@ def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.n
             return attentions.mean(axis=-3)
         if head_fusion in ("max", "min"):
             fused = attentions.max(axis=-3) if head_fusion == "max" else attentions.min(axis=-3)
-            return fused / np.maximum(fused.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+            return normalise_rows(fused)
         if head_fusion == "none":
             return attentions
         raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {HEAD_FUSIONS} or weights")
@@ -131,7 +131,7 @@ def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndar
             return 0.5 * (attentions + identity)
         if residual == "renorm":
             mixed = attentions + identity
-            return mixed / mixed.sum(axis=-1, keepdims=True)
+            return normalise_rows(mixed)
         if residual == "none":
             return attentions
         raise ValueError(f"unknown residual {residual!r}; choose one of {RESIDUALS} or a float in [0, 1]")
@@ -199,8 +199,10 @@ def check_pruning(
 
 
 def normalise_rows(matrices: np.ndarray) -> np.ndarray:
-    """Divide each row of ``[..., q, k]`` by its sum (``keepdims``: rows, never columns)."""
-    return matrices / matrices.sum(axis=-1, keepdims=True)
+    """Divide each row of ``[..., q, k]`` by its sum (``keepdims``: rows, never columns); a row
+    that sums to 0 stays 0 (no NaN)."""
+    sums = matrices.sum(axis=-1, keepdims=True)
+    return np.divide(matrices, sums, out=np.zeros_like(matrices), where=sums != 0)
 
 
 class PruningCollapseWarning(ExplanationWarning):

@@ -18,6 +18,7 @@ from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
+from attnflow.methods.transforms import normalise_rows
 from attnflow.trace import Trace
 
 COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
@@ -190,9 +191,7 @@ def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
             # float64: a token that barely moves an output gives 1 - cos near float32's rounding step
             cosine = torch.nn.functional.cosine_similarity(altered.double(), original[None].double(), dim=-1)
             matrices[layer][:, zeroed.cpu().numpy()] = (1.0 - cosine).clamp(min=0.0).T.cpu().numpy()  # [query, variant]
-    sums = matrices.sum(axis=-1, keepdims=True)
-    matrices = np.divide(matrices, sums, out=np.zeros_like(matrices), where=sums > 0)
-    return rollout(matrices[:, None], residual="none")
+    return rollout(normalise_rows(matrices)[:, None], residual="none")
 
 
 def _repeat(value: Any, copies: int) -> Any:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.stats import rankdata
 
-from attnflow.methods.summary import clean_token
+from attnflow.tokens import display_token
 from attnflow.viz.page import esc, page, section, table
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def comparison_fragment(comparison: "Comparison", with_style: bool = True) -> st
     rows = [
         (
             i,
-            clean_token(token),
+            display_token(token),
             comparison.scores_a[i],
             comparison.scores_b[i],
             comparison.difference[i],
@@ -103,6 +103,6 @@ def _strip(label: str, tokens: list[str], special: np.ndarray, scores: np.ndarra
         css_class = "tok special" if special[i] else "tok"
         spans.append(
             f'<span class="{css_class}" style="background: rgba({colour},{level:.3f}); color: {text_colour}" '
-            f'title="{esc(f"#{i} {token}  {scores[i]:+.4g}")}">{esc(clean_token(token))}</span>'
+            f'title="{esc(f"#{i} {token}  {scores[i]:+.4g}")}">{esc(display_token(token))}</span>'
         )
     return f'<div class="strip"><span class="label">{esc(label)}</span>{"".join(spans)}</div>'

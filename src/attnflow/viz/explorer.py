@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from attnflow.methods.diagnostics import COLLAPSE_THRESHOLD, DIFFUSION_THRESHOLD
-from attnflow.methods.summary import clean_token
+from attnflow.tokens import display_token
 from attnflow.viz.page import esc
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
         "model": exploration.model,
         "text": exploration.text,
         "tokens": list(exploration.tokens),
-        "display": [clean_token(token) for token in exploration.tokens],
+        "display": [display_token(token) for token in exploration.tokens],
         "special": np.asarray(exploration.special_mask, dtype=bool).tolist(),
         "offsets": None if exploration.offsets is None else np.asarray(exploration.offsets).tolist(),
         "n_layers": exploration.n_layers,

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnflow.tokens import display_token
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
 from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
-from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from attnflow.tokens import display_token
 from attnflow.viz.page import esc, page
-from attnflow.viz.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation

@@ -14,7 +14,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from attnflow.viz.tokens import display_token
+from attnflow.tokens import display_token
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation

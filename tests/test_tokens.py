@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from attnflow.explanation import Explanation
-from attnflow.viz.tokens import display_token
+from attnflow.tokens import display_token
 
 
 @pytest.mark.parametrize(
