@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from attnflow.capture.texts import check_texts
+from attnflow.cli import explain_generation
 from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
@@ -194,6 +195,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
     )
 
+    explain_generation.add_arguments(parser)
+
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)"
@@ -219,6 +222,9 @@ def run(args: argparse.Namespace) -> int:
         from attnflow.cli.explain_file import run_file
 
         return run_file(args, _options_per_method(args.method, _options(args)), _load, _Progress(args.quiet))
+    if explain_generation.wants_generation(args):
+        per_method = _options_per_method(args.method, _options(args))
+        return explain_generation.run_generation(args, per_method, _load, _Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
