@@ -182,7 +182,9 @@ def test_cli_writes_matrix_page_and_figure(tiny_model_path, tmp_path, capsys):
     assert [len(row) for row in data["matrix"]] == [4, 5, 6, 7]  # [CLS] the movie was ([SEP] dropped), then causal
     assert len(data["steps"]) == 4 and 0 < data["steps"][0]["probability"] < 1
     page = (out / "rollout" / "generation.html").read_text()
-    assert "&lt;" in page and "<span>< " not in page and (out / "rollout" / "generation.png").stat().st_size > 0
+    assert "<span>&lt;</span>" in page and "<span><</span>" not in page  # every token escaped
+    assert "title=\"&#x27;&lt;&#x27; → &#x27;&gt;&#x27;" in page  # hover: source → generated, escaped
+    assert (out / "rollout" / "generation.png").stat().st_size > 0
     assert main([*argv, "--out", str(out), "--quiet"]) == 2  # an earlier run is only replaced with --overwrite
     assert "--overwrite" in capsys.readouterr().err
 
@@ -208,3 +210,14 @@ def test_cli_refuses_generation_on_an_encoder(tiny_model_path, tmp_path, capsys)
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     error = capsys.readouterr().err.strip()
     assert "is an encoder model" in error and len(error.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_smollm2_explains_its_greedy_continuation():
+    model = attnflow.load("smollm2", device="cpu")
+    rollout, gradient = model.explain_generation(
+        "The capital of France is", max_new_tokens=3, method=["rollout", "grad_x_input"]
+    )
+    assert rollout.generated[0] == "ĠParis" and rollout.probabilities[0] > 0.5
+    assert gradient.matrix.shape == (3, 5 + 2) and np.all(gradient.matrix[0, 5:] == 0)
+    assert "Paris" in rollout.to_html()

@@ -45,7 +45,10 @@ JSON_FILE = "generation.json"
 HTML_FILE = "generation.html"
 PNG_FILE = "generation.png"
 OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE)
-DEFAULT_STEPS_PER_PASS = 32  # copies of the sequence per forward (+ backward) pass of the target methods
+# Step copies per forward (+ backward) pass of the target methods: the copies of one pass are
+# padded to its longest, so consecutive steps in small passes waste little (8: at most 7 padding
+# tokens per copy; benchmarks/bench_generation.py measured it against 32 and a per-step loop).
+DEFAULT_STEPS_PER_PASS = 8
 
 
 def explains_generations(spec: MethodSpec) -> bool:

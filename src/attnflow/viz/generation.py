@@ -28,9 +28,9 @@ CSS = """
 .generation table.heat td, .generation table.heat th { border: 1px solid #eee; padding: 0; }
 .generation th.source { vertical-align: bottom; padding: .2rem 0; font-weight: 500; background: #fff; }
 .generation th.source span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: pre; }
-.generation th.step { text-align: right; padding: 0 .4rem; font-weight: 500; white-space: pre; background: #fff; }
+.generation th.step { text-align: right; padding: 0 .6rem; font-weight: 500; white-space: pre; background: #fff; }
 .generation td.p { text-align: right; padding: 0 .4rem; color: #555; font-variant-numeric: tabular-nums; }
-.generation td.cell { width: 1.5rem; min-width: 1.5rem; height: 1.5rem; }
+.generation td.cell { width: 1.8rem; min-width: 1.8rem; height: 1.6rem; }
 .generation td.absent { background: repeating-linear-gradient(45deg, #fafafa, #fafafa 3px, #f0f0f0 3px, #f0f0f0 6px); }
 .generation .special { color: #888; font-family: ui-monospace, monospace; }
 .generation .generated { color: #1d4ed8; }
@@ -127,7 +127,8 @@ def generation_figure(explanation: Any) -> Figure:
         scores = explanation.step_scores(step)
         shown[step, : len(scores)] = scores / _row_scale(scores, explanation.special_mask[: len(scores)])
         signed |= bool(np.any(scores < 0))
-    figure = Figure(figsize=(float(np.clip(0.32 * s + 3, 6, 18)), float(np.clip(0.32 * n + 2, 3, 14))))
+    size = (float(np.clip(0.32 * s + 3, 6, 18)), float(np.clip(0.32 * n + 2, 3, 14)))
+    figure = Figure(figsize=size, layout="constrained")
     axes = figure.subplots()
     cmap = colormaps["RdBu_r" if signed else "Oranges"].copy()
     cmap.set_bad("#f2f2f2")
@@ -146,7 +147,6 @@ def generation_figure(explanation: Any) -> Figure:
         loc="left",
         fontsize=10,
     )
-    figure.set_layout_engine("constrained")
     return figure
 
 
