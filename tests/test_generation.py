@@ -52,8 +52,8 @@ def explained(decoder):
     names = METHODS + (["norm_rollout"] if decoder.adapter.family == "llama" else [])
     result = {}
     for name in names:
-        result[name] = decoder.explain_generation(
-            PROMPT, continuation=CONTINUATION, method=name, steps_per_pass=3, **OPTIONS.get(name, {})
+        result[name] = attnflow.explain_generation(
+            decoder, PROMPT, continuation=CONTINUATION, method=name, steps_per_pass=3, **OPTIONS.get(name, {})
         )
     return result
 
@@ -80,7 +80,7 @@ def test_each_step_equals_a_one_step_explanation_of_its_prefix(decoder, explaine
 
 
 def test_target_values_are_the_log_probabilities_of_each_token(decoder):
-    generation = decoder.explain_generation(PROMPT, continuation=CONTINUATION, method="rollout")
+    generation = attnflow.explain_generation(decoder, PROMPT, continuation=CONTINUATION, method="rollout")
     ids = torch.as_tensor(generation.token_ids[None])
     with torch.no_grad():
         log_probs = torch.log_softmax(decoder.model(input_ids=ids).logits[0].double(), dim=-1)
@@ -127,20 +127,22 @@ def test_each_step_copy_holds_its_own_gradient(decoder):
 
 def test_a_trailing_special_token_is_dropped_and_specials_are_never_top_sources(tiny_model_path):
     model = attnflow.load(str(tiny_model_path("llama")), device="cpu")  # its tokenizer appends [SEP]
-    generation = model.explain_generation(PROMPT, continuation="good", method="gradient")
+    generation = attnflow.explain_generation(model, PROMPT, continuation="good", method="gradient")
     assert generation.sources == ["[CLS]", "the", "movie", "was"]
     assert generation.special_mask.tolist() == [True, False, False, False, False]
     assert all(token != "[CLS]" for _, token, _ in generation.top_sources(0, k=10))
 
 
 def test_several_methods_share_one_generation(decoder):
-    first, second = decoder.explain_generation(PROMPT, max_new_tokens=3, method=["rollout", "gradient"])
+    first, second = attnflow.explain_generation(decoder, PROMPT, max_new_tokens=3, method=["rollout", "gradient"])
     assert first.method == "rollout" and second.method == "gradient"
     assert first.generated == second.generated and np.array_equal(first.log_probs, second.log_probs)
 
 
 def test_faithfulness_removes_each_steps_top_sources(decoder):
-    generation = decoder.explain_generation(PROMPT, continuation=CONTINUATION, method="gradient", faithfulness=True)
+    generation = attnflow.explain_generation(
+        decoder, PROMPT, continuation=CONTINUATION, method="gradient", faithfulness=True
+    )
     faithfulness = generation.faithfulness
     step = 2  # 6 sources, 5 content ones: the 50 % bin removes the top ceil(2.5) = 3
     ranking = np.argsort(-np.where(generation.special_mask[:6], -np.inf, generation.step_scores(step)))[:3]
@@ -156,20 +158,20 @@ def test_faithfulness_removes_each_steps_top_sources(decoder):
 
 def test_bad_input_is_one_clear_line(decoder, tiny_model_path):
     with pytest.raises(InputError, match="at least 1; got 0"):
-        decoder.explain_generation(PROMPT, max_new_tokens=0)
+        attnflow.explain_generation(decoder, PROMPT, max_new_tokens=0)
     with pytest.raises(InputError, match=r"exceed .* context of 60 tokens \(at most 56 new tokens\)"):
-        decoder.explain_generation(PROMPT, max_new_tokens=61)
+        attnflow.explain_generation(decoder, PROMPT, max_new_tokens=61)
     with pytest.raises(InputError, match=r"either --generate N .* or --continuation"):
-        decoder.explain_generation(PROMPT, max_new_tokens=2, continuation="good")
+        attnflow.explain_generation(decoder, PROMPT, max_new_tokens=2, continuation="good")
     with pytest.raises(InputError, match=r"does not explain generated tokens; methods that do: .*grad_rollout"):
-        decoder.explain_generation(PROMPT, max_new_tokens=2, method="random")
+        attnflow.explain_generation(decoder, PROMPT, max_new_tokens=2, method="random")
     assert "random" not in generation_methods() and "rollout" in generation_methods()
     encoder = attnflow.load(str(tiny_model_path("bert")), device="cpu")
     with pytest.raises(InputError, match=r"is an encoder model: .* needs a causal LM"):
-        encoder.explain_generation(PROMPT, max_new_tokens=2)
+        attnflow.explain_generation(encoder, PROMPT, max_new_tokens=2)
     vision = attnflow.load(str(tiny_model_path("vit")), device="cpu")
     with pytest.raises(InputError, match="is a vision model"):
-        vision.explain_generation(PROMPT, max_new_tokens=2)
+        attnflow.explain_generation(vision, PROMPT, max_new_tokens=2)
 
 
 def test_cli_writes_matrix_page_and_figure(tiny_model_path, tmp_path, capsys):
@@ -183,7 +185,7 @@ def test_cli_writes_matrix_page_and_figure(tiny_model_path, tmp_path, capsys):
     assert len(data["steps"]) == 4 and 0 < data["steps"][0]["probability"] < 1
     page = (out / "rollout" / "generation.html").read_text()
     assert "<span>&lt;</span>" in page and "<span><</span>" not in page  # every token escaped
-    assert "title=\"&#x27;&lt;&#x27; → &#x27;&gt;&#x27;" in page  # hover: source → generated, escaped
+    assert 'title="&#x27;&lt;&#x27; → &#x27;&gt;&#x27;' in page  # hover: source → generated, escaped
     assert (out / "rollout" / "generation.png").stat().st_size > 0
     assert main([*argv, "--out", str(out), "--quiet"]) == 2  # an earlier run is only replaced with --overwrite
     assert "--overwrite" in capsys.readouterr().err
@@ -215,8 +217,8 @@ def test_cli_refuses_generation_on_an_encoder(tiny_model_path, tmp_path, capsys)
 @pytest.mark.slow
 def test_smollm2_explains_its_greedy_continuation():
     model = attnflow.load("smollm2", device="cpu")
-    rollout, gradient = model.explain_generation(
-        "The capital of France is", max_new_tokens=3, method=["rollout", "grad_x_input"]
+    rollout, gradient = attnflow.explain_generation(
+        model, "The capital of France is", max_new_tokens=3, method=["rollout", "grad_x_input"]
     )
     assert rollout.generated[0] == "ĠParis" and rollout.probabilities[0] > 0.5
     assert gradient.matrix.shape == (3, 5 + 2) and np.all(gradient.matrix[0, 5:] == 0)

@@ -34,8 +34,8 @@ import numpy as np
 
 from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
-from attnflow.explanation import explain, method_options
-from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method
+from attnflow.explanation import explain
+from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.trace import Trace, crop_field
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ DEFAULT_STEPS_PER_PASS = 8
 def explains_generations(spec: MethodSpec) -> bool:
     """Whether a method can explain generated tokens: it explains a target (run per step on the
     step copies), or it gives a ``[query, key]`` matrix from one forward pass (rows read per step)."""
-    return spec.uses_target or (not spec.scores_only and "model" not in spec.needs)
+    return spec.uses_target or (not spec.scores_only and spec.takes != "model")
 
 
 def generation_methods() -> list[str]:
@@ -239,7 +239,7 @@ def explain_generation(
     ``steps_per_pass``: step copies per forward (and backward) pass of the target methods.
 
         model = attnflow.load("smollm2")
-        explanation = model.explain_generation("The capital of France is", max_new_tokens=8, method="grad_rollout")
+        explanation = attnflow.explain_generation(model, "The capital of France is", max_new_tokens=8)
         explanation.top_sources(0)   # what the first generated token drew on
     """
     names = [method] if isinstance(method, str) else list(method)

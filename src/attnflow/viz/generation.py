@@ -28,7 +28,8 @@ CSS = """
 .generation table.heat td, .generation table.heat th { border: 1px solid #eee; padding: 0; }
 .generation table.heat th.source { vertical-align: bottom; padding: .2rem 0; font-weight: 500; background: #fff; }
 .generation th.source span { writing-mode: vertical-rl; transform: rotate(180deg); white-space: pre; }
-.generation table.heat th.step { text-align: right; padding: 0 .6rem; font-weight: 500; white-space: pre; background: #fff; }
+.generation table.heat th.step { text-align: right; padding: 0 .6rem; font-weight: 500; white-space: pre;
+                                 background: #fff; }
 .generation table.heat td.p { text-align: right; padding: 0 .4rem; color: #555; font-variant-numeric: tabular-nums; }
 .generation td.cell { width: 1.8rem; min-width: 1.8rem; height: 1.6rem; }
 .generation td.absent { background: repeating-linear-gradient(45deg, #fafafa, #fafafa 3px, #f0f0f0 3px, #f0f0f0 6px); }
