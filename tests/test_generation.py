@@ -207,11 +207,20 @@ def test_cli_bad_input_is_one_line(tiny_model_path, tmp_path, capsys, extra, mes
     assert message in error and len(error.splitlines()) == 1
 
 
-def test_cli_refuses_generation_on_an_encoder(tiny_model_path, tmp_path, capsys):
-    argv = ["explain", PROMPT, "--model", str(tiny_model_path("bert")), "--generate", "2", "--quiet"]
+@pytest.mark.parametrize(("family", "kind"), [("bert", "an encoder"), ("vit", "a vision")])
+def test_cli_refuses_generation_on_encoders_and_vision_models(tiny_model_path, tmp_path, capsys, family, kind):
+    argv = ["explain", PROMPT, "--model", str(tiny_model_path(family)), "--generate", "2", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     error = capsys.readouterr().err.strip()
-    assert "is an encoder model" in error and len(error.splitlines()) == 1
+    assert f"is {kind} model" in error and len(error.splitlines()) == 1
+
+
+def test_cli_json_without_out_prints_one_object_per_method(tiny_model_path, capsys):
+    argv = ["explain", PROMPT, "--model", str(tiny_model_path("llama")), "--generate", "3", "--json", "--quiet"]
+    assert main([*argv, "--method", "rollout,grad_x_input"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [data["method"] for data in printed] == ["rollout", "grad_x_input"]
+    assert printed[0]["generated"] == printed[1]["generated"] and len(printed[0]["steps"]) <= 3
 
 
 @pytest.mark.slow
