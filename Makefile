@@ -36,8 +36,10 @@ demo: setup
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
+# The 15 slowest tests and the run's CPU time (user and system, pytest and the processes it waited for).
 test: setup browser lint
-	$(PY) -m pytest -q -m "not slow" --timeout 900
+	$(PY) -m pytest -q -m "not slow" --timeout 900 --durations=15; status=$$?; \
+	echo "CPU time (user, system) of make's shell, then of the test run:"; times; exit $$status
 
 test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
+from attnflow.methods.extras import collect_extras
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
@@ -67,6 +68,8 @@ class Explanation:
             "probability"}`` (see `attnflow.targets.Target`), else None.
         notes: warnings the method raised while computing this explanation (e.g. pruning that
             left only the diagonal); saved to JSON and shown on the page.
+        extras: numbers the method reported about this explanation besides its scores
+            (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
     """
 
     tokens: list[str]
@@ -87,6 +90,7 @@ class Explanation:
     prediction: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
     notes: list[str] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -183,6 +187,8 @@ class Explanation:
             data["image_box"] = list(self.image_box)
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.extras:
+            data["extras"] = _jsonable(self.extras)
         return data
 
     @classmethod
@@ -206,6 +212,7 @@ class Explanation:
             prediction=data.get("prediction"),
             image_box=data.get("image_box"),
             notes=list(data.get("notes", [])),
+            extras=dict(data.get("extras", {})),
         )
 
     @classmethod
@@ -270,9 +277,9 @@ def explain(
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
-            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
-    result, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            scores, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes, extras)
+    result, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -286,7 +293,7 @@ def explain(
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
-    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras)
 
 
 def _explanation(
@@ -298,6 +305,7 @@ def _explanation(
     scores: np.ndarray,
     head_matrices: np.ndarray | None,
     notes: list[str],
+    extras: dict[str, Any],
 ) -> Explanation:
     image = trace.meta.get("image")
     return Explanation(
@@ -319,19 +327,20 @@ def _explanation(
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
         notes=notes,
+        extras=extras,
     )
 
 
-def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str], dict[str, Any]]:
     """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
     messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
-    what the console said)."""
-    with warnings.catch_warnings(record=True) as caught:
+    what the console said), with the extras the method reported (`attnflow.methods.extras`)."""
+    with warnings.catch_warnings(record=True) as caught, collect_extras() as extras:
         warnings.simplefilter("always")
         result = np.asarray(call(), dtype=np.float64)
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)], extras
 
 
 def default_row(trace: Trace) -> Row:

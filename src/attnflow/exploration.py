@@ -29,6 +29,7 @@ the page.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -49,6 +50,8 @@ from attnflow.trace import Trace
 _VIEWS: dict[str, Callable[..., Any]] = {}
 
 EXPLORER_FILE = "explorer.html"
+# `Exploration.save` warns above this page size (browsers open such files slowly).
+LARGE_PAGE_BYTES = 50_000_000
 # What the page always wants from the forward pass: head outputs for the context similarity.
 PAGE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
 # A default exploration (no explicit method list) leaves the methods declared ``cost="expensive"``
@@ -137,11 +140,19 @@ class Exploration:
         return _VIEWS["fragment"](self)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``directory/explorer.html`` (creating the folder); returns its path."""
+        """Write ``directory/explorer.html`` (creating the folder); returns its path. Warns when the
+        page is larger than ``LARGE_PAGE_BYTES``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / EXPLORER_FILE
         path.write_text(self.to_html(), encoding="utf-8")
+        size = path.stat().st_size
+        if size > LARGE_PAGE_BYTES:
+            warnings.warn(
+                f"{path} is {size / 1e6:.0f} MB (browsers open pages above {LARGE_PAGE_BYTES / 1e6:.0f} MB slowly): "
+                "explore fewer tokens (--max-tokens N, max_length=N) or fewer methods (--methods)",
+                stacklevel=2,
+            )
         return path
 
 

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import attnflow
+from attnflow import exploration
+from attnflow.cli import build_parser, main
 from attnflow.cli import explore as explore_command
-from attnflow.cli import main
 
 SENTENCE = "The movie was terrible, but the acting was great."
 SCRIPT = Path(sys.executable).with_name("attnflow")
@@ -174,6 +175,16 @@ def test_explore_writes_one_page_and_prints_summaries(tmp_path, capsys):
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--methods", "raw"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--overwrite", "--methods", "raw"]) == 0
+
+
+@pytest.mark.usefixtures("fake_model")
+def test_explore_warns_in_one_line_about_a_large_page(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(exploration, "LARGE_PAGE_BYTES", 1000)
+    assert main(["explore", "a b c d", "--out", str(tmp_path), "--methods", "raw", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attnflow: WARNING: {tmp_path / 'explorer.html'} is "), err
+    assert "--max-tokens N" in err[0]
+    assert build_parser().parse_args(["explore", "a b", "--max-tokens", "7"]).max_length == 7  # = --max-length
 
 
 @pytest.mark.usefixtures("fake_model")

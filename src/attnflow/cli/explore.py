@@ -18,13 +18,15 @@ EPILOG = """\
 examples:
   attnflow explore "The movie was terrible, but the acting was great." --out out/explore
   attnflow explore "Paris is the capital of" --model smollm2 --methods raw,rollout
-  attnflow explore "$(cat review.txt)" --model mpnet --max-length 512 --methods raw,rollout
+  attnflow explore "$(cat review.txt)" --model mpnet --max-tokens 512 --methods raw,rollout
 
 Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
 token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
 ({expensive} above {limit} tokens) are left out unless --methods names them;
 target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
-encoders), and are left out, with the reason, when there is no target.
+encoders), and are left out, with the reason, when there is no target. The page grows with the
+square of the token count (mpnet, 512 tokens, raw and rollout: 45 MB); above 50 MB a warning
+suggests --max-tokens or fewer --methods.
 """
 
 
