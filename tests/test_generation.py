@@ -24,6 +24,7 @@ PROMPT = "the movie was"
 WORDS = ["good", "but", "the", "cat", "sat"]  # whole words of the tiny vocabulary: text and ids agree
 CONTINUATION = " ".join(WORDS)
 METHODS = ["rollout", "raw", "grad_rollout", "gradient", "grad_x_input", "leave_one_out", "integrated_gradients"]
+LLAMA_ONLY = ["norm_rollout", "cp_lrp", "attnlrp"]  # no value mapping / LRP rules for GPT-2
 OPTIONS = {"integrated_gradients": {"n_steps": 8}}
 
 # 8 integrated-gradient steps leave a completeness error: irrelevant to comparing two computations
@@ -49,7 +50,7 @@ def decoder(request, tiny_model_path):
 @pytest.fixture(scope="module")
 def explained(decoder):
     """Every method's teacher-forced explanation of CONTINUATION, computed together."""
-    names = METHODS + (["norm_rollout"] if decoder.adapter.family == "llama" else [])
+    names = METHODS + (LLAMA_ONLY if decoder.adapter.family == "llama" else [])
     result = {}
     for name in names:
         result[name] = attnflow.explain_generation(
@@ -58,10 +59,10 @@ def explained(decoder):
     return result
 
 
-@pytest.mark.parametrize("method", [*METHODS, "norm_rollout"])
+@pytest.mark.parametrize("method", METHODS + LLAMA_ONLY)
 def test_each_step_equals_a_one_step_explanation_of_its_prefix(decoder, explained, method):
     if method not in explained:
-        pytest.skip("norm_rollout has no value mapping for GPT-2")
+        pytest.skip(f"{method} does not support GPT-2")
     generation = explained[method]
     assert generation.n_prompt == 4 and generation.n_steps == len(WORDS)
     for step, word in enumerate(WORDS):
@@ -77,6 +78,8 @@ def test_each_step_equals_a_one_step_explanation_of_its_prefix(decoder, explaine
         if uses_target:
             assert single.target["index"] == target
             assert generation.log_probs[step] == pytest.approx(single.target["value"], abs=1e-5)
+        if single.extras:  # LRP's conservation, per step
+            assert generation.step_extras[step] == pytest.approx(single.extras, abs=1e-5)
 
 
 def test_target_values_are_the_log_probabilities_of_each_token(decoder):

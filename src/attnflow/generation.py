@@ -78,6 +78,8 @@ class GenerationExplanation:
         mode: ``"greedy"`` (generated here) or ``"teacher-forced"`` (a given continuation).
         continuation: the continuation as text (the tokenizer's decoding of t_1 … t_N).
         faithfulness: per-step comprehensiveness (`step_faithfulness`), or None.
+        step_extras: per step, the numbers the method reported besides its scores
+            (`attnflow.methods.extras`; LRP: ``conservation``, ...), or empty.
         notes: warnings the method raised (e.g. an integrated-gradients completeness error).
     """
 
@@ -95,6 +97,7 @@ class GenerationExplanation:
     mode: str
     continuation: str = ""
     faithfulness: dict[str, Any] | None = None
+    step_extras: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -160,6 +163,9 @@ class GenerationExplanation:
                 for step in range(self.n_steps)
             ],
         }
+        for step, extras in enumerate(self.step_extras):
+            if extras:
+                data["steps"][step]["extras"] = extras
         if self.faithfulness is not None:
             data["faithfulness"] = self.faithfulness
         if self.notes:
@@ -363,6 +369,7 @@ def explain_continuation(
     rows: dict[str, np.ndarray] = {name: np.zeros((n, s)) for name in per_method}
     notes: dict[str, list[str]] = {name: [] for name in per_method}
     used: dict[str, dict[str, Any]] = {}  # each method's options as used, defaults included
+    extras: dict[str, list[dict[str, Any]]] = {name: [{} for _ in range(n)] for name in per_method}
     if one_pass:
         needs = frozenset().union(*(specs[name].needs for name in one_pass))
         (whole,) = step_traces(model, sequence, [s], needs)
@@ -383,6 +390,7 @@ def explain_continuation(
                 for name in per_step:
                     explained = explain(trace, method=name, row="last", model=model, **per_method[name])
                     rows[name][step, : p + step] = explained.scores
+                    extras[name][step] = explained.extras
                     notes[name] += [note for note in explained.notes if note not in notes[name]]
                     used[name] = explained.options
     log_probs = step_log_probs(model, sequence)
@@ -404,6 +412,7 @@ def explain_continuation(
             mode=sequence.mode,
             continuation=model.tokenizer.decode(sequence.targets.tolist()),
             notes=notes[name],
+            step_extras=extras[name] if any(extras[name]) else [],
         )
         if faithfulness:
             explanation.faithfulness = step_faithfulness(model, explanation)
