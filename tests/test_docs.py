@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import builtins
 import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,41 @@ TEXT_FILES = sorted(
 OUTSIDE_DESIGN = re.compile("DES" + r"IGN(\.md| §)")
 REPO_PATH = re.compile(r"(?<![\w./])((?:src|tests|docs|benchmarks)/[\w/.-]*\w\.(?:py|md|json|csv)|attnflow/[\w/]+\.py)")
 ERROR_NAME = re.compile(r"`(?:attnflow\.errors\.)?([A-Z]\w*Error)`")
+MARKDOWN_FILES = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*(\S*)")  # CommonMark: an opening fence may name a language
+SECTION = re.compile(r"^#{1,6} \S")
+
+
+@dataclass
+class CodeBlock:
+    language: str
+    first_line: int  # 1-based, the line after the opening fence
+    lines: list[str]
+
+
+def split_markdown(path: Path) -> tuple[list[CodeBlock], list[str]]:
+    """The fenced code blocks of a Markdown file and its prose lines (everything outside them).
+
+    A block closes at a fence of the same character, at least as long, with nothing after it
+    (CommonMark); a file that ends inside a block fails here, naming where the block opened.
+    """
+    blocks: list[CodeBlock] = []
+    prose: list[str] = []
+    opening = None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        fence = FENCE.match(line)
+        if opening is None:
+            if fence:
+                opening = fence.group(1)
+                blocks.append(CodeBlock(fence.group(2), number + 1, []))
+            else:
+                prose.append(line)
+        elif fence and fence.group(1)[0] == opening[0] and len(fence.group(1)) >= len(opening) and not fence.group(2):
+            opening = None
+        else:
+            blocks[-1].lines.append(line)
+    assert opening is None, f"{path.name}: the code block opened at line {blocks[-1].first_line - 1} never closes"
+    return blocks, prose
 
 
 def test_the_scan_sees_the_files():
@@ -81,3 +119,67 @@ def test_methods_table_is_the_registry():
     page = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
     table = page.split("<!-- methods table -->\n", 1)[1].split("\n<!-- end of methods table -->", 1)[0]
     assert table == markdown_table(), "regenerate the table: attnflow.methods.registry.markdown_table()"
+
+
+@pytest.mark.parametrize("path", MARKDOWN_FILES, ids=lambda path: path.relative_to(ROOT).as_posix())
+def test_code_blocks_close_and_hide_no_heading(path):
+    blocks, _ = split_markdown(path)
+    for block in blocks:
+        # a comment line starts with one "#"; "## Title" inside a block is a section swallowed by it
+        swallowed = [line for line in block.lines if SECTION.match(line) and not line.startswith("# ")]
+        assert not swallowed, f"{path.name}: block at line {block.first_line} holds the heading(s) {swallowed}"
+
+
+def test_readme_sections_render_as_headings_and_diagrams_as_code():
+    blocks, prose = split_markdown(ROOT / "README.md")
+    headings = {line.lstrip("#").strip() for line in prose if SECTION.match(line)}
+    assert {
+        "A 30-second tour",
+        "Python",
+        "Architecture",
+        "Models and data (offline)",
+        "Relevance beyond attention weights",
+        "The corpus study",
+        "The faithfulness benchmark",
+        "Development",
+    } <= headings
+    assert not [line for line in prose if "──" in line], "the architecture diagram renders as prose"
+    assert not [line for line in prose if re.match(r"[a-z_]\w* = \S", line)], "Python outside a code block"
+    assert all(block.language in ("bash", "python", "text") for block in blocks)
+
+
+def test_readme_python_names_are_defined_in_the_tour():
+    """Every name the Python tour reads is imported or assigned in it (or a builtin)."""
+    for block in split_markdown(ROOT / "README.md")[0]:
+        if block.language != "python":
+            continue
+        tree = ast.parse("\n".join(block.lines))
+        defined = set(dir(builtins))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        assert read <= defined, f"README block at line {block.first_line} uses undefined {sorted(read - defined)}"
+
+
+@pytest.mark.slow
+def test_readme_python_tour_runs(tmp_path, monkeypatch):
+    """The Python tour runs as written, in an empty folder where its "photo.jpg" is Grace Hopper's
+    portrait (matplotlib's sample photo), and the shapes its comments state are the real ones."""
+    import matplotlib
+
+    shutil.copy(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg", tmp_path / "photo.jpg")
+    monkeypatch.chdir(tmp_path)
+    stated_shape = re.compile(r"^(\S.*?)\s+# .*= (\(\d+(?:, \d+)*\))$")
+    python_blocks = [block for block in split_markdown(ROOT / "README.md")[0] if block.language == "python"]
+    assert python_blocks
+    for block in python_blocks:
+        namespace: dict = {}
+        exec(compile("\n".join(block.lines), f"README.md, block at line {block.first_line}", "exec"), namespace)
+        for line in block.lines:
+            claim = stated_shape.match(line)
+            if claim:
+                assert str(tuple(eval(claim.group(1), namespace))) == claim.group(2), line
+    assert (tmp_path / "out" / "movie" / "explanation.html").exists()

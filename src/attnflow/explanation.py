@@ -21,9 +21,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
+from attnflow.methods.diagnostics import collapse_note
 from attnflow.methods.extras import collect_extras
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
+from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
 JSON_FILE = "explanation.json"
@@ -66,8 +68,10 @@ class Explanation:
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
             "probability"}`` (see `attnflow.targets.Target`), else None.
-        notes: warnings the method raised while computing this explanation (e.g. pruning that
-            left only the diagonal); saved to JSON and shown on the page.
+        notes: what was warned about while capturing the input (truncation, mostly unknown
+            tokens, an image converted to RGB: the Trace's ``meta["notes"]``) and while computing
+            this explanation (e.g. pruning that left only the diagonal); saved to JSON and shown
+            on the page.
         extras: numbers the method reported about this explanation besides its scores
             (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
     """
@@ -111,6 +115,12 @@ class Explanation:
         if self.image_box is not None:
             left, top, right, bottom = (float(edge) for edge in self.image_box)
             self.image_box = (left, top, right, bottom)
+
+    def __repr__(self) -> str:
+        """One line (the matrix is for `to_dict` and the pages): method, model, row, size, top tokens."""
+        top = ", ".join(f"{token!r} {score:.3f}" for _, token, score in self.top(3))
+        row = f", row={self.row!r}" if self.row is not None else ""
+        return f"Explanation(method={self.method!r}, model={self.model!r}{row}, n_tokens={self.n_tokens}, top=[{top}])"
 
     @property
     def n_tokens(self) -> int:
@@ -226,11 +236,19 @@ class Explanation:
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
-    def save(self, directory: str | Path) -> dict[str, Path]:
+    def save(self, directory: str | Path, overwrite: bool = False) -> dict[str, Path]:
         """Write ``explanation.json``, ``.html``, ``.png`` (and ``explanation_overlay.png`` for
-        images) into ``directory``, creating it; files of these names are replaced, nothing else
-        in the folder is touched. Returns ``{kind: path}``."""
+        images) into ``directory``, creating it. A folder that already holds an explanation is
+        replaced only with ``overwrite=True`` (FileExistsError otherwise), all its explanation
+        files at once; nothing else in the folder is touched. Returns ``{kind: path}``."""
         directory = Path(directory)
+        with staged_output(directory, _is_explanation_file, overwrite) as scratch:
+            paths = self.write_files(scratch)
+        return {kind: directory / path.name for kind, path in paths.items()}
+
+    def write_files(self, directory: Path) -> dict[str, Path]:
+        """The files of `save`, written straight into ``directory`` (created), with no check and no
+        temporary folder: for a folder that is itself being staged (the CLI's output folder)."""
         directory.mkdir(parents=True, exist_ok=True)
         paths = {"json": directory / JSON_FILE, "html": directory / HTML_FILE, "png": directory / PNG_FILE}
         paths["json"].write_text(self.to_json(), encoding="utf-8")
@@ -240,6 +258,10 @@ class Explanation:
             paths["overlay"] = directory / OVERLAY_FILE
             self.overlay().save(paths["overlay"])
         return paths
+
+
+def _is_explanation_file(name: str) -> bool:
+    return name in OUTPUT_FILES
 
 
 def explain(
@@ -308,6 +330,18 @@ def _explanation(
     extras: dict[str, Any],
 ) -> Explanation:
     image = trace.meta.get("image")
+    collapse = (
+        None
+        if spec.scores_only
+        else collapse_note(
+            scores,
+            list(trace.tokens),
+            None if row is None else _single_position(row, trace.n_tokens),
+            trace.special_mask,
+        )
+    )
+    if collapse:
+        warnings.warn(collapse, ExplanationWarning, stacklevel=3)  # on the console too, like the method's notes
     return Explanation(
         tokens=list(trace.tokens),
         matrix=matrix,
@@ -326,7 +360,7 @@ def _explanation(
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
-        notes=notes,
+        notes=[*trace.meta.get("notes", ()), *notes, *([collapse] if collapse else [])],
         extras=extras,
     )
 

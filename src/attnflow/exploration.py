@@ -43,6 +43,7 @@ from attnflow.methods.registry import MethodSpec, available_methods, call_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
 from attnflow.methods.summary import subject, summarize
+from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
 # The views ("html", "fragment": an iframe for notebooks) live in attnflow.viz.explorer and read
@@ -139,13 +140,14 @@ class Exploration:
     def _repr_html_(self) -> str:
         return _VIEWS["fragment"](self)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``directory/explorer.html`` (creating the folder); returns its path. Warns when the
-        page is larger than ``LARGE_PAGE_BYTES``."""
+    def save(self, directory: str | Path, overwrite: bool = False) -> Path:
+        """Write ``directory/explorer.html`` (creating the folder); returns its path. An existing
+        explorer page is replaced only with ``overwrite=True`` (FileExistsError otherwise). Warns
+        when the page is larger than ``LARGE_PAGE_BYTES``."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        with staged_output(directory, is_explorer_file, overwrite) as scratch:
+            (scratch / EXPLORER_FILE).write_text(self.to_html(), encoding="utf-8")
         path = directory / EXPLORER_FILE
-        path.write_text(self.to_html(), encoding="utf-8")
         size = path.stat().st_size
         if size > LARGE_PAGE_BYTES:
             warnings.warn(
@@ -154,6 +156,11 @@ class Exploration:
                 stacklevel=2,
             )
         return path
+
+
+def is_explorer_file(name: str) -> bool:
+    """Whether a folder entry is `Exploration.save`'s page."""
+    return name == EXPLORER_FILE
 
 
 def explore(

@@ -79,7 +79,8 @@ class Trace:
         embeddings / embedding_grads: ``[token, d_model]`` the word embeddings the model read
             and d(target)/d(embeddings), or None.
         target: the `attnflow.targets.Target` explained (kind, index, label, value), or None.
-        meta: free-form extras (e.g. the image path).
+        meta: free-form extras (e.g. the image path); ``meta["notes"]``: what capture warned
+            about (truncation, mostly unknown tokens, RGB conversion), carried into Explanations.
     """
 
     tokens: list[str]

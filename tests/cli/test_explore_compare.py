@@ -135,6 +135,24 @@ def test_compare_needs_two_models(capsys):
     assert "give --model exactly twice" in capsys.readouterr().err
 
 
+def test_compare_checks_its_folder_and_row_before_loading(tmp_path, capsys, monkeypatch):
+    from attnflow.cli import compare as compare_command
+
+    monkeypatch.setattr(compare_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    models = ["--model", "minilm", "--model", "minilm"]
+    (tmp_path / "model_comparison.json").write_text("{}")  # an earlier comparison
+    assert main(["compare", "a b", *models, "--out", str(tmp_path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["compare", "a b", *models, "--row", "999", "--out", str(tmp_path / "new")]) == 2
+    assert "--row 999 is out of range: the text has at most 7 tokens" in capsys.readouterr().err
+
+
+def test_explore_checks_the_row_before_loading(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(explore_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    assert main(["explore", "a b", "--row", "-8", "--out", str(tmp_path)]) == 2
+    assert "--row -8 is out of range: the text has at most 7 tokens" in capsys.readouterr().err
+
+
 class FakeModel:
     name = "fake"
 

@@ -1,17 +1,22 @@
 """Faults on a real multi-node Ray cluster: two `ray start` nodes on this machine (loopback only),
-one worker process killed mid-study; the study still gives the local engine's statistics."""
+one worker process killed mid-study; the study still gives the local engine's statistics.
+
+The cluster authenticates with a token of its own (Ray's token authentication): every node and
+the driver (this process) get ``RAY_AUTH_MODE=token`` and the same ``RAY_AUTH_TOKEN``, whatever
+token may lie in ``~/.ray/auth_token``.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
@@ -61,13 +66,42 @@ def cluster_processes(temp_dir: str) -> list[psutil.Process]:
     return list(found.values())
 
 
+def start_node(command: list[str], env: dict[str, str]) -> None:
+    """``ray start`` a node on its own ports; a refusal fails the test with Ray's own words."""
+    result = subprocess.run([*command, *node_ports()], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{' '.join(command)} failed:\n{result.stderr[-3000:]}"
+
+
+def reread_auth_settings() -> None:
+    """Ray reads the authentication mode and token once per process: make this process (the
+    driver) read them from its environment again."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 @pytest.fixture
-def ray_cluster():
-    """A head node and a second node, 1 CPU each, on 127.0.0.1; stopped (by process id) at the end."""
+def cluster_token(monkeypatch):
+    """A fresh token for the test cluster, required by this process while the test runs."""
+    token = secrets.token_hex(32)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    reread_auth_settings()
+    yield token
+    monkeypatch.undo()
+    reread_auth_settings()
+
+
+@pytest.fixture
+def ray_cluster(cluster_token):
+    """A head node and a second node, 1 CPU each, on 127.0.0.1, both requiring ``cluster_token``;
+    stopped (by process id) at the end."""
     ray = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="afray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     source = str(Path(attnflow.__file__).parents[1])
     env = {**os.environ, "PYTHONPATH": source, "RAY_USAGE_STATS_ENABLED": "0"}
+    assert env["RAY_AUTH_TOKEN"] == cluster_token  # every node requires it
     common = [
         "--node-ip-address=127.0.0.1",
         "--num-cpus=1",
@@ -78,29 +112,9 @@ def ray_cluster():
     port = free_port()
     address = f"127.0.0.1:{port}"
     try:
-        subprocess.run(
-            [
-                str(ray),
-                "start",
-                "--head",
-                f"--port={port}",
-                "--include-dashboard=false",
-                f"--temp-dir={temp_dir}",
-                *common,
-                *node_ports(),
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        subprocess.run(
-            [str(ray), "start", f"--address={address}", *common, *node_ports()],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        head = [f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+        start_node([str(ray), "start", "--head", *head, *common], env)
+        start_node([str(ray), "start", f"--address={address}", *common], env)
         yield address, temp_dir
     finally:
         processes = cluster_processes(temp_dir)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
 from attnflow.evaluate.perturb import without_top
+from attnflow.evaluate.report import write_report
 from attnflow.evaluate.sanity import FLAG_RHO, randomisation_stages
 from attnflow.evaluate.scorer import ClassifierScorer
 
@@ -184,3 +186,73 @@ def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
         assert not changed(randomised, "encoder.embeddings.")
     assert seen == ["head", "layer 1", "layer 0"]
     assert not changed(key_model, "")  # the original is untouched
+
+
+# ----- the results folder: replaced only with overwrite, whole -------------------------------
+
+
+def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale(key_model, tmp_path, monkeypatch):
+    from attnflow.evaluate import api
+    from attnflow.evaluate.api import evaluate
+
+    # Scores from the fake methods, and no leave-one-out reference: the folder rules are under test.
+    monkeypatch.setattr(api, "run_benchmark", partial(run_benchmark, attribute_fn=random_scores, reference_method=None))
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"{text},positive\n" for text in KEY_TEXTS[:2]))
+    out = tmp_path / "out"
+
+    def run(methods, **flags):
+        options = BenchmarkOptions(sanity_samples=0)
+        return evaluate(key_model, str(task), methods, 2, out, options, progress=False, figures=False, **flags)
+
+    run(["random", "raw"])
+    assert {p.name for p in (out / "methods").iterdir()} == {"random.json", "raw.json"}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run(["random"])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    with pytest.raises(ValueError, match="not both"):
+        run(["random"], overwrite=True, resume=True)
+    results = run(["random"], overwrite=True)
+    assert set(results["methods"]) == {"random"}
+    assert {p.name for p in (out / "methods").iterdir()} == {"random.json"}  # raw.json of the old run is gone
+    assert set(json.loads((out / "results.json").read_text())["methods"]) == {"random"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    run(["random"], resume=True)  # the same run, continued in place
+
+
+def test_the_report_states_the_sanity_samples_run_and_what_each_mark_means(key_model, tmp_path):
+    # Three samples, the default --sanity-samples 32: only three can be re-explained.
+    texts = KEY_TEXTS[:3]
+    run_info = {"model": "key-token", "task": "key", "split": "all", "samples": len(texts), "majority_accuracy": 1.0}
+    results = run_benchmark(
+        key_model,
+        texts,
+        [1] * len(texts),
+        ["occlusion", "key_first", "random"],
+        BenchmarkOptions(),
+        tmp_path,
+        run_info,
+        progress=False,
+        attribute_fn=dispatch,
+        reference_method="occlusion",
+    )
+    assert results["run"]["options"]["sanity_samples"] == 32
+    assert {stage["n"] for stage in results["methods"]["random"]["sanity"]["stages"]} == {3}
+    paths = write_report(results, tmp_path, figures=False)
+    table = paths["markdown"].read_text(encoding="utf-8")
+    assert "Sanity check: 3 samples" in table and "Sanity check: 32" not in table
+    main_table = table.split("\n\n")[2].splitlines()  # title, description, table
+    assert main_table[0].startswith("| method |")
+    sanity = {row.split(" | ")[0][2:]: row.split(" | ")[5] for row in main_table[2:]}
+    assert sanity == {
+        "occlusion": f"{results['methods']['occlusion']['sanity']['final_rho']:.2f}",  # below FLAG_RHO: no flag
+        "key_first": "1.00 **flagged**",
+        "random": "1.00 **flagged** (expected: the control)",
+    }
+    legend = next(line for line in table.splitlines() if line.startswith("`reference`"))
+    assert "**flagged**: with the head and every layer re-initialised" in legend
+    assert "`random` is the control" in legend
+    page = paths["html"].read_text(encoding="utf-8")
+    assert "flagged: with the head and every layer re-initialised" in page and "random is the control" in page
+    assert "Sanity check: 3 samples" in page

@@ -23,7 +23,7 @@ from torch import nn
 from attnflow.capture import weight_cache
 from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
-from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
+from attnflow.capture.images import ImagePreprocessing, read_image, small_image_note, to_rgb
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
@@ -78,7 +78,7 @@ def load(
     import transformers
 
     if name in PROBES:
-        return _load_probe(name, device, progress)
+        return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     _check_local_model_type(source)
@@ -112,6 +112,7 @@ def load(
         image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+        _check_tokenizer(tokenizer, model, source)
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = AttentionModel(
@@ -122,16 +123,51 @@ def load(
     return wrapped
 
 
-def _load_probe(alias: str, device: str | torch.device | None, progress: bool) -> "AttentionModel":
-    """An embedded classifier: its encoder wrapped with the trained head (trained on first use)."""
+def _load_probe(alias: str, device: str | torch.device | None) -> "AttentionModel":
+    """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
     from attnflow.capture.probes import probe_classifier
 
     encoder = load(PROBES[alias].encoder, device="cpu")
-    classifier, meta = probe_classifier(alias, encoder, progress=progress)
+    classifier, meta = probe_classifier(alias, encoder)
     model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
     model.default_row = encoder.default_row
     model.probe = meta
     return model
+
+
+def _warned(message: str) -> str:
+    """Log ``message`` as a warning and return it (for a Trace's notes)."""
+    log.warning("%s", message)
+    return message
+
+
+def _notes_meta(notes: list[str]) -> dict[str, list[str]]:
+    """A Trace's ``meta`` entry for what capture warned about (truncation, unknown tokens): none when empty."""
+    return {"notes": notes} if notes else {}
+
+
+def _check_tokenizer(tokenizer: Any, model: nn.Module, source: ModelSource) -> None:
+    """Refuse a tokenizer that cannot read text for ``model``: one whose vocabulary holds only
+    special tokens, or fewer than half as many tokens as the embedding matrix has rows. That is
+    what transformers builds from a folder without its tokenizer files (5 special tokens for
+    BERT): every word would become the unknown token and the prediction would still look sure."""
+    known, rows = len(tokenizer), model.get_input_embeddings().weight.shape[0]
+    special = len(set(tokenizer.all_special_ids))
+    if known > special and 2 * known >= rows:
+        return
+    folder = Path(source.path)
+    expected = list(dict.fromkeys(getattr(tokenizer, "vocab_files_names", {}).values()))
+    vocabulary = f"{known} tokens{' (all special)' if known <= special else ''} for an embedding matrix of {rows} rows"
+    if expected and not any((folder / name).exists() for name in expected):
+        raise ModelLoadError(
+            f"{source.name}: the tokenizer files {', '.join(expected)} are missing from {folder}; without them "
+            f"the tokenizer knows {vocabulary}, so words would become the unknown token: copy the tokenizer "
+            "files of the model it was trained from into the folder"
+        )
+    raise ModelLoadError(
+        f"{source.name}: its tokenizer knows {vocabulary}, so words would become the unknown token: "
+        "give the folder the tokenizer of the model it was trained from"
+    )
 
 
 def _check_local_model_type(source: ModelSource) -> None:
@@ -428,7 +464,7 @@ class AttentionModel:
         return self.adapter.values
 
     def _trace_batch(self, texts: list[str], limit: int, needs: frozenset[str], objective: Any) -> list[Trace]:
-        self._warn_truncation(texts, limit)
+        notes = self._truncation_notes(texts, limit)
         encoded = self.tokenizer(
             texts,
             padding=True,
@@ -443,7 +479,8 @@ class AttentionModel:
         # name -> [batch, ...] numpy
         batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        self._warn_unknown(texts, encoded, lengths)
+        for text_notes, unknown_note in zip(notes, self._unknown_notes(texts, encoded, lengths), strict=True):
+            text_notes.extend(unknown_note)
         shared = self._shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
@@ -460,7 +497,7 @@ class AttentionModel:
                     text=text,
                     model_name=self.name,
                     layer_names=list(self.layer_names),
-                    meta={"default_row": self.default_row},
+                    meta={"default_row": self.default_row, **_notes_meta(notes[index])},
                     target=batch["target"][index] if "target" in batch else None,
                     **per_sample,
                     **shared,
@@ -544,7 +581,7 @@ class AttentionModel:
         return captured
 
     def _trace_seq2seq(self, text: str, target: str | None, limit: int, head_outputs: bool) -> Trace:
-        self._warn_truncation([text], limit)
+        notes = self._truncation_notes([text], limit)[0]
         encoded = self.tokenizer(
             text,
             truncation=True,
@@ -583,7 +620,7 @@ class AttentionModel:
             decoder_tokens=self.tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist()),
             decoder_attentions=_first(decoder.stacked_weights()),
             cross_attentions=_first(cross.stacked_weights()),
-            meta={"default_row": self.default_row},
+            meta={"default_row": self.default_row, **_notes_meta(notes)},
         )
 
     def _supported(self, methods: Sequence[str]) -> list[Any]:
@@ -622,6 +659,7 @@ class AttentionModel:
         pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
+        notes = [text for text in (note, small_image_note(picture.size, grid, source or "the image")) if text]
         captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
         n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
@@ -637,7 +675,7 @@ class AttentionModel:
             layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
+            meta={"image": source, "image_box": box, "default_row": self.default_row, **_notes_meta(notes)},
             **{name: array[0] for name, array in captured.items()},
             **self._shared_fields(wanted),
         )
@@ -674,31 +712,39 @@ class AttentionModel:
             raise InputError(f"max_length {max_length} exceeds the model's maximum of {self.max_length} tokens")
         return int(max_length)
 
-    def _warn_truncation(self, texts: list[str], limit: int) -> None:
+    def _truncation_notes(self, texts: list[str], limit: int) -> list[list[str]]:
+        """Per text, a note (also logged as a warning) when it is longer than ``limit`` tokens."""
         # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
         # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
-        for ids in self.tokenizer(texts, verbose=False)["input_ids"]:
-            n = len(ids)
-            if n > limit:
-                log.warning("text of %d tokens truncated to %d (the maximum; see --max-length)", n, limit)
+        return [
+            [_warned(f"text of {len(ids)} tokens truncated to {limit} (the maximum; see --max-length)")]
+            if len(ids) > limit
+            else []
+            for ids in self.tokenizer(texts, verbose=False)["input_ids"]
+        ]
 
-    def _warn_unknown(self, texts: list[str], encoded: Any, lengths: list[int]) -> None:
-        """Warn about texts whose content tokens are mostly the unknown token."""
+    def _unknown_notes(self, texts: list[str], encoded: Any, lengths: list[int]) -> list[list[str]]:
+        """Per text, a note (also logged as a warning) when its content tokens are mostly the unknown token."""
         unknown_id = getattr(self.tokenizer, "unk_token_id", None)
+        notes: list[list[str]] = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             unknown, content = unknown_share(
                 encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
             )
-            if content and unknown / content > UNKNOWN_SHARE_WARNING:
-                log.warning(
-                    "text %r: %s of its %d tokens are the unknown token %s (%s has no tokens for these "
-                    "characters), so the explanation is about placeholders, not the text",
-                    text if len(text) <= 40 else text[:39] + "…",
-                    "all" if unknown == content else unknown,
-                    content,
-                    self.tokenizer.unk_token,
-                    self.name,
-                )
+            if not (content and unknown / content > UNKNOWN_SHARE_WARNING):
+                notes.append([])
+                continue
+            shown = text if len(text) <= 40 else text[:39] + "…"
+            notes.append(
+                [
+                    _warned(
+                        f"text {shown!r}: {'all' if unknown == content else unknown} of its {content} tokens are the "
+                        f"unknown token {self.tokenizer.unk_token} ({self.name} has no tokens for these characters), "
+                        "so the explanation is about placeholders, not the text"
+                    )
+                ]
+            )
+        return notes
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases

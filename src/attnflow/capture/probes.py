@@ -4,9 +4,12 @@ on a task that ships in a pip package (`attnflow.datasets`).
 The head is a logistic regression on the frozen encoder's mean-pooled features (L2-regularised,
 fitted with L-BFGS on standardised features, the standardisation folded into the weights),
 trained on the stratified 80 % split of the task with a fixed seed and scored on the held-out
-20 %. It is trained once, on first use or by ``attnflow models install ALIAS``, and cached as
-``head.safetensors`` plus ``probe.json`` (labels, split sizes, held-out accuracy, sha256 of the
-head) in ``<cache>/probes/ALIAS``.
+20 %. The trained heads ship in the package (``capture/heads/ALIAS.npz``: ``weight [class,
+d_model]``, ``bias [class]``, ``labels [class]`` and ``meta``, the training record as JSON), each
+checked against the sha256 in `SHIPPED_HEADS`, so loading a classifier never trains (one whose
+head does not ship yet is refused until it is retrained).
+``attnflow models install ALIAS --retrain`` trains the head again with the same code and stores it
+as ``<cache>/probes/ALIAS.npz``, which is then used instead of the shipped one.
 
 The result is one differentiable torch module, encoder → pooling → linear
 (`PooledClassifier`), so every gradient and perturbation method explains a real prediction.
@@ -18,33 +21,112 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnflow.capture.loading import PROBES, ProbeSpec, cache_dir
 from attnflow.errors import ModelLoadError
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
-HEAD_FILE = "head.safetensors"
-META_FILE = "probe.json"
 PROBE_MAX_LENGTH = 128  # tokens per text when the features are computed (special tokens included)
 L2_PENALTY = 1e-3  # on standardised features, per example (scikit-learn's C = 1 / (penalty * n_train))
+SHIPPED_HEADS_DIR = Path(__file__).with_name("heads")
+# sha256 of each shipped head file, trained once with attnflow's training code (`train_probe`,
+# OMP_NUM_THREADS=2); a file that does not match is refused. A classifier not listed here
+# (mpnet-sentiment, for now) needs `attnflow models install ALIAS --retrain` once.
+SHIPPED_HEADS = {
+    "minilm-sentiment": "a9d8d16f3bd5aad8da492dace3a5a999d09ebb53d120d2d723944bbcea5701ec",
+    "minilm-topics": "819c94ebf93bf7659f3f3100904d45e5fc5bcb411b8bbc0bf805c0768816dfb4",
+}
 
 
-def probe_dir(alias: str) -> Path:
-    return cache_dir() / "probes" / alias
+@dataclass(frozen=True)
+class Head:
+    """A trained linear head: ``logits = features @ weight.T + bias`` on raw mean-pooled features.
+
+    weight: ``[class, d_model]`` float32; bias: ``[class]`` float32; meta: the training record
+    (``labels``, ``task``, ``encoder``, ``n_train``, ``n_test``, ``heldout_accuracy``,
+    ``majority_accuracy``, ...) plus ``source``: the file it was read from.
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray
+    meta: dict[str, Any]
 
 
-def probe_metadata(alias: str) -> dict[str, Any] | None:
-    """``probe.json`` of a trained probe (labels, accuracy, ...), or None when not trained yet."""
+def shipped_head_path(alias: str) -> Path:
+    """Where the head of ``alias`` ships in the package (whether or not it ships yet)."""
+    return SHIPPED_HEADS_DIR / f"{_spec(alias).alias}.npz"
+
+
+def retrained_head_path(alias: str) -> Path:
+    """Where `attnflow models install ALIAS --retrain` stores its head (used instead of the shipped one)."""
+    return cache_dir() / "probes" / f"{_spec(alias).alias}.npz"
+
+
+def has_head(alias: str) -> bool:
+    """Whether ``alias`` has a head to load: retrained in the cache, or shipped."""
+    return retrained_head_path(alias).exists() or alias in SHIPPED_HEADS
+
+
+def read_head(alias: str) -> Head:
+    """The head ``alias`` uses: the retrained one in the cache if there is one, else the shipped one."""
+    path = retrained_head_path(alias)
+    if path.exists():
+        return _read_head(alias, path)
+    if alias not in SHIPPED_HEADS:
+        raise ModelLoadError(
+            f"{alias} has no trained head in this version of attnflow: train it once with "
+            f"`attnflow models install {alias} --retrain` (minutes on a CPU)"
+        )
+    return read_shipped_head(alias)
+
+
+def read_shipped_head(alias: str) -> Head:
+    """The head that ships in the package, its sha256 checked against `SHIPPED_HEADS`."""
+    path = shipped_head_path(alias)
+    digest = _sha256(path) if path.exists() else None
+    if digest != SHIPPED_HEADS[alias]:
+        raise ModelLoadError(
+            f"the shipped {alias} head {path} is {'damaged' if digest else 'missing'} "
+            f"(sha256 {digest}, expected {SHIPPED_HEADS[alias]}): reinstall attnflow"
+        )
+    return _read_head(alias, path)
+
+
+def _read_head(alias: str, path: Path) -> Head:
     try:
-        return json.loads((probe_dir(alias) / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        with np.load(path, allow_pickle=False) as stored:
+            meta = {**json.loads(str(stored["meta"])), "labels": stored["labels"].tolist(), "source": str(path)}
+            return Head(stored["weight"], stored["bias"], meta)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise ModelLoadError(
+            f"the {alias} head {path} is damaged ({error}); "
+            f"delete it or run `attnflow models install {alias} --retrain`"
+        ) from None
+
+
+def probe_metadata(alias: str) -> dict[str, Any]:
+    """The training record of the head ``alias`` uses (labels, held-out accuracy, ..., ``source``)."""
+    return read_head(alias).meta
+
+
+def write_head(head: Head, path: Path) -> None:
+    """Store ``head`` as ``path`` (an ``.npz``), atomically: written beside it and renamed."""
+    with atomic_file(path) as out:
+        np.savez(
+            out,
+            weight=head.weight.astype(np.float32),
+            bias=head.bias.astype(np.float32),
+            labels=np.array(head.meta["labels"], dtype=str),
+            meta=np.array(json.dumps({k: v for k, v in head.meta.items() if k not in ("labels", "source")})),
+        )
 
 
 def _make_classifier():
@@ -90,7 +172,6 @@ def _make_classifier():
 def mean_pooled_features(model: Any, texts: list[str], batch_size: int = 64, progress: bool = True) -> Any:
     """``[text, d_model]`` float32 mean-pooled last hidden states of an `AttentionModel`'s encoder,
     texts truncated to `PROBE_MAX_LENGTH` tokens (sorted by length into batches for speed)."""
-    import numpy as np
     import torch
     from tqdm.auto import tqdm
 
@@ -139,14 +220,9 @@ def fit_logistic_regression(features: Any, labels: Any, n_classes: int, seed: in
     return raw_weight.float().numpy(), raw_bias.float().numpy()
 
 
-def train_probe(alias: str, encoder: Any, progress: bool = True) -> Path:
-    """Train the probe ``alias`` on ``encoder`` (the `AttentionModel` of its encoder alias) once and
-    cache it (atomic: written into a temporary folder beside the target and renamed). Returns the
-    probe's folder."""
-    import numpy as np
-    import torch
-    from safetensors.torch import save_file
-
+def train_probe(alias: str, encoder: Any, progress: bool = True) -> Head:
+    """Train the head of ``alias`` on ``encoder`` (the `AttentionModel` of its encoder alias): the
+    features of every text of its task, the fit on the training split, the held-out accuracy."""
     from attnflow.datasets import load_task
 
     spec = _spec(alias)
@@ -158,54 +234,34 @@ def train_probe(alias: str, encoder: Any, progress: bool = True) -> Path:
     predictions = (features[test] @ weight.T + bias).argmax(1)
     accuracy = float((predictions == data.labels[test]).mean())
     majority = float(np.bincount(data.labels[test]).max() / len(test))
-    target = probe_dir(alias)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
-    try:
-        head_path = scratch / HEAD_FILE
-        save_file({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}, str(head_path))
-        meta = {
-            "alias": alias,
-            "encoder": spec.encoder,
-            "task": spec.task,
-            "labels": list(data.label_names),
-            "n_train": len(train),
-            "n_test": len(test),
-            "split": "stratified 80/20, seed 0 (attnflow.datasets)",
-            "max_length": PROBE_MAX_LENGTH,
-            "l2_penalty": L2_PENALTY,
-            "heldout_accuracy": accuracy,
-            "majority_accuracy": majority,
-            "head_sha256": _sha256(head_path),
-        }
-        (scratch / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(scratch, target)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
     log.info("%s: held-out accuracy %.3f (majority class %.3f)", alias, accuracy, majority)
-    return target
+    meta = {
+        "alias": alias,
+        "encoder": spec.encoder,
+        "task": spec.task,
+        "labels": list(data.label_names),
+        "n_train": len(train),
+        "n_test": len(test),
+        "split": "stratified 80/20, seed 0 (attnflow.datasets)",
+        "max_length": PROBE_MAX_LENGTH,
+        "l2_penalty": L2_PENALTY,
+        "heldout_accuracy": accuracy,
+        "majority_accuracy": majority,
+    }
+    return Head(weight, bias, meta)
 
 
-def probe_classifier(alias: str, encoder: Any, progress: bool = True) -> tuple[Any, dict[str, Any]]:
-    """``(PooledClassifier, metadata)`` of the probe ``alias`` around ``encoder``'s torch module,
-    training the head first if it is not cached (`AttentionModel` wrapping is the caller's)."""
+def probe_classifier(alias: str, encoder: Any) -> tuple[Any, dict[str, Any]]:
+    """``(PooledClassifier, metadata)`` of the probe ``alias`` around ``encoder``'s torch module
+    (`AttentionModel` wrapping is the caller's); never trains (see `read_head`)."""
     import torch
-    from safetensors.torch import load_file
 
-    meta = probe_metadata(alias)
-    if meta is None:
-        train_probe(alias, encoder, progress=progress)
-        meta = probe_metadata(alias)
-    head_path = probe_dir(alias) / HEAD_FILE
-    if meta is None or not head_path.exists() or _sha256(head_path) != meta.get("head_sha256"):
-        raise ModelLoadError(f"the cached {alias} head is damaged; run `attnflow models install {alias} --force`")
-    tensors = load_file(str(head_path))
-    head = torch.nn.Linear(tensors["weight"].shape[1], tensors["weight"].shape[0])
-    head.load_state_dict(tensors)
-    return _make_classifier()(encoder.model, head, list(meta["labels"])), meta
+    head = read_head(alias)
+    linear = torch.nn.Linear(head.weight.shape[1], head.weight.shape[0])
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(head.weight))
+        linear.bias.copy_(torch.from_numpy(head.bias))
+    return _make_classifier()(encoder.model, linear, list(head.meta["labels"])), head.meta
 
 
 def _spec(alias: str) -> ProbeSpec:

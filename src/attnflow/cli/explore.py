@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnflow.capture.texts import check_row_fits
 from attnflow.cli.common import DEFAULT_MODEL, Progress, add_text_options, load_model, method_table, parse_methods
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
+from attnflow.staging import check_output
 
 EPILOG = """\
 examples:
@@ -60,15 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.exploration import EXPLORER_FILE, explore
+    from attnflow.exploration import explore, is_explorer_file
 
     if not args.text.strip():
         raise InputError("the text to explore is empty")
+    check_row_fits(args.row, [args.text], args.max_length)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    if (out / EXPLORER_FILE).exists() and not args.overwrite:
-        raise FileExistsError(f"{out / EXPLORER_FILE} exists; pass --overwrite to replace it or choose another --out")
+    check_output(out, is_explorer_file, args.overwrite)
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         target_text=args.target_text,
         progress=not args.quiet,
     )
-    path = exploration.save(out)
+    path = exploration.save(out, overwrite=args.overwrite)
     if not args.quiet:
         for view in exploration.methods:
             print(f"{view.name}: {view.summaries['fused'][-1]}")

