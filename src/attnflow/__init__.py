@@ -113,6 +113,10 @@ def __getattr__(name: str):
         from attnflow import comparison
 
         return getattr(comparison, name)
+    if name in ("GenerationExplanation", "explain_generation"):
+        from attnflow import generation
+
+        return getattr(generation, name)
     raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
 
 
@@ -120,6 +124,7 @@ __all__ = [
     "Comparison",
     "Explanation",
     "Exploration",
+    "GenerationExplanation",
     "Trace",
     "alti",
     "attention_flow",
@@ -128,6 +133,7 @@ __all__ = [
     "context_similarity",
     "encoder_decoder_rollout",
     "explain",
+    "explain_generation",
     "explore",
     "get_method",
     "grad_rollout",

@@ -31,6 +31,17 @@ NEEDS = {
 }
 
 
+def crop_field(name: str, array: np.ndarray, n: int) -> np.ndarray:
+    """One sample's captured array (field ``name``) cut to its first ``n`` tokens: ``[layer, head,
+    n, n]`` maps, ``[layer, n, ...]`` per-layer token arrays, ``[n, d_model]`` embeddings. A copy,
+    so a Trace never keeps the batch alive."""
+    if name in ("attentions", "attention_grads"):
+        return array[:, :, :n, :n].copy()
+    if name in ("embeddings", "embedding_grads"):
+        return array[:n].copy()
+    return array[:, :n].copy()
+
+
 @dataclass
 class Trace:
     """Captured attention of one input.

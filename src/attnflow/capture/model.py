@@ -28,7 +28,7 @@ from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method, method_options
-from attnflow.trace import NEEDS, Trace
+from attnflow.trace import NEEDS, Trace, crop_field
 
 log = logging.getLogger(__name__)
 
@@ -486,7 +486,7 @@ class AttentionModel:
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
             per_sample: dict[str, Any] = {
-                name: _crop(name, array[index], n) for name, array in batch.items() if name != "target"
+                name: crop_field(name, array[index], n) for name, array in batch.items() if name != "target"
             }
             traces.append(
                 Trace(
@@ -779,16 +779,6 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """``[batch, layer, head, query, key]``; a layer the target does not depend on gets zeros."""
     return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights, strict=True)], dim=1)
-
-
-def _crop(name: str, array: np.ndarray, n: int) -> np.ndarray:
-    """One sample's array without padding: ``[layer, head, n, n]`` maps, ``[layer, n, ...]`` per-layer
-    token arrays, ``[n, d_model]`` embeddings. A copy, so a Trace never keeps the batch alive."""
-    if name in ("attentions", "attention_grads"):
-        return array[:, :, :n, :n].copy()
-    if name in ("embeddings", "embedding_grads"):
-        return array[:n].copy()
-    return array[:, :n].copy()
 
 
 def _first(batched: torch.Tensor) -> np.ndarray:

@@ -13,6 +13,7 @@ import json
 import sys
 
 from attnflow.capture.texts import check_row_fits, check_texts
+from attnflow.cli import explain_generation
 from attnflow.cli.common import (
     DEFAULT_MODEL,
     Progress,
@@ -148,6 +149,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
     )
 
+    explain_generation.add_arguments(parser)
+
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)"
@@ -175,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         return run_file(
             args, options_per_method(args.method, given_method_options(args)), load_model, Progress(args.quiet)
         )
+    if explain_generation.wants_generation(args):
+        per_method = options_per_method(args.method, given_method_options(args))
+        return explain_generation.run_generation(args, per_method, load_model, Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:

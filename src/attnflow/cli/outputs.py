@@ -19,6 +19,7 @@ from typing import Any
 
 from attnflow.errors import InputError
 from attnflow.explanation import OUTPUT_FILES, Explanation
+from attnflow.generation import OUTPUT_FILES as GENERATION_FILES
 from attnflow.staging import check_output, staged_output
 
 TRACE_FILE = "trace.npz"
@@ -32,12 +33,13 @@ COMPARISON_FILE = "comparison.html"  # several methods: DIR/METHOD/ and the side
 
 def owned(name: str) -> bool:
     """Whether an entry of the output folder is something `attnflow explain` writes: the
-    explanation files, a trace, an index or comparison page, a numbered text folder, or a
+    explanation (or generation) files, a trace, an index or comparison page, a numbered text folder, or a
     folder named after a registered method."""
     from attnflow.methods.registry import available_methods
 
     return (
         name in OUTPUT_FILES
+        or name in GENERATION_FILES
         or name in (TRACE_FILE, INDEX_FILE, COMPARISON_FILE)
         or bool(_TEXT_FOLDER.match(name))
         or name in available_methods()

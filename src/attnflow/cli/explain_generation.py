@@ -1,0 +1,127 @@
+"""`attnflow explain PROMPT --generate N` / `--continuation TEXT`: explain every generated token.
+
+One model load, the continuation (greedy, or the given text teacher-forced), then each method
+(`attnflow.generation`). Writes DIR/generation.{json,html,png}; with several methods each goes to
+DIR/METHOD/. With --json and no --out it only prints the JSON (a list for several methods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from attnflow.errors import InputError
+from attnflow.viz.tokens import display_token
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The generation options, in their own group of `attnflow explain`."""
+    group = parser.add_argument_group(
+        "generation (causal LMs: explain every generated token by what came before it; docs/generation.md)"
+    )
+    group.add_argument(
+        "--generate",
+        type=int,
+        metavar="N",
+        help="generate N tokens greedily after TEXT and explain each one (y_k = log p(t_k | everything before))",
+    )
+    group.add_argument(
+        "--continuation", metavar="TEXT", help="explain this continuation of TEXT token by token (teacher-forced)"
+    )
+    group.add_argument(
+        "--faithfulness",
+        action="store_true",
+        help="per step: p(t_k) after removing its top sources, as attnflow evaluate does (AOPC per step)",
+    )
+    group.add_argument(
+        "--steps-per-pass",
+        type=int,
+        metavar="N",
+        help="step copies per forward/backward pass of the target methods (default: 8; more: fewer passes, "
+        "more padding and memory)",
+    )
+
+
+def wants_generation(args: argparse.Namespace) -> bool:
+    return args.generate is not None or args.continuation is not None
+
+
+def run_generation(
+    args: argparse.Namespace,
+    per_method: dict[str, dict[str, Any]],
+    load: Callable[[str, str, bool], Any],
+    say: Callable[[str], None],
+) -> int:
+    """The generation variant of `attnflow explain` (see the module docstring): ``per_method`` holds
+    each method's checked options, ``load(model, device, quiet)`` loads the model, ``say`` reports progress."""
+    from attnflow.cli.outputs import prepare_output
+    from attnflow.generation import (
+        DEFAULT_STEPS_PER_PASS,
+        check_generation_method,
+        explain_continuation,
+        prepare_continuation,
+    )
+    from attnflow.staging import staged_output
+
+    _check_arguments(args)
+    out = prepare_output(args)
+    say(f"loading {args.model} …")
+    model = load(args.model, args.device, args.quiet)
+    for name in per_method:
+        check_generation_method(model, name)
+    say("generating …" if args.generate is not None else "tokenizing the continuation …")
+    sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)
+    say(f"explaining {sequence.n_steps} tokens with {', '.join(per_method)} …")
+    explanations = explain_continuation(
+        model, sequence, per_method, args.faithfulness, args.steps_per_pass or DEFAULT_STEPS_PER_PASS
+    )
+    paths: dict[str, Path] = {}
+    if out is not None:
+        from attnflow.cli.outputs import owned
+
+        with staged_output(out, owned) as scratch:
+            for explanation in explanations:
+                folder = scratch if len(explanations) == 1 else scratch / explanation.method
+                for kind, path in explanation.save(folder).items():
+                    paths[f"{explanation.method} {kind}"] = out / path.relative_to(scratch)
+    if args.json:
+        data = [explanation.to_dict() for explanation in explanations]
+        json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        first = explanations[0]
+        print(f"{first.mode} continuation: {first.continuation!r}")
+        for explanation in explanations:
+            print(f"{explanation.method}: step, token, p(token), top sources")
+            for step in range(explanation.n_steps):
+                top = ", ".join(f"{display_token(t)} {score:.3g}" for _, t, score in explanation.top_sources(step))
+                token = display_token(explanation.generated[step])
+                print(f"  {step + 1:>3} {token:<14} {explanation.probabilities[step]:.3f}  {top}")
+            if explanation.faithfulness is not None:
+                print(f"  mean AOPC over steps: {explanation.faithfulness['mean_aopc']:.4f}")
+        for path in paths.values():
+            print(f"wrote {path}")
+    return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """One line for every option that does not go with a generation (before any model loads)."""
+    if args.generate is not None and args.continuation is not None:
+        raise InputError("give either --generate N (greedy) or --continuation TEXT (teacher-forced), not both")
+    if args.generate is not None and args.generate < 1:
+        raise InputError(f"--generate takes the number of new tokens, at least 1; got {args.generate}")
+    if args.steps_per_pass is not None and args.steps_per_pass < 1:
+        raise InputError(f"--steps-per-pass must be at least 1, got {args.steps_per_pass}")
+    if args.image is not None or args.file is not None:
+        raise InputError("--generate / --continuation explain one prompt (TEXT): drop --image / --file")
+    if args.text is None:
+        raise InputError("--generate / --continuation need a prompt: give TEXT")
+    if args.target is not None or args.target_token is not None or args.target_text is not None:
+        raise InputError("with --generate / --continuation each step's target is its own token: drop --target*")
+    if args.row is not None:
+        raise InputError("--row does not apply with --generate / --continuation: step k reads the row predicting t_k")
+    if args.save_trace:
+        raise InputError("--save-trace is not available with --generate / --continuation")
