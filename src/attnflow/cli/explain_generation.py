@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from attnflow.errors import InputError
-from attnflow.viz.tokens import display_token
+from attnflow.tokens import display_token
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

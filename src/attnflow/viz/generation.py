@@ -16,9 +16,9 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from attnflow.tokens import display_token
 from attnflow.viz.page import esc, page, section, table
 from attnflow.viz.plot import MAX_LABEL_CHARS
-from attnflow.viz.tokens import display_token
 
 POSITIVE = "217,72,15"
 NEGATIVE = "37,99,235"
