@@ -68,6 +68,10 @@ class Explanation:
             "probability"}`` (see `attnflow.targets.Target`), else None.
         notes: warnings the method raised while computing this explanation (e.g. pruning that
             left only the diagonal); saved to JSON and shown on the page.
+        signed: the scores are signed (> 0 supports the target, < 0 speaks against it): the
+            views colour the two signs apart; False: scores ≥ 0 (relevance, shares, norms).
+        faithfulness: comprehensiveness and sufficiency of this explanation's ranking on this
+            input and of random rankings (`attnflow.evaluate.per_input.input_faithfulness`), or None.
     """
 
     tokens: list[str]
@@ -88,6 +92,8 @@ class Explanation:
     prediction: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
     notes: list[str] = field(default_factory=list)
+    signed: bool = False
+    faithfulness: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -184,6 +190,10 @@ class Explanation:
             data["image_box"] = list(self.image_box)
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.signed:
+            data["signed"] = True
+        if self.faithfulness is not None:
+            data["faithfulness"] = _jsonable(self.faithfulness)
         return data
 
     @classmethod
@@ -207,6 +217,8 @@ class Explanation:
             prediction=data.get("prediction"),
             image_box=data.get("image_box"),
             notes=list(data.get("notes", [])),
+            signed=bool(data.get("signed", False)),
+            faithfulness=data.get("faithfulness"),
         )
 
     @classmethod

@@ -157,14 +157,18 @@ def shap(
 
 @register(
     "integrated_gradients",
-    "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept)",
-    ("n_steps",),
+    "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept; ||IG_j|| or, "
+    "signed, sum_d IG_j)",
+    ("n_steps", "signed"),
     needs=("attentions", "target", "model"),
     families=GRADIENT_FAMILIES,
     scores_only=True,
 )
-def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
-    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`. When the completeness error
+def integrated_gradients(
+    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
+) -> np.ndarray:
+    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`, or with ``signed`` Σ_d IG_jd (the
+    signed scores sum to y(x) − y(baseline), up to the completeness error). When the completeness error
     (captum's convergence delta) exceeds `COMPLETENESS_TOLERANCE` of |y(x) − y(baseline)|, an
     `ExplanationWarning` says so (and the Explanation keeps it in its notes)."""
     attributions, delta, difference = integrated_gradient_attributions(
@@ -178,7 +182,7 @@ def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_b
             ExplanationWarning,
             stacklevel=2,
         )
-    return np.linalg.norm(attributions, axis=-1)
+    return attributions.sum(axis=-1) if signed else np.linalg.norm(attributions, axis=-1)
 
 
 def integrated_gradient_attributions(
