@@ -76,6 +76,9 @@ class MethodView:
         diagnostics: ``{"fused": {...}, "heads": {...}}`` `LayerDiagnostics.to_dict()` of the
             fused and per-head matrices (fields ``[view]`` and ``[view, head]``), or None.
         note: why something is missing (e.g. no diagnostics for signed scores).
+        signed: the scores are signed (> 0 supports the target, < 0 speaks against it).
+        faithfulness: the per-input comprehensiveness and sufficiency of the scores (the default
+            row of the last view for matrix methods; `attnflow.evaluate.per_input`), or None.
     """
 
     name: str
@@ -87,6 +90,8 @@ class MethodView:
     summaries: dict[str, list] = field(default_factory=dict)
     diagnostics: dict[str, dict] | None = None
     note: str = ""
+    signed: bool = False
+    faithfulness: dict[str, Any] | None = None
 
     @property
     def n_views(self) -> int:
@@ -243,6 +248,13 @@ def explore(
         views.append(method_view(spec.name, traces[spec.name], row, model=model))
     if not views:
         raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
+    from attnflow.evaluate.per_input import TARGET_KINDS, input_faithfulness
+
+    target_trace = next((traces[spec.name] for spec in specs if spec.uses_target), None)
+    if model is not None and target_trace is not None and target_trace.target.kind in TARGET_KINDS:
+        shown = [view.scores if view.scores is not None else saliency_row(view.matrices[-1], row) for view in views]
+        for view, record in zip(views, input_faithfulness(model, target_trace, shown), strict=True):
+            view.faithfulness = record
     similarity = None
     if base.head_outputs is not None:
         similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)

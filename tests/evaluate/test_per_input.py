@@ -39,7 +39,7 @@ def test_per_input_faithfulness_equals_the_benchmark_on_that_input(classifier):
     key_model = classifier
     trace = key_model.trace_for(list(METHODS), [TEXT])[0]
     explanations = [explain(trace, method=m, model=key_model) for m in METHODS]
-    records = input_faithfulness(key_model, trace, explanations)
+    records = input_faithfulness(key_model, trace, [e.scores for e in explanations])
 
     scorer = ClassifierScorer(key_model)
     examples = prepare_examples(key_model, scorer, [TEXT], [1])
@@ -77,7 +77,7 @@ def test_next_token_faithfulness_reads_the_probability_of_that_token(tiny_model_
     model = attnflow.load(str(tiny_model_path("llama")), device="cpu")
     trace = model.trace_for(["gradient"], ["the cat sat on the mat and the dog"])[0]
     explanation = explain(trace, method="gradient")
-    record = input_faithfulness(model, trace, [explanation])[0]
+    record = input_faithfulness(model, trace, [explanation.scores])[0]
     assert record["probability"] == pytest.approx(trace.target.probability, rel=1e-5)  # the Objective's p
 
     def p_next(ids):

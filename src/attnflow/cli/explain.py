@@ -20,6 +20,7 @@ from attnflow.methods.registry import available_methods, get_method
 from attnflow.viz.tokens import display_token
 
 DEFAULT_MODEL = "minilm-sentiment"
+AUTO = "auto"  # --method auto: the most comprehensive one-pass target method on this input
 
 # How the CLI spells each method option (for help and error messages).
 FLAGS = {
@@ -135,10 +136,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
     method.add_argument(
         "--method",
-        default="rollout",
         type=_methods,
         metavar="NAME[,NAME..]",
-        help="one or more methods listed above (default: rollout)",
+        help="one or more methods listed above, or auto: the one-pass target methods, the one with the highest "
+        "comprehensiveness on this input shown (default: auto when the model has a target: classifiers, causal "
+        "LMs, sentence encoders with --target-text; rollout otherwise)",
     )
     method.add_argument(
         "--head-fusion",
@@ -213,12 +215,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
+    from attnflow.evaluate.per_input import add_faithfulness, auto_methods, badge, choose_most_comprehensive
     from attnflow.explanation import explain
 
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        return run_file(args, _options_per_method(args.method, _options(args)), _load, _Progress(args.quiet))
+        if args.method is not None and AUTO in args.method:
+            raise InputError("--method auto explains one text; with --file name the methods (e.g. --method gradient)")
+        methods = args.method or ["rollout"]
+        return run_file(args, _options_per_method(methods, _options(args)), _load, _Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -232,12 +238,20 @@ def run(args: argparse.Namespace) -> int:
         check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
-    per_method = _options_per_method(args.method, _options(args))
+    if args.method is not None:
+        _options_per_method(_with_candidates(args.method, None), _options(args))  # fails before the model loads
     out = prepare_output(args)
 
     say = _Progress(args.quiet)
     say(f"loading {args.model} …")
     model = _load(args.model, args.device, args.quiet)
+    has_target = args.image is None and _has_target(model, args.target_text)
+    requested = args.method or ([AUTO] if has_target else ["rollout"])
+    if AUTO in requested and not has_target:
+        raise InputError(_no_target_message(model, args.image is not None))
+    family = model.adapter.family if AUTO in requested else None
+    candidates = auto_methods(family) if AUTO in requested else []
+    per_method = _options_per_method(_with_candidates(requested, family), _options(args))
     if args.image is not None:
         say(f"tracing {args.image} …")
         trace = model.trace_image_for(list(per_method), args.image)
@@ -248,10 +262,20 @@ def run(args: argparse.Namespace) -> int:
             args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length
         )[0]
     row = args.row if args.row is not None else getattr(model, "default_row", None)
-    explanations = []
+    computed = {}
     for method, options in per_method.items():
         say(f"{method} …")
-        explanations.append(explain(trace, method=method, row=row, model=model, **options))
+        computed[method] = explain(trace, method=method, row=row, model=model, **options)
+    if trace.target is not None:
+        say("faithfulness on this input …")
+        add_faithfulness(model, trace, list(computed.values()))
+    chosen = choose_most_comprehensive([computed[name] for name in candidates]) if candidates else None
+    explanations = list(
+        {
+            id(explanation): explanation
+            for explanation in (chosen if name == AUTO else computed[name] for name in requested)
+        }.values()
+    )  # auto's choice where auto was asked for, each explanation once
 
     paths = write_explanations(out, explanations, trace if args.save_trace else None) if out is not None else {}
 
@@ -267,13 +291,51 @@ def run(args: argparse.Namespace) -> int:
                 else f"explains: {trace.target.describe()}"
             )
         for explanation in explanations:
-            top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
-            where = f"row {explanation.row}" if explanation.row is not None else "scores"
-            print(f"{explanation.method} top tokens ({where}): {top}")
+            if explanation.chosen_by:
+                print(explanation.chosen_by)
+            if explanation.signed:
+                label = explanation.target["label"] if explanation.target else "the target"
+                evidence = ", ".join(f"{display_token(t)} {s:+.2f}" for _, t, s in explanation.top(5) if s > 0)
+                against = ", ".join(f"{display_token(t)} {s:+.2f}" for _, t, s in explanation.against(3))
+                print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
+            else:
+                top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
+                where = f"row {explanation.row}" if explanation.row is not None else "scores"
+                print(f"{explanation.method} top tokens ({where}): {top}")
             print(f"{explanation.method} summary: {explanation.summary()}")
+            if explanation.faithfulness is not None:
+                print(f"{explanation.method} faithfulness on this input: {badge(explanation.faithfulness)}")
         for path in paths.values():
             print(f"wrote {path}")
     return 0
+
+
+def _has_target(model: Any, target_text: str | None) -> bool:
+    """Whether the model's output gives target methods something to explain on a text."""
+    if model.kind == "decoder" or model.is_classifier:
+        return True
+    return model.kind == "encoder" and target_text is not None and model.default_row == "mean"
+
+
+def _no_target_message(model: Any, image: bool) -> str:
+    if image:
+        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
+    if model.kind == "encoder" and model.default_row == "mean":
+        return (
+            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        )
+    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+
+
+def _with_candidates(methods: list[str], family: str | None) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
+    from attnflow.evaluate.per_input import auto_methods
+
+    expanded: list[str] = []
+    for name in methods:
+        expanded += auto_methods(family) if name == AUTO else [name]
+    return list(dict.fromkeys(expanded))
 
 
 def _options_per_method(methods: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -370,10 +432,10 @@ def _ratio(text: str) -> float:
 
 def _methods(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in available_methods()]
+    unknown = [name for name in names if name not in available_methods() and name != AUTO]
     if not names or unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
+            f"unknown method {', '.join(unknown) or repr(text)}; available: {AUTO}, {', '.join(available_methods())}"
         )
     return list(dict.fromkeys(names))
 

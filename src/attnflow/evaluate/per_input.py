@@ -27,15 +27,15 @@ TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
 def input_faithfulness(
     model: Any,
     trace: Any,
-    explanations: Sequence[Any],
+    scores: Sequence[np.ndarray],
     bins: Sequence[float] = BINS,
     replace: str = "remove",
     random_rankings: int = RANDOM_RANKINGS,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """One ``faithfulness`` record per explanation of ``trace`` (its target fixes the class or token
-    p is read for; every explanation is scored for it, as the benchmark scores every method for
-    the predicted class):
+    """One ``faithfulness`` record per ``[token]`` score vector of an explanation of ``trace`` (its
+    target fixes the class or token p is read for; every ranking is scored for it, as the
+    benchmark scores every method for the predicted class):
 
     ``{"target", "probability" (p on the unaltered input), "replace", "bins",
     "comprehensiveness" [bin], "sufficiency" [bin], "aopc_comprehensiveness",
@@ -48,7 +48,7 @@ def input_faithfulness(
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
     example = Example(trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan)
-    rankings = [content_ranking(explanation.scores, special) for explanation in explanations]
+    rankings = [content_ranking(vector, special) for vector in scores]
     rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
     mask_id = (
@@ -69,13 +69,11 @@ def input_faithfulness(
         }
 
     chance = {
-        **figures(comprehensiveness[len(explanations) :].mean(axis=0), sufficiency[len(explanations) :].mean(axis=0)),
+        **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
         "rankings": int(random_rankings),
     }
     shared = {"target": target.label, "probability": float(p_full[0]), "replace": replace, "bins": list(bins)}
-    return [
-        {**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(explanations))
-    ]
+    return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
 
 
 def badge(faithfulness: dict[str, Any]) -> str:
@@ -86,3 +84,44 @@ def badge(faithfulness: dict[str, Any]) -> str:
         f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
         f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
     )
+
+
+def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
+    """Set each explanation's ``faithfulness`` (`input_faithfulness`, one batched call) when the
+    trace has a class or next-token target; leave them None otherwise."""
+    if trace.target is None or trace.target.kind not in TARGET_KINDS or not explanations:
+        return
+    records = input_faithfulness(model, trace, [explanation.scores for explanation in explanations])
+    for explanation, record in zip(explanations, records, strict=True):
+        explanation.faithfulness = record
+
+
+# ----- --method auto ------------------------------------------------------------------------------
+
+
+def auto_methods(family: str | None = None) -> list[str]:
+    """`--method auto`'s candidates: the registered target methods that cost one forward and one
+    backward pass (declaration ``cost="backward"``), for ``family`` (None: for any family)."""
+    from attnflow.methods.registry import available_methods, get_method, methods_for
+
+    names = available_methods() if family is None else methods_for(family)
+    return [name for name in names if get_method(name).cost == "backward" and get_method(name).uses_target]
+
+
+def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
+    """The candidate explanation with the highest per-input comprehensiveness (the first of equals),
+    its ``chosen_by`` set to why: its number, the others' and random rankings'."""
+    scored = [e for e in candidates if e.faithfulness is not None]
+    if not scored:
+        raise ValueError("--method auto needs its candidates' per-input faithfulness (a class or next-token target)")
+    best = max(scored, key=lambda e: e.faithfulness["aopc_comprehensiveness"])
+    others = ", ".join(f"{e.method} {e.faithfulness['aopc_comprehensiveness']:.3f}" for e in scored if e is not best)
+    bins = "/".join(f"{100 * k:g}" for k in best.faithfulness["bins"])
+    best.chosen_by = (
+        f"--method auto chose {best.method}: the highest comprehensiveness on this input "
+        f"(mean drop of p({best.faithfulness['target']}) with the top {bins} % of the tokens removed: "
+        f"{best.faithfulness['aopc_comprehensiveness']:.3f}"
+        + (f"; {others}" if others else "")
+        + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
+    )
+    return best
