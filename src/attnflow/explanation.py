@@ -349,6 +349,7 @@ def _explanation(
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
         notes=notes,
+        signed=spec.signed or bool(chosen.get("signed")),
     )
 
 

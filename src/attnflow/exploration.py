@@ -313,7 +313,11 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
         if result.shape != (n,):
             raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
         return MethodView(
-            spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix"
+            spec.name,
+            spec.summary,
+            scores=result,
+            note="attribution-only: one score per token, no matrix",
+            signed=spec.signed,
         )
     if layerwise:
         matrices = result  # [layer, query, key]

@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
         trace = model.trace_for(
-            args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length
+            list(per_method), [args.text], target=target, target_text=args.target_text, max_length=args.max_length
         )[0]
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     computed = {}
@@ -296,7 +296,9 @@ def run(args: argparse.Namespace) -> int:
             if explanation.signed:
                 label = explanation.target["label"] if explanation.target else "the target"
                 evidence = ", ".join(f"{display_token(t)} {s:+.2f}" for _, t, s in explanation.top(5) if s > 0)
-                against = ", ".join(f"{display_token(t)} {s:+.2f}" for _, t, s in explanation.against(3))
+                against = ", ".join(
+                    f"{display_token(t)} {s:.2f}".replace("-", "−") for _, t, s in explanation.against(3)
+                )
                 print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
             else:
                 top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))

@@ -197,7 +197,7 @@ def _token_view(explanation: "Explanation") -> str:
         share = float(np.abs(scores[special]).sum()) / total if total > 0 else 0.0
         against = target_words(explanation) or "the target"
         legend = (
-            f'<div class="legend"><span>{-vmax:+.3g}</span><span class="scale signed"></span><span>{vmax:+.3g}</span>'
+            f'<div class="legend"><span>−{vmax:.3g}</span><span class="scale signed"></span><span>+{vmax:.3g}</span>'
             f"<span>signed scores: orange supports {esc(against)}, blue speaks against it; special tokens (dashed) "
             f"hold {100 * share:.1f}% of |score|</span></div>"
         )
@@ -254,7 +254,8 @@ def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
     if explanation.signed:
         target = target_words(explanation) or "the target"
         tables = []
-        for title, ranked in ((f"for {target}", explanation.top(k)), ("against", explanation.against(k))):
+        supporting = [entry for entry in explanation.top(k) if entry[2] > 0]
+        for title, ranked in ((f"for {target}", supporting), ("against", explanation.against(k))):
             rows = [(rank, index, display_token(token), score) for rank, (index, token, score) in enumerate(ranked, 1)]
             tables.append(f'<p class="note">{esc(title)}</p>' + table(("rank", "index", "token", "score"), rows))
         return "\n".join(tables)
