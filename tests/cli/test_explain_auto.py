@@ -65,3 +65,19 @@ def test_auto_on_a_sentence_encoder_names_target_text(minilm, monkeypatch, capsy
     assert main(["explain", TEXT, "--method", "auto", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "give --target-text TEXT" in err[0]
+
+
+def test_the_console_shows_signed_evidence_for_and_against_and_the_badge(classifier_path, tmp_path, capsys):
+    args = ["explain", TEXT, "--model", str(classifier_path), "--method", "leave_one_out", "--out", str(tmp_path)]
+    assert main([*args, "--device", "cpu"]) == 0
+    data = json.loads((tmp_path / "explanation.json").read_text())
+    scores = dict(zip(data["tokens"], data["scores"], strict=True))
+    lines = capsys.readouterr().out.splitlines()
+    line = next(line for line in lines if line.startswith(f"leave_one_out for {data['target']['label']}: "))
+    support, against = line.split(": ", 1)[1].split(" … against: ")
+    assert all(float(part.rsplit(" ", 1)[1]) > 0 for part in support.split(", "))
+    assert all(part.rsplit(" ", 1)[1].startswith("−") for part in against.split(", "))
+    best = max((s, t) for t, s in scores.items() if t not in ("[CLS]", "[SEP]"))
+    assert support.startswith(f"{best[1]} {best[0]:+.3g}")
+    assert any(line.startswith("leave_one_out faithfulness on this input: comprehensiveness") for line in lines)
+    assert data["signed"] is True and set(data["faithfulness"]) >= {"comprehensiveness", "sufficiency", "random"}

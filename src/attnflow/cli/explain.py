@@ -295,10 +295,8 @@ def run(args: argparse.Namespace) -> int:
                 print(explanation.chosen_by)
             if explanation.signed:
                 label = explanation.target["label"] if explanation.target else "the target"
-                evidence = ", ".join(f"{display_token(t)} {s:+.2f}" for _, t, s in explanation.top(5) if s > 0)
-                against = ", ".join(
-                    f"{display_token(t)} {s:.2f}".replace("-", "−") for _, t, s in explanation.against(3)
-                )
+                evidence = ", ".join(f"{display_token(t)} {s:+.3g}" for _, t, s in explanation.top(5) if s > 0)
+                against = ", ".join(f"{display_token(t)} −{-s:.3g}" for _, t, s in explanation.against(3))
                 print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
             else:
                 top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
