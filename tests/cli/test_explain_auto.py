@@ -61,7 +61,7 @@ def test_a_target_method_on_a_model_without_a_target_is_one_line(tiny_model_path
 
 
 def test_auto_on_a_sentence_encoder_names_target_text(minilm, monkeypatch, capsys):
-    monkeypatch.setattr(explain_command, "_load", lambda *_args: minilm)
+    monkeypatch.setattr(explain_command, "load_model", lambda *_args: minilm)
     assert main(["explain", TEXT, "--method", "auto", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "give --target-text TEXT" in err[0]

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
-from attnflow.methods.registry import register
+from attnflow.methods import options
+from attnflow.methods.registry import Option, register
 from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
 from attnflow.trace import Trace
@@ -34,10 +35,13 @@ def _objective(model: Any, trace: Trace) -> Any:
 @register(
     "leave_one_out",
     "leave-one-out: y(x) - y(x without token j), tokens removed from the ids (one score per token)",
-    ("batch_size",),
+    takes="model",
     needs=("attentions", "target", "model"),
+    options=(options.BATCH_SIZE,),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    signed=True,
+    cost="expensive",
 )
 def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[token]`` y(x) − y(x with token j removed) for content tokens; special tokens score 0.
@@ -45,7 +49,6 @@ def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     The altered sequences are rebuilt from the ids (token j deleted, nothing re-tokenised) and
     scored in batches for the target class/token of the unaltered input.
     """
-
     ids = tuple(int(i) for i in trace.token_ids)
     content = np.flatnonzero(~np.asarray(trace.special_mask))
     variants = [ids] + [ids[:j] + ids[j + 1 :] for j in content]
@@ -82,14 +85,31 @@ def target_values(model: Any, trace: Trace, sequences: Sequence[Sequence[int]], 
     return values
 
 
+MAX_EVALS = Option(
+    "max_evals",
+    "shap: the most coalitions scored (default: 512; exact Shapley values when all 2^m fit, else sampled orders; "
+    "at least m + 1 for m content tokens)",
+    parse=options.positive_int,
+    metavar="N",
+)
+REPLACE = Option(
+    "replace",
+    "shap: what an absent token becomes: remove (deleted from the ids, default) or mask (the mask token)",
+    choices=("remove", "mask"),
+)
+
+
 @register(
     "shap",
     "Shapley values of the content tokens for the target (exact up to max_evals coalitions, else sampled "
-    "permutations; absent tokens removed from the ids or masked)",
-    ("max_evals", "replace", "seed", "batch_size"),
+    "orders; absent tokens removed from the ids or masked)",
+    takes="model",
     needs=("attentions", "target", "model"),
+    options=(MAX_EVALS, REPLACE, options.SEED, options.BATCH_SIZE),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    signed=True,
+    cost="expensive",
 )
 def shap(
     model: Any, trace: Trace, max_evals: int = 512, replace: str = "remove", seed: int = 0, batch_size: int = 32
@@ -159,10 +179,12 @@ def shap(
     "integrated_gradients",
     "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept; ||IG_j|| or, "
     "signed, sum_d IG_j)",
-    ("n_steps", "signed"),
+    takes="model",
     needs=("attentions", "target", "model"),
+    options=(options.N_STEPS, options.SIGNED),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    cost="expensive",
 )
 def integrated_gradients(
     model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
@@ -227,9 +249,11 @@ def integrated_gradient_attributions(
 @register(
     "value_zeroing",
     "value zeroing (Mohebbi et al.): 1 - cos of each layer's output with token j's values zeroed, composed",
-    ("batch_size",),
+    takes="model",
     needs=("attentions", "model"),
+    options=(options.BATCH_SIZE,),
     families=POST_LN_FAMILIES,
+    cost="expensive",
 )
 def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[query, key]`` rollout (no extra residual) of the row-normalised value-zeroing matrices
