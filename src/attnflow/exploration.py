@@ -76,8 +76,8 @@ class MethodView:
             fused and per-head matrices (fields ``[view]`` and ``[view, head]``), or None.
         note: why something is missing (e.g. no diagnostics for signed scores).
         signed: the scores are signed (> 0 supports the target, < 0 speaks against it).
-        faithfulness: the per-input comprehensiveness and sufficiency of the scores (the default
-            row of the last view for matrix methods; `attnflow.evaluate.per_input`), or None.
+        faithfulness: the per-input comprehensiveness and sufficiency of `saliency` at the default
+            row (`attnflow.evaluate.per_input.add_view_faithfulness`), or None.
     """
 
     name: str
@@ -95,6 +95,13 @@ class MethodView:
     @property
     def n_views(self) -> int:
         return 0 if self.matrices is None else int(self.matrices.shape[0])
+
+    def saliency(self, row: Row) -> np.ndarray:
+        """``[token]`` the scores of an attribution-only method, else ``row`` of the last view's matrix."""
+        if self.matrices is not None:
+            return saliency_row(self.matrices[-1], row)
+        assert self.scores is not None, "a view holds scores or matrices"
+        return self.scores
 
 
 @dataclass
@@ -246,13 +253,6 @@ def explore(
         views.append(method_view(spec.name, traces[spec.name], row, model=model))
     if not views:
         raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
-    from attnflow.evaluate.per_input import TARGET_KINDS, input_faithfulness
-
-    target_trace = next((traces[spec.name] for spec in specs if spec.uses_target), None)
-    if model is not None and target_trace is not None and target_trace.target.kind in TARGET_KINDS:
-        shown = [view.scores if view.scores is not None else saliency_row(view.matrices[-1], row) for view in views]
-        for view, record in zip(views, input_faithfulness(model, target_trace, shown), strict=True):
-            view.faithfulness = record
     similarity = None
     if base.head_outputs is not None:
         similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)

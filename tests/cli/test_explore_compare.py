@@ -136,6 +136,8 @@ def test_compare_needs_two_models(capsys):
 
 class FakeModel:
     name = "fake"
+    kind = "encoder"  # a bare encoder: no target, so no faithfulness badges
+    is_classifier = False
 
     def trace(self, texts, **capture):  # max_length, needs, target, ...: a fake captures one thing
         from attnflow.trace import Trace

@@ -171,8 +171,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.evaluate.per_input import add_faithfulness, auto_methods, badge, choose_most_comprehensive
+    from attnflow.evaluate.per_input import add_faithfulness, auto_methods, choose_most_comprehensive
     from attnflow.explanation import explain
+    from attnflow.viz.html import faithfulness_badge
 
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
@@ -225,13 +226,10 @@ def run(args: argparse.Namespace) -> int:
     if trace.target is not None:
         say("faithfulness on this input …")
         add_faithfulness(model, trace, list(computed.values()))
-    chosen = choose_most_comprehensive([computed[name] for name in candidates]) if candidates else None
-    explanations = list(
-        {
-            id(explanation): explanation
-            for explanation in (chosen if name == AUTO else computed[name] for name in requested)
-        }.values()
-    )  # auto's choice where auto was asked for, each explanation once
+    if candidates:
+        computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
+    # auto's choice where auto was asked for, each explanation once
+    explanations = list({id(computed[name]): computed[name] for name in requested}.values())
 
     paths = write_explanations(out, explanations, trace if args.save_trace else None) if out is not None else {}
 
@@ -260,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{explanation.method} top tokens ({where}): {top}")
             print(f"{explanation.method} summary: {explanation.summary()}")
             if explanation.faithfulness is not None:
-                print(f"{explanation.method} faithfulness on this input: {badge(explanation.faithfulness)}")
+                badge = faithfulness_badge(explanation.faithfulness)
+                print(f"{explanation.method} faithfulness on this input: {badge}")
         for path in paths.values():
             print(f"wrote {path}")
     return 0

@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnflow.evaluate.per_input import add_view_faithfulness
     from attnflow.exploration import EXPLORER_FILE, explore
 
     if not args.text.strip():
@@ -80,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         target_text=args.target_text,
         progress=not args.quiet,
     )
+    say("faithfulness on this input …")
+    add_view_faithfulness(model, exploration, target=args.target, max_length=args.max_length)
     path = exploration.save(out)
     if not args.quiet:
         for view in exploration.methods:

@@ -76,16 +76,6 @@ def input_faithfulness(
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
 
 
-def badge(faithfulness: dict[str, Any]) -> str:
-    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
-    AOPC of an explanation and of random rankings (higher and lower are better, respectively)."""
-    mine, chance = faithfulness, faithfulness["random"]
-    return (
-        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
-        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
-    )
-
-
 def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
     """Set each explanation's ``faithfulness`` (`input_faithfulness`, one batched call) when the
     trace has a class or next-token target; leave them None otherwise."""
@@ -94,6 +84,18 @@ def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> Non
     records = input_faithfulness(model, trace, [explanation.scores for explanation in explanations])
     for explanation, record in zip(explanations, records, strict=True):
         explanation.faithfulness = record
+
+
+def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_length: int | None = None) -> None:
+    """Set each explorer view's ``faithfulness`` (its `MethodView.saliency` at the exploration's
+    row) when the model has a class or next-token target: one forward pass traces the target
+    (``target`` as `attnflow.targets.Objective` takes it), one batched call scores the rankings."""
+    if not (model.kind == "decoder" or model.is_classifier):
+        return
+    trace = model.trace([exploration.text], needs=("target",), target=target, max_length=max_length)[0]
+    scores = [view.saliency(exploration.row) for view in exploration.methods]
+    for view, record in zip(exploration.methods, input_faithfulness(model, trace, scores), strict=True):
+        view.faithfulness = record
 
 
 # ----- --method auto ------------------------------------------------------------------------------

@@ -148,14 +148,13 @@ def shap(
         max_evals = m + 1
     exact = 2**m <= max_evals
     if exact:
-        present = (np.arange(2**m)[:, None] >> np.arange(m)) & 1  # [coalition, content token]: bit j of the index
+        present = ((np.arange(2**m)[:, None] >> np.arange(m)) & 1).astype(bool)  # [coalition, token]: index bit j
     else:
         orders = np.random.default_rng(seed).permuted(
             np.tile(np.arange(m), (max(1, (max_evals - 2) // (m - 1)), 1)), axis=1
         )
         ranks = np.argsort(orders, axis=1)  # [order, content token]: where each token joins
         present = (ranks[:, None, :] < np.arange(m + 1)[None, :, None]).reshape(-1, m)  # [order * (m + 1), token]
-    present = present.astype(bool)
     unique, slots = np.unique(present, axis=0, return_inverse=True)
     mask_id = (
         model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id

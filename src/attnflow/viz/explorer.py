@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnflow.evaluate.per_input import badge
 from attnflow.methods.diagnostics import COLLAPSE_THRESHOLD, DIFFUSION_THRESHOLD
 from attnflow.methods.summary import clean_token
+from attnflow.viz.html import faithfulness_badge
 from attnflow.viz.page import esc
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
             "heads": None if view.head_matrices is None else chunks.add(view.head_matrices),
             "scores": None if view.scores is None else np.asarray(view.scores, dtype=np.float64).tolist(),
             "signed": view.signed,
-            "faithfulness": None if view.faithfulness is None else badge(view.faithfulness),
+            "faithfulness": None if view.faithfulness is None else faithfulness_badge(view.faithfulness),
         }
         methods.append(entry)
     similarity = None

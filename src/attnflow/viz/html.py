@@ -6,7 +6,7 @@ value is escaped. Hovering a token shows its index and score (a ``title`` attrib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -101,14 +101,23 @@ def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
     )
 
 
+def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
+    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
+    AOPC of an explanation and of random rankings (`attnflow.evaluate.per_input`; higher and lower
+    are better, respectively)."""
+    mine, chance = faithfulness, faithfulness["random"]
+    return (
+        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
+        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
+    )
+
+
 def _badge(explanation: "Explanation") -> str:
     """The per-input faithfulness badge (empty without one); marked weak when the ranking removes
     no more of p than random rankings do."""
     faithfulness = explanation.faithfulness
     if faithfulness is None:
         return ""
-    from attnflow.evaluate.per_input import badge
-
     weak = faithfulness["aopc_comprehensiveness"] <= faithfulness["random"]["aopc_comprehensiveness"]
     title = (
         f"On this input: p({faithfulness['target']}) = {faithfulness['probability']:.3f}; removing the top "
@@ -122,7 +131,7 @@ def _badge(explanation: "Explanation") -> str:
     )
     return (
         f'<p><span class="badge{" weak" if weak else ""}" title="{esc(title)}">'
-        f"faithfulness on this input: {esc(badge(faithfulness))}</span></p>\n"
+        f"faithfulness on this input: {esc(faithfulness_badge(faithfulness))}</span></p>\n"
     )
 
 
@@ -256,8 +265,8 @@ def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
         tables = []
         supporting = [entry for entry in explanation.top(k) if entry[2] > 0]
         for title, ranked in ((f"for {target}", supporting), ("against", explanation.against(k))):
-            rows = [(rank, index, display_token(token), score) for rank, (index, token, score) in enumerate(ranked, 1)]
-            tables.append(f'<p class="note">{esc(title)}</p>' + table(("rank", "index", "token", "score"), rows))
+            ranks = [(rank, index, display_token(token), score) for rank, (index, token, score) in enumerate(ranked, 1)]
+            tables.append(f'<p class="note">{esc(title)}</p>' + table(("rank", "index", "token", "score"), ranks))
         return "\n".join(tables)
     total = float(explanation.scores.sum())
     rows = [
