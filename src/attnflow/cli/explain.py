@@ -36,6 +36,9 @@ EPILOG = """\
 examples:
   attnflow explain "The movie was terrible, but the acting was great." --out out/movie
   attnflow explain "The movie was terrible, but the acting was great." --method rollout,alti --out out/both
+  attnflow explain "The movie was terrible, but the acting was great." --method auto,rollout,leave_one_out
+  attnflow explain "The movie was terrible, but the acting was great." --method shap --max-evals 256
+  attnflow explain "The movie was terrible, but the acting was great." --method grad_x_input --signed
   attnflow explain "The movie was terrible, but the acting was great." --method grad_rollout --target positive
   attnflow explain "Paris is the capital of" --model smollm2 --method norm_rollout --row last
   attnflow explain "Paris is the capital of" --model smollm2 --method gradient --target-token " France"
@@ -58,6 +61,9 @@ rollout, raw, flow, norm and norm_rollout apply (gradient and target methods do 
 The default model, minilm-sentiment, is a real classifier (all-MiniLM-L6-v2, mean pooling and a
 logistic-regression head trained on Rotten Tomatoes snippets; `attnflow models list` shows its
 held-out accuracy): target-dependent methods explain its predicted class unless --target names one.
+With a class or next-token target every map gets its faithfulness on this input (comprehensiveness
+and sufficiency at 10/20/50 % of the tokens, next to random rankings', docs/methods.md), and the
+default method is auto: the one-pass target methods, the most comprehensive one shown.
 
 The output folder receives explanation.json (model, method, options, target, tokens, row, scores,
 matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
@@ -71,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     methods = method_table()
     parser = subparsers.add_parser(
         "explain",
-        help="explain one text or image with attention rollout (or another method)",
+        help="explain one text or image (auto: the most faithful one-pass target method; rollout; ...)",
         description=(
             "Show which input tokens an output position draws on, through the model's attention.\n\n"
             f"methods (--method):\n{methods}"
