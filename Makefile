@@ -34,7 +34,7 @@ browser:
 # The embedded sentiment classifier explains its prediction with plain rollout next to two
 # value-aware methods (its trained head ships in the package: nothing is trained).
 demo: setup
-	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method rollout,norm,alti --out out/demo --overwrite
+	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method auto,rollout,leave_one_out --out out/demo --overwrite
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 

@@ -74,6 +74,12 @@ class Explanation:
             on the page.
         extras: numbers the method reported about this explanation besides its scores
             (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
+        signed: the scores are signed (> 0 supports the target, < 0 speaks against it): the
+            views colour the two signs apart; False: scores ≥ 0 (relevance, shares, norms).
+        faithfulness: comprehensiveness and sufficiency of this explanation's ranking on this
+            input and of random rankings (`attnflow.evaluate.per_input.input_faithfulness`), or None.
+        chosen_by: why ``--method auto`` showed this explanation (its per-input comprehensiveness
+            against the other candidates'), or None.
     """
 
     tokens: list[str]
@@ -95,6 +101,9 @@ class Explanation:
     image_box: tuple[float, float, float, float] | None = None
     notes: list[str] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
+    signed: bool = False
+    faithfulness: dict[str, Any] | None = None
+    chosen_by: str | None = None
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -140,11 +149,20 @@ class Explanation:
         return explanation_summary(self)
 
     def top(self, k: int = 10, include_special: bool = False) -> list[tuple[int, str, float]]:
-        """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first."""
+        """The ``k`` highest-scoring tokens as ``(index, token, score)``, best first (signed
+        scores rank by their signed value: the strongest support first)."""
         order = np.argsort(-self.scores, kind="stable")
         if not include_special and self.special_mask is not None:
             order = order[~self.special_mask[order]]
         return [(int(i), self.tokens[i], float(self.scores[i])) for i in list(order)[:k]]
+
+    def against(self, k: int = 10) -> list[tuple[int, str, float]]:
+        """The ``k`` most negative non-special tokens as ``(index, token, score)``, most negative
+        first (signed explanations: the evidence against the target); only scores below 0."""
+        order = np.argsort(self.scores, kind="stable")
+        if self.special_mask is not None:
+            order = order[~self.special_mask[order]]
+        return [(int(i), self.tokens[i], float(self.scores[i])) for i in order[:k] if self.scores[i] < 0]
 
     # ----- showing -----------------------------------------------------------------------------
 
@@ -199,6 +217,12 @@ class Explanation:
             data["notes"] = list(self.notes)
         if self.extras:
             data["extras"] = _jsonable(self.extras)
+        if self.signed:
+            data["signed"] = True
+        if self.faithfulness is not None:
+            data["faithfulness"] = _jsonable(self.faithfulness)
+        if self.chosen_by is not None:
+            data["chosen_by"] = self.chosen_by
         return data
 
     @classmethod
@@ -223,6 +247,9 @@ class Explanation:
             image_box=data.get("image_box"),
             notes=list(data.get("notes", [])),
             extras=dict(data.get("extras", {})),
+            signed=bool(data.get("signed", False)),
+            faithfulness=data.get("faithfulness"),
+            chosen_by=data.get("chosen_by"),
         )
 
     @classmethod
@@ -362,6 +389,7 @@ def _explanation(
         image_box=trace.meta.get("image_box"),
         notes=[*trace.meta.get("notes", ()), *notes, *([collapse] if collapse else [])],
         extras=extras,
+        signed=spec.signed or bool(chosen.get("signed")),
     )
 
 

@@ -79,6 +79,9 @@ class MethodView:
         diagnostics: ``{"fused": {...}, "heads": {...}}`` `LayerDiagnostics.to_dict()` of the
             fused and per-head matrices (fields ``[view]`` and ``[view, head]``), or None.
         note: why something is missing (e.g. no diagnostics for signed scores).
+        signed: the scores are signed (> 0 supports the target, < 0 speaks against it).
+        faithfulness: the per-input comprehensiveness and sufficiency of `saliency` at the default
+            row (`attnflow.evaluate.per_input.add_view_faithfulness`), or None.
     """
 
     name: str
@@ -90,10 +93,19 @@ class MethodView:
     summaries: dict[str, list] = field(default_factory=dict)
     diagnostics: dict[str, dict] | None = None
     note: str = ""
+    signed: bool = False
+    faithfulness: dict[str, Any] | None = None
 
     @property
     def n_views(self) -> int:
         return 0 if self.matrices is None else int(self.matrices.shape[0])
+
+    def saliency(self, row: Row) -> np.ndarray:
+        """``[token]`` the scores of an attribution-only method, else ``row`` of the last view's matrix."""
+        if self.matrices is not None:
+            return saliency_row(self.matrices[-1], row)
+        assert self.scores is not None, "a view holds scores or matrices"
+        return self.scores
 
 
 @dataclass
@@ -316,7 +328,11 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
         if result.shape != (n,):
             raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
         return MethodView(
-            spec.name, spec.summary, scores=result, note="attribution-only: one score per token, no matrix"
+            spec.name,
+            spec.summary,
+            scores=result,
+            note="attribution-only: one score per token, no matrix",
+            signed=spec.signed,
         )
     if layerwise:
         matrices = result  # [layer, query, key]

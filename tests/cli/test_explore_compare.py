@@ -155,6 +155,8 @@ def test_explore_checks_the_row_before_loading(tmp_path, capsys, monkeypatch):
 
 class FakeModel:
     name = "fake"
+    kind = "encoder"  # a bare encoder: no target, so no faithfulness badges
+    is_classifier = False
 
     def trace(self, texts, **capture):  # max_length, needs, target, ...: a fake captures one thing
         from attnflow.trace import Trace

@@ -250,6 +250,28 @@ def test_embedding_grads_match_finite_differences(tiny_bert):
     )
 
 
+def test_signed_grad_x_input_is_the_derivative_of_scaling_each_token(tiny_bert):
+    """Σ_d e_jd ∂y/∂e_jd = d/dt y(e_j scaled by 1 + t) at t = 0, by central differences per token."""
+    trace = tiny_bert.trace(TEXT, needs=("embedding_grads",))[0]
+    signed = explain(trace, method="grad_x_input", signed=True).scores
+    model = tiny_bert.model.double()
+    try:
+        embeddings = model.get_input_embeddings()(torch.as_tensor(trace.token_ids)[None])
+        eps = 1e-6
+        numeric = []
+        with torch.no_grad():
+            for j in range(trace.n_tokens):
+                scaled = [embeddings.clone(), embeddings.clone()]
+                scaled[0][0, j] *= 1 + eps
+                scaled[1][0, j] *= 1 - eps
+                plus, minus = (float(model(inputs_embeds=e).logits[0, trace.target.index]) for e in scaled)
+                numeric.append((plus - minus) / (2 * eps))
+    finally:
+        tiny_bert.model.float()
+    np.testing.assert_allclose(signed, numeric, rtol=1e-3, atol=1e-8)
+    assert np.any(signed < 0) and np.any(signed > 0)
+
+
 def test_grad_rollout_equals_an_explicit_loop(tiny_bert):
     trace = tiny_bert.trace(TEXT, needs=("attention_grads",))[0]
     n = trace.n_tokens
@@ -343,6 +365,8 @@ def test_integrated_gradients_are_complete(tiny_bert):
     scores = explain(trace, method="integrated_gradients", model=tiny_bert, n_steps=300).scores
     np.testing.assert_allclose(scores, np.linalg.norm(attributions, axis=-1), rtol=1e-6)
     assert np.all(scores[trace.special_mask] == 0)  # baseline == input there: no path, no attribution
+    signed = explain(trace, method="integrated_gradients", model=tiny_bert, n_steps=300, signed=True).scores
+    np.testing.assert_allclose(signed, attributions.sum(axis=-1), rtol=1e-6, atol=1e-12)
 
 
 @pytest.mark.parametrize("family", CLASSIFIER_FAMILIES)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import attnflow
+from attnflow.evaluate.per_input import add_view_faithfulness
 from attnflow.exploration import MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
 
@@ -360,3 +361,23 @@ def test_notebook_iframe_runs_the_explorer(browser, tiny_page_path, tmp_path):
     assert "layer 0" in (frame.text_content("#similarity-caption") or "")
     page.close()
     assert errors == []
+
+
+@needs_chromium
+def test_signed_scores_and_the_faithfulness_badge(browser, tiny_classifier_path, tmp_path):
+    model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
+    exploration = explore(model, SENTENCE, methods=["rollout", "leave_one_out"])
+    add_view_faithfulness(model, exploration)
+    rollout, leave_one_out = exploration.methods
+    assert leave_one_out.signed and not rollout.signed
+    assert rollout.faithfulness is not None and leave_one_out.faithfulness is not None
+    page = Page(browser, exploration.save(tmp_path))
+    badge = page.text("#faithfulness")
+    assert page.page.is_visible("#faithfulness") and badge.startswith("faithfulness on this input")
+    assert "comprehensiveness" in badge and "(random" in badge
+    assert "signed" not in (page.page.get_attribute("#scale-bar", "class") or "")
+    page.select("#method", "1")
+    assert "signed" in (page.page.get_attribute("#scale-bar", "class") or "")
+    assert page.text("#legend-min").startswith("-") and "speaks against" in page.text("#legend-text")
+    page.screenshot("signed-badge")
+    page.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
@@ -30,10 +31,15 @@ from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.errors import InputError
 from attnflow.tokens import display_token
 
+AUTO = "auto"  # --method auto: the most comprehensive one-pass target method on this input
+
 EPILOG = """\
 examples:
   attnflow explain "The movie was terrible, but the acting was great." --out out/movie
   attnflow explain "The movie was terrible, but the acting was great." --method rollout,alti --out out/both
+  attnflow explain "The movie was terrible, but the acting was great." --method auto,rollout,leave_one_out
+  attnflow explain "The movie was terrible, but the acting was great." --method shap --max-evals 256
+  attnflow explain "The movie was terrible, but the acting was great." --method grad_x_input --signed
   attnflow explain "The movie was terrible, but the acting was great." --method grad_rollout --target positive
   attnflow explain "Paris is the capital of" --model smollm2 --method norm_rollout --row last
   attnflow explain "Paris is the capital of" --model smollm2 --method gradient --target-token " France"
@@ -56,6 +62,9 @@ rollout, raw, flow, norm and norm_rollout apply (gradient and target methods do 
 The default model, minilm-sentiment, is a real classifier (all-MiniLM-L6-v2, mean pooling and a
 logistic-regression head trained on Rotten Tomatoes snippets; `attnflow models list` shows its
 held-out accuracy): target-dependent methods explain its predicted class unless --target names one.
+With a class or next-token target every map gets its faithfulness on this input (comprehensiveness
+and sufficiency at 10/20/50 % of the tokens, next to random rankings', docs/methods.md), and the
+default method is auto: the one-pass target methods, the most comprehensive one shown.
 
 The output folder receives explanation.json (model, method, options, target, tokens, row, scores,
 matrix), explanation.html (open it in any browser, works offline), explanation.png and, for an
@@ -69,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     methods = method_table()
     parser = subparsers.add_parser(
         "explain",
-        help="explain one text or image with attention rollout (or another method)",
+        help="explain one text or image (auto: the most faithful one-pass target method; rollout; ...)",
         description=(
             "Show which input tokens an output position draws on, through the model's attention.\n\n"
             f"methods (--method):\n{methods}"
@@ -124,10 +133,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
     method.add_argument(
         "--method",
-        default="rollout",
-        type=parse_methods,
+        type=_methods,
         metavar="NAME[,NAME..]",
-        help="one or more methods listed above (default: rollout)",
+        help="one or more methods listed above, or auto: the one-pass target methods, the one with the highest "
+        "comprehensiveness on this input shown (default: auto when the model has a target: classifiers, causal "
+        "LMs, sentence encoders with --target-text; rollout otherwise)",
     )
     add_method_options(method)
     target = parser.add_argument_group(
@@ -170,16 +180,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
+    from attnflow.evaluate.per_input import add_faithfulness, auto_methods, choose_most_comprehensive
     from attnflow.explanation import explain
+    from attnflow.viz.html import faithfulness_badge
 
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        return run_file(
-            args, options_per_method(args.method, given_method_options(args)), load_model, Progress(args.quiet)
-        )
+        if args.method is not None and AUTO in args.method:
+            raise InputError("--method auto explains one text; with --file name the methods (e.g. --method gradient)")
+        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
+        return run_file(args, per_method, load_model, Progress(args.quiet))
     if explain_generation.wants_generation(args):
-        per_method = options_per_method(args.method, given_method_options(args))
+        if args.method is not None and AUTO in args.method:
+            raise InputError(
+                "--method auto explains one prediction; with --generate or --continuation name the methods"
+            )
+        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
         return explain_generation.run_generation(args, per_method, load_model, Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
@@ -195,12 +212,20 @@ def run(args: argparse.Namespace) -> int:
         check_row_fits(args.row, [args.text], args.max_length)
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
-    per_method = options_per_method(args.method, given_method_options(args))
+    if args.method is not None:  # bad options fail before the model loads
+        options_per_method(_with_candidates(args.method, None), given_method_options(args))
     out = prepare_output(args)
 
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
+    has_target = args.image is None and _has_target(model, args.target_text)
+    requested = args.method or ([AUTO] if has_target else ["rollout"])
+    if AUTO in requested and not has_target:
+        raise InputError(_no_target_message(model, args.image is not None))
+    family = model.adapter.family if AUTO in requested else None
+    candidates = auto_methods(family) if AUTO in requested else []
+    per_method = options_per_method(_with_candidates(requested, family), given_method_options(args))
     if args.image is not None:
         say(f"tracing {args.image} …")
         trace = model.trace_image_for(list(per_method), args.image)
@@ -208,13 +233,20 @@ def run(args: argparse.Namespace) -> int:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
         trace = model.trace_for(
-            args.method, [args.text], target=target, target_text=args.target_text, max_length=args.max_length
+            list(per_method), [args.text], target=target, target_text=args.target_text, max_length=args.max_length
         )[0]
     row = args.row if args.row is not None else getattr(model, "default_row", None)
-    explanations = []
+    computed = {}
     for method, options in per_method.items():
         say(f"{method} …")
-        explanations.append(explain(trace, method=method, row=row, model=model, **options))
+        computed[method] = explain(trace, method=method, row=row, model=model, **options)
+    if trace.target is not None:
+        say("faithfulness on this input …")
+        add_faithfulness(model, trace, list(computed.values()))
+    if candidates:
+        computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
+    # auto's choice where auto was asked for, each explanation once
+    explanations = list({id(computed[name]): computed[name] for name in requested}.values())
 
     paths = (
         write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)
@@ -234,10 +266,58 @@ def run(args: argparse.Namespace) -> int:
                 else f"explains: {trace.target.describe()}"
             )
         for explanation in explanations:
-            top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
-            where = f"row {explanation.row}" if explanation.row is not None else "scores"
-            print(f"{explanation.method} top tokens ({where}): {top}")
+            if explanation.chosen_by:
+                print(explanation.chosen_by)
+            if explanation.signed:
+                label = explanation.target["label"] if explanation.target else "the target"
+                evidence = ", ".join(f"{display_token(t)} {s:+.3g}" for _, t, s in explanation.top(5) if s > 0)
+                against = ", ".join(f"{display_token(t)} −{-s:.3g}" for _, t, s in explanation.against(3))
+                print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
+            else:
+                top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
+                where = f"row {explanation.row}" if explanation.row is not None else "scores"
+                print(f"{explanation.method} top tokens ({where}): {top}")
             print(f"{explanation.method} summary: {explanation.summary()}")
+            if explanation.faithfulness is not None:
+                badge = faithfulness_badge(explanation.faithfulness)
+                print(f"{explanation.method} faithfulness on this input: {badge}")
         for path in paths.values():
             print(f"wrote {path}")
     return 0
+
+
+def _methods(text: str) -> list[str]:
+    """`parse_methods`, with ``auto`` allowed among the names (argparse type)."""
+    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    others = [name for name in names if name != AUTO]
+    if others or not names:
+        parse_methods(",".join(others) or text)  # unknown names: one line naming the available ones
+    return names
+
+
+def _has_target(model: Any, target_text: str | None) -> bool:
+    """Whether the model's output gives target methods something to explain on a text."""
+    if model.kind == "decoder" or model.is_classifier:
+        return True
+    return model.kind == "encoder" and target_text is not None and model.default_row == "mean"
+
+
+def _no_target_message(model: Any, image: bool) -> str:
+    if image:
+        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
+    if model.kind == "encoder" and model.default_row == "mean":
+        return (
+            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        )
+    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+
+
+def _with_candidates(methods: list[str], family: str | None) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
+    from attnflow.evaluate.per_input import auto_methods
+
+    expanded: list[str] = []
+    for name in methods:
+        expanded += auto_methods(family) if name == AUTO else [name]
+    return list(dict.fromkeys(expanded))

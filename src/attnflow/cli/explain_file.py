@@ -108,9 +108,11 @@ def _print_json(explanations: list[Any]) -> None:
 def _explain_all(
     model: Any, texts: list[str], args: argparse.Namespace, row: Any, per_method: dict[str, dict]
 ) -> Iterator[tuple[Any, list[Any]]]:
-    """(trace, one explanation per method) per text, tracing ``args.batch_size`` texts per forward pass."""
+    """(trace, one explanation per method, each with its per-input faithfulness when the trace has a
+    class or next-token target) per text, tracing ``args.batch_size`` texts per forward pass."""
     from tqdm.auto import tqdm
 
+    from attnflow.evaluate.per_input import add_faithfulness
     from attnflow.explanation import explain
 
     with tqdm(total=len(texts), desc="explaining", unit="text", disable=args.quiet, file=sys.stderr) as bar:
@@ -126,5 +128,7 @@ def _explain_all(
                 batch_size=args.batch_size,
             )
             for trace in traces:
-                yield trace, [explain(trace, method=m, row=row, model=model, **o) for m, o in per_method.items()]
+                explanations = [explain(trace, method=m, row=row, model=model, **o) for m, o in per_method.items()]
+                add_faithfulness(model, trace, explanations)  # with a class or next-token target
+                yield trace, explanations
                 bar.update(1)

@@ -1,9 +1,12 @@
-"""Class probabilities of a classifier for many token-id sequences at once.
+"""Class probabilities of a classifier (or next-token probabilities of a causal LM) for many
+token-id sequences at once.
 
 `ClassifierScorer` pads sequences of any length into batches (sorted by length, so that little is
 padding), runs one forward per batch without gradients and returns softmax probabilities
 ``[sequence, class]``. It takes an `AttentionModel` whose ``.model`` returns ``.logits
-[batch, class]``; `check_classifier` says in one line when a model has no such head.
+[batch, class]``; `check_classifier` says in one line when a model has no such head. For a causal
+LM (``model.kind == "decoder"``) the classes are the vocabulary: the probabilities of the token
+after each sequence's last one (`attnflow explain`'s per-input faithfulness of a next-token target).
 """
 
 from __future__ import annotations
@@ -64,9 +67,7 @@ class ClassifierScorer:
                 input_ids[row, : len(sequences[i])] = torch.as_tensor(sequences[i], dtype=torch.long)
                 attention_mask[row, : len(sequences[i])] = 1
             with torch.inference_mode():
-                logits = self.model.model(
-                    input_ids=input_ids.to(self.model.device), attention_mask=attention_mask.to(self.model.device)
-                ).logits  # [batch, class]
+                logits = self._logits(input_ids.to(self.model.device), attention_mask.to(self.model.device))
             chunks.append((index, torch.softmax(logits.double(), dim=-1).cpu().numpy()))
         self.forwards += len(sequences)
         if not chunks:
@@ -75,6 +76,18 @@ class ClassifierScorer:
         for index, probabilities in chunks:
             result[index] = probabilities
         return result
+
+    def _logits(self, input_ids: Any, attention_mask: Any) -> Any:
+        """``[batch, class]`` logits; causal LMs: next-token logits after each row's last real token,
+        the output layer applied to those positions only (not to ``[batch, token, vocabulary]``)."""
+        import torch
+
+        network = self.model.model
+        if self.model.kind != "decoder":
+            return network(input_ids=input_ids, attention_mask=attention_mask).logits
+        hidden = network.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        last = hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(dim=1) - 1]  # [batch, d]
+        return network.get_output_embeddings()(last)  # [batch, vocabulary]
 
 
 def length_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[np.ndarray]:

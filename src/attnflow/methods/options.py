@@ -108,3 +108,9 @@ BATCH_SIZE = Option(
 KEEP_IDENTITY = Option(
     "keep_identity", "grad_rollout: keep the identity R starts from (Chefer et al.'s R itself)", parse=None
 )
+SIGNED = Option(
+    "signed",
+    "grad_x_input, integrated_gradients: signed scores (the sum over embedding dimensions: > 0 for the target, "
+    "< 0 against it) instead of norms",
+    parse=None,
+)

@@ -6,7 +6,8 @@
   GlobEnc: ‖Σ_h A f_h(x_j) + δ_ij x_i‖₂, the residual as a vector.
 - `alti` (Ferrando et al. 2022): contributions of each token to the layer-normed output of the
   attention block, composed over layers.
-- `gradient`, `grad_x_input`: ‖∂y/∂e_j‖₂ and ‖∂y/∂e_j ⊙ e_j‖₂ on the word embeddings.
+- `gradient`, `grad_x_input`: ‖∂y/∂e_j‖₂ and ‖∂y/∂e_j ⊙ e_j‖₂ on the word embeddings
+  (``signed=True``: Σ_d e_j ∂y/∂e_j).
 - `random`: seeded uniform scores, the floor every benchmark compares with.
 
 Arrays are float64 numpy. Shapes: attentions ``[layer, head, query, key]``, values
@@ -204,20 +205,22 @@ def gradient(trace: Trace) -> np.ndarray:
 
 @register(
     "grad_x_input",
-    "gradient x input ||dy/de_j * e_j|| on the word embeddings (one score per token)",
+    "gradient x input ||dy/de_j * e_j|| on the word embeddings (signed: sum_d e_j dy/de_j; one score per token)",
     takes="trace",
+    options=(options.SIGNED,),
     needs=("attentions", "embedding_grads", "target"),
     families=GRADIENT_FAMILIES,
     scores_only=True,
     cost="backward",
 )
-def grad_x_input(trace: Trace) -> np.ndarray:
-    """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂."""
+def grad_x_input(trace: Trace, signed: bool = False) -> np.ndarray:
+    """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂, or with ``signed`` Σ_d e_jd ∂y/∂e_jd: the first-order change
+    of y when token j's embedding is scaled, > 0 where the token supports the target."""
     trace.require("embeddings", "embedding_grads", method="grad_x_input")
     product = np.asarray(trace.captured("embedding_grads"), dtype=np.float64) * np.asarray(
         trace.captured("embeddings"), dtype=np.float64
-    )
-    return np.linalg.norm(product, axis=-1)
+    )  # [token, d_model]
+    return product.sum(axis=-1) if signed else np.linalg.norm(product, axis=-1)
 
 
 @register(

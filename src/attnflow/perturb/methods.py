@@ -1,21 +1,22 @@
-"""Leave-one-out, value zeroing and integrated gradients: methods that run the model again.
+"""Leave-one-out, Shapley values, value zeroing and integrated gradients: methods that run the model again.
 
 Each takes the `AttentionModel` and the `Trace` of the unaltered input (whose ``target`` fixes the
 class or token, so that every altered input is scored for the same output) and returns numpy:
-``[token]`` scores (leave-one-out, integrated gradients) or a ``[query, key]`` matrix (value
+``[token]`` scores (leave-one-out, shap, integrated gradients) or a ``[query, key]`` matrix (value
 zeroing). Torch is imported inside the functions: registering them costs nothing.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
 from attnflow.methods import options
-from attnflow.methods.registry import register
+from attnflow.methods.registry import Option, register
 from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import normalise_rows
@@ -49,43 +50,147 @@ def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     The altered sequences are rebuilt from the ids (token j deleted, nothing re-tokenised) and
     scored in batches for the target class/token of the unaltered input.
     """
-    import torch
-
-    objective = _objective(model, trace)
-    ids = np.asarray(trace.token_ids)
+    ids = tuple(int(i) for i in trace.token_ids)
     content = np.flatnonzero(~np.asarray(trace.special_mask))
-    index = trace.target.index
+    variants = [ids] + [ids[:j] + ids[j + 1 :] for j in content]
+    values = target_values(model, trace, variants, batch_size=batch_size)  # [1 + content]
     scores = np.zeros(len(ids))
-    with torch.no_grad():
-        reference = _score(objective, ids[None], index, model.device)[0]
-        for start in range(0, len(content), max(1, batch_size)):
-            removed = content[start : start + batch_size]
-            variants = np.stack([np.delete(ids, j) for j in removed])  # [batch, n - 1], no padding needed
-            scores[removed] = reference - _score(objective, variants, index, model.device)
+    scores[content] = values[0] - values[1:]
     return scores
 
 
-def _score(objective: Any, ids: np.ndarray, index: int | None, device: Any) -> np.ndarray:
+def target_values(model: Any, trace: Trace, sequences: Sequence[Sequence[int]], batch_size: int = 32) -> np.ndarray:
+    """``[sequence]`` y of the trace's target (the class or token resolved on the unaltered input)
+    for token-id sequences of any lengths: right-padded, sorted by length into batches of at most
+    ``batch_size`` sequences, one forward pass per batch without gradients."""
     import torch
 
-    input_ids = torch.as_tensor(ids, dtype=torch.long, device=device)
-    fixed = None if index is None else torch.full((len(ids),), index, device=device)
-    y, _, _ = objective(torch.ones_like(input_ids), input_ids=input_ids, index=fixed)
-    return y.double().cpu().numpy()
+    objective = _objective(model, trace)
+    index = trace.target.index
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    lengths = [len(sequence) for sequence in sequences]
+    values = np.zeros(len(sequences))
+    order = np.argsort(lengths, kind="stable")
+    with torch.no_grad():
+        for start in range(0, len(order), max(1, batch_size)):
+            batch = order[start : start + max(1, batch_size)]
+            longest = max(lengths[i] for i in batch)
+            input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)  # [batch, token]
+            attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            for row, i in enumerate(batch):
+                input_ids[row, : lengths[i]] = torch.as_tensor(sequences[i], dtype=torch.long)
+                attention_mask[row, : lengths[i]] = 1
+            fixed = None if index is None else torch.full((len(batch),), index, device=model.device)
+            y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=fixed)
+            values[batch] = y.double().cpu().numpy()
+    return values
+
+
+MAX_EVALS = Option(
+    "max_evals",
+    "shap: the most coalitions scored (default: 512; exact Shapley values when all 2^m fit, else sampled orders; "
+    "at least m + 1 for m content tokens)",
+    parse=options.positive_int,
+    metavar="N",
+)
+REPLACE = Option(
+    "replace",
+    "shap: what an absent token becomes: remove (deleted from the ids, default) or mask (the mask token)",
+    choices=("remove", "mask"),
+)
+
+
+@register(
+    "shap",
+    "Shapley values of the content tokens for the target (exact up to max_evals coalitions, else sampled "
+    "orders; absent tokens removed from the ids or masked)",
+    takes="model",
+    needs=("attentions", "target", "model"),
+    options=(MAX_EVALS, REPLACE, options.SEED, options.BATCH_SIZE),
+    families=GRADIENT_FAMILIES,
+    scores_only=True,
+    signed=True,
+    cost="expensive",
+)
+def shap(
+    model: Any, trace: Trace, max_evals: int = 512, replace: str = "remove", seed: int = 0, batch_size: int = 32
+) -> np.ndarray:
+    """``[token]`` Shapley values φ_j of the ``m`` content tokens for y; special tokens are always
+    present and score 0.
+
+    A coalition S of content tokens is scored as y(x with the content tokens outside S absent):
+    deleted from the ids (``replace="remove"``, like leave-one-out) or replaced by the mask token
+    (its pad token when it has none; ``replace="mask"``). When all 2^m coalitions fit in
+    ``max_evals`` they are all scored and φ is exact,
+    φ_j = Σ_{S ⊆ M∖{j}} |S|! (m − |S| − 1)! / m! · (y(S ∪ {j}) − y(S));
+    otherwise P = (max_evals − 2) // (m − 1) seeded random orders each add the tokens one by one
+    (2 + P (m − 1) coalitions) and φ_j is token j's mean marginal contribution as it joins. Both
+    sum exactly to y(x) − y(no content token) (efficiency). A ``max_evals`` below the m + 1
+    coalitions of one order is raised to it, with a warning. Every coalition is scored once, by
+    `target_values`, in batches of ``batch_size``.
+    """
+    from attnflow.evaluate.perturb import REPLACE_MODES, perturb
+
+    if replace not in REPLACE_MODES:
+        raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
+    ids = tuple(int(i) for i in trace.token_ids)
+    content = np.flatnonzero(~np.asarray(trace.special_mask))
+    m = len(content)
+    scores = np.zeros(len(ids))
+    if m == 0:
+        return scores
+    if int(max_evals) < m + 1:
+        warnings.warn(
+            f"shap: max_evals {max_evals} is below the {m + 1} coalitions that one order of {m} content tokens "
+            f"needs; raised to {m + 1}",
+            ExplanationWarning,
+            stacklevel=2,
+        )
+        max_evals = m + 1
+    exact = 2**m <= max_evals
+    if exact:
+        present = ((np.arange(2**m)[:, None] >> np.arange(m)) & 1).astype(bool)  # [coalition, token]: index bit j
+    else:
+        orders = np.random.default_rng(seed).permuted(
+            np.tile(np.arange(m), (max(1, (max_evals - 2) // (m - 1)), 1)), axis=1
+        )
+        ranks = np.argsort(orders, axis=1)  # [order, content token]: where each token joins
+        present = (ranks[:, None, :] < np.arange(m + 1)[None, :, None]).reshape(-1, m)  # [order * (m + 1), token]
+    unique, slots = np.unique(present, axis=0, return_inverse=True)
+    mask_id = (
+        model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
+    )
+    variants = [perturb(ids, content[~row], replace, mask_id) for row in unique]
+    y = target_values(model, trace, variants, batch_size=batch_size)[slots.reshape(-1)]  # [coalition]
+    if exact:
+        sizes = present.sum(axis=1)
+        weights = np.array([math.factorial(s) * math.factorial(m - s - 1) / math.factorial(m) for s in range(m)])
+        for j in range(m):
+            without = ~present[:, j]  # coalitions S without j; S ∪ {j} is index + 2^j
+            scores[content[j]] = np.sum(weights[sizes[without]] * (y[np.flatnonzero(without) + 2**j] - y[without]))
+        return scores
+    steps = y.reshape(len(orders), m + 1)  # [order, tokens present]: y as the order adds token after token
+    gains = np.diff(steps, axis=1)  # [order, step]: the marginal contribution of the token that joins
+    scores[content] = np.take_along_axis(gains, ranks, axis=1).mean(axis=0)
+    return scores
 
 
 @register(
     "integrated_gradients",
-    "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept)",
+    "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept; ||IG_j|| or, "
+    "signed, sum_d IG_j)",
     takes="model",
     needs=("attentions", "target", "model"),
-    options=(options.N_STEPS,),
+    options=(options.N_STEPS, options.SIGNED),
     families=GRADIENT_FAMILIES,
     scores_only=True,
     cost="expensive",
 )
-def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
-    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`. When the completeness error
+def integrated_gradients(
+    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
+) -> np.ndarray:
+    """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`, or with ``signed`` Σ_d IG_jd (the
+    signed scores sum to y(x) − y(baseline), up to the completeness error). When the completeness error
     (captum's convergence delta) exceeds `COMPLETENESS_TOLERANCE` of |y(x) − y(baseline)|, an
     `ExplanationWarning` says so (and the Explanation keeps it in its notes)."""
     attributions, delta, difference = integrated_gradient_attributions(
@@ -99,7 +204,7 @@ def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_b
             ExplanationWarning,
             stacklevel=2,
         )
-    return np.linalg.norm(attributions, axis=-1)
+    return attributions.sum(axis=-1) if signed else np.linalg.norm(attributions, axis=-1)
 
 
 def integrated_gradient_attributions(

@@ -34,6 +34,7 @@ import numpy as np
 
 from attnflow.methods.diagnostics import COLLAPSE_THRESHOLD, DIFFUSION_THRESHOLD
 from attnflow.tokens import display_token
+from attnflow.viz.html import faithfulness_badge
 from attnflow.viz.page import esc
 
 if TYPE_CHECKING:
@@ -124,6 +125,8 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunk
             "matrices": None if view.matrices is None else chunks.add(view.matrices, special_columns),
             "heads": None if view.head_matrices is None else chunks.add(view.head_matrices, special_columns, split=2),
             "scores": None if view.scores is None else np.asarray(view.scores, dtype=np.float64).tolist(),
+            "signed": view.signed,
+            "faithfulness": None if view.faithfulness is None else faithfulness_badge(view.faithfulness),
         }
         methods.append(entry)
     similarity = None

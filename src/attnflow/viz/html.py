@@ -6,11 +6,12 @@ value is escaped. Hovering a token shows its index and score (a ``title`` attrib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnflow.tokens import display_token
+from attnflow.viz.compare import BLUE, ORANGE
 from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
 from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
 
@@ -30,6 +31,13 @@ CSS = """
                     margin: .5rem 0 1rem; }
 .attnflow .scale { width: 180px; height: 12px; border: 1px solid #ccc;
                    background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
+.attnflow .scale.signed { background: linear-gradient(to right, rgba(33,102,172,1), rgba(33,102,172,0) 50%,
+                                                      rgba(217,72,15,0) 50%, rgba(217,72,15,1)); }
+.attnflow .badge { display: inline-block; font-size: .85rem; padding: .15rem .55rem; border-radius: 999px;
+                   background: #eef4ee; border: 1px solid #9cc39c; color: #1f4d1f; margin: .2rem 0 .4rem; }
+.attnflow .badge.weak { background: #f7eeee; border-color: #d6a3a3; color: #6b1f1f; }
+.attnflow .choice { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #2166ac;
+                    background: #f0f5fb; }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
 .attnflow .note { color: #555; font-size: .9rem; }
 .attnflow .summary { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #d9480f;
@@ -57,15 +65,18 @@ def comparison_html(explanations: "list[Explanation]") -> str:
     (tokens coloured by score or the overlay on the image, each on its own scale, and the top
     tokens), in the order given."""
     first = explanations[0]
-    parts = []
-    for explanation in explanations:
+    parts = [f'<p class="choice">{esc(e.chosen_by)}</p>' for e in explanations if e.chosen_by]
+    for explanation in by_faithfulness(explanations):
         described = target_words(explanation)
         note = f"explains {described}; " if described else "does not depend on a target; "
         note += f"scores: {_row_words(explanation.row)}"
         parts.append(
             section(
-                explanation.method,
-                f'<p class="note">{esc(note)}</p>\n' + _scores_view(explanation) + _top_table(explanation, k=5),
+                explanation.method + (" (chosen by --method auto)" if explanation.chosen_by else ""),
+                _badge(explanation)
+                + f'<p class="note">{esc(note)}</p>\n'
+                + _scores_view(explanation)
+                + _top_table(explanation, k=5),
                 f"method-{explanation.method}",
             )
         )
@@ -81,9 +92,55 @@ def comparison_html(explanations: "list[Explanation]") -> str:
     )
 
 
+def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
+    """Explanations with a per-input faithfulness first, highest comprehensiveness first; the
+    others after them, in the order given."""
+    return sorted(
+        explanations,
+        key=lambda e: -e.faithfulness["aopc_comprehensiveness"] if e.faithfulness is not None else np.inf,
+    )
+
+
+def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
+    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
+    AOPC of an explanation and of random rankings (`attnflow.evaluate.per_input`; higher and lower
+    are better, respectively)."""
+    mine, chance = faithfulness, faithfulness["random"]
+    return (
+        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
+        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
+    )
+
+
+def _badge(explanation: "Explanation") -> str:
+    """The per-input faithfulness badge (empty without one); marked weak when the ranking removes
+    no more of p than random rankings do."""
+    faithfulness = explanation.faithfulness
+    if faithfulness is None:
+        return ""
+    weak = faithfulness["aopc_comprehensiveness"] <= faithfulness["random"]["aopc_comprehensiveness"]
+    title = (
+        f"On this input: p({faithfulness['target']}) = {faithfulness['probability']:.3f}; removing the top "
+        + ", ".join(f"{100 * k:g} %" for k in faithfulness["bins"])
+        + " of the content tokens lowers it by "
+        + ", ".join(f"{drop:.3f}" for drop in faithfulness["comprehensiveness"])
+        + " (comprehensiveness, higher is better); keeping only them lowers it by "
+        + ", ".join(f"{drop:.3f}" for drop in faithfulness["sufficiency"])
+        + f" (sufficiency, lower is better); random: the mean of {faithfulness['random']['rankings']} "
+        "random rankings."
+    )
+    return (
+        f'<p><span class="badge{" weak" if weak else ""}" title="{esc(title)}">'
+        f"faithfulness on this input: {esc(faithfulness_badge(faithfulness))}</span></p>\n"
+    )
+
+
 def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
     """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
     parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes]
+    if explanation.chosen_by:
+        parts.append(f'<p class="choice">{esc(explanation.chosen_by)}</p>')
+    parts.append(_badge(explanation))
     parts.append(f'<p class="summary">{esc(explanation.summary())}</p>')
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
@@ -120,8 +177,9 @@ def _token_view(explanation: "Explanation") -> str:
     scores = explanation.scores
     special = _special(explanation)
     regular = scores[~special] if np.any(~special) else scores
-    vmax = float(regular.max()) if regular.size and regular.max() > 0 else 1.0
-    total = float(scores.sum())
+    largest = float(np.abs(regular).max() if explanation.signed else regular.max()) if regular.size else 0.0
+    vmax = largest if largest > 0 else 1.0
+    total = float(np.abs(scores).sum() if explanation.signed else scores.sum())
     pieces = []
     text = explanation.text
     offsets = explanation.offsets if text else None  # [n, 2] character spans into the text
@@ -144,20 +202,31 @@ def _token_view(explanation: "Explanation") -> str:
         pieces.append(_token_span(shown, scores[i] / vmax, title))
     if use_text and cursor < len(text):
         pieces.append(f'<span class="unseen" title="not seen by the model (truncated)">{esc(text[cursor:])}</span>')
-    share = float(scores[special].sum()) / total if total > 0 else 0.0
-    legend = (
-        f'<div class="legend"><span>0</span><span class="scale"></span><span>{vmax:.3g}</span>'
-        f"<span>colour scale over the non-special tokens; special tokens (dashed) hold "
-        f"{100 * share:.1f}% of the score</span></div>"
-    )
+    if explanation.signed:
+        share = float(np.abs(scores[special]).sum()) / total if total > 0 else 0.0
+        against = target_words(explanation) or "the target"
+        legend = (
+            f'<div class="legend"><span>−{vmax:.3g}</span><span class="scale signed"></span><span>+{vmax:.3g}</span>'
+            f"<span>signed scores: orange supports {esc(against)}, blue speaks against it; special tokens (dashed) "
+            f"hold {100 * share:.1f}% of |score|</span></div>"
+        )
+    else:
+        share = float(scores[special].sum()) / total if total > 0 else 0.0
+        legend = (
+            f'<div class="legend"><span>0</span><span class="scale"></span><span>{vmax:.3g}</span>'
+            f"<span>colour scale over the non-special tokens; special tokens (dashed) hold "
+            f"{100 * share:.1f}% of the score</span></div>"
+        )
     return legend + '<div class="text">' + "".join(pieces) + "</div>"
 
 
 def _token_span(shown: str, level: float, title: str) -> str:
-    level = float(np.clip(level, 0.0, 1.0))
-    color = "#fff" if level > 0.6 else "#111"
+    """A token on a ``level`` in [-1, 1]: orange above 0, blue below (signed scores)."""
+    colour = BLUE if level < 0 else ORANGE
+    level = float(np.clip(abs(level), 0.0, 1.0))
+    text_colour = "#fff" if level > 0.6 else "#111"
     return (
-        f'<span class="tok" style="background: rgba(217,72,15,{level:.3f}); color: {color}" '
+        f'<span class="tok" style="background: rgba({colour},{level:.3f}); color: {text_colour}" '
         f'title="{esc(title)}">{esc(shown)}</span>'
     )
 
@@ -191,6 +260,14 @@ def _image_view(explanation: "Explanation") -> str:
 
 
 def _top_table(explanation: "Explanation", k: int = TOP_K) -> str:
+    if explanation.signed:
+        target = target_words(explanation) or "the target"
+        tables = []
+        supporting = [entry for entry in explanation.top(k) if entry[2] > 0]
+        for title, ranked in ((f"for {target}", supporting), ("against", explanation.against(k))):
+            ranks = [(rank, index, display_token(token), score) for rank, (index, token, score) in enumerate(ranked, 1)]
+            tables.append(f'<p class="note">{esc(title)}</p>' + table(("rank", "index", "token", "score"), ranks))
+        return "\n".join(tables)
     total = float(explanation.scores.sum())
     rows = [
         (rank, index, display_token(token), score, 100 * score / total if total > 0 else 0.0)

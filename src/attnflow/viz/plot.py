@@ -23,6 +23,7 @@ MAX_LABELLED_TOKENS = 64  # beyond this, axes show positions instead of token st
 MAX_LABEL_CHARS = 16
 SPECIAL_COLOR = "#9e9e9e"
 SCORE_COLOR = "#d9480f"
+AGAINST_COLOR = "#2166ac"  # signed scores below 0
 SATURATION_PERCENTILE = 99  # patch colour scales saturate above this percentile (see patch_color_range)
 
 
@@ -35,13 +36,13 @@ def plot_explanation(explanation: "Explanation") -> Figure:
     if explanation.matrix is None:  # attribution-only method: the scores alone
         figure = Figure(figsize=(width, 3.6), layout="constrained")
         bars_axes = figure.subplots()
-        plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
+        plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask, explanation.signed)
         bars_axes.set_title(f"{explanation.method} scores (one per token)", loc="left")
         figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
         return figure
     figure = Figure(figsize=(width, width * 0.55 + 3.2), layout="constrained")
     bars_axes, matrix_axes = figure.subplots(2, 1, height_ratios=(1, 2.6))
-    plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask)
+    plot_scores(bars_axes, explanation.tokens, explanation.scores, explanation.special_mask, explanation.signed)
     bars_axes.set_title(f"{explanation.method} saliency, row = {explanation.row}", loc="left")
     plot_matrix(matrix_axes, explanation.matrix, explanation.tokens, row=explanation.row)
     figure.suptitle(_title(explanation), fontsize=11, parse_math=False)
@@ -58,19 +59,27 @@ def matrix_figure(explanation: "Explanation") -> Figure:
     return figure
 
 
-def plot_scores(axes: Any, tokens: Sequence[str], scores: np.ndarray, special_mask: np.ndarray | None = None) -> None:
-    """Bar plot of one score per token; special tokens grey."""
+def plot_scores(
+    axes: Any, tokens: Sequence[str], scores: np.ndarray, special_mask: np.ndarray | None = None, signed: bool = False
+) -> None:
+    """Bar plot of one score per token; special tokens grey. ``signed``: bars below 0 (evidence
+    against the target) blue, above 0 orange, and a line at 0."""
     n = len(tokens)
     special = np.zeros(n, dtype=bool) if special_mask is None else np.asarray(special_mask, dtype=bool)
-    colors = [SPECIAL_COLOR if is_special else SCORE_COLOR for is_special in special]
+    colors = [
+        SPECIAL_COLOR if is_special else AGAINST_COLOR if score < 0 else SCORE_COLOR
+        for is_special, score in zip(special, scores, strict=True)
+    ]
     axes.bar(np.arange(n), scores, color=colors, width=0.8)
     axes.set_xlim(-0.6, n - 0.4)
-    axes.set_ylabel("score")
+    axes.set_ylabel("signed score (> 0: for the target)" if signed else "score")
+    if signed:
+        axes.axhline(0.0, color="#555", linewidth=0.8)
     # Special tokens ([CLS], [SEP]) often dwarf the words: scale to the words, label clipped bars.
     regular = scores[~special]
     if regular.size and regular.max() > 0 and scores.max() > 1.5 * regular.max():
         ceiling = 1.3 * float(regular.max())
-        axes.set_ylim(0.0, ceiling)
+        axes.set_ylim(min(0.0, 1.1 * float(scores.min())), ceiling)
         for index in np.flatnonzero(scores > ceiling):
             axes.text(
                 index,

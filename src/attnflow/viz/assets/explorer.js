@@ -486,6 +486,8 @@
     if (!m.matrices) sentence = summaries.fused[0];
     else if (view >= 0) sentence = head >= 0 && summaries.heads ? summaries.heads[view][head] : summaries.fused[view];
     $("summary").textContent = sentence ? sentence + (m.matrices ? " — default row; hover or click a token to see its row" : "") : "";
+    $("faithfulness").hidden = !m.faithfulness;
+    $("faithfulness").textContent = m.faithfulness ? "faithfulness on this input (default row): " + m.faithfulness : "";
 
     var empty = $("matrix-empty");
     if (!m.matrices) { empty.hidden = false; empty.textContent = "no matrix for this method (attribution only: one score per token)"; }
@@ -527,7 +529,11 @@
       $("row-info").textContent = "";
     }
     var vmax = colourTokens(scores);
-    $("legend-text").textContent = "colour ∝ score, scaled to the largest non-special token (" + formatValue(vmax) + "); blue: negative";
+    $("scale-bar").classList.toggle("signed", !!m.signed);
+    $("legend-min").textContent = m.signed ? formatValue(-vmax) : "0";
+    $("legend-text").textContent = m.signed
+      ? "signed scores: orange supports the target, blue speaks against it (scaled to the largest |score| of a non-special token)"
+      : "colour ∝ score, scaled to the largest non-special token (" + formatValue(vmax) + "); blue: negative";
     for (var i = 0; i < n; i++) {
       tokenSpans[i].classList.toggle("shown", state.hover === i);
       tokenSpans[i].classList.toggle("pinned", state.row === i);

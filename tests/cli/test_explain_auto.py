@@ -1,0 +1,83 @@
+"""`attnflow explain --method auto` (the default with a target) and the per-input faithfulness it
+reads, through the command line: the choice against the recorded numbers, bad input in one line,
+and the demo's command on the real classifier."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from attnflow.cli import explain as explain_command
+from attnflow.cli import main
+
+TEXT = "the movie was terrible but the acting was great"
+CANDIDATES = ("grad_rollout", "gradient", "grad_x_input")  # auto's candidates on a BERT-like model today
+
+
+@pytest.fixture(scope="module")
+def classifier_path(tiny_classifier_path, tmp_path_factory):
+    """The tiny classifier with its head scaled up (saved anew), so that the candidates' per-input
+    comprehensiveness differ well above float noise."""
+    import transformers
+
+    source = tiny_classifier_path("bert")
+    folder = tmp_path_factory.mktemp("scaled") / "classifier"
+    shutil.copytree(source, folder)  # the tokenizer; the weights are written over below
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        model.classifier.weight.mul_(1000.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _explain_json(capsys, *args: str):
+    assert main(["explain", TEXT, "--json", "--quiet", "--device", "cpu", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_auto_shows_the_candidate_with_the_highest_comprehensiveness(classifier_path, capsys):
+    shown = _explain_json(capsys, "--model", str(classifier_path), "--method", "auto," + ",".join(CANDIDATES))
+    assert [e["method"] for e in shown] == list(CANDIDATES)  # auto's choice is one of them, shown once
+    recorded = {e["method"]: e["faithfulness"]["aopc_comprehensiveness"] for e in shown}
+    chosen = [e for e in shown if "chosen_by" in e]
+    assert len(chosen) == 1 and recorded[chosen[0]["method"]] == max(recorded.values())
+    assert len(set(recorded.values())) == 3  # a real choice, not a tie
+    for method, value in recorded.items():
+        assert f"{value:.3f}" in chosen[0]["chosen_by"], method
+
+    alone = _explain_json(capsys, "--model", str(classifier_path))  # the default with a target: auto
+    assert alone["method"] == chosen[0]["method"] and alone["chosen_by"] == chosen[0]["chosen_by"]
+
+
+@pytest.mark.parametrize("method", ["auto", "gradient"])
+def test_a_target_method_on_a_model_without_a_target_is_one_line(tiny_model_path, capsys, method):
+    code = main(["explain", TEXT, "--model", str(tiny_model_path("bert")), "--method", method, "--device", "cpu", "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert ("choose a method such as rollout" if method == "auto" else "--target-text") in err[0]
+
+
+def test_auto_on_a_sentence_encoder_names_target_text(minilm, monkeypatch, capsys):
+    monkeypatch.setattr(explain_command, "load_model", lambda *_args: minilm)
+    assert main(["explain", TEXT, "--method", "auto", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give --target-text TEXT" in err[0]
+
+
+def test_the_console_shows_signed_evidence_for_and_against_and_the_badge(classifier_path, tmp_path, capsys):
+    args = ["explain", TEXT, "--model", str(classifier_path), "--method", "leave_one_out", "--out", str(tmp_path)]
+    assert main([*args, "--device", "cpu"]) == 0
+    data = json.loads((tmp_path / "explanation.json").read_text())
+    scores = dict(zip(data["tokens"], data["scores"], strict=True))
+    lines = capsys.readouterr().out.splitlines()
+    line = next(line for line in lines if line.startswith(f"leave_one_out for {data['target']['label']}: "))
+    support, against = line.split(": ", 1)[1].split(" … against: ")
+    assert all(float(part.rsplit(" ", 1)[1]) > 0 for part in support.split(", "))
+    assert all(part.rsplit(" ", 1)[1].startswith("−") for part in against.split(", "))
+    best = max((s, t) for t, s in scores.items() if t not in ("[CLS]", "[SEP]"))
+    assert support.startswith(f"{best[1]} {best[0]:+.3g}")
+    assert any(line.startswith("leave_one_out faithfulness on this input: comprehensiveness") for line in lines)
+    assert data["signed"] is True and set(data["faithfulness"]) >= {"comprehensiveness", "sufficiency", "random"}

@@ -1,0 +1,92 @@
+"""Per-input faithfulness (`attnflow explain`'s badges) against the benchmark on the same input and
+against forward passes of the perturbed inputs written out here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+from attnflow.evaluate.benchmark import BenchmarkOptions, evaluate_method, prepare_examples
+from attnflow.evaluate.per_input import BINS, input_faithfulness
+from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.explanation import explain
+
+TEXT = "this story is not very good and the acting is great"
+METHODS = ("grad_x_input", "rollout", "leave_one_out")
+
+
+def _p(model, ids, index):
+    """p(class index | ids), one plain forward pass."""
+    with torch.no_grad():
+        logits = model.model(input_ids=torch.tensor([list(ids)])).logits[0]
+    return float(torch.softmax(logits.double(), dim=-1)[index])
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_classifier_path):
+    """The tiny random classifier with its head scaled up, so that removing tokens moves p visibly."""
+    model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
+    with torch.no_grad():
+        model.model.classifier.weight.mul_(1000.0)
+    return model
+
+
+def test_per_input_faithfulness_equals_the_benchmark_on_that_input(classifier):
+    key_model = classifier
+    trace = key_model.trace_for(list(METHODS), [TEXT])[0]
+    explanations = [explain(trace, method=m, model=key_model) for m in METHODS]
+    records = input_faithfulness(key_model, trace, [e.scores for e in explanations])
+
+    scorer = ClassifierScorer(key_model)
+    examples = prepare_examples(key_model, scorer, [TEXT], [1])
+    options = BenchmarkOptions(bins=BINS, sanity_samples=0)
+    for method, record in zip(METHODS, records, strict=True):  # equal up to float32 noise: other padding
+        benchmark = evaluate_method(key_model, scorer, examples, method, options)
+        np.testing.assert_allclose(record["comprehensiveness"], benchmark.comprehensiveness[0], atol=1e-5)
+        np.testing.assert_allclose(record["sufficiency"], benchmark.sufficiency[0], atol=1e-5)
+        assert record["aopc_comprehensiveness"] == pytest.approx(np.mean(benchmark.comprehensiveness[0]), abs=1e-5)
+
+    # by hand: the top ceil(k m) content tokens removed (comprehensiveness) or kept alone (sufficiency)
+    ids, special, target = list(trace.token_ids), trace.special_mask, trace.target.index
+    content = [j for j in range(len(ids)) if not special[j]]
+    p_full = _p(key_model, ids, target)
+    assert records[0]["probability"] == pytest.approx(trace.target.probability, abs=1e-5)
+    for explanation, record in zip(explanations, records, strict=True):
+        ranked = sorted(content, key=lambda j: (-explanation.scores[j], j))
+        for k, comprehensive, sufficient in zip(BINS, record["comprehensiveness"], record["sufficiency"], strict=True):
+            top = set(ranked[: math.ceil(k * len(content))])
+            without = [t for j, t in enumerate(ids) if j not in top]
+            only = [t for j, t in enumerate(ids) if special[j] or j in top]
+            assert comprehensive == pytest.approx(p_full - _p(key_model, without, target), abs=1e-5)
+            assert sufficient == pytest.approx(p_full - _p(key_model, only, target), abs=1e-5)
+    # the random expectation: the mean over the seeded permutations 0..4 of the content tokens
+    drops = []
+    for seed in range(5):
+        order = np.random.default_rng(seed).permutation(content)
+        top = set(order[: math.ceil(0.5 * len(content))].tolist())
+        drops.append(p_full - _p(key_model, [t for j, t in enumerate(ids) if j not in top], target))
+    assert records[0]["random"]["comprehensiveness"][2] == pytest.approx(np.mean(drops), abs=1e-5)
+    assert records[0]["random"] == records[2]["random"]
+
+
+def test_next_token_faithfulness_reads_the_probability_of_that_token(tiny_model_path):
+    model = attnflow.load(str(tiny_model_path("llama")), device="cpu")
+    trace = model.trace_for(["gradient"], ["the cat sat on the mat and the dog"])[0]
+    explanation = explain(trace, method="gradient")
+    record = input_faithfulness(model, trace, [explanation.scores])[0]
+    assert record["probability"] == pytest.approx(trace.target.probability, rel=1e-5)  # the Objective's p
+
+    def p_next(ids):
+        with torch.no_grad():
+            logits = model.model(input_ids=torch.tensor([ids])).logits[0, -1]
+        return float(torch.softmax(logits.double(), dim=-1)[trace.target.index])
+
+    ids, special = list(trace.token_ids), trace.special_mask
+    content = [j for j in range(len(ids)) if not special[j]]
+    top = set(sorted(content, key=lambda j: (-explanation.scores[j], j))[: math.ceil(0.5 * len(content))])
+    without = [t for j, t in enumerate(ids) if j not in top]
+    assert record["comprehensiveness"][2] == pytest.approx(p_next(ids) - p_next(without), abs=1e-5)
