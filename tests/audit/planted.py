@@ -41,7 +41,7 @@ def planted_texts(n: int, seed: int) -> tuple[list[str], list[int], np.ndarray]:
     return texts, labels, np.asarray(flips)
 
 
-def train_planted_classifier(folder: Path, steps: int = 600) -> Path:
+def train_planted_classifier(folder: Path, steps: int = 250) -> Path:
     """A tiny BERT sequence classifier (labels negative/positive) trained on `planted_texts`."""
     import torch
     import transformers as T
@@ -60,9 +60,8 @@ def train_planted_classifier(folder: Path, steps: int = 600) -> Path:
     model.train()
     for _ in range(steps):
         index = torch.randint(0, len(texts), (64,), generator=generator)
-        output = model(
-            input_ids=encoded["input_ids"][index], attention_mask=encoded["attention_mask"][index], labels=targets[index]
-        )
+        inputs = {name: encoded[name][index] for name in ("input_ids", "attention_mask")}
+        output = model(**inputs, labels=targets[index])
         optimiser.zero_grad()
         output.loss.backward()
         optimiser.step()
