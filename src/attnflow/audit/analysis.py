@@ -89,7 +89,7 @@ def contrast(
     examples must be > 0); words in at least ``min_count`` examples of the two groups together."""
     if not n_inside or not n_outside:
         return []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for word in set(inside) | set(outside):
         a, b = inside.get(word, [0, 0, 0.0, 0.0]), outside.get(word, [0, 0, 0.0, 0.0])
         if a[EXAMPLES] + b[EXAMPLES] < min_count:
@@ -114,7 +114,8 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
     counts = np.array([s[EXAMPLES] for _, s in candidates], dtype=np.float64)
     means = np.array([s[RELEVANCE] / s[EXAMPLES] for _, s in candidates], dtype=np.float64)
     total = sum(s[RELEVANCE] for s in all_words.values())
-    rows, missing = [], []
+    rows: list[dict[str, Any]] = []
+    missing = []
     for term in terms:
         sums = all_words.get(term)
         if sums is None:
