@@ -44,7 +44,10 @@ def test_the_planted_token_ranks_first_for_its_class(planted_audit):
 
 def test_the_biased_term_is_flagged_and_random_words_are_not(planted_audit):
     terms = planted_audit[0]["terms"]
-    assert terms["flagged"] == [BIASED]
+    # "he" may be flagged too, legitimately: with "very" and without "great", he vs she decides the label.
+    assert BIASED in terms["flagged"] and not set(RANDOM_WORDS) & set(terms["flagged"])
+    rows = {row["term"]: row for row in terms["terms"]}
+    assert rows[BIASED]["percentile"] >= 95.0 and all(rows[word]["percentile"] < 95.0 for word in RANDOM_WORDS)
     assert terms["ratio"] > 1.0
 
 
