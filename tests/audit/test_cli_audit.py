@@ -120,3 +120,11 @@ def test_resume_refuses_another_configuration(planted_model, planted_task, tmp_p
     code = run_cli("--model", str(planted_model), "--task", str(path), "--samples", "30", "--out", out, "--resume")
     assert code == 2
     assert "was written with a different configuration" in one_error_line(capsys)
+
+
+def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path, capsys):
+    path, *_ = planted_task
+    (tmp_path / "checkpoint.json").write_text('{"format": 1, "exam', encoding="utf-8")
+    code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
+    assert code == 2
+    assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)

@@ -283,10 +283,11 @@ def _save(path: Path, stats: AuditStats, examples: int, fields: dict, fingerprin
 def _load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        for key in ("stats", "examples", "elapsed_s"):
-            meta[key]  # present, or the KeyError below
-    except (OSError, ValueError, KeyError) as error:
-        raise InputError(f"{path}: not a readable audit checkpoint ({error}); use --overwrite to start again") from None
+        missing = [key for key in ("stats", "examples", "elapsed_s") if key not in meta]
+    except (OSError, ValueError, TypeError) as error:
+        missing = [str(error)]
+    if missing:
+        raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
     return meta

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from matplotlib.figure import Figure
 
+from attnflow.audit.analysis import FLAG_PERCENTILE
 from attnflow.viz.page import esc, figure_img, page, section, table
 
 GALLERY = 12  # errors and counterfactuals shown with their maps
@@ -156,7 +157,7 @@ def _terms(terms: Mapping[str, Any]) -> str:
     parts = [
         f"<p>The terms receive {100 * terms['share']:.2f} % of all relevance; words of matched frequency would "
         f"receive {100 * terms['baseline_share']:.2f} % (ratio {terms['ratio']:.2f}). "
-        f"Flagged (above the {95}th percentile of their matched words): "
+        f"Flagged (above the {FLAG_PERCENTILE:g}th percentile of their matched words): "
         f'<span class="flag">{esc(", ".join(terms["flagged"]) or "none")}</span>.</p>'
     ]
     if terms["missing"]:
