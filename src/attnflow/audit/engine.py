@@ -104,14 +104,7 @@ def load_data(options: AuditOptions, model: Any, label_names: list[str]) -> Audi
     from attnflow.evaluate.api import load_evaluation_task, select_samples
 
     if options.file is not None:
-        from attnflow.cli.explain_file import read_texts
-
-        json_lines = Path(options.file).suffix.lower() in (".jsonl", ".json", ".ndjson")
-        texts = read_texts(
-            options.file,
-            text_field=options.text_column if json_lines else None,
-            text_column=None if json_lines else options.text_column,
-        )
+        texts = read_unlabelled(options.file, options.text_column)
         name, labels, split = options.file, None, "every text of the file (no labels)"
     else:
         data, name = load_evaluation_task(options.task, model, label_names, options.text_column, options.label_column)
@@ -122,6 +115,21 @@ def load_data(options: AuditOptions, model: Any, label_names: list[str]) -> Audi
         texts = [texts[i] for i in chosen]
         labels = None if labels is None else [labels[i] for i in chosen]
     return AuditData(name, tuple(texts), None if labels is None else tuple(labels), split)
+
+
+def read_unlabelled(file: str, text_column: str) -> list[str]:
+    """The texts of a .txt (one a line), .jsonl (field ``text_column``), .csv or .parquet file."""
+    from attnflow.capture.texts import check_texts
+    from attnflow.corpus.readers import KINDS, ReadOptions, open_corpus
+
+    path = Path(file).expanduser()
+    if not path.is_file() or path.suffix.lower() not in KINDS:
+        raise InputError(f"--file {file}: give an existing .txt, .jsonl, .csv or .parquet file")
+    texts = list(open_corpus(str(path), ReadOptions(text_field=text_column, text_column=text_column)))
+    if not texts:
+        raise InputError(f"--file {file} holds no text")
+    check_texts(texts)  # undecodable characters: one line before any model runs
+    return texts
 
 
 def check_model(model: Any, method: str) -> list[str]:
