@@ -73,3 +73,11 @@ def test_methods_page_defines_every_method_and_option():
 def test_explain_help_points_to_the_methods_page():
     subparsers = next(action for action in build_parser()._actions if action.dest == "command")
     assert "docs/methods.md" in subparsers.choices["explain"].format_help()
+
+
+def test_methods_table_is_the_registry():
+    from attnflow.methods.registry import markdown_table
+
+    page = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    table = page.split("<!-- methods table -->\n", 1)[1].split("\n<!-- end of methods table -->", 1)[0]
+    assert table == markdown_table(), "regenerate the table: attnflow.methods.registry.markdown_table()"

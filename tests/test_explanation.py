@@ -53,6 +53,7 @@ def test_rollout_explanation_matches_the_method_and_row():
     # Options as used, with the method's defaults filled in.
     assert explanation.options == {
         "head_fusion": "mean",
+        "weights": None,
         "residual": 0.7,
         "start_layer": 0,
         "threshold": None,
@@ -89,8 +90,8 @@ def test_raw_method_and_row_index():
 @pytest.mark.parametrize(
     "method, options, message",
     [
-        ("raw", {"top_k": 2}, "does not take top_k"),
-        ("rollout", {"layer": 1}, "does not take layer"),
+        ("raw", {"top_k": 2}, "does not take --top-k \\(top_k\\)"),
+        ("rollout", {"layer": 1}, "does not take --layer \\(layer\\)"),
         ("rollout", {"bogus": 1, "top_k": 2}, "does not take bogus"),
         ("nope", {}, "unknown method 'nope'"),
     ],
@@ -110,7 +111,7 @@ def test_head_weights_shorthand():
     trace = random_trace()
     explanation = explain(trace, weights=np.array([3.0, 1.0]))
     np.testing.assert_allclose(explanation.matrix, attnflow.rollout(trace.attentions, weights=[0.75, 0.25]))
-    assert explanation.options["head_fusion"] == [3.0, 1.0]
+    assert explanation.options["head_fusion"] == "mean" and list(explanation.options["weights"]) == [3.0, 1.0]
     json.dumps(explanation.to_dict())  # weights stay JSON-serialisable
     with pytest.raises(ValueError, match="not both"):
         explain(trace, weights=[1, 1], head_fusion="max")
@@ -132,8 +133,10 @@ def test_methods_taking_a_trace_get_the_trace(monkeypatch):
         seen["trace"] = trace
         return np.full((trace.n_tokens, trace.n_tokens), scale / trace.n_tokens)
 
-    spec = registry.MethodSpec("needs_trace", needs_trace, "test method", ("scale",))
-    monkeypatch.setitem(registry._METHODS, "needs_trace", spec)
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))  # registrations undone after the test
+    registry.register("needs_trace", "test method", takes="trace", options=(registry.Option("scale", "s"),))(
+        needs_trace
+    )
     trace = random_trace()
     explanation = explain(trace, method="needs_trace", scale=2.0)
     assert seen["trace"] is trace
@@ -141,8 +144,8 @@ def test_methods_taking_a_trace_get_the_trace(monkeypatch):
 
 
 def test_wrong_result_shape_is_reported(monkeypatch):
-    spec = registry.MethodSpec("bad_shape", lambda attentions: np.zeros(3), "test", ())
-    monkeypatch.setitem(registry._METHODS, "bad_shape", spec)
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    registry.register("bad_shape", "test", takes="attentions")(lambda attentions: np.zeros(3))
     with pytest.raises(ValueError, match="returned shape"):
         explain(random_trace(), method="bad_shape")
 

@@ -16,7 +16,8 @@ import pytest
 
 import attnflow
 from attnflow.errors import InputError
-from attnflow.exploration import EXPENSIVE_ABOVE, MethodView, explore
+from attnflow import exploration as exploration_module
+from attnflow.exploration import MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
 from attnflow.methods.similarity import context_similarity
 from attnflow.trace import Trace
@@ -149,7 +150,7 @@ def test_hostile_tokens_never_appear_as_markup():
 
 
 def test_default_leaves_out_expensive_methods_on_long_texts(monkeypatch):
-    monkeypatch.setitem(EXPENSIVE_ABOVE, "flow", 4)
+    monkeypatch.setattr(exploration_module, "EXPENSIVE_ABOVE", 4)
     exploration = explore(hostile_trace())
     assert "flow" not in [view.name for view in exploration.methods]
     assert "slow above 4" in exploration.skipped["flow"]
@@ -212,7 +213,7 @@ def test_save_and_notebook_display(tmp_path, tiny_exploration):
     assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame and "<script" not in frame
 
 
-def test_model_explore_and_the_package_entry_point(tiny_bert):
+def test_the_package_entry_point_explores_a_loaded_model(tiny_bert):
     assert attnflow.explore is explore
-    exploration = tiny_bert.explore(SENTENCE, methods=["raw"])
+    exploration = attnflow.explore(tiny_bert, SENTENCE, methods=["raw"])
     assert [view.name for view in exploration.methods] == ["raw"] and exploration.model == tiny_bert.name

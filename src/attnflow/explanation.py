@@ -12,7 +12,6 @@ looks the method up in the registry, runs it on a `Trace` and picks the saliency
 
 from __future__ import annotations
 
-import inspect
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
-from attnflow.methods.registry import MethodSpec, get_method
+from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.trace import Trace
 
@@ -251,15 +250,13 @@ def explain(
             integrated gradients).
         **options: options of the method (see its ``MethodSpec.options``). Options the method
             does not declare raise ValueError; options given as None mean "the default".
-            ``weights=[...]`` is accepted as a shorthand for ``head_fusion=[...]``.
 
-    Methods receive ``trace.attentions`` (``[layer, head, query, key]``), or the whole Trace
-    when their first parameter is named ``trace``, or ``(model, trace)`` when they need the
-    model; they return ``[query, key]``, ``[head, query, key]`` when heads stay apart (the
-    Explanation's matrix is then the mean over heads and ``head_matrices`` keeps them), or
-    ``[key]`` scores for attribution-only methods.
+    Methods are called as their declaration says (``MethodSpec.takes``); they return
+    ``[query, key]``, ``[head, query, key]`` when heads stay apart (the Explanation's matrix is
+    then the mean over heads and ``head_matrices`` keeps them), or ``[key]`` scores for
+    attribution-only methods.
 
-    On an image, a method that can compute selected output rows (attention flow, ``rows=``)
+    On an image, a method that can compute selected output rows (``MethodSpec.rows``: attention flow)
     computes only the saliency row when that is one position (``cls``, ``last``, an index): the
     full flow matrix of a 16 × 16 grid (257 tokens) takes minutes, its CLS row about a second.
     The Explanation's ``matrix`` is then None, ``row`` names the row and ``options["rows"]``
@@ -268,14 +265,14 @@ def explain(
     spec = get_method(method)
     chosen = method_options(spec, options)
     n = trace.n_tokens
-    if trace.grid is not None and not spec.scores_only and "rows" in inspect.signature(spec.function).parameters:
+    if trace.grid is not None and spec.rows:
         row = parse_row(default_row(trace) if row is None else row)
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
+            scores, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
             return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
-    result, notes = _run_noting_warnings(lambda: apply_method(spec, trace, model=model, **chosen))
+    result, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -308,7 +305,7 @@ def _explanation(
         matrix=matrix,
         scores=scores,
         method=spec.name,
-        options={**_defaults(spec), **chosen},
+        options={**spec.defaults, **chosen},
         row=row,
         model=trace.model_name,
         text=trace.text,
@@ -325,18 +322,6 @@ def _explanation(
     )
 
 
-def apply_method(spec: MethodSpec, trace: Trace, model: Any = None, **options: Any) -> Any:
-    """Call a registered method on a trace: with ``(model, trace)`` when it needs the model, the
-    whole Trace when its first parameter is named ``trace``, else ``trace.attentions``
-    (``[layer, head, query, key]``). ``options`` go to the function as given (no validation:
-    see `method_options`)."""
-    if "model" in spec.needs:
-        if model is None:
-            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
-        return spec.function(model, trace, **options)
-    return spec.function(trace if _takes_trace(spec) else trace.attentions, **options)
-
-
 def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
     """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
     messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
@@ -347,28 +332,6 @@ def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
-
-
-def method_options(
-    spec: MethodSpec, options: Mapping[str, Any], spell: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """The options to pass to ``spec.function``: None values dropped, ``weights`` folded into
-    ``head_fusion``, anything the method does not declare rejected with a ValueError.
-
-    ``spell`` maps option names to how the caller spells them in messages (the CLI's flags).
-    """
-    spell = spell or {}
-    chosen = {name: value for name, value in options.items() if value is not None}
-    if "weights" in chosen and "head_fusion" in spec.options and "weights" not in spec.options:
-        if chosen.get("head_fusion", "mean") != "mean":
-            raise ValueError("give either head weights or a head fusion, not both")
-        chosen["head_fusion"] = [float(w) for w in np.asarray(chosen.pop("weights")).reshape(-1)]
-    unknown = [name for name in chosen if name not in spec.options]
-    if unknown:
-        takes = ", ".join(spell.get(name, name) for name in spec.options) or "no options"
-        names = ", ".join(spell.get(name, name) for name in unknown)
-        raise ValueError(f"method {spec.name!r} does not take {names}; it takes: {takes}")
-    return chosen
 
 
 def default_row(trace: Trace) -> Row:
@@ -395,21 +358,6 @@ def _single_position(row: Row, n: int) -> int | None:
     if not -n <= index < n:
         raise ValueError(f"row index {row} is out of range for {n} tokens")
     return index % n
-
-
-def _takes_trace(spec: MethodSpec) -> bool:
-    parameters = list(inspect.signature(spec.function).parameters)
-    return bool(parameters) and parameters[0] == "trace"
-
-
-def _defaults(spec: MethodSpec) -> dict[str, Any]:
-    """The declared options' default values, from the method's signature."""
-    parameters = inspect.signature(spec.function).parameters
-    return {
-        name: parameters[name].default
-        for name in spec.options
-        if name in parameters and parameters[name].default is not inspect.Parameter.empty
-    }
 
 
 def _jsonable(value: Any) -> Any:

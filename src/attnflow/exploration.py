@@ -28,7 +28,6 @@ the page.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +36,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.errors import AttnflowError, InputError
-from attnflow.explanation import apply_method, default_row, parse_row
+from attnflow.explanation import default_row, parse_row
 from attnflow.methods.diagnostics import is_causal, layer_diagnostics
-from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method
+from attnflow.methods.registry import MethodSpec, available_methods, call_method, check_family, get_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
 from attnflow.methods.summary import subject, summarize
@@ -52,10 +51,10 @@ _VIEWS: dict[str, Callable[..., Any]] = {}
 EXPLORER_FILE = "explorer.html"
 # What the page always wants from the forward pass: head outputs for the context similarity.
 PAGE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
-# Methods that a default exploration (no explicit method list) leaves out above this many tokens,
-# because their cost grows too fast (attention flow: a max-flow per output row; value zeroing and
+# A default exploration (no explicit method list) leaves the methods declared ``cost="expensive"``
+# out above this many tokens (attention flow: a max-flow per output row; value zeroing and
 # leave-one-out: a forward pass per token).
-EXPENSIVE_ABOVE = {"flow": 128, "value_zeroing": 128, "leave_one_out": 128}
+EXPENSIVE_ABOVE = 128
 
 
 @dataclass
@@ -168,8 +167,8 @@ def explore(
         source: a loaded model (`attnflow.load(...)`), a model name to load, or a `Trace`
             (then ``text`` is not needed, and only methods whose needs the trace holds run).
         text: the text to explore.
-        methods: registry names; None: every registered method the model supports (those in
-            ``EXPENSIVE_ABOVE`` only up to their token limit; methods that cannot run, e.g.
+        methods: registry names; None: every registered method the model supports (those
+            declared expensive only up to ``EXPENSIVE_ABOVE`` tokens; methods that cannot run, e.g.
             without a target, are listed in ``skipped`` with the reason).
         row: default saliency row (None: the model's, see `attnflow.explanation.default_row`).
         max_length: truncate the text to this many tokens.
@@ -227,10 +226,9 @@ def explore(
                 skip(spec.name, str(error))
             specs = [spec for spec in specs if not spec.uses_target]
     for spec in list(specs):
-        limit = EXPENSIVE_ABOVE.get(spec.name)
-        if methods is None and limit is not None and base.n_tokens > limit:
+        if methods is None and spec.cost == "expensive" and base.n_tokens > EXPENSIVE_ABOVE:
             skipped[spec.name] = (
-                f"left out for {base.n_tokens} tokens (slow above {limit}); ask for it by name to include it"
+                f"left out for {base.n_tokens} tokens (slow above {EXPENSIVE_ABOVE}); ask for it by name to include it"
             )
             specs.remove(spec)
     row = parse_row(row) if row is not None else default_row(base)
@@ -294,9 +292,8 @@ def _requested(methods: Sequence[str] | None) -> list[str]:
 
 def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> MethodView:
     n = trace.n_tokens
-    parameters = inspect.signature(spec.function).parameters
-    layerwise = {"layerwise": True} if "layerwise" in parameters else {}
-    result = np.asarray(apply_method(spec, trace, model=model, **layerwise), dtype=np.float64)
+    layerwise = {"layerwise": True} if spec.layerwise else {}
+    result = np.asarray(call_method(spec, trace, model=model, **layerwise), dtype=np.float64)
     if spec.scores_only:
         if result.shape != (n,):
             raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
@@ -311,17 +308,11 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
     if matrices.ndim != 3 or matrices.shape[1:] != (n, n):
         raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected [(layer,) query, key]")
     head_matrices = None
-    if "head_fusion" in spec.options:
-        try:
-            per_head = np.asarray(
-                apply_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64
-            )
-        except ValueError:  # the method cannot keep heads apart (e.g. attention flow)
-            per_head = None
-        if per_head is not None:
-            head_matrices = per_head if layerwise else per_head[None]  # [view, head, query, key]
-            if head_matrices.shape[0] != matrices.shape[0] or head_matrices.shape[2:] != (n, n):
-                raise ValueError(f"method {spec.name!r} returned per-head shape {per_head.shape}")
+    if spec.per_head:
+        per_head = np.asarray(call_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64)
+        head_matrices = per_head if layerwise else per_head[None]  # [view, head, query, key]
+        if head_matrices.shape[0] != matrices.shape[0] or head_matrices.shape[2:] != (n, n):
+            raise ValueError(f"method {spec.name!r} returned per-head shape {per_head.shape}")
     return MethodView(spec.name, spec.summary, matrices=matrices, head_matrices=head_matrices, first_layer=first_layer)
 
 

@@ -80,7 +80,7 @@ def fake_model(monkeypatch):
         loads.append((name, device))
         return model
 
-    monkeypatch.setattr(explain_command, "_load", load)
+    monkeypatch.setattr(explain_command, "load_model", load)
     model.loads = loads
     return model
 
@@ -128,6 +128,7 @@ def test_options_reach_the_method(fake_model, tmp_path, capsys):
     assert err == ""
     assert data["options"] == {
         "head_fusion": "max",
+        "weights": None,
         "residual": 0.3,
         "start_layer": 1,
         "top_k": 3,
@@ -191,9 +192,9 @@ def test_collapse_warning_is_one_line_and_on_the_page(fake_model, tmp_path, caps
 
 def test_head_weights_and_raw_layer(fake_model, tmp_path, capsys):
     assert run_cli(SENTENCE, "--out", str(tmp_path / "a"), "--head-weights", "1,0,1", "--json", "-q") == 0
-    assert json.loads(capsys.readouterr().out)["options"]["head_fusion"] == [1.0, 0.0, 1.0]
+    assert json.loads(capsys.readouterr().out)["options"]["weights"] == [1.0, 0.0, 1.0]
     assert run_cli(SENTENCE, "--out", str(tmp_path / "b"), "--method", "raw", "--layer", "0", "--json", "-q") == 0
-    assert json.loads(capsys.readouterr().out)["options"] == {"head_fusion": "mean", "layer": 0}
+    assert json.loads(capsys.readouterr().out)["options"] == {"head_fusion": "mean", "weights": None, "layer": 0}
 
 
 def test_max_length_is_passed_to_the_model(fake_model, tmp_path):
@@ -359,7 +360,7 @@ def test_a_failed_write_is_one_line_and_leaves_nothing(fake_model, tmp_path, cap
     assert len(err) == 1 and err[0].startswith(f"attnflow: error: cannot write {out}: {name}: "), err
     assert not out.exists() and _scratch_folders(tmp_path) == []
     monkeypatch.undo()
-    monkeypatch.setattr(explain_command, "_load", lambda *a: fake_model)
+    monkeypatch.setattr(explain_command, "load_model", lambda *a: fake_model)
     assert run_cli(SENTENCE, "--out", str(out), "-q") == 0  # not refused: nothing was left behind
     assert {p.name for p in out.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
 
@@ -503,7 +504,7 @@ def test_non_utf8_command_line_text_is_one_line(tmp_path):
 
 @needs_minilm
 def test_file_on_minilm_equals_one_by_one(tmp_path, minilm, monkeypatch):
-    monkeypatch.setattr(explain_command, "_load", lambda *args: minilm)
+    monkeypatch.setattr(explain_command, "load_model", lambda *args: minilm)
     source, _ = _write_source(tmp_path, "txt")
     assert run_cli("--file", str(source), "--out", str(tmp_path / "out"), "-q", "--batch-size", "3") == 0
     for number, text in enumerate(TEXTS, start=1):

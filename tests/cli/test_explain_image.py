@@ -42,7 +42,7 @@ def with_dinov2(dinov2, monkeypatch):
         loads.append(name)
         return dinov2
 
-    monkeypatch.setattr(explain_command, "_load", load)
+    monkeypatch.setattr(explain_command, "load_model", load)
     return loads
 
 

@@ -160,7 +160,7 @@ class FakeModel:
 
 @pytest.fixture
 def fake_model(monkeypatch):
-    monkeypatch.setattr(explore_command, "_load", lambda *_: FakeModel())
+    monkeypatch.setattr(explore_command, "load_model", lambda *_: FakeModel())
 
 
 @pytest.mark.usefixtures("fake_model")

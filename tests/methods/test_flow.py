@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnflow.methods import attention_flow, get_method
+from attnflow.methods.registry import call_method, method_options
 
 
 def softmax_attentions(rng, n_layers, n_heads, n, *, sharpness=3.0, causal=False, sparse=False):
@@ -277,13 +280,15 @@ def test_an_all_zero_fused_row_gives_zero_flows_not_nan():
     np.testing.assert_array_equal(attention_flow(attentions, head_fusion="min"), np.eye(3))
 
 
-def test_registered_as_flow():
+def test_registered_flow_takes_head_weights_and_a_layer():
     spec = get_method("flow")
-    assert spec.function is attention_flow
-    assert spec.options == ("head_fusion", "residual", "layer")
-    attentions = softmax_attentions(np.random.default_rng(10), 2, 2, 6)
-    registered = spec.function(attentions, head_fusion="max", layer=1)
-    np.testing.assert_array_equal(registered, attention_flow(attentions, "max", layer=1))
+    attentions = softmax_attentions(np.random.default_rng(10), 2, 3, 6)
+    chosen = method_options(spec, {"weights": [1.0, 2.0, 1.0], "layer": 1, "residual": None})
+    registered = call_method(spec, SimpleNamespace(attentions=attentions), **chosen)
+    expected = networkx_flows(capacities(attentions, [0.25, 0.5, 0.25], "half")[:1])  # layer 1: first layer only
+    np.testing.assert_allclose(registered, expected / expected.sum(axis=-1, keepdims=True), rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="either head weights or a head fusion"):
+        attention_flow(attentions, head_fusion="max", weights=[1.0, 1.0, 1.0])
 
 
 def _attentions():

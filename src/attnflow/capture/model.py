@@ -27,7 +27,7 @@ from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.methods.registry import check_family, get_method
+from attnflow.methods.registry import check_family, get_method, method_options
 from attnflow.trace import NEEDS, Trace
 
 log = logging.getLogger(__name__)
@@ -369,7 +369,7 @@ class AttentionModel:
             model = attnflow.load("minilm-sentiment")
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
         """
-        from attnflow.explanation import explain, method_options
+        from attnflow.explanation import explain
 
         single = isinstance(texts, str)
         method_options(get_method(method), options)  # bad options fail before any forward pass
@@ -585,13 +585,6 @@ class AttentionModel:
             cross_attentions=_first(cross.stacked_weights()),
             meta={"default_row": self.default_row},
         )
-
-    def explore(self, text: str, **options: Any) -> Any:
-        """`attnflow.explore(self, text, **options)`: the interactive explorer of one text
-        (an `Exploration`; shows itself in notebooks, ``.save(dir)`` writes explorer.html)."""
-        from attnflow.exploration import explore
-
-        return explore(self, text, **options)
 
     def _supported(self, methods: Sequence[str]) -> list[Any]:
         """The methods' registry entries, after checking that each supports this model's family."""

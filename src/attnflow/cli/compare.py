@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnflow.cli.explain import _load, _positive_int, _Progress
-from attnflow.cli.explore import add_text_options
+from attnflow.cli.common import Progress, add_text_options, load_model, positive_int
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods
 
@@ -42,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--method", default="rollout", choices=available_methods(), help="default: rollout")
     parser.add_argument(
-        "--top-k", type=_positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)"
+        "--top-k", type=positive_int, default=5, metavar="K", help="size of the top-k overlap (default: 5)"
     )
     add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
     parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
@@ -59,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    say = _Progress(args.quiet)
+    say = Progress(args.quiet)
     models = []
     for name in args.model:
         say(f"loading {name} …")
-        models.append(_load(name, args.device, args.quiet))
+        models.append(load_model(name, args.device, args.quiet))
     comparison = compare(
         models[0],
         models[1],

@@ -11,30 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from attnflow.capture.texts import check_texts
+from attnflow.cli.common import (
+    DEFAULT_MODEL,
+    Progress,
+    add_method_options,
+    given_method_options,
+    load_model,
+    method_table,
+    options_per_method,
+    parse_methods,
+    parse_row,
+    positive_int,
+)
 from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
 from attnflow.errors import InputError
-from attnflow.methods.registry import available_methods, get_method
 from attnflow.viz.tokens import display_token
-
-DEFAULT_MODEL = "minilm-sentiment"
-
-# How the CLI spells each method option (for help and error messages).
-FLAGS = {
-    "head_fusion": "--head-fusion",
-    "weights": "--head-weights",
-    "residual": "--residual",
-    "start_layer": "--start-layer",
-    "top_k": "--top-k",
-    "threshold": "--threshold",
-    "discard_ratio": "--discard-ratio",
-    "prune_on": "--prune-on",
-    "layer": "--layer",
-    "seed": "--seed",
-    "n_steps": "--steps",
-}
 
 EPILOG = """\
 examples:
@@ -69,11 +62,6 @@ image, explanation_overlay.png (the saliency over the image). With several metho
 each goes to DIR/METHOD/ and DIR/comparison.html shows them side by side.
 A folder that already holds an explanation is only replaced with --overwrite.
 """
-
-
-def method_table() -> str:
-    """One line per registered method: its name and summary (for --help texts)."""
-    return "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -120,11 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--file: the CSV column that holds the text (default: text; with -: read CSV)",
     )
     source.add_argument(
-        "--batch-size", type=_positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)"
+        "--batch-size", type=positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)"
     )
     source.add_argument(
         "--max-length",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="truncate the text to N tokens (default: the model's maximum)",
     )
@@ -136,45 +124,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     method.add_argument(
         "--method",
         default="rollout",
-        type=_methods,
+        type=parse_methods,
         metavar="NAME[,NAME..]",
         help="one or more methods listed above (default: rollout)",
     )
-    method.add_argument(
-        "--head-fusion",
-        choices=("mean", "max", "min", "none"),
-        help="fuse heads (default: mean; none: one rollout or flow per head, averaged)",
-    )
-    method.add_argument(
-        "--head-weights",
-        type=_weights,
-        metavar="W1,W2,..",
-        help="weighted head fusion, one weight per head (normalised)",
-    )
-    method.add_argument(
-        "--residual",
-        type=_residual,
-        metavar="half|renorm|none|ALPHA|norm",
-        help="residual correction (default: half; norm: norm_rollout only)",
-    )
-    method.add_argument("--start-layer", type=_non_negative_int, metavar="N", help="first layer composed (default: 0)")
-    method.add_argument("--top-k", type=_positive_int, metavar="K", help="keep the K largest entries of each row")
-    method.add_argument("--threshold", type=_ratio, metavar="T", help="drop entries below T in each row (T in [0, 1))")
-    method.add_argument(
-        "--discard-ratio", type=_ratio, metavar="Q", help="drop the smallest fraction Q of each row (Q in [0, 1))"
-    )
-    method.add_argument(
-        "--prune-on",
-        choices=("attention", "residual"),
-        help="what --top-k/--threshold/--discard-ratio prune: the head-fused attention before the residual "
-        "is added (default), or the residual-corrected matrix (its diagonal is >= 1/2, so strong pruning "
-        "keeps only the diagonal)",
-    )
-    method.add_argument("--layer", type=int, metavar="N", help="layer of --method raw or norm (default: last)")
-    method.add_argument("--seed", type=_non_negative_int, metavar="S", help="seed of --method random (default: 0)")
-    method.add_argument(
-        "--steps", type=_positive_int, metavar="N", help="steps of --method integrated_gradients (default: 32)"
-    )
+    add_method_options(method)
     target = parser.add_argument_group(
         "target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)"
     )
@@ -189,7 +143,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     method.add_argument(
         "--row",
-        type=_row,
+        type=parse_row,
         metavar="cls|mean|last|N",
         help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
     )
@@ -218,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        return run_file(args, _options_per_method(args.method, _options(args)), _load, _Progress(args.quiet))
+        return run_file(
+            args, options_per_method(args.method, given_method_options(args)), load_model, Progress(args.quiet)
+        )
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -232,12 +188,12 @@ def run(args: argparse.Namespace) -> int:
         check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
-    per_method = _options_per_method(args.method, _options(args))
+    per_method = options_per_method(args.method, given_method_options(args))
     out = prepare_output(args)
 
-    say = _Progress(args.quiet)
+    say = Progress(args.quiet)
     say(f"loading {args.model} …")
-    model = _load(args.model, args.device, args.quiet)
+    model = load_model(args.model, args.device, args.quiet)
     if args.image is not None:
         say(f"tracing {args.image} …")
         trace = model.trace_image_for(list(per_method), args.image)
@@ -274,140 +230,3 @@ def run(args: argparse.Namespace) -> int:
         for path in paths.values():
             print(f"wrote {path}")
     return 0
-
-
-def _options_per_method(methods: list[str], options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each method's share of the options the user set; an option no chosen method takes is an error."""
-    from attnflow.explanation import method_options
-
-    given = {name: value for name, value in options.items() if value is not None}
-    if len(methods) == 1:
-        method_options(get_method(methods[0]), given, spell=FLAGS)
-        return {methods[0]: given}
-    specs = [get_method(name) for name in methods]
-    accepted = {name for spec in specs for name in spec.options} | (
-        {"weights"} if any("head_fusion" in s.options for s in specs) else set()
-    )
-    unused = [FLAGS.get(name, name) for name in given if name not in accepted]
-    if unused:
-        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
-    chosen = {}
-    for spec in specs:
-        mine = {
-            name: value
-            for name, value in given.items()
-            if name in spec.options or (name == "weights" and "head_fusion" in spec.options)
-        }
-        chosen[spec.name] = method_options(spec, mine, spell=FLAGS)
-    return chosen
-
-
-def _options(args: argparse.Namespace) -> dict[str, Any]:
-    """The method options the user set (None: not given, the method's default applies)."""
-    return {
-        "head_fusion": args.head_fusion,
-        "weights": args.head_weights,
-        "residual": args.residual,
-        "start_layer": args.start_layer,
-        "top_k": args.top_k,
-        "threshold": args.threshold,
-        "discard_ratio": args.discard_ratio,
-        "prune_on": args.prune_on,
-        "layer": args.layer,
-        "seed": args.seed,
-        "n_steps": args.steps,
-    }
-
-
-def _load(name: str, device: str, quiet: bool) -> Any:
-    if quiet:
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity_error()
-            hf_logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover - transformers is a dependency
-            pass
-    from attnflow.capture import load
-
-    return load(name, device=device, progress=not quiet)
-
-
-class _Progress:
-    """Progress lines on stderr (stdout stays clean for --json)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-
-    def __call__(self, message: str) -> None:
-        if not self.quiet:
-            print(f"attnflow: {message}", file=sys.stderr, flush=True)
-
-
-# ----- argument types (argparse shows their messages as "argument --x: ...") -----------------
-
-
-def _positive_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def _ratio(text: str) -> float:
-    value = _number(text, float)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
-    return value
-
-
-def _methods(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in available_methods()]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
-        )
-    return list(dict.fromkeys(names))
-
-
-def _residual(text: str) -> str | float:
-    if text in ("half", "renorm", "none", "norm"):
-        return text
-    value = _number(text, float, "half, renorm, none, norm or a number in [0, 1]")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a residual weight must lie in [0, 1], got {text}")
-    return value
-
-
-def _weights(text: str) -> list[float]:
-    weights = [_number(part.strip(), float, "comma-separated numbers") for part in text.split(",") if part.strip()]
-    if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise argparse.ArgumentTypeError(f"need non-negative head weights, not all zero, got {text!r}")
-    return weights
-
-
-def _row(text: str) -> str | int:
-    from attnflow.methods.saliency import parse_row
-
-    try:
-        return parse_row(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _number(text: str, kind: type, expected: str | None = None) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected or kind.__name__}, got {text!r}") from None
-    if kind is float and value != value:  # NaN
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    return value

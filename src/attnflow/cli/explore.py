@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.explain import DEFAULT_MODEL, _load, _methods, _positive_int, _Progress, _row, method_table
+from attnflow.cli.common import DEFAULT_MODEL, Progress, add_text_options, load_model, method_table, parse_methods
 from attnflow.errors import InputError
+from attnflow.methods.registry import available_methods, get_method
 
 EPILOG = """\
 examples:
@@ -21,13 +22,16 @@ examples:
 
 Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
 token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
-(flow, value_zeroing and leave_one_out above 128 tokens) are left out unless --methods names them;
+({expensive} above {limit} tokens) are left out unless --methods names them;
 target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
 encoders), and are left out, with the reason, when there is no target.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from attnflow.exploration import EXPENSIVE_ABOVE
+
+    expensive = [name for name in available_methods() if get_method(name).cost == "expensive"]
     parser = subparsers.add_parser(
         "explore",
         help="an interactive page: every method, layer and head for one text",
@@ -35,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Write one self-contained HTML explorer for a text: methods, layers, heads, the\n"
             f"relevance matrix, rollout diagnostics and context similarity.\n\nmethods (--methods):\n{method_table()}"
         ),
-        epilog=EPILOG,
+        epilog=EPILOG.format(expensive=", ".join(expensive), limit=EXPENSIVE_ABOVE),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", metavar="TEXT", help="the text to explore")
@@ -46,29 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a classifier, so the target-dependent methods explain its prediction)",
     )
     parser.add_argument(
-        "--methods", type=_methods, metavar="M1,M2,..", help="methods to show (default: all registered)"
+        "--methods", type=parse_methods, metavar="M1,M2,..", help="methods to show (default: all registered)"
     )
     add_text_options(parser, row_help="default saliency row (default: the model's)", out="out/explore")
     parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
     parser.set_defaults(handler=run)
-
-
-def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
-    """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
-    parser.add_argument("--row", type=_row, metavar="cls|mean|last|N", help=row_help)
-    parser.add_argument("--max-length", type=_positive_int, metavar="N", help="truncate the text to N tokens")
-    parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
-    )
-    parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
-    parser.add_argument(
-        "--target",
-        metavar="CLASS|TOKEN",
-        help="what target-dependent methods explain: classifiers: a class index or label; "
-        "causal LMs: the next token (default: the prediction)",
-    )
-    parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
         raise NotADirectoryError(f"--out {out} is a file, not a folder")
     if (out / EXPLORER_FILE).exists() and not args.overwrite:
         raise FileExistsError(f"{out / EXPLORER_FILE} exists; pass --overwrite to replace it or choose another --out")
-    say = _Progress(args.quiet)
+    say = Progress(args.quiet)
     say(f"loading {args.model} …")
-    model = _load(args.model, args.device, args.quiet)
+    model = load_model(args.model, args.device, args.quiet)
     exploration = explore(
         model,
         args.text,

@@ -74,10 +74,10 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from attnflow.methods import options
 from attnflow.methods.registry import register
-from attnflow.methods.transforms import HeadFusion, Residual, accepts_torch, prepare_layers
+from attnflow.methods.transforms import HeadFusion, Residual, accepts_torch, choose_fusion, prepare_layers
 
-FLOW_OPTIONS = ("head_fusion", "residual", "layer")
 SCALE_BITS = 50
 _SCALE = float(2**SCALE_BITS)
 
@@ -90,11 +90,20 @@ SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) c
 _NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
 
 
-@register("flow", "attention flow: max-flow on the layered attention graph", FLOW_OPTIONS)
+@register(
+    "flow",
+    "attention flow: max-flow on the layered attention graph",
+    takes="attentions",
+    options=(options.HEAD_FUSION, options.HEAD_WEIGHTS, options.RESIDUAL, options.LAYER),
+    rows=True,
+    per_head=True,
+    cost="expensive",
+)
 @accepts_torch
 def attention_flow(
     attentions: Any,
     head_fusion: HeadFusion = "mean",
+    weights: Any = None,
     residual: Residual = "half",
     rows: Rows = None,
     layer: int | None = None,
@@ -110,6 +119,7 @@ def attention_flow(
             capacities are the fused maps; ``"none"``: per-head flow, one graph per head through
             that head's own layers (Ã_h⁽ˡ⁾ = the residual applied to head h of layer l, as
             head-specific rollout composes them), and a head axis in the result.
+        weights: per-head weights instead of ``head_fusion`` (normalised to sum 1).
         residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1] (docs/methods.md); the
             edge capacities are the resulting Ã⁽ˡ⁾.
         rows: output positions i to compute (an int or a sequence of ints, negatives count from
@@ -134,6 +144,7 @@ def attention_flow(
     """
     if not isinstance(normalize, (bool, np.bool_)):
         raise ValueError(f"normalize must be True or False, got {normalize!r}")
+    head_fusion = choose_fusion(head_fusion, weights)
     per_head = isinstance(head_fusion, str) and head_fusion == "none"
     layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, (head,) q, k]
     if per_head:

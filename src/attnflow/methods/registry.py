@@ -1,42 +1,96 @@
-"""A registry of relevance methods by name (what `attnflow explain --method` looks up).
+"""Methods are declared once, with `register`, and found by name (what `attnflow explain --method` looks up).
 
-Every registered method declares what it ``needs`` from a forward pass (names from
-`attnflow.trace.NEEDS`); the capture grants exactly those, so a forward-only method never pays
-for a gradient method's backward pass. How a method is called follows from its needs and its
-first parameter:
+A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``), the explorer,
+``attnflow evaluate`` and the docs derive their behaviour from it and never inspect a signature:
 
-- ``method(attentions, **options)``: attention-only methods (``[layer, head, query, key]``,
-  or batched with a leading axis);
-- ``method(trace, **options)``: methods that read more of the `Trace` (values, gradients, ...);
-- ``method(model, trace, **options)``: methods that need ``"model"`` and re-run it
-  (perturbations, integrated gradients).
+- ``takes``: how the function is called — ``"attentions"``: ``fn(attentions, **options)`` with
+  ``[layer, head, query, key]`` weights (or batched with a leading axis); ``"trace"``:
+  ``fn(trace, **options)``; ``"model"``: ``fn(model, trace, **options)`` (it re-runs the model);
+- ``needs``: what the capture must hold (names from `attnflow.trace.NEEDS`), so a forward-only
+  method never pays for a gradient method's backward pass; ``uses_target`` follows from it;
+- ``options``: `Option` s (name, help line, CLI parser and flag); each is a keyword parameter of
+  the function, whose default is the option's default;
+- ``rows`` (computes selected output rows, ``rows=``), ``layerwise`` (``layerwise=True`` returns
+  ``[layer, query, key]``), ``per_head`` (``head_fusion="none"`` returns ``[head, query, key]``);
+- ``cost``: ``"one_pass"`` (one forward pass), ``"backward"`` (one forward and one backward
+  pass), ``"expensive"`` (grows with the tokens or steps: max-flow, perturbations, sampling);
+- ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
+  target, < 0 against it), ``families`` (adapter families it supports; None: all).
 
-A method returns ``[query, key]`` (row i: how much output position i draws on input j), or
-``[head, query, key]`` when heads stay apart, or — ``scores_only`` methods — one score per token
-``[key]``. Adding a method is one function and one `register` line.
+A method returns ``[query, key]`` (row i: how much output position i draws on input j),
+``[head, query, key]`` when heads stay apart, or ``[key]`` for ``scores_only`` methods.
+Adding a method is one function with one `register` decorator, in any module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
 
 from attnflow.trace import NEEDS
+
+Takes = Literal["attentions", "trace", "model"]
+Cost = Literal["one_pass", "backward", "expensive"]
+COSTS = ("one_pass", "backward", "expensive")
+TARGET_NEEDS = frozenset({"target", "attention_grads", "embedding_grads"})
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword option of a method, as the CLI and the docs show it.
+
+    Attributes:
+        name: the keyword parameter of the method's function.
+        help: one line for ``--help`` and the docs.
+        parse: turns the command-line text into the value (raises ValueError with a message);
+            None makes a switch (``--flag`` sets True).
+        metavar: how ``--help`` names the value.
+        choices: the allowed values, when they are a fixed list of words.
+        flag: the command-line flag; default ``--`` + the name with dashes.
+    """
+
+    name: str
+    help: str
+    parse: Callable[[str], Any] | None = str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    flag: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.flag:
+            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
 
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """A registered method's declaration (see the module docstring for each field)."""
+
     name: str
     function: Callable[..., Any]
     summary: str
-    options: tuple[str, ...]  # keyword options the method understands (the CLI passes only these)
-    needs: frozenset[str] = frozenset({"attentions"})
-    families: tuple[str, ...] | None = None  # adapter families it supports; None: every family
-    scores_only: bool = False  # one score per token, no [query, key] matrix
+    takes: Takes
+    needs: frozenset[str]
+    options: tuple[Option, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # option name -> the function's default
+    families: tuple[str, ...] | None = None
+    scores_only: bool = False
+    signed: bool = False
+    rows: bool = False
+    layerwise: bool = False
+    per_head: bool = False
+    cost: Cost = "one_pass"
 
     @property
     def uses_target(self) -> bool:
-        return bool(self.needs & {"target", "attention_grads", "embedding_grads"})
+        return bool(self.needs & TARGET_NEEDS)
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(option.name for option in self.options)
+
+    def supports(self, family: str) -> bool:
+        return self.families is None or family in self.families
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -45,23 +99,71 @@ _METHODS: dict[str, MethodSpec] = {}
 def register(
     name: str,
     summary: str,
-    options: tuple[str, ...],
+    *,
+    takes: Takes,
     needs: tuple[str, ...] = ("attentions",),
+    options: tuple[Option, ...] = (),
     families: tuple[str, ...] | None = None,
     scores_only: bool = False,
+    signed: bool = False,
+    rows: bool = False,
+    layerwise: bool = False,
+    per_head: bool = False,
+    cost: Cost = "one_pass",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``function`` under ``name``."""
+    """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
+
+    The declaration is checked against the function once, here: every option, ``rows`` and
+    ``layerwise`` must be a keyword parameter with a default, ``per_head`` needs a ``head_fusion``
+    option, and ``takes="model"`` needs ``"model"`` in ``needs``.
+    """
     unknown = set(needs) - set(NEEDS)
     if unknown:
         raise ValueError(f"method {name!r} needs unknown names {sorted(unknown)}; known: {', '.join(NEEDS)}")
+    if takes not in ("attentions", "trace", "model"):
+        raise ValueError(f"method {name!r}: takes must be 'attentions', 'trace' or 'model', got {takes!r}")
+    if (takes == "model") != ("model" in needs):
+        raise ValueError(f"method {name!r}: takes='model' and needs 'model' go together")
+    if cost not in COSTS:
+        raise ValueError(f"method {name!r}: cost must be one of {COSTS}, got {cost!r}")
+    if per_head and "head_fusion" not in {option.name for option in options}:
+        raise ValueError(f"method {name!r}: per_head needs a head_fusion option")
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         if name in _METHODS:
             raise ValueError(f"method {name!r} is registered twice")
-        _METHODS[name] = MethodSpec(name, function, summary, options, frozenset(needs), families, scores_only)
+        parameters = inspect.signature(function).parameters
+        keywords = [option.name for option in options] + [
+            flag for flag, on in (("rows", rows), ("layerwise", layerwise)) if on
+        ]
+        missing = [k for k in keywords if k not in parameters or parameters[k].default is inspect.Parameter.empty]
+        if missing:
+            raise ValueError(f"method {name!r} declares {', '.join(missing)} but its function has no such keyword")
+        defaults = {option.name: parameters[option.name].default for option in options}
+        _METHODS[name] = MethodSpec(
+            name=name,
+            function=function,
+            summary=summary,
+            takes=takes,
+            needs=frozenset(needs),
+            options=tuple(options),
+            defaults=defaults,
+            families=families,
+            scores_only=scores_only,
+            signed=signed,
+            rows=rows,
+            layerwise=layerwise,
+            per_head=per_head,
+            cost=cost,
+        )
         return function
 
     return decorate
+
+
+def unregister(name: str) -> None:
+    """Remove a registered method (for tests and plug-ins that register temporary methods)."""
+    _METHODS.pop(name, None)
 
 
 def get_method(name: str) -> MethodSpec:
@@ -77,17 +179,59 @@ def available_methods() -> list[str]:
 
 def methods_for(family: str) -> list[str]:
     """The registered methods that support an adapter family (e.g. ``"bert"``, ``"llama"``)."""
-    return [name for name in available_methods() if _supports(_METHODS[name], family)]
-
-
-def _supports(spec: MethodSpec, family: str) -> bool:
-    return spec.families is None or family in spec.families
+    return [name for name in available_methods() if _METHODS[name].supports(family)]
 
 
 def check_family(spec: MethodSpec, family: str) -> None:
     """One clear line when ``spec`` does not support ``family``, naming the methods that do."""
-    if spec.families is not None and family not in spec.families:
+    if not spec.supports(family):
         raise ValueError(
             f"method {spec.name!r} does not support the {family} family (it supports: "
-            f"{', '.join(spec.families)}); methods for {family}: {', '.join(methods_for(family))}"
+            f"{', '.join(spec.families or ())}); methods for {family}: {', '.join(methods_for(family))}"
         )
+
+
+def method_options(spec: MethodSpec, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options to pass to ``spec.function``: None values dropped (the default applies), anything
+    the method does not declare rejected with a ValueError that names the flags it takes."""
+    chosen = {name: value for name, value in options.items() if value is not None}
+    unknown = [name for name in chosen if name not in spec.option_names]
+    if unknown:
+        takes = ", ".join(spelled(option.name) for option in spec.options) or "no options"
+        raise ValueError(f"method {spec.name!r} does not take {', '.join(map(spelled, unknown))}; it takes: {takes}")
+    return chosen
+
+
+def spelled(name: str) -> str:
+    """An option as messages name it: its command-line flag and keyword, e.g. ``--steps (n_steps)``."""
+    flags = {option.name: option.flag for spec in _METHODS.values() for option in spec.options}
+    return f"{flags[name]} ({name})" if name in flags else name
+
+
+def call_method(spec: MethodSpec, trace: Any, model: Any = None, **options: Any) -> Any:
+    """Call a registered method on a `Trace` the way it declares (``takes``); ``options`` go to the
+    function as given (validate them first with `method_options`)."""
+    if spec.takes == "model":
+        if model is None:
+            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+        return spec.function(model, trace, **options)
+    return spec.function(trace if spec.takes == "trace" else trace.attentions, **options)
+
+
+def markdown_table() -> str:
+    """The registered methods as a Markdown table (docs/methods.md's "Methods at a glance" is this)."""
+    lines = [
+        "| method | takes | explains a target | result | signed | cost | options | families |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in available_methods():
+        spec = _METHODS[name]
+        result = "scores `[key]`" if spec.scores_only else "`[query, key]`"
+        views = [view for view, on in (("per layer", spec.layerwise), ("per head", spec.per_head)) if on]
+        flags = ", ".join(f"`{option.flag}`" for option in spec.options) or "—"
+        lines.append(
+            f"| `{name}` | {spec.takes} | {'yes' if spec.uses_target else 'no'} | "
+            f"{result}{' (' + ', '.join(views) + ')' if views else ''} | {'yes' if spec.signed else 'no'} | "
+            f"{spec.cost.replace('_', ' ')} | {flags} | {', '.join(spec.families) if spec.families else 'all'} |"
+        )
+    return "\n".join(lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import Residual
@@ -31,9 +32,11 @@ QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are 
 @register(
     "grad_rollout",
     "gradient-weighted rollout (Chefer et al.): R += mean_h (dy/dA * A)+ R, explains the target",
-    ("start_layer", "keep_identity"),
+    takes="trace",
     needs=("attentions", "attention_grads", "target"),
+    options=(options.START_LAYER, options.KEEP_IDENTITY),
     families=GRADIENT_FAMILIES,
+    cost="backward",
 )
 def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False) -> np.ndarray:
     """``[query, key]`` R − I with R = Π_l (I + Ā⁽ˡ⁾) over layers ``start_layer`` … L−1 (not
@@ -90,9 +93,11 @@ def _normalise_rows(matrices: np.ndarray) -> np.ndarray:
 @register(
     "norm",
     "value-aware attention norms (Kobayashi et al.): ||sum_h A f_h(x_j)||, one layer (default: last)",
-    ("layer",),
+    takes="trace",
     needs=("attentions", "values", "output_weights"),
+    options=(options.LAYER,),
     families=VALUE_AWARE_FAMILIES,
+    layerwise=True,
 )
 def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
     """``[query, key]`` the row-normalised N of one layer (``layerwise``: ``[layer, query, key]``)."""
@@ -106,9 +111,11 @@ def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
 @register(
     "norm_rollout",
     "value-aware norms composed over layers like rollout (residual 'norm': N-Res of GlobEnc)",
-    ("residual", "start_layer"),
+    takes="trace",
     needs=("attentions", "values", "output_weights", "layer_inputs"),
+    options=(options.RESIDUAL, options.START_LAYER),
     families=VALUE_AWARE_FAMILIES,
+    layerwise=True,
 )
 def norm_rollout(
     trace: Trace, residual: Residual = "half", start_layer: int = 0, layerwise: bool = False
@@ -174,9 +181,11 @@ def alti_matrices(trace: Trace) -> np.ndarray:
 @register(
     "alti",
     "ALTI (Ferrando et al.): token contributions to the layer-normed attention output, composed",
-    ("start_layer",),
+    takes="trace",
     needs=("attentions", "values", "output_weights", "layer_inputs", "layer_norms"),
+    options=(options.START_LAYER,),
     families=POST_LN_FAMILIES,
+    layerwise=True,
 )
 def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndarray:
     """``[query, key]`` composition of the per-layer ALTI contributions (the residual is already
@@ -187,10 +196,11 @@ def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndar
 @register(
     "gradient",
     "gradient norm ||dy/de_j|| on the word embeddings (one score per token)",
-    (),
+    takes="trace",
     needs=("attentions", "embedding_grads", "target"),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    cost="backward",
 )
 def gradient(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j‖₂."""
@@ -200,10 +210,11 @@ def gradient(trace: Trace) -> np.ndarray:
 @register(
     "grad_x_input",
     "gradient x input ||dy/de_j * e_j|| on the word embeddings (one score per token)",
-    (),
+    takes="trace",
     needs=("attentions", "embedding_grads", "target"),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    cost="backward",
 )
 def grad_x_input(trace: Trace) -> np.ndarray:
     """``[token]`` ‖∂y/∂e_j ⊙ e_j‖₂."""
@@ -214,7 +225,13 @@ def grad_x_input(trace: Trace) -> np.ndarray:
     return np.linalg.norm(product, axis=-1)
 
 
-@register("random", "seeded uniform random scores: the baseline every method must beat", ("seed",), scores_only=True)
+@register(
+    "random",
+    "seeded uniform random scores: the baseline every method must beat",
+    takes="trace",
+    options=(options.SEED,),
+    scores_only=True,
+)
 def random(trace: Trace, seed: int = 0) -> np.ndarray:
     """``[token]`` uniform [0, 1) scores from ``numpy.random.default_rng(seed)``."""
     return np.random.default_rng(seed).random(trace.n_tokens)

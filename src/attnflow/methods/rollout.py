@@ -6,20 +6,36 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.transforms import (
     HeadFusion,
     Residual,
     accepts_torch,
+    choose_fusion,
     fuse_heads,
     prepare_layers,
     validate_attentions,
 )
 
-ROLLOUT_OPTIONS = ("head_fusion", "residual", "start_layer", "threshold", "top_k", "discard_ratio", "prune_on")
 
-
-@register("rollout", "attention rollout: product of residual-corrected, head-fused layers", ROLLOUT_OPTIONS)
+@register(
+    "rollout",
+    "attention rollout: product of residual-corrected, head-fused layers",
+    takes="attentions",
+    options=(
+        options.HEAD_FUSION,
+        options.HEAD_WEIGHTS,
+        options.RESIDUAL,
+        options.START_LAYER,
+        options.THRESHOLD,
+        options.TOP_K,
+        options.DISCARD_RATIO,
+        options.PRUNE_ON,
+    ),
+    layerwise=True,
+    per_head=True,
+)
 @accepts_torch
 def rollout(
     attentions: Any,
@@ -41,7 +57,7 @@ def rollout(
             softmax weights (numpy or torch).
         head_fusion: ``"mean"``, ``"max"``, ``"min"`` or ``"none"`` (head-specific rollout:
             each head composed with itself across layers).
-        weights: per-head weights (overrides ``head_fusion``); normalised to sum 1.
+        weights: per-head weights instead of ``head_fusion``; normalised to sum 1.
         residual: ``"half"``, ``"renorm"``, ``"none"`` or alpha in [0, 1].
         start_layer: first layer composed (0-based); earlier layers are skipped.
         threshold / top_k / discard_ratio: per-row pruning of each layer before composing
@@ -58,7 +74,7 @@ def rollout(
         (``[layer - start_layer, ..., query, key]``, batch axis first when batched). Row i is the
         share of output position i attributable to input j; rows sum to 1.
     """
-    fusion = weights if weights is not None else head_fusion
+    fusion = choose_fusion(head_fusion, weights)
     layers = prepare_layers(
         attentions,
         head_fusion=fusion,
@@ -89,17 +105,26 @@ def rollout(
     return joint
 
 
-@register("raw", "raw attention of one layer (default: last), fused over heads", ("head_fusion", "layer"))
+@register(
+    "raw",
+    "raw attention of one layer (default: last), fused over heads",
+    takes="attentions",
+    options=(options.HEAD_FUSION, options.HEAD_WEIGHTS, options.LAYER),
+    layerwise=True,
+    per_head=True,
+)
 @accepts_torch
 def raw_attention(
-    attentions: Any, head_fusion: HeadFusion = "mean", layer: int = -1, layerwise: bool = False
+    attentions: Any, head_fusion: HeadFusion = "mean", weights: Any = None, layer: int = -1, layerwise: bool = False
 ) -> np.ndarray:
     """The attention map of one layer, fused over heads: ``[..., layer, head, q, k]`` -> ``[..., q, k]``.
 
-    ``layerwise=True`` returns every layer instead (``layer`` is then ignored): ``[..., layer, q, k]``.
-    With ``head_fusion="none"`` the head axis stays: ``[..., (layer,) head, q, k]``.
+    ``weights``: per-head weights instead of ``head_fusion``. ``layerwise=True`` returns every
+    layer instead (``layer`` is then ignored): ``[..., layer, q, k]``. With ``head_fusion="none"``
+    the head axis stays: ``[..., (layer,) head, q, k]``.
     """
     array = validate_attentions(attentions)
+    head_fusion = choose_fusion(head_fusion, weights)
     if layerwise:
         return fuse_heads(array, head_fusion)
     n_layers = array.shape[-4]

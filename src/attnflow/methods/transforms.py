@@ -81,6 +81,16 @@ def validate_attentions(
     return array
 
 
+def choose_fusion(head_fusion: HeadFusion, weights: Any) -> HeadFusion:
+    """The head fusion a method applies: ``weights`` (per-head weights) when given, else ``head_fusion``;
+    both at once (weights and a fusion other than the default ``"mean"``) is a ValueError."""
+    if weights is None:
+        return head_fusion
+    if not (isinstance(head_fusion, str) and head_fusion == "mean"):
+        raise ValueError("give either head weights or a head fusion, not both")
+    return [float(w) for w in np.asarray(weights, dtype=np.float64).reshape(-1)]
+
+
 def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.ndarray:
     """Fuse the head axis: ``[..., layer, head, q, k]`` -> ``[..., layer, q, k]``.
 

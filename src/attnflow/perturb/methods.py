@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
+from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
 from attnflow.methods.rollout import rollout
@@ -33,10 +34,13 @@ def _objective(model: Any, trace: Trace) -> Any:
 @register(
     "leave_one_out",
     "leave-one-out: y(x) - y(x without token j), tokens removed from the ids (one score per token)",
-    ("batch_size",),
+    takes="model",
     needs=("attentions", "target", "model"),
+    options=(options.BATCH_SIZE,),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    signed=True,
+    cost="expensive",
 )
 def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[token]`` y(x) − y(x with token j removed) for content tokens; special tokens score 0.
@@ -72,10 +76,12 @@ def _score(objective: Any, ids: np.ndarray, index: int | None, device: Any) -> n
 @register(
     "integrated_gradients",
     "integrated gradients (captum, on the word embeddings; pad-token baseline, special tokens kept)",
-    ("n_steps",),
+    takes="model",
     needs=("attentions", "target", "model"),
+    options=(options.N_STEPS,),
     families=GRADIENT_FAMILIES,
     scores_only=True,
+    cost="expensive",
 )
 def integrated_gradients(model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16) -> np.ndarray:
     """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`. When the completeness error
@@ -137,9 +143,11 @@ def integrated_gradient_attributions(
 @register(
     "value_zeroing",
     "value zeroing (Mohebbi et al.): 1 - cos of each layer's output with token j's values zeroed, composed",
-    ("batch_size",),
+    takes="model",
     needs=("attentions", "model"),
+    options=(options.BATCH_SIZE,),
     families=POST_LN_FAMILIES,
+    cost="expensive",
 )
 def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[query, key]`` rollout (no extra residual) of the row-normalised value-zeroing matrices

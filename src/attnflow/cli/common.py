@@ -1,0 +1,157 @@
+"""What several subcommands share: the default model, loading with progress lines, argument types,
+and the method flags, which are derived from the methods' declarations (`MethodSpec.options`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from attnflow.methods import options as method_option_parsers
+from attnflow.methods.registry import Option, available_methods, get_method, method_options, spelled
+
+DEFAULT_MODEL = "minilm-sentiment"
+_DEST = "method_option_"  # argparse destination prefix of the method options (they never clash with other flags)
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type=`` from a parser that raises ValueError (argparse then shows its message)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+positive_int = argument_type(method_option_parsers.positive_int)
+
+
+def parse_methods(text: str) -> list[str]:
+    """``"a,b"`` -> registered method names, in order, without repeats (argparse type)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in available_methods()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def parse_row(text: str) -> str | int:
+    from attnflow.methods.saliency import parse_row as parse
+
+    try:
+        return parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def method_table() -> str:
+    """One line per registered method: its name and summary (for --help texts)."""
+    return "\n".join(f"  {name:<21} {get_method(name).summary}" for name in available_methods())
+
+
+def declared_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every option name the registered methods declare -> (its `Option`, the methods that take it).
+
+    Two methods that declare the same name must agree on its flag (they share one argument)."""
+    found: dict[str, tuple[Option, list[str]]] = {}
+    for name in available_methods():
+        for option in get_method(name).options:
+            first, takers = found.setdefault(option.name, (option, []))
+            if option.flag != first.flag:
+                raise ValueError(
+                    f"option {option.name!r} has the flag {option.flag} in {name!r} but {first.flag} in {takers[0]!r}"
+                )
+            takers.append(name)
+    return found
+
+
+def add_method_options(group: argparse._ArgumentGroup) -> None:
+    """One flag per declared method option; its help names the methods that take it."""
+    for option, takers in declared_options().values():
+        where = f" [{', '.join(takers)}]"
+        if option.parse is None:
+            group.add_argument(
+                option.flag, dest=_DEST + option.name, action="store_const", const=True, help=option.help + where
+            )
+        else:
+            group.add_argument(
+                option.flag,
+                dest=_DEST + option.name,
+                type=argument_type(option.parse),
+                choices=option.choices,
+                metavar=option.metavar,
+                help=option.help + where,
+            )
+
+
+def given_method_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The method options the user set on the command line (the methods' defaults apply to the rest)."""
+    return {
+        key[len(_DEST) :]: value for key, value in vars(args).items() if key.startswith(_DEST) and value is not None
+    }
+
+
+def options_per_method(methods: list[str], given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's share of the options the user set. With one method every option must be its
+    own; with several, each option must be taken by at least one of them."""
+    specs = [get_method(name) for name in methods]
+    if len(specs) == 1:
+        return {specs[0].name: method_options(specs[0], given)}
+    taken = {name for spec in specs for name in spec.option_names}
+    unused = [spelled(name) for name in given if name not in taken]
+    if unused:
+        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
+    return {
+        spec.name: method_options(spec, {name: value for name, value in given.items() if name in spec.option_names})
+        for spec in specs
+    }
+
+
+def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
+    """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
+    parser.add_argument("--row", type=parse_row, metavar="cls|mean|last|N", help=row_help)
+    parser.add_argument("--max-length", type=positive_int, metavar="N", help="truncate the text to N tokens")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
+    )
+    parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
+    parser.add_argument(
+        "--target",
+        metavar="CLASS|TOKEN",
+        help="what target-dependent methods explain: classifiers: a class index or label; "
+        "causal LMs: the next token (default: the prediction)",
+    )
+    parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
+
+
+def load_model(name: str, device: str, quiet: bool) -> Any:
+    """`attnflow.load` with transformers' own logging silenced under ``--quiet``."""
+    if quiet:
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover - transformers is a dependency
+            pass
+    from attnflow.capture import load
+
+    return load(name, device=device, progress=not quiet)
+
+
+class Progress:
+    """Progress lines on stderr (stdout stays clean for --json)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            print(f"attnflow: {message}", file=sys.stderr, flush=True)

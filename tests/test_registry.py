@@ -1,0 +1,98 @@
+"""A method is one declaration: a toy method registered here, in this file alone, reaches the CLI
+(flags and --help), the explorer and the faithfulness benchmark's method list."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow.cli import main
+from attnflow.evaluate.api import resolve_methods
+from attnflow.methods.registry import Option, get_method, method_options, register, unregister
+from test_exploration import decode_page, hostile_trace
+
+
+def last_layer_power(attentions, power: float = 1.0, layerwise: bool = False):
+    """``[query, key]`` the last layer's head-mean attention raised to ``power``, rows normalised."""
+    layers = np.asarray(attentions, dtype=np.float64).mean(axis=-3) ** power  # [layer, q, k]
+    layers = layers / layers.sum(axis=-1, keepdims=True)
+    return layers if layerwise else layers[-1]
+
+
+@pytest.fixture
+def toy_method():
+    register(
+        "toy_power",
+        "toy: the last layer's attention raised to a power",
+        takes="attentions",
+        options=(Option("power", "exponent applied to the attention", parse=float, metavar="P", flag="--toy-power"),),
+        layerwise=True,
+    )(last_layer_power)
+    try:
+        yield get_method("toy_power")
+    finally:
+        unregister("toy_power")
+
+
+def test_the_declaration_is_checked_against_the_function():
+    with pytest.raises(ValueError, match="declares seed but its function has no such keyword"):
+        register("bad", "x", takes="trace", options=(Option("seed", "s"),))(lambda _trace: None)
+    with pytest.raises(ValueError, match="takes='model' and needs 'model' go together"):
+        register("bad", "x", takes="model")(lambda _model, _trace: None)
+    with pytest.raises(ValueError, match="per_head needs a head_fusion option"):
+        register("bad", "x", takes="attentions", per_head=True)(lambda _attentions: None)
+    with pytest.raises(ValueError, match="unknown method 'bad'"):
+        get_method("bad")
+
+
+@pytest.mark.usefixtures("toy_method")
+def test_toy_method_reaches_the_cli_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    help_text = capsys.readouterr().out
+    assert "toy_power" in help_text and "the last layer's attention raised to a power" in help_text
+    assert "--toy-power P" in help_text and "exponent applied to the attention [toy_power]" in help_text
+
+
+@pytest.mark.usefixtures("toy_method")
+def test_toy_method_runs_from_the_cli_with_its_flag(tiny_model_path, capsys):
+    path = tiny_model_path("bert")
+    assert (
+        main(
+            ["explain", "hello world again", "--model", str(path), "--method", "toy_power", "--toy-power", "3"]
+            + ["--json", "--quiet"]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["method"] == "toy_power" and data["options"] == {"power": 3.0}
+    attentions = attnflow.load(str(path)).trace("hello world again")[0].attentions
+    cubed = np.asarray(attentions, dtype=np.float64)[-1].mean(axis=0) ** 3  # independent: [q, k]
+    np.testing.assert_allclose(data["matrix"], cubed / cubed.sum(axis=-1, keepdims=True), atol=1e-6)
+
+
+def test_an_option_of_another_method_is_one_line(toy_method, capsys):
+    assert main(["explain", "hello", "--model", "tiny", "--method", "toy_power", "--steps", "4"]) == 2
+    assert (
+        "method 'toy_power' does not take --steps (n_steps); it takes: --toy-power (power)" in capsys.readouterr().err
+    )
+    assert method_options(toy_method, {"power": 2.0, "unused": None}) == {"power": 2.0}
+
+
+@pytest.mark.usefixtures("toy_method")
+def test_toy_method_reaches_the_explorer_with_its_layers():
+    trace = hostile_trace(n_layers=3)
+    exploration = attnflow.explore(trace)
+    view = next(view for view in exploration.methods if view.name == "toy_power")
+    assert view.matrices.shape == (3, trace.n_tokens, trace.n_tokens)  # declared layerwise: one view per layer
+    np.testing.assert_allclose(view.matrices[1], last_layer_power(trace.attentions[:2]))
+    meta, _ = decode_page(exploration.to_html())
+    assert "toy_power" in json.dumps(meta)
+
+
+@pytest.mark.usefixtures("toy_method")
+def test_toy_method_reaches_the_benchmark():
+    assert "toy_power" in resolve_methods("all")
