@@ -3,6 +3,7 @@ and 2 local workers against 1, in one run.
 
     python benchmarks/bench_audit.py [--model minilm-sentiment] [--task rotten-tomatoes]
         [--overhead-samples 500] [--repeats 2] [--small 200] [--large 2000] [--worker-samples 300]
+        [--only overhead|memory|workers]
 
 (a) Overhead, in one process on the same held-out texts: the chosen method alone
     (``model.explain`` over batches of 16, what the audit's batch step calls) against the whole
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=2000)
     parser.add_argument("--worker-samples", type=int, default=300)
+    parser.add_argument("--only", choices=("overhead", "memory", "workers"), help="run one part only")
     parser.add_argument("--workers", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -110,13 +112,16 @@ def main() -> None:
         "task": args.task,
         "method": DEFAULT_METHOD,
     }
-    report["overhead"] = overhead(args.model, args.task, args.overhead_samples, args.repeats)
-    print(json.dumps(report["overhead"]), flush=True)
-    small, large = (in_subprocess(n, args.model, args.task) for n in (args.small, args.large))
-    report["memory"] = {"small": small, "large": large, "ratio": large["peak_rss_mib"] / small["peak_rss_mib"]}
-    print(json.dumps(report["memory"]), flush=True)
-    one, two = (in_subprocess(args.worker_samples, args.model, args.task, workers=w) for w in (1, 2))
-    report["workers"] = {"one": one, "two": two, "speedup": one["loop_s"] / two["loop_s"]}
+    if args.only in (None, "overhead"):
+        report["overhead"] = overhead(args.model, args.task, args.overhead_samples, args.repeats)
+        print(json.dumps(report["overhead"]), flush=True)
+    if args.only in (None, "memory"):
+        small, large = (in_subprocess(n, args.model, args.task) for n in (args.small, args.large))
+        report["memory"] = {"small": small, "large": large, "ratio": large["peak_rss_mib"] / small["peak_rss_mib"]}
+        print(json.dumps(report["memory"]), flush=True)
+    if args.only in (None, "workers"):
+        one, two = (in_subprocess(args.worker_samples, args.model, args.task, workers=w) for w in (1, 2))
+        report["workers"] = {"one": one, "two": two, "speedup": one["loop_s"] / two["loop_s"]}
     report["machine"]["load_1min_end"] = os.getloadavg()[0]
     print(json.dumps(report, indent=1))
 
