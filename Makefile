@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
 	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
+	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
+	$(PY) -c "from attnflow.methods.flow import compile_kernels; compile_kernels()"
 	touch $@
 
 # Debian's Chromium for the browser tests (skipped when already present).
@@ -36,8 +38,10 @@ demo: setup
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
+# The 15 slowest tests and the run's CPU time (user and system, pytest and the processes it waited for).
 test: setup browser lint
-	$(PY) -m pytest -q -m "not slow" --timeout 900
+	$(PY) -m pytest -q -m "not slow" --timeout 900 --durations=15; status=$$?; \
+	echo "CPU time (user, system) of make's shell, then of the test run:"; times; exit $$status
 
 test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600

@@ -36,4 +36,9 @@ venv/bin/attnflow explain "The movie was terrible, but the acting was great." --
 for name in explanation.json explanation.html explanation.png; do
   test -s "out/$name" || { echo "check_package: out/$name was not written" >&2; exit 1; }
 done
-echo "package check passed: $(basename "$wheel") installed in a fresh venv runs attnflow --help and attnflow explain"
+# The flow kernel compiles once and is cached where the installed package can keep it (numba's
+# __pycache__ beside the installed module, or the user's cache folder when that is read-only).
+compile='from attnflow.methods import flow; flow.compile_kernels(); print(flow.kernels_cached())'
+venv/bin/python -c "$compile" > /dev/null
+test "$(venv/bin/python -c "$compile" 2>&1)" = "True" || { echo "check_package: the flow kernel was not cached" >&2; exit 1; }
+echo "package check passed: $(basename "$wheel") installed in a fresh venv runs attnflow --help and attnflow explain, and caches the flow kernel"

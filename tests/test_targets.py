@@ -246,11 +246,6 @@ def test_models_list_shows_the_classifiers_accuracy():
     assert set(PROBES) <= {line.split()[0] for line in result.stdout.splitlines() if line and not line.startswith(" ")}
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return attnflow.load("smollm2", device="cpu")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "method", ["grad_rollout", "gradient", "grad_x_input", "norm", "norm_rollout", "leave_one_out"]

@@ -24,6 +24,7 @@ from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
 from attnflow.methods.summary import explanation_subject, summarize
+from attnflow.staging import staged_output
 
 # The views ("html", "fragment") live in attnflow.viz.compare and read Comparisons; the package root
 # (attnflow/__init__.py) fills this table, so this module imports no view.
@@ -133,14 +134,19 @@ class Comparison:
     def _repr_html_(self) -> str:
         return _VIEWS["fragment"](self)
 
-    def save(self, directory: str | Path) -> dict[str, Path]:
-        """Write ``model_comparison.json`` and ``model_comparison.html`` into ``directory`` (created)."""
+    def save(self, directory: str | Path, overwrite: bool = False) -> dict[str, Path]:
+        """Write ``model_comparison.json`` and ``model_comparison.html`` into ``directory`` (created).
+        An existing comparison is replaced only with ``overwrite=True`` (FileExistsError otherwise)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = {"json": directory / JSON_FILE, "html": directory / HTML_FILE}
-        paths["json"].write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
-        paths["html"].write_text(self.to_html(), encoding="utf-8")
-        return paths
+        with staged_output(directory, is_comparison_file, overwrite) as scratch:
+            (scratch / JSON_FILE).write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+            (scratch / HTML_FILE).write_text(self.to_html(), encoding="utf-8")
+        return {"json": directory / JSON_FILE, "html": directory / HTML_FILE}
+
+
+def is_comparison_file(name: str) -> bool:
+    """Whether a folder entry is one of `Comparison.save`'s files."""
+    return name in (JSON_FILE, HTML_FILE)
 
 
 def check_same_tokenization(model_a: Any, model_b: Any, text: str, max_length: int | None = None) -> bool:

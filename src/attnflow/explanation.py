@@ -21,8 +21,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from attnflow.errors import ExplanationWarning
+from attnflow.methods.diagnostics import collapse_note
+from attnflow.methods.extras import collect_extras
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
+from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
 JSON_FILE = "explanation.json"
@@ -67,6 +70,8 @@ class Explanation:
             "probability"}`` (see `attnflow.targets.Target`), else None.
         notes: warnings the method raised while computing this explanation (e.g. pruning that
             left only the diagonal); saved to JSON and shown on the page.
+        extras: numbers the method reported about this explanation besides its scores
+            (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
     """
 
     tokens: list[str]
@@ -87,6 +92,7 @@ class Explanation:
     prediction: dict[str, Any] | None = None
     image_box: tuple[float, float, float, float] | None = None
     notes: list[str] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -107,6 +113,12 @@ class Explanation:
         if self.image_box is not None:
             left, top, right, bottom = (float(edge) for edge in self.image_box)
             self.image_box = (left, top, right, bottom)
+
+    def __repr__(self) -> str:
+        """One line (the matrix is for `to_dict` and the pages): method, model, row, size, top tokens."""
+        top = ", ".join(f"{token!r} {score:.3f}" for _, token, score in self.top(3))
+        row = f", row={self.row!r}" if self.row is not None else ""
+        return f"Explanation(method={self.method!r}, model={self.model!r}{row}, n_tokens={self.n_tokens}, top=[{top}])"
 
     @property
     def n_tokens(self) -> int:
@@ -183,6 +195,8 @@ class Explanation:
             data["image_box"] = list(self.image_box)
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.extras:
+            data["extras"] = _jsonable(self.extras)
         return data
 
     @classmethod
@@ -206,6 +220,7 @@ class Explanation:
             prediction=data.get("prediction"),
             image_box=data.get("image_box"),
             notes=list(data.get("notes", [])),
+            extras=dict(data.get("extras", {})),
         )
 
     @classmethod
@@ -219,11 +234,19 @@ class Explanation:
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
 
-    def save(self, directory: str | Path) -> dict[str, Path]:
+    def save(self, directory: str | Path, overwrite: bool = False) -> dict[str, Path]:
         """Write ``explanation.json``, ``.html``, ``.png`` (and ``explanation_overlay.png`` for
-        images) into ``directory``, creating it; files of these names are replaced, nothing else
-        in the folder is touched. Returns ``{kind: path}``."""
+        images) into ``directory``, creating it. A folder that already holds an explanation is
+        replaced only with ``overwrite=True`` (FileExistsError otherwise), all its explanation
+        files at once; nothing else in the folder is touched. Returns ``{kind: path}``."""
         directory = Path(directory)
+        with staged_output(directory, _is_explanation_file, overwrite) as scratch:
+            paths = self.write_files(scratch)
+        return {kind: directory / path.name for kind, path in paths.items()}
+
+    def write_files(self, directory: Path) -> dict[str, Path]:
+        """The files of `save`, written straight into ``directory`` (created), with no check and no
+        temporary folder: for a folder that is itself being staged (the CLI's output folder)."""
         directory.mkdir(parents=True, exist_ok=True)
         paths = {"json": directory / JSON_FILE, "html": directory / HTML_FILE, "png": directory / PNG_FILE}
         paths["json"].write_text(self.to_json(), encoding="utf-8")
@@ -233,6 +256,10 @@ class Explanation:
             paths["overlay"] = directory / OVERLAY_FILE
             self.overlay().save(paths["overlay"])
         return paths
+
+
+def _is_explanation_file(name: str) -> bool:
+    return name in OUTPUT_FILES
 
 
 def explain(
@@ -270,9 +297,9 @@ def explain(
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
-            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes)
-    result, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            scores, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes, extras)
+    result, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     head_matrices = None
     if spec.scores_only:
         if result.shape != (n,):
@@ -286,7 +313,7 @@ def explain(
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
-    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras)
 
 
 def _explanation(
@@ -298,8 +325,21 @@ def _explanation(
     scores: np.ndarray,
     head_matrices: np.ndarray | None,
     notes: list[str],
+    extras: dict[str, Any],
 ) -> Explanation:
     image = trace.meta.get("image")
+    collapse = (
+        None
+        if spec.scores_only
+        else collapse_note(
+            scores,
+            list(trace.tokens),
+            None if row is None else _single_position(row, trace.n_tokens),
+            trace.special_mask,
+        )
+    )
+    if collapse:
+        warnings.warn(collapse, ExplanationWarning, stacklevel=3)  # on the console too, like the method's notes
     return Explanation(
         tokens=list(trace.tokens),
         matrix=matrix,
@@ -318,20 +358,21 @@ def _explanation(
         target=trace.target.to_dict() if trace.target is not None and spec.uses_target else None,
         prediction=trace.target.to_dict() if trace.target is not None else None,
         image_box=trace.meta.get("image_box"),
-        notes=notes,
+        notes=[*trace.meta.get("image_notes", []), *notes, *([collapse] if collapse else [])],
+        extras=extras,
     )
 
 
-def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str]]:
+def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str], dict[str, Any]]:
     """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
     messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
-    what the console said)."""
-    with warnings.catch_warnings(record=True) as caught:
+    what the console said), with the extras the method reported (`attnflow.methods.extras`)."""
+    with warnings.catch_warnings(record=True) as caught, collect_extras() as extras:
         warnings.simplefilter("always")
         result = np.asarray(call(), dtype=np.float64)
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)], extras
 
 
 def default_row(trace: Trace) -> Row:

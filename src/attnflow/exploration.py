@@ -29,6 +29,7 @@ the page.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -42,6 +43,7 @@ from attnflow.methods.registry import MethodSpec, available_methods, call_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
 from attnflow.methods.summary import subject, summarize
+from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
 # The views ("html", "fragment": an iframe for notebooks) live in attnflow.viz.explorer and read
@@ -49,6 +51,8 @@ from attnflow.trace import Trace
 _VIEWS: dict[str, Callable[..., Any]] = {}
 
 EXPLORER_FILE = "explorer.html"
+# `Exploration.save` warns above this page size (browsers open such files slowly).
+LARGE_PAGE_BYTES = 50_000_000
 # What the page always wants from the forward pass: head outputs for the context similarity.
 PAGE_NEEDS = frozenset({"attentions", "head_outputs", "output_weights"})
 # A default exploration (no explicit method list) leaves the methods declared ``cost="expensive"``
@@ -136,13 +140,27 @@ class Exploration:
     def _repr_html_(self) -> str:
         return _VIEWS["fragment"](self)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``directory/explorer.html`` (creating the folder); returns its path."""
+    def save(self, directory: str | Path, overwrite: bool = False) -> Path:
+        """Write ``directory/explorer.html`` (creating the folder); returns its path. An existing
+        explorer page is replaced only with ``overwrite=True`` (FileExistsError otherwise). Warns
+        when the page is larger than ``LARGE_PAGE_BYTES``."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        with staged_output(directory, is_explorer_file, overwrite) as scratch:
+            (scratch / EXPLORER_FILE).write_text(self.to_html(), encoding="utf-8")
         path = directory / EXPLORER_FILE
-        path.write_text(self.to_html(), encoding="utf-8")
+        size = path.stat().st_size
+        if size > LARGE_PAGE_BYTES:
+            warnings.warn(
+                f"{path} is {size / 1e6:.0f} MB (browsers open pages above {LARGE_PAGE_BYTES / 1e6:.0f} MB slowly): "
+                "explore fewer tokens (--max-tokens N, max_length=N) or fewer methods (--methods)",
+                stacklevel=2,
+            )
         return path
+
+
+def is_explorer_file(name: str) -> bool:
+    """Whether a folder entry is `Exploration.save`'s page."""
+    return name == EXPLORER_FILE
 
 
 def explore(

@@ -44,11 +44,6 @@ def onnx_path() -> Path:
 
 
 @pytest.fixture(scope="module")
-def dinov2():
-    return attnflow.load("dinov2-s", device="cpu")
-
-
-@pytest.fixture(scope="module")
 def onnx_graph_outputs():
     """``run(pixels) -> {name: array}``: the ONNX graph with its per-layer Softmax, query/key/value,
     per-head context and backbone outputs added as graph outputs, run by onnxruntime."""

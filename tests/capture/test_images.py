@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
+from attnflow.capture.images import ImagePreprocessing, read_image, small_image_note, to_rgb
 from attnflow.capture.onnx_dinov2 import PREPROCESSOR
 from attnflow.errors import InputError
 
@@ -117,3 +117,35 @@ def test_read_image_errors(tmp_path):
     good = tmp_path / "good.png"
     Image.new("L", (3, 2)).save(good)
     assert read_image(good).size == (3, 2) and read_image(good).mode == "L"
+
+
+@pytest.mark.parametrize(
+    "size, grid, expected",
+    [
+        ((1, 1), (16, 16), "x.png: only 1x1 pixels, fewer than the 16x16 patches"),
+        ((300, 10), (16, 16), "x.png: only 300x10 pixels, fewer than the 16x16 patches"),
+        ((16, 16), (16, 16), None),
+        ((640, 480), (16, 16), None),
+    ],
+)
+def test_an_image_smaller_than_the_patch_grid_gets_a_note(size, grid, expected, caplog):
+    with caplog.at_level(logging.WARNING):
+        note = small_image_note(size, grid, "x.png")
+    if expected is None:
+        assert note is None and not caplog.records
+    else:
+        assert note is not None and note.startswith(expected) and "upscaled" in note
+        assert [record.getMessage() for record in caplog.records] == [note]
+
+
+def test_a_one_pixel_image_is_explained_with_the_note(tiny_model_path, tmp_path):
+    import attnflow
+
+    path = tmp_path / "dot.png"
+    Image.new("RGB", (1, 1), (200, 30, 30)).save(path)
+    model = attnflow.load(str(tiny_model_path("dinov2")), device="cpu")  # 4x4 patches of 4 px
+    explanation = attnflow.explain(model.trace_image(path), method="rollout")
+    assert explanation.notes == [
+        f"{path}: only 1x1 pixels, fewer than the 4x4 patches; it was upscaled, so "
+        "neighbouring patches see the same pixels and the map says little"
+    ]

@@ -25,8 +25,8 @@ def test_mpnet_install_checks_the_sha256(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["all-mpnet-base-v2"]  # no scratch left
 
 
-def test_mpnet_trace_against_its_own_weights():
-    model = attnflow.load("mpnet", device="cpu")
+def test_mpnet_trace_against_its_own_weights(mpnet):
+    model = mpnet
     assert (model.n_layers, model.n_heads, model.d_head, model.adapter.family) == (12, 12, 64, "mpnet")
     with _attention_inputs(model.model, model.adapter.stack.attention) as hidden_states:
         trace = model.trace(TEXT)[0]
@@ -36,8 +36,8 @@ def test_mpnet_trace_against_its_own_weights():
     np.testing.assert_allclose(trace.attentions, torch.stack(out.attentions, 1)[0].detach().numpy(), atol=1e-5)
 
 
-def test_smollm2_decoder_trace_with_grouped_query_attention():
-    model = attnflow.load("smollm2", device="cpu")
+def test_smollm2_decoder_trace_with_grouped_query_attention(smollm2):
+    model = smollm2
     assert (model.n_layers, model.n_heads, model.kind, model.default_row) == (30, 9, "decoder", "last")
     assert model.config.num_key_value_heads == 3  # grouped-query attention: 3 kv heads for 9 query heads
     with _attention_inputs(model.model, model.adapter.stack.attention) as hidden_states:

@@ -379,16 +379,76 @@ def test_a_failed_overwrite_keeps_the_previous_explanation(fake_model, tmp_path,
 
 def test_a_read_only_parent_is_one_line(fake_model, tmp_path, capsys, monkeypatch):
     """Creating the scratch folder beside --out fails on a read-only file system."""
-    import tempfile
+    import attnflow.staging
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
 
-    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(attnflow.staging, "_scratch_folder", read_only)
     assert run_cli(SENTENCE, "--out", str(tmp_path / "out"), "-q") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "EROFS: Read-only file system" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_that_finishes_second_does_not_replace_the_first(fake_model, tmp_path, capsys, monkeypatch):
+    """Two runs into one new --out at once: the one that finishes second fails, the first's result stays."""
+    out = tmp_path / "out"
+    trace = fake_model.trace
+
+    def trace_while_another_run_finishes(texts, **kwargs):
+        monkeypatch.setattr(fake_model, "trace", trace)
+        assert run_cli("The first run.", "--out", str(out), "-q") == 0
+        return trace(texts, **kwargs)
+
+    monkeypatch.setattr(fake_model, "trace", trace_while_another_run_finishes)
+    assert run_cli(SENTENCE, "--out", str(out)) == 2
+    captured = capsys.readouterr()
+    assert "wrote" not in captured.out
+    assert captured.err.strip().splitlines()[-1].startswith("attnflow: error: ") and "--overwrite" in captured.err
+    assert json.loads((out / "explanation.json").read_text())["text"] == "The first run."
+    assert _scratch_folders(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--row", "999"], "--row 999 is out of range: the text has at most"),
+        (["--row", "-999"], "--row -999 is out of range"),
+        (["--row", "8", "--max-length", "8"], "--row 8 is out of range: the text has at most 8 tokens"),
+    ],
+)
+def test_a_row_past_the_text_fails_before_loading(fake_model, tmp_path, capsys, args, message):
+    assert run_cli("A short text.", *args, "--out", str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert fake_model.loads == [] and not (tmp_path / "out").exists()
+
+
+def test_a_row_inside_the_text_is_accepted(fake_model, tmp_path):
+    n = len(SENTENCE.split()) + 2
+    assert run_cli(SENTENCE, "--row", str(n - 1), "--out", str(tmp_path / "out"), "-q") == 0
+
+
+def test_an_unwritable_out_fails_before_loading(fake_model, tmp_path, capsys):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    for out in (blocker / "out", Path("/proc/attnflow-out")):
+        assert run_cli(SENTENCE, "--out", str(out)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"attnflow: error: cannot write {out}"), err
+    assert fake_model.loads == []
+
+
+def test_the_output_folder_follows_the_umask(fake_model, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        assert run_cli(SENTENCE, "--out", str(tmp_path / "out"), "-q") == 0
+        assert run_cli(SENTENCE, "--method", "raw,rollout", "--out", str(tmp_path / "both"), "-q") == 0
+    finally:
+        os.umask(previous)
+    for folder in (tmp_path / "out", tmp_path / "both", tmp_path / "both" / "raw"):
+        assert folder.stat().st_mode & 0o777 == 0o755, folder
 
 
 # ----- --json: stdout only, unless --out is given --------------------------------------------

@@ -29,11 +29,6 @@ def grace_hopper() -> Path:
     return Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"  # 512 x 600 px
 
 
-@pytest.fixture(scope="module")
-def dinov2():
-    return attnflow.load("dinov2-s", device="cpu")
-
-
 @pytest.fixture
 def with_dinov2(dinov2, monkeypatch):
     loads = []

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import attnflow
+from attnflow import exploration
+from attnflow.cli import build_parser, main
 from attnflow.cli import explore as explore_command
-from attnflow.cli import main
 
 SENTENCE = "The movie was terrible, but the acting was great."
 SCRIPT = Path(sys.executable).with_name("attnflow")
@@ -134,6 +135,24 @@ def test_compare_needs_two_models(capsys):
     assert "give --model exactly twice" in capsys.readouterr().err
 
 
+def test_compare_checks_its_folder_and_row_before_loading(tmp_path, capsys, monkeypatch):
+    from attnflow.cli import compare as compare_command
+
+    monkeypatch.setattr(compare_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    models = ["--model", "minilm", "--model", "minilm"]
+    (tmp_path / "model_comparison.json").write_text("{}")  # an earlier comparison
+    assert main(["compare", "a b", *models, "--out", str(tmp_path)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["compare", "a b", *models, "--row", "999", "--out", str(tmp_path / "new")]) == 2
+    assert "--row 999 is out of range: the text has at most 7 tokens" in capsys.readouterr().err
+
+
+def test_explore_checks_the_row_before_loading(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(explore_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    assert main(["explore", "a b", "--row", "-8", "--out", str(tmp_path)]) == 2
+    assert "--row -8 is out of range: the text has at most 7 tokens" in capsys.readouterr().err
+
+
 class FakeModel:
     name = "fake"
 
@@ -174,6 +193,16 @@ def test_explore_writes_one_page_and_prints_summaries(tmp_path, capsys):
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--methods", "raw"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert main(["explore", "a b c d", "--out", str(tmp_path), "--quiet", "--overwrite", "--methods", "raw"]) == 0
+
+
+@pytest.mark.usefixtures("fake_model")
+def test_explore_warns_in_one_line_about_a_large_page(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(exploration, "LARGE_PAGE_BYTES", 1000)
+    assert main(["explore", "a b c d", "--out", str(tmp_path), "--methods", "raw", "--quiet"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"attnflow: WARNING: {tmp_path / 'explorer.html'} is "), err
+    assert "--max-tokens N" in err[0]
+    assert build_parser().parse_args(["explore", "a b", "--max-tokens", "7"]).max_length == 7  # = --max-length
 
 
 @pytest.mark.usefixtures("fake_model")

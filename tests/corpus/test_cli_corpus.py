@@ -84,3 +84,12 @@ def test_resume_and_overwrite_are_exclusive(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["corpus", "--out", "x", "--resume", "--overwrite"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_report_line_goes_to_stdout_like_explains_wrote_lines(tiny_bert, txt_corpus, tmp_path, capsys):
+    out = tmp_path / "study"
+    args = ["corpus", "--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "4", "--seq-len", "24"]
+    assert main([*args, "--device", "cpu", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines()[-1] == f"4 windows studied; report: {out}/report.html"
+    assert "report:" not in captured.err

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, re
 from attnflow.corpus.stats import StudyConfig
 from attnflow.errors import InputError
 
-from corpus_helpers import assert_same_arrays, load_npz, story, tiny_options
+from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
 REQUIRED_SCALARS = (
     "mean_distance_high",
@@ -152,30 +151,37 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_
     assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(tmp_path / "cut" / "stats.npz"))
 
 
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(story(i, sentences=4) for i in range(400)) + "\n", encoding="utf-8")
+# The CLI in a child process whose model kills the process (SIGKILL: no handler, no cleanup) when
+# batch KILL_AT starts: between two checkpoints, deterministically.
+KILLED_CLI = """
+import os, signal, sys
+from attnflow.capture.model import AttentionModel
+from attnflow.cli import main
 
+kill_at, calls, capture = int(os.environ["KILL_AT_BATCH"]), [0], AttentionModel.capture_batch
+
+def capture_or_die(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return capture(self, *args, **kwargs)
+
+AttentionModel.capture_batch = capture_or_die
+sys.exit(main())
+"""
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
     def command(out: Path) -> list[str]:
+        options = ["--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "24", "--seq-len", "24"]
+        batches = ["--batch-size", "2", "--checkpoint-every", "3"]
         return [
             sys.executable,
             "-c",
-            "import sys; from attnflow.cli import main; sys.exit(main())",
+            KILLED_CLI,
             "corpus",
-            "--model",
-            str(tiny_bert),
-            "--data",
-            str(corpus),
-            "--samples",
-            "600",
-            "--seq-len",
-            "24",
-            "--stride",
-            "15",
-            "--batch-size",
-            "2",
-            "--checkpoint-every",
-            "3",
+            *options,
+            *batches,
             "--device",
             "cpu",
             "--quiet",
@@ -183,29 +189,20 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, tmp_path):
             str(out),
         ]
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_BATCH": "0"}  # 0: never killed
     subprocess.run(command(tmp_path / "whole"), check=True, env=env, capture_output=True, timeout=600)
 
     cut = tmp_path / "cut"
-    process = subprocess.Popen(command(cut), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not (cut / CHECKPOINT).exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.3)  # let it get a little further, possibly into the next checkpoint write
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed = subprocess.run(command(cut), env={**env, "KILL_AT_BATCH": "8"}, capture_output=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL
     _, meta = load_checkpoint(cut / CHECKPOINT)
-    assert 0 < meta["windows"] < 600 and not (cut / "summary.json").exists()
+    assert meta["windows"] == 12 and not meta["complete"]  # the checkpoint after batch 6 of 2 windows each
+    assert not (cut / "summary.json").exists()
 
     resumed = subprocess.run(command(cut) + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(cut / "stats.npz"))
-    assert json.loads((cut / "summary.json").read_text())["samples"] == 600
+    assert json.loads((cut / "summary.json").read_text())["samples"] == 24
     assert not [p.name for p in cut.iterdir() if ".tmp-" in p.name]
 
 

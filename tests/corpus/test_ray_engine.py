@@ -9,7 +9,26 @@ from attnflow.corpus.engine import run_study
 
 from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_runtime():
+    """One private local Ray runtime for this module's studies (the engine uses a runtime it finds
+    running and leaves it up), shut down after them: one start instead of one per test."""
+    from attnflow.corpus.ray_engine import LOCAL_OBJECT_STORE_BYTES
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -184,3 +185,36 @@ def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
         assert not changed(randomised, "encoder.embeddings.")
     assert seen == ["head", "layer 1", "layer 0"]
     assert not changed(key_model, "")  # the original is untouched
+
+
+# ----- the results folder: replaced only with overwrite, whole -------------------------------
+
+
+def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale(key_model, tmp_path, monkeypatch):
+    from attnflow.evaluate import api
+    from attnflow.evaluate.api import evaluate
+
+    # Scores from the fake methods, and no leave-one-out reference: the folder rules are under test.
+    monkeypatch.setattr(api, "run_benchmark", partial(run_benchmark, attribute_fn=random_scores, reference_method=None))
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"{text},positive\n" for text in KEY_TEXTS[:2]))
+    out = tmp_path / "out"
+
+    def run(methods, **flags):
+        options = BenchmarkOptions(sanity_samples=0)
+        return evaluate(key_model, str(task), methods, 2, out, options, progress=False, figures=False, **flags)
+
+    run(["random", "raw"])
+    assert {p.name for p in (out / "methods").iterdir()} == {"random.json", "raw.json"}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run(["random"])
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    with pytest.raises(ValueError, match="not both"):
+        run(["random"], overwrite=True, resume=True)
+    results = run(["random"], overwrite=True)
+    assert set(results["methods"]) == {"random"}
+    assert {p.name for p in (out / "methods").iterdir()} == {"random.json"}  # raw.json of the old run is gone
+    assert set(json.loads((out / "results.json").read_text())["methods"]) == {"random"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    run(["random"], resume=True)  # the same run, continued in place

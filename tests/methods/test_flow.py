@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import networkx as nx
@@ -402,3 +405,30 @@ def test_a_remembered_cut_bounds_every_sink_and_is_exact_for_its_own(n_layers):
             assert bounds[sink] == flows[sink]
             assert all(bound >= flow for bound, flow in zip(bounds, flows))
     assert kept >= n  # most cuts are kept
+
+
+# ----- the one-time compilation of the kernel says so ------------------------------------------
+
+FIRST_FLOW = (
+    "import logging, numpy as np; logging.basicConfig(format='%(message)s'); "
+    "from attnflow.methods.flow import attention_flow; attention_flow(np.full((1, 1, 2, 2), 0.5))"
+)
+
+
+def test_a_cold_cache_announces_the_compilation_before_it_starts(tmp_path):
+    """numba compiles the kernel once per machine (about a minute): a line says so first. The test
+    stops the process at that line instead of waiting for the compilation."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}  # an empty cache
+    process = subprocess.Popen([sys.executable, "-c", FIRST_FLOW], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first_line = process.stderr.readline() if process.stderr is not None else ""
+    finally:
+        process.kill()
+        process.wait()
+    assert first_line.startswith("compiling the flow kernel once (about a minute;"), first_line
+
+
+def test_a_warm_cache_says_nothing():
+    attention_flow(np.full((1, 1, 2, 2), 0.5))  # compiled (and cached) in this process if it was not yet
+    result = subprocess.run([sys.executable, "-c", FIRST_FLOW], capture_output=True, text=True, timeout=300, check=True)
+    assert result.stderr == ""

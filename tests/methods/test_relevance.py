@@ -151,11 +151,9 @@ def test_norm_and_norm_rollout_compose_the_row_normalised_norms(tiny_bert):
 
 
 @pytest.mark.parametrize("model_name", ["tiny-bert", "tiny-distilbert", "tiny-mpnet", "minilm-sentiment", "mpnet"])
-def test_alti_parts_add_up_to_the_real_layer_norm_output(model_name, tiny_classifier_path, minilm_sentiment):
-    if model_name == "minilm-sentiment":
-        model = minilm_sentiment
-    elif model_name == "mpnet":
-        model = attnflow.load("mpnet", device="cpu")
+def test_alti_parts_add_up_to_the_real_layer_norm_output(model_name, tiny_classifier_path, request):
+    if model_name in ("minilm-sentiment", "mpnet"):
+        model = request.getfixturevalue(model_name.replace("-", "_"))
     else:
         model = attnflow.load(str(tiny_classifier_path(model_name.split("-")[1])), device="cpu")
     text = "The movie was terrible, but the acting was great."

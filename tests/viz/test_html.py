@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from attnflow.explanation import explain
+from attnflow.explanation import Explanation, explain
 from attnflow.viz import page as viz_page
 from attnflow.viz.html import explanation_html
 
@@ -109,3 +109,28 @@ def test_figure_embedding():
     figure.subplots().plot([0, 1], [1, 0])
     tag = viz_page.figure_img(figure, alt="a <line>")
     assert tag.startswith('<img class="figure" alt="a &lt;line&gt;" src="data:image/png;base64,')
+
+
+def test_the_file_index_shows_each_texts_prediction():
+    from attnflow.viz.index import index_html
+
+    def explanation(text, prediction):
+        return Explanation(
+            tokens=["[CLS]", "a", "[SEP]"],
+            matrix=None,
+            scores=[0.2, 0.5, 0.3],
+            method="gradient",
+            options={},
+            row=None,
+            text=text,
+            prediction=prediction,
+        )
+
+    def predicted(label, probability):
+        return {"kind": "class", "index": 0, "label": label, "value": 1.0, "probability": probability}
+
+    page = index_html([("001", explanation("good", predicted("positive", 0.91))), ("002", explanation("bad", None))])
+    assert "<thead><tr><th>#</th><th>text</th><th>prediction</th><th>top tokens</th>" in page
+    assert '<td class="text">good</td><td>positive (p = 0.91)</td>' in page
+    assert '<td class="text">bad</td><td></td>' in page  # no prediction for this one
+    assert "<th>prediction</th>" not in index_html([("001", explanation("good", None))])

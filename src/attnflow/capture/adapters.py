@@ -36,12 +36,15 @@ class Values:
     ``output_scale``: families with LayerScale (DINOv2): the module whose ``lambda1 [d_model]``
     multiplies the attention block's output before the residual; `AttentionModel.output_weights`
     folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
+    ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None.
     """
 
     value: str
     block: str
     norm: str | None = None
     output_scale: str | None = None
+    query: str | None = None
+    key: str | None = None
 
     @property
     def post_norm(self) -> bool:
@@ -67,7 +70,11 @@ class Adapter:
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
 _BERT_VALUES = Values(
-    r"layer\.(\d+)\.attention\.self\.value$", r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.LayerNorm$"
+    r"layer\.(\d+)\.attention\.self\.value$",
+    r"encoder\.layer\.(\d+)$",
+    r"layer\.(\d+)\.attention\.output\.LayerNorm$",
+    query=r"layer\.(\d+)\.attention\.self\.query$",
+    key=r"layer\.(\d+)\.attention\.self\.key$",
 )
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
 # ViT/DeiT: layers.N (layernorm_before, attention.{q,k,v,o}_proj); DINOv2: encoder.layer.N (norm1,
@@ -93,6 +100,8 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"transformer\.layer\.(\d+)\.attention\.v_lin$",
             r"transformer\.layer\.(\d+)$",
             r"transformer\.layer\.(\d+)\.sa_layer_norm$",
+            query=r"transformer\.layer\.(\d+)\.attention\.q_lin$",
+            key=r"transformer\.layer\.(\d+)\.attention\.k_lin$",
         ),
     ),
     Adapter(
@@ -102,7 +111,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         Stack(r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.attention\.attn\.o$"),
         position_offset=2,
         values=Values(
-            r"layer\.(\d+)\.attention\.attn\.v$", r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.LayerNorm$"
+            r"layer\.(\d+)\.attention\.attn\.v$",
+            r"encoder\.layer\.(\d+)$",
+            r"layer\.(\d+)\.attention\.LayerNorm$",
+            query=r"layer\.(\d+)\.attention\.attn\.q$",
+            key=r"layer\.(\d+)\.attention\.attn\.k$",
         ),
     ),
     Adapter("gpt2", "decoder", ("gpt2",), Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$")),
@@ -111,7 +124,12 @@ ADAPTERS: tuple[Adapter, ...] = (
         "decoder",
         ("llama", "mistral", "qwen2", "qwen3"),
         Stack(r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.self_attn\.o_proj$"),
-        values=Values(r"layers\.(\d+)\.self_attn\.v_proj$", r"layers\.(\d+)$"),
+        values=Values(
+            r"layers\.(\d+)\.self_attn\.v_proj$",
+            r"layers\.(\d+)$",
+            query=r"layers\.(\d+)\.self_attn\.q_proj$",
+            key=r"layers\.(\d+)\.self_attn\.k_proj$",
+        ),
     ),
     Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),
     Adapter(

@@ -177,6 +177,21 @@ def read_image(path: str | Path) -> Any:
         raise InputError(f"{path} is not an image file Pillow can read{reason}") from None
 
 
+def small_image_note(size: tuple[int, int], grid: tuple[int, int], source: str = "the image") -> str | None:
+    """A note, also logged as a warning, when an image of ``size`` (width, height) has fewer pixels
+    on a side than the ``grid`` (rows, cols) has patches: it is upscaled, neighbouring patches see
+    the same pixels and the saliency map says little. None for a large enough image."""
+    (width, height), (rows, cols) = size, grid
+    if width >= cols and height >= rows:
+        return None
+    note = (
+        f"{source}: only {width}x{height} pixels, fewer than the {cols}x{rows} patches; it was upscaled, "
+        "so neighbouring patches see the same pixels and the map says little"
+    )
+    log.warning(note)
+    return note
+
+
 def to_rgb(image: Any, source: str = "the image") -> tuple[Any, str | None]:
     """``(RGB image, note)``: other modes (grayscale, RGBA, palette, ...) are converted and the note,
     also logged as a warning, says so; note is None for an RGB image."""

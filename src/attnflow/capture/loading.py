@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 from attnflow.capture import weight_cache
 from attnflow.errors import ModelLoadError
+from attnflow.staging import building
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +127,8 @@ def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
     """``build(folder)`` writes a model folder inside a scratch folder beside ``target``; only a
     build that returns is renamed into place (replacing ``target``), so a failed or interrupted
     one leaves nothing half-installed."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as scratch:
-        built = Path(scratch) / target.name
+    with building(target) as built:
         build(built)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(built, target)
 
 
 def _dinov2_s_dir() -> Path:

@@ -23,7 +23,7 @@ from torch import nn
 from attnflow.capture import weight_cache
 from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
-from attnflow.capture.images import ImagePreprocessing, read_image, to_rgb
+from attnflow.capture.images import ImagePreprocessing, read_image, small_image_note, to_rgb
 from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
@@ -622,6 +622,7 @@ class AttentionModel:
         pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
+        notes = [text for text in (note, small_image_note(picture.size, grid, source or "the image")) if text]
         captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
         n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
@@ -637,7 +638,7 @@ class AttentionModel:
             layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            meta={"image": source, "image_box": box, "image_note": note, "default_row": self.default_row},
+            meta={"image": source, "image_box": box, "image_notes": notes, "default_row": self.default_row},
             **{name: array[0] for name, array in captured.items()},
             **self._shared_fields(wanted),
         )

@@ -18,14 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from attnflow.capture.loading import PROBES, ProbeSpec, cache_dir
 from attnflow.errors import ModelLoadError
+from attnflow.staging import building
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +157,8 @@ def train_probe(alias: str, encoder: Any, progress: bool = True) -> Path:
     accuracy = float((predictions == data.labels[test]).mean())
     majority = float(np.bincount(data.labels[test]).max() / len(test))
     target = probe_dir(alias)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{alias}-"))
-    try:
+    with building(target) as scratch:
+        scratch.mkdir()
         head_path = scratch / HEAD_FILE
         save_file({"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}, str(head_path))
         meta = {
@@ -179,12 +176,6 @@ def train_probe(alias: str, encoder: Any, progress: bool = True) -> Path:
             "head_sha256": _sha256(head_path),
         }
         (scratch / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(scratch, target)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
     log.info("%s: held-out accuracy %.3f (majority class %.3f)", alias, accuracy, majority)
     return target
 

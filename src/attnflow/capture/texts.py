@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from attnflow.errors import InputError
 
 UNKNOWN_SHARE_WARNING = 0.5  # warn when more than this share of a text's content tokens is [UNK]
+MAX_EXTRA_TOKENS = 4  # tokens that cover no byte of a text: [CLS]/<s>, [SEP]/</s>, a leading "▁", one more
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -67,3 +68,17 @@ def unknown_share(token_ids: Sequence[int], special_mask: Sequence[bool], unknow
 
 def _bytes_message(data: bytes | bytearray) -> str:
     return f"a text must be a string, got {type(data).__name__}: decode it first (e.g. data.decode('utf-8'))"
+
+
+def check_row_fits(row: Any, texts: list[str], max_length: int | None) -> None:
+    """Before the model loads: ``--row N`` must name a token of every text. A text of b UTF-8 bytes
+    has at most b + `MAX_EXTRA_TOKENS` tokens (every token covers at least one byte, except the
+    special ones and a leading word-boundary piece), and at most ``max_length`` (``--max-length``)."""
+    if not isinstance(row, int):
+        return
+    for number, text in enumerate(texts, start=1):
+        limit = len(text.encode("utf-8", "surrogateescape")) + MAX_EXTRA_TOKENS
+        limit = limit if max_length is None else min(limit, max_length)
+        if not -limit <= row < limit:
+            which = "the text" if len(texts) == 1 else f"text {number}"
+            raise InputError(f"--row {row} is out of range: {which} has at most {limit} tokens")

@@ -14,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from attnflow.staging import building
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +56,20 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
     warning, leaves no partial folder and returns False.
     """
     folder = Path(folder)
-    scratch = None
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        save_weights(model, scratch)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(scratch)
-        files = {entry.name: sha256(entry) for entry in sorted(scratch.iterdir()) if entry.is_file()}
-        manifest = {"source": source_identity(source_file), "files": files}
-        (scratch / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.rename(scratch, folder)
-        scratch = None
+        with building(folder) as scratch:
+            scratch.mkdir()
+            save_weights(model, scratch)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(scratch)
+            files = {entry.name: sha256(entry) for entry in sorted(scratch.iterdir()) if entry.is_file()}
+            manifest = {"source": source_identity(source_file), "files": files}
+            (scratch / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     except (OSError, ValueError, RuntimeError) as error:  # a failed cache never fails the load
         log.warning(
             "could not cache the dequantised weights in %s (%s); the next load dequantises again", folder, error
         )
         return False
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     log.info("cached the dequantised weights in %s", folder)
     return True
 

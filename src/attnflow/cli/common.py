@@ -116,7 +116,9 @@ def options_per_method(methods: list[str], given: dict[str, Any]) -> dict[str, d
 def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
     """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
     parser.add_argument("--row", type=parse_row, metavar="cls|mean|last|N", help=row_help)
-    parser.add_argument("--max-length", type=positive_int, metavar="N", help="truncate the text to N tokens")
+    parser.add_argument(
+        "--max-length", "--max-tokens", type=positive_int, metavar="N", help="truncate the text to N tokens"
+    )
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )

@@ -12,9 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from attnflow.capture.texts import check_row_fits
 from attnflow.cli.common import Progress, add_text_options, load_model, positive_int
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods
+from attnflow.staging import check_output
 
 EPILOG = """\
 examples:
@@ -45,19 +47,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
     parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
+    parser.add_argument("--overwrite", action="store_true", help="replace a comparison already in DIR")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.comparison import compare
+    from attnflow.comparison import compare, is_comparison_file
 
     if len(args.model) != 2:
         raise InputError(f"give --model exactly twice (model A and model B), got {len(args.model)}")
     if not args.text.strip():
         raise InputError("the text to compare is empty")
+    check_row_fits(args.row, [args.text], args.max_length)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
+    check_output(out, is_comparison_file, args.overwrite)
     say = Progress(args.quiet)
     models = []
     for name in args.model:
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         target_text=args.target_text,
     )
-    paths = comparison.save(out)
+    paths = comparison.save(out, overwrite=args.overwrite)
     if args.json:
         json.dump(comparison.to_dict(), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")

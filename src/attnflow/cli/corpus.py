@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump({"out": str(args.out), "samples": summary["samples"], "layers": layers}, sys.stdout, indent=1)
         print()
     elif not args.quiet:
-        print(f"{summary['samples']} windows studied; report: {args.out}/report.html", file=sys.stderr)
+        print(f"{summary['samples']} windows studied; report: {args.out}/report.html")
     return 0
 
 

@@ -69,19 +69,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="keep the methods already finished in --out (same run only)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results already in --out (they stay until the new run has finished)",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.evaluate.api import check_task_name, evaluate, resolve_methods
+    from attnflow.evaluate.api import check_out, check_task_name, evaluate, resolve_methods
     from attnflow.evaluate.benchmark import BenchmarkOptions
 
     resolve_methods(args.methods)  # unknown names fail before the model loads
     check_task_name(args.task)
     if args.sanity_samples < 0:
         raise ValueError("--sanity-samples must be 0 or more")
+    check_out(args.out, args.overwrite, args.resume)
     options = BenchmarkOptions(replace=args.replace, sanity_samples=args.sanity_samples, seed=args.seed)
     from attnflow.capture.model import load
 
@@ -94,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         options,
         resume=args.resume,
+        overwrite=args.overwrite,
         progress=not args.quiet,
         text_column=args.text_column,
         label_column=args.label_column,

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from attnflow.capture.texts import check_texts
+from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli.common import (
     DEFAULT_MODEL,
     Progress,
@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("nothing to explain: give a TEXT (or --image PATH, or --file PATH)")
     else:
         check_texts(args.text)  # empty, or bytes that are not UTF-8 (argv is surrogateescape'd)
+        check_row_fits(args.row, [args.text], args.max_length)
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
     per_method = options_per_method(args.method, given_method_options(args))
@@ -209,7 +210,11 @@ def run(args: argparse.Namespace) -> int:
         say(f"{method} …")
         explanations.append(explain(trace, method=method, row=row, model=model, **options))
 
-    paths = write_explanations(out, explanations, trace if args.save_trace else None) if out is not None else {}
+    paths = (
+        write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)
+        if out is not None
+        else {}
+    )
 
     if args.json:
         data = [explanation.to_dict() for explanation in explanations]

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from attnflow.capture.texts import check_texts
+from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.corpus.readers import KINDS, Corpus, ReadOptions
 from attnflow.errors import InputError
 
@@ -72,6 +72,7 @@ def run_file(
     if args.text is not None or args.image is not None:
         raise InputError("give either TEXT, --image or --file, not several")
     texts = read_texts(args.file, args.text_field, args.text_column)
+    check_row_fits(args.row, texts, args.max_length)
     out = prepare_output(args)
 
     say(f"loading {args.model} …")
@@ -84,7 +85,7 @@ def run_file(
             _print_json(explanations)
         return 0
     summaries = []
-    with staged_output(out, owned) as scratch:
+    with staged_output(out, owned, args.overwrite) as scratch:
         for number, (trace, explanations) in enumerate(explained, start=1):
             folder = scratch / f"{number:0{width}d}"
             save_explanations(folder, explanations, trace if args.save_trace else None)

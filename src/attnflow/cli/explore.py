@@ -10,21 +10,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnflow.capture.texts import check_row_fits
 from attnflow.cli.common import DEFAULT_MODEL, Progress, add_text_options, load_model, method_table, parse_methods
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
+from attnflow.staging import check_output
 
 EPILOG = """\
 examples:
   attnflow explore "The movie was terrible, but the acting was great." --out out/explore
   attnflow explore "Paris is the capital of" --model smollm2 --methods raw,rollout
-  attnflow explore "$(cat review.txt)" --model mpnet --max-length 512 --methods raw,rollout
+  attnflow explore "$(cat review.txt)" --model mpnet --max-tokens 512 --methods raw,rollout
 
 Open DIR/explorer.html in a browser: pick a method, a layer and a head (or fused heads); hover a
 token to see its row of the matrix, click it to keep that row. Methods that are slow on long texts
 ({expensive} above {limit} tokens) are left out unless --methods names them;
 target-dependent methods explain --target (classifiers, causal LMs) or --target-text (sentence
-encoders), and are left out, with the reason, when there is no target.
+encoders), and are left out, with the reason, when there is no target. The page grows with the
+square of the token count (mpnet, 512 tokens, raw and rollout: 45 MB); above 50 MB a warning
+suggests --max-tokens or fewer --methods.
 """
 
 
@@ -58,15 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.exploration import EXPLORER_FILE, explore
+    from attnflow.exploration import explore, is_explorer_file
 
     if not args.text.strip():
         raise InputError("the text to explore is empty")
+    check_row_fits(args.row, [args.text], args.max_length)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    if (out / EXPLORER_FILE).exists() and not args.overwrite:
-        raise FileExistsError(f"{out / EXPLORER_FILE} exists; pass --overwrite to replace it or choose another --out")
+    check_output(out, is_explorer_file, args.overwrite)
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         target_text=args.target_text,
         progress=not args.quiet,
     )
-    path = exploration.save(out)
+    path = exploration.save(out, overwrite=args.overwrite)
     if not args.quiet:
         for view in exploration.methods:
             print(f"{view.name}: {view.summaries['fused'][-1]}")

@@ -2,10 +2,12 @@
 
 The folder may already exist and hold other files: those are never touched. If it holds files
 that explain writes (an earlier explanation, or an earlier --file run's numbered folders and
-index), explain stops unless --overwrite is given; with --overwrite the earlier run's entries
-are all replaced or removed, so the folder never mixes two runs. Everything is written into a
-temporary folder beside the output folder and moved into place at the end (`attnflow.staging`):
-a full disk or a read-only folder ends in one error line and leaves the folder as it was.
+index), explain stops unless --overwrite is given, before the model loads and again at the final
+rename (another run may have written the folder meanwhile); with --overwrite the earlier run's
+entries are all replaced or removed, so the folder never mixes two runs. Everything is written
+into a temporary folder beside the output folder and moved into place at the end
+(`attnflow.staging`): a full disk or a read-only folder ends in one error line and leaves the
+folder as it was.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from attnflow.errors import InputError
 from attnflow.explanation import OUTPUT_FILES, Explanation
-from attnflow.staging import staged_output
+from attnflow.staging import check_output, staged_output
 
 TRACE_FILE = "trace.npz"
 INDEX_FILE = "index.html"
@@ -55,27 +57,14 @@ def prepare_output(args: argparse.Namespace) -> Path | None:
     out = output_folder(args)
     if out is None and args.save_trace:
         raise InputError("--save-trace writes files: give --out DIR")
-    check_previous(out, args.overwrite)
+    if out is not None:
+        check_output(out, owned, args.overwrite)
     return out
 
 
-def check_previous(out: Path | None, overwrite: bool) -> None:
-    """Refuse (FileExistsError) to replace an earlier run's output without ``--overwrite``."""
-    if out is None or not out.exists():
-        return
-    if not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file, not a folder")
-    previous = sorted(entry.name for entry in out.iterdir() if owned(entry.name))
-    if previous and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds an explanation ({previous[0]}); pass --overwrite to replace it "
-            "or choose another --out"
-        )
-
-
 def save_explanation(folder: Path, explanation: Explanation, trace: Any = None) -> dict[str, Path]:
-    """Write one explanation (and, given a trace, ``trace.npz``) into ``folder``."""
-    paths = explanation.save(folder)
+    """Write one explanation (and, given a trace, ``trace.npz``) into ``folder`` (a new folder)."""
+    paths = explanation.write_files(folder)
     if trace is not None:
         paths["trace"] = folder / TRACE_FILE
         trace.save(str(paths["trace"]))
@@ -101,8 +90,11 @@ def save_explanations(folder: Path, explanations: list[Explanation], trace: Any 
     return paths
 
 
-def write_explanations(out: Path, explanations: list[Explanation], trace: Any = None) -> dict[str, Path]:
-    """`save_explanations` into ``out`` through a temporary folder; returns the final paths."""
-    with staged_output(out, owned) as scratch:
+def write_explanations(
+    out: Path, explanations: list[Explanation], trace: Any = None, overwrite: bool = False
+) -> dict[str, Path]:
+    """`save_explanations` into ``out`` through a temporary folder; returns the final paths. An
+    earlier run's output (which may have appeared while this one worked) needs ``overwrite``."""
+    with staged_output(out, owned, overwrite) as scratch:
         paths = save_explanations(scratch, explanations, trace)
     return {kind: out / path.relative_to(scratch) for kind, path in paths.items()}

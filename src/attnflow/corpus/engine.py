@@ -13,8 +13,8 @@ accumulators here. No model math and no statistics live in this module.
 Checkpoint and resume. ``checkpoint.npz`` holds the `StudyStats` state, the number of windows
 consumed and a fingerprint of everything that decides which windows exist and what is counted
 (model, corpus file and options, seq_len, stride, samples, statistics options). It is written
-with a temporary file and `os.replace`, every ``checkpoint_every`` batches, on Ctrl-C / SIGTERM
-(after the batch in progress), and at the end. ``resume=True`` loads it, checks the fingerprint,
+through a temporary file (`attnflow.staging.atomic_file`), every ``checkpoint_every`` batches, on
+Ctrl-C / SIGTERM (after the batch in progress), and at the end. ``resume=True`` loads it, checks the fingerprint,
 and restarts the deterministic window stream after the consumed windows, so no window is
 counted twice and none is lost; checkpoints fall on the same batch boundaries as in an
 uninterrupted run, which makes the resumed statistics identical to it.
@@ -44,6 +44,7 @@ from attnflow.corpus.stats import StudyStats
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch, WindowStream, batched
 from attnflow.errors import InputError
+from attnflow.staging import atomic_file, is_scratch
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ def prepare_out_dir(
         raise InputError(f"--out {out} exists and is not a folder")
     entries = sorted(out.iterdir()) if out.is_dir() else []
     for entry in entries:
-        if entry.name.startswith(".") and ".tmp-" in entry.name:
+        if is_scratch(entry.name) and entry.is_file():
             entry.unlink(missing_ok=True)  # left by a write that was killed half-way
     entries = [entry for entry in entries if entry.exists()]
     if not entries:
@@ -287,21 +288,6 @@ def prepare_out_dir(
     raise InputError(
         f"{out} exists and is not empty; pass --resume to continue the run saved there, or --overwrite to start again"
     )
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[io.BufferedWriter]:
-    """Write ``path`` through a temporary file in the same folder, then `os.replace` it in."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(temporary, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 def _save(

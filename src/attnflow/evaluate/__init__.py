@@ -8,10 +8,25 @@ model's ``explain`` front door (`attribute`).
 
     import attnflow.evaluate as ev
     results = ev.evaluate("minilm-sentiment", methods=["rollout", "alti", "random"], samples=50, out="out/eval")
+
+The names below load on first use (the benchmark imports torch), so `attnflow --help` stays fast.
 """
 
-from attnflow.evaluate.api import evaluate, select_samples
-from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
-from attnflow.evaluate.metrics import BINS
+import importlib
+from typing import Any
+
+_HOMES = {
+    "evaluate": "attnflow.evaluate.api",
+    "select_samples": "attnflow.evaluate.api",
+    "BenchmarkOptions": "attnflow.evaluate.benchmark",
+    "run_benchmark": "attnflow.evaluate.benchmark",
+    "BINS": "attnflow.evaluate.metrics",
+}
 
 __all__ = ["BINS", "BenchmarkOptions", "evaluate", "run_benchmark", "select_samples"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'attnflow.evaluate' has no attribute {name!r}")

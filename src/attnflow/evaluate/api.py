@@ -5,18 +5,35 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from attnflow.errors import InputError
-from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
+from attnflow.evaluate.benchmark import METHODS_DIR, RUN_FILE, BenchmarkOptions, run_benchmark
+from attnflow.evaluate.report import BARS_PNG, CURVES_PNG, RESULTS_HTML, RESULTS_MD
 from attnflow.evaluate.scorer import check_classifier
+from attnflow.staging import check_output, owned_entries, staged_output
 
 log = logging.getLogger(__name__)
 
 RESULTS_JSON = "results.json"
+OUTPUT_NAMES = (RESULTS_JSON, RUN_FILE, METHODS_DIR, RESULTS_MD, RESULTS_HTML, CURVES_PNG, BARS_PNG)
+
+
+def is_evaluate_output(name: str) -> bool:
+    """Whether a folder entry is something `evaluate` writes."""
+    return name in OUTPUT_NAMES
+
+
+def check_out(out: str | Path, overwrite: bool, resume: bool) -> None:
+    """Before the model loads: a folder holding an earlier run's results is only continued with
+    ``resume`` or replaced with ``overwrite`` (one of them), and ``out`` must be writable."""
+    if overwrite and resume:
+        raise ValueError("give either --resume (continue the run in --out) or --overwrite (replace it), not both")
+    check_output(Path(out), is_evaluate_output, overwrite or resume)
 
 
 def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
@@ -90,12 +107,19 @@ def evaluate(
     text_column: str = "text",
     label_column: str = "label",
     figures: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
 
     ``model`` is an alias/path or an `AttentionModel` of a classifier; ``task`` a built-in task
     (default: the one the classifier was trained on) or a CSV/JSONL path with ``text_column`` and
     ``label_column``. Returns the results dictionary (as in ``results.json``).
+
+    ``out`` holding an earlier run's results: ``resume`` continues it in place (its finished
+    methods are kept when the run is the same); ``overwrite`` runs in a temporary folder and
+    replaces all of them at the end (until then ``out`` keeps the earlier results; nothing stale
+    is left); neither raises FileExistsError. A new folder is written as the run goes, so that an
+    interrupted run can be resumed.
     """
     from attnflow.capture.model import load
     from attnflow.datasets import TASKS
@@ -103,6 +127,8 @@ def evaluate(
 
     options = options or BenchmarkOptions()
     method_names = resolve_methods(methods)
+    out = Path(out)
+    check_out(out, overwrite, resume)
     if isinstance(model, str):
         model = load(model)
     label_names = check_classifier(model)
@@ -121,11 +147,12 @@ def evaluate(
         "methods": method_names,
     }
     began = time.perf_counter()
-    results = run_benchmark(
-        model, data.texts, data.labels, method_names, options, out, run_info, resume=resume, progress=progress
-    )
-    results["run"]["wall_seconds"] = time.perf_counter() - began
-    out = Path(out)
-    (out / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")
-    write_report(results, out, figures=figures)
+    replacing = overwrite and bool(owned_entries(out, is_evaluate_output))
+    with staged_output(out, is_evaluate_output, overwrite=True) if replacing else nullcontext(out) as folder:
+        results = run_benchmark(
+            model, data.texts, data.labels, method_names, options, folder, run_info, resume=resume, progress=progress
+        )
+        results["run"]["wall_seconds"] = time.perf_counter() - began
+        (folder / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        write_report(results, folder, figures=figures)
     return results

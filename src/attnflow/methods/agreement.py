@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def _pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -29,6 +28,8 @@ def spearman(a: Any, b: Any) -> float:
     a, b = _pair(a, b)
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
+    from scipy.stats import rankdata  # scipy.stats takes ~0.5 s to import: only when ranking
+
     rank_a, rank_b = rankdata(a), rankdata(b)
     return float(np.corrcoef(rank_a, rank_b)[0, 1])
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import xlogy
 
 DIFFUSION_THRESHOLD = 0.9
 COLLAPSE_THRESHOLD = 0.5
@@ -45,12 +44,46 @@ def row_distributions(matrices: Any) -> np.ndarray:
     return array / np.where(sums > 0, sums, 1.0)  # an all-zero row stays 0
 
 
+def collapse_note(
+    scores: Any,
+    tokens: list[str],
+    own: int | None = None,
+    special_mask: Any = None,
+    threshold: float = COLLAPSE_THRESHOLD,
+) -> str | None:
+    """A note when one word token holds at least ``threshold`` of a saliency row (``[key]``
+    non-negative scores), the collapse the per-layer diagnostics flag; on the first token it names
+    the attention sink (a decoder without a BOS token parks attention on its first word, and rollout
+    compounds it through the layers). None when the row is spread out, has negative scores (a
+    gradient attribution), or its top token is the row's ``own`` position (the residual's share) or
+    a special token (``special_mask``: the summary line reports the special tokens' share)."""
+    from attnflow.methods.summary import clean_token
+
+    values = np.asarray(scores, dtype=np.float64)
+    total = values.sum()
+    if values.size < 2 or np.any(values < 0) or not total > 0:
+        return None
+    top = int(np.argmax(values))
+    share = values[top] / total
+    if share < threshold or top == own or (special_mask is not None and bool(np.asarray(special_mask)[top])):
+        return None
+    if top == 0:
+        return (
+            f"{share:.0%} of the relevance is on the first token {clean_token(tokens[0])!r}: the attention-sink "
+            "collapse (models park attention on their first token, and composing layers piles it up there); "
+            "a value-aware method (norm_rollout, alti) shows what the other tokens carry"
+        )
+    return f"{share:.0%} of the relevance is on one token, {clean_token(tokens[top])!r} (a collapsed row)"
+
+
 def row_entropy(matrices: Any) -> np.ndarray:
     """Shannon entropy (nats) of each row, normalised to sum 1: ``[..., query, key]`` -> ``[..., query]``."""
     return _entropy(row_distributions(matrices))
 
 
 def _entropy(distributions: np.ndarray) -> np.ndarray:
+    from scipy.special import xlogy  # scipy loads on first use, not with attnflow
+
     return -xlogy(distributions, distributions).sum(axis=-1)  # xlogy(0, 0) = 0
 
 

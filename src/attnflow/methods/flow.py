@@ -65,14 +65,15 @@ input (it moves far more excess than a sink can take).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence, Union
 
 import numpy as np
-from numba import njit
-from numba.cpython.unsafe.numbers import trailing_zeros
 
 from attnflow.methods import options
 from attnflow.methods.registry import register
@@ -88,6 +89,9 @@ EXPLORE = 16  # sinks between retries of the kind of start (warm or cold) not ch
 COST_DECAY = 0.25  # weight of the last sink in the running mean cost of the chosen kind of start
 SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) counts for, in those costs
 _NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
+COMPILE_TIME = "about a minute"  # numba compiling the kernels once: 40-97 s on a loaded 2-core machine (BENCHMARKS.md)
+
+log = logging.getLogger(__name__)
 
 
 @register(
@@ -256,28 +260,88 @@ def _max_flows(graphs: np.ndarray, sources: np.ndarray, jobs: int) -> np.ndarray
 # The small helpers below are inlined by LLVM (forceinline), not by numba (inline="always"):
 # numba's inlining binds each array argument to a new variable, with an atomic reference-count
 # increment and decrement per call, which took ~30 % of the kernel's time.
+# numba (and its compiler) load when a kernel is first called, not when attnflow is imported: the
+# functions below are marked with `_kernel` and compiled together by `compile_kernels`.
+
+_KERNELS: dict[str, bool] = {}  # name -> forceinline, of the functions numba compiles, in order
+_COMPILE_LOCK = threading.Lock()
+_compiled = False
+trailing_zeros: Any = None  # numba's count-trailing-zeros intrinsic, bound by compile_kernels
+
+
+def _kernel(forceinline: bool = False) -> Any:
+    """Mark a function for numba (``njit(cache=True, nogil=True)``); until `compile_kernels` runs,
+    the module-level name is a stand-in whose first call compiles every kernel and then runs."""
+
+    def mark(function: Any) -> Any:
+        _KERNELS[function.__name__] = forceinline
+
+        def first_call(*args: Any) -> Any:
+            compile_kernels()
+            return globals()[function.__name__](*args)
+
+        first_call.py_func = function  # type: ignore[attr-defined]
+        return first_call
+
+    return mark
+
+
+def compile_kernels() -> None:
+    """Replace the kernels' stand-ins by numba dispatchers and compile them, from numba's on-disk
+    cache when it holds them (``NUMBA_CACHE_DIR`` if set, else ``__pycache__`` beside this file, or
+    the user's cache folder when that one is read-only); otherwise say first how long the one-time
+    compilation takes. `make setup` calls this, so that the first ``--method flow`` does not wait."""
+    global _compiled
+    with _COMPILE_LOCK:
+        if _compiled:
+            return
+        module = globals()
+        from numba import config, njit
+        from numba.cpython.unsafe.numbers import trailing_zeros
+
+        for name, forceinline in _KERNELS.items():
+            module[name] = njit(cache=True, nogil=True, forceinline=forceinline)(module[name].py_func)
+        module["trailing_zeros"] = trailing_zeros  # an intrinsic the kernels call, bound when they compile
+        _compiled = True
+        if config.DISABLE_JIT or kernels_cached():
+            return
+        log.warning("compiling the flow kernel once (%s; later runs load it from the cache)", COMPILE_TIME)
+        began = time.perf_counter()
+        sinks = np.arange(2, dtype=np.int64)
+        _source_flows(*_graph(np.full((1, 2, 2), 0.5)), np.int64(0), sinks, np.zeros(2, np.int64))
+        log.info("compiled the flow kernel in %.0f s", time.perf_counter() - began)
+
+
+def kernels_cached() -> bool:
+    """Whether numba's cache holds the compiled kernels (for this source, Python and machine).
+    Call it after `compile_kernels` has made the dispatchers; False when numba cannot tell."""
+    try:
+        return all(bool(globals()[name]._cache._cache_file._load_index()) for name in ("_build_graph", "_source_flows"))
+    except (AttributeError, OSError):  # NUMBA_DISABLE_JIT, or another numba version
+        return False
+
 
 _ONE = np.uint64(1)
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _set(bits, row, i):  # pragma: no cover
     bits[row, i >> 6] |= _ONE << np.uint64(i & 63)
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _clear(bits, row, i):  # pragma: no cover
     bits[row, i >> 6] &= ~(_ONE << np.uint64(i & 63))
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _alive(bits, row, i):  # pragma: no cover
     """Whether bit i of ``bits[row]`` is set (with ``live``: node (row, i) alive in this phase)."""
     return (bits[row, i >> 6] >> np.uint64(i & 63)) & _ONE != 0
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _next(x, x_row, y, y_row, y_inverted, start, n):  # pragma: no cover
     """First index >= start whose bit is set in ``x[x_row] & y[y_row]`` (``& ~y[y_row]`` when
     y_inverted), else n."""
@@ -294,7 +358,7 @@ def _next(x, x_row, y, y_row, y_inverted, start, n):  # pragma: no cover
     return (w << 6) + int(trailing_zeros(word))
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _add(values, by_row, by_col, layer, x, y, d):  # pragma: no cover
     """values[layer, x, y] += d, keeping bit y of by_row[layer n + x] and bit x of by_col[layer n + y] = (value > 0)."""
     before = values[layer, x, y]
@@ -309,14 +373,14 @@ def _add(values, by_row, by_col, layer, x, y, d):  # pragma: no cover
         _set(by_col, layer * n + y, x)
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _shift(rf, rb, res, res_t, flow, flow_t, layer, a, b, d):  # pragma: no cover
     """Send d more units (d < 0: cancel -d) along (layer+1, a) -> (layer, b), keeping the bit sets in step."""
     _add(rf, res, res_t, layer, a, b, -d)
     _add(rb, flow, flow_t, layer, b, a, d)
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _build_graph(layers, n_heavy):  # pragma: no cover
     """One pass over ``layers [layer, q, k]`` for `_graph`."""
     n_layers, n = layers.shape[0], layers.shape[2]
@@ -344,7 +408,7 @@ def _build_graph(layers, n_heavy):  # pragma: no cover
     return cap, nonzero, nonzero_t, heavy
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _distances(state, live, by_level, slots, used, source, sink, level, queue, steps, layer_of):  # pragma: no cover
     """BFS from the sink over reversed residual edges: ``level`` = distance to the sink.
 
@@ -413,7 +477,7 @@ def _distances(state, live, by_level, slots, used, source, sink, level, queue, s
     return False
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, work, fresh):  # pragma: no cover
     """Push up to ``limit`` units from node ``start`` along edges that go one step nearer to the sink (``level``).
 
@@ -558,7 +622,7 @@ def _blocking_flow(state, heavy, by_level, slots, start, sink, level, limit, wor
             d = got[depth]
 
 
-@njit(cache=True, nogil=True, forceinline=True)
+@_kernel(forceinline=True)
 def _forward_flow(state, heavy, live, top, start, sink, limit, work, fresh):  # pragma: no cover
     """Push up to ``limit`` units from node (top, start), top >= 2, to the sink along forward residual edges.
 
@@ -657,7 +721,7 @@ def _forward_flow(state, heavy, live, top, start, sink, limit, work, fresh):  # 
             d = got[depth]
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _move_sink(cap, state, heavy, live, all_live, work, source, old_sink, new_sink, surplus, limit):  # pragma: no cover
     """Turn the max flow into ``old_sink`` into a valid flow into ``new_sink`` (at most ``limit``); returns its value.
 
@@ -712,7 +776,7 @@ def _move_sink(cap, state, heavy, live, all_live, work, source, old_sink, new_si
     return value
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _clear_flow(state, nonzero, nonzero_t):  # pragma: no cover
     """Back to zero flow: the edges that carry some (found through the flow bit sets) get their
     capacity back, and the bit sets are those of the empty flow (``nonzero``, ``nonzero_t`` and
@@ -735,7 +799,7 @@ def _clear_flow(state, nonzero, nonzero_t):  # pragma: no cover
             res_t[row, w] = nonzero_t[row, w]
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _source_side_cut(cap, level, source, into_inputs, limit):  # pragma: no cover
     """Remember the min cut found by a failed search, to bound the flows to later sinks.
 
@@ -776,7 +840,7 @@ def _source_side_cut(cap, level, source, into_inputs, limit):  # pragma: no cove
     return total
 
 
-@njit(cache=True, nogil=True)
+@_kernel()
 def _source_flows(cap, nonzero, nonzero_t, heavy, source, sinks, out):  # pragma: no cover
     """Max flow from (L, source) to each (0, sink) in ``sinks``, written to ``out[sink]``.
 

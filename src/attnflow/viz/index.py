@@ -21,7 +21,11 @@ td.warn { color: #7a4b00; }
 
 def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -> str:
     """A self-contained page listing ``(folder, explanation)`` pairs; every text is escaped and each
-    row links ``folder/explanation.html``."""
+    row links ``folder/explanation.html``. With a model that predicts (a classifier, a causal LM),
+    a column shows each text's prediction."""
+    from attnflow.targets import Target
+
+    predicts = any(explanation.prediction for _, explanation in entries)
     rows = []
     for folder, explanation in entries:
         text = explanation.text if len(explanation.text) <= TEXT_CHARS else explanation.text[: TEXT_CHARS - 1] + "…"
@@ -31,16 +35,18 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
             if explanation.notes
             else ""
         )
+        prediction = Target(**explanation.prediction).describe() if explanation.prediction else ""
         rows.append(
             f'<tr><td class="num"><a href="{esc(folder)}/explanation.html">{esc(folder)}</a></td>'
-            f'<td class="text">{esc(text)}</td><td>{esc(top)}{notes}</td>'
-            f'<td class="num">{explanation.n_tokens}</td></tr>'
+            f'<td class="text">{esc(text)}</td>'
+            + (f"<td>{esc(prediction)}</td>" if predicts else "")
+            + f'<td>{esc(top)}{notes}</td><td class="num">{explanation.n_tokens}</td></tr>'
         )
     first = entries[0][1] if entries else None
+    prediction_header = "<th>prediction</th>" if predicts else ""
     body = (
-        "<table>\n<thead><tr><th>#</th><th>text</th><th>top tokens</th><th>tokens</th></tr></thead>\n<tbody>\n"
-        + "\n".join(rows)
-        + "\n</tbody>\n</table>"
+        f"<table>\n<thead><tr><th>#</th><th>text</th>{prediction_header}<th>top tokens</th><th>tokens</th></tr>"
+        "</thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
     )
     meta = {
         "source": source or None,

@@ -7,41 +7,68 @@
   var n = meta.tokens.length;
   var $ = function (id) { return document.getElementById(id); };
 
-  // ----- float16 chunks -------------------------------------------------------------------------
-  var F16 = new Float32Array(65536);
-  (function () {
-    for (var h = 0; h < 65536; h++) {
-      var sign = h & 0x8000 ? -1 : 1, exponent = (h >> 10) & 31, fraction = h & 1023;
-      if (exponent === 0) F16[h] = sign * fraction * Math.pow(2, -24);
-      else if (exponent === 31) F16[h] = fraction ? NaN : sign * Infinity;
-      else F16[h] = sign * Math.pow(2, exponent - 15) * (1 + fraction / 1024);
-    }
-  })();
+  // ----- data chunks ----------------------------------------------------------------------------
+  // A chunk is base64 of zlib-deflated [float32 scales][float32 exact values][int8 codes]: one scale
+  // per vector along the array's last axis, a value is code × scale / 127, except in the
+  // reference's exact_columns (special tokens), whose values are stored as they are. A reference
+  // of shape [view, head, ...] split on 2 axes has one chunk per view and head (view × heads + head).
+  // Chunks are inflated when first shown; the most recently used, up to CACHE_BYTES, are kept.
+  var cache = new Map(), pending = new Map(), cachedBytes = 0;
+  var CACHE_BYTES = 128 * 1024 * 1024, CODE_LEVELS = 127;
 
-  var cache = new Map();
-  var CACHE_CHUNKS = 40;
-
-  function chunkWords(id) {
-    if (cache.has(id)) {
-      var hit = cache.get(id);
-      cache.delete(id);
-      cache.set(id, hit);
-      return hit;
-    }
-    var binary = atob($(id).textContent);
-    var bytes = new Uint8Array(binary.length);
+  function base64Bytes(text) {
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(text);
+    var binary = atob(text), bytes = new Uint8Array(binary.length);
     for (var i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-    var words = new Uint16Array(bytes.buffer);
-    cache.set(id, words);
-    if (cache.size > CACHE_CHUNKS) cache.delete(cache.keys().next().value);
-    return words;
+    return bytes;
   }
 
-  // Values [offset, offset + length) of chunk `index` of a reference, as float32.
-  function read(ref, index, offset, length) {
-    var words = chunkWords(ref.chunks[index]), scale = ref.scales[index];
-    var out = new Float32Array(length);
-    for (var i = 0; i < length; i++) out[i] = F16[words[offset + i]] * scale;
+  function inflate(bytes) {
+    var source = new ReadableStream({ start: function (controller) { controller.enqueue(bytes); controller.close(); } });
+    return new Response(source.pipeThrough(new DecompressionStream("deflate"))).arrayBuffer();
+  }
+
+  function cached(id) { return cache.has(id); }
+
+  // Promise of chunk `index` of a reference, inflated and split into {scales, exact, codes}.
+  function load(ref, index) {
+    var id = ref.chunks[index];
+    if (cache.has(id)) return Promise.resolve(cache.get(id));
+    if (!pending.has(id)) {
+      var rows = ref.shape.slice(ref.split, -1).reduce(function (a, b) { return a * b; }, 1), k = ref.exact_columns.length;
+      var inflated = Promise.resolve($(id).textContent).then(function (text) { return inflate(base64Bytes(text)); });
+      pending.set(id, inflated.then(function (buffer) {
+        var chunk = {
+          scales: new Float32Array(buffer, 0, rows),
+          exact: new Float32Array(buffer, rows * 4, rows * k),
+          codes: new Int8Array(buffer, rows * 4 * (1 + k)),
+        };
+        pending.delete(id);
+        cache.set(id, chunk);
+        cachedBytes += buffer.byteLength;
+        while (cachedBytes > CACHE_BYTES && cache.size > 1) {
+          var oldest = cache.keys().next().value;
+          cachedBytes -= cache.get(oldest).codes.buffer.byteLength;
+          cache.delete(oldest);
+        }
+        return chunk;
+      }));
+    }
+    return pending.get(id);
+  }
+
+  // The values of chunk `index` of a reference (loaded), as float32.
+  function read(ref, index) {
+    var id = ref.chunks[index], chunk = cache.get(id);
+    cache.delete(id);
+    cache.set(id, chunk);
+    var width = ref.shape[ref.shape.length - 1], columns = ref.exact_columns, k = columns.length;
+    var codes = chunk.codes, out = new Float32Array(codes.length);
+    for (var row = 0; row < chunk.scales.length; row++) {
+      var step = chunk.scales[row] / CODE_LEVELS, start = row * width;
+      for (var i = start; i < start + width; i++) out[i] = codes[i] * step;
+      for (var e = 0; e < k; e++) out[start + columns[e]] = chunk.exact[row * k + e];
+    }
     return out;
   }
 
@@ -61,11 +88,17 @@
 
   function headShown(m) { return state.head >= 0 && m.heads ? state.head : -1; }
 
-  function currentMatrix() {
+  // The chunk of the shown matrix: {ref, index}, or null.
+  function matrixSource() {
     var m = method(), view = viewIndex(m);
     if (view < 0) return null;
     var head = headShown(m);
-    return head < 0 ? read(m.matrices, view, 0, n * n) : read(m.heads, view, head * n * n, n * n);
+    return head < 0 ? { ref: m.matrices, index: view } : { ref: m.heads, index: view * meta.n_heads + head };
+  }
+
+  function currentMatrix() {
+    var source = matrixSource();
+    return source ? read(source.ref, source.index) : null;
   }
 
   // Saliency scores: a row of the matrix ("cls", "mean", "last" or a query index).
@@ -100,9 +133,10 @@
     var x = Math.min(Math.max(t, 0), 1) * (stops.length - 1), k = Math.min(Math.floor(x), stops.length - 2), f = x - k;
     return [0, 1, 2].map(function (c) { return Math.round(stops[k][c] + f * (stops[k + 1][c] - stops[k][c])); });
   }
+  // 256 colours as packed RGBA pixels (ImageData's bytes R, G, B, A on a little-endian machine).
   function lut(colour) {
-    var table = new Uint8ClampedArray(256 * 3);
-    for (var i = 0; i < 256; i++) { var c = colour(i / 255); table.set(c, i * 3); }
+    var table = new Uint32Array(256);
+    for (var i = 0; i < 256; i++) { var c = colour(i / 255); table[i] = (c[0] | (c[1] << 8) | (c[2] << 16) | (255 << 24)) >>> 0; }
     return table;
   }
   var SEQUENTIAL = sequentialLut(), DIVERGING = divergingLut();
@@ -184,8 +218,10 @@
   var matrixState = { matrix: null, margin: 0 };
   var similarityState = { matrix: null, margin: 0 };
 
+  // holder.css: the canvas's CSS width, measured by draw() before it changes the DOM (measuring
+  // here would force a layout of every token span just recoloured).
   function drawMatrix(canvas, matrix, diverging, sqrt, highlightRow, holder) {
-    var css = canvas.getBoundingClientRect().width || 520;
+    var css = holder.css || 520;
     var ratio = window.devicePixelRatio || 1;
     var size = Math.round(css * ratio);
     if (canvas.width !== size) { canvas.width = size; canvas.height = size; }
@@ -206,20 +242,22 @@
     var vmax = 0, i;
     for (i = 0; i < matrix.length; i++) vmax = Math.max(vmax, Math.abs(matrix[i]));
     if (!(vmax > 0)) vmax = 1;
-    var image = new ImageData(n, n), data = image.data, table = diverging ? DIVERGING : SEQUENTIAL;
+    var image = new ImageData(n, n), pixels = new Uint32Array(image.data.buffer);
+    var table = diverging ? DIVERGING : SEQUENTIAL, inverse = 1 / vmax, level;
     for (i = 0; i < matrix.length; i++) {
-      var v = matrix[i] / vmax, level;
+      var v = matrix[i] * inverse;
       if (diverging) level = Math.round((v + 1) * 127.5);
-      else level = Math.round((sqrt ? Math.sqrt(Math.max(v, 0)) : Math.max(v, 0)) * 255);
-      level = Math.min(Math.max(level, 0), 255);
-      data[i * 4] = table[level * 3]; data[i * 4 + 1] = table[level * 3 + 1]; data[i * 4 + 2] = table[level * 3 + 2]; data[i * 4 + 3] = 255;
+      else level = v > 0 ? Math.round((sqrt ? Math.sqrt(v) : v) * 255) : 0;
+      pixels[i] = table[level < 0 ? 0 : level > 255 ? 255 : level];
     }
-    var off = document.createElement("canvas");
-    off.width = n; off.height = n;
-    off.getContext("2d").putImageData(image, 0, 0);
+    if (!holder.pixels) {  // an n × n canvas of the matrix's pixels, scaled onto the visible one
+      holder.pixels = document.createElement("canvas");
+      holder.pixels.width = n; holder.pixels.height = n;
+    }
+    holder.pixels.getContext("2d").putImageData(image, 0, 0);
     var cell = (size - margin) / n;
     ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(off, margin, margin, size - margin, size - margin);
+    ctx.drawImage(holder.pixels, margin, margin, size - margin, size - margin);
     if (labels) {
       ctx.fillStyle = "#333";
       ctx.textBaseline = "middle";
@@ -265,20 +303,21 @@
   }
 
   // ----- similarity -----------------------------------------------------------------------------
+  // The similarity shown: the layer's mean over heads, or the selected head's.
+  function similaritySource() {
+    if (!meta.similarity) return null;
+    if (state.head < 0) return { ref: meta.similarity.mean, index: state.layer };
+    return { ref: meta.similarity.heads, index: state.layer * meta.n_heads + state.head };
+  }
+
   function similarityMatrix() {
-    var ref = meta.similarity;
-    if (!ref) return null;
-    var pairs = n * (n - 1) / 2, heads = meta.n_heads;
-    var first = state.head >= 0 ? state.head : 0, last = state.head >= 0 ? state.head : heads - 1;
-    var sum = new Float32Array(pairs);
-    for (var h = first; h <= last; h++) {
-      var values = read(ref, state.layer, h * pairs, pairs);
-      for (var p = 0; p < pairs; p++) sum[p] += values[p];
-    }
-    var count = last - first + 1, full = new Float32Array(n * n), index = 0;
+    var source = similaritySource();
+    if (!source) return null;
+    var upper = read(source.ref, source.index);
+    var full = new Float32Array(n * n), index = 0;
     for (var i = 0; i < n; i++) {
       for (var j = i + 1; j < n; j++) {
-        var v = sum[index++] / count;
+        var v = upper[index++];
         full[i * n + j] = v;
         full[j * n + i] = v;
       }
@@ -397,8 +436,42 @@
   // ----- rendering ------------------------------------------------------------------------------
   var current = { matrix: null };
 
+  // A render inflates the chunks it needs first (asynchronously, unless they are cached), then
+  // draws; a newer render supersedes one still waiting. body[data-busy] is "1" until it has drawn.
+  var renderSerial = 0;
+
   function render() {
-    var started = performance.now();
+    document.body.dataset.busy = "1";
+    show(performance.now(), ++renderSerial);
+  }
+
+  function neededChunks() {
+    var needed = [], source = matrixSource();
+    if (source) needed.push(source);
+    if (meta.similarity) needed.push(similaritySource());
+    return needed;
+  }
+
+  function show(started, serial) {
+    if (serial !== renderSerial) return;
+    var needed = neededChunks();
+    if (needed.every(function (c) { return cached(c.ref.chunks[c.index]); })) { draw(started); return; }
+    Promise.all(needed.map(function (c) { return load(c.ref, c.index); })).then(
+      function () { show(started, serial); }, failed);
+  }
+
+  function failed(error) {
+    var empty = $("matrix-empty");
+    empty.hidden = false;
+    empty.textContent = "could not decode the page's data (" + error + "); the explorer needs a browser with " +
+      "DecompressionStream: Chrome or Edge 80, Firefox 113, Safari 16.4 or later";
+    document.body.dataset.busy = "0";
+    throw error;
+  }
+
+  function draw(started) {
+    matrixState.css = $("matrix").getBoundingClientRect().width;
+    similarityState.css = $("similarity").getBoundingClientRect().width;
     var m = method(), view = viewIndex(m), head = headShown(m);
     current.matrix = currentMatrix();
     $("row").disabled = !m.matrices;
@@ -432,6 +505,9 @@
     var elapsed = performance.now() - started;
     document.body.dataset.renderMs = elapsed.toFixed(1);
     $("timing").textContent = "drawn in " + elapsed.toFixed(0) + " ms";
+    document.body.dataset.busy = "0";
+    document.body.dataset.ready = "1";
+    document.dispatchEvent(new CustomEvent("attnflow-drawn", { detail: elapsed }));
   }
 
   // Token colours, the matrix with its row outlined, and the row text: for the hovered or chosen row.
@@ -495,8 +571,17 @@
       : "";
     window.addEventListener("resize", function () { render(); });
     render();
-    document.body.dataset.ready = "1";
   }
+
+  // For tests and scripts: the decoded values of chunk `index` of a data reference in `meta`
+  // (e.g. attnflowExplorer.values(attnflowExplorer.meta.methods[0].heads, 3 * meta.n_heads + 2):
+  // view 3, head 2).
+  window.attnflowExplorer = {
+    meta: meta,
+    values: function (ref, index) {
+      return load(ref, index).then(function () { return read(ref, index); });
+    },
+  };
 
   init();
 })();
