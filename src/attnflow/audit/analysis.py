@@ -191,7 +191,7 @@ def analyse(
                 "contrast": contrast(stats.words[index], others, stats.examples[index], n_others, min_count, top),
             }
         )
-    results: dict[str, Any] = {"classes": classes, "vocabulary": len(all_words)}
+    results: dict[str, Any] = {"classes": classes, "vocabulary": len(all_words), "noted_texts": stats.noted}
     if labelled:
         correct, wrong = stats.outcome_examples
         results["errors"] = {

@@ -337,6 +337,14 @@ def build_results(
     results.update(
         analyse(stats, label_names, options.min_count, terms, swaps=bool(pairs), labelled=data.labels is not None)
     )
+    if stats.noted:
+        log.warning(
+            "%d of %d explanations carry a note of %s (e.g. most relevance on one token); "
+            "`attnflow explain` on a text shows it",
+            stats.noted,
+            stats.n_samples,
+            options.method,
+        )
     for term in results.get("terms", {}).get("missing", []):
         log.warning("--terms: %r occurs in no audited text", term)
     return results

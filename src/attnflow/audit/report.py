@@ -55,6 +55,11 @@ def build_report(results: Mapping[str, Any]) -> str:
         "(definitions: docs/audit.md). Relevance of a word in one text: the share of the text's total relevance "
         "its tokens receive; means are over the texts that hold the word, with 95 % intervals.</p>"
     ]
+    if results.get("noted_texts"):
+        parts.append(
+            f"<p>{results['noted_texts']} of the {run['samples']} maps carry a note of the method (for example most "
+            "of the relevance on one token); `attnflow explain` on a text shows it.</p>"
+        )
     parts.append(section("Words per predicted class", _classes(results, run), "words"))
     if "errors" in results:
         parts.append(section("Errors", _errors(results["errors"], run), "errors"))

@@ -37,6 +37,7 @@ class ExampleResult:
     special_mask: list[bool]
     scores: list[float]
     swapped: dict[str, Any] | None = None  # {"text", "predicted_before/after", "p_before/after", "delta_p"}
+    noted: bool = False  # the method attached a note (an ExplanationWarning, e.g. a collapsed row)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class AuditStats:
     swaps: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # [texts, flips, Σ Δp, Σ Δp²]
     errors: list[list[Any]] = field(default_factory=list)  # heap of [probability, -index, record]
     changes: list[list[Any]] = field(default_factory=list)  # heap of [|Δp|, -index, record]
+    noted: int = 0  # examples whose explanation carries a note of the method
 
     def __post_init__(self) -> None:
         if not self.examples:
@@ -65,6 +67,7 @@ class AuditStats:
 
     def update(self, result: ExampleResult) -> None:
         self.examples[result.predicted] += 1
+        self.noted += int(result.noted)
         _add_words(self.words[result.predicted], result.words)
         if result.label is not None:
             wrong = int(result.label != result.predicted)
@@ -96,6 +99,7 @@ class AuditStats:
             for row, other_row in zip(self.confusion, other.confusion, strict=True)
         ]
         self.swaps = [a + b for a, b in zip(self.swaps, other.swaps, strict=True)]
+        self.noted += other.noted
         for entry in other.errors:
             _keep(self.errors, entry)
         for entry in other.changes:
@@ -114,6 +118,7 @@ class AuditStats:
             "swaps": self.swaps,
             "errors": sorted(self.errors, key=_order),
             "changes": sorted(self.changes, key=_order),
+            "noted": self.noted,
         }
 
     @classmethod

@@ -6,6 +6,7 @@ replicas as Ray actors) both import this module and not each other.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from attnflow.audit.stats import ExampleResult
 from attnflow.audit.words import swap_text, word_relevance
+from attnflow.errors import ExplanationWarning
 
 DEFAULT_METHOD = "grad_rollout"  # the most faithful one-pass method of docs/faithfulness.md
 
@@ -63,7 +65,9 @@ def audit_batch(
     """One batch: ``model.explain`` (the predicted class explained, one traced pass for the
     batch), words per example and, for texts holding a swap word, the class probabilities of the
     text and its counterfactual (one batched forward pass without gradients)."""
-    explanations = model.explain(list(batch.texts), method, batch_size=len(batch.texts))
+    with warnings.catch_warnings():  # kept as each explanation's notes and counted, not printed per text
+        warnings.simplefilter("ignore", ExplanationWarning)
+        explanations = model.explain(list(batch.texts), method, batch_size=len(batch.texts))
     counterfactuals = _counterfactuals(model, batch.texts, swaps, scorer) if swaps else {}
     results = []
     for offset, (text, explanation) in enumerate(zip(batch.texts, explanations, strict=True)):
@@ -81,6 +85,7 @@ def audit_batch(
                 special_mask=explanation.special_mask.tolist(),
                 scores=explanation.scores.tolist(),
                 swapped=counterfactuals.get(offset),
+                noted=bool(explanation.notes),
             )
         )
     return results
