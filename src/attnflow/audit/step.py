@@ -24,7 +24,7 @@ class AuditOptions:
     """Everything an audit is given (the `attnflow audit` options, as a library object).
 
     ``task``: ``rotten-tomatoes``/``wiki-topics`` (their held-out 20 %) or a labelled CSV/JSONL
-    path (``text_column``, ``label_column``); ``file``: unlabelled texts (.txt/.jsonl/.csv);
+    path (``text_column``, ``label_column``); ``file``: unlabelled texts (.txt/.jsonl/.csv/.parquet);
     neither: the classifier's own task. ``samples``: examples drawn with ``seed`` (None: all).
     ``terms``/``swap``: a comma-separated list, a file, or a list (``swap`` pairs as ``a:b``).
     ``workers``: torch threads (local) or model replicas (ray).

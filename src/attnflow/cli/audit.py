@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="rotten-tomatoes|wiki-topics|PATH",
         help="a built-in task (its held-out 20 %%) or a labelled CSV/JSONL file; default: the classifier's own task",
     )
-    source.add_argument("--file", metavar="F", help="unlabelled texts: .txt (one per line), .jsonl or .csv")
+    source.add_argument("--file", metavar="F", help="unlabelled texts: .txt (one per line), .jsonl, .csv or .parquet")
     data.add_argument("--text-column", default="text", help="text column (CSV) or field (JSONL) (default: text)")
     data.add_argument("--label-column", default="label", help="label column of a --task file (default: label)")
     data.add_argument("--samples", type=int, metavar="N", help="texts drawn (seeded) from the data (default: all)")
