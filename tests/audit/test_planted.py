@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ from planted import BIASED, PLANTED
 
 import attnflow
 from attnflow.audit import engine
+from attnflow.audit.report import explain_command
+from attnflow.cli import main
 from attnflow.evaluate.scorer import ClassifierScorer
 
 from conftest import write_task
@@ -61,7 +64,7 @@ def test_the_swap_flips_predictions_at_the_planted_rate(planted_audit, planted_t
     assert {record["index"] for record in swaps["flipping_examples"]} <= set(np.flatnonzero(flips).tolist())
 
 
-def test_errors_are_the_misclassified_examples_most_confident_first(planted_model, planted_task, tmp_path):
+def test_errors_are_the_misclassified_examples_most_confident_first(planted_model, planted_task, tmp_path, capsys):
     _, texts, labels, _ = planted_task
     rng = np.random.default_rng(0)
     noisy = [1 - label if rng.random() < 0.1 else label for label in labels]
@@ -86,6 +89,12 @@ def test_errors_are_the_misclassified_examples_most_confident_first(planted_mode
     assert sorted(r["text"] for r in shown) == sorted(texts[i] for i in chosen[wrong])
     for record in shown:
         assert record["probability"] == pytest.approx(probabilities[record["index"]].max(), abs=1e-5)
+    # The gallery's command draws the same map again.
+    capsys.readouterr()
+    command = shlex.split(explain_command(shown[0], results["run"]))
+    assert main([*command[1:], "--json", "--device", "cpu"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    np.testing.assert_allclose(again["scores"], shown[0]["scores"], rtol=1e-4, atol=1e-6)
 
 
 def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_task, planted_audit, tmp_path):
