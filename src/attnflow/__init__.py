@@ -101,6 +101,10 @@ def __getattr__(name: str):
         from attnflow.capture import load
 
         return load
+    if name == "audit":  # the package attnflow.audit, callable as its `audit` function
+        import attnflow.audit
+
+        return attnflow.audit
     if name in ("Explanation", "explain"):
         from attnflow import explanation
 
@@ -128,6 +132,7 @@ __all__ = [
     "Trace",
     "alti",
     "attention_flow",
+    "audit",
     "available_methods",
     "compare",
     "context_similarity",

@@ -32,7 +32,14 @@ def imported_by(*argv: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "argv",
-    [("--help",), ("explain", "--help"), ("evaluate", "--help"), ("explore", "--help"), ("corpus", "--help")],
+    [
+        ("--help",),
+        ("explain", "--help"),
+        ("evaluate", "--help"),
+        ("explore", "--help"),
+        ("corpus", "--help"),
+        ("audit", "--help"),
+    ],
 )
 def test_help_imports_no_heavy_library(argv):
     assert imported_by(*argv) == []

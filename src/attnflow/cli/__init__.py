@@ -13,10 +13,10 @@ import sys
 import warnings
 from typing import Any, Sequence
 
-from attnflow.cli import compare, corpus, evaluate, explain, explore, models
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit)
 
 
 def build_parser() -> argparse.ArgumentParser:

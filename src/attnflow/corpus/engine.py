@@ -135,13 +135,13 @@ def run_study(
         corpus, model.tokenizer, seq_len=options.seq_len, stride=options.stride, samples=options.samples
     )
     fields = fingerprint_fields(options, model, corpus, stream)
-    fingerprint = _digest(fields)
+    fingerprint = digest(fields)
 
     stats = new_stats(model, options)
     consumed, elapsed_before = 0, 0.0
     if checkpoint is not None:
         state, meta = load_checkpoint(checkpoint)
-        _check_same_config(checkpoint, meta, fields, fingerprint)
+        check_same_config(checkpoint, meta, fields, fingerprint)
         stats = StudyStats.from_state_dict(state)
         consumed, elapsed_before = int(meta["windows"]), float(meta.get("elapsed_s", 0.0))
         if stats.n_samples != consumed:
@@ -154,7 +154,7 @@ def run_study(
     progress = _progress(options, consumed)
     batches_done = consumed // options.batch_size
     try:
-        with _stop_requests() as stop:
+        with stop_requests() as stop:
             for batch in batched(stream, options.batch_size):
                 backend.process(batch)
                 consumed += len(batch)
@@ -232,7 +232,7 @@ def _progress(options: StudyOptions, initial: int):
 
 
 @contextmanager
-def _stop_requests() -> Iterator[threading.Event]:
+def stop_requests() -> Iterator[threading.Event]:
     """Ctrl-C / SIGTERM set an event the loop checks between batches (a second Ctrl-C aborts at once)."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -260,8 +260,12 @@ def checkpoint_path(out: Path) -> Path:
     return out / CHECKPOINT
 
 
-def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | None:
-    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any."""
+def prepare_out_dir(
+    out: Path, *, resume: bool, overwrite: bool, checkpoint: str = CHECKPOINT, outputs: tuple[str, ...] = OUTPUTS
+) -> Path | None:
+    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any.
+
+    ``checkpoint`` and ``outputs``: the file names the run writes there (``--overwrite`` deletes them)."""
     if resume and overwrite:
         raise InputError("choose either --resume (continue the run in the folder) or --overwrite (start again)")
     if out.exists() and not out.is_dir():
@@ -274,13 +278,13 @@ def prepare_out_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | None:
     if not entries:
         return None
     if overwrite:
-        for name in (CHECKPOINT, *OUTPUTS):
+        for name in (checkpoint, *outputs):
             (out / name).unlink(missing_ok=True)
         return None
     if resume:
-        if not checkpoint_path(out).is_file():
-            raise InputError(f"--resume: {out} has no {CHECKPOINT} to continue from")
-        return checkpoint_path(out)
+        if not (out / checkpoint).is_file():
+            raise InputError(f"--resume: {out} has no {checkpoint} to continue from")
+        return out / checkpoint
     raise InputError(
         f"{out} exists and is not empty; pass --resume to continue the run saved there, or --overwrite to start again"
     )
@@ -339,11 +343,11 @@ def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream
     }
 
 
-def _digest(fields: dict[str, Any]) -> str:
+def digest(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
-def _check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -> None:
+def check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -> None:
     if meta.get("fingerprint") == fingerprint:
         return
     before = meta.get("fields", {})
@@ -361,7 +365,7 @@ def _check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -
 # -- outputs -----------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
@@ -415,7 +419,7 @@ def build_summary(
             "tokens": stats.n_samples * options.seq_len,
             "content_tokens_per_window": stream.content_len,
         },
-        "versions": _versions(),
+        "versions": versions(),
         "elapsed_s": round(elapsed, 3),
         "fingerprint": fingerprint,
     }

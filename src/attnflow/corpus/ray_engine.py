@@ -62,73 +62,81 @@ class StudyWorker:
         return state
 
 
-class RayBackend:
-    """`attnflow.corpus.engine.Backend` over Ray actors (see the module doc).
+class ActorPool:
+    """Model replicas as Ray actors that each accumulate what they are given, with fault recovery.
+
+    ``worker_class`` is a plain class with ``process(*arguments)`` (one batch into its own
+    accumulator) and ``take()`` (the accumulated state; it starts afresh); the pool starts
+    ``workers`` of them as actors with ``worker_arguments + (threads, device)``.
 
     Faults: an actor that dies (its process killed, its node lost) takes its accumulator with it,
-    so the driver keeps every batch an actor has been given since its last `take` (``given``).
-    When a call fails because the actor died, a fresh actor replaces it and is given all of
-    those batches again: each window ends up counted exactly once, in the accumulator of the
-    actor that was alive when the driver took it. Errors inside a batch (not a dead actor) and
-    an actor that keeps dying (``MAX_REPLACEMENTS`` per slot) stop the study with one line.
+    so the pool keeps the arguments of every batch an actor has been given since its last `take`
+    (``given``). When a call fails because the actor died, a fresh actor replaces it and is given
+    all of those batches again: each batch ends up counted exactly once, in the accumulator of the
+    actor that was alive when the pool took it. Errors inside a batch (not a dead actor) and an
+    actor that keeps dying (``MAX_REPLACEMENTS`` per slot) stop the run with one line.
     """
 
-    def __init__(self, options: StudyOptions, stats: StudyStats) -> None:
+    def __init__(
+        self,
+        worker_class: type,
+        worker_arguments: tuple,
+        *,
+        workers: int | None,
+        ray_address: str | None,
+        device: str,
+    ) -> None:
         try:
             import ray
         except ImportError:
             raise AttnflowError("--engine ray needs Ray: pip install 'ray[data]'") from None
         self.ray = ray
-        self.stats = stats
         self.owns_runtime = not ray.is_initialized()
-        local = options.ray_address is None
+        local = ray_address is None
         if self.owns_runtime:
-            workers = options.workers or 2
             if local:
                 ray.init(
                     address="local",
-                    num_cpus=workers,
-                    num_gpus=0 if options.device == "cpu" else None,
+                    num_cpus=workers or 2,
+                    num_gpus=0 if device == "cpu" else None,
                     include_dashboard=False,
                     log_to_driver=False,
                     object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                     logging_level=logging.WARNING,
                 )
             else:
-                ray.init(address=options.ray_address, log_to_driver=False, logging_level=logging.WARNING)
+                ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
         resources = ray.cluster_resources()
         cpus = int(resources.get("CPU", 1))
-        workers = options.workers or max(1, cpus if not local else min(2, cpus))
+        workers = workers or max(1, cpus if not local else min(2, cpus))
         gpus = float(resources.get("GPU", 0))
-        use_gpu = options.device == "cuda" or (options.device == "auto" and gpus > 0)
-        gpu_share = min(1.0, gpus / workers) if use_gpu and gpus > 0 else (1.0 if options.device == "cuda" else 0.0)
+        use_gpu = device == "cuda" or (device == "auto" and gpus > 0)
+        gpu_share = min(1.0, gpus / workers) if use_gpu and gpus > 0 else (1.0 if device == "cuda" else 0.0)
         threads = max(1, cpus // workers) if local else max(1, (os.cpu_count() or 1) // max(1, workers))
-        device = "cuda" if use_gpu else "cpu"
-        remote_worker = ray.remote(StudyWorker).options(num_cpus=1, num_gpus=gpu_share)
-        self._new_actor = lambda: remote_worker.remote(options, threads, device)
+        actor_device = "cuda" if use_gpu else "cpu"
+        remote_worker = ray.remote(worker_class).options(num_cpus=1, num_gpus=gpu_share)
+        self._new_actor = lambda: remote_worker.remote(*worker_arguments, threads, actor_device)
         self.actors = [self._new_actor() for _ in range(workers)]
         self.replacements = [0] * workers
-        # Per actor: the batches given to it since its last `take` and, of those, the calls in flight.
-        self.given: list[list[WindowBatch]] = [[] for _ in self.actors]
+        # Per actor: the batches' arguments given to it since its last `take` and, of those, the calls in flight.
+        self.given: list[list[tuple]] = [[] for _ in self.actors]
         self.pending: list[list[Any]] = [[] for _ in self.actors]
-        log.info("ray engine: %d actors, %d threads each, device %s", workers, threads, device)
+        log.info("ray engine: %d actors, %d threads each, device %s", workers, threads, actor_device)
 
-    def process(self, batch: WindowBatch) -> None:
+    def submit(self, *arguments: Any) -> None:
+        """Give one batch (the arguments of ``worker.process``) to the least busy actor."""
         self._finish(block=sum(map(len, self.pending)) >= IN_FLIGHT_PER_ACTOR * len(self.actors))
         slot = min(range(len(self.actors)), key=lambda k: len(self.pending[k]))
-        self._give(slot, batch)
+        self._give(slot, arguments)
 
-    def collect(self) -> StudyStats:
-        states: list[dict[str, Any] | None] = [None] * len(self.actors)
+    def take_all(self) -> list[Any]:
+        """Every actor's state, once all submitted batches are done (each actor starts afresh)."""
+        states: list[Any] = [None] * len(self.actors)
         while any(state is None for state in states):
             for slot, queue in enumerate(self.pending):
                 if states[slot] is None and self._wait_all(slot, queue):
                     states[slot] = self._take(slot)
-        for state in filter(None, states):
-            if int(state["n_samples"]) > 0:  # copies: arrays from Ray's object store are read-only
-                own = {name: np.array(value) for name, value in state.items()}
-                self.stats = self.stats.merge(StudyStats.from_state_dict(own))
-        return self.stats
+        return states
 
     def close(self) -> None:
         for actor in self.actors:
@@ -137,9 +145,9 @@ class RayBackend:
         if self.owns_runtime:
             self.ray.shutdown()
 
-    def _give(self, slot: int, batch: WindowBatch) -> None:
-        self.given[slot].append(batch)
-        self.pending[slot].append(self.actors[slot].process.remote(batch.token_ids, batch.sentence_ids))
+    def _give(self, slot: int, arguments: tuple) -> None:
+        self.given[slot].append(arguments)
+        self.pending[slot].append(self.actors[slot].process.remote(*arguments))
 
     def _finish(self, block: bool) -> None:
         """Drop finished calls from the queues (waiting for one when ``block``); replace dead actors."""
@@ -173,7 +181,7 @@ class RayBackend:
         except self.ray.exceptions.RayActorError:
             self._replace(slot)
             return None
-        self.given[slot] = []  # handed back: from now on these windows live in the driver's stats
+        self.given[slot] = []  # handed back: from now on these batches live in the driver's accumulator
         return state
 
     def _replace(self, slot: int) -> None:
@@ -186,8 +194,8 @@ class RayBackend:
         self.ray.kill(self.actors[slot])
         self.actors[slot] = self._new_actor()
         self.given[slot], self.pending[slot] = [], []
-        for batch in lost:
-            self._give(slot, batch)
+        for arguments in lost:
+            self._give(slot, arguments)
 
     def _get(self, refs: list[Any]) -> list[Any]:
         try:
@@ -197,3 +205,23 @@ class RayBackend:
         except self.ray.exceptions.RayError as error:
             first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
             raise AttnflowError(f"a Ray worker failed: {first}") from error
+
+
+class RayBackend(ActorPool):
+    """`attnflow.corpus.engine.Backend` over Ray actors (see the module doc and `ActorPool`)."""
+
+    def __init__(self, options: StudyOptions, stats: StudyStats) -> None:
+        super().__init__(
+            StudyWorker, (options,), workers=options.workers, ray_address=options.ray_address, device=options.device
+        )
+        self.stats = stats
+
+    def process(self, batch: WindowBatch) -> None:
+        self.submit(batch.token_ids, batch.sentence_ids)
+
+    def collect(self) -> StudyStats:
+        for state in self.take_all():
+            if int(state["n_samples"]) > 0:  # copies: arrays from Ray's object store are read-only
+                own = {name: np.array(value) for name, value in state.items()}
+                self.stats = self.stats.merge(StudyStats.from_state_dict(own))
+        return self.stats

@@ -145,7 +145,7 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
     if explanation.grid is not None:
         parts.append(section("Saliency over the image", _image_view(explanation), "image"))
     else:
-        parts.append(section("Tokens coloured by score", _token_view(explanation), "tokens"))
+        parts.append(section("Tokens coloured by score", token_view(explanation), "tokens"))
     parts.append(section(f"Top {TOP_K} tokens", _top_table(explanation), "top"))
     if explanation.matrix is not None:
         parts.append(
@@ -173,7 +173,8 @@ def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> 
     return '<div class="attnflow">\n' + "\n".join(parts) + "</div>"
 
 
-def _token_view(explanation: "Explanation") -> str:
+def token_view(explanation: "Explanation") -> str:
+    """The text with each token's background coloured by its score (legend above), escaped."""
     scores = explanation.scores
     special = _special(explanation)
     regular = scores[~special] if np.any(~special) else scores
@@ -232,7 +233,7 @@ def _token_span(shown: str, level: float, title: str) -> str:
 
 
 def _scores_view(explanation: "Explanation") -> str:
-    return _image_view(explanation) if explanation.grid is not None else _token_view(explanation)
+    return _image_view(explanation) if explanation.grid is not None else token_view(explanation)
 
 
 def _image_view(explanation: "Explanation") -> str:

@@ -1,0 +1,209 @@
+"""From an `AuditStats` to the numbers of ``results.json`` (definitions: docs/audit.md).
+
+- words per predicted class: examples, occurrences, total and mean relevance per example holding
+  the word with a 95 % confidence interval over those examples, share of the class's relevance;
+  ranked by mean relevance among words in at least ``min_count`` examples;
+- contrast: per class, relevance per example of the class minus relevance per example of the
+  other classes (the words that separate the classes);
+- errors: accuracy, confusion, the most confident errors, and the words whose relevance per
+  example is higher in errors than in correct predictions;
+- terms: each term's mean relevance against the `MATCHED` words of nearest frequency (the chance
+  baseline), its percentile among them, its share of all relevance against the baseline share;
+- swaps: flipped-prediction rate (Wilson interval) and mean Δp (normal interval).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from attnflow.audit.stats import EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
+
+Z95 = 1.959964
+MATCHED = 50  # words of nearest frequency that form a term's chance baseline
+FLAG_PERCENTILE = 95.0  # a term above this percentile of its matched words is flagged
+TOP_WORDS = 20
+
+
+def mean_interval(total: float, squares: float, n: float) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of n values from their sum and sum of squares, with the
+    normal 95 % interval (the sample standard deviation over √n; zero width for n < 2)."""
+    mean = total / n
+    if n < 2:
+        return mean, mean, mean
+    variance = max(squares - n * mean * mean, 0.0) / (n - 1)
+    half = Z95 * math.sqrt(variance / n)
+    return mean, mean - half, mean + half
+
+
+def wilson_interval(successes: float, n: float) -> tuple[float, float, float]:
+    """``(rate, low, high)``: the Wilson 95 % interval of a proportion."""
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    rate = successes / n
+    centre = (rate + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
+    half = Z95 * math.sqrt(rate * (1 - rate) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
+    return rate, max(0.0, centre - half), min(1.0, centre + half)
+
+
+def word_row(word: str, sums: Sequence[float], group_examples: int) -> dict[str, Any]:
+    mean, low, high = mean_interval(sums[RELEVANCE], sums[SQUARES], sums[EXAMPLES])
+    return {
+        "word": word,
+        "examples": int(sums[EXAMPLES]),
+        "occurrences": int(sums[OCCURRENCES]),
+        "total": sums[RELEVANCE],
+        "mean": mean,
+        "ci": [low, high],
+        "share": sums[RELEVANCE] / group_examples if group_examples else 0.0,
+    }
+
+
+def ranked_words(table: dict[str, list[float]], group_examples: int, min_count: int, top: int) -> list[dict]:
+    """Words in at least ``min_count`` examples, by mean relevance (ties: by word)."""
+    rows = [word_row(w, s, group_examples) for w, s in table.items() if s[EXAMPLES] >= min_count]
+    return sorted(rows, key=lambda row: (-row["mean"], row["word"]))[:top]
+
+
+def pooled(tables: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Word sums added over groups."""
+    total: dict[str, list[float]] = {}
+    for table in tables:
+        for word, sums in table.items():
+            mine = total.get(word)
+            total[word] = list(sums) if mine is None else [a + b for a, b in zip(mine, sums, strict=True)]
+    return total
+
+
+def contrast(
+    inside: dict[str, list[float]],
+    outside: dict[str, list[float]],
+    n_inside: int,
+    n_outside: int,
+    min_count: int,
+    top: int,
+) -> list[dict[str, Any]]:
+    """Words by relevance per example inside a group minus per example outside it (both groups'
+    examples must be > 0); words in at least ``min_count`` examples of the two groups together."""
+    if not n_inside or not n_outside:
+        return []
+    rows: list[dict[str, Any]] = []
+    for word in set(inside) | set(outside):
+        a, b = inside.get(word, [0, 0, 0.0, 0.0]), outside.get(word, [0, 0, 0.0, 0.0])
+        if a[EXAMPLES] + b[EXAMPLES] < min_count:
+            continue
+        per_inside, per_outside = a[RELEVANCE] / n_inside, b[RELEVANCE] / n_outside
+        rows.append(
+            {
+                "word": word,
+                "contrast": per_inside - per_outside,
+                "inside_per_example": per_inside,
+                "outside_per_example": per_outside,
+                "inside_examples": int(a[EXAMPLES]),
+                "outside_examples": int(b[EXAMPLES]),
+            }
+        )
+    return sorted(rows, key=lambda row: (-row["contrast"], row["word"]))[:top]
+
+
+def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_count: int) -> dict[str, Any]:
+    """Each term against the `MATCHED` non-term words of nearest example count (log scale)."""
+    candidates = [(w, s) for w, s in all_words.items() if w not in terms and s[EXAMPLES] >= 1]
+    counts = np.array([s[EXAMPLES] for _, s in candidates], dtype=np.float64)
+    means = np.array([s[RELEVANCE] / s[EXAMPLES] for _, s in candidates], dtype=np.float64)
+    total = sum(s[RELEVANCE] for s in all_words.values())
+    rows: list[dict[str, Any]] = []
+    missing = []
+    for term in terms:
+        sums = all_words.get(term)
+        if sums is None:
+            missing.append(term)
+            continue
+        nearest = np.argsort(np.abs(np.log(counts) - math.log(sums[EXAMPLES])), kind="stable")[:MATCHED]
+        baseline = means[nearest]
+        mean, low, high = mean_interval(sums[RELEVANCE], sums[SQUARES], sums[EXAMPLES])
+        percentile = float(100.0 * np.mean(baseline < mean)) if baseline.size else math.nan
+        expected = float(np.median(baseline)) * sums[EXAMPLES] if baseline.size else math.nan
+        rows.append(
+            {
+                "term": term,
+                "examples": int(sums[EXAMPLES]),
+                "mean": mean,
+                "ci": [low, high],
+                "baseline_median": float(np.median(baseline)) if baseline.size else math.nan,
+                "baseline_p95": float(np.percentile(baseline, FLAG_PERCENTILE)) if baseline.size else math.nan,
+                "matched_words": int(baseline.size),
+                "percentile": percentile,
+                "share": sums[RELEVANCE] / total if total else 0.0,
+                "baseline_share": expected / total if total else math.nan,
+                "flagged": bool(sums[EXAMPLES] >= min_count and percentile >= FLAG_PERCENTILE),
+            }
+        )
+    share = sum(row["share"] for row in rows)
+    baseline_share = sum(row["baseline_share"] for row in rows)
+    return {
+        "terms": rows,
+        "missing": missing,
+        "share": share,
+        "baseline_share": baseline_share,
+        "ratio": share / baseline_share if baseline_share else math.nan,
+        "flagged": [row["term"] for row in rows if row["flagged"]],
+    }
+
+
+def swap_summary(stats: AuditStats) -> dict[str, Any]:
+    texts, flips, total, squares = stats.swaps
+    rate, low, high = wilson_interval(flips, texts)
+    mean, mean_low, mean_high = mean_interval(total, squares, texts) if texts else (math.nan,) * 3
+    return {
+        "texts": int(texts),
+        "flips": int(flips),
+        "flip_rate": rate,
+        "flip_rate_ci": [low, high],
+        "mean_delta_p": mean,
+        "mean_delta_p_ci": [mean_low, mean_high],
+        "flipping_examples": stats.kept_changes(),
+    }
+
+
+def analyse(
+    stats: AuditStats,
+    label_names: Sequence[str],
+    min_count: int,
+    terms: Sequence[str] = (),
+    swaps: bool = False,
+    labelled: bool = True,
+    top: int = TOP_WORDS,
+) -> dict[str, Any]:
+    """The result sections of ``results.json`` (see the module doc)."""
+    all_words = pooled(stats.words)
+    classes = []
+    for index, name in enumerate(label_names):
+        others = pooled([table for k, table in enumerate(stats.words) if k != index])
+        n_others = stats.n_samples - stats.examples[index]
+        classes.append(
+            {
+                "class": name,
+                "examples": stats.examples[index],
+                "top_words": ranked_words(stats.words[index], stats.examples[index], min_count, top),
+                "contrast": contrast(stats.words[index], others, stats.examples[index], n_others, min_count, top),
+            }
+        )
+    results: dict[str, Any] = {"classes": classes, "vocabulary": len(all_words), "noted_texts": stats.noted}
+    if labelled:
+        correct, wrong = stats.outcome_examples
+        results["errors"] = {
+            "accuracy": correct / (correct + wrong) if correct + wrong else math.nan,
+            "correct": correct,
+            "errors": wrong,
+            "confusion": stats.confusion,
+            "error_words": contrast(stats.outcome_words[1], stats.outcome_words[0], wrong, correct, min_count, top),
+            "most_confident": stats.kept_errors(),
+        }
+    if terms:
+        results["terms"] = term_audit(all_words, terms, min_count)
+    if swaps:
+        results["swaps"] = swap_summary(stats)
+    return results

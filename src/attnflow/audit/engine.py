@@ -1,0 +1,393 @@
+"""The audit run: examples → batches → explanations → words → `AuditStats`, checkpointed.
+
+`run_audit` drives one audit into one output folder, streamed like the corpus study
+(`attnflow.corpus.engine`)::
+
+    examples ──batches──> backend.process ──> model.explain + counterfactual scoring
+             ──> word_relevance ──> AuditStats.update       every K batches: checkpoint.json (atomic)
+    at the end: results.json, report.html (atomic)
+
+`LocalBackend` runs the model here; `attnflow.audit.ray_engine.AuditRayBackend` runs replicas
+as Ray actors (each with its own `AuditStats`, merged here). The checkpoint holds the state,
+the number of examples consumed and a fingerprint of what decides the accumulated numbers
+(model, data, samples, seed, method, swap pairs); ``resume=True`` continues after the consumed
+examples on the same batch boundaries, so a resumed local run ends with identical numbers. Term
+lists and ``min_count`` only shape the final analysis and may change between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from attnflow.audit.analysis import analyse
+from attnflow.audit.stats import AuditStats
+from attnflow.audit.step import AuditOptions, Batch, audit_batch
+from attnflow.audit.words import parse_swaps, parse_terms, swap_table
+from attnflow.corpus.engine import (
+    atomic_file,
+    check_same_config,
+    digest,
+    prepare_out_dir,
+    stop_requests,
+    versions,
+)
+from attnflow.errors import InputError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.json"
+RESULTS = "results.json"
+REPORT = "report.html"
+OUTPUTS = (RESULTS, REPORT)
+CHECKPOINT_FORMAT = 1
+
+
+class Backend(Protocol):
+    def process(self, batch: Batch) -> None: ...
+
+    def collect(self) -> AuditStats: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """The model in this process, one batch at a time."""
+
+    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: dict[str, str], threads: int | None):
+        import torch
+
+        from attnflow.evaluate.scorer import ClassifierScorer
+
+        self.model, self.stats, self.method, self.swaps = model, stats, method, swaps
+        self.scorer = ClassifierScorer(model)
+        self._threads = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(int(threads))
+
+    def process(self, batch: Batch) -> None:
+        for result in audit_batch(self.model, self.method, batch, self.swaps, self.scorer):
+            self.stats.update(result)
+
+    def collect(self) -> AuditStats:
+        return self.stats
+
+    def close(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads)
+
+
+# -- the data ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditData:
+    name: str
+    texts: tuple[str, ...]
+    labels: tuple[int, ...] | None
+    split: str
+
+
+def load_data(options: AuditOptions, model: Any, label_names: list[str]) -> AuditData:
+    """The audited examples: the task's held-out split, a labelled file, or unlabelled texts,
+    then ``samples`` of them drawn with ``seed`` (capped at what there is, with a warning)."""
+    from attnflow.datasets import TASKS
+    from attnflow.evaluate.api import load_evaluation_task, select_samples
+
+    if options.file is not None:
+        texts = read_unlabelled(options.file, options.text_column)
+        name, labels, split = options.file, None, "every text of the file (no labels)"
+    else:
+        data, name = load_evaluation_task(options.task, model, label_names, options.text_column, options.label_column)
+        texts, labels = list(data.texts), [int(label) for label in data.labels]
+        split = "held-out 20 % (stratified, seed 0)" if name in TASKS else "every row of the file"
+    if options.samples is not None:
+        chosen = select_samples(len(texts), options.samples, options.seed)
+        texts = [texts[i] for i in chosen]
+        labels = None if labels is None else [labels[i] for i in chosen]
+    return AuditData(name, tuple(texts), None if labels is None else tuple(labels), split)
+
+
+def read_unlabelled(file: str, text_column: str) -> list[str]:
+    """The texts of a .txt (one a line), .jsonl (field ``text_column``), .csv or .parquet file."""
+    from attnflow.capture.texts import check_texts
+    from attnflow.corpus.readers import KINDS, ReadOptions, open_corpus
+
+    path = Path(file).expanduser()
+    if not path.is_file() or path.suffix.lower() not in KINDS:
+        raise InputError(f"--file {file}: give an existing .txt, .jsonl, .csv or .parquet file")
+    texts = list(open_corpus(str(path), ReadOptions(text_field=text_column, text_column=text_column)))
+    if not texts:
+        raise InputError(f"--file {file} holds no text")
+    check_texts(texts)  # undecodable characters: one line before any model runs
+    return texts
+
+
+def check_model(model: Any, method: str) -> list[str]:
+    """The class names of a classifier; one InputError line for anything else."""
+    from attnflow.evaluate.scorer import check_classifier
+    from attnflow.methods.registry import get_method
+
+    spec = get_method(method)
+    if not model.is_classifier:
+        needs = f"{method} explains a target class, and " if spec.uses_target else ""
+        raise InputError(
+            f"model {model.name!r} has no classifier head: {needs}the audit groups texts by predicted class; "
+            "audit a classifier such as minilm-sentiment, minilm-topics or mpnet-sentiment"
+        )
+    return check_classifier(model)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def run_audit(
+    options: AuditOptions, out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, model: Any = None
+) -> dict[str, Any]:
+    """Run (or continue) an audit into folder ``out``; returns the results written there.
+
+    Raises:
+        InputError: bad options, data or output folder; a checkpoint of another configuration.
+        KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
+    """
+    from attnflow.methods.registry import get_method
+
+    _check_options(options)
+    get_method(options.method)
+    terms = parse_terms(options.terms) if options.terms else []
+    pairs = parse_swaps(options.swap) if options.swap else []
+    out = Path(out)
+    checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
+    if model is None:
+        from attnflow.capture import load
+
+        model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
+    label_names = check_model(model, options.method)
+    data = load_data(options, model, label_names)
+    fields = _fingerprint_fields(options, model, data, pairs)
+    fingerprint = digest(fields)
+
+    stats, consumed, elapsed_before = AuditStats(len(label_names)), 0, 0.0
+    if checkpoint is not None:
+        meta = _load_checkpoint(checkpoint)
+        check_same_config(checkpoint, meta, fields, fingerprint)
+        stats = AuditStats.from_state_dict(meta["stats"])
+        consumed, elapsed_before = int(meta["examples"]), float(meta["elapsed_s"])
+        log.info("resuming %s after %d examples", out, consumed)
+
+    backend = _backend(options, model, stats, swap_table(pairs))
+    progress = _progress(options, len(data.texts), consumed)
+    started = time.perf_counter()
+    batches_done = consumed // options.batch_size
+
+    def save(complete: bool = False) -> None:
+        elapsed = elapsed_before + time.perf_counter() - started
+        _save(out / CHECKPOINT, stats, consumed, fields, fingerprint, elapsed, complete)
+
+    try:
+        with stop_requests() as stop:
+            for first in range(consumed, len(data.texts), options.batch_size):
+                last = min(first + options.batch_size, len(data.texts))
+                labels = None if data.labels is None else data.labels[first:last]
+                backend.process(Batch(first, data.texts[first:last], labels))
+                consumed, batches_done = last, batches_done + 1
+                progress.update(last - first)
+                if stop.is_set() or batches_done % options.checkpoint_every == 0:
+                    stats = backend.collect()
+                    save()
+                if stop.is_set():
+                    log.warning("stopped: checkpoint saved after %d examples; rerun with --resume", consumed)
+                    raise KeyboardInterrupt
+            stats = backend.collect()
+    finally:
+        progress.close()
+        backend.close()
+    save(complete=True)
+    elapsed = elapsed_before + time.perf_counter() - started
+    results = build_results(options, model, data, label_names, stats, terms, pairs, fingerprint, elapsed)
+    write_outputs(out, results)
+    return results
+
+
+def _check_options(options: AuditOptions) -> None:
+    for name, value in (
+        ("--batch-size", options.batch_size),
+        ("--checkpoint-every", options.checkpoint_every),
+        ("--min-count", options.min_count),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive integer, not {value!r}")
+    if options.samples is not None and options.samples < 1:
+        raise InputError(f"--samples must be at least 1, not {options.samples}")
+    if options.workers is not None and options.workers < 1:
+        raise InputError(f"--workers must be at least 1, not {options.workers}")
+    if options.engine not in ("local", "ray"):
+        raise InputError(f"--engine must be local or ray, not {options.engine!r}")
+    if options.task is not None and options.file is not None:
+        raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
+
+
+def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: dict[str, str]) -> Backend:
+    if options.engine == "ray":
+        from attnflow.audit.ray_engine import AuditRayBackend
+
+        return AuditRayBackend(options, stats, swaps)
+    return LocalBackend(model, stats, options.method, swaps, options.workers)
+
+
+def _progress(options: AuditOptions, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="text",
+        desc=f"audit ({options.method})",
+        file=sys.stderr,
+        disable=options.quiet,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
+
+
+def _fingerprint_fields(options: AuditOptions, model: Any, data: AuditData, pairs: list) -> dict[str, Any]:
+    """What must not change between a run and its resumption (not: terms, min count, batch
+    size, engine, workers, device)."""
+    content = hashlib.sha256(json.dumps([data.texts, data.labels]).encode("utf-8")).hexdigest()[:16]
+    return {
+        "model": options.model,
+        "model_shape": [model.n_layers, model.n_heads, model.d_head],
+        "data": data.name,
+        "data_sha256": content,
+        "examples": len(data.texts),
+        "method": options.method,
+        "swap": [list(pair) for pair in pairs],
+    }
+
+
+def _save(path: Path, stats: AuditStats, examples: int, fields: dict, fingerprint: str, elapsed: float, complete: bool):
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "examples": examples,
+        "fingerprint": fingerprint,
+        "fields": fields,
+        "elapsed_s": elapsed,
+        "complete": complete,
+        "stats": stats.state_dict(),
+    }
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(meta).encode("utf-8"))
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        missing = [key for key in ("stats", "examples", "elapsed_s") if key not in meta]
+    except (OSError, ValueError, TypeError) as error:
+        missing = [str(error)]
+    if missing:
+        raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+    return meta
+
+
+def build_results(
+    options: AuditOptions,
+    model: Any,
+    data: AuditData,
+    label_names: list[str],
+    stats: AuditStats,
+    terms: list[str],
+    pairs: list[tuple[str, str]],
+    fingerprint: str,
+    elapsed: float,
+) -> dict[str, Any]:
+    """results.json: the run, then `attnflow.audit.analysis.analyse`'s sections."""
+    results: dict[str, Any] = {
+        "run": {
+            "model": model.name,
+            "method": options.method,
+            "data": data.name,
+            "split": data.split,
+            "labels": label_names,
+            "samples": stats.n_samples,
+            "samples_requested": options.samples,
+            "seed": options.seed,
+            "min_count": options.min_count,
+            "terms": terms,
+            "swap": [list(pair) for pair in pairs],
+            "engine": options.engine,
+            "workers": options.workers,
+            "batch_size": options.batch_size,
+            "elapsed_s": round(elapsed, 3),
+            "fingerprint": fingerprint,
+            "versions": versions(),
+        }
+    }
+    results.update(
+        analyse(stats, label_names, options.min_count, terms, swaps=bool(pairs), labelled=data.labels is not None)
+    )
+    if stats.noted:
+        log.warning(
+            "%d of %d explanations carry a note of %s (e.g. most relevance on one token); "
+            "`attnflow explain` on a text shows it",
+            stats.noted,
+            stats.n_samples,
+            options.method,
+        )
+    for term in results.get("terms", {}).get("missing", []):
+        log.warning("--terms: %r occurs in no audited text", term)
+    return results
+
+
+def write_outputs(out: Path, results: dict[str, Any]) -> None:
+    """results.json and report.html, each written atomically."""
+    from attnflow.audit.report import build_report
+
+    with atomic_file(out / RESULTS) as handle:
+        handle.write((json.dumps(_finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+    with atomic_file(out / REPORT) as handle:
+        handle.write(build_report(results).encode("utf-8"))
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as null (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def audit(
+    model: str | Any = "minilm-sentiment",
+    out: str | os.PathLike = "out/audit",
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """`attnflow.audit`: what a classifier relies on across a dataset (docs/audit.md).
+
+    ``model``: an alias/path or a loaded `AttentionModel`; ``options``: the fields of
+    `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...).
+    Writes ``results.json`` and ``report.html`` into ``out``; returns the results.
+
+        attnflow.audit("minilm-sentiment", "out/audit", task="rotten-tomatoes", samples=500,
+                       terms="he,she", swap="he:she,him:her")
+    """
+    loaded = None if isinstance(model, str) else model
+    name = model if isinstance(model, str) else model.name
+    return run_audit(AuditOptions(model=name, **options), out, resume=resume, overwrite=overwrite, model=loaded)

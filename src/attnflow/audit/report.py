@@ -1,0 +1,251 @@
+"""report.html of an audit: tables, bar charts and the error gallery, offline (`attnflow.viz.page`).
+
+Every word, text and label comes from data and is escaped; figures are embedded PNGs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Mapping, Sequence
+
+from matplotlib.figure import Figure
+
+from attnflow.audit.analysis import FLAG_PERCENTILE
+from attnflow.viz.page import esc, figure_img, page, section, table
+
+GALLERY = 12  # errors and counterfactuals shown with their maps
+CSS = """
+.attnflow .text { white-space: pre-wrap; line-height: 1.9; padding: .4rem .6rem; border: 1px solid #e3e3e3;
+                  border-radius: 6px; background: #fcfcfc; }
+.attnflow .tok { border-radius: 3px; padding: .1rem .05rem; }
+.attnflow .special { font-family: ui-monospace, monospace; font-size: .7rem; color: #666;
+                     border: 1px dashed #aaa; border-radius: 3px; padding: 0 .2rem; margin: 0 .15rem; }
+.attnflow .legend { display: flex; align-items: center; gap: .6rem; font-size: .8rem; color: #555; margin: .3rem 0; }
+.attnflow .scale { width: 140px; height: 10px; border: 1px solid #ccc;
+                   background: linear-gradient(to right, rgba(217,72,15,0), rgba(217,72,15,1)); }
+.example { margin: 1rem 0 1.6rem; }
+.flag { color: #a61b1b; font-weight: 600; }
+pre { background: #f5f5f7; padding: .4rem .6rem; white-space: pre-wrap; word-break: break-all; font-size: .8rem; }
+"""
+
+
+def words_figure(rows: Sequence[Mapping[str, Any]], value: str, title: str, interval: str | None = None) -> Figure:
+    """Horizontal bars of ``row[value]`` per word (best at the top), with ``row[interval]`` as error bars."""
+    figure = Figure(figsize=(5.2, 0.26 * len(rows) + 0.9), layout="constrained")
+    axes = figure.add_subplot()
+    words = [str(row["word"]) for row in rows][::-1]
+    values = [float(row[value]) for row in rows][::-1]
+    errors = None
+    if interval is not None:
+        errors = [
+            [v - float(row[interval][0]) for v, row in zip(values, rows[::-1], strict=True)],
+            [float(row[interval][1]) - v for v, row in zip(values, rows[::-1], strict=True)],
+        ]
+    axes.barh(range(len(words)), values, xerr=errors, color="#d9480f", ecolor="#555", capsize=2)
+    axes.set_yticks(range(len(words)), words, fontsize=8)
+    axes.set_title(title, fontsize=9)
+    axes.tick_params(axis="x", labelsize=8)
+    return figure
+
+
+def build_report(results: Mapping[str, Any]) -> str:
+    run = results["run"]
+    parts = [
+        f"<p>What {esc(run['model'])} relies on across {run['samples']} texts, by {esc(run['method'])} "
+        "(definitions: docs/audit.md). Relevance of a word in one text: the share of the text's total relevance "
+        "its tokens receive; means are over the texts that hold the word, with 95 % intervals.</p>"
+    ]
+    if results.get("noted_texts"):
+        parts.append(
+            f"<p>{results['noted_texts']} of the {run['samples']} maps carry a note of the method (for example most "
+            "of the relevance on one token); `attnflow explain` on a text shows it.</p>"
+        )
+    parts.append(section("Words per predicted class", _classes(results, run), "words"))
+    if "errors" in results:
+        parts.append(section("Errors", _errors(results["errors"], run), "errors"))
+    if "terms" in results:
+        parts.append(section("Term audit", _terms(results["terms"]), "terms"))
+    if "swaps" in results:
+        parts.append(section("Counterfactual swaps", _swaps(results["swaps"], run), "swaps"))
+    meta = {
+        "model": run["model"],
+        "method": run["method"],
+        "data": f"{run['data']} ({run['split']})",
+        "texts": run["samples"],
+        "minimum count": run["min_count"],
+        "engine": run["engine"],
+        "time (s)": run["elapsed_s"],
+    }
+    return page(f"attnflow audit: {run['model']}", "\n".join(parts), meta=meta, css=CSS)
+
+
+def _classes(results: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    parts = []
+    for group in results["classes"]:
+        name = group["class"]
+        parts.append(f"<h3>{esc(name)} ({group['examples']} texts predicted)</h3>")
+        rows = group["top_words"]
+        if not rows:
+            parts.append(f"<p>No word occurs in {run['min_count']} or more of these texts.</p>")
+            continue
+        parts.append(
+            figure_img(words_figure(rows, "mean", f"{name}: mean relevance per text (95 % CI)", "ci"), f"{name} words")
+        )
+        parts.append(
+            table(
+                ["word", "texts", "occurrences", "mean", "95 % CI", "total", "share of class relevance"],
+                (
+                    [r["word"], r["examples"], r["occurrences"], r["mean"], _interval(r["ci"]), r["total"], r["share"]]
+                    for r in rows
+                ),
+            )
+        )
+        if group["contrast"]:
+            parts.append(f"<p>Words that separate <b>{esc(name)}</b> from the other classes (relevance per text):</p>")
+            parts.append(
+                table(
+                    ["word", "contrast", f"per {name} text", "per other text", f"{name} texts", "other texts"],
+                    (
+                        [
+                            r["word"],
+                            r["contrast"],
+                            r["inside_per_example"],
+                            r["outside_per_example"],
+                            r["inside_examples"],
+                            r["outside_examples"],
+                        ]
+                        for r in group["contrast"]
+                    ),
+                )
+            )
+    return "\n".join(parts)
+
+
+def _errors(errors: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    labels = run["labels"]
+    parts = [
+        f"<p>Accuracy {errors['accuracy']:.3f} ({errors['correct']} correct, {errors['errors']} errors).</p>",
+        "<p>Confusion (rows: label, columns: prediction):</p>",
+        table(["", *labels], ([labels[i], *row] for i, row in enumerate(errors["confusion"]))),
+    ]
+    if errors["error_words"]:
+        parts.append("<p>Words more relevant in errors than in correct predictions (relevance per text):</p>")
+        parts.append(
+            table(
+                ["word", "difference", "per error", "per correct", "errors holding it", "correct holding it"],
+                (
+                    [
+                        r["word"],
+                        r["contrast"],
+                        r["inside_per_example"],
+                        r["outside_per_example"],
+                        r["inside_examples"],
+                        r["outside_examples"],
+                    ]
+                    for r in errors["error_words"]
+                ),
+            )
+        )
+    shown = errors["most_confident"][:GALLERY]
+    if shown:
+        parts.append(f"<h3>The {len(shown)} most confident errors</h3>")
+    for record in shown:
+        title = (
+            f"#{record['index']}: predicted {labels[record['predicted']]} (p = {record['probability']:.3f}), "
+            f"label {labels[record['label']]}"
+        )
+        parts.append(_example(record, run, title))
+    return "\n".join(parts)
+
+
+def _terms(terms: Mapping[str, Any]) -> str:
+    parts = [
+        f"<p>The terms receive {100 * terms['share']:.2f} % of all relevance; words of matched frequency would "
+        f"receive {100 * terms['baseline_share']:.2f} % (ratio {terms['ratio']:.2f}). "
+        f"Flagged (above the {FLAG_PERCENTILE:g}th percentile of their matched words): "
+        f'<span class="flag">{esc(", ".join(terms["flagged"]) or "none")}</span>.</p>'
+    ]
+    if terms["missing"]:
+        parts.append(f"<p>In no text: {esc(', '.join(terms['missing']))}.</p>")
+    rows = terms["terms"]
+    if rows:
+        bars = [{"word": r["term"], "mean": r["mean"], "ci": r["ci"]} for r in rows]
+        parts.append(figure_img(words_figure(bars, "mean", "terms: mean relevance per text (95 % CI)", "ci"), "terms"))
+        parts.append(
+            table(
+                ["term", "texts", "mean", "95 % CI", "matched median", "matched 95th pct", "percentile", "flagged"],
+                (
+                    [
+                        r["term"],
+                        r["examples"],
+                        r["mean"],
+                        _interval(r["ci"]),
+                        r["baseline_median"],
+                        r["baseline_p95"],
+                        r["percentile"],
+                        "yes" if r["flagged"] else "no",
+                    ]
+                    for r in rows
+                ),
+            )
+        )
+    return "\n".join(parts)
+
+
+def _swaps(swaps: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    pairs = ", ".join(f"{a}↔{b}" for a, b in run["swap"])
+    if not swaps["texts"]:
+        return f"<p>No text holds a swapped word ({esc(pairs)}).</p>"
+    parts = [
+        f"<p>{swaps['texts']} texts hold a swapped word ({esc(pairs)}). Flipped predictions: {swaps['flips']} "
+        f"({100 * swaps['flip_rate']:.1f} %, 95 % CI {_interval(swaps['flip_rate_ci'], percent=True)}); "
+        f"mean Δp of the predicted class {swaps['mean_delta_p']:+.4f} "
+        f"(95 % CI {_interval(swaps['mean_delta_p_ci'])}).</p>"
+    ]
+    labels = run["labels"]
+    for record in swaps["flipping_examples"][:GALLERY]:
+        change = record["swapped"]
+        title = (
+            f"#{record['index']}: {labels[change['predicted_before']]} (p = {change['p_before']:.3f}) becomes "
+            f"{labels[change['predicted_after']]} after the swap (Δp = {change['delta_p']:+.3f})"
+        )
+        parts.append(_example(record, run, title, after=change["text"]))
+    return "\n".join(parts)
+
+
+def _example(record: Mapping[str, Any], run: Mapping[str, Any], title: str, after: str | None = None) -> str:
+    from attnflow.explanation import Explanation
+    from attnflow.viz.html import token_view
+
+    explanation = Explanation(
+        tokens=record["tokens"],
+        matrix=None,
+        scores=record["scores"],
+        method=run["method"],
+        options={},
+        row=None,
+        text=record["text"],
+        offsets=record["offsets"],
+        special_mask=record["special_mask"],
+    )
+    parts = [f'<div class="example"><p><b>{esc(title)}</b></p><div class="attnflow">{token_view(explanation)}</div>']
+    if after is not None:
+        parts.append(f"<p>After the swap: {esc(after)}</p>")
+    parts.append(f"<pre>{esc(explain_command(record, run))}</pre></div>")
+    return "".join(parts)
+
+
+def explain_command(record: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    """The `attnflow explain` command that shows this example's map again."""
+    label = run["labels"][record["predicted"]]
+    return (
+        f"attnflow explain {shlex.quote(record['text'])} --model {shlex.quote(run['model'])} "
+        f"--method {shlex.quote(run['method'])} --target {shlex.quote(label)}"
+    )
+
+
+def _interval(bounds: Sequence[float | None], percent: bool = False) -> str:
+    if bounds[0] is None or bounds[1] is None:
+        return "n/a"
+    scale, unit = (100.0, " %") if percent else (1.0, "")
+    return f"[{scale * bounds[0]:.3g}, {scale * bounds[1]:.3g}]{unit}"

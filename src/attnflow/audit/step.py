@@ -1,0 +1,117 @@
+"""What every engine of the audit shares: the options, a batch, and the batch step.
+
+`attnflow.audit.engine` (the run, the local backend) and `attnflow.audit.ray_engine` (model
+replicas as Ray actors) both import this module and not each other.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from attnflow.audit.stats import ExampleResult
+from attnflow.audit.words import swap_text, word_relevance
+from attnflow.errors import ExplanationWarning
+
+DEFAULT_METHOD = "grad_rollout"  # the most faithful one-pass method of docs/faithfulness.md
+
+
+@dataclass
+class AuditOptions:
+    """Everything an audit is given (the `attnflow audit` options, as a library object).
+
+    ``task``: ``rotten-tomatoes``/``wiki-topics`` (their held-out 20 %) or a labelled CSV/JSONL
+    path (``text_column``, ``label_column``); ``file``: unlabelled texts (.txt/.jsonl/.csv/.parquet);
+    neither: the classifier's own task. ``samples``: examples drawn with ``seed`` (None: all).
+    ``terms``/``swap``: a comma-separated list, a file, or a list (``swap`` pairs as ``a:b``).
+    ``workers``: torch threads (local) or model replicas (ray).
+    """
+
+    model: str = "minilm-sentiment"
+    task: str | None = None
+    file: str | None = None
+    method: str = DEFAULT_METHOD
+    samples: int | None = None
+    seed: int = 0
+    terms: str | Sequence[str] | None = None
+    swap: str | Sequence[str] | None = None
+    min_count: int = 5
+    text_column: str = "text"
+    label_column: str = "label"
+    batch_size: int = 16
+    checkpoint_every: int = 10
+    engine: str = "local"
+    workers: int | None = None
+    ray_address: str | None = None
+    device: str = "auto"
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Consecutive examples: ``first`` is the index of the first in the audited set."""
+
+    first: int
+    texts: tuple[str, ...]
+    labels: tuple[int, ...] | None
+
+
+def audit_batch(
+    model: Any, method: str, batch: Batch, swaps: dict[str, str], scorer: Any = None
+) -> list[ExampleResult]:
+    """One batch: ``model.explain`` (the predicted class explained, one traced pass for the
+    batch), words per example and, for texts holding a swap word, the class probabilities of the
+    text and its counterfactual (one batched forward pass without gradients)."""
+    with warnings.catch_warnings():  # kept as each explanation's notes and counted, not printed per text
+        warnings.simplefilter("ignore", ExplanationWarning)
+        explanations = model.explain(list(batch.texts), method, batch_size=len(batch.texts))
+    counterfactuals = _counterfactuals(model, batch.texts, swaps, scorer) if swaps else {}
+    results = []
+    for offset, (text, explanation) in enumerate(zip(batch.texts, explanations, strict=True)):
+        prediction = explanation.prediction  # a classifier's trace always records it
+        results.append(
+            ExampleResult(
+                index=batch.first + offset,
+                text=text,
+                predicted=int(prediction["index"]),
+                probability=float(prediction["probability"]),
+                label=None if batch.labels is None else int(batch.labels[offset]),
+                words=word_relevance(text, explanation.offsets, explanation.special_mask, explanation.scores),
+                tokens=list(explanation.tokens),
+                offsets=explanation.offsets.tolist(),
+                special_mask=explanation.special_mask.tolist(),
+                scores=explanation.scores.tolist(),
+                swapped=counterfactuals.get(offset),
+                noted=bool(explanation.notes),
+            )
+        )
+    return results
+
+
+def _counterfactuals(model: Any, texts: Sequence[str], swaps: dict[str, str], scorer: Any) -> dict[int, dict]:
+    from attnflow.evaluate.scorer import ClassifierScorer
+
+    swapped = {offset: swap_text(text, swaps) for offset, text in enumerate(texts)}
+    swapped = {offset: text for offset, text in swapped.items() if text is not None}
+    if not swapped:
+        return {}
+    scorer = scorer or ClassifierScorer(model)
+    pairs = [text for offset in swapped for text in (texts[offset], swapped[offset])]
+    encoded = model.tokenizer(pairs, truncation=True, max_length=model.max_length)["input_ids"]
+    probabilities = scorer.probabilities(encoded)  # [2 * text, class]: original, swapped, ...
+    found = {}
+    for row, (offset, text) in enumerate(swapped.items()):
+        before, after = probabilities[2 * row], probabilities[2 * row + 1]
+        predicted = int(np.argmax(before))
+        found[offset] = {
+            "text": text,
+            "predicted_before": predicted,
+            "predicted_after": int(np.argmax(after)),
+            "p_before": float(before[predicted]),
+            "p_after": float(after[predicted]),
+            "delta_p": float(after[predicted] - before[predicted]),
+        }
+    return found

@@ -1,0 +1,108 @@
+"""`attnflow audit`: what a classifier relies on across a dataset (words, errors, terms, swaps)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  attnflow audit --model minilm-sentiment --task rotten-tomatoes --samples 2000 --out out/audit
+  attnflow audit --model minilm-sentiment --task rotten-tomatoes --terms he,she,his,her \\
+      --swap he:she,his:her,him:her,man:woman --out out/audit-gender
+  attnflow audit --model minilm-topics --file texts.txt --out out/topics      # unlabelled texts
+  attnflow audit --resume --model minilm-sentiment --task rotten-tomatoes --out out/audit
+  attnflow audit --engine ray --workers 2 --model minilm-sentiment --out out/audit
+
+output folder: results.json (every number), report.html (tables, bar charts, the error gallery;
+offline) and checkpoint.json (for --resume). Ctrl-C saves a checkpoint after the current batch.
+Definitions of every number: docs/audit.md.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from attnflow.audit.step import DEFAULT_METHOD
+
+    parser = subparsers.add_parser(
+        "audit",
+        help="what a classifier relies on across a dataset: words per class, errors, terms, swaps",
+        description=(
+            "Explain every text of a labelled (or unlabelled) set with one method, merge the token scores "
+            "into words and aggregate them per predicted class: the words the model relies on, the words "
+            "that separate the classes, its errors, the relevance of a term list against words of matched "
+            "frequency, and counterfactual word swaps. Streamed, checkpointed and resumable."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    data = parser.add_argument_group("model and data")
+    data.add_argument(
+        "--model", default="minilm-sentiment", help="a classifier alias or path (default: minilm-sentiment)"
+    )
+    source = data.add_mutually_exclusive_group()
+    source.add_argument(
+        "--task",
+        metavar="rotten-tomatoes|wiki-topics|PATH",
+        help="a built-in task (its held-out 20 %%) or a labelled CSV/JSONL file; default: the classifier's own task",
+    )
+    source.add_argument("--file", metavar="F", help="unlabelled texts: .txt (one per line), .jsonl, .csv or .parquet")
+    data.add_argument("--text-column", default="text", help="text column (CSV) or field (JSONL) (default: text)")
+    data.add_argument("--label-column", default="label", help="label column of a --task file (default: label)")
+    data.add_argument("--samples", type=int, metavar="N", help="texts drawn (seeded) from the data (default: all)")
+    data.add_argument("--seed", type=int, default=0, help="seeds the drawing of --samples (default: 0)")
+    what = parser.add_argument_group("what to audit")
+    what.add_argument(
+        "--method", default=DEFAULT_METHOD, help=f"the relevance method (default: {DEFAULT_METHOD}, see docs/audit.md)"
+    )
+    what.add_argument("--terms", metavar="a,b,...|FILE", help="words whose share of relevance is audited")
+    what.add_argument("--swap", metavar="he:she,...|FILE", help="word pairs swapped in every text that holds one")
+    what.add_argument(
+        "--min-count", type=int, default=5, metavar="K", help="rank only words in K or more texts (default: 5)"
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    run.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    run.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
+    run.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default) or ray")
+    run.add_argument("--workers", type=int, metavar="W", help="torch threads (local) or model replicas (ray)")
+    run.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (default: a private local one)")
+    run.add_argument("--batch-size", type=int, default=16, metavar="N", help="texts per traced pass (default: 16)")
+    run.add_argument(
+        "--checkpoint-every", type=int, default=10, metavar="N", help="batches between checkpoints (default: 10)"
+    )
+    run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run_audit_command)
+
+
+def run_audit_command(args: argparse.Namespace) -> int:
+    from attnflow.audit.engine import REPORT, RESULTS, run_audit
+    from attnflow.audit.step import AuditOptions
+    from attnflow.evaluate.api import check_task_name
+
+    check_task_name(args.task)
+    options = AuditOptions(
+        model=args.model,
+        task=args.task,
+        file=args.file,
+        method=args.method,
+        samples=args.samples,
+        seed=args.seed,
+        terms=args.terms,
+        swap=args.swap,
+        min_count=args.min_count,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        batch_size=args.batch_size,
+        checkpoint_every=args.checkpoint_every,
+        engine=args.engine,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        device=args.device,
+        quiet=args.quiet,
+    )
+    results = run_audit(options, args.out, resume=args.resume, overwrite=args.overwrite)
+    errors = results.get("errors")
+    accuracy = f", accuracy {errors['accuracy']:.3f}" if errors else ""
+    print(f"{results['run']['samples']} texts{accuracy}: {args.out / RESULTS}, {args.out / REPORT}")
+    return 0

@@ -1,0 +1,130 @@
+"""`attnflow audit` on the command line: outputs, bad input in one line, SIGKILL and --resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from attnflow.cli import main
+
+from conftest import write_task
+
+
+def run_cli(*args: str) -> int:
+    return main(["audit", *args, "--device", "cpu", "--quiet"])
+
+
+def one_error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("attnflow: error: ")
+    return lines[0]
+
+
+def test_the_command_writes_results_and_report(planted_model, planted_task, tmp_path, capsys, caplog):
+    path, *_ = planted_task
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        code = run_cli(
+            "--model", str(planted_model), "--task", str(path), "--samples", "400", "--terms", "she,zebra",
+            "--out", str(out),
+        )  # fmt: skip
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.json", "report.html", "results.json"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["run"]["samples"] == 300  # capped at the 300 rows
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("--samples 400 is more than the 300" in message for message in messages)
+    assert any("'zebra' occurs in no audited text" in message for message in messages)
+    assert "300 texts, accuracy 1.000" in capsys.readouterr().out
+
+
+def test_unlabelled_texts_give_words_without_errors(planted_model, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("great film\nthe cat sat on the mat\nshe was very good\n", encoding="utf-8")
+    assert run_cli("--model", str(planted_model), "--file", str(texts), "--out", str(tmp_path / "out")) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["run"]["samples"] == 3 and "errors" not in results
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--swap", "he:she,new york:paris"], "--swap pair 'new york:paris': side 'new york' is not one word"),
+        (["--terms", "ice cream"], "--terms: term 'ice cream' is not one word"),
+        (["--min-count", "0"], "--min-count must be a positive integer"),
+        (["--method", "nope"], "unknown method 'nope'"),
+    ],
+)
+def test_bad_options_are_one_line(planted_model, planted_task, tmp_path, capsys, extra, message):
+    path, *_ = planted_task
+    assert run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path / "o"), *extra) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_a_task_file_without_the_named_columns(planted_model, tmp_path, capsys):
+    path = write_task(tmp_path / "task.csv", ["great film"], [1])
+    assert run_cli("--model", str(planted_model), "--task", str(path), "--label-column", "stars", "--out", "o") == 2
+    assert "has no column 'stars' (columns: text, label)" in one_error_line(capsys)
+
+
+def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, capsys):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("great film\n", encoding="utf-8")
+    code = run_cli("--model", str(tiny_model_path("bert")), "--file", str(texts), "--out", str(tmp_path / "o"))
+    assert code == 2
+    line = one_error_line(capsys)
+    assert "has no classifier head: grad_rollout explains a target class" in line
+
+
+def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
+    path, *_ = planted_task
+    command = [
+        sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())",
+        "audit", "--model", str(planted_model), "--task", str(path),
+        "--swap", "he:she", "--batch-size", "4", "--checkpoint-every", "2", "--device", "cpu", "--quiet",
+    ]  # fmt: skip
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([*command, "--out", str(tmp_path / "whole")], check=True, env=environment, timeout=600)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--out", str(killed)], env=environment)
+    deadline = time.monotonic() + 300
+    while not (killed / "checkpoint.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    saved = json.loads((killed / "checkpoint.json").read_text())
+    assert not saved["complete"] and 0 < saved["examples"] < 300
+    assert not (killed / "results.json").exists() and not (killed / "report.html").exists()
+    subprocess.run([*command, "--out", str(killed), "--resume"], check=True, env=environment, timeout=600)
+    assert not [entry.name for entry in killed.iterdir() if ".tmp-" in entry.name]
+    first, second = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", killed))
+    first.pop("run"), second.pop("run")
+    assert first == second
+
+
+def test_resume_refuses_another_configuration(planted_model, planted_task, tmp_path, capsys):
+    path, *_ = planted_task
+    out = str(tmp_path / "out")
+    assert run_cli("--model", str(planted_model), "--task", str(path), "--samples", "20", "--out", out) == 0
+    assert run_cli("--model", str(planted_model), "--task", str(path), "--samples", "30", "--out", out) == 2
+    assert "exists and is not empty; pass --resume" in one_error_line(capsys)
+    code = run_cli("--model", str(planted_model), "--task", str(path), "--samples", "30", "--out", out, "--resume")
+    assert code == 2
+    assert "was written with a different configuration" in one_error_line(capsys)
+
+
+def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path, capsys):
+    path, *_ = planted_task
+    (tmp_path / "checkpoint.json").write_text('{"format": 1, "exam', encoding="utf-8")
+    code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
+    assert code == 2
+    assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)

@@ -1,0 +1,101 @@
+"""The accumulator merges like one pass; the analysis' numbers against explicit recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from attnflow.audit import analysis
+from attnflow.audit.stats import KEPT, AuditStats, ExampleResult
+
+
+def random_results(n: int, seed: int) -> list[ExampleResult]:
+    rng = np.random.default_rng(seed)
+    vocabulary = [f"w{k}" for k in range(12)]
+    results = []
+    for index in range(n):
+        chosen = rng.choice(vocabulary, size=rng.integers(1, 5), replace=False)
+        words = {str(word): (int(rng.integers(1, 3)), float(rng.random())) for word in chosen}
+        predicted, label = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        swapped = None
+        if rng.random() < 0.4:
+            after = int(rng.integers(0, 3))
+            swapped = {"text": "x", "predicted_before": predicted, "predicted_after": after, "delta_p": rng.normal()}
+        results.append(
+            ExampleResult(index, f"text {index}", predicted, float(rng.random()), label, words, [], [], [], [], swapped)
+        )
+    return results
+
+
+def test_merged_halves_equal_one_pass_and_keep_the_same_examples():
+    results = random_results(200, seed=0)
+    whole, first, second = AuditStats(3), AuditStats(3), AuditStats(3)
+    for result in results:
+        whole.update(result)
+    for result in results[120:]:  # the second half first: the kept examples must not depend on order
+        second.update(result)
+    for result in results[:120]:
+        first.update(result)
+    merged = AuditStats.from_state_dict(second.state_dict()).merge(first)
+    a, b = whole.state_dict(), merged.state_dict()
+    assert a["examples"] == b["examples"] and a["confusion"] == b["confusion"]
+    for group in range(3):
+        assert a["words"][group].keys() == b["words"][group].keys()
+        for word, sums in a["words"][group].items():
+            np.testing.assert_allclose(sums, b["words"][group][word], rtol=1e-12)
+    assert [e["index"] for e in whole.kept_errors()] == [e["index"] for e in merged.kept_errors()]
+    assert len(whole.kept_errors()) == KEPT
+    # Oracle: the KEPT most confident misclassified examples, by an explicit sort.
+    wrong = sorted((r for r in results if r.label != r.predicted), key=lambda r: (-r.probability, r.index))
+    assert [e["index"] for e in whole.kept_errors()] == [r.index for r in wrong[:KEPT]]
+    swapped = [r for r in results if r.swapped is not None]
+    flips = [r for r in swapped if r.swapped["predicted_after"] != r.swapped["predicted_before"]]
+    assert whole.swaps[:2] == [len(swapped), len(flips)]
+    assert whole.swaps[2] == pytest.approx(sum(r.swapped["delta_p"] for r in swapped))
+
+
+def test_word_means_and_intervals_match_numpy():
+    results = random_results(300, seed=1)
+    stats = AuditStats(3)
+    for result in results:
+        stats.update(result)
+    ranked = analysis.ranked_words(stats.words[0], stats.examples[0], min_count=1, top=50)
+    for row in ranked:
+        values = np.array([r.words[row["word"]][1] for r in results if r.predicted == 0 and row["word"] in r.words])
+        assert row["examples"] == values.size
+        assert row["mean"] == pytest.approx(values.mean())
+        half = 1.959964 * values.std(ddof=1) / math.sqrt(values.size)
+        assert row["ci"] == pytest.approx([values.mean() - half, values.mean() + half])
+        assert row["share"] == pytest.approx(values.sum() / stats.examples[0])
+    assert [row["mean"] for row in ranked] == sorted((row["mean"] for row in ranked), reverse=True)
+
+
+def test_wilson_interval_of_a_known_case():
+    rate, low, high = analysis.wilson_interval(5, 10)
+    assert (rate, round(low, 4), round(high, 4)) == (0.5, 0.2366, 0.7634)
+
+
+def test_contrast_per_example_by_hand():
+    inside = {"good": [3, 3, 1.5, 0.9], "plot": [1, 1, 0.2, 0.04]}
+    outside = {"good": [1, 1, 0.1, 0.01], "plot": [4, 4, 0.8, 0.2]}
+    rows = analysis.contrast(inside, outside, n_inside=5, n_outside=10, min_count=1, top=5)
+    assert [row["word"] for row in rows] == ["good", "plot"]
+    assert rows[0]["contrast"] == pytest.approx(1.5 / 5 - 0.1 / 10)
+    assert rows[1]["contrast"] == pytest.approx(0.2 / 5 - 0.8 / 10)
+
+
+def test_a_term_is_flagged_only_above_its_matched_words():
+    rng = np.random.default_rng(3)
+    words = {f"w{k}": [20.0, 20.0, 20 * m, 20 * m * m] for k, m in enumerate(rng.uniform(0.05, 0.15, 80))}
+    words["loud"] = [20.0, 20.0, 20 * 0.5, 20 * 0.25]  # far above every other word
+    words["plain"] = [20.0, 20.0, 20 * 0.1, 20 * 0.01]  # like the others
+    words["rare"] = [2.0, 2.0, 1.0, 0.5]  # high, but in fewer texts than min_count
+    result = analysis.term_audit(words, ["loud", "plain", "rare", "absent"], min_count=5)
+    rows = {row["term"]: row for row in result["terms"]}
+    assert result["flagged"] == ["loud"] and result["missing"] == ["absent"]
+    assert rows["loud"]["percentile"] == 100.0 and rows["loud"]["matched_words"] == analysis.MATCHED
+    assert 10.0 < rows["plain"]["percentile"] < 90.0
+    total = sum(sums[2] for sums in words.values())
+    assert rows["loud"]["share"] == pytest.approx(10.0 / total)
