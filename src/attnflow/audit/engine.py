@@ -32,15 +32,9 @@ from attnflow.audit.analysis import analyse
 from attnflow.audit.stats import AuditStats
 from attnflow.audit.step import AuditOptions, Batch, audit_batch
 from attnflow.audit.words import parse_swaps, parse_terms, swap_table
-from attnflow.corpus.engine import (
-    atomic_file,
-    check_same_config,
-    digest,
-    prepare_out_dir,
-    stop_requests,
-    versions,
-)
+from attnflow.corpus.engine import check_same_config, digest, prepare_out_dir, stop_requests, versions
 from attnflow.errors import InputError
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
