@@ -25,42 +25,39 @@ Algorithm (one compiled kernel per output row and a run of sinks, released from 
   a node of layer 2 pushes into the sink through its children at distance 1 at once (their only
   admissible edge goes there), without descending into them. The first phase has a DFS of its
   own, which knows every step goes one layer down (no distances, edge kinds or layers to look up
-  per step: 15 % less time on MiniLM and MPNet than the general one). In the searched phases a
+  per step). In the searched phases a
   node's distance to the sink and its layer have the same parity (every edge goes one layer up
   or down), and the search sorts the labelled nodes by distance into bit sets (see
   `_distances`): the DFS finds the nodes one step nearer to the sink with a word AND instead of
-  testing the distance of every live node (2 of 3 tested were at other distances on the
-  adversarial input).
+  testing the distance of every live node.
 * Reuse across sinks: a sink starts warm or cold, whichever kind is chosen; the other kind is
   retried on one sink after ``EXPLORE`` sinks, then after twice as many each time it costs more
   than the chosen kind's running mean (steps per sink; a search step counts ``SEARCH_COST`` DFS
   steps), and chosen when it costs less. A switch is on trial until the next retry: when the new
   kind's running mean exceeds the old one's, the old kind comes back (one cheap sink can mislead:
-  on MiniLM the cost of a warm start varies 10x from sink to sink). Costs are compared only
+  the cost of a warm start varies a lot from sink to sink). Costs are compared only
   between neighbouring sinks, since they drift along a row (on the adversarial input the sinks
   far from the source need several searches each).
   Warm: the max flow to the previous sink, moved to the new one in a pass over the layers from
   the bottom: what the new sink cannot take becomes excess, which each node first pushes on to
   the new sink along forward edges and only then cancels one layer up, so that the flow of the
   upper layers is kept. Cold: zero flow (the edges that carry flow get their capacity back, the
-  bit sets are copied from the empty flow's). Warm wins on
-  random, MPNet and adversarial attention; on MiniLM's CLS row the moved flow needs extra search
-  phases and starting over is ~1.6x cheaper. The min cuts
+  bit sets are copied from the empty flow's). Neither kind wins on every input (a moved flow
+  can need extra search phases), hence the choice per run of sinks. The min cuts
   proved by earlier sinks' last searches are kept and give upper bounds for the next sinks: a
   flow that reaches one needs no final search. A kept cut is its source side S above layer 1;
   for each new sink, every node of layer 1 joins S or not, whichever cuts less (its edge into the
   sink, or the edges from S into it). On the CLS row of real attention (a sink token, with its
-  min cut next to the source) this gives the exact max-flow value of nearly every sink (MiniLM:
-  123-127 of 128) and saves their final searches.
+  min cut next to the source) this gives the exact max-flow value of nearly every sink and saves
+  their final searches.
 * ``n_jobs`` threads share the (graph, output row, run of sinks) tasks; a graph is one sample, or
   one head of a sample with ``head_fusion="none"``. Memory: the graph (capacities, ``[layer, q,
   k]`` int64) plus, per thread, the residual arrays (two more), the bit sets (``L n² / 2`` bytes)
   and the bit sets by distance (``(L + 1)² n² / 16`` bytes, allocated untouched; a search touches
   the few rows in use): it does not depend on the number of rows, sinks, samples or heads.
 
-Measured alternatives (BENCHMARKS.md): a highest-label push-relabel with global relabelling, gap
-heuristic and the preflow kept across sinks was exact but 1.2–9× slower than this Dinic on every
-input (it moves far more excess than a sink can take).
+Alternatives measured and not kept (a push-relabel variant, wave blocking flows, ...) are in
+benchmarks/HISTORY.md.
 """
 
 from __future__ import annotations
@@ -96,7 +93,7 @@ EXPLORE = 16  # sinks between retries of the kind of start (warm or cold) not ch
 COST_DECAY = 0.25  # weight of the last sink in the running mean cost of the chosen kind of start
 SEARCH_COST = 2  # DFS steps one search step (a node taken from the BFS queue) counts for, in those costs
 _NO_LIMIT = 2**62  # sums of capacities saturate here: above any flow (at most n 2^50), below int64 overflow
-COMPILE_TIME = "about a minute"  # numba compiling the kernels once: 40-97 s on a loaded 2-core machine (BENCHMARKS.md)
+COMPILE_TIME = "about a minute"  # numba compiling the kernels once (benchmarks/bench_startup.py measures it)
 
 log = logging.getLogger(__name__)
 
