@@ -1,5 +1,5 @@
 """`attnflow --help` starts without the heavy libraries: torch, transformers, scipy and numba load
-only when a command needs them (BENCHMARKS.md, "Start-up")."""
+only when a command needs them (benchmarks/HISTORY.md, "Start-up")."""
 
 from __future__ import annotations
 
