@@ -69,14 +69,14 @@ def _connect_views() -> None:
     from attnflow import comparison, exploration
 
     def comparison_page(compared):
-        from attnflow.viz.compare import comparison_html
+        from attnflow.viz.compare import model_comparison_html
 
-        return comparison_html(compared)
+        return model_comparison_html(compared)
 
     def comparison_fragment(compared):
-        from attnflow.viz.compare import comparison_fragment
+        from attnflow.viz.compare import model_comparison_fragment
 
-        return comparison_fragment(compared)
+        return model_comparison_fragment(compared)
 
     def explorer_page(explored):
         from attnflow.viz.explorer import explorer_html

@@ -256,3 +256,28 @@ def test_the_report_states_the_sanity_samples_run_and_what_each_mark_means(key_m
     page = paths["html"].read_text(encoding="utf-8")
     assert "flagged: with the head and every layer re-initialised" in page and "random is the control" in page
     assert "Sanity check: 3 samples" in page
+
+
+def test_report_figures_are_embedded_as_written_and_leave_matplotlib_alone(key_model, tmp_path):
+    import base64
+
+    import matplotlib
+
+    texts = KEY_TEXTS[:3]
+    run_info = {"model": "key-token", "task": "key", "split": "all", "samples": len(texts), "majority_accuracy": 1.0}
+    options = BenchmarkOptions(sanity_samples=0)
+    results = run_benchmark(
+        key_model, texts, [1] * len(texts), ["key_first", "random"], options, tmp_path, run_info,
+        progress=False, attribute_fn=dispatch, reference_method=None,
+    )  # fmt: skip
+    backend = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend the report must not switch away from
+    try:
+        paths = write_report(results, tmp_path, figures=True)
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(backend)
+    page = paths["html"].read_text(encoding="utf-8")
+    for key in ("curves", "bars"):
+        png = paths[key].read_bytes()
+        assert png.startswith(b"\x89PNG") and base64.b64encode(png).decode("ascii") in page

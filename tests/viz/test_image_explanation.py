@@ -94,11 +94,11 @@ def test_colour_scale_saturates_at_the_99th_percentile(tmp_path):
 
 
 def test_comparison_page_shows_each_method_over_the_image(tmp_path):
-    from attnflow.viz.html import comparison_html
+    from attnflow.viz.html import methods_comparison_html
 
     path = _image(tmp_path)
     trace = random_trace(n=5, grid=(2, 2), prefix=1, meta={"image": str(path), "image_box": (20, 5, 40, 25)})
-    html = comparison_html([explain(trace, method="rollout"), explain(trace, method="flow")])
+    html = methods_comparison_html([explain(trace, method="rollout"), explain(trace, method="flow")])
     assert html.count('class="overlay"') == 2  # one overlay per method
     assert 'class="tok"' not in html  # patches are not listed as coloured tokens
     assert str(path) in html and "box left, top, right, bottom = 20, 5, 40, 25 px" in html

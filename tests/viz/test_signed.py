@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.colors import to_hex
 
 from attnflow.explanation import Explanation
-from attnflow.viz.html import comparison_html
+from attnflow.viz.html import methods_comparison_html
 from attnflow.viz.plot import plot_explanation
 
 TOKENS = ["[CLS]", "terrible", "but", "great", "acting", "[SEP]"]
@@ -80,7 +80,7 @@ def test_the_comparison_page_sorts_by_comprehensiveness_and_shows_each_badge():
         _explanation("gradient", [0.0, 0.3, 0.1, 0.2, 0.1, 0.0], signed=False, comprehensiveness=0.25),
     ]
     explanations[1].chosen_by = "--method auto chose shap: the highest comprehensiveness on this input"
-    markup = comparison_html(explanations)
+    markup = methods_comparison_html(explanations)
     order = [markup.index(f'id="method-{name}"') for name in ("shap", "gradient", "rollout")]
     assert order == sorted(order)
     assert markup.count('class="badge') == 3 and "--method auto chose shap" in markup

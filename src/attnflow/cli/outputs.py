@@ -78,14 +78,14 @@ def save_explanations(folder: Path, explanations: list[Explanation], trace: Any 
     ``folder/METHOD/``, the side-by-side ``comparison.html`` and the trace in ``folder``."""
     if len(explanations) == 1:
         return save_explanation(folder, explanations[0], trace)
-    from attnflow.viz.html import comparison_html
+    from attnflow.viz.html import methods_comparison_html
 
     paths: dict[str, Path] = {}
     for explanation in explanations:
         for kind, path in save_explanation(folder / explanation.method, explanation).items():
             paths[f"{explanation.method} {kind}"] = path
     paths["comparison"] = folder / COMPARISON_FILE
-    paths["comparison"].write_text(comparison_html(explanations), encoding="utf-8")
+    paths["comparison"].write_text(methods_comparison_html(explanations), encoding="utf-8")
     if trace is not None:
         paths["trace"] = folder / TRACE_FILE
         trace.save(str(paths["trace"]))

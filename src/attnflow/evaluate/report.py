@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from attnflow.viz.page import esc, img, page, section, table
 
@@ -11,6 +11,12 @@ RESULTS_MD = "results.md"
 RESULTS_HTML = "results.html"
 CURVES_PNG = "deletion_curves.png"
 BARS_PNG = "metrics.png"
+# The bar figure's panels: (metric key in results.json, title; the arrow says which way is better).
+BAR_METRICS = (
+    ("comprehensiveness", "comprehensiveness ↑"),
+    ("sufficiency", "sufficiency ↓"),
+    ("deletion_auc", "deletion AUC ↓"),
+)
 CONTROL_METHOD = "random"  # scores that ignore the model: the floor every method should beat
 
 
@@ -155,59 +161,11 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n\n".join(sections) + "\n"
 
 
-def plot_curves(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for index, name in enumerate(ordered_methods(results)):
-        curve = results["methods"][name]["deletion_curve"]
-        x, mean, se = np.asarray(curve["x"]), np.asarray(curve["mean"]), np.asarray(curve["se"])
-        colour = "black" if name == "random" else plt.cm.tab20(index % 20)  # distinct colours for up to 20 methods
-        axis.plot(x, mean, label=name, color=colour, linestyle="--" if name == "random" else "-")
-        axis.fill_between(x, mean - se, mean + se, alpha=0.12, color=colour)
-    axis.set_xlabel("fraction of content tokens removed (most relevant first)")
-    axis.set_ylabel("probability of the predicted class")
-    axis.set_title("Deletion curves (lower is better)")
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def plot_bars(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = ordered_methods(results)
-    metrics = [
-        ("comprehensiveness", "comprehensiveness ↑"),
-        ("sufficiency", "sufficiency ↓"),
-        ("deletion_auc", "deletion AUC ↓"),
-    ]
-    figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 0.3 * len(names) + 1.5), sharey=True)
-    for axis, (metric, title) in zip(axes, metrics, strict=False):
-        means = [results["methods"][n][metric]["mean"] for n in names]
-        errors = [results["methods"][n][metric]["se"] for n in names]
-        colours = ["0.5" if n == "random" else "C0" for n in names]
-        axis.barh(range(len(names)), means, xerr=errors, color=colours, capsize=2)
-        axis.set_title(title)
-    axes[0].set_yticks(range(len(names)), names)
-    axes[0].invert_yaxis()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-
-
-def html_page(results: dict[str, Any], figures: Sequence[Path] = ()) -> str:
-    """``results.html``: the description, the table, the figures (embedded, so the page is one
-    self-contained file) and the per-bin tables, through attnflow.viz's escaped offline page."""
-    images = "".join(img(path.read_bytes(), alt=path.stem.replace("_", " ")) for path in figures)
+def html_page(results: dict[str, Any], figures: dict[str, bytes] | None = None) -> str:
+    """``results.html``: the description, the table, the figures (``{file name: PNG bytes}``,
+    embedded, so the page is one self-contained file) and the per-bin tables, through
+    attnflow.viz's escaped offline page."""
+    images = "".join(img(png, alt=Path(name).stem.replace("_", " ")) for name, png in (figures or {}).items())
     body = (
         table(*table_rows(results))
         + f"<p>{esc(legend(results))}</p>\n"
@@ -228,10 +186,17 @@ def write_report(results: dict[str, Any], out: str | Path, figures: bool = True)
     out = Path(out)
     paths = {"markdown": out / RESULTS_MD, "html": out / RESULTS_HTML}
     paths["markdown"].write_text(markdown(results), encoding="utf-8")
+    pngs: dict[str, bytes] = {}
     if figures:
-        paths["curves"], paths["bars"] = out / CURVES_PNG, out / BARS_PNG
-        plot_curves(results, paths["curves"])
-        plot_bars(results, paths["bars"])
-    figure_paths = [paths["curves"], paths["bars"]] if figures else []
-    paths["html"].write_text(html_page(results, figure_paths), encoding="utf-8")
+        from attnflow.viz.page import figure_png
+        from attnflow.viz.plot import deletion_curves_figure, metrics_figure
+
+        names = ordered_methods(results)
+        methods = [results["methods"][name] for name in names]
+        pngs[CURVES_PNG] = figure_png(deletion_curves_figure(names, [m["deletion_curve"] for m in methods]))
+        pngs[BARS_PNG] = figure_png(metrics_figure(names, methods, BAR_METRICS))
+        for key, name in (("curves", CURVES_PNG), ("bars", BARS_PNG)):
+            paths[key] = out / name
+            paths[key].write_bytes(pngs[name])
+    paths["html"].write_text(html_page(results, pngs), encoding="utf-8")
     return paths

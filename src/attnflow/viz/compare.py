@@ -29,10 +29,10 @@ ORANGE = "217,72,15"
 BLUE = "33,102,172"
 
 
-def comparison_html(comparison: "Comparison") -> str:
+def model_comparison_html(comparison: "Comparison") -> str:
     return page(
         f"attnflow compare: {comparison.method}",
-        comparison_fragment(comparison, with_style=False),
+        model_comparison_fragment(comparison, with_style=False),
         subtitle=comparison.text,
         meta={
             "model A": comparison.model_a,
@@ -45,7 +45,7 @@ def comparison_html(comparison: "Comparison") -> str:
     )
 
 
-def comparison_fragment(comparison: "Comparison", with_style: bool = True) -> str:
+def model_comparison_fragment(comparison: "Comparison", with_style: bool = True) -> str:
     rho = "undefined (constant scores)" if np.isnan(comparison.spearman) else f"{comparison.spearman:.3f}"
     hits = round(comparison.overlap * comparison.k)
     summary_a, summary_b = comparison.summaries()

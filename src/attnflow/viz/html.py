@@ -60,7 +60,7 @@ def explanation_html(explanation: "Explanation") -> str:
     )
 
 
-def comparison_html(explanations: "list[Explanation]") -> str:
+def methods_comparison_html(explanations: "list[Explanation]") -> str:
     """One page with several methods' explanations of the same text or image, one section each
     (tokens coloured by score or the overlay on the image, each on its own scale, and the top
     tokens), in the order given."""

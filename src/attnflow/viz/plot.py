@@ -211,3 +211,42 @@ def _title(explanation: "Explanation") -> str:
 
         target = f" — explains {Target(**explanation.target).describe()}"
     return f"{model}{explanation.method}{target}"
+
+
+def deletion_curves_figure(names: Sequence[str], curves: Sequence[dict[str, Any]]) -> Figure:
+    """The faithfulness benchmark's deletion curves: one line per method (``curves[i]`` holds
+    ``x``, ``mean`` and ``se`` of method ``names[i]``), ± one standard error shaded; ``random``
+    dashed black."""
+    figure = Figure(figsize=(7, 4.5))
+    axis = figure.add_subplot()
+    palette = colormaps["tab20"]
+    for index, (name, curve) in enumerate(zip(names, curves, strict=True)):
+        x, mean, se = (np.asarray(curve[key]) for key in ("x", "mean", "se"))
+        colour = "black" if name == "random" else palette(index % 20)  # distinct colours for up to 20 methods
+        axis.plot(x, mean, label=name, color=colour, linestyle="--" if name == "random" else "-")
+        axis.fill_between(x, mean - se, mean + se, alpha=0.12, color=colour)
+    axis.set_xlabel("fraction of content tokens removed (most relevant first)")
+    axis.set_ylabel("probability of the predicted class")
+    axis.set_title("Deletion curves (lower is better)")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    return figure
+
+
+def metrics_figure(
+    names: Sequence[str], summaries: Sequence[dict[str, Any]], metrics: Sequence[tuple[str, str]]
+) -> Figure:
+    """Horizontal bars of each method's mean ± standard error, one panel per ``(metric, title)``
+    (``summaries[i][metric]`` holds ``mean`` and ``se`` of method ``names[i]``); ``random`` grey."""
+    figure = Figure(figsize=(4 * len(metrics), 0.3 * len(names) + 1.5))
+    axes = figure.subplots(1, len(metrics), sharey=True, squeeze=False)[0]
+    for axis, (metric, title) in zip(axes, metrics, strict=True):
+        means = [summary[metric]["mean"] for summary in summaries]
+        errors = [summary[metric]["se"] for summary in summaries]
+        colours = ["0.5" if name == "random" else "C0" for name in names]
+        axis.barh(range(len(names)), means, xerr=errors, color=colours, capsize=2)
+        axis.set_title(title)
+    axes[0].set_yticks(range(len(names)), names)
+    axes[0].invert_yaxis()
+    figure.tight_layout()
+    return figure
