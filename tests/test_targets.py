@@ -216,7 +216,7 @@ def test_cli_explains_the_classifier_by_default(tmp_path):
         (["--method", "gradient", "--model", "TINY_LLAMA", "--target-token", "zzqx"], ["give exactly one token"]),
         (["--method", "grad_rollout", "--model", "TINY_BERT"], ["without a classifier head", "--target-text"]),
         (["--method", "norm,alti", "--discard-ratio", "0.5"], ["none of the methods", "--discard-ratio"]),
-        (["--method", "nope"], ["unknown method nope"]),
+        (["--method", "nope"], ["unknown method 'nope'"]),
     ],
 )
 def test_cli_bad_method_or_target_is_one_line(tmp_path, tiny_model_path, args, words):

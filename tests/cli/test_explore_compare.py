@@ -214,7 +214,7 @@ def test_explore_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["explore", "a b", "--methods", "nope"])
     assert stop.value.code == 2
-    assert "unknown method nope; available:" in capsys.readouterr().err
+    assert "unknown method 'nope'; available:" in capsys.readouterr().err
 
 
 def test_comparison_of_identical_scores():

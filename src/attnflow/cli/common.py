@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable
 
 from attnflow.methods import options as method_option_parsers
-from attnflow.methods.registry import Option, available_methods, get_method, method_options, spelled
+from attnflow.methods.registry import Option, available_methods, get_method, method_names, method_options, spelled
 
 DEFAULT_MODEL = "minilm-sentiment"
 _DEST = "method_option_"  # argparse destination prefix of the method options (they never clash with other flags)
@@ -30,15 +30,9 @@ def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 positive_int = argument_type(method_option_parsers.positive_int)
 
 
-def parse_methods(text: str) -> list[str]:
-    """``"a,b"`` -> registered method names, in order, without repeats (argparse type)."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in available_methods()]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown method {', '.join(unknown) or repr(text)}; available: {', '.join(available_methods())}"
-        )
-    return list(dict.fromkeys(names))
+def parse_methods(text: str, also: tuple[str, ...] = ()) -> list[str]:
+    """``"a,b"`` -> registered method names (and names in ``also``), in order, without repeats (argparse type)."""
+    return argument_type(lambda names: method_names(names, also))(text)
 
 
 def parse_row(text: str) -> str | int:

@@ -288,11 +288,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _methods(text: str) -> list[str]:
     """`parse_methods`, with ``auto`` allowed among the names (argparse type)."""
-    names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    others = [name for name in names if name != AUTO]
-    if others or not names:
-        parse_methods(",".join(others) or text)  # unknown names: one line naming the available ones
-    return names
+    return parse_methods(text, also=(AUTO,))
 
 
 def _has_target(model: Any, target_text: str | None) -> bool:

@@ -51,17 +51,13 @@ def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
 
 def resolve_methods(methods: str | Sequence[str]) -> list[str]:
     """``"all"`` or names (a comma-separated string or a list) -> registered method names."""
-    from attnflow.methods.registry import available_methods, get_method
+    from attnflow.methods.registry import available_methods, method_names
 
-    if isinstance(methods, str):
-        methods = (
-            available_methods() if methods.strip() == "all" else [m.strip() for m in methods.split(",") if m.strip()]
-        )
+    if isinstance(methods, str) and methods.strip() == "all":
+        return available_methods()
     if not methods:
         raise ValueError("no methods given")
-    for method in methods:
-        get_method(method)  # one clear line for an unknown name
-    return list(dict.fromkeys(methods))
+    return method_names(methods)
 
 
 def check_task_name(task: str | None) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from attnflow.trace import NEEDS
 
@@ -175,6 +175,18 @@ def get_method(name: str) -> MethodSpec:
 
 def available_methods() -> list[str]:
     return sorted(_METHODS)
+
+
+def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list[str]:
+    """``"a,b"`` (or a list of names) -> the registered names, in order, without repeats; a name
+    neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones."""
+    names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
+    unknown = [name for name in names if name not in _METHODS and name not in also]
+    if not names or unknown:
+        raise ValueError(
+            f"unknown method {', '.join(map(repr, unknown)) or repr(methods)}; available: {', '.join(available_methods())}"
+        )
+    return list(dict.fromkeys(names))
 
 
 def methods_for(family: str) -> list[str]:
