@@ -183,9 +183,8 @@ def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
     unknown = [name for name in names if name not in _METHODS and name not in also]
     if not names or unknown:
-        raise ValueError(
-            f"unknown method {', '.join(map(repr, unknown)) or repr(methods)}; available: {', '.join(available_methods())}"
-        )
+        named = ", ".join(map(repr, unknown)) or repr(methods)
+        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}")
     return list(dict.fromkeys(names))
 
 
