@@ -38,11 +38,12 @@ PROBE_MAX_LENGTH = 128  # tokens per text when the features are computed (specia
 L2_PENALTY = 1e-3  # on standardised features, per example (scikit-learn's C = 1 / (penalty * n_train))
 SHIPPED_HEADS_DIR = Path(__file__).with_name("heads")
 # sha256 of each shipped head file, trained once with attnflow's training code (`train_probe`,
-# OMP_NUM_THREADS=2); a file that does not match is refused. A classifier not listed here
-# (mpnet-sentiment, for now) needs `attnflow models install ALIAS --retrain` once.
+# OMP_NUM_THREADS=2); a file that does not match is refused. A classifier not listed here needs
+# `attnflow models install ALIAS --retrain` once.
 SHIPPED_HEADS = {
     "minilm-sentiment": "a9d8d16f3bd5aad8da492dace3a5a999d09ebb53d120d2d723944bbcea5701ec",
     "minilm-topics": "819c94ebf93bf7659f3f3100904d45e5fc5bcb411b8bbc0bf805c0768816dfb4",
+    "mpnet-sentiment": "053ca44f7506413264edd24ed989fba921b3d8f1a4c144e27c897060b0b82fec",
 }
 
 
