@@ -12,9 +12,15 @@ import torch
 
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
+from attnflow.methods.registry import available_methods, get_method
 
 TEXT = "the movie was terrible but the acting was great"
-CANDIDATES = ("grad_rollout", "gradient", "grad_x_input")  # auto's candidates on a BERT-like model today
+# auto's candidates on a BERT-like model: the one-pass (one forward + one backward) target methods
+CANDIDATES = tuple(
+    name
+    for name in available_methods()
+    if get_method(name).cost == "backward" and get_method(name).uses_target and get_method(name).supports("bert")
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,7 @@ def test_auto_shows_the_candidate_with_the_highest_comprehensiveness(classifier_
     recorded = {e["method"]: e["faithfulness"]["aopc_comprehensiveness"] for e in shown}
     chosen = [e for e in shown if "chosen_by" in e]
     assert len(chosen) == 1 and recorded[chosen[0]["method"]] == max(recorded.values())
-    assert len(set(recorded.values())) == 3  # a real choice, not a tie
+    assert len(set(recorded.values())) > 1  # the candidates differ: the choice is a real one
     for method, value in recorded.items():
         assert f"{value:.3f}" in chosen[0]["chosen_by"], method
 

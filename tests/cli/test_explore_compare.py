@@ -138,7 +138,7 @@ def test_compare_needs_two_models(capsys):
 def test_compare_checks_its_folder_and_row_before_loading(tmp_path, capsys, monkeypatch):
     from attnflow.cli import compare as compare_command
 
-    monkeypatch.setattr(compare_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(compare_command, "load_model", lambda *_: pytest.fail("a model was loaded"))
     models = ["--model", "minilm", "--model", "minilm"]
     (tmp_path / "model_comparison.json").write_text("{}")  # an earlier comparison
     assert main(["compare", "a b", *models, "--out", str(tmp_path)]) == 2
@@ -148,7 +148,7 @@ def test_compare_checks_its_folder_and_row_before_loading(tmp_path, capsys, monk
 
 
 def test_explore_checks_the_row_before_loading(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(explore_command, "_load", lambda *_: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(explore_command, "load_model", lambda *_: pytest.fail("a model was loaded"))
     assert main(["explore", "a b", "--row", "-8", "--out", str(tmp_path)]) == 2
     assert "--row -8 is out of range: the text has at most 7 tokens" in capsys.readouterr().err
 
