@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 
 def test_ray_with_a_killed_actor_matches_the_local_engine(planted_model, planted_task, tmp_path, monkeypatch):
     path, *_ = planted_task
-    options = dict(task=str(path), samples=96, terms=[BIASED, "cat"], swap="he:she", device="cpu", quiet=True)
+    options = dict(task=str(path), samples=48, terms=[BIASED, "cat"], swap="he:she", device="cpu", quiet=True)
     options.update(batch_size=8, checkpoint_every=3)
     local = attnflow.audit(str(planted_model), tmp_path / "local", **options)
     process, killed = ray_engine.AuditRayBackend.process, []
