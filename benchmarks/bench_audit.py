@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnflow.audit.engine import load_data, run_audit
-from attnflow.audit.step import DEFAULT_METHOD, AuditOptions
+from attnflow.dataset_audit.engine import load_data, run_audit
+from attnflow.dataset_audit.step import DEFAULT_METHOD, AuditOptions
 
 
 def overhead(model_name: str, task: str, samples: int, repeats: int) -> dict:

@@ -101,10 +101,10 @@ def __getattr__(name: str):
         from attnflow.capture import load
 
         return load
-    if name == "audit":  # the package attnflow.audit, callable as its `audit` function
-        import attnflow.audit
+    if name == "audit":
+        from attnflow.dataset_audit.engine import audit
 
-        return attnflow.audit
+        return audit
     if name in ("Explanation", "explain"):
         from attnflow import explanation
 

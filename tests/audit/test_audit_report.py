@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnflow.audit.analysis import analyse
-from attnflow.audit.report import build_report, explain_command
-from attnflow.audit.stats import AuditStats, ExampleResult
+from attnflow.dataset_audit.analysis import analyse
+from attnflow.dataset_audit.report import build_report, explain_command
+from attnflow.dataset_audit.stats import AuditStats, ExampleResult
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "viz"))
 from test_browser import assert_not_blank, needs_chromium, render, script_elements

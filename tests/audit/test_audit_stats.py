@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from attnflow.audit import analysis
-from attnflow.audit.stats import KEPT, AuditStats, ExampleResult
+from attnflow.dataset_audit import analysis
+from attnflow.dataset_audit.stats import KEPT, AuditStats, ExampleResult
 
 
 def random_results(n: int, seed: int) -> list[ExampleResult]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attnflow.audit.engine import read_unlabelled
+from attnflow.dataset_audit.engine import read_unlabelled
 from attnflow.errors import InputError
 
 

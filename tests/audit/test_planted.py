@@ -10,9 +10,9 @@ import pytest
 from planted import BIASED, PLANTED
 
 import attnflow
-from attnflow.audit import engine
-from attnflow.audit.report import explain_command
 from attnflow.cli import main
+from attnflow.dataset_audit import engine
+from attnflow.dataset_audit.report import explain_command
 from attnflow.evaluate.scorer import ClassifierScorer
 
 from conftest import write_task

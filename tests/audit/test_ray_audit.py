@@ -6,7 +6,7 @@ import pytest
 from planted import BIASED
 
 import attnflow
-from attnflow.audit import ray_engine
+from attnflow.dataset_audit import ray_engine
 
 pytest.importorskip("ray")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnflow
-from attnflow.audit.words import WORD
+from attnflow.dataset_audit.words import WORD
 from attnflow.evaluate.scorer import ClassifierScorer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow.audit.words import parse_swaps, parse_terms, swap_table, swap_text, word_relevance
+from attnflow.dataset_audit.words import parse_swaps, parse_terms, swap_table, swap_text, word_relevance
 from attnflow.errors import InputError
 
 

@@ -21,7 +21,7 @@ Definitions of every number: docs/audit.md.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnflow.audit.step import DEFAULT_METHOD
+    from attnflow.dataset_audit.step import DEFAULT_METHOD
 
     parser = subparsers.add_parser(
         "audit",
@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
-    from attnflow.audit.engine import REPORT, RESULTS, run_audit
-    from attnflow.audit.step import AuditOptions
+    from attnflow.dataset_audit.engine import REPORT, RESULTS, run_audit
+    from attnflow.dataset_audit.step import AuditOptions
     from attnflow.evaluate.api import check_task_name
 
     check_task_name(args.task)

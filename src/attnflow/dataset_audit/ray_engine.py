@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnflow.audit.stats import AuditStats
-from attnflow.audit.step import AuditOptions, Batch, audit_batch
 from attnflow.corpus.ray_engine import ActorPool
+from attnflow.dataset_audit.stats import AuditStats
+from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
 
 
 class AuditWorker:
@@ -40,7 +40,7 @@ class AuditWorker:
 
 
 class AuditRayBackend(ActorPool):
-    """`attnflow.audit.engine.Backend` over Ray actors."""
+    """`attnflow.dataset_audit.engine.Backend` over Ray actors."""
 
     def __init__(self, options: AuditOptions, stats: AuditStats, swaps: dict[str, str]) -> None:
         super().__init__(

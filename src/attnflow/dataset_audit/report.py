@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from attnflow.audit.analysis import FLAG_PERCENTILE
+from attnflow.dataset_audit.analysis import FLAG_PERCENTILE
 from attnflow.viz.page import esc, figure_img, page, section, table
 
 GALLERY = 12  # errors and counterfactuals shown with their maps

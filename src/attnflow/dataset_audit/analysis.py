@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.audit.stats import EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
+from attnflow.dataset_audit.stats import EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
 
 Z95 = 1.959964
 MATCHED = 50  # words of nearest frequency that form a term's chance baseline

@@ -7,7 +7,7 @@
              ──> word_relevance ──> AuditStats.update       every K batches: checkpoint.json (atomic)
     at the end: results.json, report.html (atomic)
 
-`LocalBackend` runs the model here; `attnflow.audit.ray_engine.AuditRayBackend` runs replicas
+`LocalBackend` runs the model here; `attnflow.dataset_audit.ray_engine.AuditRayBackend` runs replicas
 as Ray actors (each with its own `AuditStats`, merged here). The checkpoint holds the state,
 the number of examples consumed and a fingerprint of what decides the accumulated numbers
 (model, data, samples, seed, method, swap pairs); ``resume=True`` continues after the consumed
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnflow.audit.analysis import analyse
-from attnflow.audit.stats import AuditStats
-from attnflow.audit.step import AuditOptions, Batch, audit_batch
-from attnflow.audit.words import parse_swaps, parse_terms, swap_table
 from attnflow.corpus.engine import check_same_config, digest, prepare_out_dir, stop_requests, versions
+from attnflow.dataset_audit.analysis import analyse
+from attnflow.dataset_audit.stats import AuditStats
+from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
+from attnflow.dataset_audit.words import parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
 from attnflow.staging import atomic_file
 
@@ -232,7 +232,7 @@ def _check_options(options: AuditOptions) -> None:
 
 def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: dict[str, str]) -> Backend:
     if options.engine == "ray":
-        from attnflow.audit.ray_engine import AuditRayBackend
+        from attnflow.dataset_audit.ray_engine import AuditRayBackend
 
         return AuditRayBackend(options, stats, swaps)
     return LocalBackend(model, stats, options.method, swaps, options.workers)
@@ -306,7 +306,7 @@ def build_results(
     fingerprint: str,
     elapsed: float,
 ) -> dict[str, Any]:
-    """results.json: the run, then `attnflow.audit.analysis.analyse`'s sections."""
+    """results.json: the run, then `attnflow.dataset_audit.analysis.analyse`'s sections."""
     results: dict[str, Any] = {
         "run": {
             "model": model.name,
@@ -346,7 +346,7 @@ def build_results(
 
 def write_outputs(out: Path, results: dict[str, Any]) -> None:
     """results.json and report.html, each written atomically."""
-    from attnflow.audit.report import build_report
+    from attnflow.dataset_audit.report import build_report
 
     with atomic_file(out / RESULTS) as handle:
         handle.write((json.dumps(_finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
@@ -373,7 +373,7 @@ def audit(
     overwrite: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """`attnflow.audit`: what a classifier relies on across a dataset (docs/audit.md).
+    """`attnflow.dataset_audit`: what a classifier relies on across a dataset (docs/audit.md).
 
     ``model``: an alias/path or a loaded `AttentionModel`; ``options``: the fields of
     `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...).

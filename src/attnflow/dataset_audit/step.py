@@ -1,6 +1,6 @@
 """What every engine of the audit shares: the options, a batch, and the batch step.
 
-`attnflow.audit.engine` (the run, the local backend) and `attnflow.audit.ray_engine` (model
+`attnflow.dataset_audit.engine` (the run, the local backend) and `attnflow.dataset_audit.ray_engine` (model
 replicas as Ray actors) both import this module and not each other.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.audit.stats import ExampleResult
-from attnflow.audit.words import swap_text, word_relevance
+from attnflow.dataset_audit.stats import ExampleResult
+from attnflow.dataset_audit.words import swap_text, word_relevance
 from attnflow.errors import ExplanationWarning
 
 DEFAULT_METHOD = "grad_rollout"  # the most faithful one-pass method of docs/faithfulness.md

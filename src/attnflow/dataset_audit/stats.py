@@ -6,7 +6,7 @@ largest counterfactual changes). Nothing is kept per example beyond those lists.
 
 Word sums, per (group, word): ``[examples, occurrences, relevance, relevance²]`` where
 ``examples`` counts examples holding the word, ``relevance`` sums the word's per-example
-relevance (`attnflow.audit.words.word_relevance`) and ``relevance²`` its square (for the
+relevance (`attnflow.dataset_audit.words.word_relevance`) and ``relevance²`` its square (for the
 confidence interval over examples). Everything merges by addition, so the local engine, Ray
 workers and a resumed run all end with the same numbers (up to float rounding between engines).
 """
