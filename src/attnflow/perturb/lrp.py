@@ -73,15 +73,21 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole != 0 else float("nan")
 
 
-@register(
-    "cp_lrp",
-    "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
+# What both rules declare: one forward and one backward pass of the model, a signed score per token.
+_DECLARATION: dict[str, Any] = dict(
     takes="model",
     needs=("attentions", "target", "model"),
     families=LRP_FAMILIES,
     scores_only=True,
     signed=True,
     cost="backward",
+)
+
+
+@register(
+    "cp_lrp",
+    "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
+    **_DECLARATION,
 )
 def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
     """``[token]`` signed CP-LRP relevance R_j of the trace's target (see the module docstring)."""
@@ -92,12 +98,7 @@ def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
     "attnlrp",
     "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
     "activations, softmax and products",
-    takes="model",
-    needs=("attentions", "target", "model"),
-    families=LRP_FAMILIES,
-    scores_only=True,
-    signed=True,
-    cost="backward",
+    **_DECLARATION,
 )
 def attnlrp(model: Any, trace: Trace) -> np.ndarray:
     """``[token]`` signed AttnLRP relevance R_j of the trace's target (see the module docstring)."""
