@@ -1,4 +1,4 @@
-"""Explaining a generation: the batched step copies against a per-step loop (issue 21).
+"""Explaining a generation: the batched steps against a per-step loop (issue 21).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_generation.py [--model smollm2] [--tokens 32] [--prompt TEXT]
 
@@ -8,11 +8,12 @@ by ``--tokens`` tokens once; then,
 each in a fresh subprocess (so that each peak memory is its own), both explain every generated
 token with grad_rollout and grad_x_input (one capture serves both methods):
 
-- batched: `attnflow.generation.explain_continuation`, one copy of the sequence per step, the
-  copies of ``--steps-per-pass`` consecutive steps in one forward + one backward pass (a comma
-  list runs each; default "32,8": all 32 steps in one pass, and the library's default of 8);
+- batched: `attnflow.generation.explain_continuation`: ``--steps-per-pass`` consecutive steps
+  share one forward pass over the sources of the last of them, and one backward pass per step,
+  batched (a comma list runs each; default "32,8": all 32 steps in one pass, and the library's
+  default of 8);
 - per-step loop (what inseq does): for each step, one forward + one backward pass over the prefix
-  alone (the same capture, one copy at a time), then the same methods.
+  alone (the same capture, one step at a time), then the same methods.
 
 Each child times its part after a warm-up step and reports the wall time, the process CPU time
 (on a shared machine the fairer of the two), the peak RSS above its RSS before the timed part
@@ -91,13 +92,13 @@ def child(model_name: str, mode: str, ids_file: Path, out: Path, steps_per_pass:
     def loop() -> dict[str, np.ndarray]:
         matrices = {name: np.zeros((n, len(sequence.sources))) for name in METHODS}
         for step in range(n):  # one forward + one backward over the prefix of step k
-            (trace,) = step_traces(model, sequence, [p + step], needs, sequence.targets[step : step + 1])
+            (trace,) = step_traces(model, sequence, [step], needs)
             for name in METHODS:
                 matrices[name][step, : p + step] = explain(trace, method=name, row="last", model=model).scores
         return matrices
 
     run = batched if mode == "batched" else loop
-    (warm,) = step_traces(model, sequence, [p], needs, sequence.targets[:1])  # warm-up: one step
+    (warm,) = step_traces(model, sequence, [0], needs)  # warm-up: one step
     del warm
     with PeakMemory() as memory:
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -112,7 +113,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("--steps-per-pass", default="32,8", help="batched runs: step copies per pass (comma list)")
+    parser.add_argument("--steps-per-pass", default="32,8", help="batched runs: steps per pass (comma list)")
     parser.add_argument("--child", choices=("batched", "loop"), help=argparse.SUPPRESS)
     parser.add_argument("--ids", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)

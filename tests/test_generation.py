@@ -108,10 +108,10 @@ def test_greedy_continuation_equals_transformers_generate(decoder):
 
 
 def test_each_step_copy_holds_its_own_gradient(decoder):
-    """The batched copies (one backward of the summed y) against a per-step loop in plain torch."""
+    """One shared forward pass, one backward per step (batched) against a per-step loop in plain torch."""
     sequence = prepare_continuation(decoder, PROMPT, continuation=CONTINUATION)
     lengths = [4 + step for step in range(len(WORDS))]
-    traces = step_traces(decoder, sequence, lengths, frozenset({"embedding_grads", "target"}), sequence.targets)
+    traces = step_traces(decoder, sequence, range(len(WORDS)), frozenset({"embedding_grads", "target"}))
     embedding = decoder.model.get_input_embeddings()
     mixed = None
     for step, (trace, n) in enumerate(zip(traces, lengths, strict=True)):

@@ -13,11 +13,12 @@ Each step is the registered method run unchanged on a trace of that step's prefi
   predicts t_k (P + k − 2). A decoder's attention is causal, so that row is the last row of the
   same method on the prefix alone;
 - methods that explain a target (grad_rollout, gradient, grad_x_input, integrated_gradients,
-  leave_one_out, ...) get one copy of the sequence per step, copy k masked after its P + k − 1
-  tokens and with target t_k. The copies go through the capture as one batch: gradient methods
-  back-propagate Σ_k y_k(copy k) once, and since copy k's y depends on copy k alone, each copy
-  receives exactly its own step's gradient. Methods that re-run the model (leave-one-out,
-  integrated gradients) then batch their own forwards per step.
+  leave_one_out, ...) get one trace per step, with target t_k. A causal LM's activations at a
+  position do not depend on later tokens, so one forward pass over the sources serves a run of
+  consecutive steps (step k reads its first P + k − 1 positions); gradient methods then take one
+  backward pass per step, y_k alone, run as one batched backward (``torch.autograd.grad`` with
+  ``is_grads_batched``), so each step receives exactly its own gradient. Methods that re-run the
+  model (leave-one-out, integrated gradients) then batch their own forwards per step.
 
 Methods of neither kind (scores without a target, e.g. random) do not explain a generation.
 """
@@ -36,7 +37,7 @@ from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
 from attnflow.explanation import explain
 from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
-from attnflow.trace import Trace, crop_field
+from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
 if TYPE_CHECKING:
     import torch
@@ -45,9 +46,10 @@ JSON_FILE = "generation.json"
 HTML_FILE = "generation.html"
 PNG_FILE = "generation.png"
 OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE)
-# Step copies per forward (+ backward) pass of the target methods: the copies of one pass are
-# padded to its longest, so consecutive steps in small passes waste little (8: at most 7 padding
-# tokens per copy; benchmarks/bench_generation.py measured it against 32 and a per-step loop).
+# Steps per forward pass (and batched backward) of the target methods: the pass runs over the
+# sources of the run's last step, so each of its steps pays for up to this many positions it does
+# not use, and the batched backward holds one copy of the activations per step
+# (benchmarks/bench_generation.py measured 4, 8, 12 and 32 against a per-step loop).
 DEFAULT_STEPS_PER_PASS = 8
 
 
@@ -242,7 +244,7 @@ def explain_generation(
     ``continuation`` (teacher-forced, tokenized on its own). ``method``: a name, or a list of
     names (one explanation each, sharing the captures); ``options`` go to every method.
     ``faithfulness``: per step, p(t_k) after removing step k's top sources (`step_faithfulness`).
-    ``steps_per_pass``: step copies per forward (and backward) pass of the target methods.
+    ``steps_per_pass``: steps per forward pass (and batched backward) of the target methods.
 
         model = attnflow.load("smollm2")
         explanation = attnflow.explain_generation(model, "The capital of France is", max_new_tokens=8)
@@ -372,7 +374,7 @@ def explain_continuation(
     extras: dict[str, list[dict[str, Any]]] = {name: [{} for _ in range(n)] for name in per_method}
     if one_pass:
         needs = frozenset().union(*(specs[name].needs for name in one_pass))
-        (whole,) = step_traces(model, sequence, [s], needs)
+        (whole,) = step_traces(model, sequence, [n - 1], needs)  # the last step: all S sources
         for name in one_pass:
             explained = explain(whole, method=name, row="last", model=model, **per_method[name])
             matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
@@ -382,18 +384,21 @@ def explain_continuation(
             notes[name] += explained.notes
             used[name] = explained.options
     if per_step:
+        log_probs = np.empty(n)  # y_k, read from the step traces' targets
         needs = frozenset().union(*(specs[name].needs for name in per_step))
         for start in range(0, n, max(1, steps_per_pass)):
             steps = range(start, min(n, start + max(1, steps_per_pass)))
-            traces = step_traces(model, sequence, [p + step for step in steps], needs, sequence.targets[steps])
+            traces = step_traces(model, sequence, steps, needs)
             for step, trace in zip(steps, traces, strict=True):
+                log_probs[step] = trace.target.value
                 for name in per_step:
                     explained = explain(trace, method=name, row="last", model=model, **per_method[name])
                     rows[name][step, : p + step] = explained.scores
                     extras[name][step] = explained.extras
                     notes[name] += [note for note in explained.notes if note not in notes[name]]
                     used[name] = explained.options
-    log_probs = step_log_probs(model, sequence)
+    else:
+        log_probs = step_log_probs(model, sequence)
     tokens = token_strings(model, sequence.ids)
     explanations = []
     for name in per_method:
@@ -420,29 +425,36 @@ def explain_continuation(
     return explanations
 
 
-def step_traces(
-    model: Any, sequence: Continuation, lengths: Sequence[int], needs: frozenset[str], targets: Any = None
-) -> list[Trace]:
-    """One `Trace` per copy of the sources, copy i cut to its first ``lengths[i]`` tokens (the rest
-    masked), all copies captured in one batch; ``targets[i]``: the token copy i's y is about
-    (log p of it at the copy's last position), None for captures without a target."""
+def step_traces(model: Any, sequence: Continuation, steps: Sequence[int], needs: frozenset[str]) -> list[Trace]:
+    """One `Trace` per step k of ``steps`` (0-based), over its ``P + k`` sources, with target t_k
+    when ``needs`` asks for one (`attnflow.trace.TARGET_NEEDS`).
+
+    One forward pass over the sources up to the last step's serves every step: a causal LM's
+    activations at a position do not depend on later tokens, so the first ``P + k`` positions are
+    those of the prefix alone. The gradient fields come from one backward pass per step (y_k
+    alone), run as one batched backward over the steps."""
     import torch
 
-    from attnflow.targets import Objective
-
-    width = max(lengths)
-    ids = torch.as_tensor(np.tile(sequence.sources[:width], (len(lengths), 1)), dtype=torch.long, device=model.device)
-    mask = (torch.arange(width)[None] < torch.as_tensor(lengths)[:, None]).long().to(model.device)
+    n_prompt = sequence.n_prompt
+    width = n_prompt + max(steps)
+    ids = torch.as_tensor(sequence.sources[None, :width], dtype=torch.long, device=model.device)
     objective = None
-    if targets is not None:
-        objective = _StepObjective(Objective(model), torch.as_tensor(np.asarray(targets), device=model.device))
-    captured = model._capture_needs(needs, objective, input_ids=ids, attention_mask=mask)  # name -> [copy, ...]
+    if needs & TARGET_NEEDS:
+        positions = [n_prompt + step - 1 for step in steps]  # the position that predicts t_k
+        objective = _StepsObjective(model, positions, sequence.targets[list(steps)])
+    # name -> [1, ...], the gradient fields and "target" -> [step, ...]
+    captured = model._capture_needs(
+        needs, objective, separate_outputs=True, input_ids=ids, attention_mask=torch.ones_like(ids)
+    )
     shared = model._shared_fields(needs)
     tokens = token_strings(model, sequence.sources[:width])
     traces = []
-    for copy, n in enumerate(lengths):
-        per_copy: dict[str, Any] = {
-            name: crop_field(name, array[copy], n) for name, array in captured.items() if name != "target"
+    for i, step in enumerate(steps):
+        n = n_prompt + step
+        per_step: dict[str, Any] = {
+            name: crop_field(name, array[i if name in GRADIENT_NEEDS else 0], n)
+            for name, array in captured.items()
+            if name != "target"
         }
         traces.append(
             Trace(
@@ -454,8 +466,8 @@ def step_traces(
                 model_name=model.name,
                 layer_names=list(model.layer_names),
                 meta={"default_row": "last"},
-                target=captured["target"][copy] if "target" in captured else None,
-                **per_copy,
+                target=captured["target"][i] if "target" in captured else None,
+                **per_step,
                 **shared,
             )
         )
@@ -469,18 +481,31 @@ def token_strings(model: Any, ids: np.ndarray) -> list[str]:
     return [f"<id {i}>" if token is None else token for i, token in zip(ids.tolist(), tokens, strict=True)]
 
 
-class _StepObjective:
-    """The `Objective` of the step copies: copy i's y is log p(``index[i]``) at its last real position."""
+class _StepsObjective:
+    """The `Objective` of `step_traces`: one sequence, one y per step, y_i = log p(``targets[i]``)
+    at ``positions[i]`` (the logits of those positions only, where the model can skip the others)."""
 
-    def __init__(self, objective: Any, index: "torch.Tensor") -> None:
-        self.objective = objective
-        self.index = index
+    def __init__(self, model: Any, positions: Sequence[int], targets: np.ndarray) -> None:
+        import torch
+
+        from attnflow.targets import Objective
+
+        self.model = model
+        self.positions = torch.as_tensor(list(positions), device=model.device)
+        self.targets = torch.as_tensor(np.asarray(targets), device=model.device)
+        self.describe = Objective(model).describe
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.model.forward).parameters
 
     def __call__(self, attention_mask: "torch.Tensor", **inputs: Any) -> Any:
-        return self.objective(attention_mask, index=self.index, **inputs)
+        import torch
 
-    def describe(self, y: float, index: int | None, probability: float | None) -> Any:
-        return self.objective.describe(y, index, probability)
+        if self.keeps_logits:
+            logits = self.model.model(attention_mask=attention_mask, logits_to_keep=self.positions, **inputs).logits[0]
+        else:
+            logits = self.model.model(attention_mask=attention_mask, **inputs).logits[0, self.positions]
+        log_probs = torch.log_softmax(logits, dim=-1)  # [step, vocab]
+        y = log_probs.gather(1, self.targets[:, None])[:, 0]  # [step]
+        return y, self.targets, y.exp()
 
 
 def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: str = "remove") -> dict[str, Any]:

@@ -29,6 +29,9 @@ NEEDS = {
     "target": "the scalar the explanation is about (class logit, next-token log-prob, similarity)",
     "model": "the method re-runs the model (perturbations, integrated gradients)",
 }
+# The needs that come from a backward pass, and those that need a target (y) at all.
+GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})
+TARGET_NEEDS = GRADIENT_NEEDS | {"target"}
 
 
 def crop_field(name: str, array: np.ndarray, n: int) -> np.ndarray:

@@ -28,7 +28,7 @@ from attnflow.capture.loading import PROBES, ModelSource, _did_you_mean, resolve
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method, method_options
-from attnflow.trace import NEEDS, Trace, crop_field
+from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
 log = logging.getLogger(__name__)
 
@@ -514,11 +514,17 @@ class AttentionModel:
             shared["layer_norms"] = self._layer_norms()
         return shared
 
-    def _capture_needs(self, needs: frozenset[str], objective: Any, **inputs: torch.Tensor) -> dict[str, Any]:
+    def _capture_needs(
+        self, needs: frozenset[str], objective: Any, separate_outputs: bool = False, **inputs: torch.Tensor
+    ) -> dict[str, Any]:
         """One forward pass (and one backward pass when gradients are needed) over a padded batch
         of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
-        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample."""
-        gradients = needs & {"attention_grads", "embedding_grads"}
+        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample.
+
+        ``separate_outputs``: the objective gives several y for one sample (``[output]``), each
+        with its own backward pass (batched over the outputs); then the gradient fields
+        (`attnflow.trace.GRADIENT_NEEDS`) and ``"target"`` are per output, ``[output, ...]``, the rest ``[1, ...]``."""
+        gradients = needs & GRADIENT_NEEDS
         run_whole_model = objective is not None
         captured: dict[str, Any] = {}
         with ExitStack() as hooks:
@@ -550,9 +556,16 @@ class AttentionModel:
                 sources = (weights if "attention_grads" in gradients else []) + [
                     embeddings[n] for n, _ in embedding_layer
                 ]
-                grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
+                if separate_outputs and len(y) > 1:  # one vector-Jacobian product per output, batched (vmap)
+                    cotangents = torch.eye(len(y), dtype=y.dtype, device=y.device)
+                    grads = torch.autograd.grad(
+                        y, sources, grad_outputs=cotangents, is_grads_batched=True, allow_unused=True
+                    )
+                    grads = tuple(None if grad is None else grad[:, 0] for grad in grads)  # [output, ...]
+                else:
+                    grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
                 if "attention_grads" in gradients:
-                    captured["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights))
+                    captured["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights, len(y)))
                 if "embedding_grads" in gradients:
                     captured["embedding_grads"] = _numpy(grads[-1])  # [batch, token, d_model]
                     captured["embeddings"] = _numpy(embeddings["embeddings"])
@@ -769,16 +782,17 @@ class AttentionModel:
         }
 
 
-TARGET_NEEDS = frozenset({"target", "attention_grads", "embedding_grads"})
-
-
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().float().cpu().numpy()
 
 
-def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``[batch, layer, head, query, key]``; a layer the target does not depend on gets zeros."""
-    return torch.stack([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights, strict=True)], dim=1)
+def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.Tensor], n_outputs: int) -> torch.Tensor:
+    """``[output, layer, head, query, key]`` (an output per sample, or per y of one sample); a layer
+    the target does not depend on gets zeros."""
+    return torch.stack(
+        [w.new_zeros((n_outputs, *w.shape[1:])) if g is None else g for g, w in zip(grads, weights, strict=True)],
+        dim=1,
+    )
 
 
 def _first(batched: torch.Tensor) -> np.ndarray:

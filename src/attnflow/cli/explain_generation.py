@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps-per-pass",
         type=int,
         metavar="N",
-        help="step copies per forward/backward pass of the target methods (default: 8; more: fewer passes, "
-        "more padding and memory)",
+        help="steps per forward pass (and batched backward) of the target methods (default: 8; more: fewer "
+        "passes, more unused positions and memory)",
     )
 
 

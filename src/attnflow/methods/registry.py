@@ -28,12 +28,11 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from attnflow.trace import NEEDS
+from attnflow.trace import NEEDS, TARGET_NEEDS
 
 Takes = Literal["attentions", "trace", "model"]
 Cost = Literal["one_pass", "backward", "expensive"]
 COSTS = ("one_pass", "backward", "expensive")
-TARGET_NEEDS = frozenset({"target", "attention_grads", "embedding_grads"})
 
 
 @dataclass(frozen=True)
