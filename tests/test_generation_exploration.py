@@ -198,4 +198,5 @@ def test_smollm2_generation_view(smollm2):
     rollout = exploration.method("rollout")
     assert rollout.layers.shape == (smollm2.n_layers, 3, first.n_prompt + 2)
     decoded = chunked(meta["methods"][1]["matrix"], chunks)[0]
-    assert_within_quantisation(decoded, exploration.method("grad_x_input").explanation.matrix, [])
+    assert meta["methods"][1]["matrix"]["exact_columns"] == [0]  # 'The', the attention sink (not special)
+    assert_within_quantisation(decoded, exploration.method("grad_x_input").explanation.matrix, [0])

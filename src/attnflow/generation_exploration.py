@@ -208,7 +208,7 @@ def _requested(model: Any, methods: Sequence[str] | None) -> tuple[list[str], di
         elif not spec.supports(family):
             skipped[name] = f"does not support the {family} family"
         elif spec.cost == "expensive":
-            skipped[name] = "slow (declared expensive): name it in --methods to include it"
+            skipped[name] = "slow, declared expensive: name it in --methods to include it"
         else:
             names.append(name)
     return names, skipped

@@ -171,7 +171,7 @@
     $("step-probability").textContent = "p(" + quoted(t) + " | everything before) = " + formatValue(step.probability) +
       " (log p = " + formatValue(step.log_prob) + ")";
     $("step-top").textContent = "top sources: " + topSources(m, k, row).map(function (pair) {
-      return quoted(pair[0]) + " " + formatValue(pair[1]);
+      return "#" + pair[0] + " " + quoted(pair[0]) + " " + formatValue(pair[1]);
     }).join(" · ");
     showFaithfulness(m, k);
     var extras = m.extras && m.extras[k] ? Object.keys(m.extras[k]) : [];
