@@ -40,12 +40,13 @@ shows the prompt and the continuation: hover or click a generated token to colou
 the chosen method (per layer for rollout, raw, norm and norm_rollout), with its p(t_k), top
 sources and, with --faithfulness, its per-step faithfulness; below, the step-by-source table.
 Default methods there: every method that explains generations on the model, except the slow ones
-({expensive}), which --methods can name.
+({expensive_generating}), which --methods can name.
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from attnflow.exploration import EXPENSIVE_ABOVE
+    from attnflow.generation import generation_methods
 
     expensive = [name for name in available_methods() if get_method(name).cost == "expensive"]
     parser = subparsers.add_parser(
@@ -55,7 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Write one self-contained HTML explorer for a text: methods, layers, heads, the\n"
             f"relevance matrix, rollout diagnostics and context similarity.\n\nmethods (--methods):\n{method_table()}"
         ),
-        epilog=EPILOG.format(expensive=", ".join(expensive), limit=EXPENSIVE_ABOVE),
+        epilog=EPILOG.format(
+            expensive=", ".join(expensive),
+            limit=EXPENSIVE_ABOVE,
+            expensive_generating=", ".join(name for name in expensive if name in generation_methods()),
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", metavar="TEXT", help="the text to explore")

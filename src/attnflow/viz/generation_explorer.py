@@ -1,4 +1,5 @@
-"""The explorer's generation view: one self-contained page for a `GenerationExploration`.
+"""The explorer's generation view: one self-contained page for a `GenerationExploration`
+(`attnflow.generation_exploration`, which imports this module, never the other way round).
 
 It is built like the explorer page (`attnflow.viz.explorer`: the same Content-Security-Policy,
 metadata block, data chunks and chunk decoder, ``viz/assets/data.js``), with its own viewer
@@ -14,20 +15,17 @@ sources then keep their own precision (smollm2's rollout: 98 % on "The").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from attnflow.tokens import display_token
 from attnflow.viz.explorer import Chunks, asset, interactive_page, page_script
 
-if TYPE_CHECKING:
-    from attnflow.generation_exploration import GenerationExploration
-
 TOP_SOURCES = 3
 
 
-def generation_explorer_payload(exploration: "GenerationExploration") -> tuple[dict[str, Any], Chunks]:
+def generation_explorer_payload(exploration: Any) -> tuple[dict[str, Any], Chunks]:
     """The metadata (JSON-serialisable) and the data chunks of the page."""
     first = exploration.first
     chunks = Chunks()
@@ -76,7 +74,7 @@ def generation_explorer_payload(exploration: "GenerationExploration") -> tuple[d
     return meta, chunks
 
 
-def generation_explorer_html(exploration: "GenerationExploration") -> str:
+def generation_explorer_html(exploration: Any) -> str:
     """The complete page."""
     meta, chunks = generation_explorer_payload(exploration)
     first = exploration.first
