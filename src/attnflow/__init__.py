@@ -121,6 +121,10 @@ def __getattr__(name: str):
         from attnflow import generation
 
         return getattr(generation, name)
+    if name in ("GenerationExploration", "explore_generation"):
+        from attnflow import generation_exploration
+
+        return getattr(generation_exploration, name)
     raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
 
 
@@ -129,6 +133,7 @@ __all__ = [
     "Explanation",
     "Exploration",
     "GenerationExplanation",
+    "GenerationExploration",
     "Trace",
     "alti",
     "attention_flow",
@@ -140,6 +145,7 @@ __all__ = [
     "explain",
     "explain_generation",
     "explore",
+    "explore_generation",
     "get_method",
     "grad_rollout",
     "grad_x_input",

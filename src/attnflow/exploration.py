@@ -156,18 +156,23 @@ class Exploration:
         """Write ``directory/explorer.html`` (creating the folder); returns its path. An existing
         explorer page is replaced only with ``overwrite=True`` (FileExistsError otherwise). Warns
         when the page is larger than ``LARGE_PAGE_BYTES``."""
-        directory = Path(directory)
-        with staged_output(directory, is_explorer_file, overwrite) as scratch:
-            (scratch / EXPLORER_FILE).write_text(self.to_html(), encoding="utf-8")
-        path = directory / EXPLORER_FILE
-        size = path.stat().st_size
-        if size > LARGE_PAGE_BYTES:
-            warnings.warn(
-                f"{path} is {size / 1e6:.0f} MB (browsers open pages above {LARGE_PAGE_BYTES / 1e6:.0f} MB slowly): "
-                "explore fewer tokens (--max-tokens N, max_length=N) or fewer methods (--methods)",
-                stacklevel=2,
-            )
-        return path
+        return save_explorer_page(self.to_html(), directory, overwrite)
+
+
+def save_explorer_page(html: str, directory: str | Path, overwrite: bool = False) -> Path:
+    """Write an explorer page as ``directory/explorer.html`` (see `Exploration.save`); returns its path."""
+    directory = Path(directory)
+    with staged_output(directory, is_explorer_file, overwrite) as scratch:
+        (scratch / EXPLORER_FILE).write_text(html, encoding="utf-8")
+    path = directory / EXPLORER_FILE
+    size = path.stat().st_size
+    if size > LARGE_PAGE_BYTES:
+        warnings.warn(
+            f"{path} is {size / 1e6:.0f} MB (browsers open pages above {LARGE_PAGE_BYTES / 1e6:.0f} MB slowly): "
+            "explore fewer tokens (--max-tokens N, max_length=N) or fewer methods (--methods)",
+            stacklevel=3,
+        )
+    return path
 
 
 def is_explorer_file(name: str) -> bool:

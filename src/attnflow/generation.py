@@ -553,3 +553,11 @@ def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: s
         "aopc": per_step.tolist(),
         "mean_aopc": float(per_step.mean()),
     }
+
+
+def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) -> Trace:
+    """The trace of all the sources (the prompt and t_1 … t_{N-1}), captured in one forward pass:
+    the one-pass methods read step k's (0-based) sources from its row P + k − 1, the position that
+    predicts step k's token (the explorer's generation view reads it per layer)."""
+    (trace,) = step_traces(model, sequence, [len(sequence.sources)], needs)
+    return trace

@@ -66,7 +66,7 @@ def run_generation(
     )
     from attnflow.staging import staged_output
 
-    _check_arguments(args)
+    check_arguments(args)
     out = prepare_output(args)
     say(f"loading {args.model} …")
     model = load(args.model, args.device, args.quiet)
@@ -107,21 +107,28 @@ def run_generation(
     return 0
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
-    """One line for every option that does not go with a generation (before any model loads)."""
+def check_arguments(args: argparse.Namespace) -> None:
+    """One line for every option that does not go with a generation, before any model loads
+    (`attnflow explain` and `attnflow explore`; the options only one of them has are looked up
+    with a default)."""
     if args.generate is not None and args.continuation is not None:
         raise InputError("give either --generate N (greedy) or --continuation TEXT (teacher-forced), not both")
     if args.generate is not None and args.generate < 1:
         raise InputError(f"--generate takes the number of new tokens, at least 1; got {args.generate}")
     if args.steps_per_pass is not None and args.steps_per_pass < 1:
         raise InputError(f"--steps-per-pass must be at least 1, got {args.steps_per_pass}")
-    if args.image is not None or args.file is not None:
+    if getattr(args, "image", None) is not None or getattr(args, "file", None) is not None:
         raise InputError("--generate / --continuation explain one prompt (TEXT): drop --image / --file")
     if args.text is None:
         raise InputError("--generate / --continuation need a prompt: give TEXT")
-    if args.target is not None or args.target_token is not None or args.target_text is not None:
+    if any(getattr(args, name, None) is not None for name in ("target", "target_token", "target_text")):
         raise InputError("with --generate / --continuation each step's target is its own token: drop --target*")
     if args.row is not None:
         raise InputError("--row does not apply with --generate / --continuation: step k reads the row predicting t_k")
-    if args.save_trace:
+    if args.max_length is not None:
+        raise InputError(
+            "--max-length does not apply with --generate / --continuation: the prompt is never truncated "
+            "(the prompt and the continuation must fit the model's context)"
+        )
+    if getattr(args, "save_trace", False):
         raise InputError("--save-trace is not available with --generate / --continuation")

@@ -13,7 +13,9 @@ Layout of the file:
   fused and per-head matrices (one scale per row), ``[pair]`` context similarities of a head (the
   strict upper triangle, row-major: S is symmetric with a zero diagonal; one scale) and their
   mean over heads (what the page shows with the heads fused);
-* the viewer script and styles, read from ``viz/assets/explorer.js`` and ``explorer.css``.
+* the viewer script and styles, read from ``viz/assets/explorer.js`` and ``explorer.css``, after
+  ``data.js``, the chunk decoder the explorer shares with its generation view
+  (`attnflow.viz.generation_explorer`, which builds its page with `interactive_page` too).
 
 The page reaches nothing outside itself: its Content-Security-Policy allows no network at all and
 only the one inline script, by its sha256 hash, so a token can never run code even if it were
@@ -84,7 +86,7 @@ def quantize(array: np.ndarray, exact_columns: Sequence[int] = ()) -> tuple[np.n
     return scales, array[..., exact_columns].astype("<f4"), codes.astype(np.int8)
 
 
-class _Chunks:
+class Chunks:
     """Collects quantised, deflated base64 chunks and hands out references
     ``{"shape", "split", "chunks", "exact_columns"}``."""
 
@@ -109,9 +111,9 @@ class _Chunks:
         )
 
 
-def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], _Chunks]:
+def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], Chunks]:
     """The metadata (JSON-serialisable) and the data chunks of the page."""
-    chunks = _Chunks()
+    chunks = Chunks()
     special_columns = np.flatnonzero(exploration.special_mask).tolist()  # kept exact: they often hold most of a row
     methods = []
     for view in exploration.methods:
@@ -163,20 +165,39 @@ def script_json(value: Any) -> str:
 def explorer_html(exploration: "Exploration") -> str:
     """The complete explorer page."""
     meta, chunks = explorer_payload(exploration)
-    script = asset("explorer.js")
-    title = f"attnflow explorer: {exploration.model or 'model'}"
-    shape = f"{exploration.n_tokens} tokens · {exploration.n_layers} layers × {exploration.n_heads} heads"
+    return interactive_page(
+        title=f"attnflow explorer: {exploration.model or 'model'}",
+        subtitle=f"{exploration.n_tokens} tokens · {exploration.n_layers} layers × {exploration.n_heads} heads",
+        source=exploration.text,
+        script=page_script("explorer.js"),
+        style=asset("explorer.css"),
+        body=asset("explorer.html"),
+        meta=meta,
+        chunks=chunks,
+    )
+
+
+def page_script(name: str) -> str:
+    """The one inline script of an interactive page: the shared chunk decoder, then ``viz/assets/NAME``."""
+    return asset("data.js") + asset(name)
+
+
+def interactive_page(
+    *, title: str, subtitle: str, source: str, script: str, style: str, body: str, meta: Any, chunks: Chunks
+) -> str:
+    """A self-contained page: header, the ``body`` markup, the metadata block ``attnflow-meta``,
+    the data chunks and ``script`` (the only script the Content-Security-Policy allows)."""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{esc(content_security_policy(script))}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{esc(title)}</title>\n<style>{asset('explorer.css')}</style>\n</head>\n<body>\n"
-        f'<header><h1>{esc(title)}</h1><p class="subtitle">{esc(shape)}</p>'
-        f'<p class="source">{esc(exploration.text)}</p></header>\n'
+        f"<title>{esc(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
+        f'<header><h1>{esc(title)}</h1><p class="subtitle">{esc(subtitle)}</p>'
+        f'<p class="source">{esc(source)}</p></header>\n'
         '<noscript><p class="warning">The explorer needs JavaScript; the static report is '
         "<code>attnflow explain</code>.</p></noscript>\n"
-        f"{asset('explorer.html')}\n"
+        f"{body}\n"
         f'<script type="application/json" id="attnflow-meta">{script_json(meta)}</script>\n'
         f"{chunks.html()}\n"
         f"<script>{script}</script>\n</body>\n</html>\n"
@@ -184,9 +205,14 @@ def explorer_html(exploration: "Exploration") -> str:
 
 
 def explorer_iframe(exploration: "Exploration", height: int = 1150) -> str:
-    """The page inside a sandboxed ``<iframe srcdoc>`` (notebooks: its ids, styles and script
-    stay apart from the notebook's and from other explorers)."""
+    """The page inside a sandboxed iframe (see `sandboxed_iframe`)."""
+    return sandboxed_iframe(explorer_html(exploration), height)
+
+
+def sandboxed_iframe(html: str, height: int) -> str:
+    """A page inside a sandboxed ``<iframe srcdoc>`` (notebooks: its ids, styles and script stay
+    apart from the notebook's and from other pages)."""
     return (
-        f'<iframe srcdoc="{esc(explorer_html(exploration))}" sandbox="allow-scripts" '
+        f'<iframe srcdoc="{esc(html)}" sandbox="allow-scripts" '
         f'style="width: 100%; height: {int(height)}px; border: 1px solid #ddd;"></iframe>'
     )
