@@ -374,7 +374,7 @@ def explain_continuation(
     extras: dict[str, list[dict[str, Any]]] = {name: [{} for _ in range(n)] for name in per_method}
     if one_pass:
         needs = frozenset().union(*(specs[name].needs for name in one_pass))
-        (whole,) = step_traces(model, sequence, [n - 1], needs)  # the last step: all S sources
+        whole = sequence_trace(model, sequence, needs)
         for name in one_pass:
             explained = explain(whole, method=name, row="last", model=model, **per_method[name])
             matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
@@ -423,6 +423,14 @@ def explain_continuation(
             explanation.faithfulness = step_faithfulness(model, explanation)
         explanations.append(explanation)
     return explanations
+
+
+def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) -> Trace:
+    """The trace of all the sources (the prompt and t_1 … t_{N-1}), captured in one forward pass:
+    the one-pass methods read step k's (0-based) sources from its row P + k − 1, the position that
+    predicts step k's token (the explorer's generation view reads it per layer)."""
+    (trace,) = step_traces(model, sequence, [sequence.n_steps - 1], needs)  # the last step's: all S
+    return trace
 
 
 def step_traces(model: Any, sequence: Continuation, steps: Sequence[int], needs: frozenset[str]) -> list[Trace]:
@@ -553,11 +561,3 @@ def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: s
         "aopc": per_step.tolist(),
         "mean_aopc": float(per_step.mean()),
     }
-
-
-def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) -> Trace:
-    """The trace of all the sources (the prompt and t_1 … t_{N-1}), captured in one forward pass:
-    the one-pass methods read step k's (0-based) sources from its row P + k − 1, the position that
-    predicts step k's token (the explorer's generation view reads it per layer)."""
-    (trace,) = step_traces(model, sequence, [len(sequence.sources)], needs)
-    return trace
