@@ -1,5 +1,6 @@
 """Start-up times of the command line (issue 23): `attnflow --help`, one sentence explained on
-minilm, and the attention-flow kernel compiled by numba (a cold cache) or loaded from its cache.
+minilm (beside its floor: importing torch and transformers' BERT code, which attnflow cannot
+avoid), and the attention-flow kernel compiled by numba (a cold cache) or loaded from its cache.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_startup.py             # ~3 min (mostly the cold compilation)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_startup.py --no-cold   # skip the cold compilation
@@ -24,6 +25,7 @@ import tempfile
 import time
 
 SENTENCE = "The movie was terrible, but the acting was great."
+LIBRARIES = "import torch; from transformers.models.bert import modeling_bert"
 FIRST_FLOW = (
     "import numpy as np; from attnflow.methods.flow import attention_flow; attention_flow(np.full((1, 1, 2, 2), 0.5))"
 )
@@ -60,7 +62,17 @@ def main() -> None:
         report("attnflow --help", [wall([*attnflow, "--help"]) for _ in range(args.repeats)])
         explain = [*attnflow, "explain", SENTENCE, "--model", "minilm", "--out", f"{scratch}/out", "--overwrite", "-q"]
         wall(explain)  # the operating system's file cache holds the weights from here on, as after any first run
-        report("attnflow explain (one sentence, minilm)", [wall(explain) for _ in range(args.repeats)])
+        explained = [wall(explain) for _ in range(args.repeats)]
+        report("attnflow explain (one sentence, minilm)", explained)
+        # The floor under it: the libraries a BERT model needs, imported (no attnflow).
+        floor = [wall([sys.executable, "-c", LIBRARIES]) for _ in range(args.repeats)]
+        report("floor: import torch + transformers' BERT code", floor)
+        median = statistics.median
+        print(
+            f"{'':<44} explain / floor: {median(run[0] for run in explained) / median(run[0] for run in floor):.2f}x "
+            f"(wall medians); attnflow's own share "
+            f"{median(run[0] for run in explained) - median(run[0] for run in floor):.2f} s"
+        )
         env = {**os.environ, "NUMBA_CACHE_DIR": f"{scratch}/numba"}
         flow = [sys.executable, "-c", FIRST_FLOW]
         if not args.no_cold:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.stats import rankdata
 
 from attnflow.tokens import display_token
-from attnflow.viz.page import esc, page, section, table
+from attnflow.viz.page import BLUE, ORANGE, esc, page, section, table
 
 if TYPE_CHECKING:
     from attnflow.comparison import Comparison
@@ -24,9 +23,6 @@ CSS = """
 .attnflow .summary { margin: .3rem 0; padding: .4rem .8rem; border-left: 4px solid #d9480f; background: #fff6f0; }
 .attnflow .note { color: #555; font-size: .9rem; }
 """
-
-ORANGE = "217,72,15"
-BLUE = "33,102,172"
 
 
 def model_comparison_html(comparison: "Comparison") -> str:
@@ -63,6 +59,8 @@ def model_comparison_fragment(comparison: "Comparison", with_style: bool = True)
         + '<p class="note">A and B share one colour scale (the largest content-token score); the difference has its '
         "own: orange where B gives more relevance, blue where it gives less.</p>"
     )
+    from scipy.stats import rankdata  # scipy.stats takes ~0.5 s to import: only when comparing
+
     content = comparison.content
     ranks_a = np.full(len(comparison.tokens), np.nan)
     ranks_b = np.full(len(comparison.tokens), np.nan)

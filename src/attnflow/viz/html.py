@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow.tokens import display_token
-from attnflow.viz.compare import BLUE, ORANGE
-from attnflow.viz.page import esc, figure_img, image_png, img, page, section, table
+from attnflow.viz.page import BLUE, ORANGE, esc, figure_img, image_png, img, page, section, table
 from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
 
 if TYPE_CHECKING:

@@ -21,6 +21,9 @@ import io
 from typing import Any, Iterable, Mapping, Sequence
 
 # No scripts, no remote resources: images only from data: URIs, styles only inline.
+# Signed scores: orange supports the target, blue speaks against it (RGB, for rgba(…, alpha)).
+ORANGE = "217,72,15"
+BLUE = "33,102,172"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 BASE_CSS = """
