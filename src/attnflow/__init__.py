@@ -37,7 +37,8 @@ from attnflow.trace import Trace
 
 def _connect_views() -> None:
     """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz,
-    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`).
+    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`; the explorer also its
+    per-input faithfulness, from attnflow.evaluate).
 
     The views read Explanations and the Explanation imports no view; this root of the package
     knows both and connects them. The view modules (matplotlib) are imported on first use only.
@@ -88,8 +89,14 @@ def _connect_views() -> None:
 
         return explorer_iframe(explored)
 
+    def explorer_faithfulness(model, explored, **options):
+        from attnflow.evaluate.per_input import add_view_faithfulness
+
+        add_view_faithfulness(model, explored, **options)
+
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
+    exploration._MEASURES.update(faithfulness=explorer_faithfulness)
 
 
 _connect_views()

@@ -49,6 +49,10 @@ from attnflow.trace import Trace
 # The views ("html", "fragment": an iframe for notebooks) live in attnflow.viz.explorer and read
 # Explorations; the package root (attnflow/__init__.py) fills this table, so this module imports no view.
 _VIEWS: dict[str, Callable[..., Any]] = {}
+# ``faithfulness(model, exploration, target=, max_length=)`` sets each view's per-input faithfulness
+# (`attnflow.evaluate.per_input.add_view_faithfulness`, which builds on the evaluate package and
+# so on its report's views); the package root fills it too.
+_MEASURES: dict[str, Callable[..., None]] = {}
 
 EXPLORER_FILE = "explorer.html"
 # `Exploration.save` warns above this page size (browsers open such files slowly).
@@ -189,6 +193,7 @@ def explore(
     max_length: int | None = None,
     target: int | str | None = None,
     target_text: str | None = None,
+    faithfulness: bool = True,
     progress: bool = False,
 ) -> Exploration:
     """Run every requested method on one text and gather what the explorer page shows.
@@ -208,6 +213,9 @@ def explore(
         row: default saliency row (None: the model's, see `attnflow.explanation.default_row`).
         max_length: truncate the text to this many tokens.
         target / target_text: what target-dependent methods explain.
+        faithfulness: with a model that has a class or next-token target, each view's per-input
+            faithfulness at ``row`` (its badge on the page; a few batched forward passes,
+            `attnflow.evaluate.per_input.add_view_faithfulness`).
         progress: show a progress bar over the methods (stderr).
 
     Raises:
@@ -279,7 +287,7 @@ def explore(
     similarity = None
     if base.head_outputs is not None:
         similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)
-    return Exploration(
+    exploration = Exploration(
         tokens=list(base.tokens),
         special_mask=np.asarray(base.special_mask, dtype=bool),
         offsets=None if base.offsets is None else np.asarray(base.offsets),
@@ -293,6 +301,9 @@ def explore(
         similarity=similarity,
         skipped=skipped,
     )
+    if faithfulness and model is not None:
+        _MEASURES["faithfulness"](model, exploration, target=target, max_length=max_length)
+    return exploration
 
 
 def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodView:

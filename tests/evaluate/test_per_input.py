@@ -90,3 +90,15 @@ def test_next_token_faithfulness_reads_the_probability_of_that_token(tiny_model_
     top = set(sorted(content, key=lambda j: (-explanation.scores[j], j))[: math.ceil(0.5 * len(content))])
     without = [t for j, t in enumerate(ids) if j not in top]
     assert record["comprehensiveness"][2] == pytest.approx(p_next(ids) - p_next(without), abs=1e-5)
+
+
+def test_explore_gives_each_view_its_per_input_faithfulness(classifier):
+    """`attnflow.explore` (Python, not only the CLI) puts each view's badge on the page: the per-input
+    faithfulness of the view's saliency row, as `input_faithfulness` scores it on that input."""
+    exploration = attnflow.explore(classifier, TEXT, methods=["rollout", "grad_x_input"])
+    trace = classifier.trace([TEXT], needs=("target",))[0]
+    expected = input_faithfulness(classifier, trace, [view.saliency(exploration.row) for view in exploration.methods])
+    for view, record in zip(exploration.methods, expected, strict=True):
+        assert view.faithfulness is not None
+        np.testing.assert_allclose(view.faithfulness["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
+    assert all(view.faithfulness is None for view in attnflow.explore(classifier, TEXT, faithfulness=False).methods)

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import attnflow
-from attnflow.evaluate.per_input import add_view_faithfulness
 from attnflow.exploration import MethodView, explore
 from attnflow.methods.diagnostics import layer_diagnostics
 
@@ -366,8 +365,7 @@ def test_notebook_iframe_runs_the_explorer(browser, tiny_page_path, tmp_path):
 @needs_chromium
 def test_signed_scores_and_the_faithfulness_badge(browser, tiny_classifier_path, tmp_path):
     model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
-    exploration = explore(model, SENTENCE, methods=["rollout", "leave_one_out"])
-    add_view_faithfulness(model, exploration)
+    exploration = explore(model, SENTENCE, methods=["rollout", "leave_one_out"])  # badges by default
     rollout, leave_one_out = exploration.methods
     assert leave_one_out.signed and not rollout.signed
     assert rollout.faithfulness is not None and leave_one_out.faithfulness is not None

@@ -84,7 +84,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.evaluate.per_input import add_view_faithfulness
     from attnflow.exploration import explore, is_explorer_file
 
     if explain_generation.wants_generation(args):
@@ -109,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
         target_text=args.target_text,
         progress=not args.quiet,
     )
-    say("faithfulness on this input …")
-    add_view_faithfulness(model, exploration, target=args.target, max_length=args.max_length)
     path = exploration.save(out, overwrite=args.overwrite)
     if not args.quiet:
         for view in exploration.methods:
