@@ -102,3 +102,17 @@ def test_explore_gives_each_view_its_per_input_faithfulness(classifier):
         assert view.faithfulness is not None
         np.testing.assert_allclose(view.faithfulness["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
     assert all(view.faithfulness is None for view in attnflow.explore(classifier, TEXT, faithfulness=False).methods)
+
+
+def test_the_png_carries_the_badge(classifier):
+    """The figure of `explanation.png` states the map's faithfulness on this input, as the page does."""
+    from attnflow.evaluate.per_input import add_faithfulness
+    from attnflow.viz.page import faithfulness_badge
+
+    trace = classifier.trace_for(["grad_x_input"], [TEXT])[0]
+    explanation = explain(trace, method="grad_x_input", model=classifier)
+    assert "faithfulness" not in explanation.plot().get_suptitle()
+    add_faithfulness(classifier, trace, [explanation])
+    title = explanation.plot().get_suptitle()
+    assert f"faithfulness on this input: {faithfulness_badge(explanation.faithfulness)}" in title
+    assert f"{explanation.faithfulness['aopc_comprehensiveness']:.2f} (random" in title

@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
     from attnflow.evaluate.per_input import add_faithfulness, auto_methods, choose_most_comprehensive
     from attnflow.explanation import explain
-    from attnflow.viz.html import faithfulness_badge
+    from attnflow.viz.page import faithfulness_badge
 
     if args.file is not None:
         from attnflow.cli.explain_file import run_file

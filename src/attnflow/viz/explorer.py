@@ -36,8 +36,7 @@ import numpy as np
 
 from attnflow.methods.diagnostics import COLLAPSE_THRESHOLD, DIFFUSION_THRESHOLD
 from attnflow.tokens import display_token
-from attnflow.viz.html import faithfulness_badge
-from attnflow.viz.page import esc
+from attnflow.viz.page import esc, faithfulness_badge
 
 if TYPE_CHECKING:
     from attnflow.exploration import Exploration

@@ -6,12 +6,12 @@ value is escaped. Hovering a token shows its index and score (a ``title`` attrib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnflow.tokens import display_token
-from attnflow.viz.page import BLUE, ORANGE, esc, figure_img, image_png, img, page, section, table
+from attnflow.viz.page import BLUE, ORANGE, esc, faithfulness_badge, figure_img, image_png, img, page, section, table
 from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
 
 if TYPE_CHECKING:
@@ -97,17 +97,6 @@ def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
     return sorted(
         explanations,
         key=lambda e: -e.faithfulness["aopc_comprehensiveness"] if e.faithfulness is not None else np.inf,
-    )
-
-
-def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
-    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
-    AOPC of an explanation and of random rankings (`attnflow.evaluate.per_input`; higher and lower
-    are better, respectively)."""
-    mine, chance = faithfulness, faithfulness["random"]
-    return (
-        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
-        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
     )
 
 

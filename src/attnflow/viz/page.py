@@ -158,3 +158,14 @@ def _default_footer() -> str:
         return f"Made with attnflow {version('attnflow')}; renders offline, no scripts."
     except PackageNotFoundError:
         return "Made with attnflow; renders offline, no scripts."
+
+
+def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
+    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
+    AOPC of an explanation and of random rankings (`attnflow.evaluate.per_input`; higher and lower
+    are better, respectively)."""
+    mine, chance = faithfulness, faithfulness["random"]
+    return (
+        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
+        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
+    )

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from attnflow.tokens import display_token
+from attnflow.viz.page import faithfulness_badge
 
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
@@ -210,7 +211,10 @@ def _title(explanation: "Explanation") -> str:
         from attnflow.targets import Target
 
         target = f" — explains {Target(**explanation.target).describe()}"
-    return f"{model}{explanation.method}{target}"
+    title = f"{model}{explanation.method}{target}"
+    if explanation.faithfulness is not None:
+        title += f"\nfaithfulness on this input: {faithfulness_badge(explanation.faithfulness)}"
+    return title
 
 
 def deletion_curves_figure(names: Sequence[str], curves: Sequence[dict[str, Any]]) -> Figure:
