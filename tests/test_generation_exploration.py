@@ -106,13 +106,13 @@ def test_default_methods_explain_generations_and_are_not_expensive(decoder):
     assert exploration.first.mode == "greedy" and exploration.first.n_steps <= 2
 
 
-def test_hostile_tokens_reach_the_page_as_data_only():
-    tokens = ["[CLS]", "a", *HOSTILE]
+def hostile_exploration(tokens: list[str], model: str, prompt: str) -> GenerationExploration:
+    """A 2-token prompt and 3 generated ``tokens[2:]`` as a rollout generation view, the strings as given."""
     generation = GenerationExplanation(
-        model='<b>"model"</b>',
+        model=model,
         method="rollout",
         options={},
-        prompt="<i>prompt</i>",
+        prompt=prompt,
         sources=tokens[:-1],
         generated=tokens[2:],
         token_ids=np.arange(5),
@@ -122,7 +122,12 @@ def test_hostile_tokens_reach_the_page_as_data_only():
         log_probs=np.log([0.5, 0.25, 0.125]),
         mode="greedy",
     )
-    exploration = GenerationExploration([GenerationView(generation, "rollout")], pieces=tokens, n_layers=2)
+    return GenerationExploration([GenerationView(generation, "rollout")], pieces=tokens, n_layers=2)
+
+
+def test_hostile_tokens_reach_the_page_as_data_only():
+    tokens = ["[CLS]", "a", *HOSTILE]
+    exploration = hostile_exploration(tokens, model='<b>"model"</b>', prompt="<i>prompt</i>")
     html = exploration.to_html()
     meta, chunks = decode_page(html)
     assert "<img" not in html and "alert(2)</script>" not in html and "<b>" not in html and "<i>" not in html

@@ -15,8 +15,7 @@ import pytest
 from test_explorer_browser import Page, browser, needs_chromium  # noqa: F401  (browser: the shared fixture)
 
 import attnflow
-from attnflow.generation import GenerationExplanation
-from attnflow.generation_exploration import GenerationExploration, GenerationView
+from test_generation_exploration import hostile_exploration
 
 pytestmark = pytest.mark.browser
 PROMPT = "the movie was"
@@ -142,21 +141,7 @@ def test_hover_signed_method_and_layers(browser, generation_page):  # noqa: F811
 @needs_chromium
 def test_hostile_tokens_are_text(browser, tmp_path):  # noqa: F811  (the imported fixture)
     tokens = ["[CLS]", "a", HOSTILE, "</script><script>alert(2)</script>", "b"]
-    generation = GenerationExplanation(
-        model=HOSTILE,
-        method="rollout",
-        options={},
-        prompt=HOSTILE,
-        sources=tokens[:-1],
-        generated=tokens[2:],
-        token_ids=np.arange(5),
-        n_prompt=2,
-        special_mask=[True, False, False, False, False],
-        matrix=np.tril(np.ones((3, 4)), k=1),
-        log_probs=np.log([0.5, 0.25, 0.125]),
-        mode="greedy",
-    )
-    exploration = GenerationExploration([GenerationView(generation, "rollout")], pieces=tokens, n_layers=2)
+    exploration = hostile_exploration(tokens, model=HOSTILE, prompt=HOSTILE)
     page = Page(browser, exploration.save(tmp_path))
     assert page.page.evaluate("document.querySelectorAll('img').length") == 0
     shown = page.page.eval_on_selector_all(".tok", "spans => spans.map(s => s.textContent)")
