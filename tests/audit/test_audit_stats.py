@@ -88,14 +88,34 @@ def test_contrast_per_example_by_hand():
 
 def test_a_term_is_flagged_only_above_its_matched_words():
     rng = np.random.default_rng(3)
-    words = {f"w{k}": [20.0, 20.0, 20 * m, 20 * m * m] for k, m in enumerate(rng.uniform(0.05, 0.15, 80))}
-    words["loud"] = [20.0, 20.0, 20 * 0.5, 20 * 0.25]  # far above every other word
-    words["plain"] = [20.0, 20.0, 20 * 0.1, 20 * 0.01]  # like the others
-    words["rare"] = [2.0, 2.0, 1.0, 0.5]  # high, but in fewer texts than min_count
+    # [examples, occurrences, relevance, relevance², |relevance|]
+    words = {f"w{k}": [20.0, 20.0, 20 * m, 20 * m * m, 20 * m] for k, m in enumerate(rng.uniform(0.05, 0.15, 80))}
+    words["loud"] = [20.0, 20.0, 20 * 0.5, 20 * 0.25, 20 * 0.5]  # far above every other word
+    words["plain"] = [20.0, 20.0, 20 * 0.1, 20 * 0.01, 20 * 0.1]  # like the others
+    words["rare"] = [2.0, 2.0, 1.0, 0.5, 1.0]  # high, but in fewer texts than min_count
     result = analysis.term_audit(words, ["loud", "plain", "rare", "absent"], min_count=5)
     rows = {row["term"]: row for row in result["terms"]}
     assert result["flagged"] == ["loud"] and result["missing"] == ["absent"]
     assert rows["loud"]["percentile"] == 100.0 and rows["loud"]["matched_words"] == analysis.MATCHED
     assert 10.0 < rows["plain"]["percentile"] < 90.0
-    total = sum(sums[2] for sums in words.values())
+    total = sum(sums[4] for sums in words.values())
     assert rows["loud"]["share"] == pytest.approx(10.0 / total)
+
+
+def test_the_term_audit_counts_reliance_against_the_prediction_too():
+    """A signed method: a term at +0.4 in half its texts and -0.4 in the others (it decides the
+    prediction both ways) averages 0 signed, but the model relies on it: flagged by |relevance|."""
+    stats = AuditStats(n_classes=2)
+    rng = np.random.default_rng(0)
+    for index in range(40):
+        words = {f"w{k}": (1, float(rng.uniform(0.05, 0.15))) for k in range(60)}
+        words["pivot"] = (1, 0.4 if index % 2 else -0.4)
+        stats.update(ExampleResult(index, "t", index % 2, 0.9, None, words, [], [], [], []))
+    merged = analysis.pooled(stats.words)
+    assert merged["pivot"][2] == pytest.approx(0.0) and merged["pivot"][4] == pytest.approx(16.0)
+    result = analysis.term_audit(merged, ["pivot", "w0"], min_count=5)
+    rows = {row["term"]: row for row in result["terms"]}
+    assert result["flagged"] == ["pivot"]
+    assert rows["pivot"]["mean"] == pytest.approx(0.4) and rows["pivot"]["percentile"] == 100.0
+    total = sum(sums[4] for sums in merged.values())
+    assert rows["pivot"]["share"] == pytest.approx(16.0 / total)

@@ -7,7 +7,7 @@
   other classes (the words that separate the classes);
 - errors: accuracy, confusion, the most confident errors, and the words whose relevance per
   example is higher in errors than in correct predictions;
-- terms: each term's mean relevance against the `MATCHED` words of nearest frequency (the chance
+- terms: each term's mean |relevance| against the `MATCHED` words of nearest frequency (the chance
   baseline), its percentile among them, its share of all relevance against the baseline share;
 - swaps: flipped-prediction rate (Wilson interval) and mean Δp (normal interval).
 """
@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.dataset_audit.stats import EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
+from attnflow.dataset_audit.stats import EXAMPLES, MAGNITUDE, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
 
 Z95 = 1.959964
 MATCHED = 50  # words of nearest frequency that form a term's chance baseline
@@ -109,11 +109,13 @@ def contrast(
 
 
 def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_count: int) -> dict[str, Any]:
-    """Each term against the `MATCHED` non-term words of nearest example count (log scale)."""
+    """Each term against the `MATCHED` non-term words of nearest example count (log scale), by the
+    magnitude of their relevance (|relevance|: for signed methods, reliance against the
+    prediction counts as reliance; for non-negative ones it is the relevance)."""
     candidates = [(w, s) for w, s in all_words.items() if w not in terms and s[EXAMPLES] >= 1]
     counts = np.array([s[EXAMPLES] for _, s in candidates], dtype=np.float64)
-    means = np.array([s[RELEVANCE] / s[EXAMPLES] for _, s in candidates], dtype=np.float64)
-    total = sum(s[RELEVANCE] for s in all_words.values())
+    means = np.array([s[MAGNITUDE] / s[EXAMPLES] for _, s in candidates], dtype=np.float64)
+    total = sum(s[MAGNITUDE] for s in all_words.values())
     rows: list[dict[str, Any]] = []
     missing = []
     for term in terms:
@@ -123,7 +125,7 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
             continue
         nearest = np.argsort(np.abs(np.log(counts) - math.log(sums[EXAMPLES])), kind="stable")[:MATCHED]
         baseline = means[nearest]
-        mean, low, high = mean_interval(sums[RELEVANCE], sums[SQUARES], sums[EXAMPLES])
+        mean, low, high = mean_interval(sums[MAGNITUDE], sums[SQUARES], sums[EXAMPLES])
         percentile = float(100.0 * np.mean(baseline < mean)) if baseline.size else math.nan
         expected = float(np.median(baseline)) * sums[EXAMPLES] if baseline.size else math.nan
         rows.append(
@@ -136,7 +138,7 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
                 "baseline_p95": float(np.percentile(baseline, FLAG_PERCENTILE)) if baseline.size else math.nan,
                 "matched_words": int(baseline.size),
                 "percentile": percentile,
-                "share": sums[RELEVANCE] / total if total else 0.0,
+                "share": sums[MAGNITUDE] / total if total else 0.0,
                 "baseline_share": expected / total if total else math.nan,
                 "flagged": bool(sums[EXAMPLES] >= min_count and percentile >= FLAG_PERCENTILE),
             }

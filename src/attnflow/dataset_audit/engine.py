@@ -42,7 +42,7 @@ CHECKPOINT = "checkpoint.json"
 RESULTS = "results.json"
 REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: word sums hold |relevance| too
 
 
 class Backend(Protocol):

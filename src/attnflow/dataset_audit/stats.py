@@ -4,10 +4,12 @@ Memory is flat in the number of examples: per word and predicted class four sums
 outcome (correct / error) the same four, and two bounded lists (the most confident errors, the
 largest counterfactual changes). Nothing is kept per example beyond those lists.
 
-Word sums, per (group, word): ``[examples, occurrences, relevance, relevance²]`` where
-``examples`` counts examples holding the word, ``relevance`` sums the word's per-example
-relevance (`attnflow.dataset_audit.words.word_relevance`) and ``relevance²`` its square (for the
-confidence interval over examples). Everything merges by addition, so the local engine, Ray
+Word sums, per (group, word): ``[examples, occurrences, relevance, relevance², |relevance|]``
+where ``examples`` counts examples holding the word, ``relevance`` sums the word's per-example
+relevance (`attnflow.dataset_audit.words.word_relevance`; signed for signed methods),
+``relevance²`` its square (for the confidence interval over examples) and ``|relevance|`` its
+magnitude (what the term audit compares: a word the model relies on against its prediction is
+relied on too). Everything merges by addition, so the local engine, Ray
 workers and a resumed run all end with the same numbers (up to float rounding between engines).
 """
 
@@ -17,7 +19,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES = range(4)
+EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, MAGNITUDE = range(5)
 KEPT = 25  # errors and counterfactual examples kept for the report
 
 
@@ -154,12 +156,13 @@ def _add_words(table: dict[str, list[float]], words: dict[str, tuple[int, float]
     for word, (occurrences, relevance) in words.items():
         sums = table.get(word)
         if sums is None:
-            table[word] = [1, occurrences, relevance, relevance * relevance]
+            table[word] = [1, occurrences, relevance, relevance * relevance, abs(relevance)]
         else:
             sums[EXAMPLES] += 1
             sums[OCCURRENCES] += occurrences
             sums[RELEVANCE] += relevance
             sums[SQUARES] += relevance * relevance
+            sums[MAGNITUDE] += abs(relevance)
 
 
 def _merge_words(table: dict[str, list[float]], other: dict[str, list[float]]) -> None:
