@@ -11,7 +11,7 @@ import pytest
 import attnflow
 from attnflow.cli import main
 from attnflow.evaluate.api import resolve_methods
-from attnflow.methods.registry import Option, get_method, method_options, register, unregister
+from attnflow.methods.registry import Option, available_methods, get_method, method_options, register, unregister
 from test_exploration import decode_page, hostile_trace
 
 
@@ -96,3 +96,23 @@ def test_toy_method_reaches_the_explorer_with_its_layers():
 @pytest.mark.usefixtures("toy_method")
 def test_toy_method_reaches_the_benchmark():
     assert "toy_power" in resolve_methods("all")
+
+
+def test_a_batch_form_is_declared_only_where_it_fits():
+    def batch(model, traces, power: float = 2.0):
+        return [(np.zeros(trace.n_tokens), {}) for trace in traces]
+
+    with pytest.raises(ValueError, match="batch form is for takes='model' methods with scores_only"):
+        register("bad_batch", "test", takes="trace", batch=batch)
+    power = Option("power", "exponent", parse=float)
+    with pytest.raises(ValueError, match="its batch form lacks the keyword"):
+        register(
+            "bad_batch",
+            "test",
+            takes="model",
+            needs=("attentions", "model"),
+            scores_only=True,
+            options=(power,),
+            batch=lambda model, traces: [],
+        )(lambda model, trace, power=2.0: np.zeros(trace.n_tokens))
+    assert "bad_batch" not in available_methods()

@@ -16,7 +16,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -327,13 +327,12 @@ def explain(
         if position is not None:
             chosen = {**chosen, "rows": [position]}
             scores, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
-            return _explanation(trace, spec, chosen, row, None, scores.reshape(n), None, notes, extras)
-    result, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            return _explanation(trace, spec, chosen, row, None, _token_scores(spec, scores, n), None, notes, extras)
+    found, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+    result = np.asarray(found, dtype=np.float64)
     head_matrices = None
     if spec.scores_only:
-        if result.shape != (n,):
-            raise ValueError(f"method {method!r} returned shape {result.shape}; expected one score per token ({n},)")
-        matrix, scores, row = None, result, None
+        matrix, scores, row = None, _token_scores(spec, result, n), None
     else:
         if result.ndim == 3 and result.shape[1:] == (n, n):
             head_matrices = result  # [head, query, key]
@@ -343,6 +342,34 @@ def explain(
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
     return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras)
+
+
+def explain_traces(
+    traces: Sequence[Trace], method: str, row: Row | None = None, model: Any = None, **options: Any
+) -> list[Explanation]:
+    """`explain` for each of ``traces``; a method with a batch form (``MethodSpec.batch``: the LRP
+    rules) runs once over all of them, one padded pass instead of one per trace. A warning the
+    batch raises becomes a note of every explanation of the batch."""
+    spec = get_method(method)
+    batch = spec.batch
+    if batch is None or len(traces) < 2:
+        return [explain(trace, method=method, row=row, model=model, **options) for trace in traces]
+    chosen = method_options(spec, options)
+    results, notes, _ = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
+    return [
+        _explanation(
+            trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, dict(extras)
+        )
+        for trace, (scores, extras) in zip(traces, results, strict=True)
+    ]
+
+
+def _token_scores(spec: MethodSpec, result: Any, n: int) -> np.ndarray:
+    """A ``scores_only`` method's ``[n]`` scores, checked."""
+    scores = np.asarray(result, dtype=np.float64)
+    if scores.shape != (n,):
+        raise ValueError(f"method {spec.name!r} returned shape {scores.shape}; expected one score per token ({n},)")
+    return scores
 
 
 def _explanation(
@@ -393,13 +420,14 @@ def _explanation(
     )
 
 
-def _run_noting_warnings(call: Any) -> tuple[np.ndarray, list[str], dict[str, Any]]:
-    """Run a method (a no-argument callable); warnings it raises still go out as warnings, and the
-    messages of `ExplanationWarning`s come back as the Explanation's notes (so the saved page says
-    what the console said), with the extras the method reported (`attnflow.methods.extras`)."""
+def _run_noting_warnings(call: Any) -> tuple[Any, list[str], dict[str, Any]]:
+    """Run a method (a no-argument callable) and return its result; warnings it raises still go
+    out as warnings, and the messages of `ExplanationWarning`s come back as the Explanation's notes
+    (so the saved page says what the console said), with the extras the method reported
+    (`attnflow.methods.extras`)."""
     with warnings.catch_warnings(record=True) as caught, collect_extras() as extras:
         warnings.simplefilter("always")
-        result = np.asarray(call(), dtype=np.float64)
+        result = call()
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)], extras

@@ -18,7 +18,8 @@ Each step is the registered method run unchanged on a trace of that step's prefi
   consecutive steps (step k reads its first P + k − 1 positions); gradient methods then take one
   backward pass per step, y_k alone, run as one batched backward (``torch.autograd.grad`` with
   ``is_grads_batched``), so each step receives exactly its own gradient. Methods that re-run the
-  model (leave-one-out, integrated gradients) then batch their own forwards per step.
+  model (leave-one-out, integrated gradients) then batch their own forwards per step; methods with
+  a batch form (``MethodSpec.batch``: the LRP rules) take the traces of a pass at once.
 
 Methods of neither kind (scores without a target, e.g. random) do not explain a generation.
 """
@@ -35,7 +36,7 @@ import numpy as np
 
 from attnflow.capture.texts import check_texts
 from attnflow.errors import InputError
-from attnflow.explanation import explain
+from attnflow.explanation import explain, explain_traces
 from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -391,8 +392,9 @@ def explain_continuation(
             traces = step_traces(model, sequence, steps, needs)
             for step, trace in zip(steps, traces, strict=True):
                 log_probs[step] = trace.target.value
-                for name in per_step:
-                    explained = explain(trace, method=name, row="last", model=model, **per_method[name])
+            for name in per_step:
+                explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
+                for step, explained in zip(steps, explained_steps, strict=True):
                     rows[name][step, : p + step] = explained.scores
                     extras[name][step] = explained.extras
                     notes[name] += [note for note in explained.notes if note not in notes[name]]

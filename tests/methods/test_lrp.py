@@ -179,6 +179,29 @@ def test_a_batch_equals_one_input_at_a_time(tiny_classifier_path, tiny_model_pat
             assert together.bias_relevance == pytest.approx(alone.bias_relevance, rel=1e-4, abs=1e-7)
 
 
+def test_the_front_door_runs_the_rules_once_for_a_batch(tiny_classifier_path, monkeypatch):
+    """`model.explain(texts, rule)` (what evaluate and the audit call) uses the rules' batch form:
+    one `lrp_relevance` call for all texts, each explanation equal to explaining its text alone."""
+    from attnflow.perturb import lrp
+
+    model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
+    calls = []
+    original = lrp.lrp_relevance
+    monkeypatch.setattr(
+        lrp, "lrp_relevance", lambda m, traces, rule: calls.append(len(traces)) or original(m, traces, rule)
+    )
+    for rule in RULES:
+        calls.clear()
+        together = model.explain(TEXTS, method=rule, batch_size=len(TEXTS))
+        assert calls == [len(TEXTS)]
+        for text, explanation in zip(TEXTS, together, strict=True):
+            alone = model.explain(text, method=rule)
+            np.testing.assert_allclose(explanation.scores, alone.scores, rtol=1e-4, atol=1e-7)
+            assert explanation.extras == pytest.approx(alone.extras, rel=1e-4, abs=1e-7)
+            assert explanation.signed and explanation.target["index"] == alone.target["index"]
+            assert explanation.target["value"] == pytest.approx(alone.target["value"], rel=1e-5)
+
+
 def plain_gradients(model: AttentionModel, ids: torch.Tensor) -> list[torch.Tensor]:
     """d(logit 0)/d(every parameter) of the unaltered model."""
     model.model.zero_grad(set_to_none=True)

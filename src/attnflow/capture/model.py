@@ -405,17 +405,16 @@ class AttentionModel:
             model = attnflow.load("minilm-sentiment")
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
         """
-        from attnflow.explanation import explain
+        from attnflow.explanation import explain_traces
 
         single = isinstance(texts, str)
         method_options(get_method(method), options)  # bad options fail before any forward pass
         traces = self.trace_for(
             [method], texts, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
         )
-        explanations = [
-            explain(trace, method=method, row=self.default_row if row is None else row, model=self, **options)
-            for trace in traces
-        ]
+        explanations = explain_traces(
+            traces, method=method, row=self.default_row if row is None else row, model=self, **options
+        )
         return explanations[0] if single else explanations
 
     def trace_for(

@@ -15,7 +15,11 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 - ``cost``: ``"one_pass"`` (one forward pass), ``"backward"`` (one forward and one backward
   pass), ``"expensive"`` (grows with the tokens or steps: max-flow, perturbations, sampling);
 - ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
-  target, < 0 against it), ``families`` (adapter families it supports; None: all).
+  target, < 0 against it), ``families`` (adapter families it supports; None: all);
+- ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
+  several traces at once, ``batch(model, traces, **options)`` → one ``(scores [key], extras)``
+  per trace, for methods whose passes batch (the LRP rules: one padded forward and backward pass
+  for all); `attnflow.explanation.explain_traces` uses it.
 
 A method returns ``[query, key]`` (row i: how much output position i draws on input j),
 ``[head, query, key]`` when heads stay apart, or ``[key]`` for ``scores_only`` methods.
@@ -79,6 +83,7 @@ class MethodSpec:
     layerwise: bool = False
     per_head: bool = False
     cost: Cost = "one_pass"
+    batch: Callable[..., Sequence[tuple[Any, Mapping[str, Any]]]] | None = None
 
     @property
     def uses_target(self) -> bool:
@@ -109,6 +114,7 @@ def register(
     layerwise: bool = False,
     per_head: bool = False,
     cost: Cost = "one_pass",
+    batch: Callable[..., Sequence[tuple[Any, Mapping[str, Any]]]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
 
@@ -127,6 +133,8 @@ def register(
         raise ValueError(f"method {name!r}: cost must be one of {COSTS}, got {cost!r}")
     if per_head and "head_fusion" not in {option.name for option in options}:
         raise ValueError(f"method {name!r}: per_head needs a head_fusion option")
+    if batch is not None and not (takes == "model" and scores_only):
+        raise ValueError(f"method {name!r}: a batch form is for takes='model' methods with scores_only")
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         if name in _METHODS:
@@ -138,6 +146,11 @@ def register(
         missing = [k for k in keywords if k not in parameters or parameters[k].default is inspect.Parameter.empty]
         if missing:
             raise ValueError(f"method {name!r} declares {', '.join(missing)} but its function has no such keyword")
+        if batch is not None:
+            batch_parameters = inspect.signature(batch).parameters
+            missing = [k for k in keywords if k not in batch_parameters]
+            if missing:
+                raise ValueError(f"method {name!r}: its batch form lacks the keyword(s) {', '.join(missing)}")
         defaults = {option.name: parameters[option.name].default for option in options}
         _METHODS[name] = MethodSpec(
             name=name,
@@ -154,6 +167,7 @@ def register(
             layerwise=layerwise,
             per_head=per_head,
             cost=cost,
+            batch=batch,
         )
         return function
 

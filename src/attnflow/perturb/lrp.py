@@ -30,6 +30,7 @@ rule's absorbed term; both: a non-linear target such as a log-probability or a c
 
 from __future__ import annotations
 
+import functools
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,6 +69,16 @@ class Relevance:
         """Σ_b b · ∂̃y/∂b / y: the part of y that the biases absorb (NaN when y = 0)."""
         return _share(self.bias_relevance, self.target_value)
 
+    def extras(self) -> dict[str, float]:
+        """What an Explanation of these scores reports besides them (its ``extras``)."""
+        return {
+            "conservation": self.conservation,
+            "bias_share": self.bias_share,
+            "relevance_sum": float(self.scores.sum()),
+            "bias_relevance": self.bias_relevance,
+            "target_value": self.target_value,
+        }
+
 
 def _share(part: float, whole: float) -> float:
     return part / whole if whole != 0 else float("nan")
@@ -84,9 +95,16 @@ _DECLARATION: dict[str, Any] = dict(
 )
 
 
+def _batch_form(model: Any, traces: Sequence[Trace], rule: str) -> list[tuple[np.ndarray, dict[str, Any]]]:
+    """The rules' batch form (``MethodSpec.batch``): each trace's scores and extras, from one padded
+    forward and backward pass per kind of target (`lrp_relevance`)."""
+    return [(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rule)]
+
+
 @register(
     "cp_lrp",
     "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
+    batch=functools.partial(_batch_form, rule="cp_lrp"),
     **_DECLARATION,
 )
 def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
@@ -98,6 +116,7 @@ def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
     "attnlrp",
     "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
     "activations, softmax and products",
+    batch=functools.partial(_batch_form, rule="attnlrp"),
     **_DECLARATION,
 )
 def attnlrp(model: Any, trace: Trace) -> np.ndarray:
@@ -108,13 +127,7 @@ def attnlrp(model: Any, trace: Trace) -> np.ndarray:
 def _explain(model: Any, trace: Trace, rule: str) -> np.ndarray:
     """One trace's scores; its conservation goes to the Explanation's extras."""
     (relevance,) = lrp_relevance(model, [trace], rule)
-    report_extras(
-        conservation=relevance.conservation,
-        bias_share=relevance.bias_share,
-        relevance_sum=float(relevance.scores.sum()),
-        bias_relevance=relevance.bias_relevance,
-        target_value=relevance.target_value,
-    )
+    report_extras(**relevance.extras())
     return relevance.scores
 
 
