@@ -113,7 +113,7 @@ def _explain_all(
     from tqdm.auto import tqdm
 
     from attnflow.evaluate.per_input import add_faithfulness
-    from attnflow.explanation import explain
+    from attnflow.explanation import explain_traces
 
     with tqdm(total=len(texts), desc="explaining", unit="text", disable=args.quiet, file=sys.stderr) as bar:
         for start in range(0, len(texts), args.batch_size):
@@ -127,8 +127,10 @@ def _explain_all(
                 max_length=args.max_length,
                 batch_size=args.batch_size,
             )
-            for trace in traces:
-                explanations = [explain(trace, method=m, row=row, model=model, **o) for m, o in per_method.items()]
+            # [method][text]: a method with a batch form (the LRP rules) runs once for the batch
+            per_trace = [explain_traces(traces, method=m, row=row, model=model, **o) for m, o in per_method.items()]
+            for index, trace in enumerate(traces):
+                explanations = [explained[index] for explained in per_trace]
                 add_faithfulness(model, trace, explanations)  # with a class or next-token target
                 yield trace, explanations
                 bar.update(1)
