@@ -18,7 +18,7 @@ import torch
 import attnflow
 from attnflow.cli import main
 from attnflow.errors import InputError
-from attnflow.generation import generation_methods, prepare_continuation, step_traces
+from attnflow.generation import condensed_notes, generation_methods, prepare_continuation, step_traces
 
 PROMPT = "the movie was"
 WORDS = ["good", "but", "the", "cat", "sat"]  # whole words of the tiny vocabulary: text and ids agree
@@ -237,3 +237,18 @@ def test_smollm2_explains_its_greedy_continuation():
     assert rollout.generated[0] == "ĠParis" and rollout.probabilities[0] > 0.5
     assert gradient.matrix.shape == (3, 5 + 2) and np.all(gradient.matrix[0, 5:] == 0)
     assert "Paris" in rollout.to_html()
+
+
+def test_the_steps_notes_are_given_once_per_kind():
+    """Notes that differ only in their numbers (a collapse note per step) are one note, naming its steps."""
+    steps = [
+        ["55 % on the first token 'Once'"],
+        [],
+        ["51 % on the first token 'Once'", "other"],
+        ["60.5 % on the first token 'Once'"],
+    ]
+    assert condensed_notes(steps) == [
+        "55 % on the first token 'Once' (step 1; this note on 3 of 4 steps: 1, 3–4)",
+        "other (step 3; this note on 1 of 4 steps: 3)",
+    ]
+    assert condensed_notes([["a note"]]) == ["a note"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -385,6 +386,7 @@ def explain_continuation(
             notes[name] += explained.notes
             used[name] = explained.options
     if per_step:
+        step_notes: dict[str, list[list[str]]] = {name: [[] for _ in range(n)] for name in per_step}
         log_probs = np.empty(n)  # y_k, read from the step traces' targets
         needs = frozenset().union(*(specs[name].needs for name in per_step))
         for start in range(0, n, max(1, steps_per_pass)):
@@ -397,8 +399,10 @@ def explain_continuation(
                 for step, explained in zip(steps, explained_steps, strict=True):
                     rows[name][step, : p + step] = explained.scores
                     extras[name][step] = explained.extras
-                    notes[name] += [note for note in explained.notes if note not in notes[name]]
+                    step_notes[name][step] = explained.notes
                     used[name] = explained.options
+        for name in per_step:
+            notes[name] += condensed_notes(step_notes[name])
     else:
         log_probs = step_log_probs(model, sequence)
     tokens = token_strings(model, sequence.ids)
@@ -425,6 +429,36 @@ def explain_continuation(
             explanation.faithfulness = step_faithfulness(model, explanation)
         explanations.append(explanation)
     return explanations
+
+
+def condensed_notes(step_notes: Sequence[Sequence[str]]) -> list[str]:
+    """The notes of all steps (``step_notes[k]``: step k's), one per kind: notes that differ only in
+    their numbers (e.g. "55 % of the relevance is on the first token") are one kind, given as its
+    first step's note and the steps it concerns (1-based)."""
+    kinds: dict[str, tuple[str, list[int]]] = {}  # kind -> (its first note, the steps with it)
+    for step, notes in enumerate(step_notes):
+        for note in notes:
+            steps = kinds.setdefault(re.sub(r"\d+(?:\.\d+)?", "#", note), (note, []))[1]
+            if step + 1 not in steps:
+                steps.append(step + 1)
+    total = len(step_notes)
+    if total == 1:
+        return [first for first, _ in kinds.values()]
+    return [
+        f"{first} (step {steps[0]}; this note on {len(steps)} of {total} steps: {_ranges(steps)})"
+        for first, steps in kinds.values()
+    ]
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3, 5"``."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs)
 
 
 def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) -> Trace:

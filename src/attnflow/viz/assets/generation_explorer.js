@@ -262,7 +262,7 @@
     $("method-note").textContent = m.description + (options ? " (" + options + ")" : "") +
       (m.layers ? "" : " — final scores only (no per-layer view)");
     $("notes").hidden = !m.notes.length;
-    $("notes").textContent = m.notes.length ? "Warning: " + m.notes.join(" ") : "";
+    $("notes").textContent = m.notes.length ? "Warning: " + m.notes.join(" · ") : "";
     colourHeatmap();
     renderStep();
     var elapsed = performance.now() - started;
