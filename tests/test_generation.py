@@ -194,6 +194,10 @@ def test_cli_writes_matrix_page_and_figure(tiny_model_path, tmp_path, capsys):
     assert (out / "rollout" / "generation.png").stat().st_size > 0
     assert main([*argv, "--out", str(out), "--quiet"]) == 2  # an earlier run is only replaced with --overwrite
     assert "--overwrite" in capsys.readouterr().err
+    single = ["explain", PROMPT, "--model", path, "--continuation", "good", "--method", "rollout"]
+    assert main([*single, "--out", str(out), "--quiet", "--overwrite"]) == 0  # replaced, nothing stale left
+    assert sorted(entry.name for entry in out.iterdir()) == ["generation.html", "generation.json", "generation.png"]
+    assert json.loads((out / "generation.json").read_text())["generated"] == ["good"]
 
 
 @pytest.mark.parametrize(

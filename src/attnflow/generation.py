@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from attnflow.capture.texts import check_texts
-from attnflow.errors import InputError
+from attnflow.errors import ExplanationWarning, InputError
 from attnflow.explanation import explain, explain_traces
 from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
@@ -395,14 +396,18 @@ def explain_continuation(
             for step, trace in zip(steps, traces, strict=True):
                 log_probs[step] = trace.target.value
             for name in per_step:
-                explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
+                with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
+                    warnings.simplefilter("ignore", ExplanationWarning)
+                    explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
                 for step, explained in zip(steps, explained_steps, strict=True):
                     rows[name][step, : p + step] = explained.scores
                     extras[name][step] = explained.extras
                     step_notes[name][step] = explained.notes
                     used[name] = explained.options
         for name in per_step:
-            notes[name] += condensed_notes(step_notes[name])
+            for note in condensed_notes(step_notes[name]):
+                warnings.warn(f"{name}: {note}", ExplanationWarning, stacklevel=2)
+                notes[name].append(note)
     else:
         log_probs = step_log_probs(model, sequence)
     tokens = token_strings(model, sequence.ids)

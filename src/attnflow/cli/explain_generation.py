@@ -82,7 +82,7 @@ def run_generation(
     if out is not None:
         from attnflow.cli.outputs import owned
 
-        with staged_output(out, owned) as scratch:
+        with staged_output(out, owned, args.overwrite) as scratch:
             for explanation in explanations:
                 folder = scratch if len(explanations) == 1 else scratch / explanation.method
                 for kind, path in explanation.save(folder).items():
