@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from attnflow.capture.texts import check_row_fits
 from attnflow.cli import explain_generation
@@ -84,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.exploration import explore, is_explorer_file
+    from attnflow.exploration import explore
 
     if explain_generation.wants_generation(args):
         return _run_generation(args)
@@ -93,11 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.text.strip():
         raise InputError("the text to explore is empty")
     check_row_fits(args.row, [args.text], args.max_length)
-    out = Path(args.out)
-    check_output(out, is_explorer_file, args.overwrite)
-    say = Progress(args.quiet)
-    say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
+    out, model, _ = _checked_output_and_model(args)
     exploration = explore(
         model,
         args.text,
@@ -120,16 +117,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_generation(args: argparse.Namespace) -> int:
     """The generation view: DIR/explorer.html over the prompt and its continuation."""
-    from attnflow.exploration import is_explorer_file
     from attnflow.generation import DEFAULT_STEPS_PER_PASS
     from attnflow.generation_exploration import explore_generation
 
     explain_generation.check_arguments(args)
-    out = Path(args.out)
-    check_output(out, is_explorer_file, args.overwrite)
-    say = Progress(args.quiet)
-    say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
+    out, model, say = _checked_output_and_model(args)
     say("generating and explaining …" if args.generate is not None else "explaining the continuation …")
     exploration = explore_generation(
         model,
@@ -149,3 +141,14 @@ def _run_generation(args: argparse.Namespace) -> int:
             print(f"{name}: not shown ({why})")
         print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return 0
+
+
+def _checked_output_and_model(args: argparse.Namespace) -> tuple[Path, Any, Progress]:
+    """``--out`` checked (an earlier page is replaced only with --overwrite), then the model loaded."""
+    from attnflow.exploration import is_explorer_file
+
+    out = Path(args.out)
+    check_output(out, is_explorer_file, args.overwrite)
+    say = Progress(args.quiet)
+    say(f"loading {args.model} …")
+    return out, load_model(args.model, args.device, args.quiet), say
