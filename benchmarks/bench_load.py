@@ -25,10 +25,10 @@ CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
 import attnflow
-from attnflow.capture import model as capture_model, weight_cache
+from attnflow.capture import loading, weight_cache
 mode = sys.argv[1]
 if mode == "gguf":
-    capture_model.weight_cache = type("NoCache", (), {"write": staticmethod(lambda *a, **k: False)})
+    loading.weight_cache = type("NoCache", (), {"write": staticmethod(lambda *a, **k: False)})
 imported = time.perf_counter()
 model = attnflow.load("smollm2", device="cpu", progress=False)
 loaded = time.perf_counter()

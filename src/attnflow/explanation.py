@@ -327,7 +327,8 @@ def explain(
         if position is not None:
             chosen = {**chosen, "rows": [position]}
             scores, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
-            return _explanation(trace, spec, chosen, row, None, _token_scores(spec, scores, n), None, notes, extras)
+            row_scores = np.asarray(scores, dtype=np.float64).reshape(n)  # [1, n]: the one row computed
+            return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras)
     found, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     result = np.asarray(found, dtype=np.float64)
     head_matrices = None

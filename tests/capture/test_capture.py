@@ -259,7 +259,7 @@ def test_local_folder_with_an_unknown_model_type_names_the_adapter_table(tiny_mo
 def test_gguf_progress_bar_follows_the_progress_switch():
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from attnflow.capture.model import _gguf_progress
+    from attnflow.capture.loading import _gguf_progress
 
     original = gguf_utils.tqdm
     with _gguf_progress(False):

@@ -15,7 +15,7 @@ import torch
 
 import attnflow
 from attnflow.capture import probes
-from attnflow.capture.loading import PROBES
+from attnflow.capture.probes import PROBES
 from attnflow.cli import main
 from attnflow.errors import ModelLoadError
 

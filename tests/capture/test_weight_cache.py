@@ -11,7 +11,6 @@ import pytest
 
 import attnflow
 from attnflow.capture import loading, weight_cache
-from attnflow.capture import model as capture_model
 from attnflow.capture.loading import ModelSource
 
 TEXT = "the movie was terrible."
@@ -81,8 +80,9 @@ def test_smollm2_resolves_to_the_gguf_then_to_its_cache(tiny_llama, tmp_path, mo
     tiny = ModelSource(
         "smollm2", tiny_llama.model.config._name_or_path, cache_to=first.cache_to, cache_source=first.cache_source
     )
-    monkeypatch.setattr(capture_model, "resolve", lambda name: tiny)
-    attnflow.load("smollm2", device="cpu")
+    with monkeypatch.context() as patch:  # load() reads the fake source; resolve() below is the real one
+        patch.setattr(loading, "resolve", lambda name: tiny)
+        attnflow.load("smollm2", device="cpu")
     second = loading.resolve("smollm2")
     assert second.path == first.cache_to and second.load_kwargs == {} and second.cache_to is None
 

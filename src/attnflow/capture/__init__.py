@@ -1,13 +1,13 @@
 """Loading models and capturing their attention into `Trace`s (no method math here).
 
-The torch-heavy parts (`load`, `AttentionModel`) import on first use, so that listing models or
-printing `--help` stays fast.
+The torch-heavy parts (`AttentionModel`; `load` imports transformers when called) import on
+first use, so that listing models or printing `--help` stays fast.
 """
 
 from attnflow.capture.adapters import ADAPTERS, Adapter, Stack, adapter_for
-from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, resolve
+from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, load, resolve
 
-_MODEL_NAMES = ("AttentionModel", "BatchCapture", "load", "resolve_device")
+_MODEL_NAMES = ("AttentionModel", "BatchCapture", "resolve_device")
 
 
 def __getattr__(name: str):
@@ -26,6 +26,7 @@ __all__ = [
     "adapter_for",
     "install_dinov2_s",
     "install_mpnet",
+    "load",
     "resolve",
     *_MODEL_NAMES,
 ]

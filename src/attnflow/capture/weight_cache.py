@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "attnflow-cache.json"
 FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """attnflow's cache folder: ``$ATTNFLOW_CACHE`` or ``~/.cache/attnflow``."""
+    return Path(os.environ.get("ATTNFLOW_CACHE", Path.home() / ".cache" / "attnflow"))
 
 
 def source_identity(source_file: Path) -> dict[str, Any]:

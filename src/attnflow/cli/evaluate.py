@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--sanity-samples must be 0 or more")
     check_out(args.out, args.overwrite, args.resume)
     options = BenchmarkOptions(replace=args.replace, sanity_samples=args.sanity_samples, seed=args.seed)
-    from attnflow.capture.model import load
+    from attnflow.capture import load
 
     model = load(args.model, device=args.device)
     results = evaluate(

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED, PROBES
-from attnflow.capture.probes import has_head, probe_metadata, retrained_head_path
+from attnflow.capture.loading import EMBEDDED
+from attnflow.capture.probes import PROBES, has_head, probe_metadata, retrained_head_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,7 +112,7 @@ def _retrain(alias: str) -> None:
     """Train the head of ``alias`` again, store it in the cache and say how far it is from the shipped one."""
     import numpy as np
 
-    from attnflow.capture.model import load
+    from attnflow.capture import load
     from attnflow.capture.probes import SHIPPED_HEADS, read_shipped_head, train_probe, write_head
 
     head = train_probe(alias, load(PROBES[alias].encoder, device="cpu"))

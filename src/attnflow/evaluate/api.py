@@ -117,7 +117,7 @@ def evaluate(
     is left); neither raises FileExistsError. A new folder is written as the run goes, so that an
     interrupted run can be resumed.
     """
-    from attnflow.capture.model import load
+    from attnflow.capture import load
     from attnflow.datasets import TASKS
     from attnflow.evaluate.report import write_report
 
