@@ -349,7 +349,7 @@ def explain_traces(
     traces: Sequence[Trace], method: str, row: Row | None = None, model: Any = None, **options: Any
 ) -> list[Explanation]:
     """`explain` for each of ``traces``; a method with a batch form (``MethodSpec.batch``: the LRP
-    rules) runs once over all of them, one padded pass instead of one per trace. A warning the
+    rules, leave-one-out) runs once over all of them instead of once per trace. A warning the
     batch raises becomes a note of every explanation of the batch."""
     spec = get_method(method)
     batch = spec.batch

@@ -19,7 +19,7 @@ Each step is the registered method run unchanged on a trace of that step's prefi
   backward pass per step, y_k alone, run as one batched backward (``torch.autograd.grad`` with
   ``is_grads_batched``), so each step receives exactly its own gradient. Methods that re-run the
   model (leave-one-out, integrated gradients) then batch their own forwards per step; methods with
-  a batch form (``MethodSpec.batch``: the LRP rules) take the traces of a pass at once.
+  a batch form (``MethodSpec.batch``: leave-one-out, the LRP rules) take the traces of a pass at once.
 
 Methods of neither kind (scores without a target, e.g. random) do not explain a generation.
 """

@@ -16,7 +16,7 @@ reading a `Target` (reports, JSON) does not need it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from attnflow.errors import InputError
 
@@ -52,6 +52,19 @@ class Target:
         if self.kind == "next_token":
             return f"next token {self.label!r} (p = {self.probability:.2f})"
         return f"similarity to {self.label!r} = {self.value:.3f}"
+
+
+def same_objective_groups(targets: Sequence[Target | None]) -> list[list[int]]:
+    """Positions of ``targets`` grouped so that each group is scored by one `Objective` (the same
+    kind, and for similarity the same target text; classes and tokens may differ, they are the
+    per-sample ``index``), in order of first appearance. A missing target raises ValueError."""
+    groups: dict[tuple[str, str | None], list[int]] = {}
+    for position, target in enumerate(targets):
+        if target is None:
+            raise ValueError("this method needs the trace's target: use model.explain(text, method=...)")
+        text = target.label if target.kind == "similarity" else None
+        groups.setdefault((target.kind, text), []).append(position)
+    return list(groups.values())
 
 
 def target_kind(model: Any) -> str:

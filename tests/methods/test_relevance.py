@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ import torch
 import attnflow
 from attnflow.capture.hooks import find_layers
 from attnflow.errors import ExplanationWarning
-from attnflow.explanation import explain
+from attnflow.explanation import explain, explain_traces
 from attnflow.methods.relevance import alti_layer_parts, alti_matrices, norm_matrices
 from attnflow.perturb.methods import integrated_gradient_attributions
 
@@ -349,6 +351,26 @@ def test_leave_one_out_equals_one_forward_per_removed_token(tiny_bert):
             shorter = ids[:j] + ids[j + 1 :]
             value = float(tiny_bert.model(input_ids=torch.tensor([shorter])).logits[0, trace.target.index])
             assert scores[j] == pytest.approx(full - value, abs=1e-5)
+
+
+def test_leave_one_out_of_several_texts_scores_all_their_variants_together(tiny_bert, monkeypatch):
+    """The batch form (`model.explain(texts)`): one set of forward passes for every text's variants,
+    each text explained for its own class, equal to explaining each text alone."""
+    from attnflow.perturb import methods as perturb_methods
+
+    texts = [TEXT, "the acting was great", "a cat sat on the mat and the dog ran"]
+    traces = tiny_bert.trace(texts, needs=("target",))
+    traces[1].target = dataclasses.replace(traces[1].target, index=1 - traces[1].target.index)  # classes differ
+    calls = []
+    original = perturb_methods.target_values
+    monkeypatch.setattr(
+        perturb_methods, "target_values", lambda *args, **kw: calls.append(len(args[2])) or original(*args, **kw)
+    )
+    together = explain_traces(traces, method="leave_one_out", model=tiny_bert, batch_size=4)
+    assert calls == [sum(1 + int((~trace.special_mask).sum()) for trace in traces)]  # one call, every variant
+    for trace, explanation in zip(traces, together, strict=True):
+        alone = explain(trace, method="leave_one_out", model=tiny_bert, batch_size=4)
+        np.testing.assert_allclose(explanation.scores, alone.scores, atol=1e-5)
 
 
 def test_integrated_gradients_are_complete(tiny_bert):

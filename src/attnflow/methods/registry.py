@@ -19,7 +19,8 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
   several traces at once, ``batch(model, traces, **options)`` → one ``(scores [key], extras)``
   per trace, for methods whose passes batch (the LRP rules: one padded forward and backward pass
-  for all); `attnflow.explanation.explain_traces` uses it.
+  for all; leave-one-out: every trace's variants in one batched set of forward passes);
+  `attnflow.explanation.explain_traces` uses it.
 
 A method returns ``[query, key]`` (row i: how much output position i draws on input j),
 ``[head, query, key]`` when heads stay apart, or ``[key]`` for ``scores_only`` methods.

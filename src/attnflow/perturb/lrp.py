@@ -142,15 +142,10 @@ def lrp_relevance(model: Any, traces: Sequence[Trace], rule: str) -> list[Releva
             f"{rule} does not support the {model.adapter.family} family ({model.name}); "
             f"it supports: {', '.join(LRP_FAMILIES)}"
         )
-    for trace in traces:
-        if trace.target is None:
-            raise ValueError(f"{rule} needs the trace's target: use model.explain(text, method={rule!r})")
-    groups: dict[tuple[str, str | None], list[int]] = {}
-    for position, trace in enumerate(traces):
-        text = trace.target.label if trace.target.kind == "similarity" else None
-        groups.setdefault((trace.target.kind, text), []).append(position)
+    from attnflow.targets import same_objective_groups
+
     results: list[Relevance | None] = [None] * len(traces)
-    for members in groups.values():
+    for members in same_objective_groups([trace.target for trace in traces]):
         for position, relevance in zip(members, _explain_batch(model, [traces[i] for i in members], rule), strict=True):
             results[position] = relevance
     return [relevance for relevance in results if relevance is not None]

@@ -33,6 +33,35 @@ def _objective(model: Any, trace: Trace) -> Any:
     return Objective.for_target(model, trace.target)
 
 
+def _leave_one_out(model: Any, traces: Sequence[Trace], batch_size: int) -> list[np.ndarray]:
+    """`leave_one_out` of each trace; the variants of all traces that share an objective are
+    scored together (the method's batch form: one batched set of forward passes)."""
+    from attnflow.targets import same_objective_groups
+
+    results: list[np.ndarray] = [np.empty(0)] * len(traces)
+    for members in same_objective_groups([trace.target for trace in traces]):
+        variants: list[tuple[int, ...]] = []
+        indices: list[int | None] = []
+        spans = []  # per member: (first variant, content positions)
+        for i in members:
+            ids = tuple(int(token) for token in traces[i].token_ids)
+            content = np.flatnonzero(~np.asarray(traces[i].special_mask))
+            spans.append((len(variants), content))
+            variants += [ids] + [ids[:j] + ids[j + 1 :] for j in content]
+            indices += [traces[i].target.index] * (1 + len(content))
+        values = target_values(model, traces[members[0]], variants, batch_size=batch_size, indices=indices)
+        for i, (first, content) in zip(members, spans, strict=True):
+            scores = np.zeros(traces[i].n_tokens)
+            scores[content] = values[first] - values[first + 1 : first + 1 + len(content)]
+            results[i] = scores
+    return results
+
+
+def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 32) -> list[tuple[np.ndarray, dict]]:
+    """The batch form of `leave_one_out` (``MethodSpec.batch``): scores and (no) extras per trace."""
+    return [(scores, {}) for scores in _leave_one_out(model, traces, batch_size)]
+
+
 @register(
     "leave_one_out",
     "leave-one-out: y(x) - y(x without token j), tokens removed from the ids (one score per token)",
@@ -43,6 +72,7 @@ def _objective(model: Any, trace: Trace) -> Any:
     scores_only=True,
     signed=True,
     cost="expensive",
+    batch=_leave_one_out_batch,
 )
 def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[token]`` y(x) − y(x with token j removed) for content tokens; special tokens score 0.
@@ -50,23 +80,27 @@ def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
     The altered sequences are rebuilt from the ids (token j deleted, nothing re-tokenised) and
     scored in batches for the target class/token of the unaltered input.
     """
-    ids = tuple(int(i) for i in trace.token_ids)
-    content = np.flatnonzero(~np.asarray(trace.special_mask))
-    variants = [ids] + [ids[:j] + ids[j + 1 :] for j in content]
-    values = target_values(model, trace, variants, batch_size=batch_size)  # [1 + content]
-    scores = np.zeros(len(ids))
-    scores[content] = values[0] - values[1:]
+    (scores,) = _leave_one_out(model, [trace], batch_size)
     return scores
 
 
-def target_values(model: Any, trace: Trace, sequences: Sequence[Sequence[int]], batch_size: int = 32) -> np.ndarray:
-    """``[sequence]`` y of the trace's target (the class or token resolved on the unaltered input)
-    for token-id sequences of any lengths: right-padded, sorted by length into batches of at most
-    ``batch_size`` sequences, one forward pass per batch without gradients."""
+def target_values(
+    model: Any,
+    trace: Trace,
+    sequences: Sequence[Sequence[int]],
+    batch_size: int = 32,
+    indices: Sequence[int | None] | None = None,
+) -> np.ndarray:
+    """``[sequence]`` y of the trace's target (the class or token resolved on the unaltered input;
+    ``indices``: one class or token per sequence instead, for sequences of several traces that share
+    the trace's kind of target) for token-id sequences of any lengths: right-padded, sorted by
+    length into batches of at most ``batch_size`` sequences, one forward pass per batch without
+    gradients."""
     import torch
 
     objective = _objective(model, trace)
     index = trace.target.index
+    per_sequence = [index] * len(sequences) if indices is None else list(indices)
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     lengths = [len(sequence) for sequence in sequences]
     values = np.zeros(len(sequences))
@@ -80,7 +114,7 @@ def target_values(model: Any, trace: Trace, sequences: Sequence[Sequence[int]], 
             for row, i in enumerate(batch):
                 input_ids[row, : lengths[i]] = torch.as_tensor(sequences[i], dtype=torch.long)
                 attention_mask[row, : lengths[i]] = 1
-            fixed = None if index is None else torch.full((len(batch),), index, device=model.device)
+            fixed = None if index is None else torch.as_tensor([per_sequence[i] for i in batch], device=model.device)
             y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=fixed)
             values[batch] = y.double().cpu().numpy()
     return values
