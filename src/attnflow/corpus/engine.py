@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -191,21 +191,29 @@ def run_study(
 
 
 def _check_options(options: StudyOptions) -> None:
-    for name, value in (
-        ("--batch-size", options.batch_size),
-        ("--seq-len", options.seq_len),
-        ("--checkpoint-every", options.checkpoint_every),
-    ):
+    check_counts(
+        required=(
+            ("--batch-size", options.batch_size),
+            ("--seq-len", options.seq_len),
+            ("--checkpoint-every", options.checkpoint_every),
+        ),
+        optional=(("--samples", options.samples), ("--stride", options.stride), ("--workers", options.workers)),
+        engine=options.engine,
+    )
+
+
+def check_counts(required: Sequence[tuple[str, Any]], optional: Sequence[tuple[str, Any]], engine: str) -> None:
+    """One line for a bad option of a streamed run (the corpus study, the audit): each of
+    ``required`` (flag, value) a positive integer, each of ``optional`` None or at least 1, and
+    ``engine`` local or ray."""
+    for name, value in required:
         if not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a positive integer, not {value!r}")
-    if options.samples is not None and options.samples < 1:
-        raise InputError(f"--samples must be at least 1, not {options.samples}")
-    if options.stride is not None and options.stride < 1:
-        raise InputError(f"--stride must be at least 1, not {options.stride}")
-    if options.workers is not None and options.workers < 1:
-        raise InputError(f"--workers must be at least 1, not {options.workers}")
-    if options.engine not in ("local", "ray"):
-        raise InputError(f"--engine must be local or ray, not {options.engine!r}")
+    for name, value in optional:
+        if value is not None and value < 1:
+            raise InputError(f"{name} must be at least 1, not {value}")
+    if engine not in ("local", "ray"):
+        raise InputError(f"--engine must be local or ray, not {engine!r}")
 
 
 def _backend(options: StudyOptions, model: Any, stats: StudyStats) -> Backend:

@@ -19,7 +19,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.dataset_audit.stats import EXAMPLES, MAGNITUDE, OCCURRENCES, RELEVANCE, SQUARES, AuditStats
+from attnflow.dataset_audit.stats import (
+    EXAMPLES,
+    MAGNITUDE,
+    OCCURRENCES,
+    RELEVANCE,
+    SQUARES,
+    AuditStats,
+    merge_words,
+)
 
 Z95 = 1.959964
 MATCHED = 50  # words of nearest frequency that form a term's chance baseline
@@ -71,9 +79,7 @@ def pooled(tables: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
     """Word sums added over groups."""
     total: dict[str, list[float]] = {}
     for table in tables:
-        for word, sums in table.items():
-            mine = total.get(word)
-            total[word] = list(sums) if mine is None else [a + b for a, b in zip(mine, sums, strict=True)]
+        merge_words(total, table)
     return total
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnflow.corpus.engine import check_same_config, digest, prepare_out_dir, stop_requests, versions
+from attnflow.corpus.engine import check_counts, check_same_config, digest, prepare_out_dir, stop_requests, versions
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
@@ -213,19 +213,15 @@ def run_audit(
 
 
 def _check_options(options: AuditOptions) -> None:
-    for name, value in (
-        ("--batch-size", options.batch_size),
-        ("--checkpoint-every", options.checkpoint_every),
-        ("--min-count", options.min_count),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive integer, not {value!r}")
-    if options.samples is not None and options.samples < 1:
-        raise InputError(f"--samples must be at least 1, not {options.samples}")
-    if options.workers is not None and options.workers < 1:
-        raise InputError(f"--workers must be at least 1, not {options.workers}")
-    if options.engine not in ("local", "ray"):
-        raise InputError(f"--engine must be local or ray, not {options.engine!r}")
+    check_counts(
+        required=(
+            ("--batch-size", options.batch_size),
+            ("--checkpoint-every", options.checkpoint_every),
+            ("--min-count", options.min_count),
+        ),
+        optional=(("--samples", options.samples), ("--workers", options.workers)),
+        engine=options.engine,
+    )
     if options.task is not None and options.file is not None:
         raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
 

@@ -105,20 +105,17 @@ def _classes(results: Mapping[str, Any], run: Mapping[str, Any]) -> str:
             parts.append(
                 table(
                     ["word", "contrast", f"per {name} text", "per other text", f"{name} texts", "other texts"],
-                    (
-                        [
-                            r["word"],
-                            r["contrast"],
-                            r["inside_per_example"],
-                            r["outside_per_example"],
-                            r["inside_examples"],
-                            r["outside_examples"],
-                        ]
-                        for r in group["contrast"]
-                    ),
+                    _contrast_cells(group["contrast"]),
                 )
             )
     return "\n".join(parts)
+
+
+def _contrast_cells(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """The table cells of contrast rows (`attnflow.dataset_audit.analysis.contrast`): word,
+    contrast, relevance per text inside and outside, and the two groups' text counts."""
+    keys = ("word", "contrast", "inside_per_example", "outside_per_example", "inside_examples", "outside_examples")
+    return [[row[key] for key in keys] for row in rows]
 
 
 def _errors(errors: Mapping[str, Any], run: Mapping[str, Any]) -> str:
@@ -133,17 +130,7 @@ def _errors(errors: Mapping[str, Any], run: Mapping[str, Any]) -> str:
         parts.append(
             table(
                 ["word", "difference", "per error", "per correct", "errors holding it", "correct holding it"],
-                (
-                    [
-                        r["word"],
-                        r["contrast"],
-                        r["inside_per_example"],
-                        r["outside_per_example"],
-                        r["inside_examples"],
-                        r["outside_examples"],
-                    ]
-                    for r in errors["error_words"]
-                ),
+                _contrast_cells(errors["error_words"]),
             )
         )
     shown = errors["most_confident"][:GALLERY]

@@ -91,9 +91,9 @@ class AuditStats:
     def merge(self, other: "AuditStats") -> "AuditStats":
         """Add ``other`` into this accumulator (in place) and return it."""
         for mine, theirs in zip(self.words, other.words, strict=True):
-            _merge_words(mine, theirs)
+            merge_words(mine, theirs)
         for mine, theirs in zip(self.outcome_words, other.outcome_words, strict=True):
-            _merge_words(mine, theirs)
+            merge_words(mine, theirs)
         self.examples = [a + b for a, b in zip(self.examples, other.examples, strict=True)]
         self.outcome_examples = [a + b for a, b in zip(self.outcome_examples, other.outcome_examples, strict=True)]
         self.confusion = [
@@ -165,7 +165,8 @@ def _add_words(table: dict[str, list[float]], words: dict[str, tuple[int, float]
             sums[MAGNITUDE] += abs(relevance)
 
 
-def _merge_words(table: dict[str, list[float]], other: dict[str, list[float]]) -> None:
+def merge_words(table: dict[str, list[float]], other: dict[str, list[float]]) -> None:
+    """Add the word sums of ``other`` into ``table`` (in place)."""
     for word, sums in other.items():
         mine = table.get(word)
         table[word] = list(sums) if mine is None else [a + b for a, b in zip(mine, sums, strict=True)]
