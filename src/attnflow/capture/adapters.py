@@ -1,4 +1,5 @@
-"""Per-architecture knowledge in one table: where attention weights and head outputs live.
+"""Per-architecture knowledge in one table: where attention weights, head outputs, values, the
+patching sites and the parts the backward rules change live, and what each family therefore provides.
 
 Each row names, as regular expressions over ``model.named_modules()`` (searched, so any
 prefix such as ``bert.`` or ``model.`` matches), the attention modules whose forward output
@@ -7,6 +8,9 @@ projections whose *input* is the concatenation of all heads' outputs ``[batch, t
 d_head]``. The first group of every pattern is the layer index. A new architecture is one new
 row plus its tiny config in ``tests/tiny_models.py`` (``tiny_config`` and ``TEXT_FAMILIES`` or
 ``VISION_FAMILIES``), which the capture tests in ``tests/capture/test_capture.py`` then cover.
+
+Methods never list families: each declares what it *requires* (names from `CAPABILITIES`) and a
+family supports it when its row `Adapter.provides` them all.
 """
 
 from __future__ import annotations
@@ -52,6 +56,44 @@ class Values:
 
 
 @dataclass(frozen=True)
+class Sites:
+    """Where activation patching reads and writes (regexes like `Stack`'s; group 1 is the layer).
+
+    ``block``: the whole layer: its input (first positional argument) is the residual stream
+    ``[batch, token, d_model]`` entering layer l, its output (first element of a tuple) the stream
+    leaving it. ``attention`` / ``mlp``: the modules whose output (first element of a tuple)
+    ``[batch, token, d_model]`` is what the attention block / the MLP adds to the residual stream
+    (for post-LN families, before the norm that follows the addition). One head's output is its
+    ``d_head`` slice of the input of the stack's ``output_projection``.
+    """
+
+    block: str
+    attention: str
+    mlp: str
+
+
+@dataclass(frozen=True)
+class GatedMLP:
+    """A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
+    attribute names of its up projection and its activation, whose product the rules split."""
+
+    module: str
+    up: str = "up_proj"
+    activation: str = "act_fn"
+
+
+# What a family row can provide; methods require a subset (`attnflow.methods.registry`).
+CAPABILITIES = {
+    "text_target": "a differentiable text model with a target (a class, a next token or a similarity)",
+    "values": "value projections and the layers around them (value-aware methods)",
+    "post_norm": "a layer norm right after each attention block (post-LN)",
+    "query_key": "query and key projections (the backward rules scale their gradients)",
+    "gated_mlp": "a gated MLP (the rules split its product)",
+    "sites": "patching sites: residual stream, attention and MLP outputs per layer",
+}
+
+
+@dataclass(frozen=True)
 class Adapter:
     family: str
     kind: str  # "encoder" | "decoder" | "vision" | "encoder-decoder"
@@ -62,10 +104,33 @@ class Adapter:
     n_prefix_tokens: int = 0  # vision: tokens before the first patch (CLS, distillation, ...)
     position_offset: int = 0  # positions reserved by the embedding (RoBERTa-style padding_idx + 1)
     values: Values | None = None  # value-aware methods (norm, norm_rollout, alti, value_zeroing)
+    sites: Sites | None = None  # activation patching
+    embedding_norm: str | None = None  # regex; its input is the embedding sum (else: the word embeddings)
+    gated_mlp: GatedMLP | None = None
 
     @property
     def default_row(self) -> str:
         return "last" if self.kind in ("decoder", "encoder-decoder") else "cls"
+
+    @property
+    def target_kind(self) -> str | None:
+        """What a target of this family is: ``"next_token"`` (decoders), ``"class"`` (encoders; a
+        sentence encoder without a head explains a similarity instead), None (no target)."""
+        return {"decoder": "next_token", "encoder": "class"}.get(self.kind)
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """The `CAPABILITIES` this row provides."""
+        values = self.values
+        provided = {
+            "text_target": self.target_kind is not None,
+            "values": values is not None,
+            "post_norm": values is not None and values.post_norm,
+            "query_key": values is not None and values.query is not None and values.key is not None,
+            "gated_mlp": self.gated_mlp is not None,
+            "sites": self.sites is not None,
+        }
+        return frozenset(name for name, present in provided.items() if present)
 
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
@@ -76,13 +141,26 @@ _BERT_VALUES = Values(
     query=r"layer\.(\d+)\.attention\.self\.query$",
     key=r"layer\.(\d+)\.attention\.self\.key$",
 )
+_BERT_SITES = Sites(
+    r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.dense$", r"layer\.(\d+)\.output\.dense$"
+)
+_BERT_EMBEDDING_NORM = r"embeddings\.LayerNorm$"  # its input: word + position (+ token type) embeddings
+_LLAMA_SITES = Sites(r"layers\.(\d+)$", r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.mlp$")
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
 # ViT/DeiT: layers.N (layernorm_before, attention.{q,k,v,o}_proj); DINOv2: encoder.layer.N (norm1,
 # attention.{q,k,v,o}_proj, layer_scale1, norm2, mlp, layer_scale2). Both pre-LN.
 _VIT_VALUES = Values(r"layers?\.(\d+)\.attention\.v_proj$", r"layers?\.(\d+)$")
 
 ADAPTERS: tuple[Adapter, ...] = (
-    Adapter("bert", "encoder", ("bert", "electra"), _BERT_LIKE, values=_BERT_VALUES),
+    Adapter(
+        "bert",
+        "encoder",
+        ("bert", "electra"),
+        _BERT_LIKE,
+        values=_BERT_VALUES,
+        sites=_BERT_SITES,
+        embedding_norm=_BERT_EMBEDDING_NORM,
+    ),
     Adapter(
         "roberta",
         "encoder",
@@ -90,6 +168,8 @@ ADAPTERS: tuple[Adapter, ...] = (
         _BERT_LIKE,
         position_offset=2,
         values=_BERT_VALUES,
+        sites=_BERT_SITES,
+        embedding_norm=_BERT_EMBEDDING_NORM,
     ),
     Adapter(
         "distilbert",
@@ -103,6 +183,10 @@ ADAPTERS: tuple[Adapter, ...] = (
             query=r"transformer\.layer\.(\d+)\.attention\.q_lin$",
             key=r"transformer\.layer\.(\d+)\.attention\.k_lin$",
         ),
+        sites=Sites(
+            r"transformer\.layer\.(\d+)$", r"transformer\.layer\.(\d+)\.attention$", r"transformer\.layer\.(\d+)\.ffn$"
+        ),
+        embedding_norm=_BERT_EMBEDDING_NORM,
     ),
     Adapter(
         "mpnet",
@@ -117,8 +201,16 @@ ADAPTERS: tuple[Adapter, ...] = (
             query=r"layer\.(\d+)\.attention\.attn\.q$",
             key=r"layer\.(\d+)\.attention\.attn\.k$",
         ),
+        sites=Sites(r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.output\.dense$"),
+        embedding_norm=_BERT_EMBEDDING_NORM,
     ),
-    Adapter("gpt2", "decoder", ("gpt2",), Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$")),
+    Adapter(
+        "gpt2",
+        "decoder",
+        ("gpt2",),
+        Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$"),
+        sites=Sites(r"\bh\.(\d+)$", r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.mlp$"),
+    ),
     Adapter(
         "llama",
         "decoder",
@@ -130,6 +222,8 @@ ADAPTERS: tuple[Adapter, ...] = (
             query=r"layers\.(\d+)\.self_attn\.q_proj$",
             key=r"layers\.(\d+)\.self_attn\.k_proj$",
         ),
+        sites=_LLAMA_SITES,
+        gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
     ),
     Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),
     Adapter(
