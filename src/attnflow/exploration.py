@@ -243,7 +243,7 @@ def explore(
 
     specs = [get_method(name) for name in names]
     if model is not None:
-        family = getattr(getattr(model, "adapter", None), "family", None)
+        family = getattr(model, "adapter", None)
         for spec in list(specs):
             try:
                 if family is not None:

@@ -267,7 +267,7 @@ def check_generation_method(model: Any, name: str) -> MethodSpec:
         raise InputError(
             f"method {name!r} does not explain generated tokens; methods that do: {', '.join(generation_methods())}"
         )
-    check_family(spec, model.adapter.family)
+    check_family(spec, model.adapter)
     return spec
 
 

@@ -198,7 +198,7 @@ def _requested(model: Any, methods: Sequence[str] | None) -> tuple[list[str], di
         if not names:
             raise ValueError("no methods to explore")
         return names, {}
-    family = model.adapter.family
+    family = model.adapter
     explaining = set(generation_methods())
     names, skipped = [], {}
     for name in available_methods():
@@ -206,7 +206,7 @@ def _requested(model: Any, methods: Sequence[str] | None) -> tuple[list[str], di
         if name not in explaining:
             skipped[name] = "does not explain generated tokens"
         elif not spec.supports(family):
-            skipped[name] = f"does not support the {family} family"
+            skipped[name] = f"does not support the {family.family} family"
         elif spec.cost == "expensive":
             skipped[name] = "slow, declared expensive: name it in --methods to include it"
         else:

@@ -29,6 +29,15 @@ NEEDS = {
     "target": "the scalar the explanation is about (class logit, next-token log-prob, similarity)",
     "model": "the method re-runs the model (perturbations, integrated gradients)",
 }
+# What a model family can provide (`Adapter.provides`); a method requires a subset (`MethodSpec.requires`).
+CAPABILITIES = {
+    "text_target": "a differentiable text model with a target: a class, a next token or a similarity",
+    "values": "value projections and the layers around them",
+    "post_norm": "a layer norm right after each attention block (post-LN)",
+    "query_key": "query and key projections",
+    "gated_mlp": "a gated MLP",
+    "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
+}
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})
 TARGET_NEEDS = GRADIENT_NEEDS | {"target"}

@@ -4,7 +4,17 @@ The torch-heavy parts (`AttentionModel`; `load` imports transformers when called
 first use, so that listing models or printing `--help` stays fast.
 """
 
-from attnflow.capture.adapters import ADAPTERS, Adapter, Stack, adapter_for
+from attnflow.capture.adapters import (
+    ADAPTERS,
+    Adapter,
+    GatedMLP,
+    Sites,
+    Stack,
+    Values,
+    adapter_for,
+    register_adapter,
+    unregister_adapter,
+)
 from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, load, resolve
 
 _MODEL_NAMES = ("AttentionModel", "BatchCapture", "resolve_device")
@@ -22,11 +32,16 @@ __all__ = [
     "ADAPTERS",
     "EMBEDDED",
     "Adapter",
+    "GatedMLP",
+    "Sites",
     "Stack",
+    "Values",
     "adapter_for",
     "install_dinov2_s",
     "install_mpnet",
     "load",
+    "register_adapter",
     "resolve",
+    "unregister_adapter",
     *_MODEL_NAMES,
 ]

@@ -9,7 +9,7 @@ d_head]``. The first group of every pattern is the layer index. A new architectu
 row plus its tiny config in ``tests/tiny_models.py`` (``tiny_config`` and ``TEXT_FAMILIES`` or
 ``VISION_FAMILIES``), which the capture tests in ``tests/capture/test_capture.py`` then cover.
 
-Methods never list families: each declares what it *requires* (names from `CAPABILITIES`) and a
+Methods never list families: each declares what it *requires* (`attnflow.trace.CAPABILITIES`) and a
 family supports it when its row `Adapter.provides` them all.
 """
 
@@ -82,17 +82,6 @@ class GatedMLP:
     activation: str = "act_fn"
 
 
-# What a family row can provide; methods require a subset (`attnflow.methods.registry`).
-CAPABILITIES = {
-    "text_target": "a differentiable text model with a target (a class, a next token or a similarity)",
-    "values": "value projections and the layers around them (value-aware methods)",
-    "post_norm": "a layer norm right after each attention block (post-LN)",
-    "query_key": "query and key projections (the backward rules scale their gradients)",
-    "gated_mlp": "a gated MLP (the rules split its product)",
-    "sites": "patching sites: residual stream, attention and MLP outputs per layer",
-}
-
-
 @dataclass(frozen=True)
 class Adapter:
     family: str
@@ -113,6 +102,14 @@ class Adapter:
         return "last" if self.kind in ("decoder", "encoder-decoder") else "cls"
 
     @property
+    def auto_class(self) -> str:
+        """The ``transformers`` Auto class that loads this family with its head (an encoder folder
+        whose config names a ``*ForSequenceClassification`` architecture loads with that instead)."""
+        return {"decoder": "AutoModelForCausalLM", "encoder-decoder": "AutoModelForSeq2SeqLM"}.get(
+            self.kind, "AutoModel"
+        )
+
+    @property
     def target_kind(self) -> str | None:
         """What a target of this family is: ``"next_token"`` (decoders), ``"class"`` (encoders; a
         sentence encoder without a head explains a similarity instead), None (no target)."""
@@ -120,7 +117,7 @@ class Adapter:
 
     @property
     def provides(self) -> frozenset[str]:
-        """The `CAPABILITIES` this row provides."""
+        """The `attnflow.trace.CAPABILITIES` this row provides."""
         values = self.values
         provided = {
             "text_target": self.target_kind is not None,
@@ -266,12 +263,29 @@ ADAPTERS: tuple[Adapter, ...] = (
 )
 
 
+_ADDED: list[Adapter] = []  # rows added at run time (`register_adapter`), searched before ADAPTERS
+
+
+def register_adapter(adapter: Adapter) -> None:
+    """Add a family row (a user's architecture, or a test's toy family); it takes precedence over a
+    built-in row for the same ``model_type``. `unregister_adapter` removes it."""
+    if any(row.family == adapter.family for row in _ADDED):
+        raise ValueError(f"adapter family {adapter.family!r} is registered twice")
+    _ADDED.insert(0, adapter)
+
+
+def unregister_adapter(family: str) -> None:
+    """Remove a row added with `register_adapter` (nothing happens for an unknown family)."""
+    _ADDED[:] = [row for row in _ADDED if row.family != family]
+
+
 def adapter_for(model_type: str, class_name: str) -> Adapter:
     """The table row for a ``config.model_type``; a clear error naming the class otherwise."""
-    for adapter in ADAPTERS:
+    rows = (*_ADDED, *ADAPTERS)
+    for adapter in rows:
         if model_type in adapter.model_types:
             return adapter
-    supported = sorted(t for adapter in ADAPTERS for t in adapter.model_types)
+    supported = sorted({t for adapter in rows for t in adapter.model_types})
     raise CaptureError(
         f"{class_name} (model_type {model_type!r}) is not in attnflow's adapter table; "
         f"supported model types: {', '.join(supported)}"

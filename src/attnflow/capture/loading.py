@@ -283,11 +283,8 @@ def load(
             f"failed ({str(error).splitlines()[0]}){_did_you_mean(name)}"
         ) from None
     adapter = adapter_for(config.model_type, type(config).__name__)
-    auto_class = {
-        "decoder": transformers.AutoModelForCausalLM,
-        "encoder-decoder": transformers.AutoModelForSeq2SeqLM,
-    }.get(adapter.kind, transformers.AutoModel)
-    if adapter.kind == "encoder" and any(
+    auto_class = getattr(transformers, adapter.auto_class)
+    if adapter.target_kind == "class" and any(
         architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
     ):
         auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head

@@ -497,7 +497,7 @@ class AttentionModel:
         """The methods' registry entries, after checking that each supports this model's family."""
         specs = [get_method(name) for name in methods]
         for spec in specs:
-            check_family(spec, self.adapter.family)
+            check_family(spec, self.adapter)
         return specs
 
     def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:

@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     requested = args.method or ([AUTO] if has_target else ["rollout"])
     if AUTO in requested and not has_target:
         raise InputError(_no_target_message(model, args.image is not None))
-    family = model.adapter.family if AUTO in requested else None
+    family = model.adapter if AUTO in requested else None
     candidates = auto_methods(family) if AUTO in requested else []
     per_method = options_per_method(_with_candidates(requested, family), given_method_options(args))
     if args.image is not None:
@@ -309,7 +309,7 @@ def _no_target_message(model: Any, image: bool) -> str:
     return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
 
 
-def _with_candidates(methods: list[str], family: str | None) -> list[str]:
+def _with_candidates(methods: list[str], family: Any) -> list[str]:
     """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
     from attnflow.evaluate.per_input import auto_methods
 

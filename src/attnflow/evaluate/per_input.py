@@ -11,13 +11,16 @@ deduplicated and scored in one batched call.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer
+
+if TYPE_CHECKING:
+    from attnflow.methods.registry import Family
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
@@ -101,7 +104,7 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 # ----- --method auto ------------------------------------------------------------------------------
 
 
-def auto_methods(family: str | None = None) -> list[str]:
+def auto_methods(family: Family | None = None) -> list[str]:
     """`--method auto`'s candidates: the registered target methods that cost one forward and one
     backward pass (declaration ``cost="backward"``), for ``family`` (None: for any family)."""
     from attnflow.methods.registry import available_methods, get_method, methods_for

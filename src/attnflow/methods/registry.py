@@ -15,7 +15,8 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 - ``cost``: ``"one_pass"`` (one forward pass), ``"backward"`` (one forward and one backward
   pass), ``"expensive"`` (grows with the tokens or steps: max-flow, perturbations, sampling);
 - ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
-  target, < 0 against it), ``families`` (adapter families it supports; None: all);
+  target, < 0 against it), ``requires`` (what a model family must provide, names from
+  `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
   several traces at once, ``batch(model, traces, **options)`` → one ``(scores [key], extras)``
   per trace, for methods whose passes batch (the LRP rules: one padded forward and backward pass
@@ -31,13 +32,23 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
-from attnflow.trace import NEEDS, TARGET_NEEDS
+from attnflow.trace import CAPABILITIES, NEEDS, TARGET_NEEDS
 
 Takes = Literal["attentions", "trace", "model"]
 Cost = Literal["one_pass", "backward", "expensive"]
 COSTS = ("one_pass", "backward", "expensive")
+
+
+class Family(Protocol):
+    """A model family as methods see it (`attnflow.capture.adapters.Adapter` is one)."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def provides(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ class MethodSpec:
     needs: frozenset[str]
     options: tuple[Option, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)  # option name -> the function's default
-    families: tuple[str, ...] | None = None
+    requires: frozenset[str] = frozenset()
     scores_only: bool = False
     signed: bool = False
     rows: bool = False
@@ -94,8 +105,12 @@ class MethodSpec:
     def option_names(self) -> tuple[str, ...]:
         return tuple(option.name for option in self.options)
 
-    def supports(self, family: str) -> bool:
-        return self.families is None or family in self.families
+    def supports(self, family: Family) -> bool:
+        return self.requires <= family.provides
+
+    def missing(self, family: Family) -> list[str]:
+        """What the method requires and ``family`` does not provide, each with what it means."""
+        return [f"{name} ({CAPABILITIES[name]})" for name in sorted(self.requires - family.provides)]
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -108,7 +123,7 @@ def register(
     takes: Takes,
     needs: tuple[str, ...] = ("attentions",),
     options: tuple[Option, ...] = (),
-    families: tuple[str, ...] | None = None,
+    requires: tuple[str, ...] = (),
     scores_only: bool = False,
     signed: bool = False,
     rows: bool = False,
@@ -126,6 +141,9 @@ def register(
     unknown = set(needs) - set(NEEDS)
     if unknown:
         raise ValueError(f"method {name!r} needs unknown names {sorted(unknown)}; known: {', '.join(NEEDS)}")
+    unknown = set(requires) - set(CAPABILITIES)
+    if unknown:
+        raise ValueError(f"method {name!r} requires unknown {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     if takes not in ("attentions", "trace", "model"):
         raise ValueError(f"method {name!r}: takes must be 'attentions', 'trace' or 'model', got {takes!r}")
     if (takes == "model") != ("model" in needs):
@@ -161,7 +179,7 @@ def register(
             needs=frozenset(needs),
             options=tuple(options),
             defaults=defaults,
-            families=families,
+            requires=frozenset(requires),
             scores_only=scores_only,
             signed=signed,
             rows=rows,
@@ -202,17 +220,17 @@ def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list
     return list(dict.fromkeys(names))
 
 
-def methods_for(family: str) -> list[str]:
-    """The registered methods that support an adapter family (e.g. ``"bert"``, ``"llama"``)."""
+def methods_for(family: Family) -> list[str]:
+    """The registered methods that a model family (its adapter row) supports."""
     return [name for name in available_methods() if _METHODS[name].supports(family)]
 
 
-def check_family(spec: MethodSpec, family: str) -> None:
-    """One clear line when ``spec`` does not support ``family``, naming the methods that do."""
+def check_family(spec: MethodSpec, family: Family) -> None:
+    """One clear line when ``spec`` requires what ``family`` does not provide, naming the methods it supports."""
     if not spec.supports(family):
         raise ValueError(
-            f"method {spec.name!r} does not support the {family} family (it supports: "
-            f"{', '.join(spec.families or ())}); methods for {family}: {', '.join(methods_for(family))}"
+            f"method {spec.name!r} does not support the {family.family} family: it requires "
+            f"{'; '.join(spec.missing(family))}; methods for {family.family}: {', '.join(methods_for(family))}"
         )
 
 
@@ -246,7 +264,7 @@ def call_method(spec: MethodSpec, trace: Any, model: Any = None, **options: Any)
 def markdown_table() -> str:
     """The registered methods as a Markdown table (docs/methods.md's "Methods at a glance" is this)."""
     lines = [
-        "| method | takes | explains a target | result | signed | cost | options | families |",
+        "| method | takes | explains a target | result | signed | cost | options | requires |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in available_methods():
@@ -257,6 +275,6 @@ def markdown_table() -> str:
         lines.append(
             f"| `{name}` | {spec.takes} | {'yes' if spec.uses_target else 'no'} | "
             f"{result}{' (' + ', '.join(views) + ')' if views else ''} | {'yes' if spec.signed else 'no'} | "
-            f"{spec.cost.replace('_', ' ')} | {flags} | {', '.join(spec.families) if spec.families else 'all'} |"
+            f"{spec.cost.replace('_', ' ')} | {flags} | {', '.join(sorted(spec.requires)) or '—'} |"
         )
     return "\n".join(lines)

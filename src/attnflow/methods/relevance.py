@@ -24,9 +24,10 @@ from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import Residual, normalise_rows
 from attnflow.trace import Trace
 
-VALUE_AWARE_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama", "vit", "deit", "dinov2")
-POST_LN_FAMILIES = ("bert", "roberta", "distilbert", "mpnet")
-GRADIENT_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "gpt2", "llama")
+# What the methods require of a model family (`attnflow.trace.CAPABILITIES`).
+VALUE_AWARE = ("values",)
+POST_LN = ("values", "post_norm")
+GRADIENTS = ("text_target",)
 QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are materialised
 
 
@@ -36,7 +37,7 @@ QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are 
     takes="trace",
     needs=("attentions", "attention_grads", "target"),
     options=(options.START_LAYER, options.KEEP_IDENTITY),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     cost="backward",
 )
 def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False) -> np.ndarray:
@@ -92,7 +93,7 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
     takes="trace",
     needs=("attentions", "values", "output_weights"),
     options=(options.LAYER,),
-    families=VALUE_AWARE_FAMILIES,
+    requires=VALUE_AWARE,
     layerwise=True,
 )
 def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
@@ -110,7 +111,7 @@ def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
     takes="trace",
     needs=("attentions", "values", "output_weights", "layer_inputs"),
     options=(options.RESIDUAL, options.START_LAYER),
-    families=VALUE_AWARE_FAMILIES,
+    requires=VALUE_AWARE,
     layerwise=True,
 )
 def norm_rollout(
@@ -180,7 +181,7 @@ def alti_matrices(trace: Trace) -> np.ndarray:
     takes="trace",
     needs=("attentions", "values", "output_weights", "layer_inputs", "layer_norms"),
     options=(options.START_LAYER,),
-    families=POST_LN_FAMILIES,
+    requires=POST_LN,
     layerwise=True,
 )
 def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndarray:
@@ -194,7 +195,7 @@ def alti(trace: Trace, start_layer: int = 0, layerwise: bool = False) -> np.ndar
     "gradient norm ||dy/de_j|| on the word embeddings (one score per token)",
     takes="trace",
     needs=("attentions", "embedding_grads", "target"),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     scores_only=True,
     cost="backward",
 )
@@ -209,7 +210,7 @@ def gradient(trace: Trace) -> np.ndarray:
     takes="trace",
     options=(options.SIGNED,),
     needs=("attentions", "embedding_grads", "target"),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     scores_only=True,
     cost="backward",
 )

@@ -1,12 +1,21 @@
 """Methods that re-run the model: leave-one-out, Shapley values (shap), value zeroing, integrated gradients
-(captum), LRP.
+(captum), the backward-rule methods (cp_lrp, attnlrp, gim: rows of `lrp.RULE_TABLE`).
 
 They are registered like every other method (``needs`` holds ``"model"``) and called as
 ``method(model, trace, **options)`` by `AttentionModel.explain`; they reuse the capture's hooks
 and `attnflow.targets.Objective` instead of re-implementing them.
 """
 
-from attnflow.perturb.lrp import attnlrp, cp_lrp, lrp_relevance
+from attnflow.perturb.lrp import RULE_TABLE, BackwardRules, lrp_relevance, register_rules
 from attnflow.perturb.methods import integrated_gradients, leave_one_out, shap, value_zeroing
 
-__all__ = ["attnlrp", "cp_lrp", "integrated_gradients", "leave_one_out", "lrp_relevance", "shap", "value_zeroing"]
+__all__ = [
+    "RULE_TABLE",
+    "BackwardRules",
+    "integrated_gradients",
+    "leave_one_out",
+    "lrp_relevance",
+    "register_rules",
+    "shap",
+    "value_zeroing",
+]

@@ -1,53 +1,115 @@
-"""Layer-wise relevance propagation for transformers: `cp_lrp` and `attnlrp` (definitions: docs/methods.md).
+"""Backward-rule methods for transformers — `cp_lrp`, `attnlrp` and `gim` — as rows of one table.
 
-Both are gradient × input on a modified backward pass: one forward and one backward pass of the
-model, during which temporary forward hooks (removed on exit, also when the forward pass raises)
-leave every forward value as it is and change how the gradient flows through a few modules. The
-relevance of token j is R_j = Σ_d e_{j,d} · ∂̃y/∂e_{j,d} at the embedding sum e: the input of the
-embedding layer norm for BERT-like models (word + position (+ token type) embeddings), the word
-embeddings for Llama (the first layer's input: RoPE adds no position embedding).
+Each is gradient × input (or × (input − baseline)) on a modified backward pass: one forward and one
+backward pass of the model, during which temporary forward hooks (removed on exit, also when the
+forward pass raises) leave every forward value as it is and change how the gradient flows through a
+few places. A `BackwardRules` row says what changes where; the relevance of token j is
+R_j = Σ_d (e_{j,d} − b_{j,d}) · ∂̃y/∂e_{j,d} at the embedding sum e (the input of the embedding norm
+for BERT-like families, the word embeddings otherwise: RoPE adds no position embedding), with b = 0
+or the embedding of the pad token at every position.
 
-What each rule does to the gradient (∂̃: the modified gradient):
+The rule fields and the hook point each uses (``∂̃``: the modified gradient):
 
-- every layer norm and RMS norm (both variants): 1/σ is a constant (the norm's output is
-  recomputed from its input with σ detached, so the norm is linear);
-- attention, ``cp_lrp`` (Ali et al. 2022): A is a constant where it multiplies V. Q and K reach
-  the output only through A, so this is the gradient stopped at the query and key projections;
-- attention, ``attnlrp`` (Achtibat et al. 2024): AttnLRP's softmax rule R_in,i = x_i (R_i − s_i Σ_k R_k)
-  is x_i · (the plain gradient), so the softmax keeps its gradient; the uniform rule gives each
-  factor of QKᵀ and of A·V half: ∂̃ × ½ at V, and × ¼ at Q and K (½ for their own product, ½
-  for A's half of A·V, passed back linearly through the softmax);
-- element-wise activations (``attnlrp``; GELU, SiLU, tanh, ...): the identity rule, ∂̃ × f(x)/x,
-  so R_in = R_out;
-- gated MLPs (``attnlrp``; Llama's SwiGLU down(act(gate(x)) · up(x))): the uniform rule, ∂̃ × ½
-  at up(x) and at act(gate(x)) (whose identity rule then passes its half on).
+- ``norms_constant``: every layer norm and RMS norm's 1/σ is a constant (the norm's output is
+  recomputed from its input with σ detached, so the norm is linear) — a forward hook on each norm;
+- ``query_key`` / ``value``: ∂̃ × factor at the query and key / value projections' outputs (0 stops
+  it) — forward hooks on the projections named by the family's adapter row;
+- ``identity_activations``: element-wise activations (GELU, SiLU, tanh, ...) pass relevance on
+  unchanged, ∂̃ × f(x)/x — a forward hook on each activation module;
+- ``gated_operands``: ∂̃ × factor at each operand of a gated MLP's product down(act(gate(x)) · up(x))
+  (the up projection's output and the activation's) — forward hooks on the family's gated MLP;
+- ``softmax_temperature`` T: the attention softmax keeps its forward value, and its backward is
+  s_T ⊙ (g − ⟨g, s_T⟩) with s_T = softmax(x / T) (GIM's temperature-adjusted gradient; T = 1 is the
+  plain gradient) — the softmax called inside the family's attention modules;
+- ``baseline``: ``"zero"`` (gradient × input) or ``"pad"`` (× (input − the pad token's embedding)).
+
+The rows (Ali et al. 2022; Achtibat et al. 2024; Edin et al. 2025):
+
+- ``cp_lrp``: norms constant; A constant where it multiplies V (Q and K reach the output only
+  through A, so the gradient is stopped at the query and key projections);
+- ``attnlrp``: norms constant; AttnLRP's softmax rule R_in,i = x_i (R_i − s_i Σ_k R_k) is x_i · (the
+  plain gradient), so the softmax keeps its gradient; the uniform rule gives each factor of QKᵀ and
+  of A·V half: × ½ at V and × ¼ at Q and K (½ for their own product, ½ for A's half of A·V, passed
+  back linearly through the softmax); identity rule for activations; × ½ at each gated operand;
+- ``gim``: norms constant, × ¼ at Q and K, × ½ at V and at each gated operand (as AttnLRP's uniform
+  rule), the temperature-2 softmax backward, plain activation gradients, the pad-token baseline.
 
 Conservation: y = Σ_j R_j + Σ_b b · ∂̃y/∂b (relevance absorbed by the biases) + what a rule does
 not conserve (``cp_lrp``: non-linear activations and gated products; ``attnlrp``: the softmax
-rule's absorbed term; both: a non-linear target such as a log-probability or a cosine).
-`Relevance` reports Σ_j R_j / y and the biases' share.
+rule's absorbed term; ``gim``: its softmax backward and activations; all: a non-linear target such
+as a log-probability or a cosine; a baseline other than zero). `Relevance` reports Σ_j R_j / y and
+the biases' share. A new rule-based method is one more row, registered with `register_rules`.
 """
 
 from __future__ import annotations
 
-import functools
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 
 from attnflow.errors import CaptureError, InputError
 from attnflow.methods.extras import report_extras
 from attnflow.methods.registry import register
-from attnflow.trace import Trace
+from attnflow.trace import CAPABILITIES, Trace
 
-RULES = ("cp_lrp", "attnlrp")
-LRP_FAMILIES = ("bert", "roberta", "distilbert", "mpnet", "llama")
-EMBEDDING_NORM = r"embeddings\.LayerNorm$"  # BERT-like: its input is the embedding sum
 NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely
+
+
+@dataclass(frozen=True)
+class BackwardRules:
+    """One row of the rule table: how a method's backward pass differs from the plain gradient
+    (each field and the hook point it uses: the module docstring). Forward values never change."""
+
+    name: str
+    summary: str
+    norms_constant: bool = True
+    query_key: float = 1.0
+    value: float = 1.0
+    identity_activations: bool = False
+    gated_operands: float = 1.0
+    softmax_temperature: float = 1.0
+    baseline: Literal["zero", "pad"] = "zero"
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """What a model family must provide (`attnflow.trace.CAPABILITIES`): a target, and the
+        query, key and value projections when the row scales their gradients."""
+        scaled = self.query_key != 1 or self.value != 1
+        return ("text_target", "query_key") if scaled else ("text_target",)
+
+
+RULE_TABLE: tuple[BackwardRules, ...] = (
+    BackwardRules(
+        "cp_lrp",
+        "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
+        query_key=0.0,
+    ),
+    BackwardRules(
+        "attnlrp",
+        "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
+        "activations, softmax and products",
+        query_key=0.25,
+        value=0.5,
+        identity_activations=True,
+        gated_operands=0.5,
+    ),
+    BackwardRules(
+        "gim",
+        "GIM (Edin et al. 2025): gradient x (embedding - pad embedding) with frozen norms, a temperature-2 "
+        "softmax backward and halved products",
+        query_key=0.25,
+        value=0.5,
+        gated_operands=0.5,
+        softmax_temperature=2.0,
+        baseline="pad",
+    ),
+)
+RULES = {rules.name: rules for rules in RULE_TABLE}
 
 
 @dataclass(frozen=True)
@@ -84,74 +146,61 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole != 0 else float("nan")
 
 
-# What both rules declare: one forward and one backward pass of the model, a signed score per token.
-_DECLARATION: dict[str, Any] = dict(
-    takes="model",
-    needs=("attentions", "target", "model"),
-    families=LRP_FAMILIES,
-    scores_only=True,
-    signed=True,
-    cost="backward",
-)
+def register_rules(rules: BackwardRules) -> None:
+    """Register a rule row as a method (one forward and one backward pass, a signed score per
+    token, a batch form that explains many traces in one padded pass)."""
+
+    def explain_one(model: Any, trace: Trace) -> np.ndarray:
+        (relevance,) = lrp_relevance(model, [trace], rules)
+        report_extras(**relevance.extras())
+        return relevance.scores
+
+    def explain_batch(model: Any, traces: Sequence[Trace]) -> list[tuple[np.ndarray, dict[str, Any]]]:
+        return [(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rules)]
+
+    explain_one.__doc__ = f"``[token]`` signed {rules.name} relevance R_j of the trace's target (`BackwardRules`)."
+    register(
+        rules.name,
+        rules.summary,
+        takes="model",
+        needs=("attentions", "target", "model"),
+        requires=rules.requires,
+        scores_only=True,
+        signed=True,
+        cost="backward",
+        batch=explain_batch,
+    )(explain_one)
 
 
-def _batch_form(model: Any, traces: Sequence[Trace], rule: str) -> list[tuple[np.ndarray, dict[str, Any]]]:
-    """The rules' batch form (``MethodSpec.batch``): each trace's scores and extras, from one padded
-    forward and backward pass per kind of target (`lrp_relevance`)."""
-    return [(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rule)]
+for _rules in RULE_TABLE:
+    register_rules(_rules)
 
 
-@register(
-    "cp_lrp",
-    "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
-    batch=functools.partial(_batch_form, rule="cp_lrp"),
-    **_DECLARATION,
-)
-def cp_lrp(model: Any, trace: Trace) -> np.ndarray:
-    """``[token]`` signed CP-LRP relevance R_j of the trace's target (see the module docstring)."""
-    return _explain(model, trace, "cp_lrp")
-
-
-@register(
-    "attnlrp",
-    "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
-    "activations, softmax and products",
-    batch=functools.partial(_batch_form, rule="attnlrp"),
-    **_DECLARATION,
-)
-def attnlrp(model: Any, trace: Trace) -> np.ndarray:
-    """``[token]`` signed AttnLRP relevance R_j of the trace's target (see the module docstring)."""
-    return _explain(model, trace, "attnlrp")
-
-
-def _explain(model: Any, trace: Trace, rule: str) -> np.ndarray:
-    """One trace's scores; its conservation goes to the Explanation's extras."""
-    (relevance,) = lrp_relevance(model, [trace], rule)
-    report_extras(**relevance.extras())
-    return relevance.scores
-
-
-def lrp_relevance(model: Any, traces: Sequence[Trace], rule: str) -> list[Relevance]:
-    """LRP with ``rule`` (``"cp_lrp"`` or ``"attnlrp"``) for each trace, explaining its ``target``;
-    traces with the same kind of target are explained together, in one padded forward and one
-    backward pass."""
-    if rule not in RULES:
-        raise ValueError(f"unknown LRP rule {rule!r}; choose one of {', '.join(RULES)}")
-    if model.adapter.family not in LRP_FAMILIES:
-        raise InputError(
-            f"{rule} does not support the {model.adapter.family} family ({model.name}); "
-            f"it supports: {', '.join(LRP_FAMILIES)}"
-        )
+def lrp_relevance(model: Any, traces: Sequence[Trace], rules: BackwardRules | str) -> list[Relevance]:
+    """Relevance by the backward rules ``rules`` (a `RULE_TABLE` row or its name) for each trace,
+    explaining its ``target``; traces with the same kind of target are explained together, in one
+    padded forward and one backward pass."""
     from attnflow.targets import same_objective_groups
 
+    if isinstance(rules, str):
+        if rules not in RULES:
+            raise ValueError(f"unknown backward rules {rules!r}; choose one of {', '.join(RULES)}")
+        rules = RULES[rules]
+    missing = sorted(set(rules.requires) - model.adapter.provides)
+    if missing:
+        raise InputError(
+            f"{rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
+            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+        )
     results: list[Relevance | None] = [None] * len(traces)
     for members in same_objective_groups([trace.target for trace in traces]):
-        for position, relevance in zip(members, _explain_batch(model, [traces[i] for i in members], rule), strict=True):
+        batch = _explain_batch(model, [traces[i] for i in members], rules)
+        for position, relevance in zip(members, batch, strict=True):
             results[position] = relevance
     return [relevance for relevance in results if relevance is not None]
 
 
-def _explain_batch(model: Any, traces: list[Trace], rule: str) -> list[Relevance]:
+def _explain_batch(model: Any, traces: list[Trace], rules: BackwardRules) -> list[Relevance]:
     """One padded forward and backward pass for traces whose targets share one objective."""
     import torch
 
@@ -167,20 +216,31 @@ def _explain_batch(model: Any, traces: list[Trace], rule: str) -> list[Relevance
     index = None
     if traces[0].target.index is not None:
         index = torch.as_tensor([trace.target.index for trace in traces], device=model.device)
-    with lrp_rules(model, rule) as recording, torch.enable_grad():
+    with backward_rules(model, rules) as recording, torch.enable_grad():
         y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=index)
     embedding_sum = recording.embedding_sum
     if embedding_sum is None:
         raise CaptureError(f"{model.name}: the forward pass never reached the embedding sum")
     outputs = [output for _, output in recording.biased_outputs]
     gradients = torch.autograd.grad(y.sum(), [embedding_sum, *outputs], allow_unused=True)
-    scores = (embedding_sum.detach() * gradients[0]).sum(dim=-1).double().cpu().numpy()  # [batch, token]
+    attributed = _attributed(model, rules, embedding_sum, input_ids.to(model.device))
+    scores = (attributed * gradients[0]).sum(dim=-1).double().cpu().numpy()  # [batch, token]
     bias_relevance = torch.zeros(len(traces), dtype=torch.float64, device=y.device)
     for (bias, _), gradient in zip(recording.biased_outputs, gradients[1:], strict=True):
         if gradient is not None:  # None: no gradient reached it (a stopped query or key projection)
             bias_relevance += (gradient * bias).double().reshape(len(traces), -1).sum(dim=1)
     values = y.detach().double().cpu().numpy()
     return [Relevance(scores[row, :n], float(values[row]), float(bias_relevance[row])) for row, n in enumerate(lengths)]
+
+
+def _attributed(model: Any, rules: BackwardRules, embedding_sum: Any, input_ids: Any) -> Any:
+    """What the modified gradient multiplies ``[batch, token, d_model]``: the embedding sum e, or
+    e − b with b the same sum with the pad token's word embedding at every position, i.e. the word
+    embeddings minus the pad token's (positions and token types cancel in the difference)."""
+    if rules.baseline == "zero":
+        return embedding_sum.detach()
+    embeddings = model.model.get_input_embeddings()
+    return (embeddings(input_ids) - embeddings.weight[model.tokenizer.pad_token_id]).detach()
 
 
 @dataclass
@@ -193,34 +253,44 @@ class RuleRecording:
     biased_outputs: list[tuple[Any, Any]] = field(default_factory=list)
 
 
+def lrp_rules(model: Any, rule: str) -> Any:
+    """`backward_rules` for a `RULE_TABLE` row named ``rule``."""
+    return backward_rules(model, RULES[rule])
+
+
 @contextmanager
-def lrp_rules(model: Any, rule: str) -> Iterator[RuleRecording]:
-    """Forward hooks that apply ``rule`` to the forward passes run inside the block (see the
-    module docstring); removed on exit, also when the block raises."""
+def backward_rules(model: Any, rules: BackwardRules) -> Iterator[RuleRecording]:
+    """Forward hooks that apply ``rules`` to the forward passes run inside the block (the module
+    docstring lists each hook point); removed on exit, also when the block raises."""
     import torch
 
-    modules = dict(model.model.named_modules())
-    norms = {module for module in modules.values() if _is_norm(module)}
-    activations: dict[Any, float] = {}
-    gradient_factors: dict[Any, float] = {}
-    values = model.adapter.values
-    if values is None or values.query is None or values.key is None:
-        raise InputError(f"LRP needs the query and key projections of the {model.adapter.family} family")
     from attnflow.capture.hooks import find_layers
 
-    queries_keys = [module for pattern in (values.query, values.key) for _, module in find_layers(model.model, pattern)]
-    if rule == "cp_lrp":
-        gradient_factors.update(dict.fromkeys(queries_keys, 0.0))
-    else:
-        gradient_factors.update(dict.fromkeys(queries_keys, 0.25))
-        gradient_factors.update(dict.fromkeys((module for _, module in find_layers(model.model, values.value)), 0.5))
+    def modules_of(pattern: str | None) -> list[Any]:
+        return [] if pattern is None else [module for _, module in find_layers(model.model, pattern)]
+
+    adapter = model.adapter
+    modules = dict(model.model.named_modules())
+    norms = {module for module in modules.values() if _is_norm(module)} if rules.norms_constant else set()
+    activations: dict[Any, float] = {}  # activation module -> factor of its identity rule
+    gradient_factors: dict[Any, float] = {}
+    values = adapter.values
+    if values is not None:
+        gradient_factors.update(dict.fromkeys(modules_of(values.query) + modules_of(values.key), rules.query_key))
+        gradient_factors.update(dict.fromkeys(modules_of(values.value), rules.value))
+    if rules.identity_activations:
         activations.update(dict.fromkeys((m for m in modules.values() if isinstance(m, _elementwise())), 1.0))
-        for module in modules.values():
-            if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):  # a gated MLP
-                gradient_factors[module.up_proj] = 0.5
-                activations[module.act_fn] = 0.5
+    if adapter.gated_mlp is not None and rules.gated_operands != 1:
+        for mlp in modules_of(adapter.gated_mlp.module):
+            activation = getattr(mlp, adapter.gated_mlp.activation)
+            gradient_factors[getattr(mlp, adapter.gated_mlp.up)] = rules.gated_operands
+            if activation in activations:
+                activations[activation] = rules.gated_operands
+            else:
+                gradient_factors[activation] = rules.gated_operands
+    gradient_factors = {module: factor for module, factor in gradient_factors.items() if factor != 1}
     recording = RuleRecording()
-    scale_gradient, identity_rule = _rule_functions()
+    scale_gradient, identity_rule, _ = _rule_functions()
 
     def apply_rules(module: Any, inputs: tuple, output: Any) -> Any:
         if module in norms:
@@ -245,7 +315,10 @@ def lrp_rules(model: Any, rule: str) -> Iterator[RuleRecording]:
 
     handles = []
     try:
-        embedding_norm = next((module for name, module in modules.items() if re.search(EMBEDDING_NORM, name)), None)
+        embedding_norm = next(
+            (m for name, m in modules.items() if adapter.embedding_norm and re.search(adapter.embedding_norm, name)),
+            None,
+        )
         if embedding_norm is not None:
             handles.append(embedding_norm.register_forward_pre_hook(take_embedding_sum))
         else:
@@ -254,10 +327,69 @@ def lrp_rules(model: Any, rule: str) -> Iterator[RuleRecording]:
         hooked |= {m for m in modules.values() if isinstance(m, torch.nn.Linear) and m.bias is not None}
         for module in hooked:
             handles.append(module.register_forward_hook(apply_rules))
+        if rules.softmax_temperature != 1:
+            attention_modules = modules_of(adapter.stack.attention)
+            handles += _tempered_softmax_inside(attention_modules, rules.softmax_temperature)
         yield recording
     finally:
         for handle in handles:
             handle.remove()
+
+
+_SOFTMAX = threading.local()  # .temperature: the softmax backward's T while an attention module runs here
+
+
+def _tempered_softmax_inside(attention_modules: list[Any], temperature: float) -> list[Any]:
+    """Hooks that give every softmax called inside ``attention_modules`` (in this thread) the
+    temperature-``temperature`` backward; handles whose ``remove()`` undoes them."""
+
+    def enter(_module: Any, _args: tuple) -> None:
+        _SOFTMAX.temperature = temperature
+
+    def leave(_module: Any, _args: tuple, _output: Any) -> None:
+        _SOFTMAX.temperature = None
+
+    handles = [module.register_forward_pre_hook(enter) for module in attention_modules]
+    handles += [module.register_forward_hook(leave) for module in attention_modules]
+    handles.append(_SoftmaxPatch())
+    return handles
+
+
+class _SoftmaxPatch:
+    """``torch.nn.functional.softmax`` routed through `_softmax` while at least one patch is alive
+    (counted, so concurrent rule blocks in several threads restore it once)."""
+
+    _lock = threading.Lock()
+    _alive = 0
+    _original: Any = None
+
+    def __init__(self) -> None:
+        import torch.nn.functional as functional
+
+        with _SoftmaxPatch._lock:
+            if _SoftmaxPatch._alive == 0:
+                _SoftmaxPatch._original = functional.softmax
+                functional.softmax = _softmax
+            _SoftmaxPatch._alive += 1
+
+    def remove(self) -> None:
+        import torch.nn.functional as functional
+
+        with _SoftmaxPatch._lock:
+            _SoftmaxPatch._alive -= 1
+            if _SoftmaxPatch._alive == 0:
+                functional.softmax = _SoftmaxPatch._original
+        _SOFTMAX.temperature = None
+
+
+def _softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
+    """`torch.nn.functional.softmax` whose backward is tempered inside a patched attention module."""
+    temperature = getattr(_SOFTMAX, "temperature", None)
+    output = _SoftmaxPatch._original(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
+    if temperature is None or not input.requires_grad:
+        return output
+    _, _, tempered = _rule_functions()
+    return tempered.apply(input if dtype is None else input.to(dtype), output, dim, temperature)
 
 
 def _is_norm(module: Any) -> bool:
@@ -276,27 +408,30 @@ def _elementwise() -> tuple[type, ...]:
 
 def _constant_scale_norm(module: Any, x: Any, output: Any) -> Any:
     """The norm's output recomputed from its input ``x [..., d_model]`` with 1/σ detached; it must
-    equal the module's own ``output`` (a norm of another form is refused)."""
+    equal the module's own ``output`` (a norm of another form is refused). RMS norms scale by
+    ``weight`` or, in Gemma's form, by ``1 + weight``: whichever reproduces the output."""
     import torch
 
     if isinstance(module, torch.nn.LayerNorm):
         centred = x - x.mean(dim=-1, keepdim=True)
         normed = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + module.eps).detach()
         recomputed = normed if module.weight is None else normed * module.weight
-        recomputed = recomputed if module.bias is None else recomputed + module.bias
-    else:  # RMSNorm: x / sqrt(mean(x²) + eps) · weight
+        candidates = [recomputed if module.bias is None else recomputed + module.bias]
+    else:  # RMSNorm: x / sqrt(mean(x²) + eps) · weight (or · (1 + weight))
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         wide = x.float()
-        scale = torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + module.variance_epsilon).detach()
-        recomputed = module.weight * (wide * scale).to(x.dtype)
-    if not torch.allclose(recomputed, output, rtol=NORM_CHECK_TOLERANCE, atol=NORM_CHECK_TOLERANCE):
-        raise CaptureError(f"{type(module).__name__} is not a plain layer/RMS norm: LRP cannot linearise it")
-    return recomputed
+        normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
+        candidates = [module.weight * normed.to(x.dtype), (normed * (1.0 + module.weight.float())).to(x.dtype)]
+    for recomputed in candidates:
+        if torch.allclose(recomputed, output, rtol=NORM_CHECK_TOLERANCE, atol=NORM_CHECK_TOLERANCE):
+            return recomputed
+    raise CaptureError(f"{type(module).__name__} is not a plain layer/RMS norm: the backward rules cannot linearise it")
 
 
 @cache
-def _rule_functions() -> tuple[Any, Any]:
-    """``(ScaleGradient, IdentityRule)``: autograd functions with an identity forward (defined on
-    first use, so that registering the methods does not import torch)."""
+def _rule_functions() -> tuple[Any, Any, Any]:
+    """``(ScaleGradient, IdentityRule, TemperedSoftmax)``: autograd functions with an identity
+    forward (defined on first use, so that registering the methods does not import torch)."""
     import torch
 
     class ScaleGradient(torch.autograd.Function):
@@ -328,4 +463,21 @@ def _rule_functions() -> tuple[Any, Any]:
             ratio = torch.where(zero, torch.zeros_like(x), output / torch.where(zero, torch.ones_like(x), x))
             return gradient * ratio * ctx.factor, None, None
 
-    return ScaleGradient, IdentityRule
+    class TemperedSoftmax(torch.autograd.Function):
+        """Forward: ``output`` = softmax(x) as computed; backward: s_T ⊙ (g − ⟨g, s_T⟩) along
+        ``dim``, s_T = softmax(x / T) (the plain softmax backward at T = 1)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, output: torch.Tensor, dim: int, temperature: float) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            ctx.dim, ctx.temperature = dim, temperature
+            return output.view_as(output)
+
+        @staticmethod
+        def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+            (x,) = ctx.saved_tensors
+            tempered = torch.softmax(x / ctx.temperature, dim=ctx.dim).to(gradient.dtype)
+            inner = (gradient * tempered).sum(dim=ctx.dim, keepdim=True)
+            return (tempered * (gradient - inner)).to(x.dtype), None, None, None
+
+    return ScaleGradient, IdentityRule, TemperedSoftmax

@@ -17,7 +17,7 @@ import numpy as np
 from attnflow.errors import ExplanationWarning
 from attnflow.methods import options
 from attnflow.methods.registry import Option, register
-from attnflow.methods.relevance import GRADIENT_FAMILIES, POST_LN_FAMILIES
+from attnflow.methods.relevance import GRADIENTS, POST_LN
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import normalise_rows
 from attnflow.trace import Trace
@@ -68,7 +68,7 @@ def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 
     takes="model",
     needs=("attentions", "target", "model"),
     options=(options.BATCH_SIZE,),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     scores_only=True,
     signed=True,
     cost="expensive",
@@ -141,7 +141,7 @@ REPLACE = Option(
     takes="model",
     needs=("attentions", "target", "model"),
     options=(MAX_EVALS, REPLACE, options.SEED, options.BATCH_SIZE),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     scores_only=True,
     signed=True,
     cost="expensive",
@@ -216,7 +216,7 @@ def shap(
     takes="model",
     needs=("attentions", "target", "model"),
     options=(options.N_STEPS, options.SIGNED),
-    families=GRADIENT_FAMILIES,
+    requires=GRADIENTS,
     scores_only=True,
     cost="expensive",
 )
@@ -286,7 +286,7 @@ def integrated_gradient_attributions(
     takes="model",
     needs=("attentions", "model"),
     options=(options.BATCH_SIZE,),
-    families=POST_LN_FAMILIES,
+    requires=POST_LN,
     cost="expensive",
 )
 def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
