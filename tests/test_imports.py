@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -88,3 +89,20 @@ def test_the_engines_share_the_batch_step_without_importing_each_other():
     assert not graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.engine")
     assert graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.study")
     assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.study")
+
+
+def test_no_family_branches_outside_capture():
+    """Family knowledge lives in the adapter rows (capture/): elsewhere code asks what a model
+    provides or what its target is, never which family or kind of architecture it is."""
+    branch = re.compile(
+        r"""(model|adapter)\.(kind|family)\s*(==|!=|\bin\b|\bnot in\b)"""
+        r"""|["'](bert|roberta|electra|distilbert|mpnet|gpt2|llama|qwen2|gemma3?|vit|deit|dinov2|t5|bart)["']"""
+    )
+    found = [
+        f"{path.relative_to(SOURCE)}:{number}: {line.strip()}"
+        for path in sorted(SOURCE.rglob("*.py"))
+        if "capture" not in path.relative_to(SOURCE).parts
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if branch.search(line)
+    ]
+    assert not found, "family branches outside capture/:\n" + "\n".join(found)

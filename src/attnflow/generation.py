@@ -276,7 +276,7 @@ def prepare_continuation(
 ) -> Continuation:
     """The prompt's ids (a special token the tokenizer appends at the end, such as [SEP], dropped:
     the continuation follows the text) and the continuation's: generated greedily or tokenized."""
-    if model.kind != "decoder":
+    if model.target_kind != "next_token":
         raise InputError(
             f"{model.name} is {'an' if model.kind[0] in 'aeiou' else 'a'} {model.kind} model: explaining generated "
             "tokens (--generate / --continuation) needs a causal LM such as smollm2"

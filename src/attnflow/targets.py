@@ -69,14 +69,12 @@ def same_objective_groups(targets: Sequence[Target | None]) -> list[list[int]]:
 
 def target_kind(model: Any) -> str:
     """Which target an `AttentionModel` supports (see the module docstring)."""
-    if model.kind == "decoder":
-        return "next_token"
-    if model.kind == "encoder":
-        return "class" if model.is_classifier else "similarity"
-    raise InputError(
-        f"{model.name} is a {model.kind} model: targets (and the methods that need one) are available for "
-        "classifiers, causal LMs and sentence encoders"
-    )
+    if model.target_kind is None:
+        raise InputError(
+            f"{model.name} is a {model.kind} model: targets (and the methods that need one) are available for "
+            "classifiers, causal LMs and sentence encoders"
+        )
+    return str(model.target_kind)
 
 
 class Objective:

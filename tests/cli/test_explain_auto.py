@@ -12,6 +12,7 @@ import torch
 
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
+from attnflow.capture.adapters import adapter_for
 from attnflow.methods.registry import available_methods, get_method
 
 TEXT = "the movie was terrible but the acting was great"
@@ -19,7 +20,9 @@ TEXT = "the movie was terrible but the acting was great"
 CANDIDATES = tuple(
     name
     for name in available_methods()
-    if get_method(name).cost == "backward" and get_method(name).uses_target and get_method(name).supports("bert")
+    if get_method(name).cost == "backward"
+    and get_method(name).uses_target
+    and get_method(name).supports(adapter_for("bert", "BertModel"))
 )
 
 

@@ -298,10 +298,14 @@ def test_lrp_refuses_other_families_in_one_line(tiny_model_path):
     from PIL import Image
 
     vision = attnflow.load(str(tiny_model_path("dinov2")), device="cpu")
-    with pytest.raises(ValueError, match=r"'attnlrp' does not support the dinov2 family: it requires query_key .*text_target"):
+    with pytest.raises(
+        ValueError, match=r"'attnlrp' does not support the dinov2 family: it requires query_key .*text_target"
+    ):
         vision.trace_image_for(["attnlrp"], Image.new("RGB", (16, 16)))
     gpt2 = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
-    with pytest.raises(ValueError, match=r"'cp_lrp' does not support the gpt2 family: it requires query_key \(query and"):
+    with pytest.raises(
+        ValueError, match=r"'cp_lrp' does not support the gpt2 family: it requires query_key \(query and"
+    ):
         gpt2.explain("the cat sat", method="cp_lrp")
     with pytest.raises(InputError, match=r"cp_lrp does not support the gpt2 family \(.*\): it requires query_key"):
         lrp_relevance(gpt2, gpt2.trace("the cat sat", needs=("attentions", "target")), "cp_lrp")

@@ -84,6 +84,10 @@ class GatedMLP:
 
 @dataclass(frozen=True)
 class Adapter:
+    """One family's row: its name, kind, the ``config.model_type`` values it covers, where its
+    attention stacks, values, patching sites, embedding norm and gated MLP live (`provides` derives
+    what methods may require of it)."""
+
     family: str
     kind: str  # "encoder" | "decoder" | "vision" | "encoder-decoder"
     model_types: tuple[str, ...]  # config.model_type values this row covers

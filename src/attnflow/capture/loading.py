@@ -58,6 +58,8 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class EmbeddedModel:
+    """An alias that ships in a package: its description, how to install it and where it resolves."""
+
     alias: str
     description: str
     packages: str  # how to install it

@@ -127,7 +127,16 @@ class AttentionModel:
     def is_classifier(self) -> bool:
         """A text classifier: its output is ``logits [batch, class]``."""
         name = type(self.model).__name__
-        return self.kind == "encoder" and (name.endswith("ForSequenceClassification") or name == "PooledClassifier")
+        classifier = name.endswith("ForSequenceClassification") or name == "PooledClassifier"
+        return self.adapter.target_kind == "class" and classifier
+
+    @property
+    def target_kind(self) -> str | None:
+        """What this model's targets are: ``"next_token"`` (causal LMs), ``"class"`` (classifiers),
+        ``"similarity"`` (sentence encoders without a head: the cosine to a target text) or None
+        (no target: images, encoder-decoders)."""
+        kind = self.adapter.target_kind
+        return "similarity" if kind == "class" and not self.is_classifier else kind
 
     def __repr__(self) -> str:
         return (

@@ -49,6 +49,8 @@ SHIPPED_HEADS = {
 
 @dataclass(frozen=True)
 class ProbeSpec:
+    """An embedded classifier: an encoder alias, the task its head is trained on and the head's file."""
+
     alias: str
     encoder: str  # an embedded encoder alias
     task: str  # a name in attnflow.datasets.TASKS

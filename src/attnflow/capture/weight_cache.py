@@ -105,6 +105,7 @@ def save_weights(model: Any, folder: Path) -> None:
 
 
 def sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):

@@ -293,15 +293,15 @@ def _methods(text: str) -> list[str]:
 
 def _has_target(model: Any, target_text: str | None) -> bool:
     """Whether the model's output gives target methods something to explain on a text."""
-    if model.kind == "decoder" or model.is_classifier:
+    if model.target_kind in ("next_token", "class"):
         return True
-    return model.kind == "encoder" and target_text is not None and model.default_row == "mean"
+    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
 
 
 def _no_target_message(model: Any, image: bool) -> str:
     if image:
         return "--method auto compares target methods, and images have no target: choose a method such as rollout"
-    if model.kind == "encoder" and model.default_row == "mean":
+    if model.target_kind == "similarity" and model.default_row == "mean":
         return (
             f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
             "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"

@@ -265,6 +265,7 @@ def stop_requests() -> Iterator[threading.Event]:
 
 
 def checkpoint_path(out: Path) -> Path:
+    """Where a run writing to ``out`` keeps its checkpoint."""
     return out / CHECKPOINT
 
 
@@ -352,10 +353,12 @@ def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream
 
 
 def digest(fields: dict[str, Any]) -> str:
+    """A short, stable fingerprint of a run's configuration (16 hex digits of a sha256)."""
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 def check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -> None:
+    """Refuse to resume the checkpoint at ``path`` with another configuration, naming what differs."""
     if meta.get("fingerprint") == fingerprint:
         return
     before = meta.get("fields", {})
@@ -374,6 +377,7 @@ def check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) ->
 
 
 def versions() -> dict[str, str]:
+    """The versions of attnflow and the packages its numbers depend on (recorded with each run)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}

@@ -57,6 +57,7 @@ def wilson_interval(successes: float, n: float) -> tuple[float, float, float]:
 
 
 def word_row(word: str, sums: Sequence[float], group_examples: int) -> dict[str, Any]:
+    """One word's row of a table: its mean relevance with a confidence interval, counts and share."""
     mean, low, high = mean_interval(sums[RELEVANCE], sums[SQUARES], sums[EXAMPLES])
     return {
         "word": word,
@@ -162,6 +163,7 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
 
 
 def swap_summary(stats: AuditStats) -> dict[str, Any]:
+    """The counterfactual swaps: the rate of flipped predictions and the mean change of p, with intervals."""
     texts, flips, total, squares = stats.swaps
     rate, low, high = wilson_interval(flips, texts)
     mean, mean_low, mean_high = mean_interval(total, squares, texts) if texts else (math.nan,) * 3

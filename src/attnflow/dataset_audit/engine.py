@@ -85,6 +85,8 @@ class LocalBackend:
 
 @dataclass(frozen=True)
 class AuditData:
+    """The texts of an audit, their labels (or None), where they come from and which split."""
+
     name: str
     texts: tuple[str, ...]
     labels: tuple[int, ...] | None

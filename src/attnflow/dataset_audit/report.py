@@ -49,6 +49,7 @@ def words_figure(rows: Sequence[Mapping[str, Any]], value: str, title: str, inte
 
 
 def build_report(results: Mapping[str, Any]) -> str:
+    """The audit's report page (self-contained HTML) from its results."""
     run = results["run"]
     parts = [
         f"<p>What {esc(run['model'])} relies on across {run['samples']} texts, by {esc(run['method'])} "

@@ -93,7 +93,7 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
     """Set each explorer view's ``faithfulness`` (its `MethodView.saliency` at the exploration's
     row) when the model has a class or next-token target: one forward pass traces the target
     (``target`` as `attnflow.targets.Objective` takes it), one batched call scores the rankings."""
-    if not (model.kind == "decoder" or model.is_classifier):
+    if model.target_kind not in ("next_token", "class"):
         return
     trace = model.trace([exploration.text], needs=("target",), target=target, max_length=max_length)[0]
     scores = [view.saliency(exploration.row) for view in exploration.methods]

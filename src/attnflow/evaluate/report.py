@@ -148,6 +148,7 @@ def legend(results: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    """The benchmark's results as Markdown: the setting, the table, then each bin of the two curves."""
     sections = [
         "# Faithfulness benchmark",
         describe(results),

@@ -5,7 +5,7 @@ token-id sequences at once.
 padding), runs one forward per batch without gradients and returns softmax probabilities
 ``[sequence, class]``. It takes an `AttentionModel` whose ``.model`` returns ``.logits
 [batch, class]``; `check_classifier` says in one line when a model has no such head. For a causal
-LM (``model.kind == "decoder"``) the classes are the vocabulary: the probabilities of the token
+LM (``model.target_kind == "next_token"``) the classes are the vocabulary: the probabilities of the token
 after each sequence's last one (`attnflow explain`'s per-input faithfulness of a next-token target).
 """
 
@@ -83,7 +83,7 @@ class ClassifierScorer:
         import torch
 
         network = self.model.model
-        if self.model.kind != "decoder":
+        if self.model.target_kind != "next_token":
             return network(input_ids=input_ids, attention_mask=attention_mask).logits
         hidden = network.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         last = hidden[torch.arange(len(hidden), device=hidden.device), attention_mask.sum(dim=1) - 1]  # [batch, d]

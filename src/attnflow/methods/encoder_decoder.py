@@ -23,6 +23,9 @@ from attnflow.methods.transforms import HeadFusion, Residual, fuse_heads, normal
 
 @dataclass
 class EncoderDecoderRollout:
+    """Rollout of an encoder-decoder: within the encoder, within the decoder, and from each decoder
+    position to the encoder tokens."""
+
     encoder: np.ndarray  # [enc, enc]
     decoder: np.ndarray  # [dec, dec]
     decoder_to_encoder: np.ndarray  # [dec, enc]

@@ -23,6 +23,7 @@ def number(text: str, kind: type, expected: str | None = None) -> Any:
 
 
 def positive_int(text: str) -> int:
+    """Command-line text -> an integer >= 1 (ValueError with a message otherwise)."""
     value = number(text, int)
     if value < 1:
         raise ValueError(f"must be a positive integer, got {text}")
@@ -30,6 +31,7 @@ def positive_int(text: str) -> int:
 
 
 def non_negative_int(text: str) -> int:
+    """Command-line text -> an integer >= 0."""
     value = number(text, int)
     if value < 0:
         raise ValueError(f"must be an integer >= 0, got {text}")
@@ -37,6 +39,7 @@ def non_negative_int(text: str) -> int:
 
 
 def ratio(text: str) -> float:
+    """Command-line text -> a number in [0, 1)."""
     value = number(text, float)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"must lie in [0, 1), got {text}")
@@ -44,6 +47,7 @@ def ratio(text: str) -> float:
 
 
 def residual(text: str) -> str | float:
+    """Command-line text -> a residual mode (half, renorm, none, norm) or a weight in [0, 1]."""
     if text in ("half", "renorm", "none", "norm"):
         return text
     value = number(text, float, "half, renorm, none, norm or a number in [0, 1]")
@@ -53,6 +57,7 @@ def residual(text: str) -> str | float:
 
 
 def head_weights(text: str) -> list[float]:
+    """Command-line ``"w1,w2,..."`` -> non-negative head weights, not all zero."""
     weights = [number(part.strip(), float, "comma-separated numbers") for part in text.split(",") if part.strip()]
     if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"need non-negative head weights, not all zero, got {text!r}")

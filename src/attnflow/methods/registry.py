@@ -199,6 +199,7 @@ def unregister(name: str) -> None:
 
 
 def get_method(name: str) -> MethodSpec:
+    """The declaration of a registered method; a ValueError naming the available ones otherwise."""
     try:
         return _METHODS[name]
     except KeyError:
@@ -206,6 +207,7 @@ def get_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
+    """The registered methods' names, sorted."""
     return sorted(_METHODS)
 
 

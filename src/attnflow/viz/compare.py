@@ -26,6 +26,7 @@ CSS = """
 
 
 def model_comparison_html(comparison: "Comparison") -> str:
+    """The self-contained page of `attnflow compare`: both models' maps and how they agree."""
     return page(
         f"attnflow compare: {comparison.method}",
         model_comparison_fragment(comparison, with_style=False),
@@ -42,6 +43,7 @@ def model_comparison_html(comparison: "Comparison") -> str:
 
 
 def model_comparison_fragment(comparison: "Comparison", with_style: bool = True) -> str:
+    """The comparison as an HTML fragment (notebooks; the page embeds it)."""
     rho = "undefined (constant scores)" if np.isnan(comparison.spearman) else f"{comparison.spearman:.3f}"
     hits = round(comparison.overlap * comparison.k)
     summary_a, summary_b = comparison.summaries()

@@ -335,6 +335,7 @@ def _cell(value: Any) -> Any:
 
 
 def layer_table(summary: Mapping[str, Any]) -> str:
+    """The study's per-layer statistics as an HTML table."""
     header = ["layer", *(label for label, _ in LAYER_COLUMNS)]
     rows = [[layer["layer"], *(_cell(layer.get(name)) for _, name in LAYER_COLUMNS)] for layer in summary["layers"]]
     return table(header, rows, numeric_format="{:.3f}")
