@@ -100,7 +100,7 @@ def test_toy_method_reaches_the_benchmark():
 
 def test_a_batch_form_is_declared_only_where_it_fits():
     def batch(model, traces, power: float = 2.0):
-        return [(np.zeros(trace.n_tokens), {}) for trace in traces]
+        return [np.zeros(trace.n_tokens) for trace in traces]
 
     with pytest.raises(ValueError, match="batch form is for takes='model' methods with scores_only"):
         register("bad_batch", "test", takes="trace", batch=batch)

@@ -22,7 +22,7 @@ import numpy as np
 
 from attnflow.errors import ExplanationWarning
 from attnflow.methods.diagnostics import collapse_note, is_causal
-from attnflow.methods.extras import collect_extras
+from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.staging import staged_output
@@ -72,8 +72,8 @@ class Explanation:
             tokens, an image converted to RGB: the Trace's ``meta["notes"]``) and while computing
             this explanation (e.g. pruning that left only the diagonal); saved to JSON and shown
             on the page.
-        extras: numbers the method reported about this explanation besides its scores
-            (`attnflow.methods.extras`; LRP: ``conservation``, ``bias_share``); saved to JSON.
+        extras: numbers the method returned about this explanation besides its scores
+            (`attnflow.methods.extras.Scored`; LRP: ``conservation``, ``bias_share``); saved to JSON.
         signed: the scores are signed (> 0 supports the target, < 0 speaks against it): the
             views colour the two signs apart; False: scores ≥ 0 (relevance, shares, norms).
         faithfulness: comprehensiveness and sufficiency of this explanation's ranking on this
@@ -326,10 +326,12 @@ def explain(
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            scores, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            scores, extras = split(found)
             row_scores = np.asarray(scores, dtype=np.float64).reshape(n)  # [1, n]: the one row computed
             return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras)
-    found, notes, extras = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+    found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+    found, extras = split(found)
     result = np.asarray(found, dtype=np.float64)
     head_matrices = None
     if spec.scores_only:
@@ -356,12 +358,10 @@ def explain_traces(
     if batch is None or len(traces) < 2:
         return [explain(trace, method=method, row=row, model=model, **options) for trace in traces]
     chosen = method_options(spec, options)
-    results, notes, _ = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
+    results, notes = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
     return [
-        _explanation(
-            trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, dict(extras)
-        )
-        for trace, (scores, extras) in zip(traces, results, strict=True)
+        _explanation(trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, extras)
+        for trace, (scores, extras) in zip(traces, map(split, results), strict=True)
     ]
 
 
@@ -421,17 +421,16 @@ def _explanation(
     )
 
 
-def _run_noting_warnings(call: Any) -> tuple[Any, list[str], dict[str, Any]]:
+def _run_noting_warnings(call: Any) -> tuple[Any, list[str]]:
     """Run a method (a no-argument callable) and return its result; warnings it raises still go
     out as warnings, and the messages of `ExplanationWarning`s come back as the Explanation's notes
-    (so the saved page says what the console said), with the extras the method reported
-    (`attnflow.methods.extras`)."""
-    with warnings.catch_warnings(record=True) as caught, collect_extras() as extras:
+    (so the saved page says what the console said)."""
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = call()
     for warning in caught:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)], extras
+    return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 
 def default_row(trace: Trace) -> Row:

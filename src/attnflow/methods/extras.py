@@ -1,33 +1,25 @@
-"""Numbers a method reports about its result besides the scores (LRP: conservation), kept per
-explanation in `Explanation.extras`.
+"""What a method may return besides its scores: numbers about the result (the backward rules:
+conservation, bias share), kept per explanation in `Explanation.extras`.
 
-A method calls `report_extras(name=value, ...)` while it runs; `attnflow.explain` collects them
-(`collect_extras`) into the Explanation it builds. Outside a collection the call does nothing, so
-a method stays an ordinary function that returns its array.
+A method returns its array, or a `Scored` (the array and its extras); a batch form returns one
+`Scored` per trace. `split` turns either into ``(array, extras)``.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Iterator
-
-_COLLECTED: ContextVar[dict[str, Any] | None] = ContextVar("attnflow_method_extras", default=None)
+from typing import Any, Mapping, NamedTuple
 
 
-def report_extras(**values: Any) -> None:
-    """Record JSON-serialisable ``values`` for the explanation being computed (if any)."""
-    collected = _COLLECTED.get()
-    if collected is not None:
-        collected.update(values)
+class Scored(NamedTuple):
+    """A method's result with its extras: ``scores`` (``[key]``, ``[query, key]``, ...) and
+    JSON-serialisable numbers about them."""
+
+    scores: Any
+    extras: Mapping[str, Any]
 
 
-@contextmanager
-def collect_extras() -> Iterator[dict[str, Any]]:
-    """The dict that `report_extras` fills while the block runs."""
-    collected: dict[str, Any] = {}
-    token = _COLLECTED.set(collected)
-    try:
-        yield collected
-    finally:
-        _COLLECTED.reset(token)
+def split(result: Any) -> tuple[Any, dict[str, Any]]:
+    """``(array, extras)`` of a method's result: a `Scored`, or a bare array (no extras)."""
+    if isinstance(result, Scored):
+        return result.scores, dict(result.extras)
+    return result, {}

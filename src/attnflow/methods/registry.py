@@ -18,9 +18,10 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
   target, < 0 against it), ``requires`` (what a model family must provide, names from
   `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
-  several traces at once, ``batch(model, traces, **options)`` → one ``(scores [key], extras)``
-  per trace, for methods whose passes batch (the LRP rules: one padded forward and backward pass
-  for all; leave-one-out: every trace's variants in one batched set of forward passes);
+  several traces at once, ``batch(model, traces, **options)`` → per trace its ``scores [key]`` or
+  a `attnflow.methods.extras.Scored` (scores and extras, as the single form may return), for
+  methods whose passes batch (the LRP rules: one padded forward and backward pass for all;
+  leave-one-out: every trace's variants in one batched set of forward passes);
   `attnflow.explanation.explain_traces` uses it.
 
 A method returns ``[query, key]`` (row i: how much output position i draws on input j),
@@ -95,7 +96,7 @@ class MethodSpec:
     layerwise: bool = False
     per_head: bool = False
     cost: Cost = "one_pass"
-    batch: Callable[..., Sequence[tuple[Any, Mapping[str, Any]]]] | None = None
+    batch: Callable[..., Sequence[Any]] | None = None
 
     @property
     def uses_target(self) -> bool:
@@ -130,7 +131,7 @@ def register(
     layerwise: bool = False,
     per_head: bool = False,
     cost: Cost = "one_pass",
-    batch: Callable[..., Sequence[tuple[Any, Mapping[str, Any]]]] | None = None,
+    batch: Callable[..., Sequence[Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
 

@@ -53,7 +53,7 @@ from typing import Any, Iterator, Literal, Sequence
 import numpy as np
 
 from attnflow.errors import CaptureError, InputError
-from attnflow.methods.extras import report_extras
+from attnflow.methods.extras import Scored
 from attnflow.methods.registry import register
 from attnflow.trace import CAPABILITIES, Trace
 
@@ -150,13 +150,12 @@ def register_rules(rules: BackwardRules) -> None:
     """Register a rule row as a method (one forward and one backward pass, a signed score per
     token, a batch form that explains many traces in one padded pass)."""
 
-    def explain_one(model: Any, trace: Trace) -> np.ndarray:
+    def explain_one(model: Any, trace: Trace) -> Scored:
         (relevance,) = lrp_relevance(model, [trace], rules)
-        report_extras(**relevance.extras())
-        return relevance.scores
+        return Scored(relevance.scores, relevance.extras())
 
-    def explain_batch(model: Any, traces: Sequence[Trace]) -> list[tuple[np.ndarray, dict[str, Any]]]:
-        return [(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rules)]
+    def explain_batch(model: Any, traces: Sequence[Trace]) -> list[Scored]:
+        return [Scored(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rules)]
 
     explain_one.__doc__ = f"``[token]`` signed {rules.name} relevance R_j of the trace's target (`BackwardRules`)."
     register(

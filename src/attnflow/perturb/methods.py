@@ -57,9 +57,9 @@ def _leave_one_out(model: Any, traces: Sequence[Trace], batch_size: int) -> list
     return results
 
 
-def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 32) -> list[tuple[np.ndarray, dict]]:
-    """The batch form of `leave_one_out` (``MethodSpec.batch``): scores and (no) extras per trace."""
-    return [(scores, {}) for scores in _leave_one_out(model, traces, batch_size)]
+def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 32) -> list[np.ndarray]:
+    """The batch form of `leave_one_out` (``MethodSpec.batch``): each trace's scores."""
+    return _leave_one_out(model, traces, batch_size)
 
 
 @register(
