@@ -99,7 +99,7 @@ def test_default_methods_explain_generations_and_are_not_expensive(decoder):
     for name in attnflow.available_methods():
         spec = get_method(name)
         explains = spec.uses_target or (not spec.scores_only and spec.takes != "model")  # a target, or a matrix
-        assert (name in shown) == (explains and spec.supports(family) and spec.cost != "expensive"), name
+        assert (name in shown) == (explains and spec.supports(decoder.adapter) and spec.cost != "expensive"), name
     assert "slow" in exploration.skipped["leave_one_out"] and "explain generated" in exploration.skipped["random"]
     if family == "gpt2":
         assert exploration.skipped["norm"] == "does not support the gpt2 family"
