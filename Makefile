@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -e ".[test,gguf,vision]"
 	$(PIP) install --no-deps $(EMBEDDED)
 	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
-	$(PY) -c "from attnflow.methods.flow import compile_kernels; compile_kernels()"
+	$(PY) -c "from attnflow.methods.flow_kernels import compile_kernels; compile_kernels()"
 	touch $@
 
 # Debian's Chromium for the browser tests (skipped when already present).

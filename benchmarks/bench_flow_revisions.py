@@ -2,7 +2,8 @@
 
     python benchmarks/bench_flow_revisions.py REV [REV ...] [--repeats 5] [--full]
 
-Each revision's ``src/attnflow/methods/flow.py`` is loaded as a module of its own (read with
+Each revision's kernel module (``src/attnflow/methods/flow_kernels.py``, or ``flow.py`` at revisions
+before the kernels had a module of their own) is loaded as a module of its own (read with
 ``git show``; its registration as a method and numba's on-disk cache are left out) and run on
 the prepared layers of the inputs of ``bench_flow.py``: the random and the sharp/local
 (adversarial) input of its default seed, and the first three 128-token Wikipedia windows through
@@ -24,11 +25,11 @@ import time
 
 import numpy as np
 
-from attnflow.methods import flow as current
+from attnflow.methods import flow_kernels as current
 from attnflow.methods.transforms import prepare_layers
 from bench_flow import softmax_attentions, wiki_windows, window_attentions  # beside this file
 
-FLOW_PATH = "src/attnflow/methods/flow.py"
+KERNEL_PATHS = ("src/attnflow/methods/flow_kernels.py", "src/attnflow/methods/flow.py")  # newest layout first
 
 
 def benchmark_inputs():
@@ -49,9 +50,12 @@ def benchmark_inputs():
 
 def kernel_at(revision, folder):
     """The flow module of ``revision``, loaded under a name of its own."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:{FLOW_PATH}"], capture_output=True, text=True, check=True
-    ).stdout
+    for kernel_path in KERNEL_PATHS:
+        shown = subprocess.run(["git", "show", f"{revision}:{kernel_path}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    source = shown.stdout
     source = source.replace("cache=True", "cache=False")  # one module name per file: no shared cache
     source = "\n".join(line for line in source.split("\n") if not line.startswith('@register("flow"'))
     path = os.path.join(folder, f"flow_{len(os.listdir(folder))}.py")
@@ -61,6 +65,11 @@ def kernel_at(revision, folder):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def solver(module):
+    """A kernel module's raw max-flow function (``max_flows``; ``_max_flows`` at older revisions)."""
+    return getattr(module, "max_flows", None) or module._max_flows
 
 
 def main(argv=None):
@@ -74,21 +83,21 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as folder:
         kernels = [("this checkout", current)] + [(rev, kernel_at(rev, folder)) for rev in args.revisions]
         for _, kernel in kernels:  # compile
-            kernel._max_flows(inputs["random"][None, :, :8, :8] * 0 + 1 / 8, np.array([0]), 1)
-        reference = {name: current._max_flows(layers[None], rows, 1) for name, layers in inputs.items()}
+            solver(kernel)(inputs["random"][None, :, :8, :8] * 0 + 1 / 8, np.array([0]), 1)
+        reference = {name: current.max_flows(layers[None], rows, 1) for name, layers in inputs.items()}
         best = {}
         for _ in range(args.repeats):
             for name, layers in inputs.items():
                 for label, kernel in kernels:
                     start = time.process_time()
-                    flows = kernel._max_flows(layers[None], rows, 1)
+                    flows = solver(kernel)(layers[None], rows, 1)
                     elapsed = time.process_time() - start
                     if not np.array_equal(flows, reference[name]):
                         sys.exit(f"{label} gives other flows than this checkout on {name}")
                     best[label, name] = min(best.get((label, name), np.inf), elapsed)
     unit, scale = ("s", 1.0) if args.full else ("ms", 1000.0)
     what = "full 128 x 128 matrix" if args.full else "CLS row"
-    print(f"{what}, kernel only (_max_flows, n_jobs=1), best of {args.repeats} interleaved rounds, CPU time:")
+    print(f"{what}, kernel only (max_flows, n_jobs=1), best of {args.repeats} interleaved rounds, CPU time:")
     print(f"{'input':14}" + "".join(f"{label:>16}" for label, _ in kernels))
     for name in inputs:
         print(f"{name:14}" + "".join(f"{best[label, name] * scale:13.2f} {unit:2}" for label, _ in kernels))

@@ -40,7 +40,7 @@ for name in explanation.json explanation.html explanation.png; do
 done
 # The flow kernel compiles once and is cached where the installed package can keep it (numba's
 # __pycache__ beside the installed module, or the user's cache folder when that is read-only).
-compile='from attnflow.methods import flow; flow.compile_kernels(); print(flow.kernels_cached())'
+compile='from attnflow.methods import flow_kernels; flow_kernels.compile_kernels(); print(flow_kernels.kernels_cached())'
 venv/bin/python -c "$compile" > /dev/null
 test "$(venv/bin/python -c "$compile" 2>&1)" = "True" || { echo "check_package: the flow kernel was not cached" >&2; exit 1; }
 if [ -e "$work/cache/probes" ]; then echo "check_package: a classifier head was trained instead of shipped" >&2; exit 1; fi

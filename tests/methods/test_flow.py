@@ -351,7 +351,7 @@ def test_flow_invariants(n_layers, n_heads, n, seed, residual, kind):
 
 @pytest.mark.parametrize("n", [3, 70])
 def test_graph_capacities_bits_and_heaviest_edges_match_numpy(n):
-    from attnflow.methods.flow import N_HEAVY, SCALE_BITS, _graph
+    from attnflow.methods.flow_kernels import N_HEAVY, SCALE_BITS, _graph
 
     rng = np.random.default_rng(n)
     layers = softmax_attentions(rng, 2, 1, n, sparse=True)[:, 0]  # exact zeros and equal rows' maxima
@@ -377,7 +377,7 @@ def test_a_remembered_cut_bounds_every_sink_and_is_exact_for_its_own(n_layers):
     """The min cut kept from one sink's last search (its source side above layer 1, each node of
     layer 1 on whichever side cuts less for the next sink) bounds every other sink's max flow and
     equals its own sink's; checked against networkx on the integer capacities the kernel uses."""
-    from attnflow.methods.flow import _graph, _source_side_cut
+    from attnflow.methods.flow_kernels import _graph, _source_side_cut
 
     layers = capacities(structured_attentions(np.random.default_rng(3), n_layers, 2, 10))
     cap = _graph(layers)[0]  # [layer, q, k] int64, the kernel's exact capacities
