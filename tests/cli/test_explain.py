@@ -38,7 +38,8 @@ class FakeModel:
 
     name = "fake"
     default_row = "mean"
-    kind = "encoder"  # a bare encoder: no target, so the default method is rollout
+    kind = "encoder"
+    target_kind = None  # a bare encoder: no target, so the default method is rollout
     is_classifier = False
 
     def __init__(self) -> None:

@@ -155,7 +155,8 @@ def test_explore_checks_the_row_before_loading(tmp_path, capsys, monkeypatch):
 
 class FakeModel:
     name = "fake"
-    kind = "encoder"  # a bare encoder: no target, so no faithfulness badges
+    kind = "encoder"
+    target_kind = None  # a bare encoder: no target, so no faithfulness badges
     is_classifier = False
 
     def trace(self, texts, **capture):  # max_length, needs, target, ...: a fake captures one thing
