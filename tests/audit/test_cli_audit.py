@@ -82,7 +82,7 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
     code = run_cli("--model", str(tiny_model_path("bert")), "--file", str(texts), "--out", str(tmp_path / "o"))
     assert code == 2
     line = one_error_line(capsys)
-    assert "has no classifier head: grad_rollout explains a target class" in line
+    assert "has no classifier head: attnlrp explains a target class" in line
 
 
 def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
