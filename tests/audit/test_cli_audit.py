@@ -128,3 +128,13 @@ def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path,
     code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
     assert code == 2
     assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)
+
+
+def test_a_checkpoint_of_the_earlier_format_is_refused(planted_model, planted_task, tmp_path, capsys):
+    """Format 2 kept no positive parts: resuming it would rank words from missing sums."""
+    path, *_ = planted_task
+    saved = {"format": 2, "examples": 16, "elapsed_s": 1.0, "stats": {"n_classes": 2}}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(saved), encoding="utf-8")
+    code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
+    assert code == 2
+    assert "checkpoint format 2 is not 3" in one_error_line(capsys)

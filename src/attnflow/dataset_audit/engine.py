@@ -295,7 +295,10 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     if missing:
         raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
     if meta.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+        raise InputError(
+            f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT} (written by another version "
+            "of attnflow); use --overwrite to start again"
+        )
     return meta
 
 
