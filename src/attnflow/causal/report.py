@@ -141,22 +141,70 @@ def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) ->
 
 
 def heatmap_figure(result: PatchResult, kind: str, values: np.ndarray, title: str) -> Any:
-    """A layer × position (or layer × head) heatmap of effects, centred on 0."""
-    from matplotlib.figure import Figure
-
+    """A layer × position (or layer × head) heatmap of one result's effects, centred on 0."""
     from attnflow.tokens import display_token
+
+    return effect_heatmap(values, title, None if kind == "heads" else [display_token(t)[:12] for t in result.tokens])
+
+
+def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None) -> Any:
+    """A heatmap ``[layer, column]`` centred on 0; columns labelled (positions) or numbered (heads)."""
+    from matplotlib.figure import Figure
 
     rows, columns = values.shape
     figure = Figure(figsize=(max(4.0, 0.45 * columns + 2), max(2.5, 0.18 * rows + 1.2)))
     axes = figure.add_subplot()
-    limit = float(np.nanmax(np.abs(values))) or 1.0
+    limit = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    limit = limit or 1.0
     image = axes.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", origin="lower")
     figure.colorbar(image, ax=axes, label="effect")
     axes.set_ylabel("layer")
-    if kind == "heads":
+    if column_labels is None:
         axes.set_xlabel("head")
     else:
-        labels = [display_token(token)[:12] for token in result.tokens]
-        axes.set_xticks(np.arange(columns), labels, rotation=60, ha="right", rotation_mode="anchor", parse_math=False)
+        axes.set_xticks(
+            np.arange(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", parse_math=False
+        )
     axes.set_title(title, fontsize=10)
     return figure
+
+
+def summary_html(summary: dict[str, Any]) -> str:
+    """The page of a file of pairs (`attnflow.causal.dataset.summarise`): mean effects per method
+    and site kind (positions counted back from the predicting one), and the approximations'
+    agreement with exact patching."""
+    rows = []
+    for method, kinds in summary["correlations"].items():
+        for kind, values in kinds.items():
+            rows.append(
+                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                + _value_cell(values["pearson_mean"])
+                + _value_cell(values["pooled_pearson"])
+                + _value_cell(values["pooled_spearman"])
+                + "</tr>"
+            )
+    header = (
+        "<tr><th>method</th><th>sites</th><th>Pearson r (mean over pairs)</th><th>Pearson r (pooled)</th>"
+        "<th>Spearman ρ (pooled)</th></tr>"
+    )
+    body = [f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>']
+    for method, kinds in summary["effects"].items():
+        figures = []
+        for kind, values in kinds.items():
+            mean = np.asarray(values["mean"], dtype=float)
+            labels = None if kind == "heads" else [f"{j - mean.shape[1] + 1}" for j in range(mean.shape[1])]
+            figure = effect_heatmap(mean, f"{method}: mean {KIND_TITLES[kind]}", labels)
+            figures.append(
+                f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
+                f"{figure_img(figure, alt=f'{method} {kind} mean effects')}</figure>"
+            )
+        body.append(section(f"{method}: mean effects", "\n".join(figures)))
+    if summary["failed"]:
+        failed = "".join(f"<li>{esc(row['clean_text'])}: {esc(row['error'])}</li>" for row in summary["failed"])
+        body.append(section("Pairs left out", f"<ul>{failed}</ul>"))
+    return page(
+        "Activation patching over prompt pairs",
+        section("Approximations against exact patching", body[0]) + "\n".join(body[1:]),
+        subtitle=f"{summary['pairs']} pairs; positions counted back from the predicting one (0)",
+        css=CSS,
+    )
