@@ -113,3 +113,11 @@ def test_noise_samples_are_seeded_and_averaged(tiny_patch_models):
     np.testing.assert_array_equal(first.effects["exact"]["heads"], again.effects["exact"]["heads"])
     assert first.corrupt_metric != other.corrupt_metric
     assert first.samples == 3 and first.corrupt_tokens == first.tokens
+
+
+def test_noising_the_predicting_residual_gives_effect_one(tiny_patch_models):
+    model = tiny_patch_models["gpt2"]
+    result = patch(model, CLEAN, CORRUPT, sites="residual", methods="exact", direction="noising", progress=False)
+    residual = result.effects["exact"]["residual"]
+    assert residual[model.n_layers, -1] == pytest.approx(1.0, abs=1e-5)  # the clean run given x̃'s last state
+    assert np.all(residual[model.n_layers, :-1] == 0.0)
