@@ -52,7 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="exact,atp",
         help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward) (default: exact,atp)",
     )
-    parser.add_argument("--direction", choices=("denoising", "noising"), default="denoising")
+    parser.add_argument(
+        "--direction",
+        choices=("denoising", "noising"),
+        default="denoising",
+        help="denoising: restore clean values into the corrupted run (default); noising: corrupt the clean run",
+    )
     parser.add_argument("--samples", type=positive_int, default=10, help="noise draws averaged (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the noise (default 0)")
     parser.add_argument(
@@ -61,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--file", type=Path, metavar="PAIRS.jsonl", help="patch every prompt pair of a file")
     parser.add_argument("--resume", action="store_true", help="with --file: continue the run checkpointed in --out")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
     parser.set_defaults(handler=run)
 
