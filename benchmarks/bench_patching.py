@@ -26,7 +26,7 @@ import torch
 
 import attnflow
 from attnflow.causal.api import resolve_metric
-from attnflow.causal.dataset import patch_file, read_pairs
+from attnflow.causal.dataset import CHECKPOINT, patch_file, read_pairs, summarise
 from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 
@@ -74,7 +74,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--loop-sites", type=int, default=96, help="sites of the loop-against-batch timing")
     parser.add_argument("--out", type=Path, default=Path("out/bench-patching"))
+    parser.add_argument(
+        "--summary-only", action="store_true", help="print the table of the pairs checkpointed in --out so far"
+    )
     args = parser.parse_args()
+    if args.summary_only:
+        rows = [json.loads(line) for line in (args.out / CHECKPOINT).read_text().splitlines() if line.strip()]
+        print_table(summarise(rows), json.loads((args.out / "loop.json").read_text()))
+        return
     model = attnflow.load("smollm2", device="cpu")
     pairs = chosen_pairs(model, args.max_tokens, args.limit)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,6 +100,14 @@ def main() -> None:
         batch_size=args.batch_size,
         progress=False,
     )
+    ratios = print_table(summary, loop)
+    (args.out / "bench.json").write_text(
+        json.dumps({"summary": summary, "time_ratios": ratios, "loop": loop}, indent=1)
+    )
+
+
+def print_table(summary: dict, loop: dict) -> dict[str, float]:
+    """The markdown table of correlations, the time ratios and the loop speed-up; returns the ratios."""
     seconds = summary["seconds"]
     print(f"\n{summary['pairs']} pairs ({len(summary['failed'])} left out), smollm2, denoising, logit difference")
     print("| sites | " + " | ".join(f"{m} Pearson (pooled / mean)" for m in APPROXIMATIONS) + " |")
@@ -112,9 +127,7 @@ def main() -> None:
         f"{loop['loop_seconds']:.1f} s / {loop['batched_seconds']:.1f} s = {loop['speedup']:.1f}x "
         f"(max difference {loop['max_difference']:.1e})"
     )
-    (args.out / "bench.json").write_text(
-        json.dumps({"summary": summary, "time_ratios": ratios, "loop": loop}, indent=1)
-    )
+    return ratios
 
 
 if __name__ == "__main__":
