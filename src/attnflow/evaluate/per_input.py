@@ -11,7 +11,8 @@ deduplicated and scored in one batched call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -103,6 +104,8 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 
 # ----- --method auto ------------------------------------------------------------------------------
 
+AUTO = "auto"  # --method auto: the most comprehensive one-pass target method on this input
+
 
 def auto_methods(family: Family | None = None) -> list[str]:
     """`--method auto`'s candidates: the registered target methods that cost one forward and one
@@ -130,3 +133,90 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+def has_target(model: Any, target_text: str | None) -> bool:
+    """Whether the model's output gives target methods something to explain on a text."""
+    if model.target_kind in ("next_token", "class"):
+        return True
+    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
+
+
+def no_target_message(model: Any, image: bool) -> str:
+    """Why ``auto`` cannot run on this model (or on an image), and what to give instead."""
+    if image:
+        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
+    if model.target_kind == "similarity" and model.default_row == "mean":
+        return (
+            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        )
+    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+
+
+def with_candidates(methods: Sequence[str], family: Family | None) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
+    expanded: list[str] = []
+    for name in methods:
+        expanded += auto_methods(family) if name == AUTO else [name]
+    return list(dict.fromkeys(expanded))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `attnflow explain` computes for one input: the methods asked for (``auto`` among them
+    or not), ``auto``'s candidates, and every method to run with its checked options."""
+
+    requested: list[str]
+    candidates: list[str]
+    per_method: dict[str, dict[str, Any]]
+
+
+def plan_methods(
+    model: Any,
+    methods: Sequence[str] | None,
+    options: Mapping[str, Any],
+    target_text: str | None = None,
+    image: bool = False,
+) -> Plan:
+    """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
+    rollout otherwise) with the user's ``options`` (name -> value; each method gets its share,
+    `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
+    from attnflow.errors import InputError
+    from attnflow.methods.registry import options_per_method
+
+    has = not image and has_target(model, target_text)
+    requested = list(methods) if methods else ([AUTO] if has else ["rollout"])
+    if AUTO in requested and not has:
+        raise InputError(no_target_message(model, image))
+    family = model.adapter if AUTO in requested else None
+    candidates = auto_methods(family) if AUTO in requested else []
+    return Plan(requested, candidates, options_per_method(with_candidates(requested, family), dict(options)))
+
+
+def explain_planned(
+    model: Any,
+    trace: Any,
+    plan: Plan,
+    row: Any = None,
+    before: Callable[[str], None] | None = None,
+) -> list[Any]:
+    """Run every method of ``plan`` on ``trace`` (`attnflow.explain`), add each map's faithfulness
+    on this input (a class or next-token target) and resolve ``auto``: one `Explanation` per
+    method asked for, ``auto``'s choice in its place, each explanation once. ``before(step)`` is
+    called before each method (``step``: its name) and before the faithfulness batch
+    (``"faithfulness"``): for progress, and to stop between steps by raising."""
+    from attnflow.explanation import explain
+
+    step = before or (lambda _name: None)
+    row = row if row is not None else getattr(model, "default_row", None)
+    computed = {}
+    for method, options in plan.per_method.items():
+        step(method)
+        computed[method] = explain(trace, method=method, row=row, model=model, **options)
+    if trace.target is not None:
+        step("faithfulness")
+        add_faithfulness(model, trace, list(computed.values()))
+    if plan.candidates:
+        computed[AUTO] = choose_most_comprehensive([computed[name] for name in plan.candidates])
+    return list({id(computed[name]): computed[name] for name in plan.requested}.values())
