@@ -256,12 +256,13 @@ def test_a_request_cancelled_mid_method_stops_and_the_next_succeeds(client, bloc
     thread, answer = in_thread(lambda: explain(client, **body))
     assert started.wait(10)
     progress = client.get("/api/progress/cancel-me").json()
-    assert progress["step"] == "serve_test_blocking" and not progress["cancelled"]
+    assert progress["step"] == "serve_test_blocking" and progress["running"] and not progress["cancelled"]
     assert client.post("/api/cancel/cancel-me").json()["cancelled"]
     release.set()
     thread.join(10)
     assert "cancelled by the client" in one_line_error(answer["response"], 409)
     one_line_error(client.post("/api/cancel/cancel-me"), 404)  # finished
+    assert client.get("/api/progress/cancel-me").json() == {"id": "cancel-me", "running": False}
     assert_valid_request_succeeds(client)
 
 

@@ -183,6 +183,7 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
                     )
         finally:
             jobs.pop(job.id, None)
+            future.add_done_callback(lambda stopped: stopped.exception())  # a stopped job's Cancelled: expected
 
     def keep(job: Job, explanations: list[Any]) -> None:
         results[job.id] = {explanation.method: explanation for explanation in explanations}
@@ -318,9 +319,13 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
     @app.get("/api/progress/{request_id}", summary="the step a running request is on")
     def progress(request_id: str) -> dict[str, Any]:
         job = jobs.get(request_id)
-        if job is None:
-            raise ServeError(404, f"no running request {request_id!r} (it finished, or never started)")
-        return job.progress()
+        if job is None:  # finished (or never started): an answer, not an error, for a page that polls
+            return {"id": request_id, "running": False}
+        return {**job.progress(), "running": True}
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
 
     @app.post("/api/cancel/{request_id}", summary="stop a running request at its next step")
     def cancel(request_id: str) -> dict[str, Any]:
