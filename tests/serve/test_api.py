@@ -322,3 +322,59 @@ def test_one_thread_at_a_time_in_a_model_and_least_recently_used_models_go(tiny_
             assert tiny_loader.loads[loads:] == ["tiny-b", "tiny-a"]
     finally:
         unregister("serve_test_counting")
+
+
+def test_a_client_that_disconnects_stops_its_request_and_the_next_succeeds(tiny_loader, blocking_method):
+    """Raw ASGI: the body arrives, the method starts, then the client's disconnect message."""
+    import asyncio
+
+    from fastapi.testclient import TestClient
+
+    started, release = blocking_method
+    app = make_app(tiny_loader)
+    body = json.dumps(
+        {"text": TEXT, "model": "tiny-a", "methods": ["serve_test_blocking", "rollout"], "request_id": "gone"}
+    ).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/api/explain",
+        "raw_path": b"/api/explain",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 5000),
+    }
+
+    async def scenario() -> tuple[list[dict], str | None]:
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+        gone = asyncio.Event()
+
+        async def receive():
+            if pending:
+                return pending.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        answering = asyncio.create_task(app(scope, receive, send))
+        assert await asyncio.to_thread(started.wait, 10)
+        job = app.state.jobs["gone"]
+        gone.set()
+        await asyncio.wait_for(answering, 10)
+        return sent, job.reason
+
+    sent, reason = asyncio.run(scenario())
+    assert reason == "the client disconnected"
+    assert sent[0]["status"] == 409
+    release.set()
+    with TestClient(app) as client:
+        assert_valid_request_succeeds(client)
