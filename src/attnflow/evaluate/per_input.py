@@ -6,11 +6,16 @@ tokens is scored as `attnflow evaluate` scores it — comprehensiveness and suff
 `perturbation_probabilities`), so the numbers equal the benchmark's on that input — next to the
 random-ranking expectation on the same input: the mean over `RANDOM_RANKINGS` seeded permutations
 of the content tokens. The perturbed inputs of every explanation and of the random rankings are
-deduplicated and scored in one batched call.
+deduplicated and scored in one batched call. The random rankings' figures depend on the input alone
+(not on the methods): they are kept per model for the last `BASELINES_KEPT` inputs, so asking
+again about an input (other methods, the server's next request) scores only the methods' rankings.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -26,6 +31,9 @@ if TYPE_CHECKING:
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
+BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
+_BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_BASELINES_LOCK = threading.Lock()
 
 
 def input_faithfulness(
@@ -52,8 +60,12 @@ def input_faithfulness(
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
     example = Example(trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan)
+    key = (example.ids, tuple(special.tolist()), target.kind, example.target, replace, tuple(bins))
+    key += (random_rankings, seed)
+    chance = _kept_baseline(model, key) if len(scores) else None
     rankings = [content_ranking(vector, special) for vector in scores]
-    rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
+    if chance is None:
+        rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
     mask_id = (
         model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
@@ -72,12 +84,38 @@ def input_faithfulness(
             "aopc_sufficiency": float(sufficient.mean()),
         }
 
-    chance = {
-        **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
-        "rankings": int(random_rankings),
-    }
+    if chance is None:
+        chance = {
+            **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
+            "rankings": int(random_rankings),
+        }
+        _keep_baseline(model, key, chance)
     shared = {"target": target.label, "probability": float(p_full[0]), "replace": replace, "bins": list(bins)}
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
+
+
+def _kept_baseline(model: Any, key: tuple) -> dict[str, Any] | None:
+    """The random rankings' figures kept for ``model`` and this input (``key``), or None."""
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.get(model)
+        except TypeError:  # a model that cannot be weakly referenced: nothing is kept
+            return None
+        if kept is None or key not in kept:
+            return None
+        kept.move_to_end(key)
+        return {**kept[key]}
+
+
+def _keep_baseline(model: Any, key: tuple, chance: dict[str, Any]) -> None:
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.setdefault(model, OrderedDict())
+        except TypeError:
+            return
+        kept[key] = {**chance}
+        while len(kept) > BASELINES_KEPT:
+            kept.popitem(last=False)
 
 
 def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
