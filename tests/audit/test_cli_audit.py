@@ -128,3 +128,19 @@ def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path,
     code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
     assert code == 2
     assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)
+
+
+def test_a_second_audit_into_a_folder_in_use_refuses_at_once(planted_model, planted_task, tmp_path):
+    from concurrent_runs import second_run_while_first_holds
+
+    path, *_ = planted_task
+    out = tmp_path / "out"
+    argv = ["audit", "--model", str(planted_model), "--task", str(path), "--samples", "40", "--out", str(out)]
+    runs = second_run_while_first_holds([*argv, "--device", "cpu", "--quiet"], out)
+    assert runs.second_code == 2 and runs.second_cpu_seconds < 2, runs
+    assert runs.second_err.strip().splitlines() == [
+        f"attnflow: error: {out} is in use by another attnflow run (process {runs.first_pid}); "
+        "wait for it to finish or choose another folder"
+    ]
+    assert runs.first_code == 0, runs.first_err
+    assert json.loads((out / "results.json").read_text())["run"]["samples"] == 40

@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run_audit_command)
+    parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

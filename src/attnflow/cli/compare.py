@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
     parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
     parser.add_argument("--overwrite", action="store_true", help="replace a comparison already in DIR")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from attnflow.cli.common import (
     parse_row,
     positive_int,
 )
-from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
+from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, write_explanations
 from attnflow.errors import InputError
 from attnflow.tokens import display_token
 
@@ -172,7 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     output.add_argument(
         "--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)"
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=output_folder)
 
 
 def run(args: argparse.Namespace) -> int:

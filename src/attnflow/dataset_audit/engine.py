@@ -34,7 +34,7 @@ from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
 from attnflow.dataset_audit.words import parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
-from attnflow.staging import atomic_file
+from attnflow.staging import atomic_file, folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,13 @@ def run_audit(
     Raises:
         InputError: bad options, data or output folder; a checkpoint of another configuration.
         KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
+        OutputError: another run holds ``out`` (`attnflow.staging.folder_lock`).
     """
+    with folder_lock(Path(out)):
+        return _run_audit(options, Path(out), resume=resume, overwrite=overwrite, model=model)
+
+
+def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
     from attnflow.methods.registry import get_method
 
     _check_options(options)
