@@ -60,8 +60,8 @@ def input_faithfulness(
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
     example = Example(trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan)
-    key = (example.ids, tuple(special.tolist()), target.kind, example.target, replace, tuple(bins))
-    key += (random_rankings, seed)
+    key: tuple = (example.ids, tuple(special.tolist()), target.kind, example.target)
+    key = (*key, replace, tuple(bins), random_rankings, seed)  # what the random rankings' figures depend on
     chance = _kept_baseline(model, key) if len(scores) else None
     rankings = [content_ranking(vector, special) for vector in scores]
     if chance is None:
