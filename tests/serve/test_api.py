@@ -146,6 +146,14 @@ def test_compare_and_generate_answer_the_library_numbers(client, tiny_loader):
     one_line_error(client.post("/api/generate", json={**body, "generate": 1000}), 413)
 
 
+def test_explore_gives_the_explorer_page_of_the_text(client):
+    answer = client.post("/api/explore", json={"text": TEXT, "model": "tiny-a", "methods": ["rollout", "raw"]}).json()
+    page = client.get(answer["url"])
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "attnflow explorer: tiny-a" in page.text and "Content-Security-Policy" in page.text
+    one_line_error(client.get("/api/explorer/unknown"), 404)
+
+
 # ----- bad requests: one clear line each, and the server keeps serving ---------------------------------------
 
 

@@ -87,6 +87,15 @@ def test_typed_text_and_chosen_methods_show_the_api_scores_and_switch_without_re
         downloaded = page.request.get(server + page.get_attribute("#dl-json", "href")).json()
         assert downloaded["scores"] == rollout["scores"]
 
+        page.click("#explore")  # every layer and head: the explorer's own page, from the server
+        page.wait_for_selector("#explorer-link:not([hidden])", timeout=60_000)
+        explorer = browser.new_page()
+        explorer.on("pageerror", lambda error: errors.append(str(error)))
+        explorer.goto(server + (page.get_attribute("#explorer-link", "href") or ""))
+        explorer.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        assert explorer.locator("#layer option").count() >= 2  # the per-layer views
+        explorer.close()
+
         page.select_option("#model", "tiny-b")
         page.click("#run")
         page.wait_for_selector("#history li:nth-child(2)", timeout=60_000)  # (the page's CSP forbids eval)

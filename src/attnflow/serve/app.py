@@ -115,6 +115,18 @@ class GenerateRequest(BaseModel):
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
+class ExploreRequest(BaseModel):
+    """``attnflow explore TEXT``'s inputs: the explorer page, every layer and head of each method."""
+
+    text: str
+    model: str | None = None
+    methods: list[str] | None = Field(None, description="registered methods (default: every one the model supports)")
+    target: str | None = None
+    target_text: str | None = None
+    max_length: int | None = Field(None, ge=1)
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
 class CompareRequest(BaseModel):
     """``attnflow compare TEXT --model A --model B``'s inputs."""
 
@@ -138,6 +150,7 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
     executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="attnflow-serve")
     jobs: dict[str, Job] = {}
     results: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> {method: explanation}
+    pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer page
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -316,6 +329,32 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
             "comparison": comparison.to_dict(),
         }
 
+    @app.post("/api/explore", summary="the explorer page (layers, heads, matrices), as `attnflow explore` writes it")
+    async def explore(body: ExploreRequest, request: Request) -> dict[str, Any]:
+        check_text(body.text)
+        job = Job(id=body.request_id) if body.request_id else Job()
+        page = await run(
+            request,
+            job,
+            work.explore_text,
+            text=body.text,
+            model=body.model or pool.default,
+            methods=body.methods,
+            target=body.target,
+            target_text=body.target_text,
+            max_length=body.max_length,
+        )
+        pages[job.id] = page
+        while len(pages) > config.max_results:
+            pages.popitem(last=False)
+        return {"id": job.id, "url": f"/api/explorer/{job.id}"}
+
+    @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
+    def explorer(page_id: str) -> HTMLResponse:
+        if page_id not in pages:
+            raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {config.max_results})")
+        return HTMLResponse(pages[page_id])
+
     @app.get("/api/progress/{request_id}", summary="the step a running request is on")
     def progress(request_id: str) -> dict[str, Any]:
         job = jobs.get(request_id)
@@ -440,7 +479,7 @@ class _Guard:
         await self.app(scope, receive, with_headers)
 
 
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare")
+_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore")
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),

@@ -159,6 +159,31 @@ def compare_models(
         )
 
 
+def explore_text(
+    pool: ModelPool,
+    job: Job,
+    *,
+    text: str,
+    model: str,
+    methods: Sequence[str] | None,
+    target: str | None,
+    target_text: str | None,
+    max_length: int | None,
+) -> str:
+    """`attnflow explore TEXT`: the explorer's page (every layer and head of each method), as HTML."""
+    from attnflow.capture.texts import check_texts
+    from attnflow.exploration import explore
+
+    check_texts(text)
+    names = method_list(methods)
+    with pool.using(model, job) as loaded:
+        job.step("exploring")
+        exploration = explore(
+            loaded, text, methods=names, target=target, target_text=target_text, max_length=max_length
+        )
+        return str(exploration.to_html())
+
+
 def explanation_file(explanation: Any, kind: str) -> bytes:
     """The bytes of ``explanation.{json,html,png}`` (``kind``) exactly as `attnflow explain` writes
     them (`Explanation.write_files`, or `GenerationExplanation.save`)."""

@@ -126,6 +126,24 @@
     try { await api("/api/cancel/" + state.running, {}); } catch (error) { /* it finished */ }
   }
 
+  async function exploreShown() {
+    const entry = state.shown;
+    if (!entry || entry.kind !== "explanation") return;
+    $("explore").disabled = true;
+    setStatus("building the explorer (every layer and head) …");
+    try {
+      const body = { text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) };
+      const answer = await api("/api/explore", body);
+      $("explorer-link").href = answer.url;
+      $("explorer-link").hidden = false;
+      setStatus("the explorer is ready: open it in a new tab");
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      $("explore").disabled = false;
+    }
+  }
+
   function addToHistory(entry, index) {
     const item = document.createElement("li");
     const button = document.createElement("button");
@@ -148,6 +166,8 @@
     entry.explanations.forEach((explanation, index) => option(select, String(index), label(explanation)));
     select.value = String(view);
     $("result").hidden = false;
+    $("explorer-link").hidden = true;
+    $("explore").hidden = entry.kind !== "explanation";
     draw(view);
   }
 
@@ -270,6 +290,7 @@
 
   $("ask").addEventListener("submit", ask);
   $("cancel").addEventListener("click", cancel);
+  $("explore").addEventListener("click", exploreShown);
   $("view-method").addEventListener("change", (event) => draw(Number(event.target.value)));
   $("tokens").addEventListener("click", pin);
   document.body.dataset.busy = "0";
