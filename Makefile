@@ -53,6 +53,7 @@ test: setup browser lint
 
 test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600
+	$(PY) benchmarks/bench_serve.py --short   # attnflow serve under 16 clients for 10 s: no 5xx, flat memory
 
 # Lint and type checks of the library (configured in pyproject.toml; a few seconds).
 lint: setup

@@ -4,16 +4,17 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --short         # latency 10, load 10 s
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --skip-load     # latency only
 
-The server runs as its own process (`attnflow serve --preload`, as a user starts it) and
-is asked over HTTP. **Latency**: one sentence on minilm-sentiment, methods attnlrp and rollout (each
-with its per-input faithfulness, which the classifier's target brings), ``--requests`` sequential
-warm requests, median and 95th percentile, next to the same request through the CLI
-(``attnflow explain TEXT --method attnlrp,rollout --json``, a fresh process each time) in the same
-run, whose JSON must equal the server's. **Load**: ``--clients`` concurrent async clients for
-``--seconds`` mixing explain (several sentences and methods), compare and models on two models
-(minilm-sentiment, minilm-topics): every status counted (no 5xx allowed), p50/p95 per route, the
-server's resident memory after a warm-up round and after the run (≤ 1.2× allowed). The load
-average is printed: a shared machine stretches every time.
+The server runs as its own process (`attnflow serve --preload`, as a user starts it) and is asked
+over HTTP. **Latency**: one sentence on minilm-sentiment, methods attnlrp and rollout (each with its
+per-input faithfulness, which the classifier's target brings), ``--requests`` sequential warm
+requests, median and 95th percentile, next to the same request through the CLI (``attnflow explain
+TEXT --method attnlrp,rollout --json``, a fresh process each time) in the same run, whose JSON must
+equal the server's; then as many requests on distinct sentences (the same sentence reuses its
+random-ranking baseline after the first request, `per_input.BASELINES_KEPT`). **Load**:
+``--clients`` concurrent async clients for ``--seconds`` mixing explain (several sentences and
+methods), compare and models on two models (minilm-sentiment, minilm-topics): every status counted
+(no 5xx allowed), p50/p95 per route, the server's resident memory after a warm-up round and after
+the run (≤ 1.2× allowed). The load average is printed: a shared machine stretches every time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ SENTENCES = [
     "The city council approved the new budget for public schools on Tuesday.",
     "The striker scored twice in the second half.",
 ]
+ADJECTIVES = ["terrible", "great", "dull", "moving", "clumsy", "brilliant", "flat", "charming", "odd", "tender"]
 LATENCY_REQUEST = {"text": SENTENCE, "model": "minilm-sentiment", "methods": ["attnlrp", "rollout"]}
 MODELS = ("minilm-sentiment", "minilm-topics")
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +94,13 @@ def latency(base: str, requests: int, cli_runs: int) -> dict:
             response.raise_for_status()
             answer = response.json()
             inside.append(answer["elapsed_ms"])
+        distinct = []  # other sentences each time: no kept random baseline to reuse (per_input.BASELINES_KEPT)
+        for number in range(requests):
+            first, second = ADJECTIVES[number % 10], ADJECTIVES[(number // 10 + number + 1) % 10]
+            body = {**LATENCY_REQUEST, "text": f"The movie was {first}, but the acting was {second} ({number})."}
+            began = time.perf_counter()
+            client.post("/api/explain", json=body).raise_for_status()
+            distinct.append(time.perf_counter() - began)
     assert answer is not None and all("faithfulness" in e for e in answer["explanations"])
     command = [*ATTNFLOW, "explain", SENTENCE, "--model", "minilm-sentiment"]
     command += ["--method", "attnlrp,rollout", "--json", "--quiet"]
@@ -114,6 +123,8 @@ def latency(base: str, requests: int, cli_runs: int) -> dict:
         "server_p95_ms": 1000 * percentile(times, 0.95),
         "server_fastest_ms": 1000 * min(times),
         "server_own_median_ms": statistics.median(inside),  # the route's time, without HTTP
+        "server_distinct_median_ms": 1000 * statistics.median(distinct),
+        "server_distinct_p95_ms": 1000 * percentile(distinct, 0.95),
         "cli_median_s": statistics.median(cli_times),
         "ratio": statistics.median(cli_times) / statistics.median(times),
         "max_score_difference": largest,
