@@ -37,7 +37,7 @@ def tiny_loader(tiny_folders):
 def make_app(loader, **config):
     from attnflow.serve import ModelPool, ServeConfig, create_app
 
-    pool_options = {key: config.pop(key) for key in ("allow_path", "max_models") if key in config}
+    pool_options = {key: config.pop(key) for key in ("allow_path", "max_models", "max_rss_mb") if key in config}
     pool = ModelPool(list(TINY), loader=loader, known=TINY, **pool_options)
     return create_app(pool, ServeConfig(**config))
 

@@ -386,3 +386,17 @@ def test_a_client_that_disconnects_stops_its_request_and_the_next_succeeds(tiny_
     release.set()
     with TestClient(app) as client:
         assert_valid_request_succeeds(client)
+
+
+def test_over_the_memory_limit_idle_models_are_unloaded_but_one_stays(tiny_loader):
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app(tiny_loader, max_models=3, max_rss_mb=1)) as client:  # always over 1 MiB
+        for model in ("tiny-a", "tiny-b"):
+            assert explain(client, model=model, methods=["raw"]).status_code == 200
+        assert client.get("/api/models").json()["loaded"] == ["tiny-b"]
+
+
+def test_the_command_refuses_a_non_local_bind_without_a_token(capsys):
+    assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 2
+    assert "give --token" in capsys.readouterr().err

@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-models", type=positive_int, default=2, metavar="N", help="models kept loaded (default: 2)"
     )
     parser.add_argument(
+        "--max-memory",
+        type=positive_int,
+        metavar="MB",
+        help="unload idle models (least recently used first) while the server's resident memory exceeds MB",
+    )
+    parser.add_argument(
         "--time-limit", type=float, default=60.0, metavar="S", help="seconds before a request is stopped (default: 60)"
     )
     parser.add_argument(
@@ -81,7 +87,12 @@ def run(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         allowed_hosts=LOCAL_HOSTS if local else None,  # a local server answers no other Host (DNS rebinding)
     )
-    pool = ModelPool(args.model or [DEFAULT_MODEL], allow_path=args.allow_path, max_models=args.max_models)
+    pool = ModelPool(
+        args.model or [DEFAULT_MODEL],
+        allow_path=args.allow_path,
+        max_models=args.max_models,
+        max_rss_mb=args.max_memory,
+    )
     if args.preload:
         from attnflow.serve import Job
 
