@@ -3,9 +3,11 @@ against a real uvicorn server on a tiny classifier: what the DOM shows is what /
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="attnflow serve needs the serve 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (run `make browser`)")
 HOSTILE = "<img src=x onerror=alert(1)> the movie was great"
+ARTIFACTS = Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().parents[2] / "out" / "test-artifacts"))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,8 @@ def test_typed_text_and_chosen_methods_show_the_api_scores_and_switch_without_re
             link = page.get_attribute("#dl-json", "href")
             assert link == f"/api/results/{answer['id']}/{explanation['method']}.json"
         assert len(explains) == 1, explains  # switching methods asked the server nothing
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "serve-page.png"), full_page=True)
         assert page.query_selector("#tokens img") is None and dialogs == []
 
         rollout = answer["explanations"][2]
