@@ -124,6 +124,10 @@ def test_methods_and_models_list_the_registry_and_the_pool(client):
     listed = {m["name"]: m for m in client.get("/api/models").json()["models"]}
     assert listed["tiny-a"]["loaded"] and listed["tiny-a"]["default"] and listed["tiny-a"]["target_kind"] == "class"
     assert "rollout" in listed["tiny-a"]["methods"] and "grad_x_input" in listed["tiny-a"]["auto_candidates"]
+    paths = client.get("/openapi.json").json()["paths"]  # the OpenAPI description (/docs shows it)
+    for route in ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/models", "/api/methods"):
+        assert route in paths
+    assert "methods" in client.get("/openapi.json").json()["components"]["schemas"]["ExplainRequest"]["properties"]
 
 
 def test_compare_and_generate_answer_the_library_numbers(client, tiny_loader):
