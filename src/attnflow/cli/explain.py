@@ -178,16 +178,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.evaluate.per_input import (
-        add_faithfulness,
-        auto_methods,
-        choose_most_comprehensive,
-        default_methods,
-        has_target,
-        no_target_message,
-        with_candidates,
-    )
-    from attnflow.explanation import explain
+    from attnflow.evaluate.per_input import explain_planned, plan_methods, with_candidates
     from attnflow.viz.page import faithfulness_badge
 
     if args.file is not None or explain_generation.wants_generation(args):
@@ -220,34 +211,17 @@ def run(args: argparse.Namespace) -> int:
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
-    targeted = args.image is None and has_target(model, args.target_text)
-    requested = args.method or default_methods(targeted)
-    if AUTO in requested and not targeted:
-        raise InputError(no_target_message(model, args.image is not None))
-    family = model.adapter if AUTO in requested else None
-    candidates = auto_methods(family) if AUTO in requested else []
-    per_method = options_per_method(with_candidates(requested, family), given_method_options(args))
+    plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image_for(list(per_method), args.image)
+        trace = model.trace_image_for(list(plan.per_method), args.image)
     else:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
         trace = model.trace_for(
-            list(per_method), [args.text], target=target, target_text=args.target_text, max_length=args.max_length
+            list(plan.per_method), [args.text], target=target, target_text=args.target_text, max_length=args.max_length
         )[0]
-    row = args.row if args.row is not None else getattr(model, "default_row", None)
-    computed = {}
-    for method, options in per_method.items():
-        say(f"{method} …")
-        computed[method] = explain(trace, method=method, row=row, model=model, **options)
-    if trace.target is not None:
-        say("faithfulness on this input …")
-        add_faithfulness(model, trace, list(computed.values()))
-    if candidates:
-        computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
-    # auto's choice where auto was asked for, each explanation once
-    explanations = list({id(computed[name]): computed[name] for name in requested}.values())
+    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
 
     paths = (
         write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)

@@ -6,12 +6,18 @@ tokens is scored as `attnflow evaluate` scores it — comprehensiveness and suff
 `perturbation_probabilities`), so the numbers equal the benchmark's on that input — next to the
 random-ranking expectation on the same input: the mean over `RANDOM_RANKINGS` seeded permutations
 of the content tokens. The perturbed inputs of every explanation and of the random rankings are
-deduplicated and scored in one batched call.
+deduplicated and scored in one batched call. The random rankings' figures depend on the input alone
+(not on the methods): they are kept per model for the last `BASELINES_KEPT` inputs, so asking
+again about an input (other methods, the server's next request) scores only the methods' rankings.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +32,9 @@ if TYPE_CHECKING:
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
+BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
+_BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_BASELINES_LOCK = threading.Lock()
 
 
 def input_faithfulness(
@@ -52,8 +61,12 @@ def input_faithfulness(
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
     example = Example(trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan)
+    key: tuple = (example.ids, tuple(special.tolist()), target.kind, example.target)
+    key = (*key, replace, tuple(bins), random_rankings, seed)  # what the random rankings' figures depend on
+    chance = _kept_baseline(model, key) if len(scores) else None
     rankings = [content_ranking(vector, special) for vector in scores]
-    rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
+    if chance is None:
+        rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
     mask_id = (
         model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
@@ -72,12 +85,38 @@ def input_faithfulness(
             "aopc_sufficiency": float(sufficient.mean()),
         }
 
-    chance = {
-        **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
-        "rankings": int(random_rankings),
-    }
+    if chance is None:
+        chance = {
+            **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
+            "rankings": int(random_rankings),
+        }
+        _keep_baseline(model, key, chance)
     shared = {"target": target.label, "probability": float(p_full[0]), "replace": replace, "bins": list(bins)}
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
+
+
+def _kept_baseline(model: Any, key: tuple) -> dict[str, Any] | None:
+    """The random rankings' figures kept for ``model`` and this input (``key``), or None."""
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.get(model)
+        except TypeError:  # a model that cannot be weakly referenced: nothing is kept
+            return None
+        if kept is None or key not in kept:
+            return None
+        kept.move_to_end(key)
+        return {**kept[key]}
+
+
+def _keep_baseline(model: Any, key: tuple, chance: dict[str, Any]) -> None:
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.setdefault(model, OrderedDict())
+        except TypeError:
+            return
+        kept[key] = {**chance}
+        while len(kept) > BASELINES_KEPT:
+            kept.popitem(last=False)
 
 
 def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
@@ -180,3 +219,63 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `attnflow explain` computes for one input: the methods asked for (``auto`` among them
+    or not), ``auto``'s candidates, and every method to run with its checked options."""
+
+    requested: list[str]
+    candidates: list[str]
+    per_method: dict[str, dict[str, Any]]
+
+
+def plan_methods(
+    model: Any,
+    methods: Sequence[str] | None,
+    options: Mapping[str, Any],
+    target_text: str | None = None,
+    image: bool = False,
+) -> Plan:
+    """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
+    rollout otherwise) with the user's ``options`` (name -> value; each method gets its share,
+    `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
+    from attnflow.errors import InputError
+    from attnflow.methods.registry import options_per_method
+
+    has = not image and has_target(model, target_text)
+    requested = list(methods) if methods else default_methods(has)
+    if AUTO in requested and not has:
+        raise InputError(no_target_message(model, image))
+    family = model.adapter if AUTO in requested else None
+    candidates = auto_methods(family) if AUTO in requested else []
+    return Plan(requested, candidates, options_per_method(with_candidates(requested, family), dict(options)))
+
+
+def explain_planned(
+    model: Any,
+    trace: Any,
+    plan: Plan,
+    row: Any = None,
+    before: Callable[[str], None] | None = None,
+) -> list[Any]:
+    """Run every method of ``plan`` on ``trace`` (`attnflow.explain`), add each map's faithfulness
+    on this input (a class or next-token target) and resolve ``auto``: one `Explanation` per
+    method asked for, ``auto``'s choice in its place, each explanation once. ``before(step)`` is
+    called before each method (``step``: its name) and before the faithfulness batch
+    (``"faithfulness"``): for progress, and to stop between steps by raising."""
+    from attnflow.explanation import explain
+
+    step = before or (lambda _name: None)
+    row = row if row is not None else getattr(model, "default_row", None)
+    computed = {}
+    for method, options in plan.per_method.items():
+        step(method)
+        computed[method] = explain(trace, method=method, row=row, model=model, **options)
+    if trace.target is not None:
+        step("faithfulness")
+        add_faithfulness(model, trace, list(computed.values()))
+    if plan.candidates:
+        computed[AUTO] = choose_most_comprehensive([computed[name] for name in plan.candidates])
+    return list({id(computed[name]): computed[name] for name in plan.requested}.values())
