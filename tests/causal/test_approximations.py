@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 import attnflow
 from attnflow.causal.api import resolve_metric
@@ -12,8 +13,6 @@ from attnflow.causal.approximations import estimate
 from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 from attnflow.perturb.lrp import RULES, backward_rules
-
-from conftest import CLEAN, CORRUPT
 
 
 def setup(model):

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal import patch
 from attnflow.causal.api import resolve_metric
 from attnflow.causal.patching import Patches, PatchRunner, exact_sweep, site_value, stacked
 from attnflow.causal.sites import SITE_KINDS, Site, all_sites
-
-from conftest import CLEAN, CORRUPT
 
 FAMILIES = ("llama", "gpt2", "bert")
 

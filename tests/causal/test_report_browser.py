@@ -7,10 +7,9 @@ import json
 import shutil
 
 import pytest
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal import patch
-
-from conftest import CLEAN, CORRUPT
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip(
