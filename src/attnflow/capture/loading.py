@@ -449,6 +449,19 @@ def _load_source(
     return wrapped
 
 
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer of a model (alias, embedded classifier, folder or hub id) without its weights,
+    in a second or so: `attnflow compare` checks two models' tokenizations before loading either."""
+    import transformers
+
+    source = resolve(PROBES[name].encoder if name in PROBES else name)
+    _check_local_model_type(source)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    except (OSError, ValueError, TypeError) as error:
+        raise ModelLoadError(f"could not load the tokenizer of {name!r}: {str(error).splitlines()[0]}") from None
+
+
 def _load_probe(alias: str, device: str | torch.device | None) -> AttentionModel:
     """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
     from attnflow.capture.model import AttentionModel

@@ -15,10 +15,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, serve
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, serve
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, serve)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

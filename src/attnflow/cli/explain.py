@@ -28,6 +28,7 @@ from attnflow.cli.common import (
 )
 from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, write_explanations
 from attnflow.errors import InputError
+from attnflow.methods.registry import AUTO
 from attnflow.tokens import display_token
 
 EPILOG = """\
@@ -177,23 +178,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.evaluate.per_input import AUTO, explain_planned, plan_methods, with_candidates
+    from attnflow.evaluate.per_input import explain_planned, plan_methods, with_candidates
     from attnflow.viz.page import faithfulness_badge
 
+    if args.file is not None or explain_generation.wants_generation(args):
+        # bad options fail before the model loads (checked against auto's candidates for any family)
+        options_per_method(with_candidates(args.method or [AUTO], None), given_method_options(args))
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        if args.method is not None and AUTO in args.method:
-            raise InputError("--method auto explains one text; with --file name the methods (e.g. --method gradient)")
-        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
-        return run_file(args, per_method, load_model, Progress(args.quiet))
+        return run_file(args, load_model, Progress(args.quiet))
     if explain_generation.wants_generation(args):
-        if args.method is not None and AUTO in args.method:
-            raise InputError(
-                "--method auto explains one prediction; with --generate or --continuation name the methods"
-            )
-        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
-        return explain_generation.run_generation(args, per_method, load_model, Progress(args.quiet))
+        return explain_generation.run_generation(args, load_model, Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -267,4 +263,4 @@ def run(args: argparse.Namespace) -> int:
 
 def _methods(text: str) -> list[str]:
     """`parse_methods`, with ``auto`` allowed among the names (argparse type)."""
-    return parse_methods(text, also=("auto",))  # attnflow.evaluate.per_input.AUTO, without its imports
+    return parse_methods(text, also=(AUTO,))

@@ -32,7 +32,7 @@ from attnflow.corpus.engine import check_counts, check_same_config, digest, prep
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
-from attnflow.dataset_audit.words import parse_swaps, parse_terms, swap_table
+from attnflow.dataset_audit.words import SwapTable, ambiguous_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
 from attnflow.staging import atomic_file, folder_lock
 
@@ -42,7 +42,7 @@ CHECKPOINT = "checkpoint.json"
 RESULTS = "results.json"
 REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
-CHECKPOINT_FORMAT = 2  # 2: word sums hold |relevance| too
+CHECKPOINT_FORMAT = 3  # 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts
 
 
 class Backend(Protocol):
@@ -56,7 +56,7 @@ class Backend(Protocol):
 class LocalBackend:
     """The model in this process, one batch at a time."""
 
-    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: dict[str, str], threads: int | None):
+    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: SwapTable, threads: int | None):
         import torch
 
         from attnflow.evaluate.scorer import ClassifierScorer
@@ -167,6 +167,12 @@ def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: boo
     get_method(options.method)
     terms = parse_terms(options.terms) if options.terms else []
     pairs = parse_swaps(options.swap) if options.swap else []
+    for word, partners in ambiguous_words(swap_table(pairs)).items():
+        log.warning(
+            "--swap: %r has several partners (%s): texts holding it are reported as ambiguous, not swapped",
+            word,
+            ", ".join(partners),
+        )
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     if model is None:
@@ -234,7 +240,7 @@ def _check_options(options: AuditOptions) -> None:
         raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
 
 
-def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: dict[str, str]) -> Backend:
+def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: SwapTable) -> Backend:
     if options.engine == "ray":
         from attnflow.dataset_audit.ray_engine import AuditRayBackend
 
@@ -295,7 +301,10 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     if missing:
         raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
     if meta.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+        raise InputError(
+            f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT} (written by another version "
+            "of attnflow); use --overwrite to start again"
+        )
     return meta
 
 
@@ -345,6 +354,10 @@ def build_results(
         )
     for term in results.get("terms", {}).get("missing", []):
         log.warning("--terms: %r occurs in no audited text", term)
+    unswapped = results.get("swaps", {}).get("unswapped")
+    if unswapped:
+        words = ", ".join(f"{word} {texts}" for word, texts in results["swaps"]["ambiguous"].items())
+        log.warning("--swap: %d texts not swapped: they hold a word with several partners (%s)", unswapped, words)
     return results
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,8 +157,10 @@ def evaluate_method(
     reference: Sequence[np.ndarray] | None = None,
     advance: Callable[[int], None] = lambda _n: None,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    stage: Callable[[str], None] = lambda _label: None,
 ) -> MethodRecord:
-    """All metrics of one method on ``examples`` (see `MethodRecord`)."""
+    """All metrics of one method on ``examples`` (see `MethodRecord`). ``advance(n)``: n more
+    examples explained and scored; ``stage(label)``: a sanity stage begins."""
     record = MethodRecord()
     mask_id = (
         model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
@@ -187,12 +190,78 @@ def evaluate_method(
     sanity_examples = list(examples[: options.sanity_samples])
     if sanity_examples:
         for label, randomised in cascade(model, seed=options.seed):
+            stage(label)
             rerun = attribute_fn(
                 randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
             )
             record.sanity[label] = content_agreement(rerun, original, sanity_examples)
-            advance(len(sanity_examples))
     return record
+
+
+@dataclass
+class Plan:
+    """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
+    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages, and
+    ``seconds`` per method, estimated from one timed explanation of one example (None: not timed)."""
+
+    examples: int
+    methods: list[str]
+    sanity_examples: int
+    stages: int
+    seconds: dict[str, float] | None = None
+
+    @property
+    def explanations_per_method(self) -> int:
+        return self.examples + self.sanity_examples * self.stages
+
+    def describe(self) -> list[str]:
+        """The plan in a few lines: the sizes, the estimate, and which methods dominate it."""
+        lines = [
+            f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
+            f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
+            "explanations"
+        ]
+        if self.seconds:
+            total = sum(self.seconds.values())
+            lines.append(f"estimate: {_duration(total)} (one example timed per method; perturbations add to it)")
+            ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
+            heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
+            if len(self.methods) > 1 and heavy:
+                shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
+                lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
+def plan_run(
+    model: Any,
+    examples: Sequence[Example],
+    methods: Sequence[str],
+    options: BenchmarkOptions,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    timed: bool = True,
+) -> Plan:
+    """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
+    once with each method to estimate each method's time (its explanations × that time)."""
+    from attnflow.evaluate.sanity import randomisation_stages
+
+    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0)
+    if plan.sanity_examples:
+        plan.stages = len(randomisation_stages(model))
+    if timed and examples:
+        plan.seconds = {}
+        for method in methods:
+            began = time.perf_counter()
+            attribute_fn(model, [examples[0].text], method, [examples[0].target])
+            plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+    return plan
 
 
 def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]:
@@ -286,9 +355,13 @@ def run_benchmark(
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)
     ordered = sorted(methods, key=lambda name: name != reference_method)
-    per_method = len(examples) + min(options.sanity_samples, len(examples)) * (model.n_layers + 1)
+    if progress:
+        to_run = [m for m in ordered if not (resume and _finished_record(method_dir / f"{m}.json") is not None)]
+        for line in plan_run(model, examples, to_run, options, attribute_fn).describe():
+            print(f"attnflow: {line}", file=sys.stderr, flush=True)
     reference: list[np.ndarray] | None = None
-    bar = tqdm(total=per_method * len(ordered), desc="evaluate", unit="sample", disable=not progress)
+    # counts examples (each method's pass over them); the sanity stages show in the bar's postfix
+    bar = tqdm(total=len(examples) * len(ordered), desc="evaluate", unit="example", disable=not progress)
     summaries: dict[str, Any] = {}
     try:
         if reference_method is not None and reference_method not in ordered:
@@ -299,11 +372,22 @@ def run_benchmark(
             path = method_dir / f"{method}.json"
             record = _finished_record(path) if resume else None
             if record is None:
-                record = evaluate_method(model, scorer, examples, method, options, reference, bar.update, attribute_fn)
+                bar.set_postfix_str("")
+                record = evaluate_method(
+                    model,
+                    scorer,
+                    examples,
+                    method,
+                    options,
+                    reference,
+                    bar.update,
+                    attribute_fn,
+                    stage=lambda label: bar.set_postfix_str(f"sanity: {label}"),
+                )
                 summary = summarise(record, options)
                 path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
             else:
-                bar.update(per_method)
+                bar.update(len(examples))
                 summary = summarise(record, options)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]

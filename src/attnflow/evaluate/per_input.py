@@ -24,6 +24,7 @@ import numpy as np
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.methods.registry import AUTO
 
 if TYPE_CHECKING:
     from attnflow.methods.registry import Family
@@ -142,7 +143,54 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 
 # ----- --method auto ------------------------------------------------------------------------------
 
-AUTO = "auto"  # --method auto: the most comprehensive one-pass target method on this input
+
+def has_target(model: Any, target_text: str | None = None) -> bool:
+    """Whether the model's output gives target methods something to explain on a text: a class,
+    a next token, or (a sentence encoder given ``target_text``) a similarity."""
+    if model.target_kind in ("next_token", "class"):
+        return True
+    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
+
+
+def no_target_message(model: Any, image: bool) -> str:
+    """Why --method auto cannot run on this model (or on an image), and what to do instead."""
+    if image:
+        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
+    if model.target_kind == "similarity" and model.default_row == "mean":
+        return (
+            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        )
+    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+
+
+def default_methods(target: bool) -> list[str]:
+    """What runs when no method is named: auto wherever there is a target (``target``), rollout
+    only where nothing has one (a bare encoder without --target-text, an image)."""
+    return [AUTO] if target else ["rollout"]
+
+
+def with_candidates(methods: Sequence[str], family: Family | None, among: Sequence[str] | None = None) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family;
+    ``among``: only those, e.g. the methods that explain generations), without repeats."""
+    expanded: list[str] = []
+    for name in methods:
+        if name == AUTO:
+            expanded += [m for m in auto_methods(family) if among is None or m in among]
+        else:
+            expanded.append(name)
+    return list(dict.fromkeys(expanded))
+
+
+def choose_by_step_aopc(candidates: Sequence[Any]) -> tuple[Any, str]:
+    """Of generation explanations with per-step faithfulness, the one whose top sources' removal
+    drops p(t_k) most on average over the steps (the first of equals), and a line that says why."""
+    best = max(candidates, key=lambda e: e.faithfulness["mean_aopc"])
+    others = ", ".join(f"{e.method} {e.faithfulness['mean_aopc']:.3f}" for e in candidates if e is not best)
+    return best, (
+        f"--method auto chose {best.method}: the highest mean comprehensiveness over the generated tokens "
+        f"({best.faithfulness['mean_aopc']:.3f}" + (f"; {others})" if others else ")")
+    )
 
 
 def auto_methods(family: Family | None = None) -> list[str]:
@@ -173,33 +221,6 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
     return best
 
 
-def has_target(model: Any, target_text: str | None) -> bool:
-    """Whether the model's output gives target methods something to explain on a text."""
-    if model.target_kind in ("next_token", "class"):
-        return True
-    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
-
-
-def no_target_message(model: Any, image: bool) -> str:
-    """Why ``auto`` cannot run on this model (or on an image), and what to give instead."""
-    if image:
-        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
-    if model.target_kind == "similarity" and model.default_row == "mean":
-        return (
-            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
-            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
-        )
-    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
-
-
-def with_candidates(methods: Sequence[str], family: Family | None) -> list[str]:
-    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
-    expanded: list[str] = []
-    for name in methods:
-        expanded += auto_methods(family) if name == AUTO else [name]
-    return list(dict.fromkeys(expanded))
-
-
 @dataclass(frozen=True)
 class Plan:
     """What `attnflow explain` computes for one input: the methods asked for (``auto`` among them
@@ -224,7 +245,7 @@ def plan_methods(
     from attnflow.methods.registry import options_per_method
 
     has = not image and has_target(model, target_text)
-    requested = list(methods) if methods else ([AUTO] if has else ["rollout"])
+    requested = list(methods) if methods else default_methods(has)
     if AUTO in requested and not has:
         raise InputError(no_target_message(model, image))
     family = model.adapter if AUTO in requested else None

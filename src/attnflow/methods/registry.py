@@ -115,6 +115,7 @@ class MethodSpec:
 
 
 _METHODS: dict[str, MethodSpec] = {}
+AUTO = "auto"  # not a method: asks for the most comprehensive one-pass target method on each input (evaluate.per_input)
 
 
 def register(
