@@ -129,7 +129,7 @@ class ModelPool:
             known = [*EMBEDDED, *PROBES]
         self.offered = list(dict.fromkeys(models))
         self.known = set(known) | set(self.offered)
-        self.allow_path = Path(allow_path).resolve() if allow_path is not None else None
+        self.allow_path = Path(allow_path).expanduser().resolve() if allow_path is not None else None
         self.max_models = max_models
         self.max_rss_mb = max_rss_mb
         self._loader = loader or _load
