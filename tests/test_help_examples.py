@@ -131,6 +131,12 @@ def example_folder(tmp_path, monkeypatch):
         raise ReachedModelLoad
 
     monkeypatch.setattr(attnflow.capture, "load", stop)
+    try:  # `attnflow serve`: starting the server is the stop
+        import uvicorn
+
+        monkeypatch.setattr(uvicorn, "run", stop)
+    except ImportError:  # without the serve extra, `attnflow serve` stops with its one-line error
+        pass
     for alias, model in loading.EMBEDDED.items():
         if model.install is not None:
             monkeypatch.setitem(loading.EMBEDDED, alias, dataclasses.replace(model, install=stop))
