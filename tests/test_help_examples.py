@@ -125,6 +125,8 @@ def example_folder(tmp_path, monkeypatch):
     rows = [{"review": "A fine, moving film.", "body": "A fine, moving film."}, {"review": "Dull.", "body": "Dull."}]
     (tmp_path / "reviews.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     (tmp_path / "reviews.csv").write_text("review,stars\nA fine film.,positive\nDull.,negative\n", encoding="utf-8")
+    pair = {"clean": "The capital of France is", "corrupt": "The capital of Italy is", "target": " Paris"}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n", encoding="utf-8")
     pyarrow_parquet.write_table(pyarrow.table({"text": ["A fine film.", "Dull."]}), tmp_path / "table.parquet")
 
     def stop(*_args, **_kwargs):
