@@ -96,13 +96,15 @@ class PatchResult:
     def summary(self) -> str:
         """A few console lines: the metric on both inputs, the strongest sites, the
         approximations' agreement with exact patching and the time each took."""
+        from attnflow.tokens import display_token
+
         lines = [
             f"{self.metric}: clean {self.clean_metric:.4g}, corrupted {self.corrupt_metric:.4g} ({self.direction})"
         ]
         for method, effects in self.effects.items():
             for kind, values in effects.items():
                 layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
-                where = f"head {index}" if kind == "heads" else f"token {index} {self.tokens[index]!r}"
+                where = f"head {index}" if kind == "heads" else f"token {index} {display_token(self.tokens[index])!r}"
                 lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
         for method, kinds in self.correlations.items():
             agreement = ", ".join(

@@ -83,7 +83,7 @@ def _reading(result: PatchResult) -> str:
             "1 = corrupting this site alone destroys the answer"
         )
     return (
-        f"<p>Each cell is one site: {what}. Orange is positive, blue negative. AtP, AtP* and RelP "
+        f"<p>Each cell is one site: {what}. Red is positive, blue negative. AtP, AtP* and RelP "
         "estimate the same numbers from one backward pass; their Pearson and Spearman correlation with "
         "the exact values says when the fast answer can be trusted.</p>"
     )
