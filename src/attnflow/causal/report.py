@@ -131,9 +131,13 @@ def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: s
 
 
 def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) -> str:
-    figure = heatmap_figure(result, kind, values, f"{method}: {KIND_TITLES[kind]}")
+    title = KIND_TITLES[kind]
+    position = result.head_position
+    if kind == "heads" and position is not None:
+        title = f"head outputs at token {position} ({result.tokens[position]})"
+    figure = heatmap_figure(result, kind, values, f"{method}: {title}")
     alt = f"{method} {kind} effects, layer by {'head' if kind == 'heads' else 'position'}"
-    caption = esc(f"{method} · {KIND_TITLES[kind]} · shape {list(values.shape)}")
+    caption = esc(f"{method} · {title} · shape {list(values.shape)}")
     return (
         f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
         f"{figure_img(figure, alt=alt)}<figcaption>{caption}</figcaption></figure>"
