@@ -46,6 +46,13 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     assert np.abs(derivative).max() > 1e-3
     np.testing.assert_allclose(expected, derivative, rtol=1e-5, atol=1e-8)
 
+    position = 2  # heads patched at one position only
+    at_position = estimate("atp", runner, corrupt, None, source, ("heads",), 1, head_position=position)["heads"]
+    heads = all_sites("heads", model.n_layers, corrupt.shape[1], model.n_heads, head_position=position)
+    up = exact_sweep(runner, corrupt, None, {k: base[k] + step * (source[k] - base[k]) for k in base}, heads, 1, 64)
+    down = exact_sweep(runner, corrupt, None, {k: base[k] - step * (source[k] - base[k]) for k in base}, heads, 1, 64)
+    np.testing.assert_allclose(at_position.ravel(), (up - down) / (2 * step), rtol=1e-5, atol=1e-8)
+
 
 def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
     model = tiny_patch_models["llama"]
