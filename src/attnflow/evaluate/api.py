@@ -36,9 +36,15 @@ def check_out(out: str | Path, overwrite: bool, resume: bool) -> None:
     check_output(Path(out), is_evaluate_output, overwrite or resume)
 
 
-def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
+DEFAULT_SAMPLES = 500  # evaluate's examples when --samples is not given (fewer when the data has fewer)
+
+
+def select_samples(n_available: int, samples: int | None, seed: int) -> np.ndarray:
     """``min(samples, n_available)`` distinct indices drawn with ``default_rng(seed)``, sorted; a
-    request above ``n_available`` is capped with a warning."""
+    request above ``n_available`` is capped with a warning. ``samples=None`` (not given): up to
+    `DEFAULT_SAMPLES`, capped without a warning."""
+    if samples is None:
+        samples = min(DEFAULT_SAMPLES, n_available)
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
     if samples > n_available:
@@ -95,7 +101,7 @@ def evaluate(
     model: str | Any = "minilm-sentiment",
     task: str | None = None,
     methods: str | Sequence[str] = "all",
-    samples: int = 500,
+    samples: int | None = None,
     out: str | Path = "out/evaluate",
     options: BenchmarkOptions | None = None,
     resume: bool = False,
@@ -109,7 +115,8 @@ def evaluate(
 
     ``model`` is an alias/path or an `AttentionModel` of a classifier; ``task`` a built-in task
     (default: the one the classifier was trained on) or a CSV/JSONL path with ``text_column`` and
-    ``label_column``. Returns the results dictionary (as in ``results.json``).
+    ``label_column``. ``samples``: examples drawn (None: up to `DEFAULT_SAMPLES`, all of a smaller
+    set). Returns the results dictionary (as in ``results.json``).
 
     ``out`` holding an earlier run's results: ``resume`` continues it in place (its finished
     methods are kept when the run is the same); ``overwrite`` runs in a temporary folder and
