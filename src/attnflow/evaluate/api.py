@@ -67,11 +67,17 @@ def resolve_methods(methods: str | Sequence[str]) -> list[str]:
 
 
 def check_task_name(task: str | None) -> None:
-    """InputError for a name that is neither a built-in task nor a file path (None: the default)."""
+    """InputError, before any model loads, for a name that is neither a built-in task nor an
+    existing file (None: the default task)."""
     from attnflow.datasets import TASKS
 
-    if task is not None and task not in TASKS and not Path(task).exists() and not any(c in task for c in "/\\."):
-        raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+    if task is None or task in TASKS or Path(task).expanduser().is_file():
+        return
+    if Path(task).expanduser().exists():
+        raise InputError(f"--task {task}: a folder, not a CSV/JSONL file")
+    if any(c in task for c in "/\\."):
+        raise InputError(f"--task {task}: no such file")
+    raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
 
 
 def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
