@@ -179,3 +179,23 @@ def test_nested_locks_of_one_process_and_folders_made_for_the_lock(tmp_path):
     with folder_lock(out):
         out.mkdir()
     assert out.is_dir() and names(out.parent) == {"out"}
+
+
+def test_a_lock_file_that_cannot_be_created_leaves_the_folder_unlocked(tmp_path, monkeypatch):
+    """A read-only folder (simulated: root may write anywhere): no lock, no error from the lock,
+    and no folder left behind; the command's own output check is what reports it."""
+    import errno
+
+    from attnflow import staging
+
+    real_open = os.open
+
+    def refuse_lock_files(path, *args, **kwargs):
+        if Path(path).name.startswith(staging.LOCK_PREFIX):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(staging.os, "open", refuse_lock_files)
+    with folder_lock(tmp_path / "new" / "out"):
+        assert not lock_path(tmp_path / "new" / "out").exists()
+    assert not (tmp_path / "new").exists()
