@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:
