@@ -17,6 +17,8 @@ import shlex
 import pytest
 
 from attnflow.cli import build_parser, main
+from attnflow.corpus.engine import CHECKPOINT as CORPUS_CHECKPOINT
+from attnflow.dataset_audit.engine import CHECKPOINT as AUDIT_CHECKPOINT
 
 
 class ReachedModelLoad(BaseException):
@@ -156,6 +158,11 @@ def test_every_help_example_runs(example_folder, monkeypatch, capsys, request, c
     if command == REDRAWS:  # it reads what `attnflow corpus --out out/study` wrote
         (example_folder / "out").mkdir()
         (example_folder / "out" / "study").symlink_to(request.getfixturevalue("study_folder"))
+    if "--resume" in argv:  # it continues the run saved in --out (a checkpoint, read after the model loads)
+        checkpoint = CORPUS_CHECKPOINT if command == "attnflow corpus" else AUDIT_CHECKPOINT
+        saved = example_folder / argv[argv.index("--out") + 1]
+        saved.mkdir(parents=True)
+        (saved / checkpoint).write_bytes(b"")
     if stdin_file is not None:
         piped = (example_folder / stdin_file).read_bytes()
         monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(piped), encoding="utf-8"))
