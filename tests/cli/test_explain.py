@@ -551,6 +551,20 @@ def test_bad_files_fail_before_loading(fake_model, tmp_path, capsys, content, ar
     assert "not several" in capsys.readouterr().err
 
 
+def test_empty_records_and_bad_lines_are_counted_not_silent(fake_model, tmp_path, capsys, caplog):
+    """A JSON line with an empty text is skipped with a warning that counts it; a malformed line
+    stops the run with a hint to --skip-bad, which then skips and counts it."""
+    source = tmp_path / "texts.jsonl"
+    source.write_text('{"text": "A fine film."}\n{"text": ""}\n{"text": "  "}\nnot json\n{"text": "Dull."}\n')
+    assert run_cli("--file", str(source), "--out", str(tmp_path / "stopped"), "-q") == 2
+    assert "use --skip-bad" in capsys.readouterr().err and fake_model.loads == []
+    with caplog.at_level("WARNING"):
+        assert run_cli("--file", str(source), "--skip-bad", "--out", str(tmp_path / "out"), "-q") == 0
+    assert "skipped 2 empty record(s) and 1 bad line(s)" in caplog.text
+    explained = [json.loads((tmp_path / "out" / n / "explanation.json").read_text())["text"] for n in ("001", "002")]
+    assert explained == ["A fine film.", "Dull."] and not (tmp_path / "out" / "003").exists()
+
+
 def test_non_utf8_command_line_text_is_one_line(tmp_path):
     """Bytes that are not UTF-8 reach Python as surrogates (surrogateescape): before, a TypeError traceback."""
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -116,6 +116,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--file: the CSV column that holds the text (default: text; with -: read CSV)",
     )
     source.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="--file: count and skip malformed JSON lines instead of stopping at the first one",
+    )
+    source.add_argument(
         "--batch-size", type=positive_int, default=16, metavar="N", help="--file: texts per forward pass (default: 16)"
     )
     source.add_argument(

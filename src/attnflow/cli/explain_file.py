@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -22,10 +23,15 @@ from attnflow.corpus.readers import KINDS, Corpus, ReadOptions
 from attnflow.errors import InputError
 
 FILE_KINDS = ("txt", "jsonl", "csv")
+log = logging.getLogger(__name__)
 
 
-def read_texts(source: str, text_field: str | None = None, text_column: str | None = None) -> list[str]:
-    """The texts of ``source`` (a .txt/.jsonl/.csv path, or ``-`` for stdin), blank ones skipped."""
+def read_texts(
+    source: str, text_field: str | None = None, text_column: str | None = None, skip_bad: bool = False
+) -> list[str]:
+    """The texts of ``source`` (a .txt/.jsonl/.csv path, or ``-`` for stdin). Blank lines of a
+    .txt are skipped; empty records of a .jsonl/.csv are skipped with a warning that counts them;
+    a malformed JSON line stops the reading, or with ``skip_bad`` is skipped and counted."""
     if text_field is not None and text_column is not None:
         raise InputError("give --text-field (JSON lines) or --text-column (CSV), not both")
     if source == "-":
@@ -33,7 +39,7 @@ def read_texts(source: str, text_field: str | None = None, text_column: str | No
         with tempfile.TemporaryDirectory(prefix="attnflow-stdin-") as folder:
             path = Path(folder) / f"stdin.{kind}"
             path.write_bytes(sys.stdin.buffer.read())
-            return _read(Corpus("-", kind, path, _reading(text_field, text_column)), "standard input")
+            return _read(Corpus("-", kind, path, _reading(text_field, text_column, skip_bad)), "standard input")
     path = Path(source).expanduser()
     if not path.is_file():
         raise InputError(f"--file {source}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
@@ -42,15 +48,24 @@ def read_texts(source: str, text_field: str | None = None, text_column: str | No
         raise InputError(
             f"--file {source}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl or .csv"
         )
-    return _read(Corpus(source, kind, path, _reading(text_field, text_column)), source)
+    return _read(Corpus(source, kind, path, _reading(text_field, text_column, skip_bad)), source)
 
 
-def _reading(text_field: str | None, text_column: str | None) -> ReadOptions:
-    return ReadOptions(text_field=text_field or "text", text_column=text_column or "text")
+def _reading(text_field: str | None, text_column: str | None, skip_bad: bool) -> ReadOptions:
+    return ReadOptions(text_field=text_field or "text", text_column=text_column or "text", skip_bad=skip_bad)
 
 
 def _read(corpus: Corpus, name: str) -> list[str]:
     texts = list(corpus)
+    skipped = [
+        f"{count} {what}"
+        for count, what in ((corpus.empty_records, "empty record(s)"), (corpus.bad_lines, "bad line(s)"))
+        if count
+    ]
+    if skipped:
+        log.warning(
+            "--file %s: skipped %s; the numbered folders count the texts explained", name, " and ".join(skipped)
+        )
     if not texts:
         raise InputError(f"--file {name} holds no text")
     check_texts(texts)  # undecodable characters are reported before the model loads
@@ -69,7 +84,7 @@ def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], sa
 
     if args.text is not None or args.image is not None:
         raise InputError("give either TEXT, --image or --file, not several")
-    texts = read_texts(args.file, args.text_field, args.text_column)
+    texts = read_texts(args.file, args.text_field, args.text_column, args.skip_bad)
     check_row_fits(args.row, texts, args.max_length)
     out = prepare_output(args)
 

@@ -79,6 +79,8 @@ class Corpus:
         path: the file read.
         reading: how the file's documents are read (`ReadOptions`).
         bad_lines: bad lines skipped so far by the current pass (with ``skip_bad``).
+        empty_records: records (JSON lines, CSV or Parquet rows) of the current pass whose text is
+            empty or blank, skipped (a ``.txt`` file's blank lines separate texts: not counted).
         documents / bad_lines_skipped: totals of the whole source, set by `validate`.
     """
 
@@ -87,11 +89,12 @@ class Corpus:
     path: Path
     reading: ReadOptions = field(default_factory=ReadOptions)
     bad_lines: int = field(default=0, init=False)
+    empty_records: int = field(default=0, init=False)
     documents: int | None = field(default=None, init=False)
     bad_lines_skipped: int | None = field(default=None, init=False)
 
     def __iter__(self) -> Iterator[str]:
-        self.bad_lines = 0
+        self.bad_lines = self.empty_records = 0
         reader = {
             "wiki": self._wiki,
             "txt": self._txt,
@@ -102,6 +105,8 @@ class Corpus:
         for text in reader():
             if text and not text.isspace():
                 yield text
+            elif self.kind not in ("txt", "wiki"):
+                self.empty_records += 1
 
     def validate(self) -> int:
         """Read everything once; return the number of non-empty documents.
