@@ -107,3 +107,22 @@ def test_prediction_rows_are_the_methods_on_the_layers_they_name(tiny_patch_mode
 def test_unknown_methods_are_one_clear_line(tiny_patch_models):
     with pytest.raises(InputError, match="choose from rollout"):
         compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods="rollout,saliency")
+
+
+def test_patch_versus_prints_and_saves_the_pairs_table(tiny_patch_models, tiny_model_path, tmp_path, capsys):
+    import json
+
+    from attnflow.cli import main
+
+    out = tmp_path / "out"
+    code = main(
+        ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,flow",
+         "--out", str(out), "--quiet", "--device", "cpu"]
+    )  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "versus.json").read_text())
+    expected = compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods=("rollout", "flow"))
+    for method, rhos in expected.spearman().items():
+        np.testing.assert_allclose(np.asarray(saved["spearman"][method], dtype=float), rhos, atol=1e-9)
+    assert "| residual | rollout | flow |" in printed and f"{expected.spearman()['rollout'][1]:+.2f}" in printed

@@ -180,15 +180,17 @@ def spearman_table(comparisons: Sequence[LayerComparison], skip_first: bool = Fa
 
 
 def format_table(table: dict[str, dict[str, Any]]) -> str:
-    """A Markdown table: one row per method, one column per residual row (``emb`` = the stream
-    entering the first layer, ``Ln`` = leaving layer n), cells "mean ± s.e."."""
-    n_rows = len(next(iter(table.values()))["mean"])
-    header = ["method", "emb", *(f"L{layer}" for layer in range(n_rows - 1))]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for method, values in table.items():
-        cells = [
-            "–" if not np.isfinite(mean) else f"{mean:+.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:+.2f}"
-            for mean, se in zip(values["mean"], values["se"], strict=True)
-        ]
-        lines.append("| " + " | ".join([method, *cells]) + " |")
+    """A Markdown table: one row per residual row (``emb`` = the stream entering the first layer,
+    ``Ln`` = leaving layer n), one column per method, cells "mean ± s.e." ("–": undefined)."""
+    methods = list(table)
+    n_rows = len(table[methods[0]]["mean"])
+    lines = ["| residual | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    for row in range(n_rows):
+        cells = []
+        for method in methods:
+            mean, se = table[method]["mean"][row], table[method]["se"][row]
+            cells.append(
+                "–" if not np.isfinite(mean) else f"{mean:+.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:+.2f}"
+            )
+        lines.append("| " + " | ".join(["emb" if row == 0 else f"L{row - 1}", *cells]) + " |")
     return "\n".join(lines)

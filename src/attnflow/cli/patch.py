@@ -70,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    parser.add_argument(
+        "--versus",
+        metavar="METHODS",
+        help="instead: per layer, the Spearman correlation between exact residual patching and each of "
+        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim (comma-separated; 'all'); writes versus.json",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -106,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --corrupt TEXT (same token length) or --noise WORDS")
     if args.resume:
         raise ValueError("--resume continues a --file run")
+    if args.versus:
+        return run_versus(args)
     from attnflow.causal import patch
 
     model = load_model(args.model, args.device, args.quiet)
@@ -116,4 +124,40 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.summary())
     print(f"{page} {args.out / 'patch.json'}")
+    return 0
+
+
+def run_versus(args: argparse.Namespace) -> int:
+    """``--versus``: one pair's per-layer Spearman table (`attnflow.causal.versus`), printed and
+    written to ``--out``/versus.json."""
+    import json
+
+    import numpy as np
+
+    from attnflow.causal.versus import VERSUS_METHODS, compare_with_patching, format_table, parse_versus_methods
+    from attnflow.staging import atomic_file
+
+    if args.corrupt is None:
+        raise ValueError("--versus compares with residual patching of a counterfactual: give --corrupt TEXT")
+    methods = VERSUS_METHODS if args.versus == "all" else parse_versus_methods(args.versus)
+    model = load_model(args.model, args.device, args.quiet)
+    comparison = compare_with_patching(
+        model,
+        args.text,
+        args.corrupt,
+        target=args.target,
+        contrast=args.contrast,
+        methods=methods,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+    rhos = comparison.spearman()  # one pair: no standard error
+    print(
+        format_table({method: {"mean": values, "se": np.full_like(values, np.nan)} for method, values in rhos.items()})
+    )
+    path = args.out / "versus.json"
+    data = {**comparison.to_dict(), "spearman": {method: values.tolist() for method, values in rhos.items()}}
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(data).encode())
+    print(path)
     return 0
