@@ -78,3 +78,37 @@ def test_eap_ig_with_one_step_is_eap_and_circuits_get_faithfulness(tiny_patch_mo
 def test_post_norm_families_are_refused_in_one_line(tiny_patch_models):
     with pytest.raises(InputError, match="pre-norm"):
         EdgeGraph(tiny_patch_models["bert"], CLEAN, CORRUPT)
+
+
+def test_patch_edges_prints_top_edges_and_saves_every_score(
+    tiny_patch_models, tiny_model_path, tiny_classifier_path, tmp_path, capsys
+):
+    import json
+
+    from attnflow.cli import main
+
+    out = tmp_path / "out"
+    arguments = [
+        "patch",
+        CLEAN,
+        "--corrupt",
+        CORRUPT,
+        "--edges",
+        "eap",
+        "--out",
+        str(out),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
+    assert main([*arguments, "--model", str(tiny_model_path("llama"))]) == 0
+    saved = json.loads((out / "edges.json").read_text())
+    expected = EdgeGraph(tiny_patch_models["llama"], CLEAN, CORRUPT).scores("eap")
+    np.testing.assert_allclose(np.asarray(saved["scores"], dtype=float), expected.scores, atol=1e-9)
+    assert set(saved["faithfulness"]) == {"10", "50", "200", "1000"}
+    printed = capsys.readouterr().out
+    up, down = expected.top_edges(1)[0]
+    assert f"{expected.upstream[up]:>8} -> {expected.downstream[down]:<8}" in printed.splitlines()[0]
+    assert main([*arguments, "--model", str(tiny_classifier_path("bert"))]) == 2  # a post-norm classifier
+    error = capsys.readouterr().err.strip()
+    assert "pre-norm" in error and "\n" not in error

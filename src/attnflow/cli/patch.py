@@ -76,6 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="instead: per layer, the Spearman correlation between exact residual patching and each of "
         "rollout,rollout_above,flow,grad_rollout,attnlrp,gim (comma-separated; 'all'); writes versus.json",
     )
+    parser.add_argument(
+        "--edges",
+        choices=("eap", "eap-ig"),
+        help="instead: score every edge between embeddings, heads, MLPs and logits (pre-norm models) and "
+        "print the top edges and the faithfulness of the top-k circuits; writes edges.json",
+    )
+    parser.add_argument("--steps", type=positive_int, default=5, help="with --edges eap-ig: interpolation steps")
     parser.set_defaults(handler=run)
 
 
@@ -114,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--resume continues a --file run")
     if args.versus:
         return run_versus(args)
+    if args.edges:
+        return run_edges(args)
     from attnflow.causal import patch
 
     model = load_model(args.model, args.device, args.quiet)
@@ -159,5 +168,29 @@ def run_versus(args: argparse.Namespace) -> int:
     data = {**comparison.to_dict(), "spearman": {method: values.tolist() for method, values in rhos.items()}}
     with atomic_file(path) as handle:
         handle.write(json.dumps(data).encode())
+    print(path)
+    return 0
+
+
+def run_edges(args: argparse.Namespace) -> int:
+    """``--edges``: one pair's edge scores (`attnflow.causal.edges`), the ten strongest edges and the
+    faithfulness of the top-k circuits, printed and written to ``--out``/edges.json."""
+    import json
+
+    from attnflow.causal.edges import edge_scores
+    from attnflow.staging import atomic_file
+
+    if args.corrupt is None:
+        raise ValueError("--edges needs a counterfactual: give --corrupt TEXT")
+    model = load_model(args.model, args.device, args.quiet)
+    result = edge_scores(
+        model, args.text, args.corrupt, target=args.target, contrast=args.contrast, method=args.edges, steps=args.steps
+    )
+    for up, down in result.top_edges(10):
+        print(f"{result.upstream[up]:>8} -> {result.downstream[down]:<8} {result.scores[up, down]:+.3f}")
+    print("faithfulness: " + ", ".join(f"top {k} {value:.2f}" for k, value in result.faithfulness.items()))
+    path = args.out / "edges.json"
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(result.to_dict()).encode())
     print(path)
     return 0
