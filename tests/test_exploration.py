@@ -237,7 +237,7 @@ def test_target_dependent_methods_on_the_sentiment_probe(minilm_sentiment):
     expected = model.explain(text, method="gradient")
     np.testing.assert_allclose(gradient.scores, expected.scores, rtol=1e-5)
     assert gradient.summaries["fused"][0] == expected.summary()
-    assert "of the relevance for the prediction negative" in expected.summary()
+    assert "of the relevance for the class negative" in expected.summary()
     grad_rollout = exploration.method("grad_rollout")
     np.testing.assert_allclose(grad_rollout.matrices[-1], model.explain(text, method="grad_rollout").matrix, rtol=1e-5)
     # rollout has no target: its summary names the row

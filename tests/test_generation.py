@@ -10,6 +10,7 @@ text is exactly prompt + t_1 … t_{k-1}. The default [SEP]-appending template i
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -192,6 +193,13 @@ def test_cli_writes_matrix_page_and_figure(tiny_model_path, tmp_path, capsys):
     assert "<span>&lt;</span>" in page and "<span><</span>" not in page  # every token escaped
     assert 'title="&#x27;&lt;&#x27; → &#x27;&gt;&#x27;' in page  # hover: source → generated, escaped
     assert (out / "rollout" / "generation.png").stat().st_size > 0
+    comparison = (out / "comparison.html").read_text()  # several methods: side by side on one page
+    assert comparison.index('id="method-rollout"') < comparison.index('id="method-gradient"')  # as asked
+    assert 'href="gradient/generation.html"' in comparison and "<span><</span>" not in comparison
+    for method in ("rollout", "gradient"):  # each method's own heatmap rows, as on its own page
+        own = (out / method / "generation.html").read_text()
+        rows = re.findall(r"<tr>.*?</tr>", own.split('id="matrix"')[1].split("</table>")[0], flags=re.S)
+        assert rows and all(row in comparison for row in rows)
     assert main([*argv, "--out", str(out), "--quiet"]) == 2  # an earlier run is only replaced with --overwrite
     assert "--overwrite" in capsys.readouterr().err
     single = ["explain", PROMPT, "--model", path, "--continuation", "good", "--method", "rollout"]

@@ -125,12 +125,20 @@ def example_folder(tmp_path, monkeypatch):
     rows = [{"review": "A fine, moving film.", "body": "A fine, moving film."}, {"review": "Dull.", "body": "Dull."}]
     (tmp_path / "reviews.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     (tmp_path / "reviews.csv").write_text("review,stars\nA fine film.,positive\nDull.,negative\n", encoding="utf-8")
+    pair = {"clean": "The capital of France is", "corrupt": "The capital of Italy is", "target": " Paris"}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n", encoding="utf-8")
     pyarrow_parquet.write_table(pyarrow.table({"text": ["A fine film.", "Dull."]}), tmp_path / "table.parquet")
 
     def stop(*_args, **_kwargs):
         raise ReachedModelLoad
 
     monkeypatch.setattr(attnflow.capture, "load", stop)
+    try:  # `attnflow serve`: starting the server is the stop
+        import uvicorn
+
+        monkeypatch.setattr(uvicorn, "run", stop)
+    except ImportError:  # without the serve extra, `attnflow serve` stops with its one-line error
+        pass
     for alias, model in loading.EMBEDDED.items():
         if model.install is not None:
             monkeypatch.setitem(loading.EMBEDDED, alias, dataclasses.replace(model, install=stop))

@@ -116,3 +116,34 @@ def test_a_batch_form_is_declared_only_where_it_fits():
             batch=lambda model, traces: [],
         )(lambda model, trace, power=2.0: np.zeros(trace.n_tokens))
     assert "bad_batch" not in available_methods()
+
+
+def test_an_installed_package_adds_its_methods_through_the_entry_point_group(tmp_path, monkeypatch, caplog):
+    """A package declaring ``[project.entry-points."attnflow.methods"]`` (here: its installed
+    metadata written by hand) gets its method registered; a broken plug-in is one warning."""
+    from attnflow.methods.registry import load_plugins
+
+    (tmp_path / "toy_plugin.py").write_text(
+        "import numpy as np\n"
+        "from attnflow.methods.registry import register\n\n"
+        "@register('toy_plugin_last', 'toy plug-in: the last layer, heads averaged', takes='attentions')\n"
+        "def last(attentions):\n"
+        "    return np.asarray(attentions)[-1].mean(axis=0)\n",
+        encoding="utf-8",
+    )
+    info = tmp_path / "toy_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(
+        "[attnflow.methods]\ntoy = toy_plugin\nbroken = toy_plugin_missing\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_plugins() == ["toy"]
+        trace = hostile_trace()
+        result = attnflow.explain(trace, method="toy_plugin_last", row=0)
+        np.testing.assert_allclose(result.scores, trace.attentions[-1].astype(np.float64).mean(axis=0)[0], rtol=1e-6)
+        assert "toy_plugin_last" in available_methods()
+        assert "skipped the method plug-in 'broken' (toy_plugin_missing)" in caplog.text
+    finally:
+        unregister("toy_plugin_last")

@@ -179,3 +179,44 @@ def test_nested_locks_of_one_process_and_folders_made_for_the_lock(tmp_path):
     with folder_lock(out):
         out.mkdir()
     assert out.is_dir() and names(out.parent) == {"out"}
+
+
+def test_a_lock_file_that_cannot_be_created_leaves_the_folder_unlocked(tmp_path, monkeypatch):
+    """A read-only folder (simulated: root may write anywhere): no lock, no error from the lock,
+    and no folder left behind; the command's own output check is what reports it."""
+    import errno
+
+    from attnflow import staging
+
+    real_open = os.open
+
+    def refuse_lock_files(path, *args, **kwargs):
+        if Path(path).name.startswith(staging.LOCK_PREFIX):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(staging.os, "open", refuse_lock_files)
+    with folder_lock(tmp_path / "new" / "out"):
+        assert not lock_path(tmp_path / "new" / "out").exists()
+    assert not (tmp_path / "new").exists()
+
+
+def test_every_command_that_writes_a_folder_declares_it_for_the_lock():
+    """The lock is taken in `attnflow.cli.main` for commands that name their output folder
+    (``set_defaults(output_folder=...)``): a command with ``--out`` that does not would write
+    unlocked, and two runs could interleave in one folder."""
+    import argparse
+
+    from attnflow.cli import build_parser
+
+    def commands(parser, prefix="attnflow"):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield f"{prefix} {name}", child
+                    yield from commands(child, f"{prefix} {name}")
+
+    writing = {name: child for name, child in commands(build_parser()) if "--out" in child._option_string_actions}
+    assert {"attnflow explain", "attnflow audit", "attnflow corpus", "attnflow patch"} <= set(writing)
+    unlocked = [name for name, child in writing.items() if child.get_default("output_folder") is None]
+    assert not unlocked, f"commands writing --out without the folder lock: {unlocked}"

@@ -32,7 +32,10 @@ from attnflow.methods import (
     saliency_row,
     to_patch_grid,
 )
+from attnflow.methods.registry import load_plugins
 from attnflow.trace import Trace
+
+load_plugins()  # methods other packages declare (entry-point group "attnflow.methods")
 
 
 def _connect_views() -> None:

@@ -47,7 +47,7 @@ class Comparison:
         k / overlap: top-k overlap |top_k(A) ∩ top_k(B)| / k over the content tokens.
         vocabularies_match: whether the two tokenizers have the same vocabulary (the text's
             tokens match either way; a different vocabulary is reported, not refused).
-        subject: what the scores explain, as the summary sentences say it ("the prediction
+        subject: what the scores explain, as the summary sentences say it ("the class
             negative", "the mean-pooled output ...").
     """
 

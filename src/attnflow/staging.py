@@ -158,7 +158,8 @@ def folder_lock(out: Path) -> Iterator[None]:
     ends, however it ends, so a lock left by a killed run is stale and taken over silently; the
     file is deleted on release. Nested calls for one folder in one process hold it once. A parent
     folder that cannot be created (a file in the way, no permission) is not locked: the command's
-    own output check reports it. Folders created for the lock file are removed again if empty.
+    own output check reports it, as it does for a folder where the lock file cannot be created.
+    Folders created for the lock file are removed again if empty.
     """
     path = lock_path(out)
     if fcntl is None:
@@ -186,6 +187,10 @@ def folder_lock(out: Path) -> Iterator[None]:
     except BaseException:
         _remove_empty(created)
         raise
+    if descriptor is None:  # the lock file cannot be created (a read-only folder): the output check says why
+        _remove_empty(created)
+        yield
+        return
     with _held_guard:
         _held[path] = 1
     try:
@@ -204,15 +209,16 @@ def lock_path(out: Path) -> Path:
     return folder.parent / f"{LOCK_PREFIX}{folder.name or 'root'}"
 
 
-def _acquire(path: Path, out: Path) -> int:
+def _acquire(path: Path, out: Path) -> int | None:
     """An open descriptor of ``path`` holding its exclusive flock; OutputError when another process
-    holds it. Retries when the file was deleted or replaced between open and lock (its holder released it)."""
+    holds it; None when the file cannot be opened (nothing can be written there). Retries when the
+    file was deleted or replaced between open and lock (its holder released it)."""
     assert fcntl is not None
     while True:
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as error:
-            raise output_error(out, error) from None
+        except OSError:
+            return None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:

@@ -133,6 +133,7 @@ def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path,
     assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)
 
 
+@pytest.mark.slow  # ~11 CPU-s (two interpreters, one loads torch); the corpus twin runs by default
 def test_a_second_audit_into_a_folder_in_use_refuses_at_once(planted_model, planted_task, tmp_path):
     from concurrent_runs import second_run_while_first_holds
 

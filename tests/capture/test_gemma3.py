@@ -12,6 +12,7 @@ import torch
 import transformers as T
 
 import attnflow
+from attnflow.capture.hooks import find_layers
 from attnflow.capture.model import AttentionModel
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
@@ -108,7 +109,7 @@ def test_rollout_and_flow_never_reach_past_the_windows(tiny_model_path, local_on
 
 
 @pytest.mark.slow
-def test_gemma3_270m_equals_its_own_forward_and_generates():
+def test_gemma3_270m_equals_its_own_forward():
     model = attnflow.load("gemma3-270m", device="cpu")
     assert (model.n_layers, model.n_heads, model.config.num_key_value_heads) == (18, 4, 1)
     assert model.config.sliding_window == 512 and "full_attention" in model.config.layer_types
@@ -117,5 +118,40 @@ def test_gemma3_270m_equals_its_own_forward_and_generates():
         out = model.model(input_ids=torch.tensor(trace.token_ids)[None], output_attentions=True)
     np.testing.assert_allclose(trace.attentions, torch.stack(out.attentions, 1)[0].numpy(), atol=1e-6)
     log_probabilities = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
-    assert trace.target.value == pytest.approx(float(log_probabilities.max()), rel=1e-5)
+    # float32 logits over a vocabulary of 150k-260k tokens: the log-probabilities agree to ~3e-5
+    assert trace.target.value == pytest.approx(float(log_probabilities.max()), abs=2e-4)
     assert trace.tokens[0] == "<bos>" and trace.special_mask[0]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2"])
+def test_patching_sites_add_up_to_the_residual_stream(tiny_model_path, family):
+    """Each layer's output = its input + the attention site's output + the MLP site's output: the
+    sites are what the blocks add to the residual stream (Gemma: after the sandwich norms)."""
+    model = attnflow.load(str(tiny_model_path(family)), device="cpu")
+    sites = model.adapter.sites
+    recorded: dict[str, list[torch.Tensor]] = {"in": [], "out": [], "attention": [], "mlp": []}
+
+    def keep(name):
+        def hook(_module, args, kwargs, output):
+            if name == "out":
+                recorded["in"].append(args[0] if args else kwargs["hidden_states"])
+            recorded[name].append(output[0] if isinstance(output, tuple) else output)
+
+        return hook
+
+    ids = torch.tensor(model.trace(TEXT)[0].token_ids)[None]
+    handles = []
+    for name, pattern in (("out", sites.block), ("attention", sites.attention), ("mlp", sites.mlp)):
+        layers = find_layers(model.model, pattern)
+        assert len(layers) == model.n_layers
+        handles += [module.register_forward_hook(keep(name), with_kwargs=True) for _, module in layers]
+    try:
+        with torch.no_grad():
+            model.model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert all(len(tensors) == model.n_layers for tensors in recorded.values())
+    for layer in range(model.n_layers):
+        added = recorded["attention"][layer] + recorded["mlp"][layer]
+        torch.testing.assert_close(recorded["out"][layer], recorded["in"][layer] + added, atol=1e-5, rtol=1e-5)

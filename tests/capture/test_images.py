@@ -149,3 +149,24 @@ def test_a_one_pixel_image_is_explained_with_the_note(tiny_model_path, tmp_path)
         f"{path}: only 1x1 pixels, fewer than the 4x4 patches; it was upscaled, so "
         "neighbouring patches see the same pixels and the map says little"
     ]
+
+
+def test_a_wide_image_gets_a_note_on_what_the_crop_leaves_out(caplog):
+    """30x20 px through the shrunk dinov2 recipe: the box (7.5, 2.5, 22.5, 17.5) keeps 15/30 = 50 %
+    of the width and 15/20 = 75 % of the height (worked out by hand in the test above)."""
+    from attnflow.capture.images import crop_note
+
+    recipe = ImagePreprocessing.from_dict(DINOV2)
+    _, box = recipe(Image.new("RGB", (30, 20)))
+    with caplog.at_level(logging.WARNING):
+        note = crop_note((30, 20), box, "wide.png")
+    assert note == (
+        "wide.png: 30x20 pixels, centre-cropped to the middle 50% of its width and 75% of its height "
+        "(columns 8-22, rows 2-18); the map covers only that part, the rest of the image is not explained"
+    )
+    assert note in caplog.text
+    assert crop_note((30, 20), (0.0, 0.0, 30.0, 20.0)) is None  # nothing cut
+    assert crop_note((256, 256), (16.0, 16.0, 240.0, 240.0)) is None  # dinov2's square margin (87.5 % each way)
+    assert crop_note((270, 256), (23.0, 16.0, 247.0, 240.0)) is None  # 83 % vs 87.5 % kept: 0.95 of it
+    assert crop_note((300, 256), (38.0, 16.0, 262.0, 240.0)) is not None  # 74.7 % vs 87.5 %: 0.85 of it
+

@@ -46,9 +46,9 @@ def test_pieces_are_joined_in_order_once_and_checked(fake_split, tmp_path):
     assert fake_split.packages_installed()
 
 
-def test_a_wrong_checksum_or_a_missing_piece_leaves_nothing(fake_split, tmp_path, monkeypatch):
+def test_a_wrong_checksum_or_a_missing_piece_leaves_nothing(fake_split, tmp_path):
     wrong = SplitGGUF(fake_split.alias, fake_split.file_name, fake_split.pieces, "0" * 64, fake_split.install_hint)
-    with pytest.raises(ModelLoadError, match="has sha256 .*expected 0000"):
+    with pytest.raises(ModelLoadError, match=r"has sha256 .*expected 0000"):
         loading.install_split_gguf(wrong)
     assert not (tmp_path / "cache" / "fake-lm-gguf").exists()
     assert list((tmp_path / "cache").iterdir()) == []  # no scratch folder either
@@ -58,7 +58,7 @@ def test_a_wrong_checksum_or_a_missing_piece_leaves_nothing(fake_split, tmp_path
     assert not (tmp_path / "cache" / "fake-lm-gguf").exists()
 
 
-def test_resolves_to_the_joined_gguf_then_to_the_dequantised_cache(fake_split, tiny_model_path, monkeypatch):
+def test_resolves_to_the_joined_gguf_then_to_the_dequantised_cache(fake_split, tiny_model_path):
     first = loading._split_gguf_source(fake_split)
     assert first.load_kwargs == {"gguf_file": "fake.gguf"} and first.path == str(fake_split.folder)
     assert first.cache_to == str(fake_split.dequantised) and first.cache_source == str(fake_split.folder / "fake.gguf")

@@ -122,6 +122,7 @@ print(model.trace("the movie was terrible.")[0].attentions.sum())
 """
 
 
+@pytest.mark.slow  # ~14 CPU-s: two interpreters load torch and transformers
 def test_two_processes_loading_at_once_convert_once(tiny_model_path, source_file, tmp_path):
     import subprocess
     import sys

@@ -7,9 +7,6 @@ import torch
 
 import attnflow
 
-CLEAN = "the cat sat on the mat"
-CORRUPT = "the dog sat on the mat"
-
 
 @pytest.fixture(scope="session")
 def tiny_patch_models(tiny_model_path, tiny_classifier_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 import attnflow
 from attnflow.causal.api import resolve_metric
@@ -12,8 +13,6 @@ from attnflow.causal.approximations import estimate
 from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 from attnflow.perturb.lrp import RULES, backward_rules
-
-from conftest import CLEAN, CORRUPT
 
 
 def setup(model):
@@ -46,6 +45,13 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     expected = np.concatenate([atp[kind].ravel() for kind in SITE_KINDS])
     assert np.abs(derivative).max() > 1e-3
     np.testing.assert_allclose(expected, derivative, rtol=1e-5, atol=1e-8)
+
+    position = 2  # heads patched at one position only
+    at_position = estimate("atp", runner, corrupt, None, source, ("heads",), 1, head_position=position)["heads"]
+    heads = all_sites("heads", model.n_layers, corrupt.shape[1], model.n_heads, head_position=position)
+    up = exact_sweep(runner, corrupt, None, {k: base[k] + step * (source[k] - base[k]) for k in base}, heads, 1, 64)
+    down = exact_sweep(runner, corrupt, None, {k: base[k] - step * (source[k] - base[k]) for k in base}, heads, 1, 64)
+    np.testing.assert_allclose(at_position.ravel(), (up - down) / (2 * step), rtol=1e-5, atol=1e-8)
 
 
 def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):

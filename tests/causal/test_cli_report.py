@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.cli import main
-
-from conftest import CLEAN, CORRUPT
 
 
 def test_patch_writes_json_and_an_escaped_page(tiny_model_path, tmp_path):

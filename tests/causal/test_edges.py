@@ -8,11 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal.edges import EdgeGraph, edge_scores
 from attnflow.errors import InputError
-
-from conftest import CLEAN, CORRUPT
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from causal_texts import CLEAN, CORRUPT
 
 import attnflow
 from attnflow.capture.adapters import ADAPTERS, register_adapter, unregister_adapter
 from attnflow.causal import patch
 from attnflow.errors import InputError
-
-from conftest import CLEAN, CORRUPT
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal import patch
 from attnflow.causal.api import resolve_metric
 from attnflow.causal.patching import Patches, PatchRunner, exact_sweep, site_value, stacked
 from attnflow.causal.sites import SITE_KINDS, Site, all_sites
-
-from conftest import CLEAN, CORRUPT
 
 FAMILIES = ("llama", "gpt2", "bert")
 
@@ -121,3 +120,34 @@ def test_noising_the_predicting_residual_gives_effect_one(tiny_patch_models):
     residual = result.effects["exact"]["residual"]
     assert residual[model.n_layers, -1] == pytest.approx(1.0, abs=1e-5)  # the clean run given x̃'s last state
     assert np.all(residual[model.n_layers, :-1] == 0.0)
+
+
+def test_a_head_at_one_position_is_its_slice_of_the_output_projection_input(tiny_patch_models):
+    model = tiny_patch_models["llama"]
+    runner, clean, corrupt = runner_and_ids(model)
+    position, d_head = 3, model.d_head
+    result = patch(model, CLEAN, CORRUPT, sites="heads", methods="exact,atp", head_position=position, progress=False)
+    with torch.no_grad():
+        clean_metric, recorded = runner.forward(clean, 1, record=True)
+        corrupt_metric, _ = runner.forward(corrupt, 1)
+    clean_heads = stacked(recorded)["heads"][0]  # [layer, token, head * d_head]
+    projections = runner.modules.projections
+    expected = np.zeros((model.n_layers, model.n_heads))
+    for layer in range(model.n_layers):
+        for head in range(model.n_heads):
+            columns = slice(head * d_head, (head + 1) * d_head)
+
+            def write(_module, args, layer=layer, columns=columns):  # the oracle's own hook
+                patched = args[0].clone()
+                patched[:, position, columns] = clean_heads[layer, position, columns]
+                return (patched, *args[1:])
+
+            handle = projections[layer].register_forward_pre_hook(write)
+            try:
+                patched_metric = runner.metric(logits_of(model, corrupt)).item()
+            finally:
+                handle.remove()
+            expected[layer, head] = (patched_metric - corrupt_metric.item()) / (clean_metric - corrupt_metric).item()
+    np.testing.assert_allclose(result.effects["exact"]["heads"], expected, atol=1e-5)
+    assert np.abs(expected).max() > 1e-3
+    assert result.to_dict()["head_position"] == position

@@ -7,10 +7,9 @@ import json
 import shutil
 
 import pytest
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal import patch
-
-from conftest import CLEAN, CORRUPT
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip(
@@ -21,7 +20,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (run `make browser`)")
 def test_report_page_shows_the_json_numbers(tiny_patch_models, tmp_path):
-    result = patch(tiny_patch_models["llama"], CLEAN, CORRUPT, methods="exact,atp,relp", progress=False)
+    result = patch(
+        tiny_patch_models["llama"], CLEAN, CORRUPT, sites="residual,heads", methods="exact,relp", progress=False
+    )
     page_path = result.save(tmp_path)
     saved = json.loads((tmp_path / "patch.json").read_text())
     with playwright_api.sync_playwright() as playwright:
@@ -51,12 +52,12 @@ def test_report_page_shows_the_json_numbers(tiny_patch_models, tmp_path):
             browser.close()
     assert errors == []
     expected = {(method, kind) for method, kinds in saved["effects"].items() for kind in kinds}
-    assert {(method, kind) for method, kind, _, _ in heatmaps} == expected and len(heatmaps) == 12
+    assert {(method, kind) for method, kind, _, _ in heatmaps} == expected and len(heatmaps) == 4
     assert all(complete and width > 100 for _, _, complete, width in heatmaps)
-    assert len(agreement) == 8
+    assert len(agreement) == 2
     for method, kind, pearson, spearman in agreement:
         assert float(pearson) == saved["correlations"][method][kind]["pearson"]
         assert float(spearman) == saved["correlations"][method][kind]["spearman"]
-    assert len(strongest) == 12 * 5
+    assert len(strongest) == 4 * 5
     for method, kind, layer, index, value in strongest:
         assert float(value) == saved["effects"][method][kind][layer][index]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from causal_texts import CLEAN, CORRUPT
 
 from attnflow.causal.api import resolve_metric
 from attnflow.causal.patching import Patches, PatchRunner, site_value, stacked
@@ -15,8 +16,6 @@ from attnflow.causal.versus import compare_with_patching, spearman_table
 from attnflow.errors import InputError
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
-
-from conftest import CLEAN, CORRUPT
 
 PAIRS = ((CLEAN, CORRUPT), ("the dog sat on the mat", "the cat sat on the mat"), (CLEAN, "the cat sat on a mat"))
 METHODS = ("rollout", "rollout_above", "flow", "grad_rollout")

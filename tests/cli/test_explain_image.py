@@ -101,7 +101,7 @@ def test_grayscale_photo_is_converted_with_a_note(with_dinov2, tmp_path, caplog)
 
 def test_rgba_image_converted_with_a_one_line_note(tmp_path):
     image = tmp_path / "logo.png"
-    rgba = np.random.default_rng(0).integers(0, 255, (60, 80, 4), dtype=np.uint8)
+    rgba = np.random.default_rng(0).integers(0, 255, (60, 60, 4), dtype=np.uint8)  # square: no crop note
     Image.fromarray(rgba, "RGBA").save(image)
     result = run_script("--image", str(image), "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q", timeout=300)
     assert result.returncode == 0, result.stderr

@@ -108,3 +108,29 @@ def test_a_second_study_into_a_folder_in_use_refuses_at_once(tiny_bert, txt_corp
     ]
     assert runs.first_code == 0, runs.first_err
     assert json.loads((out / "summary.json").read_text())["samples"] == 8
+
+
+# A command interrupted by Ctrl-C, then Ctrl-C again while the interpreter shuts down (an atexit hook).
+INTERRUPTED_TWICE = """
+import atexit, os, signal, sys
+from attnflow import cli
+
+def interrupted(args):
+    raise KeyboardInterrupt  # as a run stops after Ctrl-C
+
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))  # the second Ctrl-C, during shutdown
+cli.corpus.run = interrupted  # the handler `register` names when main() builds the parser
+sys.argv = ["attnflow", "corpus", "--out", sys.argv[1]]
+sys.exit(cli.main())
+"""
+
+
+def test_ctrl_c_during_shutdown_prints_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_TWICE, str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["attnflow: interrupted"]

@@ -225,3 +225,21 @@ def test_study_options_declare_the_statistics_and_reading_options_once():
     assert not own & {field.name for field in fields(StudyConfig)}
     assert not own & {field.name for field in fields(ReadOptions)}
     assert isinstance(StudyOptions().statistics, StudyConfig) and isinstance(StudyOptions().reading, ReadOptions)
+
+
+@pytest.mark.parametrize("state, words", [("missing", "does not exist"), ("empty", "is empty")])
+def test_resume_without_a_run_to_continue_is_refused(tmp_path, state, words):
+    from attnflow.corpus.engine import prepare_out_dir
+
+    out = tmp_path / "out"
+    if state == "empty":
+        out.mkdir()
+    with pytest.raises(InputError, match=f"--resume: .*out {words}, so there is no run to continue"):
+        prepare_out_dir(out, resume=True, overwrite=False)
+
+
+def test_report_of_a_missing_folder_says_so(tmp_path, capsys):
+    from attnflow.cli import main
+
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"attnflow: error: {tmp_path / 'nope'}: no such folder"

@@ -311,3 +311,15 @@ def test_the_plan_is_printed_first_and_names_the_method_that_dominates(key_model
     share = re.match(r"attnflow: most of the time goes to slow (\d+) % ", dominant)
     assert share and int(share.group(1)) >= 50, dominant  # 50 ms an example against a few
     assert f"/{2 * len(texts)} [" in err  # the bar counts examples: 5 per method
+
+
+def test_samples_not_given_take_a_smaller_set_whole_without_a_warning(caplog):
+    from attnflow.evaluate.api import select_samples
+
+    with caplog.at_level("WARNING"):
+        assert select_samples(300, None, seed=0).tolist() == list(range(300))
+    assert caplog.records == []
+    with caplog.at_level("WARNING"):
+        assert len(select_samples(300, 500, seed=0)) == 300
+    assert "--samples 500 is more than the 300 held-out examples" in caplog.text
+    assert len(select_samples(1000, None, seed=0)) == 500

@@ -70,6 +70,16 @@ def test_unknown_method_and_task_are_one_line(capsys, tmp_path):
     assert code == 2 and "unknown task 'imdb'" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_missing_task_file_fails_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    import attnflow.capture
+
+    monkeypatch.setattr(attnflow.capture, "load", lambda *_a, **_k: pytest.fail("a model was loaded"))
+    code, _, err = run_cli(capsys, "--task", str(tmp_path / "reviews.csv"), "--out", str(tmp_path / "out"))
+    assert code == 2 and err.strip() == f"attnflow: error: --task {tmp_path / 'reviews.csv'}: no such file"
+    code, _, err = run_cli(capsys, "--task", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert code == 2 and "a folder, not a CSV/JSONL file" in err
+
+
 def test_model_without_classifier_head_is_refused(capsys, tmp_path):
     code, _, err = run_cli(capsys, "--model", "minilm", "--task", "rotten-tomatoes", "--out", str(tmp_path), "--quiet")
     assert code == 2 and "no classifier head" in err and len(err.strip().splitlines()) == 1

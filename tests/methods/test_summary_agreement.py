@@ -25,9 +25,9 @@ def test_words_join_touching_pieces_only():
 
 def test_summary_names_the_best_words_and_their_share():
     scores = [0.3, 0.05, 0.1, 0.15, 0.2, 0.2]  # words: the .05, terrible .25, acting .2; specials .5
-    sentence = summarize(TOKENS, scores, "the prediction negative", SPECIAL, TEXT, OFFSETS)
+    sentence = summarize(TOKENS, scores, "the class negative", SPECIAL, TEXT, OFFSETS)
     assert sentence == (
-        "'terrible' and 'acting' carry 45 % of the relevance for the prediction negative (special tokens: 50 %)"
+        "'terrible' and 'acting' carry 45 % of the relevance for the class negative (special tokens: 50 %)"
     )
     one = summarize(TOKENS, [0, 0, 0.5, 0.3, 0.1, 0], "x", SPECIAL, TEXT, OFFSETS)
     assert one == "'terrible' carries 89 % of the relevance for x (special tokens: 0 %)"
@@ -52,7 +52,7 @@ def test_subjects():
     class WithTarget:
         row, tokens, target = "mean", TOKENS, {"kind": "class", "label": "negative"}
 
-    assert explanation_subject(WithTarget()) == "the prediction negative"
+    assert explanation_subject(WithTarget()) == "the class negative"
     assert subject(None, TOKENS, {"kind": "next_token", "label": "ĠParis"}) == "the next token 'Paris'"
     assert subject(None, TOKENS, {"kind": "similarity", "label": "a good film"}) == "the similarity to 'a good film'"
     assert subject(None, TOKENS) == "the output"

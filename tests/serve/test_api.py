@@ -404,3 +404,37 @@ def test_over_the_memory_limit_idle_models_are_unloaded_but_one_stays(tiny_loade
 def test_the_command_refuses_a_non_local_bind_without_a_token(capsys):
     assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 2
     assert "give --token" in capsys.readouterr().err
+
+
+def test_cancelling_stops_an_expensive_method_between_two_forward_passes(client):
+    """A method that runs forward pass after forward pass (as leave-one-out and SHAP do) stops at the
+    next one after the cancel, long before its end; the hook that counts them goes with the request."""
+    import torch
+
+    started = threading.Event()
+
+    @register("serve_test_forwards", "test: 400 forward passes", takes="model", needs=("model",), scores_only=True)
+    def forwards(model, trace):
+        ids = torch.tensor([list(trace.token_ids)])
+        for number in range(400):
+            with torch.no_grad():
+                model.model(input_ids=ids)
+            if number == 2:
+                started.set()
+            time.sleep(0.01)
+        return np.zeros(trace.n_tokens)
+
+    try:
+        thread, answer = in_thread(lambda: explain(client, methods=["serve_test_forwards"], request_id="many"))
+        assert started.wait(20)
+        assert client.get("/api/progress/many").json()["forward_passes"] >= 3
+        began = time.perf_counter()
+        client.post("/api/cancel/many")
+        thread.join(20)
+        assert time.perf_counter() - began < 3  # the 400 passes would take over 4 s
+        assert "stopped at serve_test_forwards: cancelled by the client" in one_line_error(answer["response"], 409)
+    finally:
+        unregister("serve_test_forwards")
+    model = client.app.state.pool.model_if_loaded("tiny-a")
+    assert not model.model._forward_pre_hooks  # no hook left behind
+    assert_valid_request_succeeds(client)

@@ -92,3 +92,42 @@ def test_png_bars_are_blue_below_zero_and_orange_above():
     colours = [to_hex(bar.get_facecolor()) for bar in bars]
     assert colours[1] == "#d9480f" and colours[3] == "#2166ac" and colours[2] == "#2166ac"
     assert bars[3].get_height() < 0
+
+
+def test_a_badge_barely_above_random_is_not_green():
+    """Random rankings' comprehensiveness is 0.1: 0.12 is barely above (amber), 0.09 below (red),
+    0.25 clearly above (the plain, green badge); the class and the hover text say which."""
+    from attnflow.viz.page import faithfulness_level
+
+    for comprehensiveness, level in (
+        (0.09, "weak"),
+        (0.1, "weak"),
+        (0.12, "marginal"),
+        (0.149, "marginal"),
+        (0.25, "clear"),
+    ):
+        assert faithfulness_level(_faithfulness(comprehensiveness)) == level, comprehensiveness
+        markup = _explanation(
+            "rollout", [0.3, 0.2, 0.1, 0.1, 0.1, 0.2], signed=False, comprehensiveness=comprehensiveness
+        ).to_html()
+        badge = re.search(r'<span class="(badge[^"]*)" title="([^"]*)"', markup)
+        assert badge is not None
+        assert badge.group(1) == ("badge" if level == "clear" else f"badge {level}")
+        assert ("Barely above random" in badge.group(2)) == (level == "marginal")
+
+
+def test_the_deletion_curves_legend_covers_no_curve():
+    """16 methods (evaluate --methods all): the drawn legend lies outside the plotting area."""
+    from attnflow.viz.plot import deletion_curves_figure
+
+    names = [f"method_{i}" for i in range(15)] + ["random"]
+    x = np.linspace(0, 1, 11)
+    curves = [{"x": x, "mean": 0.9 - 0.5 * x * (i + 1) / 16, "se": np.full(11, 0.01)} for i in range(16)]
+    figure = deletion_curves_figure(names, curves)
+    figure.draw_without_rendering()  # the constrained layout is computed on drawing
+    axis = figure.axes[0]
+    legend = figure.legends[0]
+    plot_area, legend_box = axis.get_window_extent(), legend.get_window_extent()
+    assert legend_box.x0 >= plot_area.x1  # beside the plot, not over it
+    assert legend_box.x1 <= figure.bbox.x1 + 1  # and not cut off
+    assert [text.get_text() for text in legend.get_texts()] == names

@@ -192,6 +192,28 @@ def small_image_note(size: tuple[int, int], grid: tuple[int, int], source: str =
     return note
 
 
+CROP_NOTE_BELOW = 0.9  # one side kept less than 0.9 times as much as the other: a wide or tall image, noted
+
+
+def crop_note(size: tuple[int, int], box: Box, source: str = "the image") -> str | None:
+    """A note, also logged as a warning, when the centre crop (``box`` in original pixels) cuts one
+    side of the image much more than the other (a wide or tall image: its share kept is below
+    `CROP_NOTE_BELOW` times the other side's): the map covers only the middle, what lies outside it
+    is not explained. None for an image cut alike on both sides (a square one: the recipe's margin)."""
+    width, height = size
+    left, top, right, bottom = box
+    kept_width, kept_height = (right - left) / width, (bottom - top) / height
+    if min(kept_width, kept_height) >= CROP_NOTE_BELOW * max(kept_width, kept_height):
+        return None
+    note = (
+        f"{source}: {width}x{height} pixels, centre-cropped to the middle {kept_width:.0%} of its width and "
+        f"{kept_height:.0%} of its height (columns {left:.0f}-{right:.0f}, rows {top:.0f}-{bottom:.0f}); "
+        "the map covers only that part, the rest of the image is not explained"
+    )
+    log.warning(note)
+    return note
+
+
 def to_rgb(image: Any, source: str = "the image") -> tuple[Any, str | None]:
     """``(RGB image, note)``: other modes (grayscale, RGBA, palette, ...) are converted and the note,
     also logged as a warning, says so; note is None for an RGB image."""

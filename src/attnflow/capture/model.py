@@ -20,7 +20,7 @@ from torch import nn
 
 from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
-from attnflow.capture.images import ImagePreprocessing, read_image, small_image_note, to_rgb
+from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.methods.registry import check_family, get_method, method_options
@@ -538,7 +538,12 @@ class AttentionModel:
         pixels, box = self.image_processor(picture)
         patch = _as_pair(self.config.patch_size)
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
-        notes = [text for text in (note, small_image_note(picture.size, grid, source or "the image")) if text]
+        where = source or "the image"
+        notes = [
+            text
+            for text in (note, small_image_note(picture.size, grid, where), crop_note(picture.size, box, where))
+            if text
+        ]
         captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
         n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens

@@ -35,7 +35,8 @@ class PatchResult:
 
     ``effects[method][kind]``: normalised effects (module docstring), ``residual [n_layers + 1,
     token]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l), ``attn`` and
-    ``mlp [n_layers, token]``, ``heads [n_layers, head]`` (a head patched at every position).
+    ``mlp [n_layers, token]``, ``heads [n_layers, head]`` (a head patched at every position, or at
+    ``head_position`` only).
     ``clean_metric`` m_x and ``corrupt_metric`` m_x̃ (the mean over noise samples); ``seconds``: the
     time each method took (the two runs that cache activations are ``"cache"``).
     """
@@ -55,6 +56,7 @@ class PatchResult:
     n_heads: int
     effects: dict[str, dict[str, np.ndarray]]
     seconds: dict[str, float] = field(default_factory=dict)
+    head_position: int | None = None
 
     @property
     def correlations(self) -> dict[str, dict[str, dict[str, float]]]:
@@ -85,6 +87,7 @@ class PatchResult:
             "samples": self.samples,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
+            "head_position": self.head_position,
             "effects": {
                 method: {kind: values.tolist() for kind, values in effects.items()}
                 for method, effects in self.effects.items()
@@ -96,13 +99,15 @@ class PatchResult:
     def summary(self) -> str:
         """A few console lines: the metric on both inputs, the strongest sites, the
         approximations' agreement with exact patching and the time each took."""
+        from attnflow.tokens import display_token
+
         lines = [
             f"{self.metric}: clean {self.clean_metric:.4g}, corrupted {self.corrupt_metric:.4g} ({self.direction})"
         ]
         for method, effects in self.effects.items():
             for kind, values in effects.items():
                 layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
-                where = f"head {index}" if kind == "heads" else f"token {index} {self.tokens[index]!r}"
+                where = f"head {index}" if kind == "heads" else f"token {index} {display_token(self.tokens[index])!r}"
                 lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
         for method, kinds in self.correlations.items():
             agreement = ", ".join(
@@ -154,6 +159,7 @@ def patch(
     samples: int = 10,
     seed: int = 0,
     batch_size: int = 32,
+    head_position: int | None = None,
     progress: bool = True,
 ) -> PatchResult:
     """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.SITE_KINDS`) between
@@ -169,6 +175,8 @@ def patch(
             logit difference target − contrast (else the class logit, or log p(token) for LMs).
         direction: ``"denoising"`` (restore clean values into the corrupted run) or ``"noising"``.
         batch_size: rows per forward pass of the exact sweep (each row patches one site).
+        head_position: patch each head at this position only (negative: from the end, -1 = the
+            last); None: at every position.
 
     Returns:
         a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
@@ -203,6 +211,11 @@ def patch(
         words = _words(noise)  # noise is not None here
         noise_tensor = noise_on_words(model, clean, words, samples, seed)
         corrupt_ids, rows = clean_ids, samples
+    n_tokens = clean_ids.shape[1]
+    if head_position is not None:
+        if not -n_tokens <= head_position < n_tokens:
+            raise InputError(f"--head-position {head_position} is outside the text's {n_tokens} tokens")
+        head_position %= n_tokens
     metric = resolve_metric(model, clean_ids, target, contrast)
     runner = PatchRunner(model, metric)
     seconds: dict[str, float] = {}
@@ -229,7 +242,9 @@ def patch(
         started = time.perf_counter()
         if method == "exact":
             site_list = [
-                site for kind in kinds for site in all_sites(kind, model.n_layers, clean_ids.shape[1], model.n_heads)
+                site
+                for kind in kinds
+                for site in all_sites(kind, model.n_layers, n_tokens, model.n_heads, head_position)
             ]
             with _progress_bar(len(site_list), progress) as bar:
                 patched = exact_sweep(runner, base_ids, base_noise, source, site_list, rows, batch_size, bar)
@@ -239,7 +254,7 @@ def patch(
                 changes[kind] = patched[start : start + size].reshape(shapes[kind]) - m_base
                 start += size
         else:
-            changes = estimate(method, runner, base_ids, base_noise, source, kinds, rows)
+            changes = estimate(method, runner, base_ids, base_noise, source, kinds, rows, head_position)
         seconds[method] = time.perf_counter() - started
         effects[method] = {kind: sign * changes[kind] / difference for kind in kinds}
     tokenizer = model.tokenizer
@@ -259,6 +274,7 @@ def patch(
         n_heads=model.n_heads,
         effects=effects,
         seconds=seconds,
+        head_position=head_position,
     )
 
 

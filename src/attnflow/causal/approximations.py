@@ -35,19 +35,23 @@ def estimate(
     source: dict[str, torch.Tensor],
     kinds: tuple[str, ...],
     samples: int,
+    head_position: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds``, for the base run
     ``input_ids`` (+ ``noise [samples, token, d_model]``) patched with ``source`` (`stacked`
-    activations, broadcast over samples)."""
+    activations, broadcast over samples); heads patched at ``head_position`` only, or everywhere."""
     if method == "atp*":
-        return _graddrop(runner, input_ids, noise, source, kinds, samples)
+        return _graddrop(runner, input_ids, noise, source, kinds, samples, head_position)
     rules = None
     if method == "relp":
         from attnflow.perturb.lrp import RULES, backward_rules
 
         rules = backward_rules(runner.model, RULES["attnlrp"])
     gradients, base = _gradients(runner, input_ids, noise, samples, rules)
-    return {kind: _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads).mean(axis=0) for kind in kinds}
+    return {
+        kind: _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads, head_position).mean(axis=0)
+        for kind in kinds
+    }
 
 
 def _gradients(
@@ -79,15 +83,25 @@ def _gradients(
     return gradients, stacked(recorded)
 
 
-def _dot(kind: str, source: torch.Tensor, base: torch.Tensor, gradient: torch.Tensor, n_heads: int) -> np.ndarray:
+def _dot(
+    kind: str,
+    source: torch.Tensor,
+    base: torch.Tensor,
+    gradient: torch.Tensor,
+    n_heads: int,
+    head_position: int | None = None,
+) -> np.ndarray:
     """(a_source − a_base) · gradient per sample and site: ``[sample, layer, position]`` or
-    ``[sample, layer, head]`` (a head summed over every position)."""
+    ``[sample, layer, head]`` (a head summed over every position, or read at ``head_position``)."""
     rows = len(base)
     difference = source.repeat(rows // len(source), 1, 1, 1) - base  # source: 1 or a divisor of rows samples
     product = (difference.double() * gradient.double()).cpu()
     if kind == "heads":
         batch, layers, tokens, width = product.shape
-        return product.view(batch, layers, tokens, n_heads, width // n_heads).sum(dim=(2, 4)).numpy()
+        heads = product.view(batch, layers, tokens, n_heads, width // n_heads)  # [sample, layer, token, head, d_head]
+        if head_position is not None:
+            return heads[:, :, head_position].sum(dim=-1).numpy()
+        return heads.sum(dim=(2, 4)).numpy()
     return product.sum(dim=-1).numpy()
 
 
@@ -98,6 +112,7 @@ def _graddrop(
     source: dict[str, torch.Tensor],
     kinds: tuple[str, ...],
     samples: int,
+    head_position: int | None = None,
 ) -> dict[str, np.ndarray]:
     """AtP* (GradDrop): one forward and one backward pass of ``L × samples`` rows, rows of group ℓ
     passing no gradient through layer ℓ's attention and MLP outputs."""
@@ -110,9 +125,9 @@ def _graddrop(
     plain, plain_base = _gradients(runner, input_ids, noise, samples)
     estimates = {}
     for kind in kinds:
-        dropped = _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads)  # [rows, ...]
+        dropped = _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads, head_position)  # [rows, ...]
         per_layer = dropped.reshape(n_layers, samples, *dropped.shape[1:])  # [dropped layer, sample, ...]
         magnitude = np.abs(per_layer).sum(axis=0) / max(n_layers - 1, 1)  # [sample, ...]
-        sign = np.sign(_dot(kind, source[kind], plain_base[kind], plain[kind], runner.n_heads))
+        sign = np.sign(_dot(kind, source[kind], plain_base[kind], plain[kind], runner.n_heads, head_position))
         estimates[kind] = (sign * magnitude).mean(axis=0)
     return estimates

@@ -58,17 +58,17 @@ class Metric:
 
 @dataclass
 class Patches:
-    """Patched sites of one batch: per hook point ``(kind, layer)``, the batch rows, the indices
-    (positions, or heads for ``heads``) and the values (``[n, d_model]``, or ``[n, token, d_head]``
-    for heads)."""
+    """Patched sites of one batch: per hook point ``(kind, layer, head position)``, the batch rows,
+    the indices (positions, or heads for ``heads``) and the values (``[n, d_model]``; heads:
+    ``[n, token, d_head]`` at every position, ``[n, d_head]`` at one)."""
 
-    rows: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    indices: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    values: dict[tuple[str, int], list[torch.Tensor]] = field(default_factory=dict)
+    rows: dict[tuple[str, int, int | None], list[int]] = field(default_factory=dict)
+    indices: dict[tuple[str, int, int | None], list[int]] = field(default_factory=dict)
+    values: dict[tuple[str, int, int | None], list[torch.Tensor]] = field(default_factory=dict)
 
     def add(self, row: int, site: Site, value: torch.Tensor) -> None:
         """Row ``row`` gets ``value`` at ``site``."""
-        key = (site.kind, site.layer)
+        key = (site.kind, site.layer, site.head_position)
         self.rows.setdefault(key, []).append(row)
         self.indices.setdefault(key, []).append(site.index)
         self.values.setdefault(key, []).append(value)
@@ -181,18 +181,24 @@ class PatchRunner:
 
     def _patched(self, key: tuple[str, int], hidden: torch.Tensor, patches: Patches) -> torch.Tensor:
         """``hidden [batch, token, width]`` with this hook point's patches written in (a copy)."""
-        if key not in patches.rows:
+        groups = [group for group in patches.rows if group[:2] == key]
+        if not groups:
             return hidden
-        rows = torch.as_tensor(patches.rows[key], device=hidden.device)
-        indices = torch.as_tensor(patches.indices[key], device=hidden.device)
-        values = torch.stack(patches.values[key]).to(hidden.device, hidden.dtype)
         new = hidden.clone()
-        if key[0] == "heads":
+        for group in groups:
+            rows = torch.as_tensor(patches.rows[group], device=hidden.device)
+            indices = torch.as_tensor(patches.indices[group], device=hidden.device)
+            values = torch.stack(patches.values[group]).to(hidden.device, hidden.dtype)
+            position = group[2]
+            if key[0] != "heads":
+                new[rows, indices] = values  # values [n, d_model]
+                continue
             batch, tokens, width = new.shape
             heads = new.view(batch, tokens, self.n_heads, width // self.n_heads)  # [batch, token, head, d_head]
-            heads[rows, :, indices] = values  # values [n, token, d_head]
-        else:
-            new[rows, indices] = values  # values [n, d_model]
+            if position is None:
+                heads[rows, :, indices] = values  # values [n, token, d_head]
+            else:
+                heads[rows, position, indices] = values  # values [n, d_head]
         return new
 
 
@@ -214,11 +220,12 @@ def stacked(recorded: Recorded) -> dict[str, torch.Tensor]:
 
 def site_value(activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int) -> torch.Tensor:
     """The value a site takes in sample ``sample`` of a recorded run: ``[d_model]`` at one
-    position, or ``[token, d_head]`` for one head."""
+    position; for one head ``[token, d_head]``, or ``[d_head]`` at its one position."""
     layer = activations[site.kind][sample % len(activations[site.kind]), site.layer]
     if site.kind == "heads":
         tokens, width = layer.shape
-        return layer.view(tokens, n_heads, width // n_heads)[:, site.index]
+        head = layer.view(tokens, n_heads, width // n_heads)[:, site.index]  # [token, d_head]
+        return head if site.head_position is None else head[site.head_position]
     return layer[site.index]
 
 

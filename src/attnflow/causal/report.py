@@ -83,7 +83,7 @@ def _reading(result: PatchResult) -> str:
             "1 = corrupting this site alone destroys the answer"
         )
     return (
-        f"<p>Each cell is one site: {what}. Orange is positive, blue negative. AtP, AtP* and RelP "
+        f"<p>Each cell is one site: {what}. Red is positive, blue negative. AtP, AtP* and RelP "
         "estimate the same numbers from one backward pass; their Pearson and Spearman correlation with "
         "the exact values says when the fast answer can be trusted.</p>"
     )
@@ -131,9 +131,13 @@ def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: s
 
 
 def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) -> str:
-    figure = heatmap_figure(result, kind, values, f"{method}: {KIND_TITLES[kind]}")
+    title = KIND_TITLES[kind]
+    position = result.head_position
+    if kind == "heads" and position is not None:
+        title = f"head outputs at token {position} ({result.tokens[position]})"
+    figure = heatmap_figure(result, kind, values, f"{method}: {title}")
     alt = f"{method} {kind} effects, layer by {'head' if kind == 'heads' else 'position'}"
-    caption = esc(f"{method} · {KIND_TITLES[kind]} · shape {list(values.shape)}")
+    caption = esc(f"{method} · {title} · shape {list(values.shape)}")
     return (
         f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
         f"{figure_img(figure, alt=alt)}<figcaption>{caption}</figcaption></figure>"

@@ -6,8 +6,8 @@ Site kinds and the arrays a sweep fills (``T`` tokens, ``L`` layers, ``H`` heads
   block 0: the embeddings), row l + 1 the stream leaving layer l (block l's output);
 - ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position;
 - ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
-- ``heads`` ``[L, H]``: one head's output at every position (its ``d_head`` slice of the input of
-  the attention output projection).
+- ``heads`` ``[L, H]``: one head's output (its ``d_head`` slice of the input of the attention output
+  projection) at every position, or at one position (``head_position``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ SITE_KINDS = ("residual", "attn", "mlp", "heads")
 class Site:
     """One patching site: ``kind`` (`SITE_KINDS`), ``layer`` (for ``residual``: 0 = entering the
     first layer, l + 1 = leaving layer l), ``index``: the position (``residual``, ``attn``, ``mlp``)
-    or the head (``heads``, patched at every position)."""
+    or the head (``heads``); ``head_position``: heads only, the one position patched (None: every
+    position)."""
 
     kind: str
     layer: int
     index: int
+    head_position: int | None = None
 
 
 def check_sites_supported(model: Any) -> None:
@@ -60,10 +62,12 @@ def sweep_shape(kind: str, n_layers: int, n_tokens: int, n_heads: int) -> tuple[
     }[kind]
 
 
-def all_sites(kind: str, n_layers: int, n_tokens: int, n_heads: int) -> list[Site]:
-    """Every site of one kind, in the row-major order of its sweep array."""
+def all_sites(kind: str, n_layers: int, n_tokens: int, n_heads: int, head_position: int | None = None) -> list[Site]:
+    """Every site of one kind, in the row-major order of its sweep array (heads patched at
+    ``head_position`` only, or at every position when it is None)."""
     rows, columns = sweep_shape(kind, n_layers, n_tokens, n_heads)
-    return [Site(kind, layer, index) for layer in range(rows) for index in range(columns)]
+    position = head_position if kind == "heads" else None
+    return [Site(kind, layer, index, position) for layer in range(rows) for index in range(columns)]
 
 
 class SiteModules:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import warnings
 from contextlib import nullcontext
@@ -45,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
+        if argv is None:  # the program is ending: another Ctrl-C while it shuts down is ignored, not a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 130
     except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
         print(f"attnflow: error: {error}", file=sys.stderr)

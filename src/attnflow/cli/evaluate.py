@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--methods", default="all", help="comma-separated method names, or all (default)")
     parser.add_argument(
-        "--samples", type=int, default=500, help="held-out examples to evaluate (default 500; capped at the split size)"
+        "--samples", type=int, help="held-out examples to evaluate (default 500, or all of a smaller set)"
     )
     parser.add_argument(
         "--sanity-samples",

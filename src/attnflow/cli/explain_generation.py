@@ -2,7 +2,8 @@
 
 One model load, the continuation (greedy, or the given text teacher-forced), then each method
 (`attnflow.generation`). Writes DIR/generation.{json,html,png}; with several methods each goes to
-DIR/METHOD/. With --json and no --out it only prints the JSON (a list for several methods).
+DIR/METHOD/ and DIR/comparison.html shows them side by side. With --json and no --out it only
+prints the JSON (a list for several methods).
 """
 
 from __future__ import annotations
@@ -94,13 +95,18 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     explanations = list({id(by_name[name]): by_name[name] for name in requested}.values())
     paths: dict[str, Path] = {}
     if out is not None:
-        from attnflow.cli.outputs import owned
+        from attnflow.cli.outputs import COMPARISON_FILE, owned
+        from attnflow.viz.generation import generation_comparison_html
 
         with staged_output(out, owned, args.overwrite) as scratch:
             for explanation in explanations:
                 folder = scratch if len(explanations) == 1 else scratch / explanation.method
                 for kind, path in explanation.save(folder).items():
                     paths[f"{explanation.method} {kind}"] = out / path.relative_to(scratch)
+            if len(explanations) > 1:
+                page = generation_comparison_html(explanations, chosen_by)
+                (scratch / COMPARISON_FILE).write_text(page, encoding="utf-8")
+                paths["comparison"] = out / COMPARISON_FILE
     if args.json:
         data = [explanation.to_dict() for explanation in explanations]
         json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)

@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--batch-size", type=positive_int, default=32, help="rows per forward pass of the exact sweep (default 32)"
     )
+    parser.add_argument(
+        "--head-position",
+        type=int,
+        metavar="N",
+        help="patch each head at token N only (-1: the last) instead of at every position",
+    )
     parser.add_argument("--file", type=Path, metavar="PAIRS.jsonl", help="patch every prompt pair of a file")
     parser.add_argument("--resume", action="store_true", help="with --file: continue the run checkpointed in --out")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -83,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "print the top edges and the faithfulness of the top-k circuits; writes edges.json",
     )
     parser.add_argument("--steps", type=positive_int, default=5, help="with --edges eap-ig: interpolation steps")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         "samples": args.samples,
         "seed": args.seed,
         "batch_size": args.batch_size,
+        "head_position": args.head_position,
         "progress": not args.quiet,
     }
     if args.file is not None:

@@ -290,6 +290,9 @@ def prepare_out_dir(
         if is_scratch(entry.name) and entry.is_file():
             entry.unlink(missing_ok=True)  # left by a write that was killed half-way
     entries = [entry for entry in entries if entry.exists()]
+    if resume and not (out / checkpoint).is_file():
+        where = "does not exist" if not out.exists() else "is empty" if not entries else f"has no {checkpoint}"
+        raise InputError(f"--resume: {out} {where}, so there is no run to continue; drop --resume to start one")
     if not entries:
         return None
     if overwrite:
@@ -297,8 +300,6 @@ def prepare_out_dir(
             (out / name).unlink(missing_ok=True)
         return None
     if resume:
-        if not (out / checkpoint).is_file():
-            raise InputError(f"--resume: {out} has no {checkpoint} to continue from")
         return out / checkpoint
     raise InputError(
         f"{out} exists and is not empty; pass --resume to continue the run saved there, or --overwrite to start again"
@@ -475,6 +476,8 @@ def rebuild_report(out: str | os.PathLike, png_dir: str | os.PathLike | None = N
     from attnflow.viz.report import build_report, save_figures
 
     out = Path(out)
+    if not out.is_dir():
+        raise InputError(f"{out}: no such folder" if not out.exists() else f"{out} is a file, not a study's folder")
     missing = [name for name in (SUMMARY, STATS) if not (out / name).is_file()]
     if missing:
         raise InputError(f"{out}: no {' or '.join(missing)} (is this the --out folder of `attnflow corpus`?)")

@@ -238,6 +238,8 @@ def _check_options(options: AuditOptions) -> None:
     )
     if options.task is not None and options.file is not None:
         raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
+    if options.file is not None and not Path(options.file).expanduser().is_file():
+        raise InputError(f"--file {options.file}: give an existing .txt, .jsonl, .csv or .parquet file")
 
 
 def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: SwapTable) -> Backend:

@@ -36,9 +36,15 @@ def check_out(out: str | Path, overwrite: bool, resume: bool) -> None:
     check_output(Path(out), is_evaluate_output, overwrite or resume)
 
 
-def select_samples(n_available: int, samples: int, seed: int) -> np.ndarray:
+DEFAULT_SAMPLES = 500  # evaluate's examples when --samples is not given (fewer when the data has fewer)
+
+
+def select_samples(n_available: int, samples: int | None, seed: int) -> np.ndarray:
     """``min(samples, n_available)`` distinct indices drawn with ``default_rng(seed)``, sorted; a
-    request above ``n_available`` is capped with a warning."""
+    request above ``n_available`` is capped with a warning. ``samples=None`` (not given): up to
+    `DEFAULT_SAMPLES`, capped without a warning."""
+    if samples is None:
+        samples = min(DEFAULT_SAMPLES, n_available)
     if samples < 1:
         raise ValueError(f"--samples must be at least 1, got {samples}")
     if samples > n_available:
@@ -61,11 +67,17 @@ def resolve_methods(methods: str | Sequence[str]) -> list[str]:
 
 
 def check_task_name(task: str | None) -> None:
-    """InputError for a name that is neither a built-in task nor a file path (None: the default)."""
+    """InputError, before any model loads, for a name that is neither a built-in task nor an
+    existing file (None: the default task)."""
     from attnflow.datasets import TASKS
 
-    if task is not None and task not in TASKS and not Path(task).exists() and not any(c in task for c in "/\\."):
-        raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+    if task is None or task in TASKS or Path(task).expanduser().is_file():
+        return
+    if Path(task).expanduser().exists():
+        raise InputError(f"--task {task}: a folder, not a CSV/JSONL file")
+    if any(c in task for c in "/\\."):
+        raise InputError(f"--task {task}: no such file")
+    raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
 
 
 def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
@@ -95,7 +107,7 @@ def evaluate(
     model: str | Any = "minilm-sentiment",
     task: str | None = None,
     methods: str | Sequence[str] = "all",
-    samples: int = 500,
+    samples: int | None = None,
     out: str | Path = "out/evaluate",
     options: BenchmarkOptions | None = None,
     resume: bool = False,
@@ -109,7 +121,8 @@ def evaluate(
 
     ``model`` is an alias/path or an `AttentionModel` of a classifier; ``task`` a built-in task
     (default: the one the classifier was trained on) or a CSV/JSONL path with ``text_column`` and
-    ``label_column``. Returns the results dictionary (as in ``results.json``).
+    ``label_column``. ``samples``: examples drawn (None: up to `DEFAULT_SAMPLES`, all of a smaller
+    set). Returns the results dictionary (as in ``results.json``).
 
     ``out`` holding an earlier run's results: ``resume`` continues it in place (its finished
     methods are kept when the run is the same); ``overwrite`` runs in a temporary folder and

@@ -26,12 +26,16 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 
 A method returns ``[query, key]`` (row i: how much output position i draws on input j),
 ``[head, query, key]`` when heads stay apart, or ``[key]`` for ``scores_only`` methods.
-Adding a method is one function with one `register` decorator, in any module.
+Adding a method is one function with one `register` decorator, in any module; another package
+adds its methods by naming that module under the entry-point group ``attnflow.methods``
+(`load_plugins`, run when attnflow is imported).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
@@ -198,6 +202,29 @@ def register(
 def unregister(name: str) -> None:
     """Remove a registered method (for tests and plug-ins that register temporary methods)."""
     _METHODS.pop(name, None)
+
+
+ENTRY_POINT_GROUP = "attnflow.methods"
+log = logging.getLogger(__name__)
+
+
+def load_plugins() -> list[str]:
+    """Import the modules other installed packages name under the entry-point group
+    ``attnflow.methods`` (in their pyproject.toml: ``[project.entry-points."attnflow.methods"]``,
+    ``toy = "my_package.methods"``); each registers its methods with `register` when imported.
+
+    Returns the entry points' names, in order. A plug-in that fails to import is skipped with one
+    warning naming it and the error (attnflow itself keeps working).
+    """
+    loaded = []
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as error:  # a broken plug-in must not break attnflow
+            log.warning("attnflow: skipped the method plug-in %r (%s): %s", entry.name, entry.value, error)
+        else:
+            loaded.append(entry.name)
+    return loaded
 
 
 def get_method(name: str) -> MethodSpec:

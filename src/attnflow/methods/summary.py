@@ -65,7 +65,7 @@ def summarize(
     offsets: Any = None,
     max_words: int = 3,
 ) -> str:
-    """The summary sentence for ``[token]`` scores explaining ``subject`` (e.g. "the prediction negative")."""
+    """The summary sentence for ``[token]`` scores explaining ``subject`` (e.g. "the class negative")."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if scores.size != len(tokens):
         raise ValueError(f"{scores.size} scores for {len(tokens)} tokens")
@@ -107,7 +107,8 @@ def row_subject(row: Any, tokens: Sequence[str]) -> str:
 
 
 def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
-    """What scores explain, in words: the target when there is one ("the prediction negative",
+    """What scores explain, in words: the target when there is one ("the class negative": the
+    predicted class or the one --target names, so not called "the prediction",
     "the next token 'Paris'", "the similarity to 'a good film'"), else the saliency row, else
     "the output" (attribution-only scores without a target). ``target`` is a
     `attnflow.targets.Target` or its dict."""
@@ -119,7 +120,7 @@ def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
                 return f"the next token '{display_token(label)}'"
             if kind == "similarity":
                 return f"the similarity to '{label}'"
-            return f"the prediction {label}"
+            return f"the class {label}"
     return "the output" if row is None else row_subject(row, tokens)
 
 

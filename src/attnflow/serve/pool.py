@@ -4,8 +4,10 @@
 (and, with ``max_rss_mb``, fewer while the process's resident memory is above that); the least
 recently used one that no request holds goes first. Each model has one lock: one thread at a time
 runs inside its hooks, whatever the number of worker threads. A `Job` is one request's handle:
-its progress (the step it is on) and its cancellation, checked between steps (`Job.step`), so a
-cancelled or timed-out request stops at the next method boundary and releases its model.
+its progress (the step it is on, the forward passes run) and its cancellation, checked between
+steps (`Job.step`) and before every forward pass of the model while the job holds it (a forward
+pre-hook, removed when the job lets go): a cancelled or timed-out request stops within one forward
+pass, even inside an expensive method (leave-one-out, SHAP, integrated gradients), and releases its model.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Job:
     done: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     reason: str | None = None  # why it was cancelled
+    forwards: int = 0  # forward passes of the model run for this job
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self, reason: str) -> None:
@@ -61,7 +64,7 @@ class Job:
     def check(self) -> None:
         """Raise `Cancelled` if the job was cancelled."""
         if self._cancelled.is_set():
-            raise Cancelled(f"the request was stopped before {self.current}: {self.reason}")
+            raise Cancelled(f"the request was stopped at {self.current}: {self.reason}")
 
     def step(self, name: str) -> None:
         """Enter step ``name`` (a method, "faithfulness", "loading MODEL", ...), unless cancelled."""
@@ -70,12 +73,18 @@ class Job:
         self.current = name
         self.check()
 
+    def forward(self) -> None:
+        """Count one forward pass of the model, unless cancelled (called by the pool's hook)."""
+        self.forwards += 1
+        self.check()
+
     def progress(self) -> dict[str, Any]:
-        """``{"id", "step", "done" [steps], "elapsed_s", "cancelled"}`` for the progress endpoint."""
+        """``{"id", "step", "done" [steps], "forward_passes", "elapsed_s", "cancelled"}`` (the progress endpoint)."""
         return {
             "id": self.id,
             "step": self.current,
             "done": list(self.done),
+            "forward_passes": self.forwards,
             "elapsed_s": round(time.monotonic() - self.started, 3),
             "cancelled": self.cancelled,
         }
@@ -120,7 +129,7 @@ class ModelPool:
             known = [*EMBEDDED, *PROBES]
         self.offered = list(dict.fromkeys(models))
         self.known = set(known) | set(self.offered)
-        self.allow_path = Path(allow_path).resolve() if allow_path is not None else None
+        self.allow_path = Path(allow_path).expanduser().resolve() if allow_path is not None else None
         self.max_models = max_models
         self.max_rss_mb = max_rss_mb
         self._loader = loader or _load
@@ -175,7 +184,8 @@ class ModelPool:
                 if entry.model is None:
                     job.step(f"loading {name}")
                     entry.model = self._loader(name)
-                yield entry.model
+                with watched_forwards(entry.model, job):
+                    yield entry.model
             finally:
                 entry.lock.release()
         finally:
@@ -213,6 +223,21 @@ class ModelPool:
                 dropped = True
         if dropped:
             gc.collect()
+
+
+@contextmanager
+def watched_forwards(model: Any, job: Job) -> Iterator[None]:
+    """Within the block, every forward pass of ``model``'s network first calls `Job.forward` (counts
+    it; raises `Cancelled` when the job was cancelled). The hook is removed on leaving, always."""
+    register = getattr(getattr(model, "model", None), "register_forward_pre_hook", None)
+    if register is None:  # not a torch network: steps alone are checked
+        yield
+        return
+    handle = register(lambda _module, _inputs: job.forward())
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def resident_mb() -> float:

@@ -10,7 +10,7 @@ Negative scores (leave-one-out: a source that made t_k less likely) are blue.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from matplotlib import colormaps
@@ -50,6 +50,44 @@ def generation_html(explanation: Any) -> str:
         generation_fragment(explanation, with_style=False),
         subtitle=f"{explanation.model} · {explanation.mode} · {explanation.prompt}",
         meta=_meta(explanation),
+        css=CSS,
+    )
+
+
+def generation_comparison_html(explanations: Sequence[Any], chosen_by: str | None = None) -> str:
+    """One page with several methods' explanations of the same continuation: the text once, then
+    per method (the highest mean per-step comprehensiveness first, when measured) its step × source
+    heatmap and top sources, each linking to the method's own page (``METHOD/generation.html``)."""
+    first = explanations[0]
+    measured = all(e.faithfulness is not None for e in explanations)
+    ordered = sorted(explanations, key=lambda e: -e.faithfulness["mean_aopc"]) if measured else list(explanations)
+    parts = [f'<p class="note">{esc(chosen_by)}</p>'] if chosen_by else []
+    parts.append(
+        section(
+            "Prompt and continuation",
+            f'<div class="text">{esc(first.prompt)}<span class="generated">{esc(first.continuation)}</span></div>',
+            "text",
+        )
+    )
+    for explanation in ordered:
+        score = (
+            f"mean comprehensiveness over the steps {explanation.faithfulness['mean_aopc']:.3f}; "
+            if explanation.faithfulness is not None
+            else ""
+        )
+        link = f'<a href="{esc(explanation.method)}/generation.html">its own page</a>'
+        parts.append(
+            section(
+                explanation.method,
+                f'<p class="note">{esc(score)}{link}</p>\n' + heatmap_table(explanation) + _top_table(explanation),
+                f"method-{explanation.method}",
+            )
+        )
+    methods = ", ".join(explanation.method for explanation in explanations)
+    return page(
+        f"attnflow: {methods} over {first.n_steps} generated tokens",
+        '<div class="generation">\n' + "\n".join(parts) + "</div>",
+        subtitle=f"{first.model} · {first.mode} · {first.prompt}",
         css=CSS,
     )
 

@@ -11,7 +11,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from attnflow.tokens import display_token
-from attnflow.viz.page import BLUE, ORANGE, esc, faithfulness_badge, figure_img, image_png, img, page, section, table
+from attnflow.viz.page import (
+    BLUE,
+    LEVEL_NOTES,
+    ORANGE,
+    esc,
+    faithfulness_badge,
+    faithfulness_level,
+    figure_img,
+    image_png,
+    img,
+    page,
+    section,
+    table,
+)
 from attnflow.viz.plot import SATURATION_PERCENTILE, matrix_figure
 
 if TYPE_CHECKING:
@@ -35,6 +48,7 @@ CSS = """
 .attnflow .badge { display: inline-block; font-size: .85rem; padding: .15rem .55rem; border-radius: 999px;
                    background: #eef4ee; border: 1px solid #9cc39c; color: #1f4d1f; margin: .2rem 0 .4rem; }
 .attnflow .badge.weak { background: #f7eeee; border-color: #d6a3a3; color: #6b1f1f; }
+.attnflow .badge.marginal { background: #fbf6e6; border-color: #d9c27a; color: #5c4a0d; }
 .attnflow .choice { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #2166ac;
                     background: #f0f5fb; }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
@@ -101,12 +115,12 @@ def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
 
 
 def _badge(explanation: "Explanation") -> str:
-    """The per-input faithfulness badge (empty without one); marked weak when the ranking removes
-    no more of p than random rankings do."""
+    """The per-input faithfulness badge (empty without one), coloured by `faithfulness_level`:
+    green clearly above random rankings, amber barely above, red not above."""
     faithfulness = explanation.faithfulness
     if faithfulness is None:
         return ""
-    weak = faithfulness["aopc_comprehensiveness"] <= faithfulness["random"]["aopc_comprehensiveness"]
+    level = faithfulness_level(faithfulness)
     title = (
         f"On this input: p({faithfulness['target']}) = {faithfulness['probability']:.3f}; removing the top "
         + ", ".join(f"{100 * k:g} %" for k in faithfulness["bins"])
@@ -118,7 +132,7 @@ def _badge(explanation: "Explanation") -> str:
         "random rankings."
     )
     return (
-        f'<p><span class="badge{" weak" if weak else ""}" title="{esc(title)}">'
+        f'<p><span class="badge{"" if level == "clear" else " " + level}" title="{esc(title + LEVEL_NOTES[level])}">'
         f"faithfulness on this input: {esc(faithfulness_badge(faithfulness))}</span></p>\n"
     )
 

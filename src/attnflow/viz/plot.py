@@ -220,8 +220,8 @@ def _title(explanation: "Explanation") -> str:
 def deletion_curves_figure(names: Sequence[str], curves: Sequence[dict[str, Any]]) -> Figure:
     """The faithfulness benchmark's deletion curves: one line per method (``curves[i]`` holds
     ``x``, ``mean`` and ``se`` of method ``names[i]``), ± one standard error shaded; ``random``
-    dashed black."""
-    figure = Figure(figsize=(7, 4.5))
+    dashed black. The legend sits beside the plot, never over the curves."""
+    figure = Figure(figsize=(9, 4.5), layout="constrained")  # the layout makes room for the legend
     axis = figure.add_subplot()
     palette = colormaps["tab20"]
     for index, (name, curve) in enumerate(zip(names, curves, strict=True)):
@@ -232,8 +232,7 @@ def deletion_curves_figure(names: Sequence[str], curves: Sequence[dict[str, Any]
     axis.set_xlabel("fraction of content tokens removed (most relevant first)")
     axis.set_ylabel("probability of the predicted class")
     axis.set_title("Deletion curves (lower is better)")
-    axis.legend(fontsize=7, ncol=2)
-    figure.tight_layout()
+    figure.legend(fontsize=7, ncol=1 + len(names) // 16, loc="outside right upper")
     return figure
 
 

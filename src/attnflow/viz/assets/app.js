@@ -99,7 +99,10 @@
     const poll = setInterval(async () => {
       try {
         const progress = await api("/api/progress/" + requestId);
-        if (progress.running) setStatus("working: " + progress.step + " (" + progress.elapsed_s.toFixed(1) + " s)");
+        if (progress.running) {
+          setStatus("working: " + progress.step + " (" + progress.forward_passes + " forward passes, " +
+                    progress.elapsed_s.toFixed(1) + " s)");
+        }
       } catch (error) { /* finished meanwhile */ }
     }, 400);
     try {
