@@ -76,6 +76,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    parser.add_argument(
+        "--versus",
+        metavar="METHODS",
+        help="instead: per layer, the Spearman correlation between exact residual patching and each of "
+        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim (comma-separated; 'all'); writes versus.json",
+    )
+    parser.add_argument(
+        "--edges",
+        choices=("eap", "eap-ig"),
+        help="instead: score every edge between embeddings, heads, MLPs and logits (pre-norm models) and "
+        "print the top edges and the faithfulness of the top-k circuits; writes edges.json",
+    )
+    parser.add_argument("--steps", type=positive_int, default=5, help="with --edges eap-ig: interpolation steps")
     parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
@@ -113,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --corrupt TEXT (same token length) or --noise WORDS")
     if args.resume:
         raise ValueError("--resume continues a --file run")
+    if args.versus:
+        return run_versus(args)
+    if args.edges:
+        return run_edges(args)
     from attnflow.causal import patch
 
     model = load_model(args.model, args.device, args.quiet)
@@ -123,4 +140,64 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(result.summary())
     print(f"{page} {args.out / 'patch.json'}")
+    return 0
+
+
+def run_versus(args: argparse.Namespace) -> int:
+    """``--versus``: one pair's per-layer Spearman table (`attnflow.causal.versus`), printed and
+    written to ``--out``/versus.json."""
+    import json
+
+    import numpy as np
+
+    from attnflow.causal.versus import VERSUS_METHODS, compare_with_patching, format_table, parse_versus_methods
+    from attnflow.staging import atomic_file
+
+    if args.corrupt is None:
+        raise ValueError("--versus compares with residual patching of a counterfactual: give --corrupt TEXT")
+    methods = VERSUS_METHODS if args.versus == "all" else parse_versus_methods(args.versus)
+    model = load_model(args.model, args.device, args.quiet)
+    comparison = compare_with_patching(
+        model,
+        args.text,
+        args.corrupt,
+        target=args.target,
+        contrast=args.contrast,
+        methods=methods,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+    rhos = comparison.spearman()  # one pair: no standard error
+    print(
+        format_table({method: {"mean": values, "se": np.full_like(values, np.nan)} for method, values in rhos.items()})
+    )
+    path = args.out / "versus.json"
+    data = {**comparison.to_dict(), "spearman": {method: values.tolist() for method, values in rhos.items()}}
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(data).encode())
+    print(path)
+    return 0
+
+
+def run_edges(args: argparse.Namespace) -> int:
+    """``--edges``: one pair's edge scores (`attnflow.causal.edges`), the ten strongest edges and the
+    faithfulness of the top-k circuits, printed and written to ``--out``/edges.json."""
+    import json
+
+    from attnflow.causal.edges import edge_scores
+    from attnflow.staging import atomic_file
+
+    if args.corrupt is None:
+        raise ValueError("--edges needs a counterfactual: give --corrupt TEXT")
+    model = load_model(args.model, args.device, args.quiet)
+    result = edge_scores(
+        model, args.text, args.corrupt, target=args.target, contrast=args.contrast, method=args.edges, steps=args.steps
+    )
+    for up, down in result.top_edges(10):
+        print(f"{result.upstream[up]:>8} -> {result.downstream[down]:<8} {result.scores[up, down]:+.3f}")
+    print("faithfulness: " + ", ".join(f"top {k} {value:.2f}" for k, value in result.faithfulness.items()))
+    path = args.out / "edges.json"
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(result.to_dict()).encode())
+    print(path)
     return 0
