@@ -1,8 +1,21 @@
 """Causal information flow: which layers, positions and heads carry a prediction, by exact
 activation patching through hooks on the Hugging Face model, and the approximations (AtP, AtP*,
-RelP) reported beside the exact values they approximate. Entry point: `attnflow.patch`."""
+RelP) reported beside the exact values they approximate; edge scores (EAP, EAP-IG) with circuit
+faithfulness; attribution maps compared with the interventions. Entry point: `attnflow.patch`."""
 
 from attnflow.causal.api import METHODS, PatchResult, patch
+from attnflow.causal.edges import EdgeScores, edge_scores
 from attnflow.causal.sites import SITE_KINDS, Site
+from attnflow.causal.versus import LayerComparison, compare_with_patching
 
-__all__ = ["METHODS", "SITE_KINDS", "PatchResult", "Site", "patch"]
+__all__ = [
+    "METHODS",
+    "SITE_KINDS",
+    "EdgeScores",
+    "LayerComparison",
+    "PatchResult",
+    "Site",
+    "compare_with_patching",
+    "edge_scores",
+    "patch",
+]

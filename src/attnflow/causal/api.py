@@ -23,6 +23,7 @@ import numpy as np
 
 from attnflow.causal.sites import SITE_KINDS, all_sites, check_sites_supported, parse_site_kinds, sweep_shape
 from attnflow.errors import InputError
+from attnflow.methods.agreement import spearman
 
 METHODS = ("exact", "atp", "atp*", "relp")
 DIRECTIONS = ("denoising", "noising")
@@ -126,12 +127,12 @@ class PatchResult:
 
 def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
     """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant)."""
-    from scipy.stats import pearsonr, spearmanr
+    from scipy.stats import pearsonr
 
     a, b = np.ravel(estimate).astype(float), np.ravel(exact).astype(float)
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return {"pearson": float("nan"), "spearman": float("nan")}
-    return {"pearson": float(pearsonr(a, b)[0]), "spearman": float(spearmanr(a, b)[0])}
+    return {"pearson": float(pearsonr(a, b)[0]), "spearman": spearman(a, b)}
 
 
 def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from attnflow.errors import InputError
+from attnflow.methods.agreement import spearman
 
 VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim")
 # The registered method each prediction runs (``rollout_above`` is rollout with a start layer).
@@ -70,11 +71,10 @@ class LayerComparison:
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    if a.size < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()) or np.ptp(a) == 0 or np.ptp(b) == 0:
+    """`attnflow.methods.agreement.spearman`, NaN where either side is not finite."""
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return float("nan")
-    return float(spearmanr(a, b)[0])
+    return spearman(a, b)
 
 
 def parse_versus_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
