@@ -281,6 +281,9 @@ def test_bad_text_and_truncation(tiny_model_path, caplog):
     assert len(model.trace(long_text, max_length=10)[0].tokens) == 10
     with pytest.raises(InputError, match="exceeds"):
         model.trace(long_text, max_length=1000)
+    assert len(model.trace(long_text, max_length=3)[0].tokens) == 3  # [CLS] movie [SEP]
+    with pytest.raises(InputError, match=r"max_length 2 leaves no token of the text.*give at least 3"):
+        model.trace(long_text, max_length=2)  # [CLS] [SEP]: before, an all-zero map and status 0
 
 
 @pytest.mark.parametrize(

@@ -340,6 +340,13 @@ class AttentionModel:
             return_special_tokens_mask=True,
             return_tensors="pt",
         )
+        special = (encoded["special_tokens_mask"].bool() | ~encoded["attention_mask"].bool()).all(dim=1)  # [batch]
+        if special.any():
+            added = int(encoded["special_tokens_mask"][int(special.nonzero()[0, 0])].sum())
+            raise InputError(
+                f"max_length {limit} leaves no token of the text, only the {added} special token(s) the model "
+                f"adds: give at least {added + 1} (--max-length)"
+            )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
         # name -> [batch, ...] numpy
