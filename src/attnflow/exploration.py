@@ -125,6 +125,9 @@ class Exploration:
         methods: one `MethodView` per method shown.
         similarity: ``[layer, head, query, key]`` context similarity S = Z Zᵀ (diagonal 0), or None.
         skipped: ``{method: why}`` for methods left out.
+        opens_on / opened_why: the view the page opens on and why: auto's choice (the one-pass
+            target method most comprehensive on this input) where the views carry their
+            per-input faithfulness, else rollout when present (None: the first view).
     """
 
     tokens: list[str]
@@ -139,6 +142,8 @@ class Exploration:
     methods: list[MethodView]
     similarity: np.ndarray | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    opens_on: str | None = None
+    opened_why: str = ""
 
     @property
     def n_tokens(self) -> int:
@@ -289,6 +294,7 @@ def explore(
     if base.head_outputs is not None:
         similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)
     exploration = Exploration(
+        opens_on="rollout" if any(view.name == "rollout" for view in views) else None,
         tokens=list(base.tokens),
         special_mask=np.asarray(base.special_mask, dtype=bool),
         offsets=None if base.offsets is None else np.asarray(base.offsets),

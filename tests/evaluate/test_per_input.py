@@ -102,6 +102,25 @@ def test_explore_gives_each_view_its_per_input_faithfulness(classifier):
         assert view.faithfulness is not None
         np.testing.assert_allclose(view.faithfulness["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
     assert all(view.faithfulness is None for view in attnflow.explore(classifier, TEXT, faithfulness=False).methods)
+    assert exploration.opens_on == "grad_x_input" and "auto's choice, grad_x_input" in exploration.opened_why
+
+
+def test_the_explorer_opens_on_autos_choice(classifier):
+    """With badges, the page opens on the one-pass target method most comprehensive on this input
+    (as --method auto chooses); without them, on rollout."""
+    from attnflow.evaluate.per_input import auto_methods
+
+    exploration = attnflow.explore(classifier, TEXT, methods=["rollout", "grad_x_input", "grad_rollout", "attnlrp"])
+    candidates = [view for view in exploration.methods if view.name in auto_methods(classifier.adapter)]
+    assert {view.name for view in candidates} == {"grad_x_input", "grad_rollout", "attnlrp"}
+    best = max(candidates, key=lambda view: view.faithfulness["aopc_comprehensiveness"])
+    assert exploration.opens_on == best.name and exploration.opened_why.startswith(f"opens on auto's choice, {best.name}")
+    from attnflow.viz.explorer import explorer_payload
+
+    meta, _ = explorer_payload(exploration)
+    assert meta["opens_on"] == best.name and meta["opened_why"] == exploration.opened_why
+    plain = attnflow.explore(classifier, TEXT, methods=["grad_x_input", "rollout"], faithfulness=False)
+    assert plain.opens_on == "rollout" and plain.opened_why == ""
 
 
 def test_the_png_carries_the_badge(classifier):

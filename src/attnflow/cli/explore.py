@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{view.name}: {view.summaries['fused'][-1]}")
         for name, why in exploration.skipped.items():
             print(f"{name}: not shown ({why})")
+        if exploration.opened_why:
+            print(f"the page {exploration.opened_why}")
         print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -132,13 +132,25 @@ def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> Non
 def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_length: int | None = None) -> None:
     """Set each explorer view's ``faithfulness`` (its `MethodView.saliency` at the exploration's
     row) when the model has a class or next-token target: one forward pass traces the target
-    (``target`` as `attnflow.targets.Objective` takes it), one batched call scores the rankings."""
+    (``target`` as `attnflow.targets.Objective` takes it), one batched call scores the rankings.
+    The page then opens on auto's choice among the views (``opens_on``, ``opened_why``)."""
     if model.target_kind not in ("next_token", "class"):
         return
     trace = model.trace([exploration.text], needs=("target",), target=target, max_length=max_length)[0]
     scores = [view.saliency(exploration.row) for view in exploration.methods]
     for view, record in zip(exploration.methods, input_faithfulness(model, trace, scores), strict=True):
         view.faithfulness = record
+    candidates = [view for view in exploration.methods if view.name in auto_methods(model.adapter)]
+    if candidates:
+        best = max(candidates, key=lambda view: view.faithfulness["aopc_comprehensiveness"])
+        others = ", ".join(
+            f"{view.name} {view.faithfulness['aopc_comprehensiveness']:.3f}" for view in candidates if view is not best
+        )
+        exploration.opens_on = best.name
+        exploration.opened_why = (
+            f"opens on auto's choice, {best.name}: the highest comprehensiveness on this input "
+            f"({best.faithfulness['aopc_comprehensiveness']:.3f}" + (f"; {others})" if others else ")")
+        )
 
 
 # ----- --method auto ------------------------------------------------------------------------------

@@ -150,6 +150,8 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], Chunks
         "methods": methods,
         "similarity": similarity,
         "skipped": exploration.skipped,
+        "opens_on": exploration.opens_on,
+        "opened_why": exploration.opened_why,
         "thresholds": {"diffusion": DIFFUSION_THRESHOLD, "collapse": COLLAPSE_THRESHOLD},
     }
     return meta, chunks

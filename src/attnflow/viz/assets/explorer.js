@@ -11,7 +11,7 @@
   var formatValue = attnflowData.formatValue;
 
   // ----- state ----------------------------------------------------------------------------------
-  var preferred = meta.methods.map(function (m) { return m.name; }).indexOf("rollout");
+  var preferred = meta.methods.map(function (m) { return m.name; }).indexOf(meta.opens_on);
   var state = { method: preferred >= 0 ? preferred : 0, layer: meta.n_layers - 1, head: -1, row: meta.row, hover: null, scale: "sqrt" };
 
   function method() { return meta.methods[state.method]; }
@@ -332,7 +332,7 @@
   function fillSelectors() {
     var methodSelect = $("method");
     meta.methods.forEach(function (m, index) {
-      var o = option(methodSelect, String(index), m.name + (m.matrices ? "" : " (scores only)"));
+      var o = option(methodSelect, String(index), m.name + (m.matrices ? "" : " (scores only)") + (meta.opened_why && m.name === meta.opens_on ? " · auto's choice" : ""));
       o.title = m.description;
     });
     var layerSelect = $("layer");
