@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,9 +20,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.evaluate.attribute import attribute
+from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, AopcBounds, aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
-from attnflow.evaluate.sanity import FLAG_RHO, cascade
+from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 REFERENCE_METHOD = "leave_one_out"
 METHODS_DIR = "methods"
 RUN_FILE = "run.json"
+BOUNDS_FILE = "bounds.json"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,11 @@ class BenchmarkOptions:
         sanity_samples: examples (the first ones) re-explained at each randomisation stage; 0 skips.
         chunk_size: examples explained and perturbed together.
         seed: seeds the sample choice and the randomised weights.
+        exact_limit: inputs with at most this many content tokens get exact AOPC bounds (NAOPC);
+            longer ones a beam search (`attnflow.evaluate.bounds`).
+        beam_width: prefixes the beam search keeps.
+        sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
+            the last one — every layer random — always); None: all of them.
     """
 
     replace: str = "remove"
@@ -50,18 +58,27 @@ class BenchmarkOptions:
     sanity_samples: int = 32
     chunk_size: int = 16
     seed: int = 0
+    exact_limit: int = EXACT_LIMIT
+    beam_width: int = BEAM_WIDTH
+    sanity_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.replace not in REPLACE_MODES:
             raise ValueError(f"unknown replacement {self.replace!r}; choose one of {', '.join(REPLACE_MODES)}")
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
+        if self.beam_width < 1:
+            raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
+        if self.sanity_layers is not None and self.sanity_layers < 1:
+            raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
 
 
 @dataclass(frozen=True)
 class Example:
     """One input as the benchmark sees it: ``ids [n]`` as the model's tokenizer makes them
-    (truncated to its maximum), ``special_mask [n]``, the predicted class and its probability."""
+    (truncated to its maximum), ``special_mask [n]``, the predicted class (or next token) and its
+    probability. With a ``contrast`` class, the quantity every perturbation drops is
+    p(target) − p(contrast), and ``p_full`` is that difference on the untouched input."""
 
     text: str
     label: int
@@ -69,6 +86,7 @@ class Example:
     special_mask: np.ndarray
     target: int
     p_full: float
+    contrast: int | None = None
 
 
 @dataclass
@@ -87,7 +105,7 @@ class MethodRecord:
 
 
 def prepare_examples(
-    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int]
+    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int] | np.ndarray
 ) -> list[Example]:
     """Tokenise (as the front door does), predict, and drop nothing silently: a text without
     content tokens is an error."""
@@ -111,30 +129,37 @@ def perturbation_probabilities(
     options: BenchmarkOptions,
     mask_id: int | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``p_c`` of every perturbed variant: ``(without top [sample, bin], only top [sample, bin],
-    deletion curve [sample, point])``; identical variants are scored once, all in one call."""
+    """``p_c`` of every perturbed variant (p_c − p_contrast for a contrastive example):
+    ``(without top [sample, bin], only top [sample, bin], deletion curve [sample, point])``;
+    identical variants are scored once, all in one call (`target_values`)."""
     fractions = np.linspace(0.0, 1.0, options.curve_points)
-    unique: dict[tuple[int, ...], int] = {}
-    slots = []  # per example: (comprehensiveness slots, sufficiency slots, curve slots)
+    groups = []  # per example: (comprehensiveness variants, sufficiency variants, curve variants)
     for example, ranking in zip(examples, rankings, strict=False):
         m = len(ranking)
-        variants = (
-            [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-            [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-            [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
+        groups.append(
+            (
+                [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+                [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+                [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
+            )
         )
-        slots.append(tuple([unique.setdefault(variant, len(unique)) for variant in group] for group in variants))
-    probabilities = scorer.probabilities(list(unique))  # [variant, class]
-    gathered = [
-        np.array(
-            [
-                [probabilities[slot, example.target] for slot in example_slots[group]]
-                for example, example_slots in zip(examples, slots, strict=False)
-            ]
-        )
-        for group in range(3)
-    ]
-    return gathered[0], gathered[1], gathered[2]
+    pairs = [(variant, e) for e, g in zip(examples, groups, strict=True) for group in g for variant in group]
+    values = target_values(scorer, pairs)
+    n_bins = len(options.bins)
+    per_example = values.reshape(len(examples), 2 * n_bins + len(fractions))  # [sample, variant]
+    return per_example[:, :n_bins], per_example[:, n_bins : 2 * n_bins], per_example[:, 2 * n_bins :]
+
+
+def target_values(scorer: ClassifierScorer, variants: Sequence[tuple[tuple[int, ...], Example]]) -> np.ndarray:
+    """``[variant]`` p(the example's target) of each ``(ids, example)`` pair, minus p(its contrast)
+    where it has one; every distinct (ids, class) pair is scored once, all in one call."""
+    sequences = [ids for ids, _ in variants] + [ids for ids, e in variants if e.contrast is not None]
+    classes = [e.target for _, e in variants] + [e.contrast for _, e in variants if e.contrast is not None]
+    chosen = scorer.chosen(sequences, classes)
+    values = chosen[: len(variants)].copy()
+    contrasted = np.array([e.contrast is not None for _, e in variants], dtype=bool)
+    values[contrasted] -= chosen[len(variants) :]
+    return values
 
 
 def content_agreement(
@@ -159,9 +184,7 @@ def evaluate_method(
 ) -> MethodRecord:
     """All metrics of one method on ``examples`` (see `MethodRecord`)."""
     record = MethodRecord()
-    mask_id = (
-        model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
-    )
+    mask_id = mask_token_id(model)
     for start in range(0, len(examples), options.chunk_size):
         chunk = examples[start : start + options.chunk_size]
         began = time.perf_counter()
@@ -186,7 +209,7 @@ def evaluate_method(
         record.agreement = content_agreement(original, reference, examples)
     sanity_examples = list(examples[: options.sanity_samples])
     if sanity_examples:
-        for label, randomised in cascade(model, seed=options.seed):
+        for label, randomised in cascade(model, seed=options.seed, layers=options.sanity_layers):
             rerun = attribute_fn(
                 randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
             )
@@ -195,8 +218,11 @@ def evaluate_method(
     return record
 
 
-def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]:
-    """Means with standard errors (over samples) of a method's per-sample values."""
+def summarise(
+    record: MethodRecord, options: BenchmarkOptions, bounds: Sequence[AopcBounds] | None = None
+) -> dict[str, Any]:
+    """Means with standard errors (over samples) of a method's per-sample values; with the
+    samples' AOPC ``bounds``, NAOPC too (`attnflow.evaluate.bounds.normalised_aopc`)."""
     comprehensiveness, sufficiency = np.asarray(record.comprehensiveness), np.asarray(record.sufficiency)
     curve = np.asarray(record.curve)
 
@@ -229,6 +255,11 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
         "seconds_per_sample": figure(np.asarray(record.seconds)),
         "sanity": None,
     }
+    if bounds is not None:
+        for metric, drops in (("comprehensiveness", comprehensiveness), ("sufficiency", sufficiency)):
+            lower, upper = (np.array([getattr(b, metric)[side] for b in bounds]) for side in (0, 1))
+            normalised = normalised_aopc(drops.mean(axis=1), lower, upper)
+            summary[f"naopc_{metric}"] = {**figure(normalised), "undefined": int(np.isnan(normalised).sum())}
     if record.sanity:
         stages: list[dict[str, Any]] = [
             {"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()
@@ -243,6 +274,38 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
     return summary
 
 
+def mask_token_id(model: Any) -> int | None:
+    """The token ``--replace mask`` puts in place: the tokenizer's mask token, else its pad token."""
+    tokenizer = model.tokenizer
+    return tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.pad_token_id
+
+
+def example_bounds(
+    model: Any,
+    scorer: ClassifierScorer,
+    examples: Sequence[Example],
+    options: BenchmarkOptions,
+    path: Path,
+    resume: bool,
+    progress: bool,
+) -> list[AopcBounds]:
+    """Each example's AOPC bounds (`attnflow.evaluate.bounds.aopc_bounds`), written to ``path``;
+    with ``resume`` read back from it when it holds one per example."""
+    from tqdm.auto import tqdm
+
+    if resume and path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if len(saved) == len(examples):
+            return [AopcBounds.from_dict(entry) for entry in saved]
+    mask_id = mask_token_id(model)
+    bounds = [
+        aopc_bounds(scorer, example, options.bins, options.replace, mask_id, options.exact_limit, options.beam_width)
+        for example in tqdm(examples, desc="AOPC bounds", unit="sample", disable=not progress)
+    ]
+    path.write_text(json.dumps([b.to_dict() for b in bounds]), encoding="utf-8")
+    return bounds
+
+
 def _finished_record(path: Path) -> MethodRecord | None:
     try:
         return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
@@ -253,7 +316,7 @@ def _finished_record(path: Path) -> MethodRecord | None:
 def run_benchmark(
     model: Any,
     texts: Sequence[str],
-    labels: Sequence[int],
+    labels: Sequence[int] | np.ndarray,
     methods: Sequence[str],
     options: BenchmarkOptions,
     out_dir: str | Path,
@@ -286,7 +349,10 @@ def run_benchmark(
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)
     ordered = sorted(methods, key=lambda name: name != reference_method)
-    per_method = len(examples) + min(options.sanity_samples, len(examples)) * (model.n_layers + 1)
+    stages = len(shown_stages(model.n_layers + 1, options.sanity_layers))
+    per_method = len(examples) + min(options.sanity_samples, len(examples)) * stages
+    bounds = example_bounds(model, scorer, examples, options, out_dir / BOUNDS_FILE, resume, progress)
+    run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
     reference: list[np.ndarray] | None = None
     bar = tqdm(total=per_method * len(ordered), desc="evaluate", unit="sample", disable=not progress)
     summaries: dict[str, Any] = {}
@@ -300,11 +366,11 @@ def run_benchmark(
             record = _finished_record(path) if resume else None
             if record is None:
                 record = evaluate_method(model, scorer, examples, method, options, reference, bar.update, attribute_fn)
-                summary = summarise(record, options)
+                summary = summarise(record, options, bounds)
                 path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
             else:
                 bar.update(per_method)
-                summary = summarise(record, options)
+                summary = summarise(record, options, bounds)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]
             summaries[method] = summary

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
+from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer
 
@@ -54,9 +54,7 @@ def input_faithfulness(
     rankings = [content_ranking(vector, special) for vector in scores]
     rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
-    mask_id = (
-        model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
-    )
+    mask_id = mask_token_id(model)
     without, only, curve = perturbation_probabilities(
         ClassifierScorer(model), [example] * len(rankings), rankings, options, mask_id
     )
