@@ -126,6 +126,7 @@ def _explain_all(
                 target_text=args.target_text,
                 max_length=args.max_length,
                 batch_size=args.batch_size,
+                contrast=args.contrast,
             )
             # [method][text]: a method with a batch form (the LRP rules) runs once for the batch
             per_trace = [explain_traces(traces, method=m, row=row, model=model, **o) for m, o in per_method.items()]

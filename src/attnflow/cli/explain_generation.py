@@ -76,7 +76,12 @@ def run_generation(
     sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)
     say(f"explaining {sequence.n_steps} tokens with {', '.join(per_method)} …")
     explanations = explain_continuation(
-        model, sequence, per_method, args.faithfulness, args.steps_per_pass or DEFAULT_STEPS_PER_PASS
+        model,
+        sequence,
+        per_method,
+        args.faithfulness,
+        args.steps_per_pass or DEFAULT_STEPS_PER_PASS,
+        contrast=getattr(args, "contrast", None),
     )
     paths: dict[str, Path] = {}
     if out is not None:

@@ -164,7 +164,7 @@ def aopc_bounds(
     return AopcBounds((low_c, high_c), (low_s, high_s), search)
 
 
-def normalised_aopc(aopc: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+def normalised_aopc(aopc: np.ndarray | float, lower: np.ndarray | float, upper: np.ndarray | float) -> np.ndarray:
     """``(aopc − lower) / (upper − lower)`` elementwise; NaN where the span is 0 (every ranking
     of that input gives the same AOPC: nothing to tell apart)."""
     aopc, lower, upper = (np.asarray(a, dtype=np.float64) for a in (aopc, lower, upper))

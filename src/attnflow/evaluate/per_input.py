@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
+from attnflow.evaluate.bounds import aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
+BOUNDS_BEAM_WIDTH = 1  # an explanation shown at once: a greedy search beyond 8 content tokens
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
 
 
@@ -40,26 +42,34 @@ def input_faithfulness(
     target fixes the class or token p is read for; every ranking is scored for it, as the
     benchmark scores every method for the predicted class):
 
-    ``{"target", "probability" (p on the unaltered input), "replace", "bins",
-    "comprehensiveness" [bin], "sufficiency" [bin], "aopc_comprehensiveness",
-    "aopc_sufficiency", "random": {the same four for random rankings, "rankings"}}``; drops are
-    p(x) − p(x perturbed). Raises ValueError for a trace without a class or next-token target.
+    ``{"target", "quantity" (what drops: ``p(A)``, or ``p(A) − p(B)`` for a contrastive target),
+    "probability" (that quantity on the unaltered input), "replace", "bins", "comprehensiveness"
+    [bin], "sufficiency" [bin], "aopc_comprehensiveness", "aopc_sufficiency",
+    "naopc_comprehensiveness", "naopc_sufficiency", "bounds" (`attnflow.evaluate.bounds.AopcBounds`
+    as a dict: exact up to 8 content tokens, a beam search of width 1 beyond), "random": {the
+    AOPC figures for random rankings, "rankings"}}``; drops are p(x) − p(x perturbed). Raises
+    ValueError for a trace without a class or next-token target.
     """
     target = trace.target
     if target is None or target.kind not in TARGET_KINDS:
         raise ValueError("per-input faithfulness needs a class or next-token target (a probability to drop)")
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
-    example = Example(trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan)
+    contrast = getattr(target, "contrast_index", None)
+    example = Example(
+        trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan, contrast
+    )
     rankings = [content_ranking(vector, special) for vector in scores]
     rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
     mask_id = mask_token_id(model)
-    without, only, curve = perturbation_probabilities(
-        ClassifierScorer(model), [example] * len(rankings), rankings, options, mask_id
-    )
+    scorer = ClassifierScorer(model)
+    without, only, curve = perturbation_probabilities(scorer, [example] * len(rankings), rankings, options, mask_id)
     p_full = curve[:, 0]  # [ranking], all the same input
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
+    bounds = aopc_bounds(
+        scorer, replace_p_full(example, float(p_full[0])), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
+    )
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
         return {
@@ -67,14 +77,37 @@ def input_faithfulness(
             "sufficiency": sufficient.tolist(),
             "aopc_comprehensiveness": float(comprehensive.mean()),
             "aopc_sufficiency": float(sufficient.mean()),
+            "naopc_comprehensiveness": _finite(normalised_aopc(comprehensive.mean(), *bounds.comprehensiveness)),
+            "naopc_sufficiency": _finite(normalised_aopc(sufficient.mean(), *bounds.sufficiency)),
         }
 
     chance = {
         **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
         "rankings": int(random_rankings),
     }
-    shared = {"target": target.label, "probability": float(p_full[0]), "replace": replace, "bins": list(bins)}
+    contrast_label = getattr(target, "contrast_label", None)
+    shared = {
+        "target": target.label,
+        "quantity": f"p({target.label})" + ("" if contrast is None else f" − p({contrast_label})"),
+        "probability": float(p_full[0]),
+        "replace": replace,
+        "bins": list(bins),
+        "bounds": bounds.to_dict(),
+    }
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
+
+
+def replace_p_full(example: Example, p_full: float) -> Example:
+    """``example`` with its unaltered-input quantity set."""
+    from dataclasses import replace
+
+    return replace(example, p_full=p_full)
+
+
+def _finite(value: Any) -> float | None:
+    """A float, None for NaN (JSON has no NaN)."""
+    number = float(value)
+    return None if np.isnan(number) else number
 
 
 def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
