@@ -231,8 +231,8 @@ def run(args: argparse.Namespace) -> int:
     if AUTO in requested and not has_target:
         raise InputError(_no_target_message(model, args.image is not None))
     family = model.adapter if AUTO in requested else None
-    candidates = auto_methods(family) if AUTO in requested else []
-    per_method = options_per_method(_with_candidates(requested, family), given_method_options(args))
+    candidates = auto_methods(family, model.target_kind) if AUTO in requested else []
+    per_method = options_per_method(_with_candidates(requested, family, model.target_kind), given_method_options(args))
     if args.image is not None:
         say(f"tracing {args.image} …")
         trace = model.trace_image_for(list(per_method), args.image)
@@ -321,11 +321,12 @@ def _no_target_message(model: Any, image: bool) -> str:
     return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
 
 
-def _with_candidates(methods: list[str], family: Any) -> list[str]:
-    """``methods`` with ``auto`` replaced by its candidates for ``family`` (None: for any family)."""
+def _with_candidates(methods: list[str], family: Any, target_kind: str | None = None) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` and ``target_kind``
+    (None: for any family)."""
     from attnflow.evaluate.per_input import auto_methods
 
     expanded: list[str] = []
     for name in methods:
-        expanded += auto_methods(family) if name == AUTO else [name]
+        expanded += auto_methods(family, target_kind) if name == AUTO else [name]
     return list(dict.fromkeys(expanded))

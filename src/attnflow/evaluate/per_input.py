@@ -135,13 +135,26 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 # ----- --method auto ------------------------------------------------------------------------------
 
 
-def auto_methods(family: Family | None = None) -> list[str]:
+# What the measured tables (docs/faithfulness.md) say, per target kind: the one-pass target methods
+# that beat `random` on NAOPC comprehensiveness there, best first. A kind without a table keeps
+# every one-pass target method as a candidate.
+MEASURED_RANKING: dict[str, tuple[str, ...]] = {
+    # smollm2, --task next-token --window 6, 200 windows
+    "next_token": (),
+}
+
+
+def auto_methods(family: Family | None = None, target_kind: str | None = None) -> list[str]:
     """`--method auto`'s candidates: the registered target methods that cost one forward and one
-    backward pass (declaration ``cost="backward"``), for ``family`` (None: for any family)."""
+    backward pass (declaration ``cost="backward"``), for ``family`` (None: for any family); for a
+    ``target_kind`` with a measured table (`MEASURED_RANKING`), only those the table ranks above
+    `random`, in the table's order (the first of equally comprehensive candidates wins)."""
     from attnflow.methods.registry import available_methods, get_method, methods_for
 
     names = available_methods() if family is None else methods_for(family)
-    return [name for name in names if get_method(name).cost == "backward" and get_method(name).uses_target]
+    candidates = [name for name in names if get_method(name).cost == "backward" and get_method(name).uses_target]
+    ranked = [name for name in MEASURED_RANKING.get(target_kind or "", ()) if name in candidates]
+    return ranked or candidates
 
 
 def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:

@@ -65,7 +65,7 @@ def shown_stages(n_stages: int, layers: int | None) -> list[int]:
     stages, evenly spaced from the top layer to the last stage (everything random); all for None."""
     if layers is None or layers >= n_stages - 1:
         return list(range(n_stages))
-    return [0, *sorted({round(float(i)) for i in np.linspace(1, n_stages - 1, layers)})]
+    return [0, *sorted({round(float(i)) for i in np.linspace(n_stages - 1, 1, layers)})]
 
 
 def cascade(model: Any, seed: int = 0, layers: int | None = None) -> Iterator[tuple[str, Any]]:
