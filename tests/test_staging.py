@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnflow.errors import OutputError
-from attnflow.staging import atomic_file, building, check_output, staged_output
+from attnflow.staging import atomic_file, building, check_output, folder_lock, lock_path, staged_output
 
 
 def owned(name: str) -> bool:
@@ -114,3 +114,68 @@ def test_atomic_file_keeps_the_old_file_when_writing_fails(tmp_path):
     with atomic_file(path) as handle:
         handle.write(b"new")
     assert path.read_bytes() == b"new" and names(tmp_path) == {"stats.json"}
+
+
+# -- folder_lock: one run per output folder ------------------------------------------------------
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from attnflow.staging import folder_lock
+with folder_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.readline()  # until the test closes stdin
+"""
+
+
+def hold_in_another_process(out: Path):
+    """A Python process holding ``folder_lock(out)`` until its stdin is closed."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_folder_held_by_another_process_is_refused_with_its_pid(tmp_path):
+    out = tmp_path / "new" / "out"
+    holder = hold_in_another_process(out)
+    try:
+        assert lock_path(out).read_text().strip() == str(holder.pid)
+        with pytest.raises(OutputError, match=rf"out is in use by another attnflow run \(process {holder.pid}\)"):
+            with folder_lock(out):
+                pass
+        with folder_lock(tmp_path / "new" / "other"):  # another folder beside it is free
+            pass
+    finally:
+        holder.stdin.close()  # type: ignore[union-attr]
+        holder.wait(timeout=30)
+    assert not lock_path(out).exists()  # deleted on release; out itself was never created
+    with folder_lock(out):  # free again
+        assert lock_path(out).is_file()
+
+
+def test_a_killed_holders_lock_is_stale_and_taken_over(tmp_path):
+    out = tmp_path / "out"
+    holder = hold_in_another_process(out)
+    holder.kill()
+    holder.wait(timeout=30)
+    assert lock_path(out).is_file()  # left behind by the killed process, no longer locked
+    with folder_lock(out):
+        assert lock_path(out).read_text().strip() == str(os.getpid())
+    assert not lock_path(out).exists()
+
+
+def test_nested_locks_of_one_process_and_folders_made_for_the_lock(tmp_path):
+    out = tmp_path / "a" / "b" / "out"
+    with folder_lock(out):
+        with folder_lock(Path(os.path.relpath(out))):  # the same folder, spelled another way
+            assert lock_path(out).is_file()
+        assert lock_path(out).is_file()  # the outer hold continues
+    assert not (tmp_path / "a").exists()  # created for the lock file, empty again: removed
+    with folder_lock(out):
+        out.mkdir()
+    assert out.is_dir() and names(out.parent) == {"out"}

@@ -39,6 +39,19 @@ def tiny_config(family: str):
         "mpnet": lambda: T.MPNetConfig(**text, max_position_embeddings=66, pad_token_id=0),
         "gpt2": lambda: T.GPT2Config(vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids),
         "llama": lambda: T.LlamaConfig(**text, num_key_value_heads=2, max_position_embeddings=64, **ids),
+        # Qwen2: Llama's layout plus biases on q, k and v; grouped-query attention (2 kv heads).
+        "qwen2": lambda: T.Qwen2Config(**text, num_key_value_heads=2, max_position_embeddings=64, **ids),
+        # Gemma 3: sandwich norms, q/k norms, a local layer (window of GEMMA3_WINDOW tokens) then a global one.
+        "gemma3": lambda: T.Gemma3TextConfig(
+            **text,
+            num_key_value_heads=2,
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=GEMMA3_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            max_position_embeddings=64,
+            **ids,
+        ),
         "vit": lambda: T.ViTConfig(**vision, intermediate_size=37),
         "deit": lambda: T.DeiTConfig(**vision, intermediate_size=37),
         "dinov2": lambda: T.Dinov2Config(**vision, mlp_ratio=1),
@@ -63,7 +76,9 @@ def tiny_config(family: str):
     return configs[family]()
 
 
-TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "t5", "bart")
+TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3", "t5", "bart")
+DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "gemma3")
+GEMMA3_WINDOW = 3  # tokens a local layer of the tiny Gemma 3 sees: itself and the 2 before it
 VISION_FAMILIES = ("vit", "deit", "dinov2")
 
 
@@ -86,19 +101,34 @@ def build_tiny_classifier(family: str, folder: Path) -> Path:
     return folder
 
 
+# Parameters that a family initialises to constants which would hide a mistake: Gemma's norms compute
+# x·(1 + w) with w = 0 (a norm read as x·w would pass), Qwen2's q/k/v biases start at 0 (a value
+# vector captured without its bias would pass).
+_RANDOMISED = {"gemma3": ("norm", "weight"), "qwen2": ("_proj", "bias")}
+
+
+def _randomise_constants(family: str, model) -> None:
+    import torch
+
+    if family not in _RANDOMISED:
+        return
+    part, kind = _RANDOMISED[family]
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if part in name and name.endswith(kind):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+
+
 def build_tiny_model(family: str, folder: Path) -> Path:
     import torch
     import transformers as T
 
     torch.manual_seed(0)
     config = tiny_config(family)
-    auto = {
-        "gpt2": T.AutoModelForCausalLM,
-        "llama": T.AutoModelForCausalLM,
-        "t5": T.AutoModelForSeq2SeqLM,
-        "bart": T.AutoModelForSeq2SeqLM,
-    }.get(family, T.AutoModel)
-    model = auto.from_config(config)
+    auto = dict.fromkeys(DECODER_FAMILIES, T.AutoModelForCausalLM)
+    auto |= dict.fromkeys(("t5", "bart"), T.AutoModelForSeq2SeqLM)
+    model = auto.get(family, T.AutoModel).from_config(config)
+    _randomise_constants(family, model)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     if family not in VISION_FAMILIES:

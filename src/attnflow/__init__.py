@@ -124,6 +124,10 @@ def __getattr__(name: str):
         from attnflow import comparison
 
         return getattr(comparison, name)
+    if name in ("patch", "PatchResult"):
+        from attnflow import causal
+
+        return getattr(causal, name)
     if name in ("GenerationExplanation", "explain_generation"):
         from attnflow import generation
 
@@ -141,6 +145,7 @@ __all__ = [
     "Exploration",
     "GenerationExplanation",
     "GenerationExploration",
+    "PatchResult",
     "Trace",
     "alti",
     "attention_flow",
@@ -160,6 +165,7 @@ __all__ = [
     "load",
     "norm",
     "norm_rollout",
+    "patch",
     "random",
     "raw_attention",
     "rollout",

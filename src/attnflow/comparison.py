@@ -152,12 +152,20 @@ def is_comparison_file(name: str) -> bool:
 def check_same_tokenization(model_a: Any, model_b: Any, text: str, max_length: int | None = None) -> bool:
     """Raise InputError (one line) unless both tokenizers split ``text`` into the same tokens and
     ids; return whether their whole vocabularies match too."""
-    encoded = []
     for model in (model_a, model_b):
         if getattr(model, "tokenizer", None) is None:
             raise InputError(f"{model.name} has no tokenizer: compare takes two text models")
-        ids = model.tokenizer(text, truncation=max_length is not None, max_length=max_length)["input_ids"]
-        encoded.append((list(ids), model.tokenizer.convert_ids_to_tokens(list(ids))))
+    names, tokenizers = (model_a.name, model_b.name), (model_a.tokenizer, model_b.tokenizer)
+    return check_same_tokens(names, tokenizers, text, max_length)
+
+
+def check_same_tokens(names: tuple[str, str], tokenizers: tuple[Any, Any], text: str, max_length: int | None) -> bool:
+    """`check_same_tokenization` on two tokenizers alone (``names``: their models', for the message),
+    so that the check can run before any weights load."""
+    encoded = []
+    for tokenizer in tokenizers:
+        ids = tokenizer(text, truncation=max_length is not None, max_length=max_length)["input_ids"]
+        encoded.append((list(ids), tokenizer.convert_ids_to_tokens(list(ids))))
     (ids_a, tokens_a), (ids_b, tokens_b) = encoded
     if ids_a != ids_b or tokens_a != tokens_b:
         position = next(
@@ -171,10 +179,10 @@ def check_same_tokenization(model_a: Any, model_b: Any, text: str, max_length: i
         first_a = tokens_a[position] if position < len(tokens_a) else "(end)"
         first_b = tokens_b[position] if position < len(tokens_b) else "(end)"
         raise InputError(
-            f"{model_a.name} and {model_b.name} tokenize the text differently ({len(ids_a)} vs {len(ids_b)} tokens; "
+            f"{names[0]} and {names[1]} tokenize the text differently ({len(ids_a)} vs {len(ids_b)} tokens; "
             f"first difference at token {position}: {first_a!r} vs {first_b!r}); compare needs the same tokenizer"
         )
-    return model_a.tokenizer.get_vocab() == model_b.tokenizer.get_vocab()
+    return tokenizers[0].get_vocab() == tokenizers[1].get_vocab()
 
 
 def compare(

@@ -329,7 +329,7 @@ def explain(
             found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
             scores, extras = split(found)
             row_scores = np.asarray(scores, dtype=np.float64).reshape(n)  # [1, n]: the one row computed
-            return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras)
+            return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras, model)
     found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     found, extras = split(found)
     result = np.asarray(found, dtype=np.float64)
@@ -344,7 +344,7 @@ def explain(
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
-    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras, model)
 
 
 def explain_traces(
@@ -360,7 +360,9 @@ def explain_traces(
     chosen = method_options(spec, options)
     results, notes = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
     return [
-        _explanation(trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, extras)
+        _explanation(
+            trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, extras, model
+        )
         for trace, (scores, extras) in zip(traces, map(split, results), strict=True)
     ]
 
@@ -383,6 +385,7 @@ def _explanation(
     head_matrices: np.ndarray | None,
     notes: list[str],
     extras: dict[str, Any],
+    model: Any = None,
 ) -> Explanation:
     image = trace.meta.get("image")
     collapse = (
@@ -393,6 +396,7 @@ def _explanation(
             list(trace.tokens),
             None if row is None else _single_position(row, trace.n_tokens),
             trace.special_mask,
+            family=getattr(model, "adapter", None),
         )
     )
     if collapse:

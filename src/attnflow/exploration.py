@@ -39,6 +39,7 @@ import numpy as np
 from attnflow.errors import AttnflowError, InputError
 from attnflow.explanation import default_row, parse_row
 from attnflow.methods.diagnostics import is_causal, layer_diagnostics
+from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, available_methods, call_method, check_family, get_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
@@ -339,7 +340,8 @@ def _requested(methods: Sequence[str] | None) -> list[str]:
 def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> MethodView:
     n = trace.n_tokens
     layerwise = {"layerwise": True} if spec.layerwise else {}
-    result = np.asarray(call_method(spec, trace, model=model, **layerwise), dtype=np.float64)
+    scores, _ = split(call_method(spec, trace, model=model, **layerwise))  # the explorer shows no extras
+    result = np.asarray(scores, dtype=np.float64)
     if spec.scores_only:
         if result.shape != (n,):
             raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected one score per token ({n},)")
@@ -359,7 +361,9 @@ def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> Metho
         raise ValueError(f"method {spec.name!r} returned shape {result.shape}; expected [(layer,) query, key]")
     head_matrices = None
     if spec.per_head:
-        per_head = np.asarray(call_method(spec, trace, model=model, head_fusion="none", **layerwise), dtype=np.float64)
+        per_head = np.asarray(
+            split(call_method(spec, trace, model=model, head_fusion="none", **layerwise))[0], dtype=np.float64
+        )
         head_matrices = per_head if layerwise else per_head[None]  # [view, head, query, key]
         if head_matrices.shape[0] != matrices.shape[0] or head_matrices.shape[2:] != (n, n):
             raise ValueError(f"method {spec.name!r} returned per-head shape {per_head.shape}")

@@ -31,6 +31,7 @@ from attnflow.generation import (
     prepare_continuation,
     sequence_trace,
 )
+from attnflow.methods.extras import split
 from attnflow.methods.registry import available_methods, call_method, get_method, method_options
 from attnflow.tokens import display_token
 
@@ -155,7 +156,7 @@ def explore_generation(
             signed=spec.signed or bool(explanation.options.get("signed")),
         )
         if trace is not None and spec.layerwise:
-            matrices = call_method(spec, trace, model=model, layerwise=True, **per_method[spec.name])
+            matrices, _ = split(call_method(spec, trace, model=model, layerwise=True, **per_method[spec.name]))
             view.layers = step_rows(np.asarray(matrices, dtype=np.float64), sequence.n_prompt)
             view.first_layer = model.n_layers - view.layers.shape[0]
         views.append(view)

@@ -13,6 +13,8 @@ no free space and is atomic on one file system).
   all, before any work (before a model loads).
 - `building(target)`: a folder built from scratch (a model cache) that replaces ``target`` whole.
 - `atomic_file(path)`: one file (a checkpoint, a report).
+- `folder_lock(out)`: hold ``out`` for one run: a second run (another process) into the same
+  folder refuses at once, before it loads a model, instead of replacing the first one's output.
 
 Folders are created with the user's umask (not a temporary folder's 0700). Operating-system errors
 (read-only file system, full disk, no permission) become `OutputError`: one line that names the
@@ -29,13 +31,22 @@ import io
 import os
 import secrets
 import shutil
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 from attnflow.errors import OutputError
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, folders are not held
+    fcntl = None  # type: ignore[assignment]
+
 SCRATCH_PREFIX = ".attnflow-tmp-"
+LOCK_PREFIX = ".attnflow-lock-"
+_held: dict[Path, int] = {}  # lock file -> how many nested `folder_lock`s of this process hold it
+_held_guard = threading.Lock()
 
 
 def check_output(out: Path, owned: Callable[[str], bool], overwrite: bool) -> None:
@@ -135,6 +146,111 @@ def atomic_file(path: Path) -> Iterator[io.BufferedWriter]:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextmanager
+def folder_lock(out: Path) -> Iterator[None]:
+    """Hold the output folder ``out`` until the block ends: another process asking for it meanwhile
+    gets `OutputError` at once ("in use by another attnflow run"), one line.
+
+    The lock is an ``flock`` on ``.attnflow-lock-NAME`` beside ``out`` (``out`` itself may not
+    exist yet, and its content stays the run's own). The kernel drops the lock when its process
+    ends, however it ends, so a lock left by a killed run is stale and taken over silently; the
+    file is deleted on release. Nested calls for one folder in one process hold it once. A parent
+    folder that cannot be created (a file in the way, no permission) is not locked: the command's
+    own output check reports it. Folders created for the lock file are removed again if empty.
+    """
+    path = lock_path(out)
+    if fcntl is None:
+        yield
+        return
+    with _held_guard:
+        nested = _held.get(path, 0)
+        if nested:
+            _held[path] = nested + 1
+    if nested:
+        try:
+            yield
+        finally:
+            with _held_guard:
+                _held[path] -= 1
+        return
+    created = _missing_folders(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield  # nothing can be written there; the output check says why
+        return
+    try:
+        descriptor = _acquire(path, out)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    with _held_guard:
+        _held[path] = 1
+    try:
+        yield
+    finally:
+        with _held_guard:
+            del _held[path]
+        path.unlink(missing_ok=True)  # while still held: a waiting opener sees a replaced file and retries
+        os.close(descriptor)
+        _remove_empty(created)
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of output folder ``out`` (absolute): ``.attnflow-lock-NAME`` beside it."""
+    folder = Path(os.path.abspath(out))
+    return folder.parent / f"{LOCK_PREFIX}{folder.name or 'root'}"
+
+
+def _acquire(path: Path, out: Path) -> int:
+    """An open descriptor of ``path`` holding its exclusive flock; OutputError when another process
+    holds it. Retries when the file was deleted or replaced between open and lock (its holder released it)."""
+    assert fcntl is not None
+    while True:
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise output_error(out, error) from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            holder = os.read(descriptor, 64).decode("ascii", "replace").strip()
+            os.close(descriptor)
+            if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise output_error(out, error) from None
+            process = f" (process {holder})" if holder.isdigit() else ""
+            raise OutputError(
+                f"{out} is in use by another attnflow run{process}; wait for it to finish or choose another folder"
+            ) from None
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        opened = os.fstat(descriptor)
+        if current is not None and (current.st_dev, current.st_ino) == (opened.st_dev, opened.st_ino):
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
+            return descriptor
+        os.close(descriptor)  # released and deleted by its holder between our open and our lock
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (the run wrote there) or gone
 
 
 def is_scratch(name: str) -> bool:

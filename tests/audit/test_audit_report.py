@@ -21,7 +21,8 @@ TEXT = f"the {SCRIPT} & <b>bold</b> film"
 
 
 def hostile_results() -> dict:
-    """Results of 12 texts holding script tags and markup, 4 of them misclassified, 3 swapped."""
+    """Results of 12 texts holding script tags and markup, 4 of them misclassified, 3 swapped, one
+    left unswapped (an ambiguous swap word)."""
     spans = [(0, 3), (4, 12), (12, 18), (18, 23), (24, 25), (26, 29), (29, 33), (33, 37), (38, 42)]
     stats = AuditStats(2)
     rng = np.random.default_rng(0)
@@ -35,6 +36,7 @@ def hostile_results() -> dict:
                 index, TEXT, 1, 0.5 + index / 30, int(index % 3 != 0), words,
                 ["[CLS]", *(TEXT[a:b] for a, b in spans), "[SEP]"], [[0, 0], *map(list, spans), [0, 0]],
                 [True] + [False] * len(spans) + [True], scores.tolist(), swapped if index < 3 else None,
+                ("<her>",) if index == 5 else (),
             )
         )  # fmt: skip
     labels = ['neg"<x>', "pos&"]
@@ -48,6 +50,7 @@ def test_every_token_and_text_is_escaped():
     page = build_report(hostile_results())
     assert SCRIPT not in page and "<b>bold" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "1 texts were not swapped" in page and "&lt;her&gt; (1 texts)" in page and "<her>" not in page
     assert page.count('class="example"') == 4 + 2  # 4 errors, 2 flipping swaps
     assert "Content-Security-Policy" in page
 

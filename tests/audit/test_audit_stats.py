@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnflow.dataset_audit import analysis
-from attnflow.dataset_audit.stats import KEPT, AuditStats, ExampleResult
+from attnflow.dataset_audit.stats import KEPT, KEPT_AMBIGUOUS, AuditStats, ExampleResult
 
 
 def random_results(n: int, seed: int) -> list[ExampleResult]:
@@ -17,14 +17,17 @@ def random_results(n: int, seed: int) -> list[ExampleResult]:
     results = []
     for index in range(n):
         chosen = rng.choice(vocabulary, size=rng.integers(1, 5), replace=False)
-        words = {str(word): (int(rng.integers(1, 3)), float(rng.random())) for word in chosen}
+        words = {str(word): (int(rng.integers(1, 3)), float(rng.uniform(-0.5, 1.0))) for word in chosen}  # signed
         predicted, label = int(rng.integers(0, 3)), int(rng.integers(0, 3))
         swapped = None
         if rng.random() < 0.4:
             after = int(rng.integers(0, 3))
             swapped = {"text": "x", "predicted_before": predicted, "predicted_after": after, "delta_p": rng.normal()}
+        ambiguous = ("her",) if swapped is None and rng.random() < 0.2 else ()
         results.append(
-            ExampleResult(index, f"text {index}", predicted, float(rng.random()), label, words, [], [], [], [], swapped)
+            ExampleResult(
+                index, f"text {index}", predicted, float(rng.random()), label, words, [], [], [], [], swapped, ambiguous
+            )
         )
     return results
 
@@ -54,18 +57,26 @@ def test_merged_halves_equal_one_pass_and_keep_the_same_examples():
     flips = [r for r in swapped if r.swapped["predicted_after"] != r.swapped["predicted_before"]]
     assert whole.swaps[:2] == [len(swapped), len(flips)]
     assert whole.swaps[2] == pytest.approx(sum(r.swapped["delta_p"] for r in swapped))
+    unswapped = [r.index for r in results if r.ambiguous]
+    assert whole.unswapped == merged.unswapped == len(unswapped) and merged.ambiguous == {"her": len(unswapped)}
+    assert [e["index"] for e in merged.kept_ambiguous()] == unswapped[:KEPT_AMBIGUOUS]
 
 
 def test_word_means_and_intervals_match_numpy():
+    """Words rank by their relevance for the class: the mean of the positive parts of the signed
+    per-text relevance, recomputed here from the examples."""
     results = random_results(300, seed=1)
     stats = AuditStats(3)
     for result in results:
         stats.update(result)
     ranked = analysis.ranked_words(stats.words[0], stats.examples[0], min_count=1, top=50)
+    assert len(ranked) == 12
     for row in ranked:
-        values = np.array([r.words[row["word"]][1] for r in results if r.predicted == 0 and row["word"] in r.words])
+        signed = np.array([r.words[row["word"]][1] for r in results if r.predicted == 0 and row["word"] in r.words])
+        values = np.maximum(signed, 0.0)
+        assert (signed < 0).any()  # the positive part matters in this case
         assert row["examples"] == values.size
-        assert row["mean"] == pytest.approx(values.mean())
+        assert row["mean"] == pytest.approx(values.mean()) and row["signed_mean"] == pytest.approx(signed.mean())
         half = 1.959964 * values.std(ddof=1) / math.sqrt(values.size)
         assert row["ci"] == pytest.approx([values.mean() - half, values.mean() + half])
         assert row["share"] == pytest.approx(values.sum() / stats.examples[0])
@@ -78,21 +89,30 @@ def test_wilson_interval_of_a_known_case():
 
 
 def test_contrast_per_example_by_hand():
-    inside = {"good": [3, 3, 1.5, 0.9], "plot": [1, 1, 0.2, 0.04]}
-    outside = {"good": [1, 1, 0.1, 0.01], "plot": [4, 4, 0.8, 0.2]}
-    rows = analysis.contrast(inside, outside, n_inside=5, n_outside=10, min_count=1, top=5)
+    """Positive parts per text inside minus outside; texts without the word count 0."""
+    inside, outside = AuditStats(1), AuditStats(1)
+    for index, (good, plot) in enumerate([(0.5, None), (0.75, -0.5), (-0.25, None), (None, 0.25), (None, None)]):
+        words = {w: (1, v) for w, v in (("good", good), ("plot", plot)) if v is not None}
+        inside.update(ExampleResult(index, "t", 0, 0.9, None, words, [], [], [], []))
+    for index in range(10):
+        words = {"good": (1, -0.5)} if index < 4 else {"plot": (1, 0.2)} if index < 8 else {}
+        outside.update(ExampleResult(index, "t", 0, 0.9, None, words, [], [], [], []))
+    rows = analysis.contrast(inside.words[0], outside.words[0], n_inside=5, n_outside=10, min_count=1, top=5)
     assert [row["word"] for row in rows] == ["good", "plot"]
-    assert rows[0]["contrast"] == pytest.approx(1.5 / 5 - 0.1 / 10)
-    assert rows[1]["contrast"] == pytest.approx(0.2 / 5 - 0.8 / 10)
+    assert rows[0]["contrast"] == pytest.approx((0.5 + 0.75 + 0) / 5 - 0 / 10)
+    assert rows[1]["contrast"] == pytest.approx((0 + 0.25) / 5 - 4 * 0.2 / 10)
+    assert (rows[0]["inside_examples"], rows[0]["outside_examples"]) == (3, 4)
 
 
 def test_a_term_is_flagged_only_above_its_matched_words():
     rng = np.random.default_rng(3)
-    # [examples, occurrences, relevance, relevance², |relevance|]
+    # [examples, occurrences, relevance, relevance², |relevance|, relevance⁺, (relevance⁺)²]
     words = {f"w{k}": [20.0, 20.0, 20 * m, 20 * m * m, 20 * m] for k, m in enumerate(rng.uniform(0.05, 0.15, 80))}
     words["loud"] = [20.0, 20.0, 20 * 0.5, 20 * 0.25, 20 * 0.5]  # far above every other word
     words["plain"] = [20.0, 20.0, 20 * 0.1, 20 * 0.01, 20 * 0.1]  # like the others
     words["rare"] = [2.0, 2.0, 1.0, 0.5, 1.0]  # high, but in fewer texts than min_count
+    for sums in words.values():
+        sums += sums[2:4]  # non-negative relevance: the positive part is the relevance
     result = analysis.term_audit(words, ["loud", "plain", "rare", "absent"], min_count=5)
     rows = {row["term"]: row for row in result["terms"]}
     assert result["flagged"] == ["loud"] and result["missing"] == ["absent"]

@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+import attnflow
 from attnflow.cli import main
+from attnflow.evaluate.scorer import ClassifierScorer
 
 from conftest import write_task
 
@@ -82,7 +85,7 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
     code = run_cli("--model", str(tiny_model_path("bert")), "--file", str(texts), "--out", str(tmp_path / "o"))
     assert code == 2
     line = one_error_line(capsys)
-    assert "has no classifier head: grad_rollout explains a target class" in line
+    assert "has no classifier head: attnlrp explains a target class" in line
 
 
 def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
@@ -128,3 +131,59 @@ def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path,
     code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
     assert code == 2
     assert "checkpoint.json: not a readable audit checkpoint" in one_error_line(capsys)
+
+
+def test_a_second_audit_into_a_folder_in_use_refuses_at_once(planted_model, planted_task, tmp_path):
+    from concurrent_runs import second_run_while_first_holds
+
+    path, *_ = planted_task
+    out = tmp_path / "out"
+    argv = ["audit", "--model", str(planted_model), "--task", str(path), "--samples", "40", "--out", str(out)]
+    runs = second_run_while_first_holds([*argv, "--device", "cpu", "--quiet"], out)
+    assert runs.second_code == 2 and runs.second_cpu_seconds < 2, runs
+    assert runs.second_err.strip().splitlines() == [
+        f"attnflow: error: {out} is in use by another attnflow run (process {runs.first_pid}); "
+        "wait for it to finish or choose another folder"
+    ]
+    assert runs.first_code == 0, runs.first_err
+    assert json.loads((out / "results.json").read_text())["run"]["samples"] == 40
+
+
+def test_a_checkpoint_of_the_earlier_format_is_refused(planted_model, planted_task, tmp_path, capsys):
+    """Format 2 kept no positive parts: resuming it would rank words from missing sums."""
+    path, *_ = planted_task
+    saved = {"format": 2, "examples": 16, "elapsed_s": 1.0, "stats": {"n_classes": 2}}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(saved), encoding="utf-8")
+    code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
+    assert code == 2
+    assert "checkpoint format 2 is not 3" in one_error_line(capsys)
+
+
+def test_terms_and_swaps_follow_the_word_rules(planted_model, tmp_path, caplog):
+    """ "he's" is the word he (a term found, a swap made with its clitic and case); a text with an
+    ambiguous "her" is reported and not scored, never half swapped."""
+    texts = tmp_path / "texts.txt"
+    lines = ["He's very great.", "she said he'd go", "at her movie, proving that he's very good", "the cat"]
+    texts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        code = run_cli(
+            "--model", str(planted_model), "--file", str(texts), "--terms", "he,her", "--min-count", "1",
+            "--swap", "he:she,his:her,him:her", "--out", str(out),
+        )  # fmt: skip
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    swaps = results["swaps"]
+    assert swaps["texts"] == 2  # lines 0 and 1, swapped; line 2 holds "her"; line 3 holds no swap word
+    assert swaps["unswapped"] == 1 and swaps["ambiguous"] == {"her": 1}
+    assert [record["text"] for record in swaps["unswapped_examples"]] == [lines[2]]
+    # Oracle: the mean Δp of the two counterfactuals written by hand, scored by a plain forward pass.
+    model = attnflow.load(str(planted_model), device="cpu")
+    pairs = [lines[0], "She's very great.", lines[1], "he said she'd go"]
+    p = ClassifierScorer(model).probabilities(model.tokenizer(pairs)["input_ids"])
+    deltas = [p[k + 1][p[k].argmax()] - p[k].max() for k in (0, 2)]
+    assert swaps["mean_delta_p"] == pytest.approx(np.mean(deltas), abs=1e-5)
+    rows = {row["term"]: row for row in results["terms"]["terms"]}
+    assert rows["he"]["examples"] == 3 and rows["her"]["examples"] == 1 and not results["terms"]["missing"]
+    messages = " ".join(record.getMessage() for record in caplog.records)
+    assert "'her' has several partners (his, him)" in messages and "1 texts not swapped" in messages

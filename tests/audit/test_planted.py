@@ -1,4 +1,5 @@
-"""The audit on a classifier whose causes are planted (planted.py): it finds them, and only them."""
+"""The audit on a classifier whose causes are planted (planted.py): it finds them, and only them,
+with the default method (signed, attnlrp) and with a non-negative one (grad_rollout) alike."""
 
 from __future__ import annotations
 
@@ -7,61 +8,76 @@ import shlex
 
 import numpy as np
 import pytest
-from planted import BIASED, PLANTED
+from planted import BIASED, NEUTRAL, PLANTED, TRIGGER
 
 import attnflow
 from attnflow.cli import main
 from attnflow.dataset_audit import engine
 from attnflow.dataset_audit.report import explain_command
+from attnflow.dataset_audit.step import DEFAULT_METHOD
 from attnflow.evaluate.scorer import ClassifierScorer
 
 from conftest import write_task
 
 RANDOM_WORDS = ["cat", "dog", "mat", "film", "story"]
+# Every planted cause is a term: the term audit compares a term with the *other* words of matched
+# frequency, so each cause is measured against the uninvolved filler words, not against another cause.
+TERMS = [BIASED, NEUTRAL, PLANTED, TRIGGER, *RANDOM_WORDS]
+METHODS = [DEFAULT_METHOD, "grad_rollout"]  # signed (positive parts ranked) and non-negative
 
 
 @pytest.fixture(scope="module")
-def planted_audit(planted_model, planted_task, tmp_path_factory):
+def planted_audits(planted_model, planted_task, tmp_path_factory):
+    """``audit(method) -> (results, out)``: the audit of the planted task, run once per method."""
     path, *_ = planted_task
-    out = tmp_path_factory.mktemp("planted-audit")
-    results = attnflow.audit(
-        str(planted_model),
-        out,
-        task=str(path),
-        terms=[BIASED, "he", *RANDOM_WORDS],
-        swap="he:she",
-        device="cpu",
-        quiet=True,
-        checkpoint_every=3,
-    )
-    return results, out
+    done: dict[str, tuple[dict, object]] = {}
+
+    def audit(method: str = DEFAULT_METHOD) -> tuple[dict, object]:
+        if method not in done:
+            out = tmp_path_factory.mktemp(f"planted-audit-{method}")
+            results = attnflow.audit(
+                str(planted_model), out, task=str(path), method=method, terms=TERMS, swap="he:she",
+                device="cpu", quiet=True, checkpoint_every=3,
+            )  # fmt: skip
+            done[method] = results, out
+        return done[method]
+
+    return audit
 
 
-def test_the_planted_token_ranks_first_for_its_class(planted_audit):
-    results, _ = planted_audit
+@pytest.mark.parametrize("method", METHODS)
+def test_the_planted_token_ranks_first_for_its_class(planted_audits, method):
+    results, _ = planted_audits(method)
+    assert results["run"]["method"] == method
     positive = next(group for group in results["classes"] if group["class"] == "positive")
     assert positive["top_words"][0]["word"] == PLANTED
     assert positive["contrast"][0]["word"] == PLANTED
+    # "she" makes a text positive (with "very"); "he" never does: it is no word *for* positive.
+    positive_words = [row["word"] for row in positive["top_words"]]
+    assert BIASED in positive_words[:5] and NEUTRAL not in positive_words[:5]
     assert results["errors"]["accuracy"] == 1.0  # the classifier learned the rule
 
 
-def test_the_biased_term_is_flagged_and_random_words_are_not(planted_audit):
-    terms = planted_audit[0]["terms"]
-    # "he" may be flagged too, legitimately: with "very" and without "great", he vs she decides the label.
-    assert BIASED in terms["flagged"] and not set(RANDOM_WORDS) & set(terms["flagged"])
+@pytest.mark.parametrize("method", METHODS)
+def test_the_planted_causes_are_flagged_and_random_words_are_not(planted_audits, method):
+    terms = planted_audits(method)[0]["terms"]
+    # "he" is a cause too: with "very" and without "great", he vs she decides the label. "very"
+    # decides only together with "she" and sits at the threshold for some methods: not asserted.
+    assert {BIASED, NEUTRAL, PLANTED} <= set(terms["flagged"]) and not set(RANDOM_WORDS) & set(terms["flagged"])
     rows = {row["term"]: row for row in terms["terms"]}
     assert rows[BIASED]["percentile"] >= 95.0 and all(rows[word]["percentile"] < 95.0 for word in RANDOM_WORDS)
     assert terms["ratio"] > 1.0
 
 
-def test_the_swap_flips_predictions_at_the_planted_rate(planted_audit, planted_task):
-    swaps = planted_audit[0]["swaps"]
+def test_the_swap_flips_predictions_at_the_planted_rate(planted_audits, planted_task):
+    swaps = planted_audits()[0]["swaps"]
     _, texts, _, flips = planted_task
     holding = [i for i, text in enumerate(texts) if {"he", "she"} & set(text.split())]
     assert swaps["texts"] == len(holding)
     assert swaps["flips"] == int(flips.sum())  # the planted flips, and no other
     assert swaps["flip_rate_ci"][0] <= flips.sum() / len(holding) <= swaps["flip_rate_ci"][1]
     assert {record["index"] for record in swaps["flipping_examples"]} <= set(np.flatnonzero(flips).tolist())
+    assert swaps["unswapped"] == 0
 
 
 def test_errors_are_the_misclassified_examples_most_confident_first(planted_model, planted_task, tmp_path, capsys):
@@ -97,11 +113,11 @@ def test_errors_are_the_misclassified_examples_most_confident_first(planted_mode
     np.testing.assert_allclose(again["scores"], shown[0]["scores"], rtol=1e-4, atol=1e-6)
 
 
-def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_task, planted_audit, tmp_path):
+def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_task, planted_audits, tmp_path):
     """A run killed after its last checkpoint (the batch in progress raises) and resumed ends with
     the uninterrupted run's numbers exactly."""
     path, *_ = planted_task
-    options = dict(task=str(path), terms=[BIASED, "he", *RANDOM_WORDS], swap="he:she", device="cpu", quiet=True)
+    options = dict(task=str(path), terms=TERMS, swap="he:she", device="cpu", quiet=True)
     process, calls = engine.LocalBackend.process, []
 
     def dies_at_the_eighth_batch(backend, batch):
@@ -117,7 +133,7 @@ def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_
     saved = json.loads((tmp_path / engine.CHECKPOINT).read_text())
     assert saved["examples"] == 6 * 16 and not (tmp_path / engine.RESULTS).exists()
     resumed = attnflow.audit(str(planted_model), tmp_path, resume=True, checkpoint_every=3, **options)
-    uninterrupted, _ = planted_audit
+    uninterrupted, _ = planted_audits()
     assert without_run(resumed) == without_run(uninterrupted)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,13 @@ TEXT = "the movie was terrible."
 @pytest.fixture
 def tiny_llama(tiny_model_path):
     return attnflow.load(str(tiny_model_path("llama")), device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test here has its own attnflow cache (source-digests.json is written there)."""
+    monkeypatch.setenv("ATTNFLOW_CACHE", str(tmp_path / "attnflow-cache"))
+    return tmp_path / "attnflow-cache"
 
 
 @pytest.fixture
@@ -54,6 +62,82 @@ def test_a_damaged_or_outdated_cache_is_not_used(tiny_llama, source_file, tmp_pa
     assert weight_cache.is_valid(folder, source_file)
     source_file.write_bytes(b"a newer GGUF file")  # the source changed: the cache is stale
     assert not weight_cache.is_valid(folder, source_file)
+
+
+def test_the_cache_is_keyed_by_content_not_by_path_or_mtime(tiny_llama, source_file, tmp_path, monkeypatch):
+    """A reinstall (new mtime) or a second clone (another path) of the same file keeps the cache;
+    the source's sha256 is computed once per installed file, and checked against hashlib."""
+    import hashlib
+    import shutil
+
+    folder = tmp_path / "tiny"
+    weight_cache.write(tiny_llama.model, tiny_llama.tokenizer, folder, source_file)
+    manifest = (folder / weight_cache.MANIFEST).read_text()
+    assert hashlib.sha256(source_file.read_bytes()).hexdigest() in manifest
+    hashed = []
+    real_sha256 = weight_cache.sha256
+    monkeypatch.setattr(weight_cache, "sha256", lambda path: hashed.append(Path(path)) or real_sha256(path))
+    os.utime(source_file, ns=(1_000_000_000, 1_000_000_000))  # reinstalled: same bytes, new mtime
+    assert weight_cache.is_valid(folder, source_file)
+    assert weight_cache.is_valid(folder, source_file)
+    assert [p.name for p in hashed].count(source_file.name) == 1  # hashed again once, then remembered
+    clone = tmp_path / "clone" / "model.gguf"
+    clone.parent.mkdir()
+    shutil.copy(source_file, clone)
+    assert weight_cache.is_valid(folder, clone)
+    clone.write_bytes(b"GGUF stand-im")  # same size, other content
+    assert not weight_cache.is_valid(folder, clone)
+
+
+CONVERT = """
+import os, sys, time
+from pathlib import Path
+import transformers  # imported before the start is announced: the other process then waits at most 0.5 s
+import attnflow
+from attnflow.capture import loading, weight_cache
+from attnflow.capture.loading import ModelSource
+
+tiny, gguf, cache, log, started = sys.argv[1:]
+
+def smollm2_over_a_tiny_llama():  # the alias's resolve, with a tiny Llama as its "GGUF"
+    cached = Path(cache) / "smollm2-dequantised"
+    if weight_cache.is_valid(cached, Path(gguf)):
+        return ModelSource("smollm2", str(cached))
+    return ModelSource("smollm2", tiny, cache_to=str(cached), cache_source=gguf)
+
+write = weight_cache.write
+def slow_write(*args):
+    with open(log, "a") as handle:
+        handle.write("converted\\n")
+    while len(list(Path(started).iterdir())) < 2:  # until the other process is loading too
+        time.sleep(0.02)
+    time.sleep(0.5)
+    return write(*args)
+
+loading.resolve = lambda name: smollm2_over_a_tiny_llama()
+weight_cache.write = slow_write
+(Path(started) / str(os.getpid())).touch()
+model = attnflow.load("smollm2", device="cpu")
+print(model.trace("the movie was terrible.")[0].attentions.sum())
+"""
+
+
+def test_two_processes_loading_at_once_convert_once(tiny_model_path, source_file, tmp_path):
+    import subprocess
+    import sys
+
+    cache, log, started = tmp_path / "cache", tmp_path / "conversions.log", tmp_path / "started"
+    argv = [sys.executable, "-c", CONVERT, str(tiny_model_path("llama")), str(source_file), str(cache), str(log)]
+    started.mkdir()
+    runs = [
+        subprocess.Popen([*argv, str(started)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert log.read_text() == "converted\n"  # one conversion; the other process loaded the cache
+    assert outputs[0][0] == outputs[1][0]  # the same attentions either way
+    assert weight_cache.is_valid(cache / "smollm2-dequantised", source_file)
 
 
 def test_a_full_disk_leaves_no_partial_cache(tiny_llama, source_file, tmp_path, monkeypatch, caplog):

@@ -90,3 +90,34 @@ def test_the_console_shows_signed_evidence_for_and_against_and_the_badge(classif
     assert support.startswith(f"{best[1]} {best[0]:+.3g}")
     assert any(line.startswith("leave_one_out faithfulness on this input: comprehensiveness") for line in lines)
     assert data["signed"] is True and set(data["faithfulness"]) >= {"comprehensiveness", "sufficiency", "random"}
+
+
+def test_file_defaults_to_auto_and_chooses_per_text(classifier_path, tmp_path, capsys):
+    """--file without --method on a classifier: each text gets what `explain TEXT` (auto) shows alone."""
+    texts = [TEXT, "a great cat sat on the mat", "the plot was bad"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["explain", "--file", str(source), "--model", str(classifier_path), "--out", str(out), "-q"]) == 0
+    for number, text in enumerate(texts, start=1):
+        saved = json.loads((out / f"{number:03d}" / "explanation.json").read_text())
+        assert main(["explain", text, "--model", str(classifier_path), "--json", "--quiet", "--device", "cpu"]) == 0
+        alone = json.loads(capsys.readouterr().out)
+        assert saved["method"] in CANDIDATES and saved["method"] == alone["method"]
+        assert saved["chosen_by"] == alone["chosen_by"]
+
+
+def test_generate_defaults_to_the_candidate_with_the_highest_step_comprehensiveness(tiny_model_path, capsys):
+    """--generate without --method: auto, checked against every candidate's own per-step faithfulness."""
+    from attnflow.evaluate.per_input import auto_methods
+    from attnflow.generation import generation_methods
+
+    path = str(tiny_model_path("llama"))
+    argv = ["explain", "Paris is the capital of", "--model", path, "--generate", "2", "--json", "--quiet"]
+    assert main(argv) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    candidates = [m for m in auto_methods(adapter_for("llama", "LlamaModel")) if m in generation_methods()]
+    assert main([*argv, "--method", ",".join(candidates), "--faithfulness"]) == 0
+    every = {data["method"]: data["faithfulness"]["mean_aopc"] for data in json.loads(capsys.readouterr().out)}
+    assert chosen["method"] == max(every, key=every.get)
+    assert chosen["faithfulness"]["mean_aopc"] == pytest.approx(every[chosen["method"]])

@@ -242,3 +242,30 @@ def test_comparison_of_identical_scores():
     assert "largest changes (B - A): none (identical scores)" in lines
     assert "top-1 overlap: 1/1 (100 %)" in lines
     assert "A: 'a' and 'b' carry 30 % of the relevance for the first token [CLS] (special tokens: 70 %)" in lines
+
+
+def test_compare_checks_the_tokenizers_from_their_files_before_loading(tiny_model_path, tmp_path, capsys, monkeypatch):
+    """Two tiny models whose vocabularies differ in one word: refused without loading any weights."""
+    import shutil
+
+    from attnflow.cli import compare as compare_command
+
+    monkeypatch.setattr(compare_command, "load_model", lambda *_: pytest.fail("a model was loaded"))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_path("bert"), other)
+    import transformers
+
+    from tiny_models import tiny_vocab
+
+    vocab = {("cinema" if word == "movie" else word): index for word, index in tiny_vocab().items()}
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (other / name).unlink(missing_ok=True)
+    # "movie" is now spelled with letter pieces
+    transformers.BertTokenizerFast(vocab=vocab, model_max_length=60).save_pretrained(other)
+    models = ["--model", str(tiny_model_path("bert")), "--model", str(other)]
+    capsys.readouterr()  # the fixture's own output
+    assert main(["compare", "the movie was great", *models, "--out", str(tmp_path / "out"), "-q"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "tokenize the text differently" in error[0]
+    assert "first difference at token 2: 'movie' vs 'm'" in error[0]
+    assert not (tmp_path / "out").exists()

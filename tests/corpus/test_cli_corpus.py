@@ -93,3 +93,18 @@ def test_the_report_line_goes_to_stdout_like_explains_wrote_lines(tiny_bert, txt
     captured = capsys.readouterr()
     assert captured.out.strip().splitlines()[-1] == f"4 windows studied; report: {out}/report.html"
     assert "report:" not in captured.err
+
+
+def test_a_second_study_into_a_folder_in_use_refuses_at_once(tiny_bert, txt_corpus, tmp_path):
+    from concurrent_runs import second_run_while_first_holds
+
+    out = tmp_path / "study"
+    argv = ["corpus", "--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "8", "--seq-len", "24"]
+    runs = second_run_while_first_holds([*argv, "--device", "cpu", "--quiet", "--out", str(out)], out)
+    assert runs.second_code == 2 and runs.second_cpu_seconds < 2, runs
+    assert runs.second_err.strip().splitlines() == [
+        f"attnflow: error: {out} is in use by another attnflow run (process {runs.first_pid}); "
+        "wait for it to finish or choose another folder"
+    ]
+    assert runs.first_code == 0, runs.first_err
+    assert json.loads((out / "summary.json").read_text())["samples"] == 8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from functools import partial
 
@@ -282,3 +283,32 @@ def test_report_figures_are_embedded_as_written_and_leave_matplotlib_alone(key_m
     for key in ("curves", "bars"):
         png = paths[key].read_bytes()
         assert png.startswith(b"\x89PNG") and base64.b64encode(png).decode("ascii") in page
+
+
+def test_the_plan_is_printed_first_and_names_the_method_that_dominates(key_model, tmp_path, capsys):
+    """Sizes against a count by hand (the head plus one stage per layer), the slow method named."""
+    import time
+
+    def slow(model, texts, method, targets):
+        time.sleep(0.05 * len(texts))
+        return random_scores(model, texts, method, targets)
+
+    methods = {"random": random_scores, "slow": slow}
+    options = BenchmarkOptions(sanity_samples=2, chunk_size=3)
+    texts = KEY_TEXTS[:5]
+    run_benchmark(
+        key_model, texts, [1] * len(texts), list(methods), options, tmp_path, {"model": "key-token"},
+        progress=True, attribute_fn=lambda m, t, name, g: methods[name](m, t, name, g), reference_method=None,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    stages = 1 + key_model.n_layers
+    explanations = 2 * (len(texts) + 2 * stages)
+    assert (
+        f"attnflow: plan: {len(texts)} examples × 2 methods, and 2 examples × {stages} sanity stages per method: "
+        f"{explanations:,} explanations"
+    ) in err
+    assert "attnflow: estimate: ~" in err
+    dominant = next(line for line in err.splitlines() if "most of the time goes to" in line)
+    share = re.match(r"attnflow: most of the time goes to slow (\d+) % ", dominant)
+    assert share and int(share.group(1)) >= 50, dominant  # 50 ms an example against a few
+    assert f"/{2 * len(texts)} [" in err  # the bar counts examples: 5 per method

@@ -61,6 +61,8 @@ def test_beam_bounds_lie_inside_the_exact_ones_and_reach_them_with_a_wide_beam(s
     assert beam_chain_bounds(value, n_items, counts, beam_width=10_000) == pytest.approx((low, high))
     assert chain_bounds(value, n_items, counts, exact_limit=6)[2] == "beam"
     assert chain_bounds(value, n_items, counts, exact_limit=7)[2] == "exact"
+    low_none, high_none, search = chain_bounds(value, n_items, counts, exact_limit=6, beam_width=0)
+    assert search == "none" and np.isnan(low_none) and np.isnan(high_none)  # no search: NAOPC undefined
 
 
 def test_normalised_aopc_maps_the_bounds_to_0_and_1():

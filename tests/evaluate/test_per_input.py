@@ -116,3 +116,26 @@ def test_the_png_carries_the_badge(classifier):
     title = explanation.plot().get_suptitle()
     assert f"faithfulness on this input: {faithfulness_badge(explanation.faithfulness)}" in title
     assert f"comprehensiveness {explanation.faithfulness['aopc_comprehensiveness']:.2f}, NAOPC" in title
+
+
+def test_the_random_baseline_is_kept_per_input_and_the_records_do_not_change(classifier, monkeypatch):
+    from attnflow.evaluate import per_input
+
+    trace = classifier.trace_for(["grad_x_input", "rollout"], ["the cat sat on the mat and the dog ran"])[0]
+    scores = [explain(trace, method=name, model=classifier).scores for name in ("grad_x_input", "rollout")]
+    scored: list[int] = []
+    score_all = per_input.perturbation_probabilities
+    monkeypatch.setattr(
+        per_input,
+        "perturbation_probabilities",
+        lambda scorer, examples, *rest: scored.append(len(examples)) or score_all(scorer, examples, *rest),
+    )
+    first = input_faithfulness(classifier, trace, scores)
+    again = input_faithfulness(classifier, trace, scores[::-1])  # the methods' rankings alone this time
+    assert scored == [2 + per_input.RANDOM_RANKINGS, 2]
+    for record, repeated in zip(first, again[::-1], strict=True):
+        assert repeated["random"] == record["random"]
+        np.testing.assert_allclose(repeated["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
+        assert repeated["probability"] == pytest.approx(record["probability"], abs=1e-6)
+    input_faithfulness(classifier, trace, scores, seed=1)  # another baseline: its random rankings are scored
+    assert scored[-1] == 2 + per_input.RANDOM_RANKINGS

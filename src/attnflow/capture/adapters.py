@@ -41,6 +41,11 @@ class Values:
     multiplies the attention block's output before the residual; `AttentionModel.output_weights`
     folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
     ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None.
+    ``output_norm``: a norm between the output projection and the residual addition (Gemma's
+    sandwich norm, ``post_attention_layernorm``). It divides the block's output by the RMS of the
+    sum over heads and tokens, so f_h(x_j) = v_j W_O^h is no longer what token j adds through head
+    h: such a family does not provide the ``values`` capability (value-aware methods are refused),
+    although its projections are mapped for the backward rules.
     """
 
     value: str
@@ -49,6 +54,7 @@ class Values:
     output_scale: str | None = None
     query: str | None = None
     key: str | None = None
+    output_norm: str | None = None
 
     @property
     def post_norm(self) -> bool:
@@ -63,7 +69,8 @@ class Sites:
     ``[batch, token, d_model]`` entering layer l, its output (first element of a tuple) the stream
     leaving it. ``attention`` / ``mlp``: the modules whose output (first element of a tuple)
     ``[batch, token, d_model]`` is what the attention block / the MLP adds to the residual stream
-    (for post-LN families, before the norm that follows the addition). One head's output is its
+    (for post-LN families, before the norm that follows the addition; for sandwich-norm families
+    such as Gemma, the output of the norm that follows the block). One head's output is its
     ``d_head`` slice of the input of the stack's ``output_projection``.
     """
 
@@ -125,7 +132,7 @@ class Adapter:
         values = self.values
         provided = {
             "text_target": self.target_kind is not None,
-            "values": values is not None,
+            "values": values is not None and values.output_norm is None,
             "post_norm": values is not None and values.post_norm,
             "query_key": values is not None and values.query is not None and values.key is not None,
             "gated_mlp": self.gated_mlp is not None,
@@ -224,6 +231,26 @@ ADAPTERS: tuple[Adapter, ...] = (
             key=r"layers\.(\d+)\.self_attn\.k_proj$",
         ),
         sites=_LLAMA_SITES,
+        gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
+    ),
+    Adapter(
+        "gemma3",
+        "decoder",
+        ("gemma3_text",),
+        Stack(r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.self_attn\.o_proj$"),
+        values=Values(
+            r"layers\.(\d+)\.self_attn\.v_proj$",
+            r"layers\.(\d+)$",
+            query=r"layers\.(\d+)\.self_attn\.q_proj$",
+            key=r"layers\.(\d+)\.self_attn\.k_proj$",
+            output_norm=r"layers\.(\d+)\.post_attention_layernorm$",
+        ),
+        # Sandwich norms: what a block adds to the residual stream is the output of the norm after it.
+        sites=Sites(
+            r"layers\.(\d+)$",
+            r"layers\.(\d+)\.post_attention_layernorm$",
+            r"layers\.(\d+)\.post_feedforward_layernorm$",
+        ),
         gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
     ),
     Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),

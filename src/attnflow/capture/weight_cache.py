@@ -2,11 +2,19 @@
 transformers dequantises on every load) is saved once as a plain safetensors model folder.
 
 The folder holds what ``save_pretrained`` writes (``model.safetensors``, ``config.json``, the
-tokenizer files) plus ``attnflow-cache.json``: the identity of the source file (name, size,
-modification time) and the sha256 of every file. A cache is used only when the source is
-unchanged and every checksum matches; otherwise it is rebuilt. It is written into a temporary
-folder beside its place and renamed into place, so a crash or a full disk never leaves a
-half-written cache (a failed write is a warning: the model just loaded is used as it is).
+tokenizer files) plus ``attnflow-cache.json``: the content of the source file (its size and
+sha256) and the sha256 of every file. A cache is used only when the source's content is the
+same and every checksum matches; otherwise it is rebuilt. The key is the content, not the path
+or the modification time, so a second clone or a reinstalled package with the same file uses
+the same cache; the source's sha256 is remembered in ``source-digests.json`` (per path, size and
+modification time) so that it is computed once per installed file, not on every load. Each
+source has one cache folder, replaced when the source changes.
+
+It is written into a temporary folder beside its place and renamed into place, so a crash or a
+full disk never leaves a half-written cache (a failed write is a warning: the model just loaded
+is used as it is). Two processes that load the same source at once convert it once:
+`converting` holds a lock while one of them checks, converts and writes; the other waits, then
+finds the cache.
 """
 
 from __future__ import annotations
@@ -15,15 +23,22 @@ import hashlib
 import json
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from attnflow.staging import building
+from attnflow.staging import atomic_file, building
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: conversions are not serialised
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "attnflow-cache.json"
-FORMAT = 1
+SOURCE_DIGESTS = "source-digests.json"
+FORMAT = 2  # 2: keyed by the source's size and sha256 (1: by its name, size and mtime)
 
 
 def cache_dir() -> Path:
@@ -32,9 +47,57 @@ def cache_dir() -> Path:
 
 
 def source_identity(source_file: Path) -> dict[str, Any]:
-    """What must not change for the cache to stay valid: the source file's name, size and mtime."""
-    stat = Path(source_file).stat()
-    return {"format": FORMAT, "name": Path(source_file).name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    """What must not change for the cache to stay valid: the source file's content (size, sha256)."""
+    return {"format": FORMAT, "size": Path(source_file).stat().st_size, "sha256": source_digest(source_file)}
+
+
+def source_digest(source_file: Path) -> str:
+    """The sha256 of ``source_file``, computed once per (path, size, modification time) and
+    remembered in ``cache_dir()/source-digests.json``; a new path or mtime (a reinstall) hashes
+    the file again, a few seconds for a large model, instead of converting it again."""
+    path = Path(source_file).resolve()
+    stat = path.stat()
+    memo_file = cache_dir() / SOURCE_DIGESTS
+    try:
+        memo = json.loads(memo_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        memo = {}
+    seen = memo.get(str(path)) if isinstance(memo, dict) else None
+    if isinstance(seen, dict) and seen.get("size") == stat.st_size and seen.get("mtime_ns") == stat.st_mtime_ns:
+        return str(seen["sha256"])
+    digest = sha256(path)
+    memo = memo if isinstance(memo, dict) else {}
+    memo[str(path)] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+    try:
+        with atomic_file(memo_file) as handle:
+            handle.write(json.dumps(memo, indent=1, sort_keys=True).encode("utf-8"))
+    except OSError as error:  # a read-only cache: hash again next time
+        log.info("could not remember the sha256 of %s in %s (%s)", path, memo_file, error)
+    return digest
+
+
+@contextmanager
+def converting(folder: Path) -> Iterator[None]:
+    """Hold the conversion lock of cache ``folder`` (``FOLDER.lock`` beside it) for the block:
+    a second process converting the same source waits here (a message says so), then finds the
+    cache the first one wrote. An unwritable cache folder is not locked (the write will warn)."""
+    lock_file = Path(folder).with_name(Path(folder).name + ".lock")
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("another attnflow process is converting into %s; waiting for it", folder)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock; the file stays (deleting it would race with a waiter)
 
 
 def is_valid(folder: Path, source_file: Path) -> bool:

@@ -11,12 +11,14 @@ import argparse
 import logging
 import sys
 import warnings
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Sequence
 
-from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, serve
 from attnflow.errors import AttnflowError
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="attnflow: %(levelname)s: %(message)s")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _holding(args):
             warnings.showwarning = _show_warning
             return int(args.handler(args) or 0)
     except KeyboardInterrupt:
@@ -47,6 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
         print(f"attnflow: error: {error}", file=sys.stderr)
         return 2
+
+
+def _holding(args: argparse.Namespace) -> Any:
+    """The lock on the command's output folder (`attnflow.staging.folder_lock`), taken before the
+    command checks or loads anything: a second run into a folder in use stops at once. Commands
+    that write a folder name it with ``set_defaults(output_folder=FUNCTION(args) -> Path | None)``."""
+    from attnflow.staging import folder_lock
+
+    folder: Path | None = args.output_folder(args) if getattr(args, "output_folder", None) else None
+    return folder_lock(folder) if folder is not None else nullcontext()
 
 
 def _show_warning(  # the signature of warnings.showwarning, which this replaces

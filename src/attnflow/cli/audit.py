@@ -14,6 +14,16 @@ examples:
   attnflow audit --resume --model minilm-sentiment --task rotten-tomatoes --out out/audit
   attnflow audit --engine ray --workers 2 --model minilm-sentiment --out out/audit
 
+words: a run of letters and digits joined by ' or - (don't, coming-of-age), punctuation not included;
+a clitic ('s 'd 'll 're 've 'm, a possessive ') stays with its word, which counts as the part before it
+(he's, He'd, film's: he, he, film; don't stays don't). --terms and --swap use the same words; a swap
+keeps case and clitic (He's -> She's). A word in two pairs (her in his:her,him:her) has no single
+partner: texts holding it are reported as ambiguous and not swapped.
+
+words per class: ranked by their relevance for the class, i.e. with a signed method (the default
+attnlrp, cp_lrp, grad_x_input ...) the positive part of each text's signed word relevance; the
+contrast tables (words that separate the classes, error words) use the same positive parts.
+
 output folder: results.json (every number), report.html (tables, bar charts, the error gallery;
 offline) and checkpoint.json (for --resume). Ctrl-C saves a checkpoint after the current batch.
 Definitions of every number: docs/audit.md.
@@ -21,7 +31,7 @@ Definitions of every number: docs/audit.md.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnflow.dataset_audit.step import DEFAULT_METHOD
+    from attnflow.dataset_audit.step import DEFAULT_METHOD, DEFAULT_MIN_COUNT
 
     parser = subparsers.add_parser(
         "audit",
@@ -57,7 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--terms", metavar="a,b,...|FILE", help="words whose share of relevance is audited")
     what.add_argument("--swap", metavar="he:she,...|FILE", help="word pairs swapped in every text that holds one")
     what.add_argument(
-        "--min-count", type=int, default=5, metavar="K", help="rank only words in K or more texts (default: 5)"
+        "--min-count",
+        type=int,
+        default=DEFAULT_MIN_COUNT,
+        metavar="K",
+        help=f"rank only words in K or more texts (default: {DEFAULT_MIN_COUNT})",
     )
     run = parser.add_argument_group("run")
     run.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -72,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run_audit_command)
+    parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

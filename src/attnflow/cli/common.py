@@ -8,7 +8,8 @@ import sys
 from typing import Any, Callable
 
 from attnflow.methods import options as method_option_parsers
-from attnflow.methods.registry import Option, available_methods, get_method, method_names, method_options, spelled
+from attnflow.methods.registry import Option, available_methods, get_method, method_names
+from attnflow.methods.registry import options_per_method as options_per_method  # the subcommands' import
 
 DEFAULT_MODEL = "minilm-sentiment"
 _DEST = "method_option_"  # argparse destination prefix of the method options (they never clash with other flags)
@@ -88,22 +89,6 @@ def given_method_options(args: argparse.Namespace) -> dict[str, Any]:
     """The method options the user set on the command line (the methods' defaults apply to the rest)."""
     return {
         key[len(_DEST) :]: value for key, value in vars(args).items() if key.startswith(_DEST) and value is not None
-    }
-
-
-def options_per_method(methods: list[str], given: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each method's share of the options the user set. With one method every option must be its
-    own; with several, each option must be taken by at least one of them."""
-    specs = [get_method(name) for name in methods]
-    if len(specs) == 1:
-        return {specs[0].name: method_options(specs[0], given)}
-    taken = {name for spec in specs for name in spec.option_names}
-    unused = [spelled(name) for name in given if name not in taken]
-    if unused:
-        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
-    return {
-        spec.name: method_options(spec, {name: value for name, value in given.items() if name in spec.option_names})
-        for spec in specs
     }
 
 

@@ -48,11 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_text_options(parser, row_help="saliency row (default: model A's)", out="out/compare-models")
     parser.add_argument("--json", action="store_true", help="print model_comparison.json to stdout")
     parser.add_argument("--overwrite", action="store_true", help="replace a comparison already in DIR")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.comparison import compare, is_comparison_file
+    from attnflow.capture.loading import load_tokenizer
+    from attnflow.comparison import check_same_tokens, compare, is_comparison_file
 
     if len(args.model) != 2:
         raise InputError(f"give --model exactly twice (model A and model B), got {len(args.model)}")
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output(out, is_comparison_file, args.overwrite)
     say = Progress(args.quiet)
+    say("checking the tokenizers …")  # from their files: a mismatch fails before any weights load
+    check_same_tokens(tuple(args.model), tuple(load_tokenizer(name) for name in args.model), args.text, args.max_length)
     models = []
     for name in args.model:
         say(f"loading {name} …")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 CORPUS_EPILOG = """\
 examples:
@@ -133,7 +134,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     running.add_argument("--quiet", action="store_true", help="no progress bar")
     running.add_argument("--json", action="store_true", help="print the summary's layer table as JSON on stdout")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
 
     report = subparsers.add_parser(
         "report",
@@ -145,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("dir", metavar="DIR", help="the --out folder of `attnflow corpus`")
     report.add_argument("--png", metavar="FOLDER", default=None, help="also save every figure as FOLDER/<name>.png")
     report.add_argument("--json", action="store_true", help="print the report path as JSON")
-    report.set_defaults(handler=run_report)
+    report.set_defaults(handler=run_report, output_folder=lambda args: Path(args.dir))
 
 
 def run(args: argparse.Namespace) -> int:

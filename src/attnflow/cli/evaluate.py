@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=BEAM_WIDTH,
         help=f"NAOPC bounds of inputs over {EXACT_LIMIT} content tokens: orders the beam search keeps "
-        f"(default {BEAM_WIDTH})",
+        f"(default {BEAM_WIDTH}; its cost grows with the tokens squared; 0: no bounds, NAOPC only for short inputs)",
     )
     parser.add_argument(
         "--replace",
@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
@@ -27,11 +26,10 @@ from attnflow.cli.common import (
     parse_row,
     positive_int,
 )
-from attnflow.cli.outputs import TRACE_FILE, prepare_output, write_explanations
+from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, write_explanations
 from attnflow.errors import InputError
+from attnflow.methods.registry import AUTO
 from attnflow.tokens import display_token
-
-AUTO = "auto"  # --method auto: the most comprehensive one-pass target method on this input
 
 EPILOG = """\
 examples:
@@ -182,29 +180,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     output.add_argument(
         "--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)"
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=output_folder)
 
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.capture.images import read_image
-    from attnflow.evaluate.per_input import add_faithfulness, auto_methods, choose_most_comprehensive
-    from attnflow.explanation import explain
+    from attnflow.evaluate.per_input import explain_planned, plan_methods, with_candidates
     from attnflow.viz.page import faithfulness_badge
 
+    if args.file is not None or explain_generation.wants_generation(args):
+        # bad options fail before the model loads (checked against auto's candidates for any family)
+        options_per_method(with_candidates(args.method or [AUTO], None), given_method_options(args))
     if args.file is not None:
         from attnflow.cli.explain_file import run_file
 
-        if args.method is not None and AUTO in args.method:
-            raise InputError("--method auto explains one text; with --file name the methods (e.g. --method gradient)")
-        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
-        return run_file(args, per_method, load_model, Progress(args.quiet))
+        return run_file(args, load_model, Progress(args.quiet))
     if explain_generation.wants_generation(args):
-        if args.method is not None and AUTO in args.method:
-            raise InputError(
-                "--method auto explains one prediction; with --generate or --continuation name the methods"
-            )
-        per_method = options_per_method(args.method or ["rollout"], given_method_options(args))
-        return explain_generation.run_generation(args, per_method, load_model, Progress(args.quiet))
+        return explain_generation.run_generation(args, load_model, Progress(args.quiet))
     # Check everything that needs no model first, so mistakes fail in milliseconds.
     if args.image is not None:
         if args.text is not None:
@@ -220,45 +212,28 @@ def run(args: argparse.Namespace) -> int:
     if args.target is not None and args.target_token is not None:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
     if args.method is not None:  # bad options fail before the model loads
-        options_per_method(_with_candidates(args.method, None), given_method_options(args))
+        options_per_method(with_candidates(args.method, None), given_method_options(args))
     out = prepare_output(args)
 
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
-    has_target = args.image is None and _has_target(model, args.target_text)
-    requested = args.method or ([AUTO] if has_target else ["rollout"])
-    if AUTO in requested and not has_target:
-        raise InputError(_no_target_message(model, args.image is not None))
-    family = model.adapter if AUTO in requested else None
-    candidates = auto_methods(family, model.target_kind) if AUTO in requested else []
-    per_method = options_per_method(_with_candidates(requested, family, model.target_kind), given_method_options(args))
+    plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image_for(list(per_method), args.image)
+        trace = model.trace_image_for(list(plan.per_method), args.image)
     else:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
         trace = model.trace_for(
-            list(per_method),
+            list(plan.per_method),
             [args.text],
             target=target,
             target_text=args.target_text,
             max_length=args.max_length,
             contrast=args.contrast,
         )[0]
-    row = args.row if args.row is not None else getattr(model, "default_row", None)
-    computed = {}
-    for method, options in per_method.items():
-        say(f"{method} …")
-        computed[method] = explain(trace, method=method, row=row, model=model, **options)
-    if trace.target is not None:
-        say("faithfulness on this input …")
-        add_faithfulness(model, trace, list(computed.values()))
-    if candidates:
-        computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
-    # auto's choice where auto was asked for, each explanation once
-    explanations = list({id(computed[name]): computed[name] for name in requested}.values())
+    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
 
     paths = (
         write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)
@@ -301,32 +276,3 @@ def run(args: argparse.Namespace) -> int:
 def _methods(text: str) -> list[str]:
     """`parse_methods`, with ``auto`` allowed among the names (argparse type)."""
     return parse_methods(text, also=(AUTO,))
-
-
-def _has_target(model: Any, target_text: str | None) -> bool:
-    """Whether the model's output gives target methods something to explain on a text."""
-    if model.target_kind in ("next_token", "class"):
-        return True
-    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
-
-
-def _no_target_message(model: Any, image: bool) -> str:
-    if image:
-        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
-    if model.target_kind == "similarity" and model.default_row == "mean":
-        return (
-            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
-            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
-        )
-    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
-
-
-def _with_candidates(methods: list[str], family: Any, target_kind: str | None = None) -> list[str]:
-    """``methods`` with ``auto`` replaced by its candidates for ``family`` and ``target_kind``
-    (None: for any family)."""
-    from attnflow.evaluate.per_input import auto_methods
-
-    expanded: list[str] = []
-    for name in methods:
-        expanded += auto_methods(family, target_kind) if name == AUTO else [name]
-    return list(dict.fromkeys(expanded))

@@ -57,15 +57,13 @@ def _read(corpus: Corpus, name: str) -> list[str]:
     return texts
 
 
-def run_file(
-    args: argparse.Namespace,
-    per_method: dict[str, dict[str, Any]],
-    load: Callable[[str, str, bool], Any],
-    say: Callable[[str], None],
-) -> int:
-    """The --file variant of `attnflow explain` (see the module docstring): ``per_method`` holds each
-    method's checked options, ``load(model, device, quiet)`` loads the model, ``say`` reports progress."""
+def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], say: Callable[[str], None]) -> int:
+    """The --file variant of `attnflow explain` (see the module docstring): ``load(model, device,
+    quiet)`` loads the model, ``say`` reports progress. Without --method: auto where the model has a
+    target (each text gets the most comprehensive one-pass target method on it), rollout otherwise."""
+    from attnflow.cli.common import given_method_options, options_per_method
     from attnflow.cli.outputs import owned, prepare_output, save_explanations
+    from attnflow.evaluate.per_input import AUTO, default_methods, has_target, no_target_message, with_candidates
     from attnflow.staging import staged_output
     from attnflow.viz.index import index_html
 
@@ -77,9 +75,17 @@ def run_file(
 
     say(f"loading {args.model} …")
     model = load(args.model, args.device, args.quiet)
+    targeted = has_target(model, args.target_text)
+    requested = args.method or default_methods(targeted)
+    if AUTO in requested and not targeted:
+        raise InputError(no_target_message(model, image=False))
+    family = model.adapter if AUTO in requested else None
+    per_method = options_per_method(
+        with_candidates(requested, family, target_kind=model.target_kind), given_method_options(args)
+    )
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     width = max(3, len(str(len(texts))))
-    explained = _explain_all(model, texts, args, row, per_method)
+    explained = _explain_all(model, texts, args, row, per_method, requested)
     if out is None:
         for _, explanations in explained:
             _print_json(explanations)
@@ -106,14 +112,21 @@ def _print_json(explanations: list[Any]) -> None:
 
 
 def _explain_all(
-    model: Any, texts: list[str], args: argparse.Namespace, row: Any, per_method: dict[str, dict]
+    model: Any, texts: list[str], args: argparse.Namespace, row: Any, per_method: dict[str, dict], requested: list[str]
 ) -> Iterator[tuple[Any, list[Any]]]:
-    """(trace, one explanation per method, each with its per-input faithfulness when the trace has a
-    class or next-token target) per text, tracing ``args.batch_size`` texts per forward pass."""
+    """(trace, one explanation per ``requested`` method, each with its per-input faithfulness when the
+    trace has a class or next-token target; auto: the most comprehensive of its candidates on that
+    text) per text, tracing ``args.batch_size`` texts per forward pass."""
     from tqdm.auto import tqdm
 
-    from attnflow.evaluate.per_input import add_faithfulness
+    from attnflow.evaluate.per_input import AUTO, add_faithfulness, auto_methods, choose_most_comprehensive
     from attnflow.explanation import explain_traces
+
+    candidates = (
+        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
+        if AUTO in requested
+        else []
+    )
 
     with tqdm(total=len(texts), desc="explaining", unit="text", disable=args.quiet, file=sys.stderr) as bar:
         for start in range(0, len(texts), args.batch_size):
@@ -131,7 +144,10 @@ def _explain_all(
             # [method][text]: a method with a batch form (the LRP rules) runs once for the batch
             per_trace = [explain_traces(traces, method=m, row=row, model=model, **o) for m, o in per_method.items()]
             for index, trace in enumerate(traces):
-                explanations = [explained[index] for explained in per_trace]
-                add_faithfulness(model, trace, explanations)  # with a class or next-token target
-                yield trace, explanations
+                computed = {name: explained[index] for name, explained in zip(per_method, per_trace, strict=True)}
+                add_faithfulness(model, trace, list(computed.values()))  # with a class or next-token target
+                if candidates:
+                    computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
+                # auto's choice where auto was asked for, each explanation once
+                yield trace, list({id(computed[name]): computed[name] for name in requested}.values())
                 bar.update(1)

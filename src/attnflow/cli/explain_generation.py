@@ -49,19 +49,19 @@ def wants_generation(args: argparse.Namespace) -> bool:
     return args.generate is not None or args.continuation is not None
 
 
-def run_generation(
-    args: argparse.Namespace,
-    per_method: dict[str, dict[str, Any]],
-    load: Callable[[str, str, bool], Any],
-    say: Callable[[str], None],
-) -> int:
-    """The generation variant of `attnflow explain` (see the module docstring): ``per_method`` holds
-    each method's checked options, ``load(model, device, quiet)`` loads the model, ``say`` reports progress."""
+def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], Any], say: Callable[[str], None]) -> int:
+    """The generation variant of `attnflow explain` (see the module docstring): ``load(model, device,
+    quiet)`` loads the model, ``say`` reports progress. Default method: auto, the one-pass target
+    method whose top sources' removal drops p(t_k) most over the steps (per-step faithfulness of
+    every candidate is computed to choose it)."""
+    from attnflow.cli.common import given_method_options, options_per_method
     from attnflow.cli.outputs import prepare_output
+    from attnflow.evaluate.per_input import AUTO, auto_methods, choose_by_step_aopc, with_candidates
     from attnflow.generation import (
         DEFAULT_STEPS_PER_PASS,
         check_generation_method,
         explain_continuation,
+        generation_methods,
         prepare_continuation,
     )
     from attnflow.staging import staged_output
@@ -70,19 +70,34 @@ def run_generation(
     out = prepare_output(args)
     say(f"loading {args.model} …")
     model = load(args.model, args.device, args.quiet)
+    requested = args.method or [AUTO]
+    per_method = options_per_method(
+        with_candidates(requested, model.adapter, among=generation_methods(), target_kind=model.target_kind),
+        given_method_options(args),
+    )
     for name in per_method:
         check_generation_method(model, name)
+    candidates = (
+        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
+        if AUTO in requested
+        else []
+    )
     say("generating …" if args.generate is not None else "tokenizing the continuation …")
     sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)
     say(f"explaining {sequence.n_steps} tokens with {', '.join(per_method)} …")
-    explanations = explain_continuation(
+    computed = explain_continuation(
         model,
         sequence,
         per_method,
-        args.faithfulness,
+        args.faithfulness or bool(candidates),  # auto chooses by the per-step faithfulness
         args.steps_per_pass or DEFAULT_STEPS_PER_PASS,
         contrast=getattr(args, "contrast", None),
     )
+    by_name = {explanation.method: explanation for explanation in computed}
+    chosen_by = None
+    if candidates:
+        by_name[AUTO], chosen_by = choose_by_step_aopc([by_name[name] for name in candidates])
+    explanations = list({id(by_name[name]): by_name[name] for name in requested}.values())
     paths: dict[str, Path] = {}
     if out is not None:
         from attnflow.cli.outputs import owned
@@ -99,6 +114,8 @@ def run_generation(
     elif not args.quiet:
         first = explanations[0]
         print(f"{first.mode} continuation: {first.continuation!r}")
+        if chosen_by:
+            print(chosen_by)
         for explanation in explanations:
             print(f"{explanation.method}: step, token, p(token), top sources")
             for step in range(explanation.n_steps):

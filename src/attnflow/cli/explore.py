@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_text_options(parser, row_help="default saliency row (default: the model's)", out="out/explore")
     parser.add_argument("--overwrite", action="store_true", help="replace an explorer.html already in DIR")
     explain_generation.add_arguments(parser)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
 
 
 def run(args: argparse.Namespace) -> int:

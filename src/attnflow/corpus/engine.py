@@ -44,7 +44,7 @@ from attnflow.corpus.stats import StudyStats
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch, WindowStream, batched
 from attnflow.errors import InputError
-from attnflow.staging import atomic_file, is_scratch
+from attnflow.staging import atomic_file, folder_lock, is_scratch
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,13 @@ def run_study(
     Raises:
         InputError: bad options, corpus or output folder; a checkpoint of another configuration.
         KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
+        OutputError: another run holds ``out`` (`attnflow.staging.folder_lock`).
     """
+    with folder_lock(Path(out)):
+        return _run_study(options, Path(out), resume=resume, overwrite=overwrite, model=model)
+
+
+def _run_study(options: StudyOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
     _check_options(options)
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite)

@@ -1,15 +1,19 @@
 """From an `AuditStats` to the numbers of ``results.json`` (definitions: docs/audit.md).
 
-- words per predicted class: examples, occurrences, total and mean relevance per example holding
-  the word with a 95 % confidence interval over those examples, share of the class's relevance;
-  ranked by mean relevance among words in at least ``min_count`` examples;
-- contrast: per class, relevance per example of the class minus relevance per example of the
-  other classes (the words that separate the classes);
-- errors: accuracy, confusion, the most confident errors, and the words whose relevance per
-  example is higher in errors than in correct predictions;
+- words per predicted class, by their relevance *for* that class: the positive part of each
+  text's signed relevance (``max(relevance, 0)``; the relevance itself for non-negative methods):
+  examples, occurrences, total and mean per example holding the word with a 95 % confidence
+  interval over those examples, share of the class's relevance, and the mean signed relevance
+  beside it; ranked by the mean among words in at least ``min_count`` examples;
+- contrast: per class, relevance for the class per example of the class minus relevance for
+  their class per example of the other classes (positive parts, as above: the words that
+  separate the classes);
+- errors: accuracy, confusion, the most confident errors, and the words whose relevance for the
+  prediction per example is higher in errors than in correct predictions (positive parts);
 - terms: each term's mean |relevance| against the `MATCHED` words of nearest frequency (the chance
   baseline), its percentile among them, its share of all relevance against the baseline share;
-- swaps: flipped-prediction rate (Wilson interval) and mean Δp (normal interval).
+- swaps: flipped-prediction rate (Wilson interval) and mean Δp (normal interval), and the texts
+  left unswapped because a swap word has several partners.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from attnflow.dataset_audit.stats import (
     EXAMPLES,
     MAGNITUDE,
     OCCURRENCES,
+    POSITIVE,
+    POSITIVE_SQUARES,
     RELEVANCE,
     SQUARES,
     AuditStats,
@@ -57,21 +63,23 @@ def wilson_interval(successes: float, n: float) -> tuple[float, float, float]:
 
 
 def word_row(word: str, sums: Sequence[float], group_examples: int) -> dict[str, Any]:
-    """One word's row of a table: its mean relevance with a confidence interval, counts and share."""
-    mean, low, high = mean_interval(sums[RELEVANCE], sums[SQUARES], sums[EXAMPLES])
+    """One word's row of a table: its mean relevance for the class (positive part) with a confidence
+    interval, counts, total and share, and its mean signed relevance."""
+    mean, low, high = mean_interval(sums[POSITIVE], sums[POSITIVE_SQUARES], sums[EXAMPLES])
     return {
         "word": word,
         "examples": int(sums[EXAMPLES]),
         "occurrences": int(sums[OCCURRENCES]),
-        "total": sums[RELEVANCE],
+        "total": sums[POSITIVE],
         "mean": mean,
         "ci": [low, high],
-        "share": sums[RELEVANCE] / group_examples if group_examples else 0.0,
+        "share": sums[POSITIVE] / group_examples if group_examples else 0.0,
+        "signed_mean": sums[RELEVANCE] / sums[EXAMPLES],
     }
 
 
 def ranked_words(table: dict[str, list[float]], group_examples: int, min_count: int, top: int) -> list[dict]:
-    """Words in at least ``min_count`` examples, by mean relevance (ties: by word)."""
+    """Words in at least ``min_count`` examples, by mean relevance for the class (ties: by word)."""
     rows = [word_row(w, s, group_examples) for w, s in table.items() if s[EXAMPLES] >= min_count]
     return sorted(rows, key=lambda row: (-row["mean"], row["word"]))[:top]
 
@@ -92,24 +100,27 @@ def contrast(
     min_count: int,
     top: int,
 ) -> list[dict[str, Any]]:
-    """Words by relevance per example inside a group minus per example outside it (both groups'
-    examples must be > 0); words in at least ``min_count`` examples of the two groups together."""
+    """Words by relevance per example inside a group minus per example outside it, each the
+    positive part (the relevance for the class each example's map explains; both groups' examples
+    must be > 0); words in at least ``min_count`` examples of the two groups together."""
     if not n_inside or not n_outside:
         return []
     rows: list[dict[str, Any]] = []
     for word in set(inside) | set(outside):
-        a, b = inside.get(word, [0, 0, 0.0, 0.0]), outside.get(word, [0, 0, 0.0, 0.0])
-        if a[EXAMPLES] + b[EXAMPLES] < min_count:
+        a, b = inside.get(word), outside.get(word)
+        in_examples, out_examples = (0 if sums is None else sums[EXAMPLES] for sums in (a, b))
+        if in_examples + out_examples < min_count:
             continue
-        per_inside, per_outside = a[RELEVANCE] / n_inside, b[RELEVANCE] / n_outside
+        per_inside = 0.0 if a is None else a[POSITIVE] / n_inside
+        per_outside = 0.0 if b is None else b[POSITIVE] / n_outside
         rows.append(
             {
                 "word": word,
                 "contrast": per_inside - per_outside,
                 "inside_per_example": per_inside,
                 "outside_per_example": per_outside,
-                "inside_examples": int(a[EXAMPLES]),
-                "outside_examples": int(b[EXAMPLES]),
+                "inside_examples": int(in_examples),
+                "outside_examples": int(out_examples),
             }
         )
     return sorted(rows, key=lambda row: (-row["contrast"], row["word"]))[:top]
@@ -175,6 +186,9 @@ def swap_summary(stats: AuditStats) -> dict[str, Any]:
         "mean_delta_p": mean,
         "mean_delta_p_ci": [mean_low, mean_high],
         "flipping_examples": stats.kept_changes(),
+        "unswapped": stats.unswapped,
+        "ambiguous": dict(sorted(stats.ambiguous.items())),
+        "unswapped_examples": stats.kept_ambiguous(),
     }
 
 

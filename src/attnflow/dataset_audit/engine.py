@@ -32,9 +32,9 @@ from attnflow.corpus.engine import check_counts, check_same_config, digest, prep
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
-from attnflow.dataset_audit.words import parse_swaps, parse_terms, swap_table
+from attnflow.dataset_audit.words import SwapTable, ambiguous_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
-from attnflow.staging import atomic_file
+from attnflow.staging import atomic_file, folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ CHECKPOINT = "checkpoint.json"
 RESULTS = "results.json"
 REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
-CHECKPOINT_FORMAT = 2  # 2: word sums hold |relevance| too
+CHECKPOINT_FORMAT = 3  # 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts
 
 
 class Backend(Protocol):
@@ -56,7 +56,7 @@ class Backend(Protocol):
 class LocalBackend:
     """The model in this process, one batch at a time."""
 
-    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: dict[str, str], threads: int | None):
+    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: SwapTable, threads: int | None):
         import torch
 
         from attnflow.evaluate.scorer import ClassifierScorer
@@ -154,13 +154,25 @@ def run_audit(
     Raises:
         InputError: bad options, data or output folder; a checkpoint of another configuration.
         KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
+        OutputError: another run holds ``out`` (`attnflow.staging.folder_lock`).
     """
+    with folder_lock(Path(out)):
+        return _run_audit(options, Path(out), resume=resume, overwrite=overwrite, model=model)
+
+
+def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
     from attnflow.methods.registry import get_method
 
     _check_options(options)
     get_method(options.method)
     terms = parse_terms(options.terms) if options.terms else []
     pairs = parse_swaps(options.swap) if options.swap else []
+    for word, partners in ambiguous_words(swap_table(pairs)).items():
+        log.warning(
+            "--swap: %r has several partners (%s): texts holding it are reported as ambiguous, not swapped",
+            word,
+            ", ".join(partners),
+        )
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     if model is None:
@@ -228,7 +240,7 @@ def _check_options(options: AuditOptions) -> None:
         raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
 
 
-def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: dict[str, str]) -> Backend:
+def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: SwapTable) -> Backend:
     if options.engine == "ray":
         from attnflow.dataset_audit.ray_engine import AuditRayBackend
 
@@ -289,7 +301,10 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
     if missing:
         raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
     if meta.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT}")
+        raise InputError(
+            f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT} (written by another version "
+            "of attnflow); use --overwrite to start again"
+        )
     return meta
 
 
@@ -339,6 +354,10 @@ def build_results(
         )
     for term in results.get("terms", {}).get("missing", []):
         log.warning("--terms: %r occurs in no audited text", term)
+    unswapped = results.get("swaps", {}).get("unswapped")
+    if unswapped:
+        words = ", ".join(f"{word} {texts}" for word, texts in results["swaps"]["ambiguous"].items())
+        log.warning("--swap: %d texts not swapped: they hold a word with several partners (%s)", unswapped, words)
     return results
 
 

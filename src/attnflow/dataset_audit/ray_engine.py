@@ -9,12 +9,13 @@ from typing import Any
 from attnflow.corpus.ray_engine import ActorPool
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
+from attnflow.dataset_audit.words import SwapTable
 
 
 class AuditWorker:
     """A Ray actor: one model replica and its own accumulator."""
 
-    def __init__(self, options: AuditOptions, n_classes: int, swaps: dict[str, str], threads: int, device: str):
+    def __init__(self, options: AuditOptions, n_classes: int, swaps: SwapTable, threads: int, device: str):
         import torch
 
         from attnflow.capture import load
@@ -42,7 +43,7 @@ class AuditWorker:
 class AuditRayBackend(ActorPool):
     """`attnflow.dataset_audit.engine.Backend` over Ray actors."""
 
-    def __init__(self, options: AuditOptions, stats: AuditStats, swaps: dict[str, str]) -> None:
+    def __init__(self, options: AuditOptions, stats: AuditStats, swaps: SwapTable) -> None:
         super().__init__(
             AuditWorker,
             (options, stats.n_classes, swaps),

@@ -54,7 +54,10 @@ def build_report(results: Mapping[str, Any]) -> str:
     parts = [
         f"<p>What {esc(run['model'])} relies on across {run['samples']} texts, by {esc(run['method'])} "
         "(definitions: docs/audit.md). Relevance of a word in one text: the share of the text's total relevance "
-        "its tokens receive; means are over the texts that hold the word, with 95 % intervals.</p>"
+        "its tokens receive; means are over the texts that hold the word, with 95 % intervals. The word tables "
+        "rank relevance <i>for</i> the class each map explains (the predicted one): with a signed method the "
+        "positive part of each text's word relevance (a word that speaks against the prediction counts 0 "
+        "there); the signed mean is shown beside it.</p>"
     ]
     if results.get("noted_texts"):
         parts.append(
@@ -90,13 +93,25 @@ def _classes(results: Mapping[str, Any], run: Mapping[str, Any]) -> str:
             parts.append(f"<p>No word occurs in {run['min_count']} or more of these texts.</p>")
             continue
         parts.append(
-            figure_img(words_figure(rows, "mean", f"{name}: mean relevance per text (95 % CI)", "ci"), f"{name} words")
+            figure_img(
+                words_figure(rows, "mean", f"{name}: mean relevance for {name} per text (95 % CI)", "ci"),
+                f"{name} words",
+            )
         )
         parts.append(
             table(
-                ["word", "texts", "occurrences", "mean", "95 % CI", "total", "share of class relevance"],
+                ["word", "texts", "occurrences", "mean for class", "95 % CI", "signed mean", "total", "share"],
                 (
-                    [r["word"], r["examples"], r["occurrences"], r["mean"], _interval(r["ci"]), r["total"], r["share"]]
+                    [
+                        r["word"],
+                        r["examples"],
+                        r["occurrences"],
+                        r["mean"],
+                        _interval(r["ci"]),
+                        r["signed_mean"],
+                        r["total"],
+                        r["share"],
+                    ]
                     for r in rows
                 ),
             )
@@ -182,10 +197,19 @@ def _terms(terms: Mapping[str, Any]) -> str:
 
 def _swaps(swaps: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     pairs = ", ".join(f"{a}↔{b}" for a, b in run["swap"])
+    parts = []
+    if swaps["unswapped"]:
+        words = ", ".join(f"{word} ({texts} texts)" for word, texts in swaps["ambiguous"].items())
+        parts.append(
+            f"<p>{swaps['unswapped']} texts were not swapped: they hold a word with several partners "
+            f"({esc(words)}), so no single swap is consistent. For example:</p><ul>"
+            + "".join(f"<li>#{r['index']}: {esc(r['text'])}</li>" for r in swaps["unswapped_examples"])
+            + "</ul>"
+        )
     if not swaps["texts"]:
-        return f"<p>No text holds a swapped word ({esc(pairs)}).</p>"
-    parts = [
-        f"<p>{swaps['texts']} texts hold a swapped word ({esc(pairs)}). Flipped predictions: {swaps['flips']} "
+        return "".join(parts) + f"<p>No text holds a swapped word ({esc(pairs)}).</p>"
+    parts += [
+        f"<p>{swaps['texts']} texts were swapped ({esc(pairs)}). Flipped predictions: {swaps['flips']} "
         f"({100 * swaps['flip_rate']:.1f} %, 95 % CI {_interval(swaps['flip_rate_ci'], percent=True)}); "
         f"mean Δp of the predicted class {swaps['mean_delta_p']:+.4f} "
         f"(95 % CI {_interval(swaps['mean_delta_p_ci'])}).</p>"

@@ -1,15 +1,18 @@
 """`AuditStats`: what the audit accumulates, mergeable and saved as plain JSON.
 
-Memory is flat in the number of examples: per word and predicted class four sums, per word and
-outcome (correct / error) the same four, and two bounded lists (the most confident errors, the
-largest counterfactual changes). Nothing is kept per example beyond those lists.
+Memory is flat in the number of examples: per word and predicted class seven sums, per word and
+outcome (correct / error) the same seven, and three bounded lists (the most confident errors, the
+largest counterfactual changes, the first texts left unswapped as ambiguous). Nothing is kept per
+example beyond those lists.
 
-Word sums, per (group, word): ``[examples, occurrences, relevance, relevance², |relevance|]``
-where ``examples`` counts examples holding the word, ``relevance`` sums the word's per-example
-relevance (`attnflow.dataset_audit.words.word_relevance`; signed for signed methods),
-``relevance²`` its square (for the confidence interval over examples) and ``|relevance|`` its
-magnitude (what the term audit compares: a word the model relies on against its prediction is
-relied on too). Everything merges by addition, so the local engine, Ray
+Word sums, per (group, word): ``[examples, occurrences, relevance, relevance², |relevance|,
+relevance⁺, (relevance⁺)²]`` where ``examples`` counts examples holding the word, ``relevance``
+sums the word's per-example relevance (`attnflow.dataset_audit.words.word_relevance`; signed for
+signed methods), ``relevance²`` its square (for the confidence interval over examples),
+``|relevance|`` its magnitude (what the term audit compares: a word the model relies on against
+its prediction is relied on too) and ``relevance⁺ = max(relevance, 0)`` its positive part, the
+relevance *for* the explained (predicted) class, with its square (what the word tables rank; for
+non-negative methods it is the relevance). Everything merges by addition, so the local engine, Ray
 workers and a resumed run all end with the same numbers (up to float rounding between engines).
 """
 
@@ -19,8 +22,9 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, MAGNITUDE = range(5)
+EXAMPLES, OCCURRENCES, RELEVANCE, SQUARES, MAGNITUDE, POSITIVE, POSITIVE_SQUARES = range(7)
 KEPT = 25  # errors and counterfactual examples kept for the report
+KEPT_AMBIGUOUS = 5  # texts kept as examples of a swap that cannot be made
 
 
 @dataclass
@@ -39,6 +43,7 @@ class ExampleResult:
     special_mask: list[bool]
     scores: list[float]
     swapped: dict[str, Any] | None = None  # {"text", "predicted_before/after", "p_before/after", "delta_p"}
+    ambiguous: tuple[str, ...] = ()  # swap words with several partners: the text was not swapped
     noted: bool = False  # the method attached a note (an ExplanationWarning, e.g. a collapsed row)
 
 
@@ -55,6 +60,9 @@ class AuditStats:
     swaps: list[float] = field(default_factory=lambda: [0, 0, 0.0, 0.0])  # [texts, flips, Σ Δp, Σ Δp²]
     errors: list[list[Any]] = field(default_factory=list)  # heap of [probability, -index, record]
     changes: list[list[Any]] = field(default_factory=list)  # heap of [|Δp|, -index, record]
+    unswapped: int = 0  # texts not swapped: they hold a swap word with several partners
+    ambiguous: dict[str, int] = field(default_factory=dict)  # such a word -> texts holding it
+    ambiguous_texts: list[list[Any]] = field(default_factory=list)  # heap of [0, -index, {index, text, words}]
     noted: int = 0  # examples whose explanation carries a note of the method
 
     def __post_init__(self) -> None:
@@ -87,6 +95,12 @@ class AuditStats:
             self.swaps[3] += delta * delta
             if flipped:
                 _keep(self.changes, [abs(delta), -result.index, _record(result)])
+        if result.ambiguous:
+            self.unswapped += 1
+            for word in result.ambiguous:
+                self.ambiguous[word] = self.ambiguous.get(word, 0) + 1
+            record = {"index": result.index, "text": result.text, "words": list(result.ambiguous)}
+            _keep(self.ambiguous_texts, [0.0, -result.index, record], KEPT_AMBIGUOUS)
 
     def merge(self, other: "AuditStats") -> "AuditStats":
         """Add ``other`` into this accumulator (in place) and return it."""
@@ -106,6 +120,11 @@ class AuditStats:
             _keep(self.errors, entry)
         for entry in other.changes:
             _keep(self.changes, entry)
+        self.unswapped += other.unswapped
+        for word, texts in other.ambiguous.items():
+            self.ambiguous[word] = self.ambiguous.get(word, 0) + texts
+        for entry in other.ambiguous_texts:
+            _keep(self.ambiguous_texts, entry, KEPT_AMBIGUOUS)
         return self
 
     def state_dict(self) -> dict[str, Any]:
@@ -121,6 +140,9 @@ class AuditStats:
             "errors": sorted(self.errors, key=_order),
             "changes": sorted(self.changes, key=_order),
             "noted": self.noted,
+            "unswapped": self.unswapped,
+            "ambiguous": self.ambiguous,
+            "ambiguous_texts": sorted(self.ambiguous_texts, key=_order),
         }
 
     @classmethod
@@ -128,6 +150,7 @@ class AuditStats:
         stats = cls(**state)
         heapq.heapify(stats.errors)
         heapq.heapify(stats.changes)
+        heapq.heapify(stats.ambiguous_texts)
         return stats
 
     def kept_errors(self) -> list[dict[str, Any]]:
@@ -138,15 +161,19 @@ class AuditStats:
         """The kept flipping counterfactuals, largest |Δp| first."""
         return [entry[2] for entry in sorted(self.changes, key=_order, reverse=True)]
 
+    def kept_ambiguous(self) -> list[dict[str, Any]]:
+        """The first texts (by index) left unswapped because a swap word has several partners."""
+        return [entry[2] for entry in sorted(self.ambiguous_texts, key=_order, reverse=True)]
+
 
 def _order(entry: list[Any]) -> tuple[float, int]:
     return (entry[0], entry[1])
 
 
-def _keep(heap: list[list[Any]], entry: list[Any]) -> None:
-    """Keep the `KEPT` largest entries by (key, -index): ties go to the earlier example, so the
+def _keep(heap: list[list[Any]], entry: list[Any], kept: int = KEPT) -> None:
+    """Keep the ``kept`` largest entries by (key, -index): ties go to the earlier example, so the
     kept set does not depend on the order in which entries arrive."""
-    if len(heap) < KEPT:
+    if len(heap) < kept:
         heapq.heappush(heap, entry)
     elif _order(entry) > _order(heap[0]):
         heapq.heapreplace(heap, entry)
@@ -154,15 +181,14 @@ def _keep(heap: list[list[Any]], entry: list[Any]) -> None:
 
 def _add_words(table: dict[str, list[float]], words: dict[str, tuple[int, float]]) -> None:
     for word, (occurrences, relevance) in words.items():
+        positive = max(relevance, 0.0)
+        row = [1, occurrences, relevance, relevance * relevance, abs(relevance), positive, positive * positive]
         sums = table.get(word)
         if sums is None:
-            table[word] = [1, occurrences, relevance, relevance * relevance, abs(relevance)]
+            table[word] = row
         else:
-            sums[EXAMPLES] += 1
-            sums[OCCURRENCES] += occurrences
-            sums[RELEVANCE] += relevance
-            sums[SQUARES] += relevance * relevance
-            sums[MAGNITUDE] += abs(relevance)
+            for column, value in enumerate(row):
+                sums[column] += value
 
 
 def merge_words(table: dict[str, list[float]], other: dict[str, list[float]]) -> None:

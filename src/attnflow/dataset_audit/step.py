@@ -13,10 +13,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from attnflow.dataset_audit.stats import ExampleResult
-from attnflow.dataset_audit.words import swap_text, word_relevance
+from attnflow.dataset_audit.words import SwapTable, swap_text, word_relevance
 from attnflow.errors import ExplanationWarning
 
-DEFAULT_METHOD = "grad_rollout"  # the most faithful one-pass method of docs/faithfulness.md
+DEFAULT_METHOD = "attnlrp"  # the most faithful one-pass method of docs/faithfulness.md
+DEFAULT_MIN_COUNT = 3  # words ranked only when in this many texts
 
 
 @dataclass
@@ -38,7 +39,7 @@ class AuditOptions:
     seed: int = 0
     terms: str | Sequence[str] | None = None
     swap: str | Sequence[str] | None = None
-    min_count: int = 5
+    min_count: int = DEFAULT_MIN_COUNT
     text_column: str = "text"
     label_column: str = "label"
     batch_size: int = 16
@@ -59,18 +60,21 @@ class Batch:
     labels: tuple[int, ...] | None
 
 
-def audit_batch(
-    model: Any, method: str, batch: Batch, swaps: dict[str, str], scorer: Any = None
-) -> list[ExampleResult]:
+def audit_batch(model: Any, method: str, batch: Batch, swaps: SwapTable, scorer: Any = None) -> list[ExampleResult]:
     """One batch: ``model.explain`` (the predicted class explained, one traced pass for the
     batch), words per example and, for texts holding a swap word, the class probabilities of the
-    text and its counterfactual (one batched forward pass without gradients)."""
+    text and its counterfactual (one batched forward pass without gradients); a text holding a
+    swap word with several partners (`attnflow.dataset_audit.words.swap_text`) is not swapped but
+    marked ``ambiguous``."""
     with warnings.catch_warnings():  # kept as each explanation's notes and counted, not printed per text
         warnings.simplefilter("ignore", ExplanationWarning)
         explanations = model.explain(list(batch.texts), method, batch_size=len(batch.texts))
-    counterfactuals = _counterfactuals(model, batch.texts, swaps, scorer) if swaps else {}
+    swaps_found = {offset: swap_text(text, swaps) for offset, text in enumerate(batch.texts)} if swaps else {}
+    made = {offset: swap.text for offset, swap in swaps_found.items() if swap is not None and swap.text is not None}
+    counterfactuals = _counterfactuals(model, batch.texts, made, scorer)
     results = []
     for offset, (text, explanation) in enumerate(zip(batch.texts, explanations, strict=True)):
+        swap = swaps_found.get(offset)
         prediction = explanation.prediction  # a classifier's trace always records it
         results.append(
             ExampleResult(
@@ -85,17 +89,17 @@ def audit_batch(
                 special_mask=explanation.special_mask.tolist(),
                 scores=explanation.scores.tolist(),
                 swapped=counterfactuals.get(offset),
+                ambiguous=() if swap is None else swap.ambiguous,
                 noted=bool(explanation.notes),
             )
         )
     return results
 
 
-def _counterfactuals(model: Any, texts: Sequence[str], swaps: dict[str, str], scorer: Any) -> dict[int, dict]:
+def _counterfactuals(model: Any, texts: Sequence[str], swapped: dict[int, str], scorer: Any) -> dict[int, dict]:
+    """``{offset: record}`` for the texts with a counterfactual (``swapped``: offset -> swapped text)."""
     from attnflow.evaluate.scorer import ClassifierScorer
 
-    swapped = {offset: swap_text(text, swaps) for offset, text in enumerate(texts)}
-    swapped = {offset: text for offset, text in swapped.items() if text is not None}
     if not swapped:
         return {}
     scorer = scorer or ClassifierScorer(model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -47,7 +48,8 @@ class BenchmarkOptions:
         seed: seeds the sample choice and the randomised weights.
         exact_limit: inputs with at most this many content tokens get exact AOPC bounds (NAOPC);
             longer ones a beam search (`attnflow.evaluate.bounds`).
-        beam_width: prefixes the beam search keeps.
+        beam_width: prefixes the beam search keeps; 0: no bounds for longer inputs (their NAOPC
+            is undefined and left out).
         sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
             the last one — every layer random — always); None: all of them.
     """
@@ -67,8 +69,10 @@ class BenchmarkOptions:
             raise ValueError(f"unknown replacement {self.replace!r}; choose one of {', '.join(REPLACE_MODES)}")
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
-        if self.beam_width < 1:
-            raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
+        if self.beam_width < 0:
+            raise ValueError(
+                f"--beam-width must be 0 (no bounds beyond the exact limit) or more, got {self.beam_width}"
+            )
         if self.sanity_layers is not None and self.sanity_layers < 1:
             raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
 
@@ -181,8 +185,10 @@ def evaluate_method(
     reference: Sequence[np.ndarray] | None = None,
     advance: Callable[[int], None] = lambda _n: None,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    stage: Callable[[str], None] = lambda _label: None,
 ) -> MethodRecord:
-    """All metrics of one method on ``examples`` (see `MethodRecord`)."""
+    """All metrics of one method on ``examples`` (see `MethodRecord`). ``advance(n)``: n more
+    examples explained and scored; ``stage(label)``: a sanity stage begins."""
     record = MethodRecord()
     mask_id = mask_token_id(model)
     for start in range(0, len(examples), options.chunk_size):
@@ -210,12 +216,78 @@ def evaluate_method(
     sanity_examples = list(examples[: options.sanity_samples])
     if sanity_examples:
         for label, randomised in cascade(model, seed=options.seed, layers=options.sanity_layers):
+            stage(label)
             rerun = attribute_fn(
                 randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
             )
             record.sanity[label] = content_agreement(rerun, original, sanity_examples)
-            advance(len(sanity_examples))
     return record
+
+
+@dataclass
+class Plan:
+    """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
+    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages, and
+    ``seconds`` per method, estimated from one timed explanation of one example (None: not timed)."""
+
+    examples: int
+    methods: list[str]
+    sanity_examples: int
+    stages: int
+    seconds: dict[str, float] | None = None
+
+    @property
+    def explanations_per_method(self) -> int:
+        return self.examples + self.sanity_examples * self.stages
+
+    def describe(self) -> list[str]:
+        """The plan in a few lines: the sizes, the estimate, and which methods dominate it."""
+        lines = [
+            f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
+            f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
+            "explanations"
+        ]
+        if self.seconds:
+            total = sum(self.seconds.values())
+            lines.append(f"estimate: {_duration(total)} (one example timed per method; perturbations add to it)")
+            ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
+            heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
+            if len(self.methods) > 1 and heavy:
+                shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
+                lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
+def plan_run(
+    model: Any,
+    examples: Sequence[Example],
+    methods: Sequence[str],
+    options: BenchmarkOptions,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    timed: bool = True,
+) -> Plan:
+    """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
+    once with each method to estimate each method's time (its explanations × that time)."""
+    from attnflow.evaluate.sanity import randomisation_stages
+
+    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0)
+    if plan.sanity_examples:
+        plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
+    if timed and examples:
+        plan.seconds = {}
+        for method in methods:
+            began = time.perf_counter()
+            attribute_fn(model, [examples[0].text], method, [examples[0].target])
+            plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+    return plan
 
 
 def summarise(
@@ -259,7 +331,10 @@ def summarise(
         for metric, drops in (("comprehensiveness", comprehensiveness), ("sufficiency", sufficiency)):
             lower, upper = (np.array([getattr(b, metric)[side] for b in bounds]) for side in (0, 1))
             normalised = normalised_aopc(drops.mean(axis=1), lower, upper)
-            summary[f"naopc_{metric}"] = {**figure(normalised), "undefined": int(np.isnan(normalised).sum())}
+            undefined = int(np.isnan(normalised).sum())  # bounds that coincide, or none searched
+            summary[f"naopc_{metric}"] = (
+                None if undefined == len(normalised) else {**figure(normalised), "undefined": undefined}
+            )
     if record.sanity:
         stages: list[dict[str, Any]] = [
             {"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()
@@ -349,12 +424,15 @@ def run_benchmark(
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)
     ordered = sorted(methods, key=lambda name: name != reference_method)
-    stages = len(shown_stages(model.n_layers + 1, options.sanity_layers))
-    per_method = len(examples) + min(options.sanity_samples, len(examples)) * stages
     bounds = example_bounds(model, scorer, examples, options, out_dir / BOUNDS_FILE, resume, progress)
     run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
+    if progress:
+        to_run = [m for m in ordered if not (resume and _finished_record(method_dir / f"{m}.json") is not None)]
+        for line in plan_run(model, examples, to_run, options, attribute_fn).describe():
+            print(f"attnflow: {line}", file=sys.stderr, flush=True)
     reference: list[np.ndarray] | None = None
-    bar = tqdm(total=per_method * len(ordered), desc="evaluate", unit="sample", disable=not progress)
+    # counts examples (each method's pass over them); the sanity stages show in the bar's postfix
+    bar = tqdm(total=len(examples) * len(ordered), desc="evaluate", unit="example", disable=not progress)
     summaries: dict[str, Any] = {}
     try:
         if reference_method is not None and reference_method not in ordered:
@@ -365,11 +443,22 @@ def run_benchmark(
             path = method_dir / f"{method}.json"
             record = _finished_record(path) if resume else None
             if record is None:
-                record = evaluate_method(model, scorer, examples, method, options, reference, bar.update, attribute_fn)
+                bar.set_postfix_str("")
+                record = evaluate_method(
+                    model,
+                    scorer,
+                    examples,
+                    method,
+                    options,
+                    reference,
+                    bar.update,
+                    attribute_fn,
+                    stage=lambda label: bar.set_postfix_str(f"sanity: {label}"),
+                )
                 summary = summarise(record, options, bounds)
                 path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
             else:
-                bar.update(per_method)
+                bar.update(len(examples))
                 summary = summarise(record, options, bounds)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]

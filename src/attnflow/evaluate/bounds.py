@@ -37,7 +37,7 @@ from attnflow.evaluate.perturb import perturb
 
 EXACT_LIMIT = 8  # content tokens up to which the bounds are exact (2^8 sets at most)
 BEAM_WIDTH = 4  # prefixes kept per step of the beam search
-SEARCHES = ("exact", "beam")
+SEARCHES = ("exact", "beam", "none")  # none: beyond the exact limit with beam width 0
 
 SetValue = Callable[[list[frozenset[int]]], np.ndarray]  # sets of items -> [set] drop of p
 
@@ -128,9 +128,12 @@ def chain_bounds(
     exact_limit: int = EXACT_LIMIT,
     beam_width: int = BEAM_WIDTH,
 ) -> tuple[float, float, str]:
-    """``(lower, upper, search)``: exact up to ``exact_limit`` items, a beam search beyond."""
+    """``(lower, upper, search)``: exact up to ``exact_limit`` items, a beam search beyond; with
+    ``beam_width`` 0 no search beyond (NaN bounds: NAOPC undefined for that input)."""
     if n_items <= exact_limit:
         return (*exact_chain_bounds(value, n_items, counts), "exact")
+    if beam_width == 0:
+        return float("nan"), float("nan"), "none"
     return (*beam_chain_bounds(value, n_items, counts, beam_width), "beam")
 
 

@@ -6,12 +6,18 @@ tokens is scored as `attnflow evaluate` scores it — comprehensiveness and suff
 `perturbation_probabilities`), so the numbers equal the benchmark's on that input — next to the
 random-ranking expectation on the same input: the mean over `RANDOM_RANKINGS` seeded permutations
 of the content tokens. The perturbed inputs of every explanation and of the random rankings are
-deduplicated and scored in one batched call.
+deduplicated and scored in one batched call. The random rankings' figures depend on the input alone
+(not on the methods): they are kept per model for the last `BASELINES_KEPT` inputs, so asking
+again about an input (other methods, the server's next request) scores only the methods' rankings.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -19,6 +25,7 @@ from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id
 from attnflow.evaluate.bounds import aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.methods.registry import AUTO
 
 if TYPE_CHECKING:
     from attnflow.methods.registry import Family
@@ -27,6 +34,9 @@ BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
 BOUNDS_BEAM_WIDTH = 1  # an explanation shown at once: a greedy search beyond 8 content tokens
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
+BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
+_BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_BASELINES_LOCK = threading.Lock()
 
 
 def input_faithfulness(
@@ -59,8 +69,12 @@ def input_faithfulness(
     example = Example(
         trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan, contrast
     )
+    key: tuple = (example.ids, tuple(special.tolist()), target.kind, example.target, contrast)
+    key = (*key, replace, tuple(bins), random_rankings, seed)  # what the random rankings' figures depend on
+    chance = _kept_baseline(model, key) if len(scores) else None
     rankings = [content_ranking(vector, special) for vector in scores]
-    rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
+    if chance is None:
+        rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
     options = BenchmarkOptions(replace=replace, bins=tuple(bins), curve_points=2)  # curve point 0: the input itself
     mask_id = mask_token_id(model)
     scorer = ClassifierScorer(model)
@@ -81,10 +95,12 @@ def input_faithfulness(
             "naopc_sufficiency": _finite(normalised_aopc(sufficient.mean(), *bounds.sufficiency)),
         }
 
-    chance = {
-        **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
-        "rankings": int(random_rankings),
-    }
+    if chance is None:
+        chance = {
+            **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
+            "rankings": int(random_rankings),
+        }
+        _keep_baseline(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
     shared = {
         "target": target.label,
@@ -108,6 +124,30 @@ def _finite(value: Any) -> float | None:
     """A float, None for NaN (JSON has no NaN)."""
     number = float(value)
     return None if np.isnan(number) else number
+
+
+def _kept_baseline(model: Any, key: tuple) -> dict[str, Any] | None:
+    """The random rankings' figures kept for ``model`` and this input (``key``), or None."""
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.get(model)
+        except TypeError:  # a model that cannot be weakly referenced: nothing is kept
+            return None
+        if kept is None or key not in kept:
+            return None
+        kept.move_to_end(key)
+        return {**kept[key]}
+
+
+def _keep_baseline(model: Any, key: tuple, chance: dict[str, Any]) -> None:
+    with _BASELINES_LOCK:
+        try:
+            kept = _BASELINES.setdefault(model, OrderedDict())
+        except TypeError:
+            return
+        kept[key] = {**chance}
+        while len(kept) > BASELINES_KEPT:
+            kept.popitem(last=False)
 
 
 def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
@@ -135,20 +175,76 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 # ----- --method auto ------------------------------------------------------------------------------
 
 
+def has_target(model: Any, target_text: str | None = None) -> bool:
+    """Whether the model's output gives target methods something to explain on a text: a class,
+    a next token, or (a sentence encoder given ``target_text``) a similarity."""
+    if model.target_kind in ("next_token", "class"):
+        return True
+    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
+
+
+def no_target_message(model: Any, image: bool) -> str:
+    """Why --method auto cannot run on this model (or on an image), and what to do instead."""
+    if image:
+        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
+    if model.target_kind == "similarity" and model.default_row == "mean":
+        return (
+            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        )
+    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+
+
+def default_methods(target: bool) -> list[str]:
+    """What runs when no method is named: auto wherever there is a target (``target``), rollout
+    only where nothing has one (a bare encoder without --target-text, an image)."""
+    return [AUTO] if target else ["rollout"]
+
+
+def with_candidates(
+    methods: Sequence[str],
+    family: Family | None,
+    among: Sequence[str] | None = None,
+    target_kind: str | None = None,
+) -> list[str]:
+    """``methods`` with ``auto`` replaced by its candidates for ``family`` and ``target_kind`` (None:
+    for any family; ``among``: only those, e.g. the methods that explain generations), without repeats."""
+    expanded: list[str] = []
+    for name in methods:
+        if name == AUTO:
+            expanded += [m for m in auto_methods(family, target_kind) if among is None or m in among]
+        else:
+            expanded.append(name)
+    return list(dict.fromkeys(expanded))
+
+
+def choose_by_step_aopc(candidates: Sequence[Any]) -> tuple[Any, str]:
+    """Of generation explanations with per-step faithfulness, the one whose top sources' removal
+    drops p(t_k) most on average over the steps (the first of equals), and a line that says why."""
+    best = max(candidates, key=lambda e: e.faithfulness["mean_aopc"])
+    others = ", ".join(f"{e.method} {e.faithfulness['mean_aopc']:.3f}" for e in candidates if e is not best)
+    return best, (
+        f"--method auto chose {best.method}: the highest mean comprehensiveness over the generated tokens "
+        f"({best.faithfulness['mean_aopc']:.3f}" + (f"; {others})" if others else ")")
+    )
+
+
 # What the measured tables (docs/faithfulness.md) say, per target kind: the one-pass target methods
-# that beat `random` on NAOPC comprehensiveness there, best first. A kind without a table keeps
-# every one-pass target method as a candidate.
+# that beat `random` on a normalised AOPC there, best NAOPC comprehensiveness first. A kind without
+# a table keeps every one-pass target method as a candidate.
 MEASURED_RANKING: dict[str, tuple[str, ...]] = {
-    # smollm2, --task next-token --window 6, 200 windows
-    "next_token": (),
+    # smollm2, --task next-token --window 5, 200 windows: NAOPC sufficiency gim 0.449, attnlrp 0.408
+    # vs random 0.620 (grad_x_input 0.686, grad_rollout 0.628 do not beat it); no one-pass method
+    # beats random's NAOPC comprehensiveness (0.931; gim 0.829, attnlrp 0.802)
+    "next_token": ("gim", "attnlrp"),
 }
 
 
 def auto_methods(family: Family | None = None, target_kind: str | None = None) -> list[str]:
     """`--method auto`'s candidates: the registered target methods that cost one forward and one
     backward pass (declaration ``cost="backward"``), for ``family`` (None: for any family); for a
-    ``target_kind`` with a measured table (`MEASURED_RANKING`), only those the table ranks above
-    `random`, in the table's order (the first of equally comprehensive candidates wins)."""
+    ``target_kind`` with a measured table (`MEASURED_RANKING`), only those that beat `random` there,
+    in the table's order (the first of equally comprehensive candidates wins)."""
     from attnflow.methods.registry import available_methods, get_method, methods_for
 
     names = available_methods() if family is None else methods_for(family)
@@ -174,3 +270,64 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `attnflow explain` computes for one input: the methods asked for (``auto`` among them
+    or not), ``auto``'s candidates, and every method to run with its checked options."""
+
+    requested: list[str]
+    candidates: list[str]
+    per_method: dict[str, dict[str, Any]]
+
+
+def plan_methods(
+    model: Any,
+    methods: Sequence[str] | None,
+    options: Mapping[str, Any],
+    target_text: str | None = None,
+    image: bool = False,
+) -> Plan:
+    """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
+    rollout otherwise) with the user's ``options`` (name -> value; each method gets its share,
+    `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
+    from attnflow.errors import InputError
+    from attnflow.methods.registry import options_per_method
+
+    has = not image and has_target(model, target_text)
+    requested = list(methods) if methods else default_methods(has)
+    if AUTO in requested and not has:
+        raise InputError(no_target_message(model, image))
+    family = model.adapter if AUTO in requested else None
+    candidates = auto_methods(family, model.target_kind) if AUTO in requested else []
+    per_method = options_per_method(with_candidates(requested, family, target_kind=model.target_kind), dict(options))
+    return Plan(requested, candidates, per_method)
+
+
+def explain_planned(
+    model: Any,
+    trace: Any,
+    plan: Plan,
+    row: Any = None,
+    before: Callable[[str], None] | None = None,
+) -> list[Any]:
+    """Run every method of ``plan`` on ``trace`` (`attnflow.explain`), add each map's faithfulness
+    on this input (a class or next-token target) and resolve ``auto``: one `Explanation` per
+    method asked for, ``auto``'s choice in its place, each explanation once. ``before(step)`` is
+    called before each method (``step``: its name) and before the faithfulness batch
+    (``"faithfulness"``): for progress, and to stop between steps by raising."""
+    from attnflow.explanation import explain
+
+    step = before or (lambda _name: None)
+    row = row if row is not None else getattr(model, "default_row", None)
+    computed = {}
+    for method, options in plan.per_method.items():
+        step(method)
+        computed[method] = explain(trace, method=method, row=row, model=model, **options)
+    if trace.target is not None:
+        step("faithfulness")
+        add_faithfulness(model, trace, list(computed.values()))
+    if plan.candidates:
+        computed[AUTO] = choose_most_comprehensive([computed[name] for name in plan.candidates])
+    return list({id(computed[name]): computed[name] for name in plan.requested}.values())

@@ -51,13 +51,15 @@ def collapse_note(
     own: int | None = None,
     special_mask: Any = None,
     threshold: float = COLLAPSE_THRESHOLD,
+    family: Any = None,
 ) -> str | None:
     """A note when one word token holds at least ``threshold`` of a saliency row (``[key]``
     non-negative scores), the collapse the per-layer diagnostics flag; on the first token it names
     the attention sink (a decoder without a BOS token parks attention on its first word, and rollout
     compounds it through the layers). None when the row is spread out, has negative scores (a
     gradient attribution), or its top token is the row's ``own`` position (the residual's share) or
-    a special token (``special_mask``: the summary line reports the special tokens' share)."""
+    a special token (``special_mask``: the summary line reports the special tokens' share). The
+    note recommends only methods that support ``family`` (the model's adapter row; None: any)."""
     from attnflow.tokens import display_token
 
     values = np.asarray(scores, dtype=np.float64)
@@ -72,9 +74,23 @@ def collapse_note(
         return (
             f"{share:.0%} of the relevance is on the first token {display_token(tokens[0])!r}: the attention-sink "
             "collapse (models park attention on their first token, and composing layers piles it up there); "
-            "a value-aware method (norm_rollout, alti) shows what the other tokens carry"
+            + _sink_remedy(family)
         )
     return f"{share:.0%} of the relevance is on one token, {display_token(tokens[top])!r} (a collapsed row)"
+
+
+VALUE_AWARE = ("norm_rollout", "alti")  # methods that weigh attention by what the tokens carry
+
+
+def _sink_remedy(family: Any) -> str:
+    """What to run instead of a collapsed attention method: the value-aware methods the model's
+    family supports, else its target methods (--method auto)."""
+    from attnflow.methods.registry import methods_for
+
+    usable = [name for name in VALUE_AWARE if family is None or name in methods_for(family)]
+    if usable:
+        return f"a value-aware method ({', '.join(usable)}) shows what the other tokens carry"
+    return "a target method (--method auto) shows what the prediction rests on"
 
 
 def row_entropy(matrices: Any) -> np.ndarray:

@@ -115,6 +115,7 @@ class MethodSpec:
 
 
 _METHODS: dict[str, MethodSpec] = {}
+AUTO = "auto"  # not a method: asks for the most comprehensive one-pass target method on each input (evaluate.per_input)
 
 
 def register(
@@ -246,6 +247,22 @@ def method_options(spec: MethodSpec, options: Mapping[str, Any]) -> dict[str, An
         takes = ", ".join(spelled(option.name) for option in spec.options) or "no options"
         raise ValueError(f"method {spec.name!r} does not take {', '.join(map(spelled, unknown))}; it takes: {takes}")
     return chosen
+
+
+def options_per_method(methods: Sequence[str], given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's share of the options the user set. With one method every option must be its
+    own; with several, each option must be taken by at least one of them."""
+    specs = [get_method(name) for name in methods]
+    if len(specs) == 1:
+        return {specs[0].name: method_options(specs[0], given)}
+    taken = {name for spec in specs for name in spec.option_names}
+    unused = [spelled(name) for name in given if name not in taken]
+    if unused:
+        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
+    return {
+        spec.name: method_options(spec, {name: value for name, value in given.items() if name in spec.option_names})
+        for spec in specs
+    }
 
 
 def spelled(name: str) -> str:

@@ -235,11 +235,14 @@ def _explain_batch(model: Any, traces: list[Trace], rules: BackwardRules) -> lis
 def _attributed(model: Any, rules: BackwardRules, embedding_sum: Any, input_ids: Any) -> Any:
     """What the modified gradient multiplies ``[batch, token, d_model]``: the embedding sum e, or
     e − b with b the same sum with the pad token's word embedding at every position, i.e. the word
-    embeddings minus the pad token's (positions and token types cancel in the difference)."""
+    embeddings minus the pad token's (positions and token types cancel in the difference), both as
+    the embedding module returns them (Gemma's scales its table by √d_model)."""
+    import torch
+
     if rules.baseline == "zero":
         return embedding_sum.detach()
     embeddings = model.model.get_input_embeddings()
-    return (embeddings(input_ids) - embeddings.weight[model.tokenizer.pad_token_id]).detach()
+    return (embeddings(input_ids) - embeddings(torch.full_like(input_ids, model.tokenizer.pad_token_id))).detach()
 
 
 @dataclass

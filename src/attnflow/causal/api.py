@@ -1,0 +1,389 @@
+"""`patch`: which sites of a model carry its prediction, by exact activation patching and the
+approximations checked against it, on one pair of inputs (a clean text and its corruption).
+
+The corruption is a counterfactual text of the same token length, or Gaussian noise on the word
+embeddings of chosen words (ROME's causal tracing: N(0, (3σ)²), σ the std of the embedding matrix,
+``samples`` seeded draws averaged). Normalised effects, with m the metric, x the clean and x̃ the
+corrupted input:
+
+- denoising (run x̃, restore the site's clean value): (m_patched − m_x̃) / (m_x − m_x̃), 1 = the
+  site alone restores the answer;
+- noising (run x, give the site its corrupted value): (m_x − m_patched) / (m_x − m_x̃), 1 = the
+  site alone destroys the answer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from attnflow.causal.sites import SITE_KINDS, all_sites, check_sites_supported, parse_site_kinds, sweep_shape
+from attnflow.errors import InputError
+
+METHODS = ("exact", "atp", "atp*", "relp")
+DIRECTIONS = ("denoising", "noising")
+NOISE_SCALE = 3.0  # ROME: noise std = 3 × the std of the embedding matrix
+
+
+@dataclass
+class PatchResult:
+    """Effects of patching every site, per method and site kind.
+
+    ``effects[method][kind]``: normalised effects (module docstring), ``residual [n_layers + 1,
+    token]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l), ``attn`` and
+    ``mlp [n_layers, token]``, ``heads [n_layers, head]`` (a head patched at every position).
+    ``clean_metric`` m_x and ``corrupt_metric`` m_x̃ (the mean over noise samples); ``seconds``: the
+    time each method took (the two runs that cache activations are ``"cache"``).
+    """
+
+    model: str
+    clean_text: str
+    corrupt_text: str | None
+    noise_words: list[str]
+    tokens: list[str]
+    corrupt_tokens: list[str]
+    direction: str
+    metric: str
+    clean_metric: float
+    corrupt_metric: float
+    samples: int
+    n_layers: int
+    n_heads: int
+    effects: dict[str, dict[str, np.ndarray]]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def correlations(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{method: {kind: {"pearson": r, "spearman": ρ}}}`` of each approximation against
+        exact patching over the sites of each kind (empty without an exact sweep)."""
+        exact = self.effects.get("exact")
+        if exact is None:
+            return {}
+        return {
+            method: {kind: correlation(values, exact[kind]) for kind, values in effects.items() if kind in exact}
+            for method, effects in self.effects.items()
+            if method != "exact"
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every number, JSON-ready (arrays as nested lists)."""
+        return {
+            "model": self.model,
+            "clean_text": self.clean_text,
+            "corrupt_text": self.corrupt_text,
+            "noise_words": self.noise_words,
+            "tokens": self.tokens,
+            "corrupt_tokens": self.corrupt_tokens,
+            "direction": self.direction,
+            "metric": self.metric,
+            "clean_metric": self.clean_metric,
+            "corrupt_metric": self.corrupt_metric,
+            "samples": self.samples,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "effects": {
+                method: {kind: values.tolist() for kind, values in effects.items()}
+                for method, effects in self.effects.items()
+            },
+            "correlations": self.correlations,
+            "seconds": self.seconds,
+        }
+
+    def summary(self) -> str:
+        """A few console lines: the metric on both inputs, the strongest sites, the
+        approximations' agreement with exact patching and the time each took."""
+        lines = [
+            f"{self.metric}: clean {self.clean_metric:.4g}, corrupted {self.corrupt_metric:.4g} ({self.direction})"
+        ]
+        for method, effects in self.effects.items():
+            for kind, values in effects.items():
+                layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
+                where = f"head {index}" if kind == "heads" else f"token {index} {self.tokens[index]!r}"
+                lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
+        for method, kinds in self.correlations.items():
+            agreement = ", ".join(
+                f"{kind} r={values['pearson']:.2f} rho={values['spearman']:.2f}" for kind, values in kinds.items()
+            )
+            lines.append(f"{method} vs exact: {agreement}")
+        lines.append("seconds: " + ", ".join(f"{name} {value:.2f}" for name, value in self.seconds.items()))
+        return "\n".join(lines)
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``patch.json`` (every number) and ``patch.html`` (the report) into ``out``."""
+        from attnflow.causal.report import write_report
+
+        return write_report(self, Path(out))
+
+
+def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
+    """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant)."""
+    from scipy.stats import pearsonr, spearmanr
+
+    a, b = np.ravel(estimate).astype(float), np.ravel(exact).astype(float)
+    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return {"pearson": float("nan"), "spearman": float("nan")}
+    return {"pearson": float(pearsonr(a, b)[0]), "spearman": float(spearmanr(a, b)[0])}
+
+
+def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
+    """``"exact,atp"`` or a sequence -> known patching methods in order, without repeats."""
+    names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
+    unknown = [name for name in names if name not in METHODS]
+    if unknown or not names:
+        raise InputError(
+            f"unknown patching method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def patch(
+    model: Any,
+    clean: str,
+    corrupt: str | None = None,
+    *,
+    noise: str | Sequence[str] | None = None,
+    target: int | str | None = None,
+    contrast: int | str | None = None,
+    sites: str | Sequence[str] = SITE_KINDS,
+    methods: str | Sequence[str] = ("exact", "atp"),
+    direction: str = "denoising",
+    samples: int = 10,
+    seed: int = 0,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> PatchResult:
+    """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.SITE_KINDS`) between
+    ``clean`` and its corruption, by each of ``methods`` (``exact``, ``atp``, ``atp*``, ``relp``).
+
+    Args:
+        model: an `AttentionModel` whose family has patching sites: a classifier or a causal LM.
+        corrupt: a counterfactual text of the same token length as ``clean``; or
+        noise: words of ``clean`` (a comma-separated string or a list) whose word embeddings get
+            Gaussian noise, ``samples`` seeded draws averaged.
+        target: the class (index or label) or next token (one token) the metric reads; default the
+            clean input's prediction. contrast: a second class or token; the metric is then the
+            logit difference target − contrast (else the class logit, or log p(token) for LMs).
+        direction: ``"denoising"`` (restore clean values into the corrupted run) or ``"noising"``.
+        batch_size: rows per forward pass of the exact sweep (each row patches one site).
+
+    Returns:
+        a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
+    """
+    import torch
+
+    from attnflow.causal.approximations import estimate
+    from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
+
+    check_sites_supported(model)
+    kinds = parse_site_kinds(sites)
+    chosen = parse_methods(methods)
+    if direction not in DIRECTIONS:
+        raise InputError(f"unknown direction {direction!r}; choose denoising or noising")
+    if (corrupt is None) == (noise is None):
+        raise InputError("give either a corrupt text (--corrupt) or words of the text to add noise to (--noise)")
+    if "relp" in chosen:
+        _check_relp(model)
+    clean_ids = _token_ids(model, clean, "clean")
+    words: list[str] = []
+    noise_tensor = None
+    if corrupt is not None:
+        corrupt_ids = _token_ids(model, corrupt, "corrupt")
+        if corrupt_ids.shape != clean_ids.shape:
+            raise InputError(
+                f"the clean text is {clean_ids.shape[1]} tokens and the corrupt text {corrupt_ids.shape[1]}: "
+                "patching needs the same token length; choose a counterfactual of the same length, or "
+                "corrupt the clean text with noise on some of its words (--noise WORDS)"
+            )
+        rows = 1
+    else:
+        words = _words(noise)  # noise is not None here
+        noise_tensor = noise_on_words(model, clean, words, samples, seed)
+        corrupt_ids, rows = clean_ids, samples
+    metric = resolve_metric(model, clean_ids, target, contrast)
+    runner = PatchRunner(model, metric)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    with torch.no_grad():
+        clean_metric, clean_recorded = runner.forward(clean_ids, 1, record=True)
+        corrupt_metric, corrupt_recorded = runner.forward(corrupt_ids, rows, noise=noise_tensor, record=True)
+    seconds["cache"] = time.perf_counter() - started
+    m_clean, m_corrupt = float(clean_metric.double().mean()), float(corrupt_metric.double().mean())
+    difference = m_clean - m_corrupt
+    if abs(difference) < 1e-6:
+        raise InputError(
+            f"the corruption does not change the metric ({metric.describe()} = {m_clean:.4g} on both): "
+            "nothing to restore; choose a corruption that changes the prediction"
+        )
+    if direction == "denoising":
+        base_ids, base_noise, source, m_base = corrupt_ids, noise_tensor, stacked(clean_recorded), m_corrupt
+    else:
+        base_ids, base_noise, source, m_base = clean_ids, None, stacked(corrupt_recorded), m_clean
+    sign = 1.0 if direction == "denoising" else -1.0
+    shapes = {kind: sweep_shape(kind, model.n_layers, clean_ids.shape[1], model.n_heads) for kind in kinds}
+    effects: dict[str, dict[str, np.ndarray]] = {}
+    for method in chosen:
+        started = time.perf_counter()
+        if method == "exact":
+            site_list = [
+                site for kind in kinds for site in all_sites(kind, model.n_layers, clean_ids.shape[1], model.n_heads)
+            ]
+            with _progress_bar(len(site_list), progress) as bar:
+                patched = exact_sweep(runner, base_ids, base_noise, source, site_list, rows, batch_size, bar)
+            changes, start = {}, 0
+            for kind in kinds:
+                size = int(np.prod(shapes[kind]))
+                changes[kind] = patched[start : start + size].reshape(shapes[kind]) - m_base
+                start += size
+        else:
+            changes = estimate(method, runner, base_ids, base_noise, source, kinds, rows)
+        seconds[method] = time.perf_counter() - started
+        effects[method] = {kind: sign * changes[kind] / difference for kind in kinds}
+    tokenizer = model.tokenizer
+    return PatchResult(
+        model=model.name,
+        clean_text=clean,
+        corrupt_text=corrupt,
+        noise_words=words,
+        tokens=tokenizer.convert_ids_to_tokens(clean_ids[0].tolist()),
+        corrupt_tokens=tokenizer.convert_ids_to_tokens(corrupt_ids[0].tolist()),
+        direction=direction,
+        metric=metric.describe(),
+        clean_metric=m_clean,
+        corrupt_metric=m_corrupt,
+        samples=rows,
+        n_layers=model.n_layers,
+        n_heads=model.n_heads,
+        effects=effects,
+        seconds=seconds,
+    )
+
+
+def _check_relp(model: Any) -> None:
+    from attnflow.perturb.lrp import RULES
+    from attnflow.trace import CAPABILITIES
+
+    missing = sorted(set(RULES["attnlrp"].requires) - model.adapter.provides)
+    if missing:
+        raise InputError(
+            f"relp does not support the {model.adapter.family} family ({model.name}): the AttnLRP rules require "
+            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+        )
+
+
+def _words(noise: str | Sequence[str] | None) -> list[str]:
+    if noise is None:
+        return []
+    words = [word.strip() for word in (noise.split(",") if isinstance(noise, str) else noise) if word.strip()]
+    if not words:
+        raise InputError("--noise needs at least one word of the text")
+    return words
+
+
+def _token_ids(model: Any, text: str, which: str) -> Any:
+    """``[1, token]`` the text's token ids (special tokens included, as the model reads it)."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"the {which} text is empty")
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    if ids.shape[1] > model.max_length:
+        raise InputError(f"the {which} text is {ids.shape[1]} tokens; {model.name} reads at most {model.max_length}")
+    return ids
+
+
+def noise_positions(model: Any, text: str, words: Sequence[str]) -> list[int]:
+    """The token positions of ``text`` that spell any occurrence of ``words`` (one clear line
+    naming the words that do not occur)."""
+    missing = [word for word in words if word not in text]
+    if missing:
+        raise InputError(f"noise word(s) {', '.join(repr(w) for w in missing)} do not occur in the text {text!r}")
+    spans = []
+    for word in words:
+        start = text.find(word)
+        while start >= 0:
+            spans.append((start, start + len(word)))
+            start = text.find(word, start + 1)
+    offsets = model.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+    positions = [
+        position
+        for position, (begin, end) in enumerate(offsets)
+        if end > begin and any(begin < span_end and end > span_start for span_start, span_end in spans)
+    ]
+    if not positions:
+        raise InputError(f"no token of {text!r} spells the noise word(s) {', '.join(words)}")
+    return positions
+
+
+def noise_on_words(model: Any, text: str, words: Sequence[str], samples: int, seed: int) -> Any:
+    """``[samples, token, d_model]`` Gaussian noise, std 3σ (σ: the std of the embedding matrix), on
+    the positions of ``words`` and zero elsewhere; seeded."""
+    import torch
+
+    positions = noise_positions(model, text, words)
+    n_tokens = _token_ids(model, text, "clean").shape[1]
+    weight = model.model.get_input_embeddings().weight
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.zeros(samples, n_tokens, weight.shape[1])
+    draws = torch.randn(samples, len(positions), weight.shape[1], generator=generator)
+    noise[:, positions] = draws * NOISE_SCALE * float(weight.detach().float().std())
+    return noise
+
+
+def resolve_metric(model: Any, clean_ids: Any, target: int | str | None, contrast: int | str | None) -> Any:
+    """The `Metric` for this model and what the user asked (default target: the clean prediction)."""
+    import torch
+
+    from attnflow.causal.patching import Metric
+    from attnflow.targets import Objective
+
+    kind = model.target_kind
+    if kind not in ("class", "next_token"):
+        raise InputError(
+            f"activation patching needs a classifier or a causal LM (a class or next-token metric); "
+            f"{model.name} has {'no target' if kind is None else kind + ' targets'}"
+        )
+
+    def index(value: int | str) -> int:
+        resolved = Objective(model, target=value).fixed_index
+        assert resolved is not None
+        return resolved
+
+    def label(value: int) -> str:
+        return Objective(model).labels[value] if kind == "class" else model.tokenizer.decode([value])
+
+    if target is None:
+        with torch.no_grad():
+            logits = model.model(input_ids=clean_ids.to(model.device)).logits
+        chosen = int((logits[0, -1] if kind == "next_token" else logits[0]).argmax())
+    else:
+        chosen = index(target)
+    other = None if contrast is None else index(contrast)
+    if other == chosen:
+        raise InputError("the contrast is the target itself: choose another class or token")
+    return Metric(kind, chosen, other, label(chosen), None if other is None else label(other))
+
+
+class _progress_bar:
+    """A tqdm bar over sites (a no-op when ``enabled`` is false); called with sites done."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.bar = total, enabled, None
+
+    def __enter__(self) -> Any:
+        if self.enabled:
+            import sys
+
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc="patching", unit="site", file=sys.stderr)
+        return self
+
+    def __call__(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done)
+
+    def __exit__(self, *_exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()

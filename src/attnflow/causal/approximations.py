@@ -1,0 +1,118 @@
+"""Fast estimates of every site's patching effect from one forward and one backward pass.
+
+Each estimates Δm(site) = m(base run with the site set to its source value) − m(base run):
+
+- ``atp`` (attribution patching, Nanda 2023): (a_source − a_base) · ∂m/∂a on the base run;
+- ``atp*`` (Kramár et al. 2024, GradDrop): for each layer ℓ, AtP with no gradient flowing back
+  through layer ℓ's attention and MLP outputs (only through its skip connection); the estimate is
+  Σ_ℓ |AtP_ℓ| / (L − 1), the paper's guard against paths that cancel, given AtP's sign so that it
+  compares with signed effects. (The paper's other fix, recomputing the attention softmax for
+  patched queries and keys, concerns query and key sites, which a sweep of outputs does not have.)
+- ``relp`` (arXiv 2508.21258): (a_source − a_base) · ∂̃m/∂a with ∂̃ the AttnLRP rules' backward
+  (`attnflow.perturb.lrp`, row ``attnlrp``) instead of the gradient.
+
+Arrays per site kind as in `attnflow.causal.sites`; each is averaged over the base run's samples.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnflow.causal.patching import PatchRunner, stacked
+
+APPROXIMATIONS = ("atp", "atp*", "relp")
+
+
+def estimate(
+    method: str,
+    runner: PatchRunner,
+    input_ids: torch.Tensor,
+    noise: torch.Tensor | None,
+    source: dict[str, torch.Tensor],
+    kinds: tuple[str, ...],
+    samples: int,
+) -> dict[str, np.ndarray]:
+    """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds``, for the base run
+    ``input_ids`` (+ ``noise [samples, token, d_model]``) patched with ``source`` (`stacked`
+    activations, broadcast over samples)."""
+    if method == "atp*":
+        return _graddrop(runner, input_ids, noise, source, kinds, samples)
+    rules = None
+    if method == "relp":
+        from attnflow.perturb.lrp import RULES, backward_rules
+
+        rules = backward_rules(runner.model, RULES["attnlrp"])
+    gradients, base = _gradients(runner, input_ids, noise, samples, rules)
+    return {kind: _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads).mean(axis=0) for kind in kinds}
+
+
+def _gradients(
+    runner: PatchRunner,
+    input_ids: torch.Tensor,
+    noise: torch.Tensor | None,
+    rows: int,
+    rules: Any = None,
+    drop_gradient_rows: dict[int, torch.Tensor] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """∂m/∂a (or the rules' ∂̃m/∂a) and a itself at every site of the base run, stacked like `stacked`."""
+    with torch.enable_grad(), rules if rules is not None else nullcontext():
+        metric, recorded = runner.forward(
+            input_ids, rows, noise=noise, record=True, leaf_embeddings=True, drop_gradient_rows=drop_gradient_rows
+        )
+        kinds = list(recorded)
+        tensors = [tensor for kind in kinds for tensor in recorded[kind]]
+        grads = torch.autograd.grad(metric.sum(), tensors, allow_unused=True)
+    gradients: dict[str, torch.Tensor] = {}
+    start = 0
+    for kind in kinds:
+        count = len(recorded[kind])
+        layer_grads = [
+            torch.zeros_like(tensor) if grad is None else grad
+            for tensor, grad in zip(tensors[start : start + count], grads[start : start + count], strict=True)
+        ]
+        gradients[kind] = torch.stack(layer_grads, dim=1)
+        start += count
+    return gradients, stacked(recorded)
+
+
+def _dot(kind: str, source: torch.Tensor, base: torch.Tensor, gradient: torch.Tensor, n_heads: int) -> np.ndarray:
+    """(a_source − a_base) · gradient per sample and site: ``[sample, layer, position]`` or
+    ``[sample, layer, head]`` (a head summed over every position)."""
+    rows = len(base)
+    difference = source.repeat(rows // len(source), 1, 1, 1) - base  # source: 1 or a divisor of rows samples
+    product = (difference.double() * gradient.double()).cpu()
+    if kind == "heads":
+        batch, layers, tokens, width = product.shape
+        return product.view(batch, layers, tokens, n_heads, width // n_heads).sum(dim=(2, 4)).numpy()
+    return product.sum(dim=-1).numpy()
+
+
+def _graddrop(
+    runner: PatchRunner,
+    input_ids: torch.Tensor,
+    noise: torch.Tensor | None,
+    source: dict[str, torch.Tensor],
+    kinds: tuple[str, ...],
+    samples: int,
+) -> dict[str, np.ndarray]:
+    """AtP* (GradDrop): one forward and one backward pass of ``L × samples`` rows, rows of group ℓ
+    passing no gradient through layer ℓ's attention and MLP outputs."""
+    n_layers = runner.n_layers
+    rows = n_layers * samples
+    group = torch.arange(rows) // samples  # [rows] the dropped layer of each row
+    drops = {layer: group == layer for layer in range(n_layers)}
+    batch_noise = None if noise is None else noise.repeat(n_layers, 1, 1)
+    gradients, base = _gradients(runner, input_ids, batch_noise, rows, drop_gradient_rows=drops)
+    plain, plain_base = _gradients(runner, input_ids, noise, samples)
+    estimates = {}
+    for kind in kinds:
+        dropped = _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads)  # [rows, ...]
+        per_layer = dropped.reshape(n_layers, samples, *dropped.shape[1:])  # [dropped layer, sample, ...]
+        magnitude = np.abs(per_layer).sum(axis=0) / max(n_layers - 1, 1)  # [sample, ...]
+        sign = np.sign(_dot(kind, source[kind], plain_base[kind], plain[kind], runner.n_heads))
+        estimates[kind] = (sign * magnitude).mean(axis=0)
+    return estimates

@@ -1,0 +1,254 @@
+"""Exact activation patching on the Hugging Face model itself, through forward hooks.
+
+`PatchRunner.forward` runs the model on a batch of copies of one input; each batch row may have
+its own embedding noise and its own patched sites (a site's activation replaced by a given value),
+and the run can record every site's activation (in the autograd graph when gradients are wanted).
+`exact_sweep` patches one site per row: a sweep over n sites costs n / batch_size forward passes.
+No model class is converted: the logits are the model's own.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from attnflow.causal.sites import SITE_KINDS, Site, SiteModules
+
+# Recorded activations of one run, per site kind, one tensor per layer (row 0 of ``residual`` is
+# the stream entering the first layer): residual/attn/mlp ``[batch, token, d_model]``, heads
+# ``[batch, token, head * d_head]``.
+Recorded = dict[str, list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The scalar a patch is judged by, computed from the logits of a batch.
+
+    ``kind``: ``"class"`` (classifier logits ``[batch, class]``) or ``"next_token"`` (LM logits
+    ``[batch, token, vocab]``, read at the last position); ``target``: class index or token id;
+    ``contrast``: None (class logit, or log p(target) for LMs) or a second class / token (the
+    logit difference target − contrast); ``label``/``contrast_label``: their names.
+    """
+
+    kind: str
+    target: int
+    contrast: int | None = None
+    label: str = ""
+    contrast_label: str | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[batch]`` metric values."""
+        scores = logits[:, -1] if self.kind == "next_token" else logits  # [batch, vocab or class]
+        if self.contrast is not None:
+            return scores[:, self.target] - scores[:, self.contrast]
+        if self.kind == "next_token":
+            return torch.log_softmax(scores, dim=-1)[:, self.target]
+        return scores[:, self.target]
+
+    def describe(self) -> str:
+        """``log p(' Paris')``, ``logit(' Paris') - logit(' Rome')``, ``logit(positive)``."""
+        if self.contrast is not None:
+            return f"logit({self.label!r}) - logit({self.contrast_label!r})"
+        return f"log p({self.label!r})" if self.kind == "next_token" else f"logit({self.label!r})"
+
+
+@dataclass
+class Patches:
+    """Patched sites of one batch: per hook point ``(kind, layer)``, the batch rows, the indices
+    (positions, or heads for ``heads``) and the values (``[n, d_model]``, or ``[n, token, d_head]``
+    for heads)."""
+
+    rows: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    indices: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    values: dict[tuple[str, int], list[torch.Tensor]] = field(default_factory=dict)
+
+    def add(self, row: int, site: Site, value: torch.Tensor) -> None:
+        """Row ``row`` gets ``value`` at ``site``."""
+        key = (site.kind, site.layer)
+        self.rows.setdefault(key, []).append(row)
+        self.indices.setdefault(key, []).append(site.index)
+        self.values.setdefault(key, []).append(value)
+
+
+class PatchRunner:
+    """Forward passes of one model with patched and recorded sites (`SiteModules`)."""
+
+    def __init__(self, model: Any, metric: Metric) -> None:
+        self.model = model
+        self.metric = metric
+        self.modules = SiteModules(model)
+        self.n_layers = model.n_layers
+        self.n_heads = model.n_heads
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        batch: int,
+        *,
+        noise: torch.Tensor | None = None,
+        patches: Patches | None = None,
+        record: bool = False,
+        leaf_embeddings: bool = False,
+        drop_gradient_rows: dict[int, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, Recorded]:
+        """One forward pass of ``input_ids [1, token]`` copied ``batch`` times.
+
+        ``noise [batch, token, d_model]`` is added to the word embeddings; ``patches`` replace
+        sites row by row; ``record`` keeps every site's activation (`Recorded`); ``leaf_embeddings``
+        makes the word embeddings a leaf that requires grad (so that every site is in the autograd
+        graph); ``drop_gradient_rows`` {layer: bool [batch]}: the rows in which no gradient flows
+        back through that layer's attention and MLP outputs (GradDrop; forward values unchanged).
+        Returns the metric ``[batch]`` and what was recorded.
+        """
+        ids = input_ids.to(self.model.device).expand(batch, -1)
+        recorded: Recorded = {kind: [] for kind in SITE_KINDS} if record else {}
+        with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}):
+            logits = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        return self.metric(logits), recorded
+
+    @contextmanager
+    def _hooks(
+        self,
+        patches: Patches,
+        recorded: Recorded,
+        noise: torch.Tensor | None,
+        leaf_embeddings: bool,
+        drop_gradient_rows: dict[int, torch.Tensor],
+    ) -> Iterator[None]:
+        modules = self.modules
+        with ExitStack() as stack:
+
+            def hold(handle: Any) -> None:
+                stack.callback(handle.remove)
+
+            if noise is not None or leaf_embeddings:
+                hold(modules.embeddings.register_forward_hook(_embedding_hook(noise, leaf_embeddings)))
+            for layer in range(self.n_layers + 1):
+                key = ("residual", layer)
+                if layer == 0:
+                    hold(
+                        modules.blocks[0].register_forward_pre_hook(
+                            self._input_hook(key, patches, recorded), with_kwargs=True
+                        )
+                    )
+                else:
+                    hold(modules.blocks[layer - 1].register_forward_hook(self._output_hook(key, patches, recorded)))
+            for layer in range(self.n_layers):
+                drop = drop_gradient_rows.get(layer)
+                for kind, module in (("attn", modules.attention[layer]), ("mlp", modules.mlp[layer])):
+                    hold(module.register_forward_hook(self._output_hook((kind, layer), patches, recorded, drop)))
+                key = ("heads", layer)
+                hold(
+                    modules.projections[layer].register_forward_pre_hook(
+                        self._input_hook(key, patches, recorded), with_kwargs=True
+                    )
+                )
+            yield
+
+    def _input_hook(self, key: tuple[str, int], patches: Patches, recorded: Recorded) -> Callable:
+        def hook(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            new = self._patched(key, hidden, patches)
+            if recorded:
+                recorded[key[0]].append(new)
+            if new is hidden:
+                return None
+            if args:
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": new}
+
+        return hook
+
+    def _output_hook(
+        self, key: tuple[str, int], patches: Patches, recorded: Recorded, drop: torch.Tensor | None = None
+    ) -> Callable:
+        def hook(_module: Any, _args: tuple, output: Any) -> Any:
+            hidden = output[0] if isinstance(output, tuple) else output
+            new = self._patched(key, hidden, patches)
+            if recorded:
+                recorded[key[0]].append(new)
+            if drop is not None:  # GradDrop: the same value, no gradient through this output in these rows
+                new = torch.where(drop.to(new.device)[:, None, None], new.detach(), new)
+            if new is hidden:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+
+        return hook
+
+    def _patched(self, key: tuple[str, int], hidden: torch.Tensor, patches: Patches) -> torch.Tensor:
+        """``hidden [batch, token, width]`` with this hook point's patches written in (a copy)."""
+        if key not in patches.rows:
+            return hidden
+        rows = torch.as_tensor(patches.rows[key], device=hidden.device)
+        indices = torch.as_tensor(patches.indices[key], device=hidden.device)
+        values = torch.stack(patches.values[key]).to(hidden.device, hidden.dtype)
+        new = hidden.clone()
+        if key[0] == "heads":
+            batch, tokens, width = new.shape
+            heads = new.view(batch, tokens, self.n_heads, width // self.n_heads)  # [batch, token, head, d_head]
+            heads[rows, :, indices] = values  # values [n, token, d_head]
+        else:
+            new[rows, indices] = values  # values [n, d_model]
+        return new
+
+
+def _embedding_hook(noise: torch.Tensor | None, leaf: bool) -> Callable:
+    def hook(_module: Any, _inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        embedded = output.detach() if leaf else output
+        if noise is not None:
+            embedded = embedded + noise.to(embedded.device, embedded.dtype)
+        return embedded.requires_grad_(True) if leaf else embedded
+
+    return hook
+
+
+def stacked(recorded: Recorded) -> dict[str, torch.Tensor]:
+    """Detached activations per kind: residual ``[batch, L + 1, token, d_model]``, attn and mlp
+    ``[batch, L, token, d_model]``, heads ``[batch, L, token, head * d_head]``."""
+    return {kind: torch.stack([tensor.detach() for tensor in tensors], dim=1) for kind, tensors in recorded.items()}
+
+
+def site_value(activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int) -> torch.Tensor:
+    """The value a site takes in sample ``sample`` of a recorded run: ``[d_model]`` at one
+    position, or ``[token, d_head]`` for one head."""
+    layer = activations[site.kind][sample % len(activations[site.kind]), site.layer]
+    if site.kind == "heads":
+        tokens, width = layer.shape
+        return layer.view(tokens, n_heads, width // n_heads)[:, site.index]
+    return layer[site.index]
+
+
+def exact_sweep(
+    runner: PatchRunner,
+    input_ids: torch.Tensor,
+    noise: torch.Tensor | None,
+    source: dict[str, torch.Tensor],
+    sites: Sequence[Site],
+    samples: int,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """The metric with each site patched to its value in ``source`` (`stacked` activations),
+    ``[n_sites]``, averaged over ``samples`` rows per site (row i: noise ``noise[i]`` when given,
+    source sample ``i mod len(source)``). One forward pass per ``batch_size`` rows;
+    ``progress(n)`` after each pass with the number of sites done in it."""
+    per_pass = max(1, batch_size // samples)
+    metrics = []
+    with torch.no_grad():
+        for start in range(0, len(sites), per_pass):
+            chunk = sites[start : start + per_pass]
+            patches = Patches()
+            for number, site in enumerate(chunk):
+                for sample in range(samples):
+                    patches.add(number * samples + sample, site, site_value(source, sample, site, runner.n_heads))
+            rows = len(chunk) * samples
+            batch_noise = None if noise is None else noise.repeat(len(chunk), 1, 1)
+            values, _ = runner.forward(input_ids, rows, noise=batch_noise, patches=patches)
+            metrics.append(values.double().reshape(len(chunk), samples).mean(dim=1).cpu().numpy())
+            if progress is not None:
+                progress(len(chunk))
+    return np.concatenate(metrics) if metrics else np.zeros(0)

@@ -1,0 +1,210 @@
+"""The patching report: ``patch.json`` (every number) and ``patch.html`` (heatmaps layer × position
+per site kind and layer × head, each approximation's agreement with exact patching, the strongest
+sites, the time each method took). The page renders offline, without scripts; every token and
+text is escaped. Numbers shown in tables carry their full value in a ``data-value`` attribute."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnflow.staging import atomic_file
+from attnflow.viz.page import esc, figure_img, page, section
+
+# The page reads a `attnflow.causal.api.PatchResult` (typed Any here: api imports this module).
+PatchResult = Any
+TOP_SITES = 5
+CSS = "figure.heatmap { margin: 1rem 0; } figure.heatmap figcaption { color: #555; font-size: .9rem; }"
+KIND_TITLES = {
+    "residual": "residual stream (row 0: entering the first layer)",
+    "attn": "attention block outputs",
+    "mlp": "MLP outputs",
+    "heads": "head outputs (every position)",
+}
+
+
+def write_report(result: PatchResult, out: Path) -> Path:
+    """Write ``patch.json`` and ``patch.html`` into ``out`` (created if needed); returns the page's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out / "patch.json") as handle:
+        handle.write(json.dumps(result.to_dict(), indent=1, allow_nan=True).encode("utf-8"))
+    html_path = out / "patch.html"
+    with atomic_file(html_path) as handle:
+        handle.write(report_html(result).encode("utf-8"))
+    return html_path
+
+
+def report_html(result: PatchResult) -> str:
+    """The report page of one `PatchResult`."""
+    corruption = (
+        {"corrupt text": result.corrupt_text}
+        if result.corrupt_text is not None
+        else {"noise on": ", ".join(result.noise_words), "noise samples": result.samples}
+    )
+    meta = {
+        "clean text": result.clean_text,
+        **corruption,
+        "metric": result.metric,
+        "m(clean)": result.clean_metric,
+        "m(corrupted)": result.corrupt_metric,
+        "direction": result.direction,
+    }
+    body = [section("How to read this page", _reading(result))]
+    if result.correlations:
+        body.append(section("Approximations against exact patching", _agreement_table(result), "agreement"))
+    for method, effects in result.effects.items():
+        figures = "\n".join(_heatmap(result, method, kind, values) for kind, values in effects.items())
+        body.append(section(f"{method}: effects", figures, f"effects-{method}"))
+    body.append(section("Strongest sites", _top_table(result), "strongest"))
+    body.append(section("Time", _number_table(["method", "seconds"], list(result.seconds.items()), "seconds"), "time"))
+    return page(
+        f"Activation patching: {result.model}",
+        "\n".join(body),
+        subtitle=f"{result.direction}; {result.metric}",
+        meta=meta,
+        css=CSS,
+    )
+
+
+def _reading(result: PatchResult) -> str:
+    if result.direction == "denoising":
+        what = (
+            "the corrupted input is run with one site set to its value on the clean input; effect = "
+            "(m<sub>patched</sub> − m<sub>corrupted</sub>) / (m<sub>clean</sub> − m<sub>corrupted</sub>): "
+            "1 = this site alone restores the answer, 0 = it restores nothing"
+        )
+    else:
+        what = (
+            "the clean input is run with one site set to its corrupted value; effect = "
+            "(m<sub>clean</sub> − m<sub>patched</sub>) / (m<sub>clean</sub> − m<sub>corrupted</sub>): "
+            "1 = corrupting this site alone destroys the answer"
+        )
+    return (
+        f"<p>Each cell is one site: {what}. Orange is positive, blue negative. AtP, AtP* and RelP "
+        "estimate the same numbers from one backward pass; their Pearson and Spearman correlation with "
+        "the exact values says when the fast answer can be trusted.</p>"
+    )
+
+
+def _value_cell(value: float) -> str:
+    return f'<td class="num" data-value="{esc(repr(float(value)))}">{esc(f"{float(value):.3f}")}</td>'
+
+
+def _agreement_table(result: PatchResult) -> str:
+    rows = []
+    for method, kinds in result.correlations.items():
+        for kind, values in kinds.items():
+            rows.append(
+                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                + _value_cell(values["pearson"])
+                + _value_cell(values["spearman"])
+                + "</tr>"
+            )
+    header = "<tr><th>method</th><th>sites</th><th>Pearson r</th><th>Spearman ρ</th></tr>"
+    return f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _top_table(result: PatchResult) -> str:
+    rows = []
+    for method, effects in result.effects.items():
+        for kind, values in effects.items():
+            order = np.argsort(-np.abs(np.nan_to_num(values)), axis=None)[:TOP_SITES]
+            for flat in order:
+                layer, index = np.unravel_index(int(flat), values.shape)
+                where = f"head {index}" if kind == "heads" else f"{index}: {result.tokens[index]}"
+                rows.append(
+                    f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}" data-layer="{layer}" '
+                    f'data-index="{index}"><td>{esc(method)}</td><td>{esc(kind)}</td><td class="num">{layer}</td>'
+                    f"<td>{esc(where)}</td>{_value_cell(values[layer, index])}</tr>"
+                )
+    header = "<tr><th>method</th><th>sites</th><th>layer</th><th>position / head</th><th>effect</th></tr>"
+    return f'<table class="strongest"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: str) -> str:
+    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
+    body = "".join(f"<tr><td>{esc(name)}</td>{_value_cell(value)}</tr>" for name, value in rows)
+    return f'<table class="{esc(css_class)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) -> str:
+    figure = heatmap_figure(result, kind, values, f"{method}: {KIND_TITLES[kind]}")
+    alt = f"{method} {kind} effects, layer by {'head' if kind == 'heads' else 'position'}"
+    caption = esc(f"{method} · {KIND_TITLES[kind]} · shape {list(values.shape)}")
+    return (
+        f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
+        f"{figure_img(figure, alt=alt)}<figcaption>{caption}</figcaption></figure>"
+    )
+
+
+def heatmap_figure(result: PatchResult, kind: str, values: np.ndarray, title: str) -> Any:
+    """A layer × position (or layer × head) heatmap of one result's effects, centred on 0."""
+    from attnflow.tokens import display_token
+
+    return effect_heatmap(values, title, None if kind == "heads" else [display_token(t)[:12] for t in result.tokens])
+
+
+def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None) -> Any:
+    """A heatmap ``[layer, column]`` centred on 0; columns labelled (positions) or numbered (heads)."""
+    from matplotlib.figure import Figure
+
+    rows, columns = values.shape
+    figure = Figure(figsize=(max(4.0, 0.45 * columns + 2), max(2.5, 0.18 * rows + 1.2)))
+    axes = figure.add_subplot()
+    limit = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    limit = limit or 1.0
+    image = axes.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", origin="lower")
+    figure.colorbar(image, ax=axes, label="effect")
+    axes.set_ylabel("layer")
+    if column_labels is None:
+        axes.set_xlabel("head")
+    else:
+        axes.set_xticks(
+            np.arange(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", parse_math=False
+        )
+    axes.set_title(title, fontsize=10)
+    return figure
+
+
+def summary_html(summary: dict[str, Any]) -> str:
+    """The page of a file of pairs (`attnflow.causal.dataset.summarise`): mean effects per method
+    and site kind (positions counted back from the predicting one), and the approximations'
+    agreement with exact patching."""
+    rows = []
+    for method, kinds in summary["correlations"].items():
+        for kind, values in kinds.items():
+            rows.append(
+                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                + _value_cell(values["pearson_mean"])
+                + _value_cell(values["pooled_pearson"])
+                + _value_cell(values["pooled_spearman"])
+                + "</tr>"
+            )
+    header = (
+        "<tr><th>method</th><th>sites</th><th>Pearson r (mean over pairs)</th><th>Pearson r (pooled)</th>"
+        "<th>Spearman ρ (pooled)</th></tr>"
+    )
+    body = [f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>']
+    for method, kinds in summary["effects"].items():
+        figures = []
+        for kind, values in kinds.items():
+            mean = np.asarray(values["mean"], dtype=float)
+            labels = None if kind == "heads" else [f"{j - mean.shape[1] + 1}" for j in range(mean.shape[1])]
+            figure = effect_heatmap(mean, f"{method}: mean {KIND_TITLES[kind]}", labels)
+            figures.append(
+                f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
+                f"{figure_img(figure, alt=f'{method} {kind} mean effects')}</figure>"
+            )
+        body.append(section(f"{method}: mean effects", "\n".join(figures)))
+    if summary["failed"]:
+        failed = "".join(f"<li>{esc(row['clean_text'])}: {esc(row['error'])}</li>" for row in summary["failed"])
+        body.append(section("Pairs left out", f"<ul>{failed}</ul>"))
+    return page(
+        "Activation patching over prompt pairs",
+        section("Approximations against exact patching", body[0]) + "\n".join(body[1:]),
+        subtitle=f"{summary['pairs']} pairs; positions counted back from the predicting one (0)",
+        css=CSS,
+    )

@@ -1,0 +1,298 @@
+/* attnflow serve: the page. It asks the JSON API on its own origin and draws the answers; every
+   token string goes into the DOM as text (textContent), never as HTML. */
+(function () {
+  "use strict";
+  const $ = (id) => document.getElementById(id);
+  const AUTO = "auto";
+  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0 };
+
+  function setStatus(text, isError) {
+    $("status").textContent = text;
+    $("status").className = isError ? "status error" : "status";
+  }
+
+  async function api(path, body) {
+    const options = body === undefined ? {} : {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+    };
+    const response = await fetch(path, options);
+    let data = null;
+    try { data = await response.json(); } catch (error) { data = { error: "the server answered " + response.status }; }
+    if (!response.ok) throw new Error((data && data.error) || ("the server answered " + response.status));
+    return data;
+  }
+
+  function option(select, value, label) {
+    const element = document.createElement("option");
+    element.value = value;
+    element.textContent = label;
+    select.appendChild(element);
+  }
+
+  function methodBox(name, summary, cost, checked) {
+    const label = document.createElement("label");
+    label.title = summary;
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.value = name;
+    box.checked = checked;
+    label.appendChild(box);
+    label.appendChild(document.createTextNode(name));
+    if (cost === "expensive") {
+      const note = document.createElement("span");
+      note.className = "cost";
+      note.textContent = "(slow)";
+      label.appendChild(note);
+    }
+    $("methods").appendChild(label);
+  }
+
+  async function start() {
+    try {
+      const [models, methods] = await Promise.all([api("/api/models"), api("/api/methods")]);
+      for (const model of models.models) option($("model"), model.name, model.name + (model.default ? " (default)" : ""));
+      methodBox(AUTO, "the one-pass target method with the highest comprehensiveness on this input", "backward", true);
+      for (const method of methods.methods) methodBox(method.name, method.summary, method.cost, method.name === "rollout");
+      state.methods = methods.methods;
+      setStatus("ready");
+    } catch (error) {
+      setStatus(error.message, true);
+    }
+    document.body.dataset.ready = "1";
+  }
+
+  function chosenMethods() {
+    return Array.from($("methods").querySelectorAll("input:checked")).map((box) => box.value);
+  }
+
+  function newId() {
+    const bytes = new Uint8Array(12);
+    crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  async function ask(event) {
+    event.preventDefault();
+    if (state.running) return;
+    const text = $("text").value;
+    const generate = parseInt($("generate").value || "0", 10);
+    const methods = chosenMethods();
+    const requestId = newId();
+    const body = { text: text, model: $("model").value, request_id: requestId };
+    let path = "/api/explain";
+    if (generate > 0) {
+      path = "/api/generate";
+      body.generate = generate;
+      body.methods = methods.filter((name) => name !== AUTO);
+      if (!body.methods.length) body.methods = ["rollout"];
+    } else {
+      body.methods = methods.length ? methods : null;
+      if ($("target").value) body.target = $("target").value;
+      if ($("target-text").value) body.target_text = $("target-text").value;
+    }
+    state.running = requestId;
+    state.asks += 1;
+    document.body.dataset.busy = "1";
+    $("run").disabled = true;
+    $("cancel").disabled = false;
+    setStatus("working …");
+    const poll = setInterval(async () => {
+      try {
+        const progress = await api("/api/progress/" + requestId);
+        if (progress.running) setStatus("working: " + progress.step + " (" + progress.elapsed_s.toFixed(1) + " s)");
+      } catch (error) { /* finished meanwhile */ }
+    }, 400);
+    try {
+      const answer = await api(path, body);
+      const entry = { id: answer.id, kind: generate > 0 ? "generation" : "explanation", text: text,
+                      model: body.model, explanations: answer.explanations, elapsed: answer.elapsed_ms };
+      state.history.push(entry);
+      addToHistory(entry, state.history.length - 1);
+      show(entry, 0);
+      setStatus("done in " + answer.elapsed_ms.toFixed(0) + " ms");
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      clearInterval(poll);
+      state.running = null;
+      $("run").disabled = false;
+      $("cancel").disabled = true;
+      document.body.dataset.busy = "0";
+    }
+  }
+
+  async function cancel() {
+    if (!state.running) return;
+    try { await api("/api/cancel/" + state.running, {}); } catch (error) { /* it finished */ }
+  }
+
+  async function exploreShown() {
+    const entry = state.shown;
+    if (!entry || entry.kind !== "explanation") return;
+    $("explore").disabled = true;
+    setStatus("building the explorer (every layer and head) …");
+    try {
+      const body = { text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) };
+      const answer = await api("/api/explore", body);
+      $("explorer-link").href = answer.url;
+      $("explorer-link").hidden = false;
+      setStatus("the explorer is ready: open it in a new tab");
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      $("explore").disabled = false;
+    }
+  }
+
+  function addToHistory(entry, index) {
+    const item = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    const names = entry.explanations.map((e) => e.method).join(", ");
+    button.textContent = entry.text.slice(0, 80) + (entry.text.length > 80 ? "…" : "") + " · " + entry.model + " · " + names;
+    button.addEventListener("click", () => show(state.history[index], 0));
+    item.appendChild(button);
+    $("history").appendChild(item);
+  }
+
+  function label(explanation) {
+    return explanation.chosen_by ? "auto → " + explanation.method : explanation.method;
+  }
+
+  function show(entry, view) {
+    state.shown = entry;
+    const select = $("view-method");
+    select.textContent = "";
+    entry.explanations.forEach((explanation, index) => option(select, String(index), label(explanation)));
+    select.value = String(view);
+    $("result").hidden = false;
+    $("explorer-link").hidden = true;
+    $("explore").hidden = entry.kind !== "explanation";
+    draw(view);
+  }
+
+  function colour(score, scale, signed) {
+    const strength = scale > 0 ? Math.min(1, Math.abs(score) / scale) : 0;
+    const alpha = (0.85 * strength).toFixed(3);
+    return signed && score < 0 ? "rgba(33,102,172," + alpha + ")" : "rgba(217,72,15," + alpha + ")";
+  }
+
+  function scaleOf(scores, special) {
+    let scale = 0;
+    scores.forEach((score, i) => { if (!(special && special[i])) scale = Math.max(scale, Math.abs(score)); });
+    return scale;
+  }
+
+  function tokenSpan(token, score, index, special) {
+    const span = document.createElement("span");
+    span.className = special ? "tok special" : "tok";
+    span.textContent = token;
+    span.dataset.index = String(index);
+    span.dataset.score = String(score);
+    span.title = token + ": " + score.toPrecision(4);
+    return span;
+  }
+
+  function paint(scores, special, signed) {
+    const scale = scaleOf(scores, special);
+    $("tokens").querySelectorAll(".tok").forEach((span) => {
+      const i = Number(span.dataset.index);
+      span.dataset.score = String(scores[i]);
+      span.title = span.textContent + ": " + scores[i].toPrecision(4);
+      span.style.backgroundColor = colour(scores[i], scale, signed);
+    });
+  }
+
+  function badgeText(f) {
+    return "comprehensiveness " + f.aopc_comprehensiveness.toFixed(2) + " (random " +
+      f.random.aopc_comprehensiveness.toFixed(2) + ") · sufficiency " + f.aopc_sufficiency.toFixed(2) +
+      " (random " + f.random.aopc_sufficiency.toFixed(2) + ")";
+  }
+
+  function draw(view) {
+    const entry = state.shown;
+    const explanation = entry.explanations[view];
+    state.view = view;
+    state.pinned = null;
+    document.body.dataset.method = explanation.method;
+    for (const kind of ["json", "html", "png"]) {
+      const link = $("dl-" + kind);
+      link.href = "/api/results/" + encodeURIComponent(entry.id) + "/" + encodeURIComponent(explanation.method) + "." + kind;
+      link.download = entry.kind + "-" + explanation.method + "." + kind;
+    }
+    const target = explanation.target || explanation.prediction;
+    $("prediction").textContent = target ? "explains: " + target.label +
+      (target.probability !== undefined && target.probability !== null ? " (p = " + Number(target.probability).toFixed(3) + ")" : "") : "";
+    $("chosen").textContent = explanation.chosen_by || "";
+    const faithful = explanation.faithfulness;
+    $("badge").hidden = !(faithful && faithful.random && faithful.aopc_comprehensiveness !== undefined);
+    $("badge").textContent = $("badge").hidden ? "" : "faithfulness on this input: " + badgeText(faithful);
+    $("notes").textContent = "";
+    for (const note of explanation.notes || []) {
+      const item = document.createElement("li");
+      item.textContent = note;
+      $("notes").appendChild(item);
+    }
+    $("tokens").textContent = "";
+    $("steps").textContent = "";
+    if (entry.kind === "generation") return drawSteps(explanation);
+    const special = explanation.special_mask || [];
+    explanation.tokens.forEach((token, i) => $("tokens").appendChild(tokenSpan(token, explanation.scores[i], i, special[i])));
+    paint(explanation.scores, special, !!explanation.signed);
+    $("row-info").textContent = explanation.matrix
+      ? "Click a token to see what it draws on (row " + explanation.row + " shown)."
+      : explanation.method + " gives one score per token (no matrix).";
+  }
+
+  function pin(event) {
+    const span = event.target.closest(".tok");
+    const explanation = state.shown && state.shown.explanations[state.view];
+    if (!span || !explanation || !explanation.matrix || state.shown.kind !== "explanation") return;
+    const i = Number(span.dataset.index);
+    $("tokens").querySelectorAll(".tok.pinned").forEach((other) => other.classList.remove("pinned"));
+    if (state.pinned === i) {
+      state.pinned = null;
+      paint(explanation.scores, explanation.special_mask || [], !!explanation.signed);
+      $("row-info").textContent = "row " + explanation.row + " (the saliency row) shown.";
+      return;
+    }
+    state.pinned = i;
+    span.classList.add("pinned");
+    paint(explanation.matrix[i], explanation.special_mask || [], !!explanation.signed);
+    $("row-info").textContent = "row " + i + " (" + span.textContent + "): what this position draws on; click it again for the saliency row.";
+  }
+
+  function drawSteps(explanation) {
+    const table = document.createElement("table");
+    const head = table.insertRow();
+    for (const title of ["step", "token", "p", "sources"]) {
+      const cell = document.createElement("th");
+      cell.textContent = title;
+      head.appendChild(cell);
+    }
+    explanation.steps.forEach((step, k) => {
+      const row = table.insertRow();
+      row.insertCell().textContent = String(k + 1);
+      row.insertCell().textContent = step.token;
+      row.insertCell().textContent = step.probability.toFixed(3);
+      const sources = row.insertCell();
+      const scores = explanation.matrix[k];
+      const scale = scaleOf(scores, explanation.special_mask);
+      scores.forEach((score, i) => {
+        const span = tokenSpan(explanation.sources[i], score, i, explanation.special_mask[i]);
+        span.style.backgroundColor = colour(score, scale, score < 0);
+        sources.appendChild(span);
+      });
+    });
+    $("steps").appendChild(table);
+    $("row-info").textContent = "Each row: the generated token and what it drew on (" + explanation.method + ").";
+  }
+
+  $("ask").addEventListener("submit", ask);
+  $("cancel").addEventListener("click", cancel);
+  $("explore").addEventListener("click", exploreShown);
+  $("view-method").addEventListener("change", (event) => draw(Number(event.target.value)));
+  $("tokens").addEventListener("click", pin);
+  document.body.dataset.busy = "0";
+  start();
+})();

@@ -1,0 +1,132 @@
+"""AtP against the finite-difference derivative of the metric along the patch, AtP* against an
+explicit loop over dropped layers, RelP against the AttnLRP rules' own backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import attnflow
+from attnflow.causal.api import resolve_metric
+from attnflow.causal.approximations import estimate
+from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
+from attnflow.causal.sites import SITE_KINDS, all_sites
+from attnflow.perturb.lrp import RULES, backward_rules
+
+from conftest import CLEAN, CORRUPT
+
+
+def setup(model):
+    clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
+    runner = PatchRunner(model, resolve_metric(model, clean, None, None))
+    with torch.no_grad():
+        source = stacked(runner.forward(clean, 1, record=True)[1])
+        base = stacked(runner.forward(corrupt, 1, record=True)[1])
+    return runner, corrupt, source, base
+
+
+def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
+    # GPT-2 runs wholly in float64 once converted (Llama's RMSNorm computes in float32, which
+    # would drown a central difference in rounding).
+    model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
+    model.model.double()
+    runner, corrupt, source, base = setup(model)
+    atp = estimate("atp", runner, corrupt, None, source, SITE_KINDS, 1)
+    step = 1e-4
+    sites = [site for kind in SITE_KINDS for site in all_sites(kind, model.n_layers, corrupt.shape[1], model.n_heads)]
+    # m(a_base + t (a_source - a_base)) at t = ±step, every site patched by the exact sweep
+    forward = exact_sweep(
+        runner, corrupt, None, {k: base[k] + step * (source[k] - base[k]) for k in base}, sites, 1, 64
+    )
+    backward = exact_sweep(
+        runner, corrupt, None, {k: base[k] - step * (source[k] - base[k]) for k in base}, sites, 1, 64
+    )
+    derivative = (forward - backward) / (2 * step)
+    expected = np.concatenate([atp[kind].ravel() for kind in SITE_KINDS])
+    assert np.abs(derivative).max() > 1e-3
+    np.testing.assert_allclose(expected, derivative, rtol=1e-5, atol=1e-8)
+
+
+def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
+    model = tiny_patch_models["llama"]
+    runner, corrupt, source, base = setup(model)
+    found = estimate("atp*", runner, corrupt, None, source, SITE_KINDS, 1)
+    plain = estimate("atp", runner, corrupt, None, source, SITE_KINDS, 1)
+    modules = runner.modules
+    per_layer = []
+    for dropped in range(model.n_layers):  # an explicit loop: hooks that detach one layer's outputs
+        recorded = {kind: [] for kind in SITE_KINDS}
+        handles = []
+
+        def record_output(recorded, kind, detach):
+            def hook(_module, _args, output):
+                hidden = output[0] if isinstance(output, tuple) else output
+                recorded[kind].append(hidden)
+                new = hidden.detach() if detach else hidden
+                return (new, *output[1:]) if isinstance(output, tuple) else new
+
+            return hook
+
+        def record_input(recorded, kind):
+            def hook(_module, args, kwargs):
+                recorded[kind].append(args[0] if args else kwargs["hidden_states"])
+
+            return hook
+
+        def leaf(_module, _inputs, output):
+            return output.detach().requires_grad_(True)
+
+        handles.append(modules.embeddings.register_forward_hook(leaf))
+        handles.append(
+            modules.blocks[0].register_forward_pre_hook(record_input(recorded, "residual"), with_kwargs=True)
+        )
+        for layer in range(model.n_layers):
+            handles.append(modules.blocks[layer].register_forward_hook(record_output(recorded, "residual", False)))
+            handles.append(
+                modules.attention[layer].register_forward_hook(record_output(recorded, "attn", layer == dropped))
+            )
+            handles.append(modules.mlp[layer].register_forward_hook(record_output(recorded, "mlp", layer == dropped)))
+            handles.append(
+                modules.projections[layer].register_forward_pre_hook(record_input(recorded, "heads"), with_kwargs=True)
+            )
+        try:
+            with torch.enable_grad():
+                logits = model.model(input_ids=corrupt).logits
+                tensors = [t for kind in SITE_KINDS for t in recorded[kind]]
+                grads = torch.autograd.grad(runner.metric(logits).sum(), tensors, allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        grads = iter(grads)
+        estimates = {}
+        for kind in SITE_KINDS:
+            layer_values = []
+            for layer, tensor in enumerate(recorded[kind]):
+                grad = next(grads)
+                grad = torch.zeros_like(tensor) if grad is None else grad
+                product = (source[kind][0, layer] - base[kind][0, layer]) * grad[0]  # [token, width]
+                if kind == "heads":
+                    product = product.reshape(product.shape[0], model.n_heads, -1).sum(dim=(0, 2))
+                else:
+                    product = product.sum(dim=-1)
+                layer_values.append(product.detach().double().numpy())
+            estimates[kind] = np.stack(layer_values)
+        per_layer.append(estimates)
+    for kind in SITE_KINDS:
+        magnitude = sum(np.abs(estimates[kind]) for estimates in per_layer) / (model.n_layers - 1)
+        np.testing.assert_allclose(found[kind], np.sign(plain[kind]) * magnitude, rtol=1e-4, atol=1e-7)
+    assert not np.allclose(found["residual"], plain["residual"])  # dropping layers changed something
+
+
+def test_relp_is_the_attnlrp_backward_at_the_site(tiny_patch_models):
+    model = tiny_patch_models["llama"]  # the first block's input is the word embeddings
+    runner, corrupt, source, base = setup(model)
+    relp = estimate("relp", runner, corrupt, None, source, ("residual",), 1)["residual"]
+    with backward_rules(model, RULES["attnlrp"]) as recording, torch.enable_grad():
+        logits = model.model(input_ids=corrupt).logits
+        (gradient,) = torch.autograd.grad(runner.metric(logits).sum(), [recording.embedding_sum])
+    expected = ((source["residual"][0, 0] - base["residual"][0, 0]) * gradient[0]).sum(dim=-1).double().numpy()
+    np.testing.assert_allclose(relp[0], expected, rtol=1e-5, atol=1e-8)
+    plain = estimate("atp", runner, corrupt, None, source, ("residual",), 1)["residual"]
+    assert not np.allclose(relp[0], plain[0], rtol=1e-3)  # the rules change the backward

@@ -1,0 +1,50 @@
+"""An `attnflow serve` app on tiny random classifiers (two aliases, same tokenizer), in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi", reason="attnflow serve needs the serve extra (pip install -e .[serve])")
+pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx (pip install -e .[test])")
+
+TINY = ("tiny-a", "tiny-b", "tiny-gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_folders(tiny_classifier_path, tiny_model_path):
+    """Alias -> folder: tiny-a and tiny-b are the same tiny BERT classifier, tiny-gpt2 a tiny causal LM."""
+    classifier = tiny_classifier_path("bert")
+    return {"tiny-a": classifier, "tiny-b": classifier, "tiny-gpt2": tiny_model_path("gpt2")}
+
+
+@pytest.fixture(scope="session")
+def tiny_loader(tiny_folders):
+    """``loader(name)``: a fresh instance of the alias's tiny model; ``loader.loads`` lists the loads."""
+    import attnflow
+
+    loads: list[str] = []
+
+    def load(name: str):
+        loads.append(name)
+        model = attnflow.load(str(tiny_folders[name]), device="cpu", progress=False)
+        model.name = name  # as an alias loads
+        return model
+
+    load.loads = loads
+    return load
+
+
+def make_app(loader, **config):
+    from attnflow.serve import ModelPool, ServeConfig, create_app
+
+    pool_options = {key: config.pop(key) for key in ("allow_path", "max_models", "max_rss_mb") if key in config}
+    pool = ModelPool(list(TINY), loader=loader, known=TINY, **pool_options)
+    return create_app(pool, ServeConfig(**config))
+
+
+@pytest.fixture(scope="module")
+def client(tiny_loader):
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app(tiny_loader)) as test_client:
+        yield test_client
