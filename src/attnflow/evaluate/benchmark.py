@@ -25,7 +25,7 @@ from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, AopcBounds, aopc_b
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
-from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.evaluate.scorer import ClassifierScorer, target_values
 
 log = logging.getLogger(__name__)
 
@@ -152,18 +152,6 @@ def perturbation_probabilities(
     n_bins = len(options.bins)
     per_example = values.reshape(len(examples), 2 * n_bins + len(fractions))  # [sample, variant]
     return per_example[:, :n_bins], per_example[:, n_bins : 2 * n_bins], per_example[:, 2 * n_bins :]
-
-
-def target_values(scorer: ClassifierScorer, variants: Sequence[tuple[tuple[int, ...], Example]]) -> np.ndarray:
-    """``[variant]`` p(the example's target) of each ``(ids, example)`` pair, minus p(its contrast)
-    where it has one; every distinct (ids, class) pair is scored once, all in one call."""
-    sequences = [ids for ids, _ in variants] + [ids for ids, e in variants if e.contrast is not None]
-    classes = [e.target for _, e in variants] + [e.contrast for _, e in variants if e.contrast is not None]
-    chosen = scorer.chosen(sequences, classes)
-    values = chosen[: len(variants)].copy()
-    contrasted = np.array([e.contrast is not None for _, e in variants], dtype=bool)
-    values[contrasted] -= chosen[len(variants) :]
-    return values
 
 
 def content_agreement(

@@ -34,6 +34,7 @@ import numpy as np
 
 from attnflow.evaluate.metrics import top_count
 from attnflow.evaluate.perturb import perturb
+from attnflow.evaluate.scorer import target_values
 
 EXACT_LIMIT = 8  # content tokens up to which the bounds are exact (2^8 sets at most)
 BEAM_WIDTH = 4  # prefixes kept per step of the beam search
@@ -148,8 +149,6 @@ def aopc_bounds(
 ) -> AopcBounds:
     """The AOPC bounds of one benchmark `Example` (its target, and its contrast when it has
     one), scored through ``scorer`` as the benchmark scores a method's perturbations."""
-    from attnflow.evaluate.benchmark import target_values
-
     content = np.flatnonzero(~np.asarray(example.special_mask, dtype=bool))
     m = len(content)
     counts = [top_count(k, m) for k in bins]

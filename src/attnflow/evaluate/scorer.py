@@ -121,3 +121,16 @@ def length_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[np.nda
         batches.append(order[start:stop])
         start = stop
     return batches
+
+
+def target_values(scorer: Any, variants: Sequence[tuple[tuple[int, ...], Any]]) -> np.ndarray:
+    """``[variant]`` p(the example's target) of each ``(ids, example)`` pair (an example: a
+    benchmark ``Example`` with ``target`` and ``contrast``), minus p(its contrast) where it has one;
+    every distinct (ids, class) pair is scored once, all in one ``scorer.chosen`` call."""
+    sequences = [ids for ids, _ in variants] + [ids for ids, e in variants if e.contrast is not None]
+    classes = [e.target for _, e in variants] + [e.contrast for _, e in variants if e.contrast is not None]
+    chosen = scorer.chosen(sequences, classes)
+    values = chosen[: len(variants)].copy()
+    contrasted = np.array([e.contrast is not None for _, e in variants], dtype=bool)
+    values[contrasted] -= chosen[len(variants) :]
+    return values
