@@ -24,7 +24,7 @@ import numpy as np
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
 from attnflow.evaluate.bounds import aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import aopc, content_ranking
-from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.methods.registry import AUTO
 
 if TYPE_CHECKING:
@@ -81,8 +81,12 @@ def input_faithfulness(
     without, only, curve = perturbation_probabilities(scorer, [example] * len(rankings), rankings, options, mask_id)
     p_full = curve[:, 0]  # [ranking], all the same input
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
+    # the bounds get a scorer of their own: their numbers never depend on which rankings (cached
+    # random baselines or not) were scored beside them
+    bounds_scorer = ClassifierScorer(model)
+    p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
     bounds = aopc_bounds(
-        scorer, replace_p_full(example, float(p_full[0])), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
+        bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
     )
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
