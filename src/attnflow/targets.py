@@ -8,6 +8,11 @@
   model's own mean pooling (read from its sentence-transformers config); a target text is
   required, and an encoder without such pooling is refused.
 
+A **contrast** (classifiers and causal LMs: a second class, or a single token) turns y into
+logit(target) − logit(contrast) ("why Paris rather than Rome"; for a causal LM log p(a) − log p(b),
+the same number: the softmax normaliser cancels). Gradient methods then explain the difference,
+and per-input faithfulness drops p(target) − p(contrast).
+
 `Objective` computes y from a forward pass (differentiably, so methods can take gradients), and
 `Target` records what was explained: kind, index, label, value. Torch is imported on first use:
 reading a `Target` (reports, JSON) does not need it.
@@ -32,8 +37,9 @@ class Target:
 
     kind: ``"class"``, ``"next_token"`` or ``"similarity"``; index: class index or token id
     (None for similarity); label: class name, token string or the target text; value: y on the
-    unaltered input (logit, log-probability or cosine); probability: p(class) or p(token), None
-    for similarity.
+    unaltered input (logit, log-probability, cosine, or the logit difference with a contrast);
+    probability: p(class) or p(token), None for similarity; contrast_index / contrast_label: the
+    class or token the target is contrasted with (None: no contrast).
     """
 
     kind: str
@@ -41,12 +47,20 @@ class Target:
     label: str | None
     value: float
     probability: float | None = None
+    contrast_index: int | None = None
+    contrast_label: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def describe(self) -> str:
-        """``negative (p = 0.83)``, ``next token ' Paris' (p = 0.41)``, ``similarity to '…' = 0.62``."""
+        """``negative (p = 0.83)``, ``next token ' Paris' (p = 0.41)``, ``similarity to '…' = 0.62``;
+        with a contrast ``next token ' Paris' rather than ' Rome' (p = 0.41; logit difference 3.20)``."""
+        if self.contrast_label is not None:
+            shown = repr(self.label) if self.kind == "next_token" else self.label
+            other = repr(self.contrast_label) if self.kind == "next_token" else self.contrast_label
+            what = "next token " if self.kind == "next_token" else ""
+            return f"{what}{shown} rather than {other} (p = {self.probability:.2f}; logit difference {self.value:.2f})"
         if self.kind == "class":
             return f"{self.label} (p = {self.probability:.2f})"
         if self.kind == "next_token":
@@ -85,12 +99,21 @@ class Objective:
         target: class index or label name (classifiers), token string or id (causal LMs);
             None: the predicted class / the argmax token.
         target_text: sentence encoders: the text whose embedding y is the cosine similarity to.
+        contrast: a class or a single token as ``target`` takes it: y becomes
+            logit(target) − logit(contrast).
     """
 
-    def __init__(self, model: Any, target: int | str | None = None, target_text: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        contrast: int | str | None = None,
+    ) -> None:
         self.model = model
         self.kind = target_kind(model)
         self.fixed_index: int | None = None
+        self.contrast_index: int | None = None
         self._reference: torch.Tensor | None = None
         self.target_text = target_text
         if self.kind == "similarity":
@@ -115,13 +138,21 @@ class Objective:
             )
         elif target is not None:
             self.fixed_index = self._class_index(target) if self.kind == "class" else self._token_id(target)
+        if contrast is not None:
+            if self.kind == "similarity":
+                raise InputError(f"{model.name} compares texts (similarity): a contrast is for classes or next tokens")
+            self.contrast_index = (
+                self._class_index(contrast) if self.kind == "class" else self._token_id(contrast, "contrast")
+            )
+            if self.contrast_index == self.fixed_index:
+                raise InputError(f"the contrast {contrast!r} is the target itself: choose another class or token")
 
     @classmethod
     def for_target(cls, model: Any, target: Target) -> "Objective":
         """The objective that scores altered inputs for an already resolved `Target`."""
         if target.kind == "similarity":
             return cls(model, target_text=target.label)
-        return cls(model, target=target.index)
+        return cls(model, target=target.index, contrast=target.contrast_index)
 
     # -- resolving what the user asked -----------------------------------------------------------
 
@@ -143,7 +174,7 @@ class Objective:
             )
         return index
 
-    def _token_id(self, target: int | str) -> int:
+    def _token_id(self, target: int | str, role: str = "target") -> int:
         tokenizer = self.model.tokenizer
         if isinstance(target, int):
             vocabulary = getattr(self.model.model.config, "vocab_size", None) or len(tokenizer)
@@ -153,7 +184,7 @@ class Objective:
         ids = tokenizer(target, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
             pieces = tokenizer.convert_ids_to_tokens(ids)
-            raise InputError(f"the target token {target!r} is {len(ids)} tokens ({pieces}); give exactly one token")
+            raise InputError(f"the {role} token {target!r} is {len(ids)} tokens ({pieces}); give exactly one token")
         return int(ids[0])
 
     # -- computing y -----------------------------------------------------------------------------
@@ -169,7 +200,8 @@ class Objective:
         """One full forward pass: ``(y [batch], index [batch] or None, probability [batch] or None)``.
 
         ``index`` fixes the class or token per sample (perturbation methods pass the one resolved
-        on the unaltered input); otherwise the user's fixed target or the argmax is used.
+        on the unaltered input); otherwise the user's fixed target or the argmax is used. With a
+        contrast, y is the chosen logit minus the contrast's; the probability stays p(index).
         """
         import torch
 
@@ -193,6 +225,8 @@ class Objective:
         probability = (
             chosen.exp() if self.kind == "next_token" else torch.softmax(logits, dim=-1).gather(1, index[:, None])[:, 0]
         )
+        if self.contrast_index is not None:
+            chosen = chosen - logits[:, self.contrast_index]
         return chosen, index, probability
 
     def describe(self, y: float, index: int | None, probability: float | None) -> Target:
@@ -200,8 +234,13 @@ class Objective:
             return Target("similarity", None, self.target_text, float(y))
         if index is None or probability is None:
             raise ValueError(f"a {self.kind} target needs its index and probability")
-        label = self.labels[index] if self.kind == "class" else self.model.tokenizer.decode([index])
-        return Target(self.kind, int(index), label, float(y), float(probability))
+        contrast_label = None if self.contrast_index is None else self.label_of(self.contrast_index)
+        label = self.label_of(index)
+        return Target(self.kind, int(index), label, float(y), float(probability), self.contrast_index, contrast_label)
+
+    def label_of(self, index: int) -> str:
+        """A class's name or a token's text."""
+        return self.labels[index] if self.kind == "class" else self.model.tokenizer.decode([index])
 
     def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``[batch, token, d_model]`` → ``[batch, d_model]``: the sentence encoder's mean pooling."""

@@ -116,7 +116,7 @@ def test_generate_defaults_to_the_candidate_with_the_highest_step_comprehensiven
     argv = ["explain", "Paris is the capital of", "--model", path, "--generate", "2", "--json", "--quiet"]
     assert main(argv) == 0
     chosen = json.loads(capsys.readouterr().out)
-    candidates = [m for m in auto_methods(adapter_for("llama", "LlamaModel")) if m in generation_methods()]
+    candidates = [m for m in auto_methods(adapter_for("llama", "LlamaModel"), "next_token") if m in generation_methods()]
     assert main([*argv, "--method", ",".join(candidates), "--faithfulness"]) == 0
     every = {data["method"]: data["faithfulness"]["mean_aopc"] for data in json.loads(capsys.readouterr().out)}
     assert chosen["method"] == max(every, key=every.get)

@@ -245,7 +245,8 @@ def test_the_report_states_the_sanity_samples_run_and_what_each_mark_means(key_m
     assert "Sanity check: 3 samples" in table and "Sanity check: 32" not in table
     main_table = table.split("\n\n")[2].splitlines()  # title, description, table
     assert main_table[0].startswith("| method |")
-    sanity = {row.split(" | ")[0][2:]: row.split(" | ")[5] for row in main_table[2:]}
+    column = main_table[0].split(" | ").index("sanity ρ (all random)")
+    sanity = {row.split(" | ")[0][2:]: row.split(" | ")[column] for row in main_table[2:]}
     assert sanity == {
         "occlusion": f"{results['methods']['occlusion']['sanity']['final_rho']:.2f}",  # below FLAG_RHO: no flag
         "key_first": "1.00 **flagged**",

@@ -134,7 +134,7 @@ def test_the_png_carries_the_badge(classifier):
     add_faithfulness(classifier, trace, [explanation])
     title = explanation.plot().get_suptitle()
     assert f"faithfulness on this input: {faithfulness_badge(explanation.faithfulness)}" in title
-    assert f"{explanation.faithfulness['aopc_comprehensiveness']:.2f} (random" in title
+    assert f"comprehensiveness {explanation.faithfulness['aopc_comprehensiveness']:.2f}, NAOPC" in title
 
 
 def test_the_random_baseline_is_kept_per_input_and_the_records_do_not_change(classifier, monkeypatch):

@@ -199,6 +199,7 @@ class AttentionModel:
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
+        contrast: int | str | None = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
@@ -217,6 +218,7 @@ class AttentionModel:
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
+            contrast: a class or single token: the target becomes logit(target) − logit(contrast).
         """
         if self.tokenizer is None:
             raise InputError(
@@ -244,7 +246,7 @@ class AttentionModel:
         if wanted & TARGET_NEEDS:
             from attnflow.targets import Objective
 
-            objective = Objective(self, target=target, target_text=target_text)
+            objective = Objective(self, target=target, target_text=target_text, contrast=contrast)
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
             traces.extend(self._trace_batch(texts[start : start + batch_size], limit, wanted, objective))
@@ -260,13 +262,15 @@ class AttentionModel:
         row: Any = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        contrast: int | str | None = None,
         **options: Any,
     ) -> Any:
         """Capture what ``method`` needs, run it and wrap the result: the front door.
 
         Returns one `Explanation` for a text, a list for a list of texts. ``target`` /
         ``target_text`` choose what a target-dependent method explains (default: the predicted
-        class or the argmax next token; see `attnflow.targets`); ``row`` the saliency row of
+        class or the argmax next token; see `attnflow.targets`), ``contrast`` a class or token to
+        explain the target against (logit(target) − logit(contrast)); ``row`` the saliency row of
         matrix methods; ``options`` go to the method (``attnflow explain --help`` lists them).
 
             model = attnflow.load("minilm-sentiment")
@@ -277,7 +281,13 @@ class AttentionModel:
         single = isinstance(texts, str)
         method_options(get_method(method), options)  # bad options fail before any forward pass
         traces = self.trace_for(
-            [method], texts, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+            [method],
+            texts,
+            target=target,
+            target_text=target_text,
+            batch_size=batch_size,
+            max_length=max_length,
+            contrast=contrast,
         )
         explanations = explain_traces(
             traces, method=method, row=self.default_row if row is None else row, model=self, **options
@@ -293,19 +303,30 @@ class AttentionModel:
         target_text: str | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        contrast: int | str | None = None,
     ) -> list[Trace]:
         """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
         checking that each method supports this model's family and that a target is only given
         to methods that use one."""
         specs = self._supported(methods)
-        if (target is not None or target_text is not None) and not any(spec.uses_target for spec in specs):
+        if (target is not None or target_text is not None or contrast is not None) and not any(
+            spec.uses_target for spec in specs
+        ):
             names = ", ".join(spec.name for spec in specs)
-            raise InputError(f"{names} does not depend on a target; drop --target/--target-token/--target-text")
+            raise InputError(
+                f"{names} does not depend on a target; drop --target/--target-token/--target-text/--contrast"
+            )
         needs = frozenset().union(*(spec.needs for spec in specs))
         if self.is_classifier:
             needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
         return self.trace(
-            texts, needs=needs, target=target, target_text=target_text, batch_size=batch_size, max_length=max_length
+            texts,
+            needs=needs,
+            target=target,
+            target_text=target_text,
+            batch_size=batch_size,
+            max_length=max_length,
+            contrast=contrast,
         )
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:

@@ -1,20 +1,24 @@
-"""`attnflow evaluate`: the faithfulness benchmark of every method on a classifier."""
+"""`attnflow evaluate`: the faithfulness benchmark of every method on a classifier or a causal LM."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from attnflow.datasets import DEFAULT_WINDOW
+from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT
 from attnflow.evaluate.metrics import BINS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "evaluate",
-        help="rank the methods by how faithfully they explain a classifier",
+        help="rank the methods by how faithfully they explain a classifier or a language model's next token",
         description=(
             "Faithfulness benchmark on held-out examples: AOPC comprehensiveness and sufficiency over "
-            f"{', '.join(f'{k * 100:g}' for k in BINS)} % of the content tokens, deletion-curve AUC, Spearman rho "
+            f"{', '.join(f'{k * 100:g}' for k in BINS)} % of the content tokens and their normalised form (NAOPC: "
+            "between the worst and best AOPC any ranking of that input reaches; exact bounds on short inputs, "
+            "beam search on longer ones), deletion-curve AUC, Spearman rho "
             "against leave_one_out, and a cascading-randomisation sanity check, each with its standard error, "
             "for every method next to `random`. Tokens are removed from the token-id sequence (special tokens "
             "never), or masked with --replace mask. Writes results.json, results.md, figures and results.html."
@@ -22,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=(
             "examples:\n  attnflow evaluate --out out/eval --samples 50 --methods rollout,alti,gradient,random\n"
             "  attnflow evaluate --model minilm-topics --task wiki-topics --out out/topics\n"
+            "  attnflow evaluate --model smollm2 --task next-token --window 8 --samples 200 --out out/smollm2\n"
             "  attnflow evaluate --model minilm-sentiment --task reviews.csv "
             "--text-column review --label-column stars --out out/mine"
         ),
@@ -37,8 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=(
             "rotten-tomatoes, wiki-topics (their held-out 20 %%) or "
-            "a CSV/JSONL file; default: the classifier's own task"
+            "a CSV/JSONL file; default: the classifier's own task. next-token (causal LMs such as smollm2): "
+            "one window of --window tokens per held-out text of both, the target the model's top-1 next token, "
+            "deletion removing context tokens"
         ),
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        help=f"--task next-token: context tokens per window (default {DEFAULT_WINDOW}; up to "
+        f"{EXACT_LIMIT} the NAOPC bounds are exact, beyond a beam search)",
     )
     parser.add_argument("--text-column", default="text", help="text column of a task file (default: text)")
     parser.add_argument(
@@ -55,6 +69,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=32,
         help="examples re-explained at each randomisation stage (default 32; 0 skips the sanity check)",
+    )
+    parser.add_argument(
+        "--sanity-layers",
+        type=int,
+        default=None,
+        help="layer stages of the sanity check re-explained, evenly spaced, the last (every layer random) "
+        "always (default: all; every layer is randomised either way)",
+    )
+    parser.add_argument(
+        "--beam-width",
+        type=int,
+        default=BEAM_WIDTH,
+        help=f"NAOPC bounds of inputs over {EXACT_LIMIT} content tokens: orders the beam search keeps "
+        f"(default {BEAM_WIDTH}; its cost grows with the tokens squared; 0: no bounds, NAOPC only for short inputs)",
     )
     parser.add_argument(
         "--replace",
@@ -88,7 +116,13 @@ def run(args: argparse.Namespace) -> int:
     if args.sanity_samples < 0:
         raise ValueError("--sanity-samples must be 0 or more")
     check_out(args.out, args.overwrite, args.resume)
-    options = BenchmarkOptions(replace=args.replace, sanity_samples=args.sanity_samples, seed=args.seed)
+    options = BenchmarkOptions(
+        replace=args.replace,
+        sanity_samples=args.sanity_samples,
+        seed=args.seed,
+        beam_width=args.beam_width,
+        sanity_layers=args.sanity_layers,
+    )
     from attnflow.capture import load
 
     model = load(args.model, device=args.device)
@@ -104,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         text_column=args.text_column,
         label_column=args.label_column,
+        window=args.window,
     )
     print(
         f"{len(results['methods'])} methods on {results['run']['samples']} samples: {args.out / 'results.md'}, "

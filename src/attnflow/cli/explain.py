@@ -41,6 +41,7 @@ examples:
   attnflow explain "The movie was terrible, but the acting was great." --method grad_rollout --target positive
   attnflow explain "Paris is the capital of" --model smollm2 --method norm_rollout --row last
   attnflow explain "Paris is the capital of" --model smollm2 --method gradient --target-token " France"
+  attnflow explain "The capital of France is" --model smollm2 --method grad_x_input --target " Paris" --contrast " Rome"
   attnflow explain "A cat sat on the mat." --model minilm --method leave_one_out --target-text "a dog"
   attnflow explain "A cat sat on the mat." --method raw --layer 0 --json --quiet > raw.json
   attnflow explain --image photo.jpg --model dinov2-s --out out/photo
@@ -155,6 +156,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument(
         "--target-text", metavar="TEXT", help="sentence encoders without a head: explain the similarity to this text"
     )
+    target.add_argument(
+        "--contrast",
+        metavar="CLASS|TOKEN",
+        help="explain the target rather than this class or single token: logit(target) − logit(contrast), "
+        "e.g. --target ' Paris' --contrast ' Rome' (classifiers, causal LMs; with --generate every step)",
+    )
     method.add_argument(
         "--row",
         type=parse_row,
@@ -199,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.image is not None:
         if args.text is not None:
             raise InputError("give either TEXT or --image, not both")
-        if args.target is not None or args.target_token is not None or args.target_text is not None:
-            raise InputError("targets (--target, --target-token, --target-text) are not defined for images")
+        if any(x is not None for x in (args.target, args.target_token, args.target_text, args.contrast)):
+            raise InputError("targets (--target, --target-token, --target-text, --contrast) are not defined for images")
         read_image(args.image)  # a missing or unreadable file fails before the model loads
     elif args.text is None:
         raise InputError("nothing to explain: give a TEXT (or --image PATH, or --file PATH)")
@@ -224,7 +231,12 @@ def run(args: argparse.Namespace) -> int:
         say("tracing …")
         target = args.target if args.target is not None else args.target_token
         trace = model.trace_for(
-            list(plan.per_method), [args.text], target=target, target_text=args.target_text, max_length=args.max_length
+            list(plan.per_method),
+            [args.text],
+            target=target,
+            target_text=args.target_text,
+            max_length=args.max_length,
+            contrast=args.contrast,
         )[0]
     explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
 

@@ -95,7 +95,9 @@ def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], sa
     if AUTO in requested and not targeted:
         raise InputError(no_target_message(model, image=False))
     family = model.adapter if AUTO in requested else None
-    per_method = options_per_method(with_candidates(requested, family), given_method_options(args))
+    per_method = options_per_method(
+        with_candidates(requested, family, target_kind=model.target_kind), given_method_options(args)
+    )
     row = args.row if args.row is not None else getattr(model, "default_row", None)
     width = max(3, len(str(len(texts))))
     explained = _explain_all(model, texts, args, row, per_method, requested)
@@ -135,7 +137,11 @@ def _explain_all(
     from attnflow.evaluate.per_input import AUTO, add_faithfulness, auto_methods, choose_most_comprehensive
     from attnflow.explanation import explain_traces
 
-    candidates = [name for name in auto_methods(model.adapter) if name in per_method] if AUTO in requested else []
+    candidates = (
+        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
+        if AUTO in requested
+        else []
+    )
 
     with tqdm(total=len(texts), desc="explaining", unit="text", disable=args.quiet, file=sys.stderr) as bar:
         for start in range(0, len(texts), args.batch_size):
@@ -148,6 +154,7 @@ def _explain_all(
                 target_text=args.target_text,
                 max_length=args.max_length,
                 batch_size=args.batch_size,
+                contrast=args.contrast,
             )
             # [method][text]: a method with a batch form (the LRP rules) runs once for the batch
             per_trace = [explain_traces(traces, method=m, row=row, model=model, **o) for m, o in per_method.items()]

@@ -73,11 +73,16 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     model = load(args.model, args.device, args.quiet)
     requested = args.method or [AUTO]
     per_method = options_per_method(
-        with_candidates(requested, model.adapter, among=generation_methods()), given_method_options(args)
+        with_candidates(requested, model.adapter, among=generation_methods(), target_kind=model.target_kind),
+        given_method_options(args),
     )
     for name in per_method:
         check_generation_method(model, name)
-    candidates = [name for name in auto_methods(model.adapter) if name in per_method] if AUTO in requested else []
+    candidates = (
+        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
+        if AUTO in requested
+        else []
+    )
     say("generating …" if args.generate is not None else "tokenizing the continuation …")
     sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)
     say(f"explaining {sequence.n_steps} tokens with {', '.join(per_method)} …")
@@ -87,6 +92,7 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
         per_method,
         args.faithfulness or bool(candidates),  # auto chooses by the per-step faithfulness
         args.steps_per_pass or DEFAULT_STEPS_PER_PASS,
+        contrast=getattr(args, "contrast", None),
     )
     by_name = {explanation.method: explanation for explanation in computed}
     chosen_by = None

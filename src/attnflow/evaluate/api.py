@@ -11,8 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.datasets import DEFAULT_WINDOW, NEXT_TOKEN_TASK
 from attnflow.errors import InputError
-from attnflow.evaluate.benchmark import METHODS_DIR, RUN_FILE, BenchmarkOptions, run_benchmark
+from attnflow.evaluate.benchmark import BOUNDS_FILE, METHODS_DIR, RUN_FILE, BenchmarkOptions, run_benchmark
 from attnflow.evaluate.report import BARS_PNG, CURVES_PNG, RESULTS_HTML, RESULTS_MD
 from attnflow.evaluate.scorer import check_classifier
 from attnflow.staging import check_output, owned_entries, staged_output
@@ -20,7 +21,7 @@ from attnflow.staging import check_output, owned_entries, staged_output
 log = logging.getLogger(__name__)
 
 RESULTS_JSON = "results.json"
-OUTPUT_NAMES = (RESULTS_JSON, RUN_FILE, METHODS_DIR, RESULTS_MD, RESULTS_HTML, CURVES_PNG, BARS_PNG)
+OUTPUT_NAMES = (RESULTS_JSON, RUN_FILE, BOUNDS_FILE, METHODS_DIR, RESULTS_MD, RESULTS_HTML, CURVES_PNG, BARS_PNG)
 
 
 def is_evaluate_output(name: str) -> bool:
@@ -55,12 +56,13 @@ def select_samples(n_available: int, samples: int | None, seed: int) -> np.ndarr
     return np.sort(np.random.default_rng(seed).choice(n_available, size=samples, replace=False))
 
 
-def resolve_methods(methods: str | Sequence[str]) -> list[str]:
-    """``"all"`` or names (a comma-separated string or a list) -> registered method names."""
-    from attnflow.methods.registry import available_methods, method_names
+def resolve_methods(methods: str | Sequence[str], family: Any = None) -> list[str]:
+    """``"all"`` or names (a comma-separated string or a list) -> registered method names; ``"all"``
+    is every method that ``family`` (a model's adapter row) supports, every registered one for None."""
+    from attnflow.methods.registry import available_methods, method_names, methods_for
 
     if isinstance(methods, str) and methods.strip() == "all":
-        return available_methods()
+        return available_methods() if family is None else methods_for(family)
     if not methods:
         raise ValueError("no methods given")
     return method_names(methods)
@@ -69,15 +71,17 @@ def resolve_methods(methods: str | Sequence[str]) -> list[str]:
 def check_task_name(task: str | None) -> None:
     """InputError, before any model loads, for a name that is neither a built-in task nor an
     existing file (None: the default task)."""
-    from attnflow.datasets import TASKS
+    from attnflow.datasets import NEXT_TOKEN_TASK, TASKS
 
-    if task is None or task in TASKS or Path(task).expanduser().is_file():
+    if task is None or task == NEXT_TOKEN_TASK or task in TASKS or Path(task).expanduser().is_file():
         return
     if Path(task).expanduser().exists():
         raise InputError(f"--task {task}: a folder, not a CSV/JSONL file")
     if any(c in task for c in "/\\."):
         raise InputError(f"--task {task}: no such file")
-    raise InputError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}, or a CSV/JSONL file path")
+    raise InputError(
+        f"unknown task {task!r}; tasks: {', '.join(TASKS)}, {NEXT_TOKEN_TASK} (causal LMs), or a CSV/JSONL file path"
+    )
 
 
 def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
@@ -103,6 +107,52 @@ def load_evaluation_task(task: str | None, model: Any, label_names: list[str], t
     return load_labelled_file(task, tuple(label_names), text_column, label_column), task
 
 
+def classification_task(
+    model: Any, task: str | None, samples: int | None, seed: int, text_column: str, label_column: str
+) -> tuple[tuple[str, ...], np.ndarray, dict[str, Any]]:
+    """``(texts, labels, run info)`` of a classifier's evaluation task, ``samples`` of them."""
+    from attnflow.datasets import TASKS
+
+    label_names = check_classifier(model)
+    data, task_name = load_evaluation_task(task, model, label_names, text_column, label_column)
+    data = data.subset(select_samples(len(data), samples, seed))
+    probe = getattr(model, "probe", None) or {}
+    run_info = {
+        "model": model.name,
+        "task": task_name,
+        "labels": label_names,
+        "classifier_heldout_accuracy": probe.get("heldout_accuracy"),
+        "majority_accuracy": probe.get("majority_accuracy"),
+        "samples": len(data),
+        "split": "held-out 20 % (stratified, seed 0)" if task_name in TASKS else "all rows of the file",
+    }
+    return data.texts, data.labels, run_info
+
+
+def next_token_task(
+    model: Any, window: int, samples: int | None, seed: int
+) -> tuple[tuple[str, ...], np.ndarray, dict]:
+    """``(window texts, true next token ids, run info)`` of the next-token task, ``samples`` windows."""
+    from attnflow.datasets import TASKS, next_token_windows
+
+    if model.target_kind != "next_token":
+        raise InputError(
+            f"--task {NEXT_TOKEN_TASK} explains a causal language model's next token; {model.name} is not one "
+            "(try --model smollm2)"
+        )
+    data = next_token_windows(model.tokenizer, window)
+    data = data.subset(select_samples(len(data), samples, seed))
+    run_info = {
+        "model": model.name,
+        "task": NEXT_TOKEN_TASK,
+        "window": window,
+        "target": "next_token",
+        "samples": len(data),
+        "split": f"one {window}-token window per held-out text (20 %) of {', '.join(TASKS)}, at a seeded offset",
+    }
+    return data.texts, data.next_ids, run_info
+
+
 def evaluate(
     model: str | Any = "minilm-sentiment",
     task: str | None = None,
@@ -116,13 +166,16 @@ def evaluate(
     label_column: str = "label",
     figures: bool = True,
     overwrite: bool = False,
+    window: int = DEFAULT_WINDOW,
 ) -> dict[str, Any]:
     """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
 
     ``model`` is an alias/path or an `AttentionModel` of a classifier; ``task`` a built-in task
     (default: the one the classifier was trained on) or a CSV/JSONL path with ``text_column`` and
     ``label_column``. ``samples``: examples drawn (None: up to `DEFAULT_SAMPLES`, all of a smaller
-    set). Returns the results dictionary (as in ``results.json``).
+    set). For a causal LM, ``task="next-token"``: windows of ``window`` tokens of the held-out texts
+    (`attnflow.datasets.next_token_windows`), the target the model's top-1 next token, deletion
+    removing context tokens. Returns the results dictionary (as in ``results.json``).
 
     ``out`` holding an earlier run's results: ``resume`` continues it in place (its finished
     methods are kept when the run is the same); ``overwrite`` runs in a temporary folder and
@@ -131,35 +184,24 @@ def evaluate(
     interrupted run can be resumed.
     """
     from attnflow.capture import load
-    from attnflow.datasets import TASKS
     from attnflow.evaluate.report import write_report
 
     options = options or BenchmarkOptions()
-    method_names = resolve_methods(methods)
     out = Path(out)
     check_out(out, overwrite, resume)
     if isinstance(model, str):
         model = load(model)
-    label_names = check_classifier(model)
-    data, task_name = load_evaluation_task(task, model, label_names, text_column, label_column)
-    chosen = select_samples(len(data), samples, options.seed)
-    data = data.subset(chosen)
-    probe = getattr(model, "probe", None) or {}
-    run_info = {
-        "model": model.name,
-        "task": task_name,
-        "labels": label_names,
-        "classifier_heldout_accuracy": probe.get("heldout_accuracy"),
-        "majority_accuracy": probe.get("majority_accuracy"),
-        "samples": len(data),
-        "split": "held-out 20 % (stratified, seed 0)" if task_name in TASKS else "all rows of the file",
-        "methods": method_names,
-    }
+    method_names = resolve_methods(methods, getattr(model, "adapter", None))
+    if task == NEXT_TOKEN_TASK:
+        texts, labels, run_info = next_token_task(model, window, samples, options.seed)
+    else:
+        texts, labels, run_info = classification_task(model, task, samples, options.seed, text_column, label_column)
+    run_info["methods"] = method_names
     began = time.perf_counter()
     replacing = overwrite and bool(owned_entries(out, is_evaluate_output))
     with staged_output(out, is_evaluate_output, overwrite=True) if replacing else nullcontext(out) as folder:
         results = run_benchmark(
-            model, data.texts, data.labels, method_names, options, folder, run_info, resume=resume, progress=progress
+            model, texts, labels, method_names, options, folder, run_info, resume=resume, progress=progress
         )
         results["run"]["wall_seconds"] = time.perf_counter() - began
         (folder / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")

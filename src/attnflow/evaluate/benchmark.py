@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -20,16 +21,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.evaluate.attribute import attribute
+from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, AopcBounds, aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
-from attnflow.evaluate.sanity import FLAG_RHO, cascade
-from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
+from attnflow.evaluate.scorer import ClassifierScorer, target_values
 
 log = logging.getLogger(__name__)
 
 REFERENCE_METHOD = "leave_one_out"
 METHODS_DIR = "methods"
 RUN_FILE = "run.json"
+BOUNDS_FILE = "bounds.json"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ class BenchmarkOptions:
         sanity_samples: examples (the first ones) re-explained at each randomisation stage; 0 skips.
         chunk_size: examples explained and perturbed together.
         seed: seeds the sample choice and the randomised weights.
+        exact_limit: inputs with at most this many content tokens get exact AOPC bounds (NAOPC);
+            longer ones a beam search (`attnflow.evaluate.bounds`).
+        beam_width: prefixes the beam search keeps; 0: no bounds for longer inputs (their NAOPC
+            is undefined and left out).
+        sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
+            the last one — every layer random — always); None: all of them.
     """
 
     replace: str = "remove"
@@ -51,18 +60,29 @@ class BenchmarkOptions:
     sanity_samples: int = 32
     chunk_size: int = 16
     seed: int = 0
+    exact_limit: int = EXACT_LIMIT
+    beam_width: int = BEAM_WIDTH
+    sanity_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.replace not in REPLACE_MODES:
             raise ValueError(f"unknown replacement {self.replace!r}; choose one of {', '.join(REPLACE_MODES)}")
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
+        if self.beam_width < 0:
+            raise ValueError(
+                f"--beam-width must be 0 (no bounds beyond the exact limit) or more, got {self.beam_width}"
+            )
+        if self.sanity_layers is not None and self.sanity_layers < 1:
+            raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
 
 
 @dataclass(frozen=True)
 class Example:
     """One input as the benchmark sees it: ``ids [n]`` as the model's tokenizer makes them
-    (truncated to its maximum), ``special_mask [n]``, the predicted class and its probability."""
+    (truncated to its maximum), ``special_mask [n]``, the predicted class (or next token) and its
+    probability. With a ``contrast`` class, the quantity every perturbation drops is
+    p(target) − p(contrast), and ``p_full`` is that difference on the untouched input."""
 
     text: str
     label: int
@@ -70,6 +90,7 @@ class Example:
     special_mask: np.ndarray
     target: int
     p_full: float
+    contrast: int | None = None
 
 
 @dataclass
@@ -88,7 +109,7 @@ class MethodRecord:
 
 
 def prepare_examples(
-    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int]
+    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int] | np.ndarray
 ) -> list[Example]:
     """Tokenise (as the front door does), predict, and drop nothing silently: a text without
     content tokens is an error."""
@@ -112,30 +133,25 @@ def perturbation_probabilities(
     options: BenchmarkOptions,
     mask_id: int | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``p_c`` of every perturbed variant: ``(without top [sample, bin], only top [sample, bin],
-    deletion curve [sample, point])``; identical variants are scored once, all in one call."""
+    """``p_c`` of every perturbed variant (p_c − p_contrast for a contrastive example):
+    ``(without top [sample, bin], only top [sample, bin], deletion curve [sample, point])``;
+    identical variants are scored once, all in one call (`target_values`)."""
     fractions = np.linspace(0.0, 1.0, options.curve_points)
-    unique: dict[tuple[int, ...], int] = {}
-    slots = []  # per example: (comprehensiveness slots, sufficiency slots, curve slots)
+    groups = []  # per example: (comprehensiveness variants, sufficiency variants, curve variants)
     for example, ranking in zip(examples, rankings, strict=False):
         m = len(ranking)
-        variants = (
-            [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-            [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-            [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
+        groups.append(
+            (
+                [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+                [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
+                [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
+            )
         )
-        slots.append(tuple([unique.setdefault(variant, len(unique)) for variant in group] for group in variants))
-    probabilities = scorer.probabilities(list(unique))  # [variant, class]
-    gathered = [
-        np.array(
-            [
-                [probabilities[slot, example.target] for slot in example_slots[group]]
-                for example, example_slots in zip(examples, slots, strict=False)
-            ]
-        )
-        for group in range(3)
-    ]
-    return gathered[0], gathered[1], gathered[2]
+    pairs = [(variant, e) for e, g in zip(examples, groups, strict=True) for group in g for variant in group]
+    values = target_values(scorer, pairs)
+    n_bins = len(options.bins)
+    per_example = values.reshape(len(examples), 2 * n_bins + len(fractions))  # [sample, variant]
+    return per_example[:, :n_bins], per_example[:, n_bins : 2 * n_bins], per_example[:, 2 * n_bins :]
 
 
 def content_agreement(
@@ -162,9 +178,7 @@ def evaluate_method(
     """All metrics of one method on ``examples`` (see `MethodRecord`). ``advance(n)``: n more
     examples explained and scored; ``stage(label)``: a sanity stage begins."""
     record = MethodRecord()
-    mask_id = (
-        model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
-    )
+    mask_id = mask_token_id(model)
     for start in range(0, len(examples), options.chunk_size):
         chunk = examples[start : start + options.chunk_size]
         began = time.perf_counter()
@@ -189,7 +203,7 @@ def evaluate_method(
         record.agreement = content_agreement(original, reference, examples)
     sanity_examples = list(examples[: options.sanity_samples])
     if sanity_examples:
-        for label, randomised in cascade(model, seed=options.seed):
+        for label, randomised in cascade(model, seed=options.seed, layers=options.sanity_layers):
             stage(label)
             rerun = attribute_fn(
                 randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
@@ -254,7 +268,7 @@ def plan_run(
 
     plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0)
     if plan.sanity_examples:
-        plan.stages = len(randomisation_stages(model))
+        plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
     if timed and examples:
         plan.seconds = {}
         for method in methods:
@@ -264,8 +278,11 @@ def plan_run(
     return plan
 
 
-def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]:
-    """Means with standard errors (over samples) of a method's per-sample values."""
+def summarise(
+    record: MethodRecord, options: BenchmarkOptions, bounds: Sequence[AopcBounds] | None = None
+) -> dict[str, Any]:
+    """Means with standard errors (over samples) of a method's per-sample values; with the
+    samples' AOPC ``bounds``, NAOPC too (`attnflow.evaluate.bounds.normalised_aopc`)."""
     comprehensiveness, sufficiency = np.asarray(record.comprehensiveness), np.asarray(record.sufficiency)
     curve = np.asarray(record.curve)
 
@@ -298,6 +315,14 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
         "seconds_per_sample": figure(np.asarray(record.seconds)),
         "sanity": None,
     }
+    if bounds is not None:
+        for metric, drops in (("comprehensiveness", comprehensiveness), ("sufficiency", sufficiency)):
+            lower, upper = (np.array([getattr(b, metric)[side] for b in bounds]) for side in (0, 1))
+            normalised = normalised_aopc(drops.mean(axis=1), lower, upper)
+            undefined = int(np.isnan(normalised).sum())  # bounds that coincide, or none searched
+            summary[f"naopc_{metric}"] = (
+                None if undefined == len(normalised) else {**figure(normalised), "undefined": undefined}
+            )
     if record.sanity:
         stages: list[dict[str, Any]] = [
             {"stage": label, "n": len(rhos), **figure(np.asarray(rhos))} for label, rhos in record.sanity.items()
@@ -312,6 +337,38 @@ def summarise(record: MethodRecord, options: BenchmarkOptions) -> dict[str, Any]
     return summary
 
 
+def mask_token_id(model: Any) -> int | None:
+    """The token ``--replace mask`` puts in place: the tokenizer's mask token, else its pad token."""
+    tokenizer = model.tokenizer
+    return tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.pad_token_id
+
+
+def example_bounds(
+    model: Any,
+    scorer: ClassifierScorer,
+    examples: Sequence[Example],
+    options: BenchmarkOptions,
+    path: Path,
+    resume: bool,
+    progress: bool,
+) -> list[AopcBounds]:
+    """Each example's AOPC bounds (`attnflow.evaluate.bounds.aopc_bounds`), written to ``path``;
+    with ``resume`` read back from it when it holds one per example."""
+    from tqdm.auto import tqdm
+
+    if resume and path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if len(saved) == len(examples):
+            return [AopcBounds.from_dict(entry) for entry in saved]
+    mask_id = mask_token_id(model)
+    bounds = [
+        aopc_bounds(scorer, example, options.bins, options.replace, mask_id, options.exact_limit, options.beam_width)
+        for example in tqdm(examples, desc="AOPC bounds", unit="sample", disable=not progress)
+    ]
+    path.write_text(json.dumps([b.to_dict() for b in bounds]), encoding="utf-8")
+    return bounds
+
+
 def _finished_record(path: Path) -> MethodRecord | None:
     try:
         return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
@@ -322,7 +379,7 @@ def _finished_record(path: Path) -> MethodRecord | None:
 def run_benchmark(
     model: Any,
     texts: Sequence[str],
-    labels: Sequence[int],
+    labels: Sequence[int] | np.ndarray,
     methods: Sequence[str],
     options: BenchmarkOptions,
     out_dir: str | Path,
@@ -355,6 +412,8 @@ def run_benchmark(
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)
     ordered = sorted(methods, key=lambda name: name != reference_method)
+    bounds = example_bounds(model, scorer, examples, options, out_dir / BOUNDS_FILE, resume, progress)
+    run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
     if progress:
         to_run = [m for m in ordered if not (resume and _finished_record(method_dir / f"{m}.json") is not None)]
         for line in plan_run(model, examples, to_run, options, attribute_fn).describe():
@@ -384,11 +443,11 @@ def run_benchmark(
                     attribute_fn,
                     stage=lambda label: bar.set_postfix_str(f"sanity: {label}"),
                 )
-                summary = summarise(record, options)
+                summary = summarise(record, options, bounds)
                 path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
             else:
                 bar.update(len(examples))
-                summary = summarise(record, options)
+                summary = summarise(record, options, bounds)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]
             summaries[method] = summary

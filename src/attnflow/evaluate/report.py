@@ -37,7 +37,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = [
         "method",
         "comprehensiveness ↑",
+        "NAOPC comp. ↑",
         "sufficiency ↓",
+        "NAOPC suff. ↓",
         "deletion AUC ↓",
         "ρ vs leave-one-out",
         "sanity ρ (all random)",
@@ -55,7 +57,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             [
                 name,
                 _pm(summary["comprehensiveness"]),
+                _pm(summary.get("naopc_comprehensiveness")),
                 _pm(summary["sufficiency"]),
+                _pm(summary.get("naopc_sufficiency")),
                 _pm(summary["deletion_auc"]),
                 agreement,
                 sanity_cell,
@@ -97,28 +101,65 @@ def describe(results: dict[str, Any]) -> str:
         if options["replace"] == "remove"
         else "replaced by the mask token"
     )
+    next_token = run.get("target") == "next_token"
     parts = [
         f"Model `{run['model']}` on task `{run['task']}` ({run.get('split', '')}), "
         f"{run['samples']} samples, seed {options['seed']}.",
         f"Classifier held-out accuracy: {accuracy:.3f} (majority class {run['majority_accuracy']:.3f})."
         if accuracy is not None
         else "",
-        f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; "
-        f"mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
+        (
+            f"Top-1 next token = the text's true next token on {run['accuracy_on_samples']:.3f} of the windows; "
+            if next_token
+            else f"Accuracy on the evaluated samples: {run['accuracy_on_samples']:.3f}; "
+        )
+        + f"mean content tokens per sample: {run['mean_content_tokens']:.1f}.",
         f"Tokens are {replace}; special tokens are never removed. "
         f"Bins: {', '.join(f'{k * 100:g} %' for k in options['bins'])} "
         f"of the content tokens (top ⌈k·m⌉); the deletion curve has {options['curve_points']} points.",
+        bounds_sentence(run),
         (
             f"Sanity check: {sanity_samples} samples "
             "re-explained after randomising the head, then each layer "
-            "top-down; flagged when the mean Spearman ρ after the last stage is ≥ 0.5."
+            "top-down"
+            + (
+                f" (re-explained after the head and {options['sanity_layers']} evenly spaced layer stages, "
+                "the last with every layer random)"
+                if options.get("sanity_layers")
+                else ""
+            )
+            + "; flagged when the mean Spearman ρ after the last stage is ≥ 0.5."
             if sanity_samples
             else "No sanity check (--sanity-samples 0)."
         ),
-        "Every figure is the mean ± standard error over samples; "
-        "the target is the class predicted for the untouched input.",
+        "Every figure is the mean ± standard error over samples; the target is "
+        + (
+            "the model's top-1 next token after the untouched window."
+            if next_token
+            else "the class predicted for the untouched input."
+        ),
     ]
     return " ".join(part for part in parts if part)
+
+
+def bounds_sentence(run: dict[str, Any]) -> str:
+    """How the NAOPC columns' per-sample AOPC bounds were found (exact or beam search, how often)."""
+    searches = run.get("bounds_search")
+    if not searches:
+        return ""
+    options = run["options"]
+    how = {
+        "exact": f"exact (every deletion order, by enumerating the bins' token sets; ≤ {options['exact_limit']} "
+        "content tokens)",
+        "beam": f"beam search (width {options['beam_width']}; its bounds are inner bounds)",
+        "none": f"none (over {options['exact_limit']} content tokens with --beam-width 0: NAOPC left out)",
+    }
+    found = "; ".join(f"{how[search]} for {count} samples" for search, count in searches.items())
+    return (
+        "NAOPC (normalised AOPC, Edin et al. 2025) = (AOPC − lower) / (upper − lower) per sample, between the "
+        f"lowest and highest AOPC any ranking of that sample reaches: bounds {found}. Comprehensiveness NAOPC "
+        "is 1 for the best ranking, sufficiency NAOPC 0 for the best."
+    )
 
 
 def _sanity_samples(results: dict[str, Any]) -> int:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
 from attnflow.errors import InputError
 
 FLAG_RHO = 0.5
-HEAD_NAMES = ("head", "classifier", "score")  # PooledClassifier, *ForSequenceClassification, decoders
+HEAD_NAMES = ("head", "classifier", "score", "lm_head")  # PooledClassifier, *ForSequenceClassification, LMs
 
 
 def randomisation_stages(model: Any) -> list[tuple[str, str]]:
@@ -59,18 +60,35 @@ def reinitialise(module: nn.Module, generator: torch.Generator, std: float) -> N
                 part.bias.zero_()
 
 
-def cascade(model: Any, seed: int = 0) -> Iterator[tuple[str, Any]]:
+def shown_stages(n_stages: int, layers: int | None) -> list[int]:
+    """Indices of the stages re-explained: the head (0) and ``layers`` of the ``n_stages − 1`` layer
+    stages, evenly spaced from the top layer to the last stage (everything random); all for None."""
+    if layers is None or layers >= n_stages - 1:
+        return list(range(n_stages))
+    return [0, *sorted({round(float(i)) for i in np.linspace(n_stages - 1, 1, layers)})]
+
+
+def cascade(model: Any, seed: int = 0, layers: int | None = None) -> Iterator[tuple[str, Any]]:
     """Yield ``(stage label, randomised AttentionModel)`` cumulatively; the original is untouched
-    (one deep copy of the module is randomised step by step)."""
+    (one deep copy of the module is randomised step by step). Every stage is randomised; only those
+    `shown_stages` picks (``layers``) are yielded. A head that shares its weights with the input
+    embeddings (tied language-model heads) is untied in the copy first, so the embeddings stay."""
     from attnflow.capture.model import AttentionModel
 
     stages = randomisation_stages(model)
     module = copy.deepcopy(model.model).cpu()
     parts = dict(module.named_modules())
+    head = parts[stages[0][1]]
+    embeddings = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None
+    if embeddings is not None and getattr(head, "weight", None) is embeddings.weight:
+        head.weight = nn.Parameter(head.weight.detach().clone())
     generator = torch.Generator().manual_seed(seed)
     std = float(getattr(model.config, "initializer_range", 0.02))
-    for label, name in stages:
+    shown = set(shown_stages(len(stages), layers))
+    for number, (label, name) in enumerate(stages):
         reinitialise(parts[name], generator, std)
+        if number not in shown:
+            continue
         randomised = AttentionModel(
             module,
             model.tokenizer,

@@ -11,7 +11,7 @@ after each sequence's last one (`attnflow explain`'s per-input faithfulness of a
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -53,12 +53,37 @@ class ClassifierScorer:
         self.max_batch_tokens = max_batch_tokens
         self.pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
         self.forwards = 0  # sequences scored so far (for benchmarks)
+        self._memo: dict[tuple[tuple[int, ...], int], float] = {}  # (sequence, class) -> probability
 
     def probabilities(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
         """``[sequence, class]`` float64 probabilities, in the order of ``sequences``."""
+        result = np.zeros((0, 0))
+        for index, probabilities in self._batches(sequences):
+            if result.size == 0:
+                result = np.zeros((len(sequences), probabilities.shape[1]))
+            result[index] = probabilities
+        return result
+
+    def chosen(self, sequences: Sequence[Sequence[int]], classes: Sequence[int]) -> np.ndarray:
+        """``[sequence]`` p(``classes[i]`` | ``sequences[i]``). Each (sequence, class) pair is computed
+        once per scorer and remembered (the benchmark's methods and the AOPC bounds share many
+        perturbed inputs); only the chosen probabilities are kept, never whole rows."""
+        keys = [(tuple(int(t) for t in sequence), int(c)) for sequence, c in zip(sequences, classes, strict=True)]
+        missing = list(dict.fromkeys(key for key in keys if key not in self._memo))
+        wanted: dict[tuple[int, ...], list[int]] = {}
+        for sequence, c in missing:
+            wanted.setdefault(sequence, []).append(c)
+        unique = list(wanted)
+        for index, probabilities in self._batches(unique):
+            for row, i in enumerate(index):
+                for c in wanted[unique[i]]:
+                    self._memo[(unique[i], c)] = float(probabilities[row, c])
+        return np.array([self._memo[key] for key in keys], dtype=np.float64)
+
+    def _batches(self, sequences: Sequence[Sequence[int]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(sequence indices, probabilities [batch, class])`` per padded forward pass."""
         import torch
 
-        chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (sequence indices, [batch, class])
         for index in length_batches([len(sequence) for sequence in sequences], self.max_batch_tokens):
             longest = max(len(sequences[i]) for i in index)
             input_ids = torch.full((len(index), longest), self.pad_id, dtype=torch.long)  # [batch, token]
@@ -68,14 +93,8 @@ class ClassifierScorer:
                 attention_mask[row, : len(sequences[i])] = 1
             with torch.inference_mode():
                 logits = self._logits(input_ids.to(self.model.device), attention_mask.to(self.model.device))
-            chunks.append((index, torch.softmax(logits.double(), dim=-1).cpu().numpy()))
-        self.forwards += len(sequences)
-        if not chunks:
-            return np.zeros((0, 0))
-        result = np.zeros((len(sequences), chunks[0][1].shape[1]))
-        for index, probabilities in chunks:
-            result[index] = probabilities
-        return result
+            self.forwards += len(index)
+            yield index, torch.softmax(logits.double(), dim=-1).cpu().numpy()
 
     def _logits(self, input_ids: Any, attention_mask: Any) -> Any:
         """``[batch, class]`` logits; causal LMs: next-token logits after each row's last real token,
@@ -102,3 +121,16 @@ def length_batches(lengths: Sequence[int], max_batch_tokens: int) -> list[np.nda
         batches.append(order[start:stop])
         start = stop
     return batches
+
+
+def target_values(scorer: Any, variants: Sequence[tuple[tuple[int, ...], Any]]) -> np.ndarray:
+    """``[variant]`` p(the example's target) of each ``(ids, example)`` pair (an example: a
+    benchmark ``Example`` with ``target`` and ``contrast``), minus p(its contrast) where it has one;
+    every distinct (ids, class) pair is scored once, all in one ``scorer.chosen`` call."""
+    sequences = [ids for ids, _ in variants] + [ids for ids, e in variants if e.contrast is not None]
+    classes = [e.target for _, e in variants] + [e.contrast for _, e in variants if e.contrast is not None]
+    chosen = scorer.chosen(sequences, classes)
+    values = chosen[: len(variants)].copy()
+    contrasted = np.array([e.contrast is not None for _, e in variants], dtype=bool)
+    values[contrasted] -= chosen[len(variants) :]
+    return values

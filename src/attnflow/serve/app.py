@@ -233,7 +233,7 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
                     family=model.adapter.family,
                     target_kind=model.target_kind,
                     methods=methods_for(model.adapter),
-                    auto_candidates=auto_methods(model.adapter),
+                    auto_candidates=auto_methods(model.adapter, model.target_kind),
                 )
             listed.append(record)
         return {"models": listed, "loaded": pool.loaded(), "max_models": pool.max_models}

@@ -46,7 +46,8 @@ CSS = """
 def generation_html(explanation: Any) -> str:
     """The complete page of a `GenerationExplanation`."""
     return page(
-        f"attnflow: {explanation.method} over {explanation.n_steps} generated tokens",
+        f"attnflow: {explanation.method} over {explanation.n_steps} generated tokens"
+        + ("" if explanation.contrast is None else f", {explanation.explains}"),
         generation_fragment(explanation, with_style=False),
         subtitle=f"{explanation.model} · {explanation.mode} · {explanation.prompt}",
         meta=_meta(explanation),
@@ -182,7 +183,8 @@ def generation_figure(explanation: Any) -> Figure:
     axes.set_xlabel("source token")
     axes.set_ylabel("generated token  p")
     axes.set_title(
-        f"{explanation.method}: {explanation.model}, {explanation.mode} ({explanation.n_steps} tokens)",
+        f"{explanation.method}: {explanation.model}, {explanation.mode} ({explanation.n_steps} tokens)"
+        + ("" if explanation.contrast is None else f"\n{explanation.explains}"),
         loc="left",
         fontsize=10,
     )

@@ -6,7 +6,7 @@ value is escaped. Hovering a token shows its index and score (a ``title`` attrib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -114,6 +114,20 @@ def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
     )
 
 
+def _bounds_note(faithfulness: dict[str, Any]) -> str:
+    """What NAOPC is on this input, and how its bounds were found."""
+    bounds = faithfulness.get("bounds")
+    if not bounds:
+        return ""
+    search = "exact (every deletion order)" if bounds["search"] == "exact" else "a greedy search (inner bounds)"
+    low_c, high_c = bounds["comprehensiveness"]
+    low_s, high_s = bounds["sufficiency"]
+    return (
+        f" NAOPC places the AOPC between the lowest and highest any ranking of this input reaches "
+        f"(comprehensiveness {low_c:.3f}–{high_c:.3f}, sufficiency {low_s:.3f}–{high_s:.3f}; bounds {search})."
+    )
+
+
 def _badge(explanation: "Explanation") -> str:
     """The per-input faithfulness badge (empty without one), coloured by `faithfulness_level`:
     green clearly above random rankings, amber barely above, red not above."""
@@ -122,14 +136,15 @@ def _badge(explanation: "Explanation") -> str:
         return ""
     level = faithfulness_level(faithfulness)
     title = (
-        f"On this input: p({faithfulness['target']}) = {faithfulness['probability']:.3f}; removing the top "
+        f"On this input: {faithfulness.get('quantity', 'p(' + str(faithfulness['target']) + ')')} = "
+        f"{faithfulness['probability']:.3f}; removing the top "
         + ", ".join(f"{100 * k:g} %" for k in faithfulness["bins"])
         + " of the content tokens lowers it by "
         + ", ".join(f"{drop:.3f}" for drop in faithfulness["comprehensiveness"])
         + " (comprehensiveness, higher is better); keeping only them lowers it by "
         + ", ".join(f"{drop:.3f}" for drop in faithfulness["sufficiency"])
         + f" (sufficiency, lower is better); random: the mean of {faithfulness['random']['rankings']} "
-        "random rankings."
+        "random rankings." + _bounds_note(faithfulness)
     )
     return (
         f'<p><span class="badge{"" if level == "clear" else " " + level}" title="{esc(title + LEVEL_NOTES[level])}">'

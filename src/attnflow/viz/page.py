@@ -181,11 +181,19 @@ def faithfulness_level(faithfulness: dict[str, Any]) -> str:
 
 
 def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
-    """``comprehensiveness 0.41 (random 0.12) · sufficiency 0.05 (random 0.30)``: the per-input
-    AOPC of an explanation and of random rankings (`attnflow.evaluate.per_input`; higher and lower
-    are better, respectively)."""
+    """``comprehensiveness 0.41, NAOPC 0.83 (random 0.12) · sufficiency 0.05, NAOPC 0.10 (random
+    0.30)``: the per-input AOPC of an explanation, its normalised AOPC where the input's bounds
+    differ, and random rankings' AOPC (`attnflow.evaluate.per_input`; higher and lower are better,
+    respectively)."""
     mine, chance = faithfulness, faithfulness["random"]
+
+    def normalised(metric: str) -> str:
+        value = mine.get(f"naopc_{metric}")
+        return "" if value is None else f", NAOPC {value:.2f}"
+
     return (
-        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f} (random {chance['aopc_comprehensiveness']:.2f})"
-        f" · sufficiency {mine['aopc_sufficiency']:.2f} (random {chance['aopc_sufficiency']:.2f})"
+        f"comprehensiveness {mine['aopc_comprehensiveness']:.2f}{normalised('comprehensiveness')} "
+        f"(random {chance['aopc_comprehensiveness']:.2f})"
+        f" · sufficiency {mine['aopc_sufficiency']:.2f}{normalised('sufficiency')} "
+        f"(random {chance['aopc_sufficiency']:.2f})"
     )
