@@ -149,11 +149,15 @@ def test_the_random_baseline_is_kept_per_input_and_the_records_do_not_change(cla
         "perturbation_probabilities",
         lambda scorer, examples, *rest: scored.append(len(examples)) or score_all(scorer, examples, *rest),
     )
+    searched: list[int] = []
+    search_bounds = per_input.aopc_bounds
+    monkeypatch.setattr(per_input, "aopc_bounds", lambda *args, **kw: searched.append(1) or search_bounds(*args, **kw))
     first = input_faithfulness(classifier, trace, scores)
     again = input_faithfulness(classifier, trace, scores[::-1])  # the methods' rankings alone this time
-    assert scored == [2 + per_input.RANDOM_RANKINGS, 2]
+    assert scored == [2 + per_input.RANDOM_RANKINGS, 2] and searched == [1]  # the bounds are kept too
     for record, repeated in zip(first, again[::-1], strict=True):
-        assert repeated["random"] == record["random"]
+        assert repeated["random"] == record["random"] and repeated["bounds"] == record["bounds"]
+        assert repeated["naopc_comprehensiveness"] == pytest.approx(record["naopc_comprehensiveness"], abs=1e-6)
         np.testing.assert_allclose(repeated["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
         assert repeated["probability"] == pytest.approx(record["probability"], abs=1e-6)
     input_faithfulness(classifier, trace, scores, seed=1)  # another baseline: its random rankings are scored

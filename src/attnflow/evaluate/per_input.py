@@ -7,8 +7,9 @@ tokens is scored as `attnflow evaluate` scores it — comprehensiveness and suff
 random-ranking expectation on the same input: the mean over `RANDOM_RANKINGS` seeded permutations
 of the content tokens. The perturbed inputs of every explanation and of the random rankings are
 deduplicated and scored in one batched call. The random rankings' figures depend on the input alone
-(not on the methods): they are kept per model for the last `BASELINES_KEPT` inputs, so asking
-again about an input (other methods, the server's next request) scores only the methods' rankings.
+(not on the methods), as do the input's AOPC bounds (NAOPC): both are kept per model for the last
+`BASELINES_KEPT` inputs, so asking again about an input (other methods, the server's next request)
+scores only the methods' rankings.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ RANDOM_RANKINGS = 5
 BOUNDS_BEAM_WIDTH = 1  # an explanation shown at once: a greedy search beyond 8 content tokens
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
 BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
-_BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, dict[str, Any]]] = weakref.WeakKeyDictionary()
+_BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, Any]] = weakref.WeakKeyDictionary()
 _BASELINES_LOCK = threading.Lock()
 
 
@@ -71,7 +72,7 @@ def input_faithfulness(
     )
     key: tuple = (example.ids, tuple(special.tolist()), target.kind, example.target, contrast)
     key = (*key, replace, tuple(bins), random_rankings, seed)  # what the random rankings' figures depend on
-    chance = _kept_baseline(model, key) if len(scores) else None
+    chance = _kept(model, key) if len(scores) else None
     rankings = [content_ranking(vector, special) for vector in scores]
     if chance is None:
         rankings += [np.random.default_rng(seed + r).permutation(content) for r in range(random_rankings)]
@@ -83,11 +84,15 @@ def input_faithfulness(
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
     # the bounds get a scorer of their own: their numbers never depend on which rankings (cached
     # random baselines or not) were scored beside them
-    bounds_scorer = ClassifierScorer(model)
-    p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
-    bounds = aopc_bounds(
-        bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
-    )
+    bounds_key = ("bounds", *key[:-2])  # the bounds depend on the input, its target, replace and bins
+    bounds = _kept(model, bounds_key)
+    if bounds is None:
+        bounds_scorer = ClassifierScorer(model)
+        p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
+        bounds = aopc_bounds(
+            bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
+        )
+        _keep(model, bounds_key, bounds)
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
         return {
@@ -104,7 +109,7 @@ def input_faithfulness(
             **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
             "rankings": int(random_rankings),
         }
-        _keep_baseline(model, key, chance)
+        _keep(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
     shared = {
         "target": target.label,
@@ -130,8 +135,9 @@ def _finite(value: Any) -> float | None:
     return None if np.isnan(number) else number
 
 
-def _kept_baseline(model: Any, key: tuple) -> dict[str, Any] | None:
-    """The random rankings' figures kept for ``model`` and this input (``key``), or None."""
+def _kept(model: Any, key: tuple) -> Any:
+    """What is kept for ``model`` and this input (``key``): the random rankings' figures (a copy)
+    or the `AopcBounds` (frozen); None when nothing is."""
     with _BASELINES_LOCK:
         try:
             kept = _BASELINES.get(model)
@@ -140,17 +146,18 @@ def _kept_baseline(model: Any, key: tuple) -> dict[str, Any] | None:
         if kept is None or key not in kept:
             return None
         kept.move_to_end(key)
-        return {**kept[key]}
+        value = kept[key]
+        return {**value} if isinstance(value, dict) else value
 
 
-def _keep_baseline(model: Any, key: tuple, chance: dict[str, Any]) -> None:
+def _keep(model: Any, key: tuple, value: Any) -> None:
     with _BASELINES_LOCK:
         try:
             kept = _BASELINES.setdefault(model, OrderedDict())
         except TypeError:
             return
-        kept[key] = {**chance}
-        while len(kept) > BASELINES_KEPT:
+        kept[key] = {**value} if isinstance(value, dict) else value
+        while len(kept) > 2 * BASELINES_KEPT:  # the random figures and the bounds of each input
             kept.popitem(last=False)
 
 
