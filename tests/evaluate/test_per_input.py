@@ -111,7 +111,7 @@ def test_the_explorer_opens_on_autos_choice(classifier):
     from attnflow.evaluate.per_input import auto_methods
 
     exploration = attnflow.explore(classifier, TEXT, methods=["rollout", "grad_x_input", "grad_rollout", "attnlrp"])
-    candidates = [view for view in exploration.methods if view.name in auto_methods(classifier.adapter)]
+    candidates = [view for view in exploration.methods if view.name in auto_methods(classifier.adapter, "class")]
     assert {view.name for view in candidates} == {"grad_x_input", "grad_rollout", "attnlrp"}
     best = max(candidates, key=lambda view: view.faithfulness["aopc_comprehensiveness"])
     assert exploration.opens_on == best.name and exploration.opened_why.startswith(f"opens on auto's choice, {best.name}")

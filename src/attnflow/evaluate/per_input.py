@@ -182,7 +182,8 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
     scores = [view.saliency(exploration.row) for view in exploration.methods]
     for view, record in zip(exploration.methods, input_faithfulness(model, trace, scores), strict=True):
         view.faithfulness = record
-    candidates = [view for view in exploration.methods if view.name in auto_methods(model.adapter)]
+    auto = auto_methods(model.adapter, model.target_kind)
+    candidates = [view for view in exploration.methods if view.name in auto]
     if candidates:
         best = max(candidates, key=lambda view: view.faithfulness["aopc_comprehensiveness"])
         others = ", ".join(
