@@ -24,9 +24,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install --no-compile torch==2.13.0   # first: the CPU build on this disk, not a CUDA download
-	$(PIP) install --no-compile -e ".[test,gguf,vision,serve]"
-	$(PIP) install --no-compile --no-deps $(EMBEDDED)
+	$(PIP) install torch==2.13.0          # first: the CPU build on this disk, not a CUDA download
+	$(PIP) install -e ".[test,gguf,vision,serve]"
+	$(PIP) install --no-deps $(EMBEDDED)
 	@echo "compiling the attention-flow kernel once (about a minute; numba caches it)"
 	$(PY) -c "from attnflow.methods.flow_kernels import compile_kernels; compile_kernels()"
 	touch $@
