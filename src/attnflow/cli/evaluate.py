@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnflow.datasets import DEFAULT_WINDOW
-from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT
+from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, LONG_INPUT_SEARCHES
 from attnflow.evaluate.metrics import BINS
 
 
@@ -85,6 +85,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"(default {BEAM_WIDTH}; its cost grows with the tokens squared; 0: no bounds, NAOPC only for short inputs)",
     )
     parser.add_argument(
+        "--bounds-search",
+        choices=LONG_INPUT_SEARCHES,
+        default="beam",
+        help="how the NAOPC bounds of inputs over the exact limit are searched: beam (default; --beam-width "
+        "orders kept) or levels (a bin at a time: every remaining token tried alone, the best fill the next bin; "
+        "about half the forward passes of --beam-width 1, looser inner bounds)",
+    )
+    parser.add_argument(
         "--replace",
         choices=("remove", "mask"),
         default="remove",
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         sanity_samples=args.sanity_samples,
         seed=args.seed,
         beam_width=args.beam_width,
+        bounds_search=args.bounds_search,
         sanity_layers=args.sanity_layers,
     )
     from attnflow.capture import load
