@@ -588,8 +588,8 @@ def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: s
     ``{"bins", "probability" [N], "perturbed_probability" [N, bin], "aopc" [N], "mean_aopc"}``."""
     import torch
 
+    from attnflow.evaluate.deletion import without_top
     from attnflow.evaluate.metrics import BINS, aopc, content_ranking, top_count
-    from attnflow.evaluate.perturb import without_top
     from attnflow.targets import Objective
 
     tokenizer = model.tokenizer

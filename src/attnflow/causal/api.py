@@ -280,7 +280,7 @@ def patch(
 
 
 def _check_relp(model: Any) -> None:
-    from attnflow.perturb.lrp import RULES
+    from attnflow.methods.model.lrp import RULES
     from attnflow.trace import CAPABILITIES
 
     missing = sorted(set(RULES["attnlrp"].requires) - model.adapter.provides)

@@ -22,8 +22,8 @@ import numpy as np
 
 from attnflow.evaluate.attribute import attribute
 from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, AopcBounds, aopc_bounds, normalised_aopc
+from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
-from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 
