@@ -106,6 +106,21 @@ def test_the_engines_share_the_batch_step_without_importing_each_other():
     assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.study")
 
 
+def test_the_audit_and_the_corpus_study_share_runs_without_importing_each_other():
+    """Both stream checkpointed runs with the machinery of attnflow.runs; neither reaches the other."""
+    graph = import_graph()
+
+    def reached(package: str) -> set[str]:
+        modules = [name for name in graph if name == package or name.startswith(package + ".")]
+        return {target for name in modules for target in nx.descendants(graph, name)}
+
+    assert "attnflow.runs.checkpoint" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
+    assert "attnflow.runs.actors" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
+    assert not {name for name in reached("attnflow.dataset_audit") if name.startswith("attnflow.corpus")}
+    assert not {name for name in reached("attnflow.corpus") if name.startswith("attnflow.dataset_audit")}
+    assert not {name for name in reached("attnflow.runs") if name.startswith(("attnflow.corpus", "attnflow.dataset_audit"))}
+
+
 def test_no_family_branches_outside_capture():
     """Family knowledge lives in the adapter rows (capture/): elsewhere code asks what a model
     provides or what its target is, never which family or kind of architecture it is."""

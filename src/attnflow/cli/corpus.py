@@ -151,8 +151,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.corpus.engine import StudyOptions, run_study
-    from attnflow.corpus.readers import ReadOptions
     from attnflow.corpus.stats import StudyConfig
+    from attnflow.runs.readers import ReadOptions
 
     options = StudyOptions(
         model=args.model,
