@@ -118,7 +118,9 @@ def test_the_audit_and_the_corpus_study_share_runs_without_importing_each_other(
     assert "attnflow.runs.actors" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
     assert not {name for name in reached("attnflow.dataset_audit") if name.startswith("attnflow.corpus")}
     assert not {name for name in reached("attnflow.corpus") if name.startswith("attnflow.dataset_audit")}
-    assert not {name for name in reached("attnflow.runs") if name.startswith(("attnflow.corpus", "attnflow.dataset_audit"))}
+    assert not {
+        name for name in reached("attnflow.runs") if name.startswith(("attnflow.corpus", "attnflow.dataset_audit"))
+    }
 
 
 def test_no_family_branches_outside_capture():
@@ -136,3 +138,39 @@ def test_no_family_branches_outside_capture():
         if branch.search(line)
     ]
     assert not found, "family branches outside capture/:\n" + "\n".join(found)
+
+
+def registering_modules() -> set[str]:
+    """Modules that register a method when imported: a top-level function decorated with
+    ``@register(...)``, or a top-level statement that calls ``register`` or ``register_rules``."""
+
+    def calls_register(node: ast.AST) -> bool:
+        return any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id in ("register", "register_rules")
+            for call in ast.walk(node)
+        )
+
+    found = set()
+    for path in SOURCE.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            decorated = isinstance(node, ast.FunctionDef) and any(map(calls_register, node.decorator_list))
+            if decorated or (isinstance(node, (ast.Expr, ast.For)) and calls_register(node)):
+                found.add(module_name(path))
+    return found
+
+
+def test_the_registry_catalogue_names_every_module_that_registers_a_method():
+    """The package root imports no method module for its side effect: the registry imports its
+    CATALOGUE on the first look-up, so a module left out of it would register nothing."""
+    from attnflow.methods.registry import CATALOGUE
+
+    assert {
+        "attnflow.methods.rollout",
+        "attnflow.methods.model.lrp",
+    } <= registering_modules()  # the oracle sees both forms
+    assert registering_modules() == set(CATALOGUE)
+    root = ast.parse((SOURCE / "__init__.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(root) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in imported if name.startswith("attnflow.methods")}
