@@ -139,7 +139,9 @@ _catalogue_loaded = False
 
 def _registered() -> dict[str, MethodSpec]:
     """Every registered method by name, once the `CATALOGUE` modules are imported (on the first call;
-    the model methods import torch only inside their functions, so this stays cheap)."""
+    the model methods import torch only inside their functions, so this stays cheap). A test that
+    swaps ``_METHODS`` for a copy copies this, so the catalogue's methods are in the copy and stay
+    in the original."""
     global _catalogue_loaded
     if not _catalogue_loaded:
         with _catalogue_lock:
