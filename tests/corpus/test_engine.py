@@ -212,7 +212,7 @@ def test_report_is_rebuilt_from_saved_statistics(tiny_bert, txt_corpus, tmp_path
 def test_study_options_declare_the_statistics_and_reading_options_once():
     from dataclasses import fields
 
-    from attnflow.corpus.readers import ReadOptions
+    from attnflow.runs.readers import ReadOptions
 
     own = {field.name for field in fields(StudyOptions)}
     assert not own & {field.name for field in fields(StudyConfig)}
@@ -222,13 +222,14 @@ def test_study_options_declare_the_statistics_and_reading_options_once():
 
 @pytest.mark.parametrize("state, words", [("missing", "does not exist"), ("empty", "is empty")])
 def test_resume_without_a_run_to_continue_is_refused(tmp_path, state, words):
-    from attnflow.corpus.engine import prepare_out_dir
+    from attnflow.corpus.engine import OUTPUTS
+    from attnflow.runs.checkpoint import prepare_out_dir
 
     out = tmp_path / "out"
     if state == "empty":
         out.mkdir()
     with pytest.raises(InputError, match=f"--resume: .*out {words}, so there is no run to continue"):
-        prepare_out_dir(out, resume=True, overwrite=False)
+        prepare_out_dir(out, resume=True, overwrite=False, checkpoint=CHECKPOINT, outputs=OUTPUTS)
 
 
 def test_report_of_a_missing_folder_says_so(tmp_path, capsys):

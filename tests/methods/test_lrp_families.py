@@ -13,7 +13,7 @@ from test_lrp import RULES, TEXTS, activation, attention_softmax, product, sharp
 
 import attnflow
 from attnflow.capture.model import AttentionModel
-from attnflow.perturb.lrp import lrp_relevance
+from attnflow.methods.model.lrp import lrp_relevance
 from attnflow.targets import Objective
 
 

@@ -32,6 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_task_arguments(parser)
+    _add_measure_arguments(parser)
+    _add_run_arguments(parser)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
+
+
+def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, the task (its file's columns), the methods and the examples."""
     parser.add_argument(
         "--model",
         default="minilm-sentiment",
@@ -64,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--samples", type=int, help="held-out examples to evaluate (default 500, or all of a smaller set)"
     )
+
+
+def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sanity check, the NAOPC bounds, how tokens are removed, and the seed."""
     parser.add_argument(
         "--sanity-samples",
         type=int,
@@ -101,6 +113,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the sample choice and the randomised weights (default 0)"
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder, resuming or replacing it, the device and the progress bar."""
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument(
         "--resume", action="store_true", help="keep the methods already finished in --out (same run only)"
@@ -112,7 +128,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:

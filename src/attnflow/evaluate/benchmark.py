@@ -29,8 +29,8 @@ from attnflow.evaluate.bounds import (
     aopc_bounds,
     normalised_aopc,
 )
+from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
-from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 
@@ -399,6 +399,17 @@ def _finished_record(path: Path) -> MethodRecord | None:
         return None
 
 
+def _record_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
+    """Write ``DIR/run.json``; with ``resume``, first refuse a folder that holds another run."""
+    run_path = out_dir / RUN_FILE
+    if resume and run_path.exists():
+        previous = json.loads(run_path.read_text(encoding="utf-8"))
+        if previous != json.loads(json.dumps(run)):
+            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
+    (out_dir / METHODS_DIR).mkdir(parents=True, exist_ok=True)
+    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
+
+
 def run_benchmark(
     model: Any,
     texts: Sequence[str],
@@ -424,13 +435,7 @@ def run_benchmark(
     out_dir = Path(out_dir)
     method_dir = out_dir / METHODS_DIR
     run = {**run_info, "agreement_reference": reference_method, "options": asdict(options)}
-    run_path = out_dir / RUN_FILE
-    if resume and run_path.exists():
-        previous = json.loads(run_path.read_text(encoding="utf-8"))
-        if previous != json.loads(json.dumps(run)):
-            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
-    method_dir.mkdir(parents=True, exist_ok=True)
-    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
+    _record_run(out_dir, run, resume)
 
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)

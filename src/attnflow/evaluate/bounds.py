@@ -35,8 +35,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from attnflow.evaluate.deletion import perturb
 from attnflow.evaluate.metrics import top_count
-from attnflow.evaluate.perturb import perturb
 from attnflow.evaluate.scorer import target_values
 
 EXACT_LIMIT = 8  # content tokens up to which the bounds are exact (2^8 sets at most)
