@@ -71,8 +71,35 @@ def test_no_import_circles_between_subpackages():
     for a, b in import_graph().edges():
         if subpackage(a) != subpackage(b) and "attnflow" not in (a, b):
             units.add_edge(subpackage(a), subpackage(b))
-    assert units.has_edge("attnflow.exploration", "attnflow.capture")  # the oracle sees lazy imports
+    assert units.has_edge("attnflow.exploration", "attnflow.model")  # the oracle sees lazy imports
     assert list(nx.simple_cycles(units)) == []
+
+
+# What capture/ may import from the rest of attnflow: modules that import nothing above themselves.
+FOUNDATION = ("attnflow.errors", "attnflow.staging", "attnflow.trace", "attnflow.tokens")
+
+
+def test_the_foundation_modules_import_only_each_other():
+    graph = import_graph()
+    assert graph.has_edge("attnflow.staging", "attnflow.errors")  # the oracle sees this edge
+    outside = {(name, target) for name in FOUNDATION for target in graph.successors(name) if target not in FOUNDATION}
+    assert outside == set()
+
+
+def test_capture_does_not_reach_up():
+    """capture/ (models, hooks, Traces) imports nothing above it: not the methods, the targets or
+    the Explanation, not even lazily or for type checking; `attnflow.model` builds on it."""
+    graph = import_graph()
+    assert graph.has_edge("attnflow.model", "attnflow.capture.model")  # the oracle sees edges into capture
+    assert graph.has_edge("attnflow.capture.loading", "attnflow.staging")  # ... and out of it
+    up = sorted(
+        f"{name} -> {target}"
+        for name, target in graph.edges()
+        if name.startswith("attnflow.capture")
+        and not target.startswith("attnflow.capture")
+        and target not in FOUNDATION
+    )
+    assert up == []
 
 
 def test_the_method_functions_do_not_depend_on_capture():

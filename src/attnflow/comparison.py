@@ -243,7 +243,7 @@ def compare(
 
 def _loaded(model: Any) -> Any:
     if isinstance(model, str):
-        from attnflow.capture import load
+        from attnflow.model import load
 
         return load(model)
     return model

@@ -235,7 +235,7 @@ def explore(
         if text is None or not str(text).strip():
             raise InputError("the text to explore is empty")
         if isinstance(source, str):
-            from attnflow.capture import load
+            from attnflow.model import load
 
             source = load(source)
         model = source

@@ -135,7 +135,7 @@ def explore_generation(
         steps_per_pass: step copies per forward (and backward) pass of the target methods.
     """
     if isinstance(source, str):
-        from attnflow.capture import load
+        from attnflow.model import load
 
         source = load(source)
     model = source

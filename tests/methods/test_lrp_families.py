@@ -12,7 +12,7 @@ import torch
 from test_lrp import RULES, TEXTS, activation, attention_softmax, product, sharpen
 
 import attnflow
-from attnflow.capture.model import AttentionModel
+from attnflow.model import AttentionModel
 from attnflow.perturb.lrp import lrp_relevance
 from attnflow.targets import Objective
 

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         beam_width=args.beam_width,
         sanity_layers=args.sanity_layers,
     )
-    from attnflow.capture import load
+    from attnflow.model import load
 
     model = load(args.model, device=args.device)
     results = evaluate(

@@ -128,7 +128,7 @@ def _run_study(options: StudyOptions, out: Path, *, resume: bool, overwrite: boo
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite)
     corpus = open_corpus(options.data, options.reading)
     if model is None:
-        from attnflow.capture import load
+        from attnflow.model import load
 
         # The Ray driver only needs the tokenizer and shapes; replicas load their own copy.
         model = load(options.model, device="cpu" if options.engine == "ray" else options.device)

@@ -176,7 +176,7 @@ def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: boo
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     if model is None:
-        from attnflow.capture import load
+        from attnflow.model import load
 
         model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
     label_names = check_model(model, options.method)

@@ -183,8 +183,8 @@ def evaluate(
     is left); neither raises FileExistsError. A new folder is written as the run goes, so that an
     interrupted run can be resumed.
     """
-    from attnflow.capture import load
     from attnflow.evaluate.report import write_report
+    from attnflow.model import load
 
     options = options or BenchmarkOptions()
     out = Path(out)

@@ -73,7 +73,7 @@ def cascade(model: Any, seed: int = 0, layers: int | None = None) -> Iterator[tu
     (one deep copy of the module is randomised step by step). Every stage is randomised; only those
     `shown_stages` picks (``layers``) are yielded. A head that shares its weights with the input
     embeddings (tied language-model heads) is untied in the copy first, so the embeddings stay."""
-    from attnflow.capture.model import AttentionModel
+    from attnflow.model import AttentionModel
 
     stages = randomisation_stages(model)
     module = copy.deepcopy(model.model).cpu()

@@ -248,6 +248,6 @@ def resident_mb() -> float:
 
 
 def _load(name: str) -> Any:
-    from attnflow.capture import load
+    from attnflow.model import load
 
     return load(name, progress=False)
