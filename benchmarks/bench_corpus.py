@@ -34,7 +34,7 @@ import torch
 
 from attnflow.capture import load
 from attnflow.corpus.engine import run_study
-from attnflow.corpus.readers import open_corpus
+from attnflow.runs.readers import open_corpus
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowStream, batched
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import attnflow
-from attnflow.corpus.readers import open_corpus
+from attnflow.runs.readers import open_corpus
 from attnflow.exploration import explore
 
 SWITCH = """(layer) => new Promise((resolve) => {

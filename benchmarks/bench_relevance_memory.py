@@ -18,7 +18,7 @@ import sys
 CHILD = r"""
 import json, resource, sys, psutil, torch
 import attnflow
-from attnflow.corpus.readers import open_corpus
+from attnflow.runs.readers import open_corpus
 torch.set_num_threads(2)
 model = attnflow.load("minilm-sentiment", device="cpu")
 ids = []

@@ -28,7 +28,7 @@ def distance_profiles(summary: dict) -> tuple[np.ndarray, np.ndarray]:
     from transformers import AutoTokenizer
 
     from attnflow.capture import resolve
-    from attnflow.corpus.readers import open_corpus
+    from attnflow.runs.readers import open_corpus
     from attnflow.corpus.windows import WindowStream, batched
 
     config, corpus = summary["config"], summary["corpus"]

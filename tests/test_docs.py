@@ -209,5 +209,5 @@ def test_every_public_function_and_class_has_a_docstring_and_the_api_reference_b
             if public and isinstance(member, (pdoc.doc.Function, pdoc.doc.Class)) and not member.docstring:
                 missing.append(member.fullname)
     assert not missing, f"public names without a docstring: {', '.join(missing)}"
-    pdoc.pdoc("attnflow.perturb.lrp", output_directory=tmp_path)
-    assert "BackwardRules" in (tmp_path / "attnflow" / "perturb" / "lrp.html").read_text(encoding="utf-8")
+    pdoc.pdoc("attnflow.methods.model.lrp", output_directory=tmp_path)
+    assert "BackwardRules" in (tmp_path / "attnflow" / "methods" / "model" / "lrp.html").read_text(encoding="utf-8")

@@ -134,7 +134,7 @@ def test_methods_taking_a_trace_get_the_trace(monkeypatch):
         seen["trace"] = trace
         return np.full((trace.n_tokens, trace.n_tokens), scale / trace.n_tokens)
 
-    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))  # registrations undone after the test
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._registered()))  # registrations undone after the test
     registry.register("needs_trace", "test method", takes="trace", options=(registry.Option("scale", "s"),))(
         needs_trace
     )
@@ -145,7 +145,7 @@ def test_methods_taking_a_trace_get_the_trace(monkeypatch):
 
 
 def test_wrong_result_shape_is_reported(monkeypatch):
-    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._registered()))
     registry.register("bad_shape", "test", takes="attentions")(lambda attentions: np.zeros(3))
     with pytest.raises(ValueError, match="returned shape"):
         explain(random_trace(), method="bad_shape")

@@ -201,7 +201,7 @@ def test_a_long_text_page_stays_small(minilm):
     """Raw and rollout per layer and per head on 256 minilm tokens (6 layers × 12 heads): the page
     holds 2 × (6 + 6 × 12) × 256² matrix entries and 6 × 12 × 256 × 255 / 2 similarities, under a
     byte each, page included (float16 in base64 took 2.7: 34 MB)."""
-    from attnflow.corpus.readers import open_corpus
+    from attnflow.runs.readers import open_corpus
 
     text = " ".join(itertools.islice(open_corpus("wiki"), 20))
     exploration = explore(minilm, text, methods=["raw", "rollout"], max_length=256)

@@ -63,7 +63,7 @@ def test_the_toy_family_runs_every_method_it_provides_for_and_refuses_the_others
 
 
 def test_a_rule_row_is_a_working_method(extended):
-    from attnflow.perturb import BackwardRules, register_rules
+    from attnflow.methods.model import BackwardRules, register_rules
 
     model = extended["model"]
     tempered = extended["tempered"]

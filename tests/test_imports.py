@@ -58,9 +58,16 @@ def test_no_import_circles():
     assert list(nx.simple_cycles(modules)) == []
 
 
+MODEL_METHODS = "attnflow.methods.model"
+
+
 def subpackage(name: str) -> str:
     """The unit of layering a module belongs to: ``attnflow.capture.model`` -> ``attnflow.capture``;
-    top-level modules (``attnflow.explanation``) are their own unit."""
+    top-level modules (``attnflow.explanation``) are their own unit. The methods that re-run the
+    model (``attnflow.methods.model``) are a layer of their own: above the capture, which uses the
+    registry of the pure methods below it."""
+    if name == MODEL_METHODS or name.startswith(MODEL_METHODS + "."):
+        return MODEL_METHODS
     return ".".join(name.split(".")[:2])
 
 
@@ -103,8 +110,16 @@ def test_capture_does_not_reach_up():
 
 
 def test_the_method_functions_do_not_depend_on_capture():
-    reachable = nx.descendants(import_graph(), "attnflow.methods")
-    assert not any(name.startswith(("attnflow.capture", "attnflow.perturb", "attnflow.targets")) for name in reachable)
+    """The pure methods (every module of attnflow.methods outside methods/model/) reach neither the
+    capture nor the targets nor the model-running methods; the registry finds those through its
+    catalogue of module names, not an import. methods/model/ may use the capture and the targets."""
+    graph = import_graph()
+    pure = [name for name in graph if subpackage(name) == "attnflow.methods"]
+    assert "attnflow.methods.rollout" in pure and "attnflow.methods.registry" in pure
+    assert graph.has_edge("attnflow.methods.model.lrp", "attnflow.capture.hooks")  # the oracle sees the layer above
+    forbidden = ("attnflow.capture", "attnflow.targets", MODEL_METHODS)
+    reached = {name: sorted(n for n in nx.descendants(graph, name) if n.startswith(forbidden)) for name in pure}
+    assert not {name: found for name, found in reached.items() if found}
 
 
 def test_explanation_does_not_import_its_views():
@@ -116,6 +131,23 @@ def test_the_engines_share_the_batch_step_without_importing_each_other():
     assert not graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.engine")
     assert graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.study")
     assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.study")
+
+
+def test_the_audit_and_the_corpus_study_share_runs_without_importing_each_other():
+    """Both stream checkpointed runs with the machinery of attnflow.runs; neither reaches the other."""
+    graph = import_graph()
+
+    def reached(package: str) -> set[str]:
+        modules = [name for name in graph if name == package or name.startswith(package + ".")]
+        return {target for name in modules for target in nx.descendants(graph, name)}
+
+    assert "attnflow.runs.checkpoint" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
+    assert "attnflow.runs.actors" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
+    assert not {name for name in reached("attnflow.dataset_audit") if name.startswith("attnflow.corpus")}
+    assert not {name for name in reached("attnflow.corpus") if name.startswith("attnflow.dataset_audit")}
+    assert not {
+        name for name in reached("attnflow.runs") if name.startswith(("attnflow.corpus", "attnflow.dataset_audit"))
+    }
 
 
 def test_no_family_branches_outside_capture():
@@ -133,3 +165,39 @@ def test_no_family_branches_outside_capture():
         if branch.search(line)
     ]
     assert not found, "family branches outside capture/:\n" + "\n".join(found)
+
+
+def registering_modules() -> set[str]:
+    """Modules that register a method when imported: a top-level function decorated with
+    ``@register(...)``, or a top-level statement that calls ``register`` or ``register_rules``."""
+
+    def calls_register(node: ast.AST) -> bool:
+        return any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id in ("register", "register_rules")
+            for call in ast.walk(node)
+        )
+
+    found = set()
+    for path in SOURCE.rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            decorated = isinstance(node, ast.FunctionDef) and any(map(calls_register, node.decorator_list))
+            if decorated or (isinstance(node, (ast.Expr, ast.For)) and calls_register(node)):
+                found.add(module_name(path))
+    return found
+
+
+def test_the_registry_catalogue_names_every_module_that_registers_a_method():
+    """The package root imports no method module for its side effect: the registry imports its
+    CATALOGUE on the first look-up, so a module left out of it would register nothing."""
+    from attnflow.methods.registry import CATALOGUE
+
+    assert {
+        "attnflow.methods.rollout",
+        "attnflow.methods.model.lrp",
+    } <= registering_modules()  # the oracle sees both forms
+    assert registering_modules() == set(CATALOGUE)
+    root = ast.parse((SOURCE / "__init__.py").read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(root) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in imported if name.startswith("attnflow.methods")}

@@ -13,7 +13,6 @@ Quick start::
     classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
-import attnflow.perturb  # noqa: F401  (registers the methods that re-run the model)
 from attnflow.methods import (
     alti,
     attention_flow,

@@ -228,72 +228,128 @@ def explore(
         ValueError / attnflow errors: an unknown method, or an explicitly requested method that
         cannot run (its reason).
     """
-    model = None
-    if isinstance(source, Trace):
-        base = source
-    else:
-        if text is None or not str(text).strip():
-            raise InputError("the text to explore is empty")
-        if isinstance(source, str):
-            from attnflow.model import load
-
-            source = load(source)
-        model = source
-    names = _requested(methods)
-    skipped: dict[str, str] = {}
-
-    def skip(name: str, why: str) -> None:
-        if methods is not None:
-            raise ValueError(f"method {name!r} cannot run here: {why}")
-        skipped[name] = why
-
-    specs = [get_method(name) for name in names]
+    model = None if isinstance(source, Trace) else _model(source, text)
+    skips = _Skips(strict=methods is not None)
+    specs = [get_method(name) for name in _requested(methods)]
     if model is not None:
-        family = getattr(model, "adapter", None)
-        for spec in list(specs):
-            try:
-                if family is not None:
-                    check_family(spec, family)
-            except ValueError as error:
-                skip(spec.name, str(error))
-                specs.remove(spec)
-        plain_needs = PAGE_NEEDS.union(*(spec.needs for spec in specs if not spec.uses_target)) - {"model"}
-        base = model.trace([text], needs=plain_needs, max_length=max_length)[0]
+        specs = _supported(specs, model, skips)
+        base = model.trace([text], needs=_plain_needs(specs), max_length=max_length)[0]
+    else:
+        base = source
     if base.grid is not None:
         raise InputError("the explorer shows text; explain images with `attnflow explain --image`")
     traces = {spec.name: base for spec in specs}
-    targeted = [spec for spec in specs if spec.uses_target]
-    if model is not None and targeted:
-        needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
-        try:
-            with_target = model.trace(
-                [text], needs=needs, target=target, target_text=target_text, max_length=max_length
-            )[0]
-            traces.update({spec.name: with_target for spec in targeted})
-        except (AttnflowError, ValueError) as error:
-            for spec in targeted:
-                skip(spec.name, str(error))
-            specs = [spec for spec in specs if not spec.uses_target]
-    for spec in list(specs):
-        if methods is None and spec.cost == "expensive" and base.n_tokens > EXPENSIVE_ABOVE:
-            skipped[spec.name] = (
-                f"left out for {base.n_tokens} tokens (slow above {EXPENSIVE_ABOVE}); ask for it by name to include it"
-            )
-            specs.remove(spec)
+    if model is not None:
+        specs = _trace_targets(model, text, specs, traces, skips, target, target_text, max_length)
+    if methods is None:
+        specs = _affordable(specs, base.n_tokens, skips)
     row = parse_row(row) if row is not None else default_row(base)
     views = []
     for spec in _progress(specs, progress):
         missing = _missing_needs(spec, traces[spec.name], model)
         if missing:
-            skip(spec.name, f"needs {', '.join(missing)}: explore it with a model, not a trace")
+            skips.skip(spec.name, f"needs {', '.join(missing)}: explore it with a model, not a trace")
             continue
         views.append(method_view(spec.name, traces[spec.name], row, model=model))
     if not views:
-        raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skipped.items()))
+        raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skips.skipped.items()))
+    exploration = _exploration(base, row, views, skips.skipped)
+    if faithfulness and model is not None:
+        _MEASURES["faithfulness"](model, exploration, target=target, max_length=max_length)
+    return exploration
+
+
+def _model(source: Any, text: str | None) -> Any:
+    """The model (loaded here when ``source`` is its name), once ``text`` is known not to be empty."""
+    if text is None or not str(text).strip():
+        raise InputError("the text to explore is empty")
+    if isinstance(source, str):
+        from attnflow.model import load
+
+        return load(source)
+    return source
+
+
+class _Skips:
+    """The methods left out and why; with ``strict`` (methods asked for by name) a left-out method
+    is an error instead."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.skipped: dict[str, str] = {}
+
+    def skip(self, name: str, why: str) -> None:
+        if self.strict:
+            raise ValueError(f"method {name!r} cannot run here: {why}")
+        self.skipped[name] = why
+
+
+def _supported(specs: list[MethodSpec], model: Any, skips: _Skips) -> list[MethodSpec]:
+    """The methods the model's family supports; the others skipped with the reason."""
+    family = getattr(model, "adapter", None)
+    kept = []
+    for spec in specs:
+        try:
+            if family is not None:
+                check_family(spec, family)
+        except ValueError as error:
+            skips.skip(spec.name, str(error))
+        else:
+            kept.append(spec)
+    return kept
+
+
+def _plain_needs(specs: list[MethodSpec]) -> frozenset[str]:
+    """What the forward pass without a target captures: the page's needs and those of every
+    method that explains no target."""
+    return PAGE_NEEDS.union(*(spec.needs for spec in specs if not spec.uses_target)) - {"model"}
+
+
+def _trace_targets(
+    model: Any,
+    text: str | None,
+    specs: list[MethodSpec],
+    traces: dict[str, Trace],
+    skips: _Skips,
+    target: int | str | None,
+    target_text: str | None,
+    max_length: int | None,
+) -> list[MethodSpec]:
+    """One more pass, with the target and a backward pass, for the target-dependent methods (their
+    entries of ``traces`` replaced); when the target cannot be set they are skipped. Returns the
+    methods that can run."""
+    targeted = [spec for spec in specs if spec.uses_target]
+    if not targeted:
+        return specs
+    needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
+    try:
+        with_target = model.trace([text], needs=needs, target=target, target_text=target_text, max_length=max_length)
+    except (AttnflowError, ValueError) as error:
+        for spec in targeted:
+            skips.skip(spec.name, str(error))
+        return [spec for spec in specs if not spec.uses_target]
+    traces.update({spec.name: with_target[0] for spec in targeted})
+    return specs
+
+
+def _affordable(specs: list[MethodSpec], n_tokens: int, skips: _Skips) -> list[MethodSpec]:
+    """Without methods asked for by name: the expensive ones left out above ``EXPENSIVE_ABOVE`` tokens."""
+    if n_tokens <= EXPENSIVE_ABOVE:
+        return specs
+    for spec in specs:
+        if spec.cost == "expensive":
+            skips.skipped[spec.name] = (
+                f"left out for {n_tokens} tokens (slow above {EXPENSIVE_ABOVE}); ask for it by name to include it"
+            )
+    return [spec for spec in specs if spec.cost != "expensive"]
+
+
+def _exploration(base: Trace, row: Row, views: list[MethodView], skipped: dict[str, str]) -> Exploration:
+    """The page's data: the tokens and shape of ``base``, the views, and the heads' context similarity."""
     similarity = None
     if base.head_outputs is not None:
         similarity = np.asarray(context_similarity(base.head_outputs), dtype=np.float64)
-    exploration = Exploration(
+    return Exploration(
         opens_on="rollout" if any(view.name == "rollout" for view in views) else None,
         tokens=list(base.tokens),
         special_mask=np.asarray(base.special_mask, dtype=bool),
@@ -308,9 +364,6 @@ def explore(
         similarity=similarity,
         skipped=skipped,
     )
-    if faithfulness and model is not None:
-        _MEASURES["faithfulness"](model, exploration, target=target, max_length=max_length)
-    return exploration
 
 
 def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodView:

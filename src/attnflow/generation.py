@@ -394,38 +394,11 @@ def explain_continuation(
     used: dict[str, dict[str, Any]] = {}  # each method's options as used, defaults included
     extras: dict[str, list[dict[str, Any]]] = {name: [{} for _ in range(n)] for name in per_method}
     if one_pass:
-        needs = frozenset().union(*(specs[name].needs for name in one_pass))
-        whole = sequence_trace(model, sequence, needs)
-        for name in one_pass:
-            explained = explain(whole, method=name, row="last", model=model, **per_method[name])
-            matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
-            assert matrix is not None
-            for step in range(n):
-                rows[name][step, : p + step] = matrix[p + step - 1, : p + step]
-            notes[name] += explained.notes
-            used[name] = explained.options
+        _explain_whole_sequence(model, sequence, one_pass, per_method, rows, notes, used)
     if per_step:
-        step_notes: dict[str, list[list[str]]] = {name: [[] for _ in range(n)] for name in per_step}
-        log_probs = np.empty(n)  # y_k, read from the step traces' targets
-        needs = frozenset().union(*(specs[name].needs for name in per_step))
-        for start in range(0, n, max(1, steps_per_pass)):
-            steps = range(start, min(n, start + max(1, steps_per_pass)))
-            traces = step_traces(model, sequence, steps, needs, contrast_id)
-            for step, trace in zip(steps, traces, strict=True):
-                log_probs[step] = np.log(trace.target.probability)
-            for name in per_step:
-                with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
-                    warnings.simplefilter("ignore", ExplanationWarning)
-                    explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
-                for step, explained in zip(steps, explained_steps, strict=True):
-                    rows[name][step, : p + step] = explained.scores
-                    extras[name][step] = explained.extras
-                    step_notes[name][step] = explained.notes
-                    used[name] = explained.options
-        for name in per_step:
-            for note in condensed_notes(step_notes[name]):
-                warnings.warn(f"{name}: {note}", ExplanationWarning, stacklevel=2)
-                notes[name].append(note)
+        log_probs = _explain_each_step(
+            model, sequence, per_step, per_method, steps_per_pass, contrast_id, rows, notes, used, extras
+        )
     else:
         log_probs = step_log_probs(model, sequence)
     tokens = token_strings(model, sequence.ids)
@@ -453,6 +426,70 @@ def explain_continuation(
             explanation.faithfulness = step_faithfulness(model, explanation)
         explanations.append(explanation)
     return explanations
+
+
+def _explain_whole_sequence(
+    model: Any,
+    sequence: Continuation,
+    names: Sequence[str],
+    per_method: Mapping[str, Mapping[str, Any]],
+    rows: dict[str, np.ndarray],
+    notes: dict[str, list[str]],
+    used: dict[str, dict[str, Any]],
+) -> None:
+    """Methods without a target: one trace of the whole sequence, step k's row the matrix's row of
+    the position before t_k (filled into ``rows[name] [step, source]``, ``notes`` and ``used``)."""
+    n, p = sequence.n_steps, sequence.n_prompt
+    needs = frozenset().union(*(get_method(name).needs for name in names))
+    whole = sequence_trace(model, sequence, needs)
+    for name in names:
+        explained = explain(whole, method=name, row="last", model=model, **per_method[name])
+        matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
+        assert matrix is not None
+        for step in range(n):
+            rows[name][step, : p + step] = matrix[p + step - 1, : p + step]
+        notes[name] += explained.notes
+        used[name] = explained.options
+
+
+def _explain_each_step(
+    model: Any,
+    sequence: Continuation,
+    names: Sequence[str],
+    per_method: Mapping[str, Mapping[str, Any]],
+    steps_per_pass: int,
+    contrast_id: int | None,
+    rows: dict[str, np.ndarray],
+    notes: dict[str, list[str]],
+    used: dict[str, dict[str, Any]],
+    extras: dict[str, list[dict[str, Any]]],
+) -> np.ndarray:
+    """Target methods: each step explained for its own token, ``steps_per_pass`` steps a pass (filled
+    into ``rows``, ``notes`` — each kind of note said once —, ``used`` and ``extras``). Returns
+    ``[N]`` y_k = log p(t_k | before), read from the step traces' targets."""
+    n, p = sequence.n_steps, sequence.n_prompt
+    step_notes: dict[str, list[list[str]]] = {name: [[] for _ in range(n)] for name in names}
+    log_probs = np.empty(n)
+    needs = frozenset().union(*(get_method(name).needs for name in names))
+    for start in range(0, n, max(1, steps_per_pass)):
+        steps = range(start, min(n, start + max(1, steps_per_pass)))
+        traces = step_traces(model, sequence, steps, needs, contrast_id)
+        for step, trace in zip(steps, traces, strict=True):
+            log_probs[step] = np.log(trace.target.probability)
+        for name in names:
+            with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
+                warnings.simplefilter("ignore", ExplanationWarning)
+                explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
+            for step, explained in zip(steps, explained_steps, strict=True):
+                rows[name][step, : p + step] = explained.scores
+                extras[name][step] = explained.extras
+                step_notes[name][step] = explained.notes
+                used[name] = explained.options
+    for name in names:
+        for note in condensed_notes(step_notes[name]):
+            warnings.warn(f"{name}: {note}", ExplanationWarning, stacklevel=3)
+            notes[name].append(note)
+    return log_probs
 
 
 def condensed_notes(step_notes: Sequence[Sequence[str]]) -> list[str]:
@@ -588,8 +625,8 @@ def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: s
     ``{"bins", "probability" [N], "perturbed_probability" [N, bin], "aopc" [N], "mean_aopc"}``."""
     import torch
 
+    from attnflow.evaluate.deletion import without_top
     from attnflow.evaluate.metrics import BINS, aopc, content_ranking, top_count
-    from attnflow.evaluate.perturb import without_top
     from attnflow.targets import Objective
 
     tokenizer = model.tokenizer

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import attnflow
 from attnflow.cli import main
@@ -89,16 +90,20 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
 
 
 def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
+    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
     path, *_ = planted_task
-    command = [
-        sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())",
-        "audit", "--model", str(planted_model), "--task", str(path),
-        "--swap", "he:she", "--batch-size", "4", "--checkpoint-every", "2", "--device", "cpu", "--quiet",
+    arguments = [
+        "--model", str(planted_model), "--task", str(path), "--swap", "he:she", "--batch-size", "4",
+        "--checkpoint-every", "2",
     ]  # fmt: skip
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([*command, "--out", str(tmp_path / "whole")], check=True, env=environment, timeout=600)
+    assert run_cli(*arguments, "--out", str(tmp_path / "whole")) == 0
     killed = tmp_path / "killed"
-    process = subprocess.Popen([*command, "--out", str(killed)], env=environment)
+    command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "audit"]
+    # the killed process computes with this process's thread count: the same sums in the same order
+    environment = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen(
+        [*command, *arguments, "--device", "cpu", "--quiet", "--out", str(killed)], env=environment
+    )
     deadline = time.monotonic() + 300
     while not (killed / "checkpoint.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -107,7 +112,7 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(p
     saved = json.loads((killed / "checkpoint.json").read_text())
     assert not saved["complete"] and 0 < saved["examples"] < 300
     assert not (killed / "results.json").exists() and not (killed / "report.html").exists()
-    subprocess.run([*command, "--out", str(killed), "--resume"], check=True, env=environment, timeout=600)
+    assert run_cli(*arguments, "--out", str(killed), "--resume") == 0
     assert not [entry.name for entry in killed.iterdir() if ".tmp-" in entry.name]
     first, second = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", killed))
     first.pop("run"), second.pop("run")

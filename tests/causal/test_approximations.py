@@ -12,7 +12,7 @@ from attnflow.causal.api import resolve_metric
 from attnflow.causal.approximations import estimate
 from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
-from attnflow.perturb.lrp import RULES, backward_rules
+from attnflow.methods.model.lrp import RULES, backward_rules
 
 
 def setup(model):

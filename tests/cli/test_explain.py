@@ -11,6 +11,7 @@ import errno
 import importlib.util
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -267,7 +268,9 @@ def test_out_must_be_a_folder(fake_model, tmp_path, capsys):
     assert "is a file, not a folder" in capsys.readouterr().err
 
 
-# ----- the installed script: bad input gives one line on stderr and a non-zero exit ----------
+# ----- bad input gives one line on stderr and a non-zero exit --------------------------------
+# `run_in_process` runs what the installed script runs (`attnflow.cli.main`) without the 3-5 s
+# interpreter start of each; one test runs the installed script itself.
 
 
 def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -275,6 +278,14 @@ def run_script(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(SCRIPT), "explain", *args], capture_output=True, text=True, timeout=timeout, env=environment
     )
+
+
+def run_in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`attnflow explain ARGS` through `attnflow.cli.main`: its exit status, stdout and stderr."""
+    capsys.readouterr()
+    status = main(["explain", *args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["attnflow", "explain", *args], status, out, err)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -297,8 +308,8 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
         (["hello", "--method", "raw", "--discard-ratio", "0.5"], ("does not take --discard-ratio",)),
     ],
 )
-def test_bad_input_fails_before_loading_a_model(tmp_path, args, fragments):
-    result = run_script(*args, "--out", str(tmp_path / "out"))
+def test_bad_input_fails_before_loading_a_model(tmp_path, capsys, args, fragments):
+    result = run_in_process(capsys, *args, "--out", str(tmp_path / "out"))
     assert_one_line_error(result, *fragments)
     assert not (tmp_path / "out").exists()
 
@@ -308,17 +319,18 @@ def test_unknown_model_lists_the_aliases(tmp_path):
     assert_one_line_error(result, "no-such-model-xyz", "minilm", "mpnet", "smollm2")
 
 
-def test_missing_model_folder(tmp_path):
-    result = run_script("hello", "--model", str(tmp_path / "missing"), "--out", str(tmp_path), "--quiet")
+def test_missing_model_folder(tmp_path, capsys):
+    result = run_in_process(capsys, "hello", "--model", str(tmp_path / "missing"), "--out", str(tmp_path), "--quiet")
     assert_one_line_error(result, "minilm")
 
 
 @needs_minilm
-def test_long_text_is_truncated_with_a_warning(tmp_path):
-    result = run_script("word " * 700, "--max-length", "16", "--out", str(tmp_path), "--json", "--quiet")
-    assert result.returncode == 0 and "Traceback" not in result.stderr
+def test_long_text_is_truncated_with_a_warning(tmp_path, capsys, caplog):
+    with caplog.at_level(logging.WARNING):
+        result = run_in_process(capsys, "word " * 700, "--max-length", "16", "--out", str(tmp_path), "--json", "-q")
+    assert result.returncode == 0 and not result.stderr
     assert len(json.loads(result.stdout)["tokens"]) == 16
-    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    warnings = [record.getMessage() for record in caplog.records]
     assert len(warnings) == 1 and "truncated to 16" in warnings[0]
 
 

@@ -1,7 +1,8 @@
 """`attnflow explain --image PHOTO --model dinov2-s` on real photos, and bad image input.
 
 The in-process runs share one loaded dinov2-s (the CLI's loader is patched to return it); the
-bad-input cases run the installed `attnflow` script, as a user would.
+bad-input cases run `attnflow.cli.main` as the installed script does (tests/cli/test_explain.py
+runs the script itself).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import skimage.data
 from PIL import Image
-from test_explain import assert_one_line_error, run_script
+from test_explain import assert_one_line_error, run_in_process
 
 import attnflow
 from attnflow.cli import explain as explain_command
@@ -99,34 +100,39 @@ def test_grayscale_photo_is_converted_with_a_note(with_dinov2, tmp_path, caplog)
     assert np.asarray(data["patch_scores"]).shape == GRID
 
 
-def test_rgba_image_converted_with_a_one_line_note(tmp_path):
+def test_rgba_image_converted_with_a_one_line_note(with_dinov2, tmp_path, capsys, caplog):
     image = tmp_path / "logo.png"
     rgba = np.random.default_rng(0).integers(0, 255, (60, 60, 4), dtype=np.uint8)  # square: no crop note
     Image.fromarray(rgba, "RGBA").save(image)
-    result = run_script("--image", str(image), "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q", timeout=300)
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines == [f"attnflow: WARNING: {image}: RGBA image converted to RGB (transparency dropped)"]
+    with caplog.at_level(logging.WARNING):
+        result = run_in_process(
+            capsys, "--image", str(image), "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q"
+        )
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    notes = [record.getMessage() for record in caplog.records]
+    assert notes == [f"{image}: RGBA image converted to RGB (transparency dropped)"]
     assert (tmp_path / "out" / "explanation_overlay.png").exists()
 
 
-def test_a_file_that_is_not_an_image_fails_before_loading(tmp_path):
+def test_a_file_that_is_not_an_image_fails_before_loading(tmp_path, capsys):
     fake = tmp_path / "photo.jpg"
     fake.write_text("not a picture")
-    result = run_script("--image", str(fake), "--model", "no-such-model", "--out", str(tmp_path / "out"))
+    result = run_in_process(capsys, "--image", str(fake), "--model", "no-such-model", "--out", str(tmp_path / "out"))
     assert_one_line_error(result, f"{fake} is not an image file Pillow can read")  # the model was never resolved
     assert not (tmp_path / "out").exists()
 
 
-def test_an_image_given_to_a_text_model(tmp_path):
-    result = run_script("--image", str(grace_hopper()), "--model", "minilm", "--out", str(tmp_path / "out"), "-q")
+def test_an_image_given_to_a_text_model(tmp_path, capsys):
+    result = run_in_process(
+        capsys, "--image", str(grace_hopper()), "--model", "minilm", "--out", str(tmp_path / "out"), "-q"
+    )
     assert_one_line_error(result, "minilm is a text model (encoder), not a vision model", "dinov2-s")
     assert not (tmp_path / "out").exists()
 
 
-def test_a_text_given_to_a_vision_model(tmp_path):
-    result = run_script(
-        "A cat sat on the mat.", "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q", timeout=300
+def test_a_text_given_to_a_vision_model(tmp_path, capsys):
+    result = run_in_process(
+        capsys, "A cat sat on the mat.", "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q"
     )
     assert_one_line_error(result, "dinov2-s is a vision model: it explains images, not text", "--image PATH")
     assert not (tmp_path / "out").exists()

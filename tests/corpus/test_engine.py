@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, rebuild_report, run_study
 from attnflow.corpus.stats import StudyConfig
@@ -172,35 +173,27 @@ sys.exit(main())
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
-    def command(out: Path) -> list[str]:
+    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
+    from attnflow.cli import main
+
+    def arguments(out: Path) -> list[str]:
         options = ["--model", str(tiny_bert), "--data", str(txt_corpus), "--samples", "24", "--seq-len", "24"]
-        batches = ["--batch-size", "2", "--checkpoint-every", "3"]
-        return [
-            sys.executable,
-            "-c",
-            KILLED_CLI,
-            "corpus",
-            *options,
-            *batches,
-            "--device",
-            "cpu",
-            "--quiet",
-            "--out",
-            str(out),
-        ]
+        return ["corpus", *options, "--batch-size", "2", "--checkpoint-every", "3", "--device", "cpu", "--quiet",
+                "--out", str(out)]  # fmt: skip
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "KILL_AT_BATCH": "0"}  # 0: never killed
-    subprocess.run(command(tmp_path / "whole"), check=True, env=env, capture_output=True, timeout=600)
-
+    assert main(arguments(tmp_path / "whole")) == 0
     cut = tmp_path / "cut"
-    killed = subprocess.run(command(cut), env={**env, "KILL_AT_BATCH": "8"}, capture_output=True, timeout=600)
+    # the killed process computes with this process's thread count: the same sums in the same order
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "KILL_AT_BATCH": "8"}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_CLI, *arguments(cut)], env=env, capture_output=True, timeout=600
+    )
     assert killed.returncode == -signal.SIGKILL
     _, meta = load_checkpoint(cut / CHECKPOINT)
     assert meta["windows"] == 12 and not meta["complete"]  # the checkpoint after batch 6 of 2 windows each
     assert not (cut / "summary.json").exists()
 
-    resumed = subprocess.run(command(cut) + ["--resume"], env=env, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
+    assert main([*arguments(cut), "--resume"]) == 0
     assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(cut / "stats.npz"))
     assert json.loads((cut / "summary.json").read_text())["samples"] == 24
     assert not [p.name for p in cut.iterdir() if ".tmp-" in p.name]
@@ -219,7 +212,7 @@ def test_report_is_rebuilt_from_saved_statistics(tiny_bert, txt_corpus, tmp_path
 def test_study_options_declare_the_statistics_and_reading_options_once():
     from dataclasses import fields
 
-    from attnflow.corpus.readers import ReadOptions
+    from attnflow.runs.readers import ReadOptions
 
     own = {field.name for field in fields(StudyOptions)}
     assert not own & {field.name for field in fields(StudyConfig)}
@@ -229,13 +222,14 @@ def test_study_options_declare_the_statistics_and_reading_options_once():
 
 @pytest.mark.parametrize("state, words", [("missing", "does not exist"), ("empty", "is empty")])
 def test_resume_without_a_run_to_continue_is_refused(tmp_path, state, words):
-    from attnflow.corpus.engine import prepare_out_dir
+    from attnflow.corpus.engine import OUTPUTS
+    from attnflow.runs.checkpoint import prepare_out_dir
 
     out = tmp_path / "out"
     if state == "empty":
         out.mkdir()
     with pytest.raises(InputError, match=f"--resume: .*out {words}, so there is no run to continue"):
-        prepare_out_dir(out, resume=True, overwrite=False)
+        prepare_out_dir(out, resume=True, overwrite=False, checkpoint=CHECKPOINT, outputs=OUTPUTS)
 
 
 def test_report_of_a_missing_folder_says_so(tmp_path, capsys):

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 def ray_runtime():
     """One private local Ray runtime for this module's studies (the engine uses a runtime it finds
     running and leaves it up), shut down after them: one start instead of one per test."""
-    from attnflow.corpus.ray_engine import LOCAL_OBJECT_STORE_BYTES
+    from attnflow.runs.actors import LOCAL_OBJECT_STORE_BYTES
 
     ray.init(
         address="local",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnflow.corpus.readers import ReadOptions, open_corpus, wiki_path
+from attnflow.runs.readers import ReadOptions, open_corpus, wiki_path
 from attnflow.errors import InputError
 
 from corpus_helpers import write_jsonl

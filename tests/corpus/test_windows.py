@@ -143,7 +143,7 @@ def test_batched_stacks_consecutive_windows(tiny_tokenizer):
 
 
 def test_wiki_minilm_windows(minilm):
-    from attnflow.corpus.readers import open_corpus
+    from attnflow.runs.readers import open_corpus
 
     windows = list(WindowStream(open_corpus("wiki"), minilm.tokenizer, seq_len=128, samples=3))
     assert [len(w.token_ids) for w in windows] == [128, 128, 128]

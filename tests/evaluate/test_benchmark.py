@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
-from attnflow.evaluate.perturb import without_top
+from attnflow.evaluate.deletion import without_top
 from attnflow.evaluate.report import write_report
 from attnflow.evaluate.sanity import FLAG_RHO, randomisation_stages
 from attnflow.evaluate.scorer import ClassifierScorer

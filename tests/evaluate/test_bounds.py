@@ -13,6 +13,7 @@ from attnflow.evaluate.bounds import (
     beam_chain_bounds,
     chain_bounds,
     exact_chain_bounds,
+    level_chain_bounds,
     normalised_aopc,
 )
 from attnflow.evaluate.metrics import BINS, aopc, top_count
@@ -63,6 +64,38 @@ def test_beam_bounds_lie_inside_the_exact_ones_and_reach_them_with_a_wide_beam(s
     assert chain_bounds(value, n_items, counts, exact_limit=7)[2] == "exact"
     low_none, high_none, search = chain_bounds(value, n_items, counts, exact_limit=6, beam_width=0)
     assert search == "none" and np.isnan(low_none) and np.isnan(high_none)  # no search: NAOPC undefined
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_level_bounds_lie_inside_the_exact_ones_and_are_exact_for_an_additive_drop(seed):
+    n_items = 8
+    counts = [top_count(k, n_items) for k in (0.1, 0.3, 0.5, 1.0)]  # bins that add 1, 2, 1, 4 items
+    value = interacting_value(n_items, seed)
+    low, high = exact_chain_bounds(value, n_items, counts)
+    level_low, level_high = level_chain_bounds(value, n_items, counts)
+    assert low - 1e-12 <= level_low <= level_high <= high + 1e-12
+    weights = np.random.default_rng(seed).normal(size=n_items)  # additive: best-first is optimal
+    additive = lambda sets: np.array([weights[sorted(chosen)].sum() for chosen in sets])  # noqa: E731
+    assert level_chain_bounds(additive, n_items, counts) == pytest.approx(exact_chain_bounds(additive, n_items, counts))
+
+
+def test_level_bounds_score_fewer_sets_than_a_beam_of_width_1():
+    n_items, asked = 26, []
+    counts = [top_count(k, n_items) for k in BINS]
+    value = interacting_value(n_items, 0)
+
+    def counted(sets):
+        asked.append(len(sets))
+        return value(sets)
+
+    level_chain_bounds(counted, n_items, counts)
+    levels = sum(asked)
+    asked.clear()
+    beam_chain_bounds(counted, n_items, counts, 1)
+    assert levels < 0.5 * sum(asked)
+    assert chain_bounds(value, n_items, counts, search="levels")[2] == "levels"
+    with pytest.raises(ValueError, match="unknown bounds search"):
+        chain_bounds(value, n_items, counts, search="exhaustive")
 
 
 def test_normalised_aopc_maps_the_bounds_to_0_and_1():

@@ -9,8 +9,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
+from attnflow.evaluate.deletion import only_top, perturb, without_top
 from attnflow.evaluate.metrics import aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
-from attnflow.evaluate.perturb import only_top, perturb, without_top
 
 CLS, SEP, MASK = 101, 102, 103
 A, B, C = 7, 8, 9

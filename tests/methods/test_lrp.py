@@ -19,7 +19,7 @@ import attnflow
 from attnflow.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
-from attnflow.perturb.lrp import lrp_relevance
+from attnflow.methods.model.lrp import lrp_relevance
 from attnflow.targets import Objective
 
 from tiny_models import tiny_config, tiny_vocab
@@ -214,7 +214,7 @@ def test_a_batch_equals_one_input_at_a_time(tiny_classifier_path, tiny_model_pat
 def test_the_front_door_runs_the_rules_once_for_a_batch(tiny_classifier_path, monkeypatch):
     """`model.explain(texts, rule)` (what evaluate and the audit call) uses the rules' batch form:
     one `lrp_relevance` call for all texts, each explanation equal to explaining its text alone."""
-    from attnflow.perturb import lrp
+    from attnflow.methods.model import lrp
 
     model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
     calls = []

@@ -23,8 +23,8 @@ import attnflow
 from attnflow.capture.hooks import find_layers
 from attnflow.errors import ExplanationWarning
 from attnflow.explanation import explain, explain_traces
+from attnflow.methods.model.perturbation import integrated_gradient_attributions
 from attnflow.methods.relevance import alti_layer_parts, alti_matrices, norm_matrices
-from attnflow.perturb.methods import integrated_gradient_attributions
 
 from tiny_models import CLASSIFIER_FAMILIES
 
@@ -356,15 +356,15 @@ def test_leave_one_out_equals_one_forward_per_removed_token(tiny_bert):
 def test_leave_one_out_of_several_texts_scores_all_their_variants_together(tiny_bert, monkeypatch):
     """The batch form (`model.explain(texts)`): one set of forward passes for every text's variants,
     each text explained for its own class, equal to explaining each text alone."""
-    from attnflow.perturb import methods as perturb_methods
+    from attnflow.methods.model import perturbation
 
     texts = [TEXT, "the acting was great", "a cat sat on the mat and the dog ran"]
     traces = tiny_bert.trace(texts, needs=("target",))
     traces[1].target = dataclasses.replace(traces[1].target, index=1 - traces[1].target.index)  # classes differ
     calls = []
-    original = perturb_methods.target_values
+    original = perturbation.target_values
     monkeypatch.setattr(
-        perturb_methods, "target_values", lambda *args, **kw: calls.append(len(args[2])) or original(*args, **kw)
+        perturbation, "target_values", lambda *args, **kw: calls.append(len(args[2])) or original(*args, **kw)
     )
     together = explain_traces(traces, method="leave_one_out", model=tiny_bert, batch_size=4)
     assert calls == [sum(1 + int((~trace.special_mask).sum()) for trace in traces)]  # one call, every variant

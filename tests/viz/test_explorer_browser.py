@@ -302,7 +302,7 @@ def test_mpnet_512_tokens_page_is_at_most_50_mb_and_decodes(browser, tmp_path):
     """A 512-token, 12-layer, 12-head explorer on mpnet (raw and rollout per head: 268 MB as float16
     in base64) stays within 50 MB, and the page decodes a layer's per-head rollout to the Python
     array within the quantisation error. Switch times: benchmarks/bench_explorer.py."""
-    from attnflow.corpus.readers import open_corpus
+    from attnflow.runs.readers import open_corpus
 
     model = attnflow.load("mpnet", device="cpu")
     text = " ".join(itertools.islice(open_corpus("wiki"), 40))

@@ -182,11 +182,6 @@ def patch(
     Returns:
         a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
     """
-    import torch
-
-    from attnflow.causal.approximations import estimate
-    from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
-
     check_sites_supported(model)
     kinds = parse_site_kinds(sites)
     chosen = parse_methods(methods)
@@ -197,80 +192,24 @@ def patch(
     if "relp" in chosen:
         _check_relp(model)
     clean_ids = _token_ids(model, clean, "clean")
-    words: list[str] = []
-    noise_tensor = None
-    if corrupt is not None:
-        corrupt_ids = _token_ids(model, corrupt, "corrupt")
-        if corrupt_ids.shape != clean_ids.shape:
-            raise InputError(
-                f"the clean text is {clean_ids.shape[1]} tokens and the corrupt text {corrupt_ids.shape[1]}: "
-                "patching needs the same token length; choose a counterfactual of the same length, or "
-                "corrupt the clean text with noise on some of its words (--noise WORDS)"
-            )
-        rows = 1
-    else:
-        words = _words(noise)  # noise is not None here
-        noise_tensor = noise_on_words(model, clean, words, samples, seed)
-        corrupt_ids, rows = clean_ids, samples
-    n_tokens = clean_ids.shape[1]
-    if head_position is not None:
-        if not -n_tokens <= head_position < n_tokens:
-            raise InputError(f"--head-position {head_position} is outside the text's {n_tokens} tokens")
-        head_position %= n_tokens
+    corruption = _corruption(model, clean, clean_ids, corrupt, noise, samples, seed)
+    head_position = _head_position(head_position, clean_ids.shape[1])
     metric = resolve_metric(model, clean_ids, target, contrast)
-    runner = PatchRunner(model, metric)
-    seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    with torch.no_grad():
-        clean_metric, clean_recorded = runner.forward(clean_ids, 1, record=True)
-        corrupt_metric, corrupt_recorded = runner.forward(corrupt_ids, rows, noise=noise_tensor, record=True)
-    seconds["cache"] = time.perf_counter() - started
-    m_clean, m_corrupt = float(clean_metric.double().mean()), float(corrupt_metric.double().mean())
-    difference = m_clean - m_corrupt
-    if abs(difference) < 1e-6:
-        raise InputError(
-            f"the corruption does not change the metric ({metric.describe()} = {m_clean:.4g} on both): "
-            "nothing to restore; choose a corruption that changes the prediction"
-        )
-    if direction == "denoising":
-        base_ids, base_noise, source, m_base = corrupt_ids, noise_tensor, stacked(clean_recorded), m_corrupt
-    else:
-        base_ids, base_noise, source, m_base = clean_ids, None, stacked(corrupt_recorded), m_clean
-    sign = 1.0 if direction == "denoising" else -1.0
-    shapes = {kind: sweep_shape(kind, model.n_layers, clean_ids.shape[1], model.n_heads) for kind in kinds}
-    effects: dict[str, dict[str, np.ndarray]] = {}
-    for method in chosen:
-        started = time.perf_counter()
-        if method == "exact":
-            site_list = [
-                site
-                for kind in kinds
-                for site in all_sites(kind, model.n_layers, n_tokens, model.n_heads, head_position)
-            ]
-            with _progress_bar(len(site_list), progress) as bar:
-                patched = exact_sweep(runner, base_ids, base_noise, source, site_list, rows, batch_size, bar)
-            changes, start = {}, 0
-            for kind in kinds:
-                size = int(np.prod(shapes[kind]))
-                changes[kind] = patched[start : start + size].reshape(shapes[kind]) - m_base
-                start += size
-        else:
-            changes = estimate(method, runner, base_ids, base_noise, source, kinds, rows, head_position)
-        seconds[method] = time.perf_counter() - started
-        effects[method] = {kind: sign * changes[kind] / difference for kind in kinds}
+    sweep = _Sweep(model, metric, kinds, direction, head_position, batch_size, progress)
+    m_clean, m_corrupt, effects, seconds = sweep.run(chosen, clean_ids, corruption)
     tokenizer = model.tokenizer
     return PatchResult(
         model=model.name,
         clean_text=clean,
         corrupt_text=corrupt,
-        noise_words=words,
+        noise_words=corruption.words,
         tokens=tokenizer.convert_ids_to_tokens(clean_ids[0].tolist()),
-        corrupt_tokens=tokenizer.convert_ids_to_tokens(corrupt_ids[0].tolist()),
+        corrupt_tokens=tokenizer.convert_ids_to_tokens(corruption.ids[0].tolist()),
         direction=direction,
         metric=metric.describe(),
         clean_metric=m_clean,
         corrupt_metric=m_corrupt,
-        samples=rows,
+        samples=corruption.rows,
         n_layers=model.n_layers,
         n_heads=model.n_heads,
         effects=effects,
@@ -279,8 +218,126 @@ def patch(
     )
 
 
+@dataclass(frozen=True)
+class _Corruption:
+    """The corrupted input: its token ids ``[1, token]``, the rows each forward pass runs (1, or
+    ``samples`` noise draws), the noise added to the word embeddings (or None) and the noised words."""
+
+    ids: Any
+    rows: int
+    noise: Any
+    words: list[str]
+
+
+def _corruption(
+    model: Any,
+    clean: str,
+    clean_ids: Any,
+    corrupt: str | None,
+    noise: str | Sequence[str] | None,
+    samples: int,
+    seed: int,
+) -> _Corruption:
+    """The counterfactual text (same token length as the clean one), or ``samples`` noise draws on the clean text."""
+    if corrupt is None:
+        words = _words(noise)
+        return _Corruption(clean_ids, samples, noise_on_words(model, clean, words, samples, seed), words)
+    corrupt_ids = _token_ids(model, corrupt, "corrupt")
+    if corrupt_ids.shape != clean_ids.shape:
+        raise InputError(
+            f"the clean text is {clean_ids.shape[1]} tokens and the corrupt text {corrupt_ids.shape[1]}: "
+            "patching needs the same token length; choose a counterfactual of the same length, or "
+            "corrupt the clean text with noise on some of its words (--noise WORDS)"
+        )
+    return _Corruption(corrupt_ids, 1, None, [])
+
+
+def _head_position(head_position: int | None, n_tokens: int) -> int | None:
+    """``--head-position`` as an index from the start (negative counts from the end), checked."""
+    if head_position is None:
+        return None
+    if not -n_tokens <= head_position < n_tokens:
+        raise InputError(f"--head-position {head_position} is outside the text's {n_tokens} tokens")
+    return head_position % n_tokens
+
+
+@dataclass
+class _Sweep:
+    """One patching run: both inputs' values cached once, then each method's effects on every site."""
+
+    model: Any
+    metric: Any
+    kinds: tuple[str, ...]
+    direction: str
+    head_position: int | None
+    batch_size: int
+    progress: bool
+
+    def run(
+        self, methods: Sequence[str], clean_ids: Any, corruption: _Corruption
+    ) -> tuple[float, float, dict[str, dict[str, np.ndarray]], dict[str, float]]:
+        """(m_clean, m_corrupt, effects per method and site kind, seconds per step)."""
+        import torch
+
+        from attnflow.causal.approximations import estimate
+        from attnflow.causal.patching import PatchRunner, stacked
+
+        runner = PatchRunner(self.model, self.metric)
+        started = time.perf_counter()
+        with torch.no_grad():
+            clean_metric, clean_recorded = runner.forward(clean_ids, 1, record=True)
+            corrupt_metric, corrupt_recorded = runner.forward(
+                corruption.ids, corruption.rows, noise=corruption.noise, record=True
+            )
+        seconds = {"cache": time.perf_counter() - started}
+        m_clean, m_corrupt = float(clean_metric.double().mean()), float(corrupt_metric.double().mean())
+        difference = m_clean - m_corrupt
+        if abs(difference) < 1e-6:
+            raise InputError(
+                f"the corruption does not change the metric ({self.metric.describe()} = {m_clean:.4g} on both): "
+                "nothing to restore; choose a corruption that changes the prediction"
+            )
+        if self.direction == "denoising":
+            base = (corruption.ids, corruption.noise, stacked(clean_recorded))
+            m_base, sign = m_corrupt, 1.0
+        else:
+            base, m_base, sign = (clean_ids, None, stacked(corrupt_recorded)), m_clean, -1.0
+        effects: dict[str, dict[str, np.ndarray]] = {}
+        for method in methods:
+            started = time.perf_counter()
+            if method == "exact":
+                changes = self._exact(runner, *base, corruption.rows, m_base, clean_ids.shape[1])
+            else:
+                changes = estimate(method, runner, *base, self.kinds, corruption.rows, self.head_position)
+            seconds[method] = time.perf_counter() - started
+            effects[method] = {kind: sign * changes[kind] / difference for kind in self.kinds}
+        return m_clean, m_corrupt, effects, seconds
+
+    def _exact(
+        self, runner: Any, base_ids: Any, base_noise: Any, source: Any, rows: int, m_base: float, n_tokens: int
+    ) -> dict[str, np.ndarray]:
+        """The metric's change when each site alone is patched, per site kind (exact activation patching)."""
+        from attnflow.causal.patching import exact_sweep
+
+        model = self.model
+        shapes = {kind: sweep_shape(kind, model.n_layers, n_tokens, model.n_heads) for kind in self.kinds}
+        site_list = [
+            site
+            for kind in self.kinds
+            for site in all_sites(kind, model.n_layers, n_tokens, model.n_heads, self.head_position)
+        ]
+        with _progress_bar(len(site_list), self.progress) as bar:
+            patched = exact_sweep(runner, base_ids, base_noise, source, site_list, rows, self.batch_size, bar)
+        changes, start = {}, 0
+        for kind in self.kinds:
+            size = int(np.prod(shapes[kind]))
+            changes[kind] = patched[start : start + size].reshape(shapes[kind]) - m_base
+            start += size
+        return changes
+
+
 def _check_relp(model: Any) -> None:
-    from attnflow.perturb.lrp import RULES
+    from attnflow.methods.model.lrp import RULES
     from attnflow.trace import CAPABILITIES
 
     missing = sorted(set(RULES["attnlrp"].requires) - model.adapter.provides)

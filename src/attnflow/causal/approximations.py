@@ -9,7 +9,7 @@ Each estimates Δm(site) = m(base run with the site set to its source value) −
   compares with signed effects. (The paper's other fix, recomputing the attention softmax for
   patched queries and keys, concerns query and key sites, which a sweep of outputs does not have.)
 - ``relp`` (arXiv 2508.21258): (a_source − a_base) · ∂̃m/∂a with ∂̃ the AttnLRP rules' backward
-  (`attnflow.perturb.lrp`, row ``attnlrp``) instead of the gradient.
+  (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient.
 
 Arrays per site kind as in `attnflow.causal.sites`; each is averaged over the base run's samples.
 """
@@ -44,7 +44,7 @@ def estimate(
         return _graddrop(runner, input_ids, noise, source, kinds, samples, head_position)
     rules = None
     if method == "relp":
-        from attnflow.perturb.lrp import RULES, backward_rules
+        from attnflow.methods.model.lrp import RULES, backward_rules
 
         rules = backward_rules(runner.model, RULES["attnlrp"])
     gradients, base = _gradients(runner, input_ids, noise, samples, rules)

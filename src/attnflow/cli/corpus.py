@@ -47,7 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=CORPUS_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    what = parser.add_argument_group("what to study")
+    _add_study_arguments(parser.add_argument_group("what to study"))
+    _add_reading_arguments(parser.add_argument_group("reading the corpus"))
+    _add_running_arguments(parser.add_argument_group("running"))
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
+    _register_report(subparsers)
+
+
+def _add_study_arguments(what: argparse._ArgumentGroup) -> None:
+    """The model, the corpus, the windows and the statistics' thresholds."""
     what.add_argument(
         "--model", default="minilm", help="alias (minilm, mpnet, smollm2), local folder or hub id (default: minilm)"
     )
@@ -87,7 +95,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="P",
         help="high-attention pairs M: top P %% by max(A_ij, A_ji) (default: 2)",
     )
-    reading = parser.add_argument_group("reading the corpus")
+
+
+def _add_reading_arguments(reading: argparse._ArgumentGroup) -> None:
+    """How the documents are read from a .txt, .jsonl, .csv or .parquet file."""
     reading.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     reading.add_argument("--text-column", default="text", help="CSV/Parquet column holding the text (default: text)")
     reading.add_argument(
@@ -97,7 +108,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=".txt files: one document per line, or per blank-line-separated paragraph (default: line)",
     )
     reading.add_argument("--skip-bad", action="store_true", help="count and skip bad JSONL lines instead of stopping")
-    running = parser.add_argument_group("running")
+
+
+def _add_running_arguments(running: argparse._ArgumentGroup) -> None:
+    """The output folder, resuming, batches, checkpoints, engine, device and output."""
     running.add_argument(
         "--out", required=True, metavar="DIR", help="output folder (refused if not empty, unless --resume/--overwrite)"
     )
@@ -134,8 +148,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     running.add_argument("--quiet", action="store_true", help="no progress bar")
     running.add_argument("--json", action="store_true", help="print the summary's layer table as JSON on stdout")
-    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
 
+
+def _register_report(subparsers: argparse._SubParsersAction) -> None:
+    """`attnflow report DIR`."""
     report = subparsers.add_parser(
         "report",
         help="rebuild a corpus study's report.html from its saved statistics",
@@ -151,8 +167,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnflow.corpus.engine import StudyOptions, run_study
-    from attnflow.corpus.readers import ReadOptions
     from attnflow.corpus.stats import StudyConfig
+    from attnflow.runs.readers import ReadOptions
 
     options = StudyOptions(
         model=args.model,

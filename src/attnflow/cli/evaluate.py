@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnflow.datasets import DEFAULT_WINDOW
-from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT
+from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, LONG_INPUT_SEARCHES
 from attnflow.evaluate.metrics import BINS
 
 
@@ -32,6 +32,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_task_arguments(parser)
+    _add_measure_arguments(parser)
+    _add_run_arguments(parser)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
+
+
+def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, the task (its file's columns), the methods and the examples."""
     parser.add_argument(
         "--model",
         default="minilm-sentiment",
@@ -64,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--samples", type=int, help="held-out examples to evaluate (default 500, or all of a smaller set)"
     )
+
+
+def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sanity check, the NAOPC bounds, how tokens are removed, and the seed."""
     parser.add_argument(
         "--sanity-samples",
         type=int,
@@ -85,6 +97,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"(default {BEAM_WIDTH}; its cost grows with the tokens squared; 0: no bounds, NAOPC only for short inputs)",
     )
     parser.add_argument(
+        "--bounds-search",
+        choices=LONG_INPUT_SEARCHES,
+        default="beam",
+        help="how the NAOPC bounds of inputs over the exact limit are searched: beam (default; --beam-width "
+        "orders kept) or levels (a bin at a time: every remaining token tried alone, the best fill the next bin; "
+        "about half the forward passes of --beam-width 1, looser inner bounds)",
+    )
+    parser.add_argument(
         "--replace",
         choices=("remove", "mask"),
         default="remove",
@@ -93,6 +113,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds the sample choice and the randomised weights (default 0)"
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The output folder, resuming or replacing it, the device and the progress bar."""
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument(
         "--resume", action="store_true", help="keep the methods already finished in --out (same run only)"
@@ -104,7 +128,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         sanity_samples=args.sanity_samples,
         seed=args.seed,
         beam_width=args.beam_width,
+        bounds_search=args.bounds_search,
         sanity_layers=args.sanity_layers,
     )
     from attnflow.model import load

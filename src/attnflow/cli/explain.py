@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
@@ -30,6 +31,10 @@ from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, writ
 from attnflow.errors import InputError
 from attnflow.methods.registry import AUTO
 from attnflow.tokens import display_token
+from attnflow.trace import Trace
+
+if TYPE_CHECKING:
+    from attnflow.explanation import Explanation
 
 EPILOG = """\
 examples:
@@ -86,7 +91,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", nargs="?", metavar="TEXT", help="the text to explain (omit with --image)")
-    source = parser.add_argument_group("input and model")
+    _add_source_arguments(parser.add_argument_group("input and model"))
+    method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
+    target = parser.add_argument_group(
+        "target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)"
+    )
+    _add_method_arguments(method)
+    _add_target_arguments(target)
+    explain_generation.add_arguments(parser)
+    _add_output_arguments(parser.add_argument_group("output"))
+    parser.set_defaults(handler=run, output_folder=output_folder)
+
+
+def _add_source_arguments(source: argparse._ArgumentGroup) -> None:
+    """The model and what it reads: a text, an image or a file of texts; batches, length, device."""
     source.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -134,7 +152,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
 
-    method = parser.add_argument_group("method and options (definitions: docs/methods.md)")
+
+def _add_method_arguments(method: argparse._ArgumentGroup) -> None:
+    """--method, every registered method's options (from the registry), and the saliency row."""
     method.add_argument(
         "--method",
         type=_methods,
@@ -144,9 +164,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "LMs, sentence encoders with --target-text; rollout otherwise)",
     )
     add_method_options(method)
-    target = parser.add_argument_group(
-        "target (methods that explain one output: grad_rollout, gradients, leave_one_out, ...)"
+    method.add_argument(
+        "--row",
+        type=parse_row,
+        metavar="cls|mean|last|N",
+        help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
     )
+
+
+def _add_target_arguments(target: argparse._ArgumentGroup) -> None:
+    """What a target-dependent method explains: a class, a next token, a similarity, a contrast."""
     target.add_argument(
         "--target", metavar="CLASS", help="classifiers: class index or label name (default: the predicted class)"
     )
@@ -162,16 +189,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="explain the target rather than this class or single token: logit(target) − logit(contrast), "
         "e.g. --target ' Paris' --contrast ' Rome' (classifiers, causal LMs; with --generate every step)",
     )
-    method.add_argument(
-        "--row",
-        type=parse_row,
-        metavar="cls|mean|last|N",
-        help="saliency row (default: the model's: mean for sentence encoders, last for decoders, cls otherwise)",
-    )
 
-    explain_generation.add_arguments(parser)
 
-    output = parser.add_argument_group("output")
+def _add_output_arguments(output: argparse._ArgumentGroup) -> None:
+    """The output folder, replacing it, the saved trace, JSON on stdout, quiet."""
     output.add_argument(
         "--out", metavar="DIR", help="output folder (default: out/explain; with --json: none, only stdout)"
     )
@@ -185,13 +206,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     output.add_argument(
         "--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)"
     )
-    parser.set_defaults(handler=run, output_folder=output_folder)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.capture.images import read_image
     from attnflow.evaluate.per_input import explain_planned, plan_methods, with_candidates
-    from attnflow.viz.page import faithfulness_badge
 
     if args.file is not None or explain_generation.wants_generation(args):
         # bad options fail before the model loads (checked against auto's candidates for any family)
@@ -202,7 +220,38 @@ def run(args: argparse.Namespace) -> int:
         return run_file(args, load_model, Progress(args.quiet))
     if explain_generation.wants_generation(args):
         return explain_generation.run_generation(args, load_model, Progress(args.quiet))
-    # Check everything that needs no model first, so mistakes fail in milliseconds.
+    _check_input(args)
+    out = prepare_output(args)
+
+    say = Progress(args.quiet)
+    say(f"loading {args.model} …")
+    model = load_model(args.model, args.device, args.quiet)
+    plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
+    trace = _trace(model, list(plan.per_method), args, say)
+    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
+
+    paths = (
+        write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)
+        if out is not None
+        else {}
+    )
+
+    if args.json:
+        data = [explanation.to_dict() for explanation in explanations]
+        json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        _print_summary(trace, explanations)
+        for path in paths.values():
+            print(f"wrote {path}")
+    return 0
+
+
+def _check_input(args: argparse.Namespace) -> None:
+    """Everything that needs no model, checked first, so mistakes fail in milliseconds."""
+    from attnflow.capture.images import read_image
+    from attnflow.evaluate.per_input import with_candidates
+
     if args.image is not None:
         if args.text is not None:
             raise InputError("give either TEXT or --image, not both")
@@ -218,64 +267,52 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give either --target (a class) or --target-token (a next token), not both")
     if args.method is not None:  # bad options fail before the model loads
         options_per_method(with_candidates(args.method, None), given_method_options(args))
-    out = prepare_output(args)
 
-    say = Progress(args.quiet)
-    say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
-    plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
+
+def _trace(model: Any, methods: list[str], args: argparse.Namespace, say: Progress) -> Trace:
+    """The trace of the image or the text, holding what ``methods`` need (with the target the options name)."""
     if args.image is not None:
         say(f"tracing {args.image} …")
-        trace = model.trace_image_for(list(plan.per_method), args.image)
-    else:
-        say("tracing …")
-        target = args.target if args.target is not None else args.target_token
-        trace = model.trace_for(
-            list(plan.per_method),
-            [args.text],
-            target=target,
-            target_text=args.target_text,
-            max_length=args.max_length,
-            contrast=args.contrast,
-        )[0]
-    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
+        return model.trace_image_for(methods, args.image)
+    say("tracing …")
+    target = args.target if args.target is not None else args.target_token
+    return model.trace_for(
+        methods,
+        [args.text],
+        target=target,
+        target_text=args.target_text,
+        max_length=args.max_length,
+        contrast=args.contrast,
+    )[0]
 
-    paths = (
-        write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)
-        if out is not None
-        else {}
-    )
 
-    if args.json:
-        data = [explanation.to_dict() for explanation in explanations]
-        json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
-    elif not args.quiet:
-        if trace.target is not None:
-            print(
-                f"prediction: {trace.target.describe()}"
-                if any(e.target is None for e in explanations)
-                else f"explains: {trace.target.describe()}"
-            )
-        for explanation in explanations:
-            if explanation.chosen_by:
-                print(explanation.chosen_by)
-            if explanation.signed:
-                label = explanation.target["label"] if explanation.target else "the target"
-                evidence = ", ".join(f"{display_token(t)} {s:+.3g}" for _, t, s in explanation.top(5) if s > 0)
-                against = ", ".join(f"{display_token(t)} −{-s:.3g}" for _, t, s in explanation.against(3))
-                print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
-            else:
-                top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
-                where = f"row {explanation.row}" if explanation.row is not None else "scores"
-                print(f"{explanation.method} top tokens ({where}): {top}")
-            print(f"{explanation.method} summary: {explanation.summary()}")
-            if explanation.faithfulness is not None:
-                badge = faithfulness_badge(explanation.faithfulness)
-                print(f"{explanation.method} faithfulness on this input: {badge}")
-        for path in paths.values():
-            print(f"wrote {path}")
-    return 0
+def _print_summary(trace: Trace, explanations: list[Explanation]) -> None:
+    """The prediction, then per method its top tokens (evidence and counter-evidence when signed),
+    its summary and its faithfulness on this input."""
+    from attnflow.viz.page import faithfulness_badge
+
+    if trace.target is not None:
+        print(
+            f"prediction: {trace.target.describe()}"
+            if any(e.target is None for e in explanations)
+            else f"explains: {trace.target.describe()}"
+        )
+    for explanation in explanations:
+        if explanation.chosen_by:
+            print(explanation.chosen_by)
+        if explanation.signed:
+            label = explanation.target["label"] if explanation.target else "the target"
+            evidence = ", ".join(f"{display_token(t)} {s:+.3g}" for _, t, s in explanation.top(5) if s > 0)
+            against = ", ".join(f"{display_token(t)} −{-s:.3g}" for _, t, s in explanation.against(3))
+            print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
+        else:
+            top = ", ".join(f"{display_token(token)} {score:.3f}" for _, token, score in explanation.top(5))
+            where = f"row {explanation.row}" if explanation.row is not None else "scores"
+            print(f"{explanation.method} top tokens ({where}): {top}")
+        print(f"{explanation.method} summary: {explanation.summary()}")
+        if explanation.faithfulness is not None:
+            badge = faithfulness_badge(explanation.faithfulness)
+            print(f"{explanation.method} faithfulness on this input: {badge}")
 
 
 def _methods(text: str) -> list[str]:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from attnflow.capture.texts import check_row_fits, check_texts
-from attnflow.corpus.readers import KINDS, Corpus, ReadOptions
 from attnflow.errors import InputError
+from attnflow.runs.readers import KINDS, Corpus, ReadOptions
 
 FILE_KINDS = ("txt", "jsonl", "csv")
 log = logging.getLogger(__name__)

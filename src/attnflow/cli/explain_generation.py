@@ -65,7 +65,6 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
         generation_methods,
         prepare_continuation,
     )
-    from attnflow.staging import staged_output
 
     check_arguments(args)
     out = prepare_output(args)
@@ -99,40 +98,52 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     if candidates:
         by_name[AUTO], chosen_by = choose_by_step_aopc([by_name[name] for name in candidates])
     explanations = list({id(by_name[name]): by_name[name] for name in requested}.values())
-    paths: dict[str, Path] = {}
-    if out is not None:
-        from attnflow.cli.outputs import COMPARISON_FILE, owned
-        from attnflow.viz.generation import generation_comparison_html
-
-        with staged_output(out, owned, args.overwrite) as scratch:
-            for explanation in explanations:
-                folder = scratch if len(explanations) == 1 else scratch / explanation.method
-                for kind, path in explanation.save(folder).items():
-                    paths[f"{explanation.method} {kind}"] = out / path.relative_to(scratch)
-            if len(explanations) > 1:
-                page = generation_comparison_html(explanations, chosen_by)
-                (scratch / COMPARISON_FILE).write_text(page, encoding="utf-8")
-                paths["comparison"] = out / COMPARISON_FILE
+    paths = _save(out, explanations, chosen_by, args.overwrite) if out is not None else {}
     if args.json:
         data = [explanation.to_dict() for explanation in explanations]
         json.dump(data[0] if len(data) == 1 else data, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     elif not args.quiet:
-        first = explanations[0]
-        print(f"{first.mode} continuation: {first.continuation!r}")
-        if chosen_by:
-            print(chosen_by)
-        for explanation in explanations:
-            print(f"{explanation.method}: step, token, p(token), top sources")
-            for step in range(explanation.n_steps):
-                top = ", ".join(f"{display_token(t)} {score:.3g}" for _, t, score in explanation.top_sources(step))
-                token = display_token(explanation.generated[step])
-                print(f"  {step + 1:>3} {token:<14} {explanation.probabilities[step]:.3f}  {top}")
-            if explanation.faithfulness is not None:
-                print(f"  mean AOPC over steps: {explanation.faithfulness['mean_aopc']:.4f}")
+        _print_steps(explanations, chosen_by)
         for path in paths.values():
             print(f"wrote {path}")
     return 0
+
+
+def _save(out: Path, explanations: list[Any], chosen_by: str | None, overwrite: bool) -> dict[str, Path]:
+    """Each explanation's files in ``out`` (in ``out/METHOD/`` and a comparison page for several),
+    written through a scratch folder; returns what was written, by name."""
+    from attnflow.cli.outputs import COMPARISON_FILE, owned
+    from attnflow.staging import staged_output
+    from attnflow.viz.generation import generation_comparison_html
+
+    paths: dict[str, Path] = {}
+    with staged_output(out, owned, overwrite) as scratch:
+        for explanation in explanations:
+            folder = scratch if len(explanations) == 1 else scratch / explanation.method
+            for kind, path in explanation.save(folder).items():
+                paths[f"{explanation.method} {kind}"] = out / path.relative_to(scratch)
+        if len(explanations) > 1:
+            page = generation_comparison_html(explanations, chosen_by)
+            (scratch / COMPARISON_FILE).write_text(page, encoding="utf-8")
+            paths["comparison"] = out / COMPARISON_FILE
+    return paths
+
+
+def _print_steps(explanations: list[Any], chosen_by: str | None) -> None:
+    """The continuation, then per method and step: the token, its probability and its top sources."""
+    first = explanations[0]
+    print(f"{first.mode} continuation: {first.continuation!r}")
+    if chosen_by:
+        print(chosen_by)
+    for explanation in explanations:
+        print(f"{explanation.method}: step, token, p(token), top sources")
+        for step in range(explanation.n_steps):
+            top = ", ".join(f"{display_token(t)} {score:.3g}" for _, t, score in explanation.top_sources(step))
+            token = display_token(explanation.generated[step])
+            print(f"  {step + 1:>3} {token:<14} {explanation.probabilities[step]:.3f}  {top}")
+        if explanation.faithfulness is not None:
+            print(f"  mean AOPC over steps: {explanation.faithfulness['mean_aopc']:.4f}")
 
 
 def check_arguments(args: argparse.Namespace) -> None:

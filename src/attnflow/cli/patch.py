@@ -35,6 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_input_arguments(parser)
+    _add_sweep_arguments(parser)
+    _add_run_arguments(parser)
+    _add_other_analyses(parser)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
+
+
+def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The clean text, its corruption, the model and what the metric reads."""
     parser.add_argument("text", nargs="?", help="the clean text (omit with --file)")
     corruption = parser.add_mutually_exclusive_group()
     corruption.add_argument("--corrupt", metavar="TEXT", help="a counterfactual text of the same token length")
@@ -44,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target", metavar="CLASS|TOKEN", help="the class or next token the metric reads (default: the prediction)"
     )
     parser.add_argument("--contrast", metavar="CLASS|TOKEN", help="measure the logit difference target - contrast")
+
+
+def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which sites, by which methods, in which direction; the noise draws and the batch."""
     parser.add_argument(
         "--sites", default="residual,attn,mlp,heads", help="site kinds (default: residual,attn,mlp,heads)"
     )
@@ -69,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="patch each head at token N only (-1: the last) instead of at every position",
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """A file of pairs, resuming it, the output folder, the device and the progress bar."""
     parser.add_argument("--file", type=Path, metavar="PAIRS.jsonl", help="patch every prompt pair of a file")
     parser.add_argument("--resume", action="store_true", help="with --file: continue the run checkpointed in --out")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -76,6 +93,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+
+
+def _add_other_analyses(parser: argparse.ArgumentParser) -> None:
+    """Instead of the site sweep: methods against exact patching (--versus), or edge scores (--edges)."""
     parser.add_argument(
         "--versus",
         metavar="METHODS",
@@ -89,7 +110,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "print the top edges and the faithfulness of the top-k circuits; writes edges.json",
     )
     parser.add_argument("--steps", type=positive_int, default=5, help="with --edges eap-ig: interpolation steps")
-    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
 def run(args: argparse.Namespace) -> int:

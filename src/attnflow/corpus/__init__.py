@@ -1,14 +1,15 @@
-"""The corpus study: readers, windowing, mergeable statistics, the local and Ray engines.
+"""The corpus study: windowing, mergeable statistics, the local and Ray engines (what it shares with
+the audit — readers, checkpoints, stop signals, Ray actors — lives in `attnflow.runs`).
 
 from attnflow.corpus import StudyOptions, run_study
 summary = run_study(StudyOptions(model="minilm", data="wiki", samples=200), "out/study")
 """
 
 _EXPORTS = {
-    "open_corpus": "attnflow.corpus.readers",
+    "open_corpus": "attnflow.runs.readers",
     "WindowStream": "attnflow.corpus.windows",
     "StudyOptions": "attnflow.corpus.study",
-    "ReadOptions": "attnflow.corpus.readers",
+    "ReadOptions": "attnflow.runs.readers",
     "run_study": "attnflow.corpus.engine",
     "rebuild_report": "attnflow.corpus.engine",
     "StudyConfig": "attnflow.corpus.stats",
@@ -17,7 +18,7 @@ _EXPORTS = {
 
 
 def __getattr__(name: str):
-    # Lazy: `import attnflow.corpus.readers` must not pull in torch.
+    # Lazy: importing one module of the package (`attnflow.corpus.windows`) must not pull in torch.
     if name in _EXPORTS:
         import importlib
 

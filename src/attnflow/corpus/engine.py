@@ -23,28 +23,27 @@ uninterrupted run, which makes the resumed statistics identical to it.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from attnflow.corpus.readers import Corpus, open_corpus
 from attnflow.corpus.stats import StudyStats
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch, WindowStream, batched
 from attnflow.errors import InputError
-from attnflow.staging import atomic_file, folder_lock, is_scratch
+from attnflow.runs.checkpoint import check_same_config, digest, prepare_out_dir, versions
+from attnflow.runs.options import check_counts
+from attnflow.runs.readers import Corpus, open_corpus
+from attnflow.runs.signals import stop_requests
+from attnflow.staging import atomic_file, folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def run_study(
         options: what to study and how (see `StudyOptions`).
         out: the output folder; an existing non-empty one is refused unless ``resume`` (continue
             its checkpoint) or ``overwrite`` (delete attnflow's files there first).
-        model: an already loaded `attnflow.capture.AttentionModel` (local engine only); default:
+        model: an already loaded `attnflow.AttentionModel` (local engine only); default:
             ``attnflow.load(options.model, device=options.device)``.
 
     Raises:
@@ -125,7 +124,7 @@ def run_study(
 def _run_study(options: StudyOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
     _check_options(options)
     out = Path(out)
-    checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite)
+    checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     corpus = open_corpus(options.data, options.reading)
     if model is None:
         from attnflow.model import load
@@ -208,20 +207,6 @@ def _check_options(options: StudyOptions) -> None:
     )
 
 
-def check_counts(required: Sequence[tuple[str, Any]], optional: Sequence[tuple[str, Any]], engine: str) -> None:
-    """One line for a bad option of a streamed run (the corpus study, the audit): each of
-    ``required`` (flag, value) a positive integer, each of ``optional`` None or at least 1, and
-    ``engine`` local or ray."""
-    for name, value in required:
-        if not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive integer, not {value!r}")
-    for name, value in optional:
-        if value is not None and value < 1:
-            raise InputError(f"{name} must be at least 1, not {value}")
-    if engine not in ("local", "ray"):
-        raise InputError(f"--engine must be local or ray, not {engine!r}")
-
-
 def _backend(options: StudyOptions, model: Any, stats: StudyStats) -> Backend:
     if options.engine == "ray":
         from attnflow.corpus.ray_engine import RayBackend
@@ -245,65 +230,12 @@ def _progress(options: StudyOptions, initial: int):
     )
 
 
-@contextmanager
-def stop_requests() -> Iterator[threading.Event]:
-    """Ctrl-C / SIGTERM set an event the loop checks between batches (a second Ctrl-C aborts at once)."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def request(signum, frame):  # noqa: ARG001 - signal handler signature
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        stop.set()
-        log.warning("stopping after the current batch (Ctrl-C again to abort without saving)")
-
-    previous = {sig: signal.signal(sig, request) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 # -- output folder and checkpoint --------------------------------------------------------------
 
 
 def checkpoint_path(out: Path) -> Path:
     """Where a run writing to ``out`` keeps its checkpoint."""
     return out / CHECKPOINT
-
-
-def prepare_out_dir(
-    out: Path, *, resume: bool, overwrite: bool, checkpoint: str = CHECKPOINT, outputs: tuple[str, ...] = OUTPUTS
-) -> Path | None:
-    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any.
-
-    ``checkpoint`` and ``outputs``: the file names the run writes there (``--overwrite`` deletes them)."""
-    if resume and overwrite:
-        raise InputError("choose either --resume (continue the run in the folder) or --overwrite (start again)")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} exists and is not a folder")
-    entries = sorted(out.iterdir()) if out.is_dir() else []
-    for entry in entries:
-        if is_scratch(entry.name) and entry.is_file():
-            entry.unlink(missing_ok=True)  # left by a write that was killed half-way
-    entries = [entry for entry in entries if entry.exists()]
-    if resume and not (out / checkpoint).is_file():
-        where = "does not exist" if not out.exists() else "is empty" if not entries else f"has no {checkpoint}"
-        raise InputError(f"--resume: {out} {where}, so there is no run to continue; drop --resume to start one")
-    if not entries:
-        return None
-    if overwrite:
-        for name in (checkpoint, *outputs):
-            (out / name).unlink(missing_ok=True)
-        return None
-    if resume:
-        return out / checkpoint
-    raise InputError(
-        f"{out} exists and is not empty; pass --resume to continue the run saved there, or --overwrite to start again"
-    )
 
 
 def _save(
@@ -359,41 +291,7 @@ def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream
     }
 
 
-def digest(fields: dict[str, Any]) -> str:
-    """A short, stable fingerprint of a run's configuration (16 hex digits of a sha256)."""
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-
-
-def check_same_config(path: Path, meta: dict, fields: dict, fingerprint: str) -> None:
-    """Refuse to resume the checkpoint at ``path`` with another configuration, naming what differs."""
-    if meta.get("fingerprint") == fingerprint:
-        return
-    before = meta.get("fields", {})
-    changes = [
-        f"{key}: {json.dumps(before.get(key))} then, {json.dumps(fields.get(key))} now"
-        for key in sorted(set(before) | set(fields))
-        if before.get(key) != fields.get(key)
-    ]
-    raise InputError(
-        f"--resume: {path} was written with a different configuration ({'; '.join(changes) or 'unknown'}); "
-        "rerun with the original options, or use --overwrite to start again"
-    )
-
-
 # -- outputs -----------------------------------------------------------------------------------
-
-
-def versions() -> dict[str, str]:
-    """The versions of attnflow and the packages its numbers depend on (recorded with each run)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("attnflow", "torch", "transformers", "numpy", "pysbd", "ray"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    return found
 
 
 def build_summary(

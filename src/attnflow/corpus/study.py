@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnflow.corpus.readers import ReadOptions
 from attnflow.corpus.stats import StudyConfig, StudyStats
 from attnflow.corpus.windows import WindowBatch, marker_token_ids
+from attnflow.runs.readers import ReadOptions
 
 
 @dataclass

@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from attnflow.corpus.engine import check_counts, check_same_config, digest, prepare_out_dir, stop_requests, versions
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
 from attnflow.dataset_audit.words import SwapTable, ambiguous_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
+from attnflow.runs.checkpoint import check_same_config, digest, prepare_out_dir, versions
+from attnflow.runs.options import check_counts
+from attnflow.runs.signals import stop_requests
 from attnflow.staging import atomic_file, folder_lock
 
 log = logging.getLogger(__name__)
@@ -116,7 +118,7 @@ def load_data(options: AuditOptions, model: Any, label_names: list[str]) -> Audi
 def read_unlabelled(file: str, text_column: str) -> list[str]:
     """The texts of a .txt (one a line), .jsonl (field ``text_column``), .csv or .parquet file."""
     from attnflow.capture.texts import check_texts
-    from attnflow.corpus.readers import KINDS, ReadOptions, open_corpus
+    from attnflow.runs.readers import KINDS, ReadOptions, open_corpus
 
     path = Path(file).expanduser()
     if not path.is_file() or path.suffix.lower() not in KINDS:

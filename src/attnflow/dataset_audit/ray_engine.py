@@ -1,15 +1,15 @@
 """The audit's Ray engine (``--engine ray``): model replicas as actors, each with its own
-`AuditStats`, merged on the driver (`attnflow.corpus.ray_engine.ActorPool`: least busy actor
+`AuditStats`, merged on the driver (`attnflow.runs.actors.ActorPool`: least busy actor
 first, a killed actor replaced and its batches since the last checkpoint recomputed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attnflow.corpus.ray_engine import ActorPool
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
 from attnflow.dataset_audit.words import SwapTable
+from attnflow.runs.actors import ActorPool
 
 
 class AuditWorker:

@@ -21,9 +21,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.evaluate.attribute import attribute
-from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, AopcBounds, aopc_bounds, normalised_aopc
+from attnflow.evaluate.bounds import (
+    BEAM_WIDTH,
+    EXACT_LIMIT,
+    LONG_INPUT_SEARCHES,
+    AopcBounds,
+    aopc_bounds,
+    normalised_aopc,
+)
+from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
-from attnflow.evaluate.perturb import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 
@@ -50,6 +57,8 @@ class BenchmarkOptions:
             longer ones a beam search (`attnflow.evaluate.bounds`).
         beam_width: prefixes the beam search keeps; 0: no bounds for longer inputs (their NAOPC
             is undefined and left out).
+        bounds_search: how longer inputs' bounds are searched: ``"beam"`` (width ``beam_width``)
+            or ``"levels"`` (a bin at a time, about half the passes of width 1).
         sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
             the last one — every layer random — always); None: all of them.
     """
@@ -62,6 +71,7 @@ class BenchmarkOptions:
     seed: int = 0
     exact_limit: int = EXACT_LIMIT
     beam_width: int = BEAM_WIDTH
+    bounds_search: str = "beam"
     sanity_layers: int | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +82,10 @@ class BenchmarkOptions:
         if self.beam_width < 0:
             raise ValueError(
                 f"--beam-width must be 0 (no bounds beyond the exact limit) or more, got {self.beam_width}"
+            )
+        if self.bounds_search not in LONG_INPUT_SEARCHES:
+            raise ValueError(
+                f"--bounds-search must be one of {', '.join(LONG_INPUT_SEARCHES)}, got {self.bounds_search!r}"
             )
         if self.sanity_layers is not None and self.sanity_layers < 1:
             raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
@@ -362,7 +376,16 @@ def example_bounds(
             return [AopcBounds.from_dict(entry) for entry in saved]
     mask_id = mask_token_id(model)
     bounds = [
-        aopc_bounds(scorer, example, options.bins, options.replace, mask_id, options.exact_limit, options.beam_width)
+        aopc_bounds(
+            scorer,
+            example,
+            options.bins,
+            options.replace,
+            mask_id,
+            options.exact_limit,
+            options.beam_width,
+            options.bounds_search,
+        )
         for example in tqdm(examples, desc="AOPC bounds", unit="sample", disable=not progress)
     ]
     path.write_text(json.dumps([b.to_dict() for b in bounds]), encoding="utf-8")
@@ -374,6 +397,17 @@ def _finished_record(path: Path) -> MethodRecord | None:
         return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _record_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
+    """Write ``DIR/run.json``; with ``resume``, first refuse a folder that holds another run."""
+    run_path = out_dir / RUN_FILE
+    if resume and run_path.exists():
+        previous = json.loads(run_path.read_text(encoding="utf-8"))
+        if previous != json.loads(json.dumps(run)):
+            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
+    (out_dir / METHODS_DIR).mkdir(parents=True, exist_ok=True)
+    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
 
 
 def run_benchmark(
@@ -401,13 +435,7 @@ def run_benchmark(
     out_dir = Path(out_dir)
     method_dir = out_dir / METHODS_DIR
     run = {**run_info, "agreement_reference": reference_method, "options": asdict(options)}
-    run_path = out_dir / RUN_FILE
-    if resume and run_path.exists():
-        previous = json.loads(run_path.read_text(encoding="utf-8"))
-        if previous != json.loads(json.dumps(run)):
-            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
-    method_dir.mkdir(parents=True, exist_ok=True)
-    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
+    _record_run(out_dir, run, resume)
 
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)

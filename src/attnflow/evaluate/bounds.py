@@ -16,7 +16,10 @@ through the nested sets of its top ``c_k`` tokens, so the bounds are optimal cha
   (or worst) prefixes; a prefix is ranked by the bin terms it has reached plus its current drop.
   Every beam result is the AOPC of a real ranking, so the beam's upper bound is at most the exact
   one and its lower bound at least the exact one (an AOPC may then fall outside [lower, upper]
-  and its NAOPC outside [0, 1]).
+  and its NAOPC outside [0, 1]);
+- **levels** (longer inputs, about half the forward passes of a beam of width 1): orders are grown
+  one bin at a time: from the top set of a bin, every remaining token is tried alone and the best
+  (or worst) of them fill the next bin's count. Inner bounds as well (each result is a ranking).
 
 The functions take a ``value(sets) -> [set]`` callable, so they are tested on hand-made scorers;
 `aopc_bounds` wires it to a model's perturbed inputs (comprehensiveness: the set is removed;
@@ -32,13 +35,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from attnflow.evaluate.deletion import perturb
 from attnflow.evaluate.metrics import top_count
-from attnflow.evaluate.perturb import perturb
 from attnflow.evaluate.scorer import target_values
 
 EXACT_LIMIT = 8  # content tokens up to which the bounds are exact (2^8 sets at most)
 BEAM_WIDTH = 4  # prefixes kept per step of the beam search
-SEARCHES = ("exact", "beam", "none")  # none: beyond the exact limit with beam width 0
+SEARCHES = ("exact", "beam", "levels", "none")  # none: beyond the exact limit with beam width 0
+LONG_INPUT_SEARCHES = ("beam", "levels")  # what a caller may ask for beyond the exact limit
 
 SetValue = Callable[[list[frozenset[int]]], np.ndarray]  # sets of items -> [set] drop of p
 
@@ -50,7 +54,7 @@ class AopcBounds:
     Attributes:
         comprehensiveness: ``(lower, upper)`` AOPC comprehensiveness.
         sufficiency: ``(lower, upper)`` AOPC sufficiency.
-        search: ``"exact"`` or ``"beam"`` (see the module docstring).
+        search: ``"exact"``, ``"beam"``, ``"levels"`` or ``"none"`` (see the module docstring).
     """
 
     comprehensiveness: tuple[float, float]
@@ -122,19 +126,45 @@ def beam_chain_bounds(
     return found[0], found[1]
 
 
+def level_chain_bounds(value: SetValue, n_items: int, counts: Sequence[int]) -> tuple[float, float]:
+    """``(low, high)``: the AOPC of the worst and the best order grown a bin at a time (see the
+    module docstring); inner bounds, as the beam's. Forward passes per bound: the remaining items
+    at each distinct bin size, plus one per bin that adds more than one item."""
+    levels = sorted(Counter(counts).items())  # (set size, bins with that size), sizes increasing
+    found = []
+    for sign in (-1.0, 1.0):  # -1: the lowest AOPC, +1: the highest
+        chosen: list[int] = []
+        total = 0.0
+        for size, bins in levels:
+            rest = [item for item in range(n_items) if item not in chosen]
+            alone = np.asarray(value([frozenset(chosen) | {item} for item in rest]), dtype=np.float64)
+            best = np.argsort(-sign * alone, kind="stable")[: size - len(chosen)]
+            chosen += [rest[i] for i in best]
+            drop = alone[best[0]] if len(best) == 1 else float(value([frozenset(chosen)])[0])
+            total += bins * drop
+        found.append(total / len(counts))
+    return found[0], found[1]
+
+
 def chain_bounds(
     value: SetValue,
     n_items: int,
     counts: Sequence[int],
     exact_limit: int = EXACT_LIMIT,
     beam_width: int = BEAM_WIDTH,
+    search: str = "beam",
 ) -> tuple[float, float, str]:
-    """``(lower, upper, search)``: exact up to ``exact_limit`` items, a beam search beyond; with
-    ``beam_width`` 0 no search beyond (NaN bounds: NAOPC undefined for that input)."""
+    """``(lower, upper, search)``: exact up to ``exact_limit`` items, ``search`` (``"beam"`` or
+    ``"levels"``) beyond; with ``beam_width`` 0 no search beyond (NaN bounds: NAOPC undefined for
+    that input)."""
+    if search not in LONG_INPUT_SEARCHES:
+        raise ValueError(f"unknown bounds search {search!r}; choose one of {', '.join(LONG_INPUT_SEARCHES)}")
     if n_items <= exact_limit:
         return (*exact_chain_bounds(value, n_items, counts), "exact")
     if beam_width == 0:
         return float("nan"), float("nan"), "none"
+    if search == "levels":
+        return (*level_chain_bounds(value, n_items, counts), "levels")
     return (*beam_chain_bounds(value, n_items, counts, beam_width), "beam")
 
 
@@ -146,9 +176,11 @@ def aopc_bounds(
     mask_id: int | None,
     exact_limit: int = EXACT_LIMIT,
     beam_width: int = BEAM_WIDTH,
+    search: str = "beam",
 ) -> AopcBounds:
     """The AOPC bounds of one benchmark `Example` (its target, and its contrast when it has
-    one), scored through ``scorer`` as the benchmark scores a method's perturbations."""
+    one), scored through ``scorer`` as the benchmark scores a method's perturbations; ``search``
+    beyond ``exact_limit`` content tokens: ``"beam"`` or ``"levels"`` (`chain_bounds`)."""
     content = np.flatnonzero(~np.asarray(example.special_mask, dtype=bool))
     m = len(content)
     counts = [top_count(k, m) for k in bins]
@@ -161,9 +193,9 @@ def aopc_bounds(
 
         return value
 
-    low_c, high_c, search = chain_bounds(drops(False), m, counts, exact_limit, beam_width)
-    low_s, high_s, _ = chain_bounds(drops(True), m, counts, exact_limit, beam_width)
-    return AopcBounds((low_c, high_c), (low_s, high_s), search)
+    low_c, high_c, found = chain_bounds(drops(False), m, counts, exact_limit, beam_width, search)
+    low_s, high_s, _ = chain_bounds(drops(True), m, counts, exact_limit, beam_width, search)
+    return AopcBounds((low_c, high_c), (low_s, high_s), found)
 
 
 def normalised_aopc(aopc: np.ndarray | float, lower: np.ndarray | float, upper: np.ndarray | float) -> np.ndarray:

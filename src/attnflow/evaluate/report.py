@@ -152,6 +152,8 @@ def bounds_sentence(run: dict[str, Any]) -> str:
         "exact": f"exact (every deletion order, by enumerating the bins' token sets; ≤ {options['exact_limit']} "
         "content tokens)",
         "beam": f"beam search (width {options['beam_width']}; its bounds are inner bounds)",
+        "levels": "a greedy search a bin at a time (every remaining token tried alone, the best fill the next "
+        "bin; its bounds are inner bounds)",
         "none": f"none (over {options['exact_limit']} content tokens with --beam-width 0: NAOPC left out)",
     }
     found = "; ".join(f"{how[search]} for {count} samples" for search, count in searches.items())

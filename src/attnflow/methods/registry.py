@@ -26,16 +26,19 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 
 A method returns ``[query, key]`` (row i: how much output position i draws on input j),
 ``[head, query, key]`` when heads stay apart, or ``[key]`` for ``scores_only`` methods.
-Adding a method is one function with one `register` decorator, in any module; another package
-adds its methods by naming that module under the entry-point group ``attnflow.methods``
-(`load_plugins`, run when attnflow is imported).
+Adding a method is one function with one `register` decorator, in any module. The registry
+finds attnflow's own methods through `CATALOGUE` (the modules that register them, imported on the
+first look-up); another package adds its methods by naming its module under the entry-point group
+``attnflow.methods`` (`load_plugins`, run when attnflow is imported).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import inspect
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
@@ -119,6 +122,36 @@ class MethodSpec:
 
 
 _METHODS: dict[str, MethodSpec] = {}
+
+# The modules that register attnflow's own methods: the pure functions on arrays and traces, then
+# the methods that re-run the model (`attnflow.methods.model`). A module that adds a built-in method
+# is one more line here.
+CATALOGUE = (
+    "attnflow.methods.rollout",
+    "attnflow.methods.flow",
+    "attnflow.methods.relevance",
+    "attnflow.methods.model.lrp",
+    "attnflow.methods.model.perturbation",
+)
+_catalogue_lock = threading.RLock()
+_catalogue_loaded = False
+
+
+def _registered() -> dict[str, MethodSpec]:
+    """Every registered method by name, once the `CATALOGUE` modules are imported (on the first call;
+    the model methods import torch only inside their functions, so this stays cheap). A test that
+    swaps ``_METHODS`` for a copy copies this, so the catalogue's methods are in the copy and stay
+    in the original."""
+    global _catalogue_loaded
+    if not _catalogue_loaded:
+        with _catalogue_lock:
+            if not _catalogue_loaded:
+                for module in CATALOGUE:
+                    importlib.import_module(module)
+                _catalogue_loaded = True
+    return _METHODS
+
+
 AUTO = "auto"  # not a method: asks for the most comprehensive one-pass target method on each input (evaluate.per_input)
 
 
@@ -230,21 +263,21 @@ def load_plugins() -> list[str]:
 def get_method(name: str) -> MethodSpec:
     """The declaration of a registered method; a ValueError naming the available ones otherwise."""
     try:
-        return _METHODS[name]
+        return _registered()[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(available_methods())}") from None
 
 
 def available_methods() -> list[str]:
     """The registered methods' names, sorted."""
-    return sorted(_METHODS)
+    return sorted(_registered())
 
 
 def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list[str]:
     """``"a,b"`` (or a list of names) -> the registered names, in order, without repeats; a name
     neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones."""
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
-    unknown = [name for name in names if name not in _METHODS and name not in also]
+    unknown = [name for name in names if name not in _registered() and name not in also]
     if not names or unknown:
         named = ", ".join(map(repr, unknown)) or repr(methods)
         raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}")
@@ -253,7 +286,7 @@ def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list
 
 def methods_for(family: Family) -> list[str]:
     """The registered methods that a model family (its adapter row) supports."""
-    return [name for name in available_methods() if _METHODS[name].supports(family)]
+    return [name for name in available_methods() if _registered()[name].supports(family)]
 
 
 def check_family(spec: MethodSpec, family: Family) -> None:
@@ -294,7 +327,7 @@ def options_per_method(methods: Sequence[str], given: Mapping[str, Any]) -> dict
 
 def spelled(name: str) -> str:
     """An option as messages name it: its command-line flag and keyword, e.g. ``--steps (n_steps)``."""
-    flags = {option.name: option.flag for spec in _METHODS.values() for option in spec.options}
+    flags = {option.name: option.flag for spec in _registered().values() for option in spec.options}
     return f"{flags[name]} ({name})" if name in flags else name
 
 
@@ -315,7 +348,7 @@ def markdown_table() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in available_methods():
-        spec = _METHODS[name]
+        spec = _registered()[name]
         result = "scores `[key]`" if spec.scores_only else "`[query, key]`"
         views = [view for view, on in (("per layer", spec.layerwise), ("per head", spec.per_head)) if on]
         flags = ", ".join(f"`{option.flag}`" for option in spec.options) or "—"

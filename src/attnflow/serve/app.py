@@ -147,35 +147,60 @@ class CompareRequest(BaseModel):
 def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
     """The app serving ``pool``'s models under ``config``'s limits (see the module docstring)."""
     config = config or ServeConfig()
-    executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="attnflow-serve")
-    jobs: dict[str, Job] = {}
-    results: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> {method: explanation}
-    pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer page
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        for job in list(jobs.values()):
-            job.cancel("the server is stopping")
-        executor.shutdown(wait=False, cancel_futures=True)
-
+    service = _Service(pool, config)
     app = FastAPI(
         title="attnflow serve",
         summary="Explanations of transformer predictions from models loaded once (the library's numbers).",
         version=_version(),
-        lifespan=lifespan,
+        lifespan=service.lifespan,
     )
-    app.state.pool, app.state.config, app.state.jobs = pool, config, jobs
+    app.state.pool, app.state.config, app.state.jobs = pool, config, service.jobs
     _add_guards(app, config)
+    _add_page_routes(app, service)
+    _add_catalogue_routes(app, service)
+    _add_explain_routes(app, service)
+    _add_view_routes(app, service)
+    _add_job_routes(app, service)
+    _add_result_routes(app, service)
+    return app
 
-    async def run(request: Request, job: Job, function: Callable[..., Any], **arguments: Any) -> Any:
+
+class _Service:
+    """What the routes share: the model pool, the limits, the worker threads, the running jobs and
+    the results kept for downloads."""
+
+    def __init__(self, pool: ModelPool, config: ServeConfig) -> None:
+        self.pool, self.config = pool, config
+        self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="attnflow-serve")
+        self.jobs: dict[str, Job] = {}
+        self.results: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> {method: explanation}
+        self.pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer page
+
+    @asynccontextmanager
+    async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        yield
+        for job in list(self.jobs.values()):
+            job.cancel("the server is stopping")
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def start(
+        self, request: Request, request_id: str | None, function: Callable[..., Any], **arguments: Any
+    ) -> tuple[Job, Any, float]:
+        """A `Job` (with the client's ``request_id``, or a fresh id) running ``function`` (`run`):
+        the job, its result and the milliseconds it took."""
+        job = Job(id=request_id) if request_id else Job()
+        started = time.perf_counter()
+        result = await self.run(request, job, function, **arguments)
+        return job, result, round(1000 * (time.perf_counter() - started), 1)
+
+    async def run(self, request: Request, job: Job, function: Callable[..., Any], **arguments: Any) -> Any:
         """``function(pool, job, **arguments)`` in a worker; stops it on cancel, disconnect or time limit."""
-        if job.id in jobs:
+        if job.id in self.jobs:
             raise ServeError(409, f"a request with id {job.id!r} is already running")
-        jobs[job.id] = job
+        self.jobs[job.id] = job
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(executor, functools.partial(function, pool, job, **arguments))
-        deadline = loop.time() + config.time_limit_s
+        future = loop.run_in_executor(self.executor, functools.partial(function, self.pool, job, **arguments))
+        deadline = loop.time() + self.config.time_limit_s
         try:
             while True:
                 done, _ = await asyncio.wait({future}, timeout=POLL_S)
@@ -191,23 +216,35 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
                     job.cancel("over the time limit")
                     raise ServeError(
                         504,
-                        f"the request ran longer than the server's time limit ({config.time_limit_s:g} s) and was "
-                        f"stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
+                        f"the request ran longer than the server's time limit ({self.config.time_limit_s:g} s) and "
+                        f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
                     )
         finally:
-            jobs.pop(job.id, None)
+            self.jobs.pop(job.id, None)
             future.add_done_callback(lambda stopped: stopped.exception())  # a stopped job's Cancelled: expected
 
-    def keep(job: Job, explanations: list[Any]) -> None:
-        results[job.id] = {explanation.method: explanation for explanation in explanations}
-        while len(results) > config.max_results:
-            results.popitem(last=False)
+    def keep(self, job: Job, explanations: list[Any]) -> None:
+        """Keep a request's explanations for downloads (the oldest dropped past ``max_results``)."""
+        self.results[job.id] = {explanation.method: explanation for explanation in explanations}
+        while len(self.results) > self.config.max_results:
+            self.results.popitem(last=False)
 
-    def check_text(text: str, what: str = "text") -> None:
-        if len(text) > config.max_text_chars:
+    def keep_page(self, job: Job, page: str) -> None:
+        """Keep an explorer page for ``/api/explorer/{id}`` (the oldest dropped past ``max_results``)."""
+        self.pages[job.id] = page
+        while len(self.pages) > self.config.max_results:
+            self.pages.popitem(last=False)
+
+    def check_text(self, text: str | None, what: str = "text") -> None:
+        """413 when ``text`` is longer than the server takes (None: nothing given, nothing to check)."""
+        if text is not None and len(text) > self.config.max_text_chars:
             raise ServeError(
-                413, f"the {what} has {len(text)} characters; this server takes at most {config.max_text_chars}"
+                413, f"the {what} has {len(text)} characters; this server takes at most {self.config.max_text_chars}"
             )
+
+
+def _add_page_routes(app: FastAPI, service: _Service) -> None:
+    """``/`` (the page; a valid ``?token=`` becomes its cookie) and ``/favicon.ico``."""
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page(request: Request) -> Response:
@@ -215,9 +252,18 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
 
         response = HTMLResponse(app_page(), headers=app_page_headers())
         token = request.query_params.get("token")
-        if config.token and token:  # the guard checked it: the page's own requests carry it as a cookie
+        if service.config.token and token:  # the guard checked it: the page's own requests carry it as a cookie
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
         return response
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
+
+
+def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
+    """``/api/models`` and ``/api/methods``: what the server offers."""
+    pool = service.pool
 
     @app.get("/api/models", summary="the models this server offers, and which are loaded")
     def models() -> dict[str, Any]:
@@ -244,17 +290,18 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
 
         return {"methods": [work.method_record(name) for name in available_methods()]}
 
+
+def _add_explain_routes(app: FastAPI, service: _Service) -> None:
+    """``/api/explain`` and ``/api/generate``: explanations, kept for downloads, as `attnflow explain` makes them."""
+
     @app.post("/api/explain", summary="explain a text, as `attnflow explain TEXT --json` does")
     async def explain(body: ExplainRequest, request: Request) -> dict[str, Any]:
-        check_text(body.text)
-        if body.target_text is not None:
-            check_text(body.target_text, "target text")
-        job = Job(id=body.request_id) if body.request_id else Job()
-        started = time.perf_counter()
-        model = body.model or pool.default
-        explanations = await run(
+        service.check_text(body.text)
+        service.check_text(body.target_text, "target text")
+        model = body.model or service.pool.default
+        job, explanations, elapsed_ms = await service.start(
             request,
-            job,
+            body.request_id,
             work.explain_text,
             text=body.text,
             model=model,
@@ -265,29 +312,21 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
             row=body.row,
             max_length=body.max_length,
         )
-        keep(job, explanations)
-        return {
-            "id": job.id,
-            "model": model,
-            "text": body.text,
-            "elapsed_ms": round(1000 * (time.perf_counter() - started), 1),
-            "explanations": [explanation.to_dict() for explanation in explanations],
-        }
+        service.keep(job, explanations)
+        explained = [explanation.to_dict() for explanation in explanations]
+        return {"id": job.id, "model": model, "text": body.text, "elapsed_ms": elapsed_ms, "explanations": explained}
 
     @app.post("/api/generate", summary="explain every generated token, as `attnflow explain --generate N` does")
     async def generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
-        check_text(body.text, "prompt")
-        if body.continuation is not None:
-            check_text(body.continuation, "continuation")
-        if body.generate is not None and body.generate > config.max_new_tokens:
-            limit = config.max_new_tokens
+        service.check_text(body.text, "prompt")
+        service.check_text(body.continuation, "continuation")
+        limit = service.config.max_new_tokens
+        if body.generate is not None and body.generate > limit:
             raise ServeError(413, f"generate at most {limit} tokens on this server, not {body.generate}")
-        job = Job(id=body.request_id) if body.request_id else Job()
-        started = time.perf_counter()
-        model = body.model or pool.default
-        explanations = await run(
+        model = body.model or service.pool.default
+        job, explanations, elapsed_ms = await service.start(
             request,
-            job,
+            body.request_id,
             work.generate_text,
             text=body.text,
             model=model,
@@ -297,22 +336,20 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
             continuation=body.continuation,
             faithfulness=body.faithfulness,
         )
-        keep(job, explanations)
-        return {
-            "id": job.id,
-            "model": model,
-            "elapsed_ms": round(1000 * (time.perf_counter() - started), 1),
-            "explanations": [explanation.to_dict() for explanation in explanations],
-        }
+        service.keep(job, explanations)
+        explained = [explanation.to_dict() for explanation in explanations]
+        return {"id": job.id, "model": model, "elapsed_ms": elapsed_ms, "explanations": explained}
+
+
+def _add_view_routes(app: FastAPI, service: _Service) -> None:
+    """``/api/compare`` (one method under two models) and ``/api/explore`` (the explorer page)."""
 
     @app.post("/api/compare", summary="one method under two models, as `attnflow compare` does")
     async def compare(body: CompareRequest, request: Request) -> dict[str, Any]:
-        check_text(body.text)
-        job = Job(id=body.request_id) if body.request_id else Job()
-        started = time.perf_counter()
-        comparison = await run(
+        service.check_text(body.text)
+        job, comparison, elapsed_ms = await service.start(
             request,
-            job,
+            body.request_id,
             work.compare_models,
             text=body.text,
             models=body.models,
@@ -323,56 +360,54 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
             target_text=body.target_text,
             max_length=body.max_length,
         )
-        return {
-            "id": job.id,
-            "elapsed_ms": round(1000 * (time.perf_counter() - started), 1),
-            "comparison": comparison.to_dict(),
-        }
+        return {"id": job.id, "elapsed_ms": elapsed_ms, "comparison": comparison.to_dict()}
 
     @app.post("/api/explore", summary="the explorer page (layers, heads, matrices), as `attnflow explore` writes it")
     async def explore(body: ExploreRequest, request: Request) -> dict[str, Any]:
-        check_text(body.text)
-        job = Job(id=body.request_id) if body.request_id else Job()
-        page = await run(
+        service.check_text(body.text)
+        job, page, _ = await service.start(
             request,
-            job,
+            body.request_id,
             work.explore_text,
             text=body.text,
-            model=body.model or pool.default,
+            model=body.model or service.pool.default,
             methods=body.methods,
             target=body.target,
             target_text=body.target_text,
             max_length=body.max_length,
         )
-        pages[job.id] = page
-        while len(pages) > config.max_results:
-            pages.popitem(last=False)
+        service.keep_page(job, page)
         return {"id": job.id, "url": f"/api/explorer/{job.id}"}
 
-    @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
-    def explorer(page_id: str) -> HTMLResponse:
-        if page_id not in pages:
-            raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {config.max_results})")
-        return HTMLResponse(pages[page_id])
+
+def _add_job_routes(app: FastAPI, service: _Service) -> None:
+    """``/api/progress/{id}`` and ``/api/cancel/{id}``: a running request's step, and stopping it."""
 
     @app.get("/api/progress/{request_id}", summary="the step a running request is on")
     def progress(request_id: str) -> dict[str, Any]:
-        job = jobs.get(request_id)
+        job = service.jobs.get(request_id)
         if job is None:  # finished (or never started): an answer, not an error, for a page that polls
             return {"id": request_id, "running": False}
         return {**job.progress(), "running": True}
 
-    @app.get("/favicon.ico", include_in_schema=False)
-    def favicon() -> Response:
-        return Response(status_code=204)
-
     @app.post("/api/cancel/{request_id}", summary="stop a running request at its next step")
     def cancel(request_id: str) -> dict[str, Any]:
-        job = jobs.get(request_id)
+        job = service.jobs.get(request_id)
         if job is None:
             raise ServeError(404, f"no running request {request_id!r} (it finished, or never started)")
         job.cancel("cancelled by the client")
         return {"id": request_id, "cancelled": True, "step": job.current}
+
+
+def _add_result_routes(app: FastAPI, service: _Service) -> None:
+    """The kept results: explorer pages and each explanation's files."""
+    kept = service.config.max_results
+
+    @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
+    def explorer(page_id: str) -> HTMLResponse:
+        if page_id not in service.pages:
+            raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {kept})")
+        return HTMLResponse(service.pages[page_id])
 
     @app.get(
         "/api/results/{result_id}/{method}.{kind}",
@@ -380,20 +415,17 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
         response_class=Response,
     )
     async def download(result_id: str, method: str, kind: Literal["json", "html", "png"]) -> Response:
-        explanation = results.get(result_id, {}).get(method)
+        explanation = service.results.get(result_id, {}).get(method)
         if explanation is None:
             raise ServeError(
-                404,
-                f"no kept result {result_id!r} with method {method!r} (the server keeps the last {config.max_results})",
+                404, f"no kept result {result_id!r} with method {method!r} (the server keeps the last {kept})"
             )
         loop = asyncio.get_running_loop()
-        content = await loop.run_in_executor(executor, work.explanation_file, explanation, kind)
+        content = await loop.run_in_executor(service.executor, work.explanation_file, explanation, kind)
         media = {"json": "application/json", "html": "text/html; charset=utf-8", "png": "image/png"}[kind]
         stem = "generation" if hasattr(explanation, "generated") else "explanation"
         disposition = f'attachment; filename="{stem}-{method}.{kind}"'
         return Response(content, media_type=media, headers={"Content-Disposition": disposition})
-
-    return app
 
 
 # ----- guards and errors -------------------------------------------------------------------------

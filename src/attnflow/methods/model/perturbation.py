@@ -163,7 +163,7 @@ def shap(
     coalitions of one order is raised to it, with a warning. Every coalition is scored once, by
     `target_values`, in batches of ``batch_size``.
     """
-    from attnflow.evaluate.perturb import REPLACE_MODES, perturb
+    from attnflow.evaluate.deletion import REPLACE_MODES, perturb
 
     if replace not in REPLACE_MODES:
         raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
