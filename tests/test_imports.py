@@ -201,3 +201,24 @@ def test_the_registry_catalogue_names_every_module_that_registers_a_method():
     root = ast.parse((SOURCE / "__init__.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(root) if isinstance(node, ast.Import) for alias in node.names}
     assert not {name for name in imported if name.startswith("attnflow.methods")}
+
+
+def test_the_model_protocol_imports_nothing_above_the_trace():
+    graph = import_graph()
+    assert graph.has_edge("attnflow.model_like", "attnflow.trace")  # the oracle sees its type-only import
+    assert set(graph.successors("attnflow.model_like")) == {"attnflow.trace"}
+
+
+def test_models_are_typed_not_any():
+    """A parameter that takes a loaded model is a `ModelLike` (or a Hugging Face module named
+    ``hf_model``), not ``Any``: mypy then checks what the code reads of it."""
+    untyped = re.compile(r"\bmodel: Any\b")
+    typed = re.compile(r"\bmodel: ModelLike\b")
+    found, seen_typed = [], 0
+    for path in sorted(SOURCE.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            seen_typed += bool(typed.search(line))
+            if untyped.search(line):
+                found.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
+    assert seen_typed > 50  # the oracle reads the sources: the annotations are there to be seen
+    assert len(found) <= 5, "model: Any in:\n" + "\n".join(found)

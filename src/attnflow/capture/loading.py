@@ -493,12 +493,12 @@ def _load_probe(model_class: type[Wrapped], alias: str, device: str | torch.devi
     return model
 
 
-def _check_tokenizer(tokenizer: Any, model: Any, source: ModelSource) -> None:
-    """Refuse a tokenizer that cannot read text for ``model``: one whose vocabulary holds only
+def _check_tokenizer(tokenizer: Any, hf_model: torch.nn.Module, source: ModelSource) -> None:
+    """Refuse a tokenizer that cannot read text for ``hf_model``: one whose vocabulary holds only
     special tokens, or fewer than half as many tokens as the embedding matrix has rows. That is
     what transformers builds from a folder without its tokenizer files (5 special tokens for
     BERT): every word would become the unknown token and the prediction would still look sure."""
-    known, rows = len(tokenizer), model.get_input_embeddings().weight.shape[0]
+    known, rows = len(tokenizer), hf_model.get_input_embeddings().weight.shape[0]
     special = len(set(tokenizer.all_special_ids))
     if known > special and 2 * known >= rows:
         return

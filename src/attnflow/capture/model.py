@@ -301,12 +301,12 @@ class CaptureModel:
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
         # name -> [batch, ...] numpy
-        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
+        batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         unknown = unknown_notes(self.tokenizer, self.name, texts, encoded, lengths)
         for text_notes, unknown_note in zip(notes, unknown, strict=True):
             text_notes.extend(unknown_note)
-        shared = self._shared_fields(needs)
+        shared = self.shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
@@ -330,7 +330,7 @@ class CaptureModel:
             )
         return traces
 
-    def _shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+    def shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
         """Trace fields that come from the weights, shared by every Trace of this model."""
         shared: dict[str, Any] = {}
         if "output_weights" in needs:
@@ -339,7 +339,7 @@ class CaptureModel:
             shared["layer_norms"] = self._layer_norms()
         return shared
 
-    def _capture_needs(
+    def capture_needs(
         self,
         needs: frozenset[str],
         objective: TargetFunction | None,
@@ -495,7 +495,7 @@ class CaptureModel:
             for text in (note, small_image_note(picture.size, grid, where), crop_note(picture.size, box, where))
             if text
         ]
-        captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
+        captured = self.capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
         n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
         if n != prefix + grid[0] * grid[1]:
@@ -512,7 +512,7 @@ class CaptureModel:
             n_prefix_tokens=prefix,
             meta={"image": source, "image_box": box, "default_row": self.default_row, **_notes_meta(notes)},
             **{name: array[0] for name, array in captured.items()},
-            **self._shared_fields(wanted),
+            **self.shared_fields(wanted),
         )
 
     # -- helpers -----------------------------------------------------------------------------

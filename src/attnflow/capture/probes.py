@@ -24,13 +24,16 @@ import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
 from attnflow.staging import atomic_file
+
+if TYPE_CHECKING:
+    from attnflow.capture.model import CaptureModel
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +207,7 @@ def _make_classifier():
     return PooledClassifier
 
 
-def mean_pooled_features(model: Any, texts: list[str], batch_size: int = 64, progress: bool = True) -> Any:
+def mean_pooled_features(model: CaptureModel, texts: list[str], batch_size: int = 64, progress: bool = True) -> Any:
     """``[text, d_model]`` float32 mean-pooled last hidden states of a `CaptureModel`'s encoder,
     texts truncated to `PROBE_MAX_LENGTH` tokens (sorted by length into batches for speed)."""
     import torch
@@ -255,7 +258,7 @@ def fit_logistic_regression(features: Any, labels: Any, n_classes: int, seed: in
     return raw_weight.float().numpy(), raw_bias.float().numpy()
 
 
-def train_probe(alias: str, encoder: Any, data: Any, progress: bool = True) -> Head:
+def train_probe(alias: str, encoder: CaptureModel, data: Any, progress: bool = True) -> Head:
     """Train the head of ``alias`` on ``encoder`` (the `CaptureModel` of its encoder alias) and
     ``data``, its task (``attnflow.datasets.load_task(PROBES[alias].task)``): the features of every
     text, the fit on the training split, the held-out accuracy."""
@@ -284,7 +287,7 @@ def train_probe(alias: str, encoder: Any, data: Any, progress: bool = True) -> H
     return Head(weight, bias, meta)
 
 
-def probe_classifier(alias: str, encoder: Any) -> tuple[Any, dict[str, Any]]:
+def probe_classifier(alias: str, encoder: CaptureModel) -> tuple[Any, dict[str, Any]]:
     """``(PooledClassifier, metadata)`` of the probe ``alias`` around ``encoder``'s torch module
     (`CaptureModel` wrapping is the caller's); never trains (see `read_head`)."""
     import torch
