@@ -107,7 +107,7 @@ def example_folder(tmp_path, monkeypatch):
     import pyarrow.parquet as pyarrow_parquet
     from PIL import Image
 
-    import attnflow.capture
+    import attnflow.model
     from attnflow.capture import loading
 
     Image.new("RGB", (32, 24), (200, 80, 20)).save(tmp_path / "photo.jpg")
@@ -124,7 +124,7 @@ def example_folder(tmp_path, monkeypatch):
     def stop(*_args, **_kwargs):
         raise ReachedModelLoad
 
-    monkeypatch.setattr(attnflow.capture, "load", stop)
+    monkeypatch.setattr(attnflow.model, "load", stop)
     try:  # `attnflow serve`: starting the server is the stop
         import uvicorn
 

@@ -78,8 +78,35 @@ def test_no_import_circles_between_subpackages():
     for a, b in import_graph().edges():
         if subpackage(a) != subpackage(b) and "attnflow" not in (a, b):
             units.add_edge(subpackage(a), subpackage(b))
-    assert units.has_edge("attnflow.exploration", "attnflow.capture")  # the oracle sees lazy imports
+    assert units.has_edge("attnflow.exploration", "attnflow.model")  # the oracle sees lazy imports
     assert list(nx.simple_cycles(units)) == []
+
+
+# What capture/ may import from the rest of attnflow: modules that import nothing above themselves.
+FOUNDATION = ("attnflow.errors", "attnflow.staging", "attnflow.trace", "attnflow.tokens")
+
+
+def test_the_foundation_modules_import_only_each_other():
+    graph = import_graph()
+    assert graph.has_edge("attnflow.staging", "attnflow.errors")  # the oracle sees this edge
+    outside = {(name, target) for name in FOUNDATION for target in graph.successors(name) if target not in FOUNDATION}
+    assert outside == set()
+
+
+def test_capture_does_not_reach_up():
+    """capture/ (models, hooks, Traces) imports nothing above it: not the methods, the targets or
+    the Explanation, not even lazily or for type checking; `attnflow.model` builds on it."""
+    graph = import_graph()
+    assert graph.has_edge("attnflow.model", "attnflow.capture.model")  # the oracle sees edges into capture
+    assert graph.has_edge("attnflow.capture.loading", "attnflow.staging")  # ... and out of it
+    up = sorted(
+        f"{name} -> {target}"
+        for name, target in graph.edges()
+        if name.startswith("attnflow.capture")
+        and not target.startswith("attnflow.capture")
+        and target not in FOUNDATION
+    )
+    assert up == []
 
 
 def test_the_method_functions_do_not_depend_on_capture():
@@ -174,3 +201,24 @@ def test_the_registry_catalogue_names_every_module_that_registers_a_method():
     root = ast.parse((SOURCE / "__init__.py").read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(root) if isinstance(node, ast.Import) for alias in node.names}
     assert not {name for name in imported if name.startswith("attnflow.methods")}
+
+
+def test_the_model_protocol_imports_nothing_above_the_trace():
+    graph = import_graph()
+    assert graph.has_edge("attnflow.model_like", "attnflow.trace")  # the oracle sees its type-only import
+    assert set(graph.successors("attnflow.model_like")) == {"attnflow.trace"}
+
+
+def test_models_are_typed_not_any():
+    """A parameter that takes a loaded model is a `ModelLike` (or a Hugging Face module named
+    ``hf_model``), not ``Any``: mypy then checks what the code reads of it."""
+    untyped = re.compile(r"\bmodel: Any\b")
+    typed = re.compile(r"\bmodel: ModelLike\b")
+    found, seen_typed = [], 0
+    for path in sorted(SOURCE.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            seen_typed += bool(typed.search(line))
+            if untyped.search(line):
+                found.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
+    assert seen_typed > 50  # the oracle reads the sources: the annotations are there to be seen
+    assert len(found) <= 5, "model: Any in:\n" + "\n".join(found)

@@ -106,10 +106,10 @@ _connect_views()
 
 def __getattr__(name: str):
     # Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast.
-    if name == "load":
-        from attnflow.capture import load
+    if name in ("load", "AttentionModel"):
+        from attnflow import model
 
-        return load
+        return getattr(model, name)
     if name == "audit":
         from attnflow.dataset_audit.engine import audit
 
@@ -142,6 +142,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AttentionModel",
     "Comparison",
     "Explanation",
     "Exploration",

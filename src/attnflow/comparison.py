@@ -24,6 +24,7 @@ from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
 from attnflow.methods.summary import explanation_subject, summarize
+from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 
 # The views ("html", "fragment") live in attnflow.viz.compare and read Comparisons; the package root
@@ -241,9 +242,9 @@ def compare(
     )
 
 
-def _loaded(model: Any) -> Any:
+def _loaded(model: ModelLike) -> Any:
     if isinstance(model, str):
-        from attnflow.capture import load
+        from attnflow.model import load
 
         return load(model)
     return model

@@ -25,6 +25,7 @@ from attnflow.methods.diagnostics import collapse_note, is_causal
 from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
+from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
@@ -292,7 +293,7 @@ def _is_explanation_file(name: str) -> bool:
 
 
 def explain(
-    trace: Trace, method: str = "rollout", row: Row | None = None, model: Any = None, **options: Any
+    trace: Trace, method: str = "rollout", row: Row | None = None, model: ModelLike | None = None, **options: Any
 ) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
@@ -348,7 +349,7 @@ def explain(
 
 
 def explain_traces(
-    traces: Sequence[Trace], method: str, row: Row | None = None, model: Any = None, **options: Any
+    traces: Sequence[Trace], method: str, row: Row | None = None, model: ModelLike | None = None, **options: Any
 ) -> list[Explanation]:
     """`explain` for each of ``traces``; a method with a batch form (``MethodSpec.batch``: the LRP
     rules, leave-one-out) runs once over all of them instead of once per trace. A warning the
@@ -385,7 +386,7 @@ def _explanation(
     head_matrices: np.ndarray | None,
     notes: list[str],
     extras: dict[str, Any],
-    model: Any = None,
+    model: ModelLike | None = None,
 ) -> Explanation:
     image = trace.meta.get("image")
     collapse = (

@@ -44,6 +44,7 @@ from attnflow.methods.registry import MethodSpec, available_methods, call_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
 from attnflow.methods.summary import subject, summarize
+from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
@@ -232,6 +233,7 @@ def explore(
     skips = _Skips(strict=methods is not None)
     specs = [get_method(name) for name in _requested(methods)]
     if model is not None:
+        assert text is not None  # _model refuses a missing text
         specs = _supported(specs, model, skips)
         base = model.trace([text], needs=_plain_needs(specs), max_length=max_length)[0]
     else:
@@ -240,7 +242,7 @@ def explore(
         raise InputError("the explorer shows text; explain images with `attnflow explain --image`")
     traces = {spec.name: base for spec in specs}
     if model is not None:
-        specs = _trace_targets(model, text, specs, traces, skips, target, target_text, max_length)
+        specs = _trace_targets(model, str(text), specs, traces, skips, target, target_text, max_length)
     if methods is None:
         specs = _affordable(specs, base.n_tokens, skips)
     row = parse_row(row) if row is not None else default_row(base)
@@ -259,12 +261,12 @@ def explore(
     return exploration
 
 
-def _model(source: Any, text: str | None) -> Any:
+def _model(source: str | ModelLike, text: str | None) -> ModelLike:
     """The model (loaded here when ``source`` is its name), once ``text`` is known not to be empty."""
     if text is None or not str(text).strip():
         raise InputError("the text to explore is empty")
     if isinstance(source, str):
-        from attnflow.capture import load
+        from attnflow.model import load
 
         return load(source)
     return source
@@ -284,7 +286,7 @@ class _Skips:
         self.skipped[name] = why
 
 
-def _supported(specs: list[MethodSpec], model: Any, skips: _Skips) -> list[MethodSpec]:
+def _supported(specs: list[MethodSpec], model: ModelLike, skips: _Skips) -> list[MethodSpec]:
     """The methods the model's family supports; the others skipped with the reason."""
     family = getattr(model, "adapter", None)
     kept = []
@@ -306,8 +308,8 @@ def _plain_needs(specs: list[MethodSpec]) -> frozenset[str]:
 
 
 def _trace_targets(
-    model: Any,
-    text: str | None,
+    model: ModelLike,
+    text: str,
     specs: list[MethodSpec],
     traces: dict[str, Trace],
     skips: _Skips,
@@ -366,7 +368,7 @@ def _exploration(base: Trace, row: Row, views: list[MethodView], skipped: dict[s
     )
 
 
-def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodView:
+def method_view(name: str, trace: Trace, row: Row, model: ModelLike | None = None) -> MethodView:
     """A `MethodView` of one registered method on a trace that holds what it needs (see the
     module docstring for what it contributes)."""
     view = _view_from_trace(get_method(name), trace, model)
@@ -375,7 +377,7 @@ def method_view(name: str, trace: Trace, row: Row, model: Any = None) -> MethodV
     return view
 
 
-def _missing_needs(spec: MethodSpec, trace: Trace, model: Any) -> list[str]:
+def _missing_needs(spec: MethodSpec, trace: Trace, model: ModelLike | None) -> list[str]:
     """The needs of ``spec`` that neither ``trace`` nor ``model`` can serve."""
     missing = []
     for need in sorted(spec.needs - {"attentions"}):
@@ -396,7 +398,7 @@ def _requested(methods: Sequence[str] | None) -> list[str]:
     return names
 
 
-def _view_from_trace(spec: MethodSpec, trace: Trace, model: Any = None) -> MethodView:
+def _view_from_trace(spec: MethodSpec, trace: Trace, model: ModelLike | None = None) -> MethodView:
     n = trace.n_tokens
     layerwise = {"layerwise": True} if spec.layerwise else {}
     scores, _ = split(call_method(spec, trace, model=model, **layerwise))  # the explorer shows no extras

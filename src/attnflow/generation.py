@@ -40,6 +40,7 @@ from attnflow.capture.texts import check_texts
 from attnflow.errors import ExplanationWarning, InputError
 from attnflow.explanation import explain, explain_traces
 from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
+from attnflow.model_like import ModelLike
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ class Continuation:
 
 
 def explain_generation(
-    model: Any,
+    model: ModelLike,
     prompt: str,
     *,
     max_new_tokens: int | None = None,
@@ -272,7 +273,7 @@ def explain_generation(
     return explanations[0] if isinstance(method, str) else explanations
 
 
-def check_generation_method(model: Any, name: str) -> MethodSpec:
+def check_generation_method(model: ModelLike, name: str) -> MethodSpec:
     """The method's registry entry, after checking that it explains generations on this model's family."""
     spec = get_method(name)
     if not explains_generations(spec):
@@ -284,7 +285,7 @@ def check_generation_method(model: Any, name: str) -> MethodSpec:
 
 
 def prepare_continuation(
-    model: Any, prompt: str, *, max_new_tokens: int | None = None, continuation: str | None = None
+    model: ModelLike, prompt: str, *, max_new_tokens: int | None = None, continuation: str | None = None
 ) -> Continuation:
     """The prompt's ids (a special token the tokenizer appends at the end, such as [SEP], dropped:
     the continuation follows the text) and the continuation's: generated greedily or tokenized."""
@@ -324,7 +325,7 @@ def prepare_continuation(
     )
 
 
-def _check_new_tokens(model: Any, max_new_tokens: Any, n_prompt: int) -> None:
+def _check_new_tokens(model: ModelLike, max_new_tokens: Any, n_prompt: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"--generate takes the number of new tokens, at least 1; got {max_new_tokens}")
     room = model.max_length - n_prompt
@@ -335,7 +336,7 @@ def _check_new_tokens(model: Any, max_new_tokens: Any, n_prompt: int) -> None:
         )
 
 
-def greedy_continuation(model: Any, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
+def greedy_continuation(model: ModelLike, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Up to ``max_new_tokens`` greedy (argmax) tokens after ``prompt_ids``, with the model's key/value
     cache; it stops after an end-of-sequence token, as ``transformers``' greedy ``generate`` does."""
     import torch
@@ -359,7 +360,7 @@ def greedy_continuation(model: Any, prompt_ids: Sequence[int], max_new_tokens: i
     return new
 
 
-def step_log_probs(model: Any, sequence: Continuation) -> np.ndarray:
+def step_log_probs(model: ModelLike, sequence: Continuation) -> np.ndarray:
     """``[N]`` log p(t_k | prompt, t_1 … t_{k-1}) from one forward pass over the sources."""
     import torch
 
@@ -372,7 +373,7 @@ def step_log_probs(model: Any, sequence: Continuation) -> np.ndarray:
 
 
 def explain_continuation(
-    model: Any,
+    model: ModelLike,
     sequence: Continuation,
     per_method: Mapping[str, Mapping[str, Any]],
     faithfulness: bool = False,
@@ -429,7 +430,7 @@ def explain_continuation(
 
 
 def _explain_whole_sequence(
-    model: Any,
+    model: ModelLike,
     sequence: Continuation,
     names: Sequence[str],
     per_method: Mapping[str, Mapping[str, Any]],
@@ -453,7 +454,7 @@ def _explain_whole_sequence(
 
 
 def _explain_each_step(
-    model: Any,
+    model: ModelLike,
     sequence: Continuation,
     names: Sequence[str],
     per_method: Mapping[str, Mapping[str, Any]],
@@ -522,7 +523,7 @@ def _ranges(steps: Sequence[int]) -> str:
     return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}" for run in runs)
 
 
-def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) -> Trace:
+def sequence_trace(model: ModelLike, sequence: Continuation, needs: frozenset[str]) -> Trace:
     """The trace of all the sources (the prompt and t_1 … t_{N-1}), captured in one forward pass:
     the one-pass methods read step k's (0-based) sources from its row P + k − 1, the position that
     predicts step k's token (the explorer's generation view reads it per layer)."""
@@ -531,7 +532,7 @@ def sequence_trace(model: Any, sequence: Continuation, needs: frozenset[str]) ->
 
 
 def step_traces(
-    model: Any, sequence: Continuation, steps: Sequence[int], needs: frozenset[str], contrast: int | None = None
+    model: ModelLike, sequence: Continuation, steps: Sequence[int], needs: frozenset[str], contrast: int | None = None
 ) -> list[Trace]:
     """One `Trace` per step k of ``steps`` (0-based), over its ``P + k`` sources, with target t_k
     when ``needs`` asks for one (`attnflow.trace.TARGET_NEEDS`).
@@ -550,10 +551,10 @@ def step_traces(
         positions = [n_prompt + step - 1 for step in steps]  # the position that predicts t_k
         objective = _StepsObjective(model, positions, sequence.targets[list(steps)], contrast)
     # name -> [1, ...], the gradient fields and "target" -> [step, ...]
-    captured = model._capture_needs(
+    captured = model.capture_needs(
         needs, objective, separate_outputs=True, input_ids=ids, attention_mask=torch.ones_like(ids)
     )
-    shared = model._shared_fields(needs)
+    shared = model.shared_fields(needs)
     tokens = token_strings(model, sequence.sources[:width])
     traces = []
     for i, step in enumerate(steps):
@@ -581,7 +582,7 @@ def step_traces(
     return traces
 
 
-def token_strings(model: Any, ids: np.ndarray) -> list[str]:
+def token_strings(model: ModelLike, ids: np.ndarray) -> list[str]:
     """The tokenizer's spelling of each id; ``<id N>`` for an id the model has but the tokenizer
     lacks (a vocabulary padded past the tokenizer's, which greedy decoding can reach)."""
     tokens = model.tokenizer.convert_ids_to_tokens(ids.tolist())
@@ -593,7 +594,9 @@ class _StepsObjective:
     at ``positions[i]`` (the logits of those positions only, where the model can skip the others);
     with a ``contrast`` token, y_i = log p(``targets[i]``) − log p(contrast)."""
 
-    def __init__(self, model: Any, positions: Sequence[int], targets: np.ndarray, contrast: int | None = None) -> None:
+    def __init__(
+        self, model: ModelLike, positions: Sequence[int], targets: np.ndarray, contrast: int | None = None
+    ) -> None:
         import torch
 
         from attnflow.targets import Objective
@@ -618,7 +621,7 @@ class _StepsObjective:
         return y, self.targets, chosen.exp()
 
 
-def step_faithfulness(model: Any, explanation: GenerationExplanation, replace: str = "remove") -> dict[str, Any]:
+def step_faithfulness(model: ModelLike, explanation: GenerationExplanation, replace: str = "remove") -> dict[str, Any]:
     """Per step, p(t_k) once step k's top sources are gone, as `attnflow evaluate` measures
     comprehensiveness: the top ``ceil(f * m)`` of the m content sources removed (``replace="remove"``)
     or masked, for f in `attnflow.evaluate.metrics.BINS` (every removal keeps one token). Returns

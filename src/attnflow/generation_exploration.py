@@ -33,6 +33,7 @@ from attnflow.generation import (
 )
 from attnflow.methods.extras import split
 from attnflow.methods.registry import available_methods, call_method, get_method, method_options
+from attnflow.model_like import ModelLike
 from attnflow.tokens import display_token
 
 
@@ -135,7 +136,7 @@ def explore_generation(
         steps_per_pass: step copies per forward (and backward) pass of the target methods.
     """
     if isinstance(source, str):
-        from attnflow.capture import load
+        from attnflow.model import load
 
         source = load(source)
     model = source
@@ -192,7 +193,7 @@ def text_pieces(tokenizer: Any, ids: list[int], tokens: list[str]) -> list[str]:
     return pieces
 
 
-def _requested(model: Any, methods: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
+def _requested(model: ModelLike, methods: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
     """The methods to run and, for the default, ``{method: why}`` of the registered ones left out."""
     if methods is not None:
         names = list(dict.fromkeys(methods))

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +82,7 @@ def same_objective_groups(targets: Sequence[Target | None]) -> list[list[int]]:
     return list(groups.values())
 
 
-def target_kind(model: Any) -> str:
+def target_kind(model: ModelLike) -> str:
     """Which target an `AttentionModel` supports (see the module docstring)."""
     if model.target_kind is None:
         raise InputError(
@@ -105,7 +106,7 @@ class Objective:
 
     def __init__(
         self,
-        model: Any,
+        model: ModelLike,
         target: int | str | None = None,
         target_text: str | None = None,
         contrast: int | str | None = None,
@@ -148,7 +149,7 @@ class Objective:
                 raise InputError(f"the contrast {contrast!r} is the target itself: choose another class or token")
 
     @classmethod
-    def for_target(cls, model: Any, target: Target) -> "Objective":
+    def for_target(cls, model: ModelLike, target: Target) -> "Objective":
         """The objective that scores altered inputs for an already resolved `Target`."""
         if target.kind == "similarity":
             return cls(model, target_text=target.label)

@@ -78,7 +78,7 @@ def _attention_inputs(model: torch.nn.Module, pattern: str):
             handle.remove()
 
 
-def _check_head_outputs(family: str, model: "attnflow.capture.AttentionModel", trace: attnflow.Trace, hidden_states):
+def _check_head_outputs(family: str, model: "attnflow.AttentionModel", trace: attnflow.Trace, hidden_states):
     modules = [module for _, module in find_layers(model.model, model.adapter.stack.attention)]
     for layer, (module, hidden) in enumerate(zip(modules, hidden_states)):
         values = _split_heads(_value_states(family, module, hidden), -1 if False else _kv_heads(model))

@@ -13,9 +13,9 @@ import transformers as T
 
 import attnflow
 from attnflow.capture.hooks import find_layers
-from attnflow.capture.model import AttentionModel
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
+from attnflow.model import AttentionModel
 
 from tiny_models import GEMMA3_WINDOW, tiny_config, tiny_vocab
 

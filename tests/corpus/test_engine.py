@@ -156,7 +156,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_
 # batch KILL_AT starts: between two checkpoints, deterministically.
 KILLED_CLI = """
 import os, signal, sys
-from attnflow.capture.model import AttentionModel
+from attnflow.model import AttentionModel
 from attnflow.cli import main
 
 kill_at, calls, capture = int(os.environ["KILL_AT_BATCH"]), [0], AttentionModel.capture_batch

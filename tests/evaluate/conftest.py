@@ -56,7 +56,7 @@ def _key_classifier(encoder, key_id: int):
 def key_model(tiny_model_path):
     """An `AttentionModel` around `KeyTokenClassifier` (tiny random BERT inside), on the CPU."""
     import attnflow
-    from attnflow.capture.model import AttentionModel
+    from attnflow.model import AttentionModel
 
     encoder = attnflow.load(str(tiny_model_path("bert")), device="cpu")
     key_id = encoder.tokenizer.convert_tokens_to_ids(KEY_WORD)

@@ -73,9 +73,9 @@ def test_unknown_method_and_task_are_one_line(capsys, tmp_path):
 
 
 def test_a_missing_task_file_fails_before_the_model_loads(capsys, tmp_path, monkeypatch):
-    import attnflow.capture
+    import attnflow.model
 
-    monkeypatch.setattr(attnflow.capture, "load", lambda *_a, **_k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(attnflow.model, "load", lambda *_a, **_k: pytest.fail("a model was loaded"))
     code, _, err = run_cli(capsys, "--task", str(tmp_path / "reviews.csv"), "--out", str(tmp_path / "out"))
     assert code == 2 and err.strip() == f"attnflow: error: --task {tmp_path / 'reviews.csv'}: no such file"
     code, _, err = run_cli(capsys, "--task", str(tmp_path), "--out", str(tmp_path / "out"))

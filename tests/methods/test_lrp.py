@@ -16,7 +16,7 @@ import torch
 import transformers as T
 
 import attnflow
-from attnflow.capture.model import AttentionModel
+from attnflow.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance

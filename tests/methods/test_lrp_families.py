@@ -12,8 +12,8 @@ import torch
 from test_lrp import RULES, TEXTS, activation, attention_softmax, product, sharpen
 
 import attnflow
-from attnflow.capture.model import AttentionModel
 from attnflow.methods.model.lrp import lrp_relevance
+from attnflow.model import AttentionModel
 from attnflow.targets import Objective
 
 

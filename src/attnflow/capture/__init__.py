@@ -1,6 +1,6 @@
 """Loading models and capturing their attention into `Trace`s (no method math here).
 
-The torch-heavy parts (`AttentionModel`; `load` imports transformers when called) import on
+The torch-heavy parts (`CaptureModel`; `load` imports transformers when called) import on
 first use, so that listing models or printing `--help` stays fast.
 """
 
@@ -15,9 +15,9 @@ from attnflow.capture.adapters import (
     register_adapter,
     unregister_adapter,
 )
-from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, load, resolve
+from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, load, load_as, resolve
 
-_MODEL_NAMES = ("AttentionModel", "BatchCapture", "resolve_device")
+_MODEL_NAMES = ("BatchCapture", "CaptureModel", "resolve_device")
 
 
 def __getattr__(name: str):
@@ -40,6 +40,7 @@ __all__ = [
     "install_dinov2_s",
     "install_mpnet",
     "load",
+    "load_as",
     "register_adapter",
     "resolve",
     "unregister_adapter",

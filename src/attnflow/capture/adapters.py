@@ -38,7 +38,7 @@ class Values:
     value zeroing reruns it); ``norm``: post-LN families only, the layer norm right after the
     attention block (its input is y = attention output + residual); None for pre-LN families.
     ``output_scale``: families with LayerScale (DINOv2): the module whose ``lambda1 [d_model]``
-    multiplies the attention block's output before the residual; `AttentionModel.output_weights`
+    multiplies the attention block's output before the residual; `CaptureModel.output_weights`
     folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
     ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None.
     ``output_norm``: a norm between the output projection and the residual addition (Gemma's

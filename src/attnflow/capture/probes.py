@@ -1,5 +1,5 @@
 """Embedded classifiers: an embedded sentence encoder, its mean pooling and a linear head trained
-on a task that ships in a pip package (`attnflow.datasets`).
+on a task that ships in a pip package (`attnflow.datasets`, which the caller loads).
 
 The head is a logistic regression on the frozen encoder's mean-pooled features (L2-regularised,
 fitted with L-BFGS on standardised features, the standardisation folded into the weights),
@@ -24,13 +24,16 @@ import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
 from attnflow.staging import atomic_file
+
+if TYPE_CHECKING:
+    from attnflow.capture.model import CaptureModel
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +207,8 @@ def _make_classifier():
     return PooledClassifier
 
 
-def mean_pooled_features(model: Any, texts: list[str], batch_size: int = 64, progress: bool = True) -> Any:
-    """``[text, d_model]`` float32 mean-pooled last hidden states of an `AttentionModel`'s encoder,
+def mean_pooled_features(model: CaptureModel, texts: list[str], batch_size: int = 64, progress: bool = True) -> Any:
+    """``[text, d_model]`` float32 mean-pooled last hidden states of a `CaptureModel`'s encoder,
     texts truncated to `PROBE_MAX_LENGTH` tokens (sorted by length into batches for speed)."""
     import torch
     from tqdm.auto import tqdm
@@ -255,13 +258,11 @@ def fit_logistic_regression(features: Any, labels: Any, n_classes: int, seed: in
     return raw_weight.float().numpy(), raw_bias.float().numpy()
 
 
-def train_probe(alias: str, encoder: Any, progress: bool = True) -> Head:
-    """Train the head of ``alias`` on ``encoder`` (the `AttentionModel` of its encoder alias): the
-    features of every text of its task, the fit on the training split, the held-out accuracy."""
-    from attnflow.datasets import load_task
-
+def train_probe(alias: str, encoder: CaptureModel, data: Any, progress: bool = True) -> Head:
+    """Train the head of ``alias`` on ``encoder`` (the `CaptureModel` of its encoder alias) and
+    ``data``, its task (``attnflow.datasets.load_task(PROBES[alias].task)``): the features of every
+    text, the fit on the training split, the held-out accuracy."""
     spec = _spec(alias)
-    data = load_task(spec.task)
     train, test = data.split()
     log.info("training %s on %d %s examples (held out: %d)", alias, len(train), spec.task, len(test))
     features = mean_pooled_features(encoder, list(data.texts), progress=progress)
@@ -286,9 +287,9 @@ def train_probe(alias: str, encoder: Any, progress: bool = True) -> Head:
     return Head(weight, bias, meta)
 
 
-def probe_classifier(alias: str, encoder: Any) -> tuple[Any, dict[str, Any]]:
+def probe_classifier(alias: str, encoder: CaptureModel) -> tuple[Any, dict[str, Any]]:
     """``(PooledClassifier, metadata)`` of the probe ``alias`` around ``encoder``'s torch module
-    (`AttentionModel` wrapping is the caller's); never trains (see `read_head`)."""
+    (`CaptureModel` wrapping is the caller's); never trains (see `read_head`)."""
     import torch
 
     head = read_head(alias)

@@ -1,4 +1,4 @@
-"""Checks on the texts given to `AttentionModel.trace`: what is a text, and texts the model cannot read.
+"""Checks on the texts given to `CaptureModel.capture_texts`: what is a text, and texts the model cannot read.
 
 A text is a ``str``; ``None``, ``bytes`` and other objects are rejected with a message that says
 what to do. Strings that hold lone surrogates (what Python makes of bytes that are not UTF-8 on
@@ -9,10 +9,13 @@ worth a warning: the model sees placeholders, not the text (emoji, scripts outsi
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Sequence
 
 from attnflow.errors import InputError
+
+log = logging.getLogger(__name__)
 
 UNKNOWN_SHARE_WARNING = 0.5  # warn when more than this share of a text's content tokens is [UNK]
 MAX_EXTRA_TOKENS = 4  # tokens that cover no byte of a text: [CLS]/<s>, [SEP]/</s>, a leading "▁", one more
@@ -64,6 +67,52 @@ def unknown_share(token_ids: Sequence[int], special_mask: Sequence[bool], unknow
     if unknown_id is None:
         return 0, len(content)
     return sum(1 for token in content if token == unknown_id), len(content)
+
+
+def truncation_notes(tokenizer: Any, texts: list[str], limit: int) -> list[list[str]]:
+    """Per text, a note (also logged as a warning) when it is longer than ``limit`` tokens."""
+    # One batched call, untruncated lengths; verbose=False: transformers' own "will result in
+    # indexing errors" warning would repeat this one (attnflow truncates, so nothing breaks).
+    return [
+        [_warned(f"text of {len(ids)} tokens truncated to {limit} (the maximum; see --max-length)")]
+        if len(ids) > limit
+        else []
+        for ids in tokenizer(texts, verbose=False)["input_ids"]
+    ]
+
+
+def unknown_notes(
+    tokenizer: Any, model_name: str, texts: list[str], encoded: Any, lengths: list[int]
+) -> list[list[str]]:
+    """Per text, a note (also logged as a warning) when its content tokens are mostly the unknown
+    token; ``encoded``: the padded batch (``input_ids``, ``special_tokens_mask`` ``[text, token]``),
+    ``lengths``: each text's tokens without padding."""
+    unknown_id = getattr(tokenizer, "unk_token_id", None)
+    notes: list[list[str]] = []
+    for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
+        unknown, content = unknown_share(
+            encoded["input_ids"][index, :n].tolist(), encoded["special_tokens_mask"][index, :n].tolist(), unknown_id
+        )
+        if not (content and unknown / content > UNKNOWN_SHARE_WARNING):
+            notes.append([])
+            continue
+        shown = text if len(text) <= 40 else text[:39] + "…"
+        notes.append(
+            [
+                _warned(
+                    f"text {shown!r}: {'all' if unknown == content else unknown} of its {content} tokens are the "
+                    f"unknown token {tokenizer.unk_token} ({model_name} has no tokens for these characters), "
+                    "so the explanation is about placeholders, not the text"
+                )
+            ]
+        )
+    return notes
+
+
+def _warned(message: str) -> str:
+    """Log ``message`` as a warning and return it (for a Trace's notes)."""
+    log.warning("%s", message)
+    return message
 
 
 def _bytes_message(data: bytes | bytearray) -> str:

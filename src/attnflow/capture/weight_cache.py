@@ -25,9 +25,12 @@ import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from attnflow.staging import atomic_file, building
+
+if TYPE_CHECKING:
+    from torch import nn
 
 try:
     import fcntl
@@ -118,8 +121,8 @@ def is_valid(folder: Path, source_file: Path) -> bool:
     return "model.safetensors" in files
 
 
-def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
-    """Save ``model`` (safetensors) and ``tokenizer`` as the cache of ``source_file`` in ``folder``.
+def write(hf_model: nn.Module, tokenizer: Any, folder: Path, source_file: Path) -> bool:
+    """Save ``hf_model`` (safetensors) and ``tokenizer`` as the cache of ``source_file`` in ``folder``.
 
     Returns True when the cache is in place; on an OS error (full disk, read-only cache) logs a
     warning, leaves no partial folder and returns False.
@@ -128,7 +131,7 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
     try:
         with building(folder) as scratch:
             scratch.mkdir()
-            save_weights(model, scratch)
+            save_weights(hf_model, scratch)
             if tokenizer is not None:
                 tokenizer.save_pretrained(scratch)
             files = {entry.name: sha256(entry) for entry in sorted(scratch.iterdir()) if entry.is_file()}
@@ -143,7 +146,7 @@ def write(model: Any, tokenizer: Any, folder: Path, source_file: Path) -> bool:
     return True
 
 
-def save_weights(model: Any, folder: Path) -> None:
+def save_weights(hf_model: nn.Module, folder: Path) -> None:
     """``config.json`` and ``model.safetensors`` that ``from_pretrained(folder)`` loads back.
 
     ``save_pretrained`` refuses models loaded from GGUF ("quantized with gguf and is not
@@ -156,13 +159,13 @@ def save_weights(model: Any, folder: Path) -> None:
 
     tensors: dict[str, Any] = {}
     stored: set[int] = set()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in hf_model.state_dict().items():
         if tensor.data_ptr() in stored:
             continue  # a tied copy of a tensor already stored
         stored.add(tensor.data_ptr())
         tensors[name] = tensor.detach().contiguous()
     save_file(tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
+    config = hf_model.config.to_dict()
     config.pop("quantization_config", None)
     (Path(folder) / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
 

@@ -24,6 +24,7 @@ import numpy as np
 from attnflow.causal.sites import SITE_KINDS, all_sites, check_sites_supported, parse_site_kinds, sweep_shape
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
+from attnflow.model_like import ModelLike
 
 METHODS = ("exact", "atp", "atp*", "relp")
 DIRECTIONS = ("denoising", "noising")
@@ -147,7 +148,7 @@ def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def patch(
-    model: Any,
+    model: ModelLike,
     clean: str,
     corrupt: str | None = None,
     *,
@@ -230,7 +231,7 @@ class _Corruption:
 
 
 def _corruption(
-    model: Any,
+    model: ModelLike,
     clean: str,
     clean_ids: Any,
     corrupt: str | None,
@@ -265,7 +266,7 @@ def _head_position(head_position: int | None, n_tokens: int) -> int | None:
 class _Sweep:
     """One patching run: both inputs' values cached once, then each method's effects on every site."""
 
-    model: Any
+    model: ModelLike
     metric: Any
     kinds: tuple[str, ...]
     direction: str
@@ -336,7 +337,7 @@ class _Sweep:
         return changes
 
 
-def _check_relp(model: Any) -> None:
+def _check_relp(model: ModelLike) -> None:
     from attnflow.methods.model.lrp import RULES
     from attnflow.trace import CAPABILITIES
 
@@ -357,7 +358,7 @@ def _words(noise: str | Sequence[str] | None) -> list[str]:
     return words
 
 
-def _token_ids(model: Any, text: str, which: str) -> Any:
+def _token_ids(model: ModelLike, text: str, which: str) -> Any:
     """``[1, token]`` the text's token ids (special tokens included, as the model reads it)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"the {which} text is empty")
@@ -367,7 +368,7 @@ def _token_ids(model: Any, text: str, which: str) -> Any:
     return ids
 
 
-def noise_positions(model: Any, text: str, words: Sequence[str]) -> list[int]:
+def noise_positions(model: ModelLike, text: str, words: Sequence[str]) -> list[int]:
     """The token positions of ``text`` that spell any occurrence of ``words`` (one clear line
     naming the words that do not occur)."""
     missing = [word for word in words if word not in text]
@@ -390,7 +391,7 @@ def noise_positions(model: Any, text: str, words: Sequence[str]) -> list[int]:
     return positions
 
 
-def noise_on_words(model: Any, text: str, words: Sequence[str], samples: int, seed: int) -> Any:
+def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: int, seed: int) -> Any:
     """``[samples, token, d_model]`` Gaussian noise, std 3σ (σ: the std of the embedding matrix), on
     the positions of ``words`` and zero elsewhere; seeded."""
     import torch
@@ -405,7 +406,7 @@ def noise_on_words(model: Any, text: str, words: Sequence[str], samples: int, se
     return noise
 
 
-def resolve_metric(model: Any, clean_ids: Any, target: int | str | None, contrast: int | str | None) -> Any:
+def resolve_metric(model: ModelLike, clean_ids: Any, target: int | str | None, contrast: int | str | None) -> Any:
     """The `Metric` for this model and what the user asked (default target: the clean prediction)."""
     import torch
 

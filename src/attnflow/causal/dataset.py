@@ -19,6 +19,7 @@ import numpy as np
 
 from attnflow.causal.api import correlation, patch
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 from attnflow.staging import atomic_file
 
 CHECKPOINT = "pairs.jsonl"
@@ -47,7 +48,7 @@ def read_pairs(path: Path) -> list[dict[str, Any]]:
 
 
 def patch_file(
-    model: Any,
+    model: ModelLike,
     path: Path,
     out: Path,
     *,

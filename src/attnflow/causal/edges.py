@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 
 EDGE_METHODS = ("eap", "eap-ig")
 TOLERANCE = 1e-3  # relative error allowed in the residual decomposition check
@@ -79,7 +80,7 @@ class EdgeGraph:
     """The component graph of one model and one clean/corrupted pair: activations of both runs,
     edge scores and circuit runs."""
 
-    def __init__(self, model: Any, clean: str, corrupt: str, target: Any = None, contrast: Any = None) -> None:
+    def __init__(self, model: ModelLike, clean: str, corrupt: str, target: Any = None, contrast: Any = None) -> None:
         from attnflow.causal.api import _token_ids, resolve_metric
         from attnflow.causal.patching import PatchRunner
 
@@ -284,7 +285,7 @@ class EdgeGraph:
 
 
 def edge_scores(
-    model: Any,
+    model: ModelLike,
     clean: str,
     corrupt: str,
     *,

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from attnflow.causal.sites import SITE_KINDS, Site, SiteModules
+from attnflow.model_like import ModelLike
 
 # Recorded activations of one run, per site kind, one tensor per layer (row 0 of ``residual`` is
 # the stream entering the first layer): residual/attn/mlp ``[batch, token, d_model]``, heads
@@ -77,7 +78,7 @@ class Patches:
 class PatchRunner:
     """Forward passes of one model with patched and recorded sites (`SiteModules`)."""
 
-    def __init__(self, model: Any, metric: Metric) -> None:
+    def __init__(self, model: ModelLike, metric: Metric) -> None:
         self.model = model
         self.metric = metric
         self.modules = SiteModules(model)

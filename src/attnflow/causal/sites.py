@@ -13,9 +13,10 @@ Site kinds and the arrays a sweep fills (``T`` tokens, ``L`` layers, ``H`` heads
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES
 
 SITE_KINDS = ("residual", "attn", "mlp", "heads")
@@ -34,7 +35,7 @@ class Site:
     head_position: int | None = None
 
 
-def check_sites_supported(model: Any) -> None:
+def check_sites_supported(model: ModelLike) -> None:
     """One clear line when the model's family has no patching sites in its adapter row."""
     if "sites" not in model.adapter.provides:
         raise InputError(
@@ -74,7 +75,7 @@ class SiteModules:
     """The modules of one model that hold its sites: blocks, attention blocks, MLPs and output
     projections, one per layer (found with the adapter row's patterns)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: ModelLike) -> None:
         from attnflow.capture.hooks import find_layers
 
         check_sites_supported(model)

@@ -29,6 +29,7 @@ import numpy as np
 
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
+from attnflow.model_like import ModelLike
 
 VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim")
 # The registered method each prediction runs (``rollout_above`` is rollout with a start layer).
@@ -90,7 +91,7 @@ def parse_versus_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def compare_with_patching(
-    model: Any,
+    model: ModelLike,
     clean: str,
     corrupt: str,
     *,
@@ -124,7 +125,7 @@ def compare_with_patching(
 
 
 def layer_predictions(
-    model: Any, text: str, methods: Sequence[str], *, target: int | str | None = None
+    model: ModelLike, text: str, methods: Sequence[str], *, target: int | str | None = None
 ) -> dict[str, np.ndarray]:
     """``{method: [L + 1, token]}`` each method's prediction for every residual row (module
     docstring), read at ``model.default_row``."""

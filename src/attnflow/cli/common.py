@@ -122,7 +122,7 @@ def load_model(name: str, device: str, quiet: bool) -> Any:
             hf_logging.disable_progress_bar()
         except ImportError:  # pragma: no cover - transformers is a dependency
             pass
-    from attnflow.capture import load
+    from attnflow.model import load
 
     return load(name, device=device, progress=not quiet)
 

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         bounds_search=args.bounds_search,
         sanity_layers=args.sanity_layers,
     )
-    from attnflow.capture import load
+    from attnflow.model import load
 
     model = load(args.model, device=args.device)
     results = evaluate(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
@@ -30,6 +30,7 @@ from attnflow.cli.common import (
 from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, write_explanations
 from attnflow.errors import InputError
 from attnflow.methods.registry import AUTO
+from attnflow.model_like import ModelLike
 from attnflow.tokens import display_token
 from attnflow.trace import Trace
 
@@ -269,7 +270,7 @@ def _check_input(args: argparse.Namespace) -> None:
         options_per_method(with_candidates(args.method, None), given_method_options(args))
 
 
-def _trace(model: Any, methods: list[str], args: argparse.Namespace, say: Progress) -> Trace:
+def _trace(model: ModelLike, methods: list[str], args: argparse.Namespace, say: Progress) -> Trace:
     """The trace of the image or the text, holding what ``methods`` need (with the target the options name)."""
     if args.image is not None:
         say(f"tracing {args.image} …")

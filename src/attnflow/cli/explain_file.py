@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 from attnflow.runs.readers import KINDS, Corpus, ReadOptions
 
 FILE_KINDS = ("txt", "jsonl", "csv")
@@ -127,7 +128,12 @@ def _print_json(explanations: list[Any]) -> None:
 
 
 def _explain_all(
-    model: Any, texts: list[str], args: argparse.Namespace, row: Any, per_method: dict[str, dict], requested: list[str]
+    model: ModelLike,
+    texts: list[str],
+    args: argparse.Namespace,
+    row: Any,
+    per_method: dict[str, dict],
+    requested: list[str],
 ) -> Iterator[tuple[Any, list[Any]]]:
     """(trace, one explanation per ``requested`` method, each with its per-input faithfulness when the
     trace has a class or next-token target; auto: the most comprehensive of its candidates on that

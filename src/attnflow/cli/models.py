@@ -112,10 +112,11 @@ def _retrain(alias: str) -> None:
     """Train the head of ``alias`` again, store it in the cache and say how far it is from the shipped one."""
     import numpy as np
 
-    from attnflow.capture import load
     from attnflow.capture.probes import SHIPPED_HEADS, read_shipped_head, train_probe, write_head
+    from attnflow.datasets import load_task
+    from attnflow.model import load
 
-    head = train_probe(alias, load(PROBES[alias].encoder, device="cpu"))
+    head = train_probe(alias, load(PROBES[alias].encoder, device="cpu"), load_task(PROBES[alias].task))
     write_head(head, retrained_head_path(alias))
     print(f"{alias}: retrained head in {retrained_head_path(alias)}")
     if alias in SHIPPED_HEADS:

@@ -39,6 +39,7 @@ from attnflow.corpus.stats import StudyStats
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowBatch, WindowStream, batched
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 from attnflow.runs.checkpoint import check_same_config, digest, prepare_out_dir, versions
 from attnflow.runs.options import check_counts
 from attnflow.runs.readers import Corpus, open_corpus
@@ -71,7 +72,7 @@ class Backend(Protocol):
 class LocalBackend:
     """The model in this process: ``capture_batch`` then ``StudyStats.update``, one batch at a time."""
 
-    def __init__(self, model: Any, stats: StudyStats, threads: int | None = None) -> None:
+    def __init__(self, model: ModelLike, stats: StudyStats, threads: int | None = None) -> None:
         import torch
 
         self.model = model
@@ -101,7 +102,7 @@ def run_study(
     *,
     resume: bool = False,
     overwrite: bool = False,
-    model: Any = None,
+    model: ModelLike | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) a corpus study into folder ``out``; returns the summary written there.
 
@@ -109,7 +110,7 @@ def run_study(
         options: what to study and how (see `StudyOptions`).
         out: the output folder; an existing non-empty one is refused unless ``resume`` (continue
             its checkpoint) or ``overwrite`` (delete attnflow's files there first).
-        model: an already loaded `attnflow.capture.AttentionModel` (local engine only); default:
+        model: an already loaded `attnflow.AttentionModel` (local engine only); default:
             ``attnflow.load(options.model, device=options.device)``.
 
     Raises:
@@ -121,13 +122,15 @@ def run_study(
         return _run_study(options, Path(out), resume=resume, overwrite=overwrite, model=model)
 
 
-def _run_study(options: StudyOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
+def _run_study(
+    options: StudyOptions, out: Path, *, resume: bool, overwrite: bool, model: ModelLike | None
+) -> dict[str, Any]:
     _check_options(options)
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     corpus = open_corpus(options.data, options.reading)
     if model is None:
-        from attnflow.capture import load
+        from attnflow.model import load
 
         # The Ray driver only needs the tokenizer and shapes; replicas load their own copy.
         model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
@@ -207,7 +210,7 @@ def _check_options(options: StudyOptions) -> None:
     )
 
 
-def _backend(options: StudyOptions, model: Any, stats: StudyStats) -> Backend:
+def _backend(options: StudyOptions, model: ModelLike, stats: StudyStats) -> Backend:
     if options.engine == "ray":
         from attnflow.corpus.ray_engine import RayBackend
 
@@ -277,7 +280,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return state, meta
 
 
-def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream: WindowStream) -> dict[str, Any]:
+def fingerprint_fields(options: StudyOptions, model: ModelLike, corpus: Corpus, stream: WindowStream) -> dict[str, Any]:
     """What must not change between a run and its resumption (not: batch size, engine, device)."""
     return {
         "model": options.model,
@@ -296,7 +299,7 @@ def fingerprint_fields(options: StudyOptions, model: Any, corpus: Corpus, stream
 
 def build_summary(
     options: StudyOptions,
-    model: Any,
+    model: ModelLike,
     corpus: Corpus,
     stream: WindowStream,
     stats: StudyStats,

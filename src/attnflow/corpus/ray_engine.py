@@ -33,7 +33,7 @@ class StudyWorker:
     def __init__(self, options: StudyOptions, threads: int, device: str) -> None:
         import torch
 
-        from attnflow.capture import load
+        from attnflow.model import load
 
         torch.set_num_threads(max(1, threads))
         self.options = options

@@ -7,10 +7,10 @@ replicas as Ray actors) both import this module and not each other.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from attnflow.corpus.stats import StudyConfig, StudyStats
 from attnflow.corpus.windows import WindowBatch, marker_token_ids
+from attnflow.model_like import ModelLike
 from attnflow.runs.readers import ReadOptions
 
 
@@ -40,7 +40,7 @@ class StudyOptions:
     quiet: bool = False
 
 
-def process_batch(model: Any, stats: StudyStats, batch: WindowBatch) -> None:
+def process_batch(model: ModelLike, stats: StudyStats, batch: WindowBatch) -> None:
     """One batch through ``model.capture_batch`` into ``stats`` (shared by every engine)."""
     import torch
 
@@ -55,7 +55,7 @@ def process_batch(model: Any, stats: StudyStats, batch: WindowBatch) -> None:
     )
 
 
-def new_stats(model: Any, options: StudyOptions) -> StudyStats:
+def new_stats(model: ModelLike, options: StudyOptions) -> StudyStats:
     """An empty accumulator shaped for ``model`` and ``options``."""
     special, punctuation = marker_token_ids(model.tokenizer)
     return StudyStats(

@@ -33,6 +33,7 @@ from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
 from attnflow.dataset_audit.words import SwapTable, ambiguous_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 from attnflow.runs.checkpoint import check_same_config, digest, prepare_out_dir, versions
 from attnflow.runs.options import check_counts
 from attnflow.runs.signals import stop_requests
@@ -58,7 +59,7 @@ class Backend(Protocol):
 class LocalBackend:
     """The model in this process, one batch at a time."""
 
-    def __init__(self, model: Any, stats: AuditStats, method: str, swaps: SwapTable, threads: int | None):
+    def __init__(self, model: ModelLike, stats: AuditStats, method: str, swaps: SwapTable, threads: int | None):
         import torch
 
         from attnflow.evaluate.scorer import ClassifierScorer
@@ -95,7 +96,7 @@ class AuditData:
     split: str
 
 
-def load_data(options: AuditOptions, model: Any, label_names: list[str]) -> AuditData:
+def load_data(options: AuditOptions, model: ModelLike, label_names: list[str]) -> AuditData:
     """The audited examples: the task's held-out split, a labelled file, or unlabelled texts,
     then ``samples`` of them drawn with ``seed`` (capped at what there is, with a warning)."""
     from attnflow.datasets import TASKS
@@ -130,7 +131,7 @@ def read_unlabelled(file: str, text_column: str) -> list[str]:
     return texts
 
 
-def check_model(model: Any, method: str) -> list[str]:
+def check_model(model: ModelLike, method: str) -> list[str]:
     """The class names of a classifier; one InputError line for anything else."""
     from attnflow.evaluate.scorer import check_classifier
     from attnflow.methods.registry import get_method
@@ -149,7 +150,12 @@ def check_model(model: Any, method: str) -> list[str]:
 
 
 def run_audit(
-    options: AuditOptions, out: str | os.PathLike, *, resume: bool = False, overwrite: bool = False, model: Any = None
+    options: AuditOptions,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    model: ModelLike | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) an audit into folder ``out``; returns the results written there.
 
@@ -162,7 +168,9 @@ def run_audit(
         return _run_audit(options, Path(out), resume=resume, overwrite=overwrite, model=model)
 
 
-def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: bool, model: Any) -> dict[str, Any]:
+def _run_audit(
+    options: AuditOptions, out: Path, *, resume: bool, overwrite: bool, model: ModelLike | None
+) -> dict[str, Any]:
     from attnflow.methods.registry import get_method
 
     _check_options(options)
@@ -178,7 +186,7 @@ def _run_audit(options: AuditOptions, out: Path, *, resume: bool, overwrite: boo
     out = Path(out)
     checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
     if model is None:
-        from attnflow.capture import load
+        from attnflow.model import load
 
         model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
     label_names = check_model(model, options.method)
@@ -244,7 +252,7 @@ def _check_options(options: AuditOptions) -> None:
         raise InputError(f"--file {options.file}: give an existing .txt, .jsonl, .csv or .parquet file")
 
 
-def _backend(options: AuditOptions, model: Any, stats: AuditStats, swaps: SwapTable) -> Backend:
+def _backend(options: AuditOptions, model: ModelLike, stats: AuditStats, swaps: SwapTable) -> Backend:
     if options.engine == "ray":
         from attnflow.dataset_audit.ray_engine import AuditRayBackend
 
@@ -267,7 +275,7 @@ def _progress(options: AuditOptions, total: int, initial: int):
     )
 
 
-def _fingerprint_fields(options: AuditOptions, model: Any, data: AuditData, pairs: list) -> dict[str, Any]:
+def _fingerprint_fields(options: AuditOptions, model: ModelLike, data: AuditData, pairs: list) -> dict[str, Any]:
     """What must not change between a run and its resumption (not: terms, min count, batch
     size, engine, workers, device)."""
     content = hashlib.sha256(json.dumps([data.texts, data.labels]).encode("utf-8")).hexdigest()[:16]
@@ -314,7 +322,7 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
 
 def build_results(
     options: AuditOptions,
-    model: Any,
+    model: ModelLike,
     data: AuditData,
     label_names: list[str],
     stats: AuditStats,

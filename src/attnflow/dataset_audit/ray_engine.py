@@ -18,8 +18,8 @@ class AuditWorker:
     def __init__(self, options: AuditOptions, n_classes: int, swaps: SwapTable, threads: int, device: str):
         import torch
 
-        from attnflow.capture import load
         from attnflow.evaluate.scorer import ClassifierScorer
+        from attnflow.model import load
 
         torch.set_num_threads(max(1, threads))
         self.options, self.n_classes, self.swaps = options, n_classes, swaps

@@ -15,6 +15,7 @@ import numpy as np
 from attnflow.dataset_audit.stats import ExampleResult
 from attnflow.dataset_audit.words import SwapTable, swap_text, word_relevance
 from attnflow.errors import ExplanationWarning
+from attnflow.model_like import ModelLike
 
 DEFAULT_METHOD = "attnlrp"  # the most faithful one-pass method of docs/faithfulness.md
 DEFAULT_MIN_COUNT = 3  # words ranked only when in this many texts
@@ -60,7 +61,9 @@ class Batch:
     labels: tuple[int, ...] | None
 
 
-def audit_batch(model: Any, method: str, batch: Batch, swaps: SwapTable, scorer: Any = None) -> list[ExampleResult]:
+def audit_batch(
+    model: ModelLike, method: str, batch: Batch, swaps: SwapTable, scorer: Any = None
+) -> list[ExampleResult]:
     """One batch: ``model.explain`` (the predicted class explained, one traced pass for the
     batch), words per example and, for texts holding a swap word, the class probabilities of the
     text and its counterfactual (one batched forward pass without gradients); a text holding a
@@ -96,7 +99,7 @@ def audit_batch(model: Any, method: str, batch: Batch, swaps: SwapTable, scorer:
     return results
 
 
-def _counterfactuals(model: Any, texts: Sequence[str], swapped: dict[int, str], scorer: Any) -> dict[int, dict]:
+def _counterfactuals(model: ModelLike, texts: Sequence[str], swapped: dict[int, str], scorer: Any) -> dict[int, dict]:
     """``{offset: record}`` for the texts with a counterfactual (``swapped``: offset -> swapped text)."""
     from attnflow.evaluate.scorer import ClassifierScorer
 

@@ -16,6 +16,7 @@ from attnflow.errors import InputError
 from attnflow.evaluate.benchmark import BOUNDS_FILE, METHODS_DIR, RUN_FILE, BenchmarkOptions, run_benchmark
 from attnflow.evaluate.report import BARS_PNG, CURVES_PNG, RESULTS_HTML, RESULTS_MD
 from attnflow.evaluate.scorer import check_classifier
+from attnflow.model_like import ModelLike
 from attnflow.staging import check_output, owned_entries, staged_output
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,9 @@ def check_task_name(task: str | None) -> None:
     )
 
 
-def load_evaluation_task(task: str | None, model: Any, label_names: list[str], text_column: str, label_column: str):
+def load_evaluation_task(
+    task: str | None, model: ModelLike, label_names: list[str], text_column: str, label_column: str
+):
     """``(LabelledTexts of the held-out examples, task name)``: a built-in task's 20 % held-out split
     (the classifier never trained on it), or every row of a user's CSV/JSONL file."""
     from attnflow.datasets import TASKS, load_labelled_file, load_task
@@ -108,7 +111,7 @@ def load_evaluation_task(task: str | None, model: Any, label_names: list[str], t
 
 
 def classification_task(
-    model: Any, task: str | None, samples: int | None, seed: int, text_column: str, label_column: str
+    model: ModelLike, task: str | None, samples: int | None, seed: int, text_column: str, label_column: str
 ) -> tuple[tuple[str, ...], np.ndarray, dict[str, Any]]:
     """``(texts, labels, run info)`` of a classifier's evaluation task, ``samples`` of them."""
     from attnflow.datasets import TASKS
@@ -130,7 +133,7 @@ def classification_task(
 
 
 def next_token_task(
-    model: Any, window: int, samples: int | None, seed: int
+    model: ModelLike, window: int, samples: int | None, seed: int
 ) -> tuple[tuple[str, ...], np.ndarray, dict]:
     """``(window texts, true next token ids, run info)`` of the next-token task, ``samples`` windows."""
     from attnflow.datasets import TASKS, next_token_windows
@@ -183,8 +186,8 @@ def evaluate(
     is left); neither raises FileExistsError. A new folder is written as the run goes, so that an
     interrupted run can be resumed.
     """
-    from attnflow.capture import load
     from attnflow.evaluate.report import write_report
+    from attnflow.model import load
 
     options = options or BenchmarkOptions()
     out = Path(out)

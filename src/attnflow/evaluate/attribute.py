@@ -12,12 +12,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from attnflow.methods.registry import get_method
+from attnflow.model_like import ModelLike
 
 BATCH_SIZE = 16  # texts per traced forward (and backward) pass of the front door
 
 
 def attribute(
-    model: Any, texts: Sequence[str], method: str, targets: Sequence[int], **options: Any
+    model: ModelLike, texts: Sequence[str], method: str, targets: Sequence[int], **options: Any
 ) -> list[np.ndarray]:
     """Scores ``[n_tokens]`` of ``method`` for each text, explaining class (or token) ``targets[i]``
     of text i.

@@ -33,6 +33,7 @@ from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
+from attnflow.model_like import ModelLike
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class MethodRecord:
 
 
 def prepare_examples(
-    model: Any, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int] | np.ndarray
+    model: ModelLike, scorer: ClassifierScorer, texts: Sequence[str], labels: Sequence[int] | np.ndarray
 ) -> list[Example]:
     """Tokenise (as the front door does), predict, and drop nothing silently: a text without
     content tokens is an error."""
@@ -179,7 +180,7 @@ def content_agreement(
 
 
 def evaluate_method(
-    model: Any,
+    model: ModelLike,
     scorer: ClassifierScorer,
     examples: Sequence[Example],
     method: str,
@@ -269,7 +270,7 @@ def _duration(seconds: float) -> str:
 
 
 def plan_run(
-    model: Any,
+    model: ModelLike,
     examples: Sequence[Example],
     methods: Sequence[str],
     options: BenchmarkOptions,
@@ -351,14 +352,14 @@ def summarise(
     return summary
 
 
-def mask_token_id(model: Any) -> int | None:
+def mask_token_id(model: ModelLike) -> int | None:
     """The token ``--replace mask`` puts in place: the tokenizer's mask token, else its pad token."""
     tokenizer = model.tokenizer
     return tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.pad_token_id
 
 
 def example_bounds(
-    model: Any,
+    model: ModelLike,
     scorer: ClassifierScorer,
     examples: Sequence[Example],
     options: BenchmarkOptions,
@@ -411,7 +412,7 @@ def _record_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
 
 
 def run_benchmark(
-    model: Any,
+    model: ModelLike,
     texts: Sequence[str],
     labels: Sequence[int] | np.ndarray,
     methods: Sequence[str],

@@ -27,6 +27,7 @@ from attnflow.evaluate.bounds import aopc_bounds, normalised_aopc
 from attnflow.evaluate.metrics import aopc, content_ranking
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.methods.registry import AUTO
+from attnflow.model_like import ModelLike
 
 if TYPE_CHECKING:
     from attnflow.methods.registry import Family
@@ -41,7 +42,7 @@ _BASELINES_LOCK = threading.Lock()
 
 
 def input_faithfulness(
-    model: Any,
+    model: ModelLike,
     trace: Any,
     scores: Sequence[np.ndarray],
     bins: Sequence[float] = BINS,
@@ -135,7 +136,7 @@ def _finite(value: Any) -> float | None:
     return None if np.isnan(number) else number
 
 
-def _kept(model: Any, key: tuple) -> Any:
+def _kept(model: ModelLike, key: tuple) -> Any:
     """What is kept for ``model`` and this input (``key``): the random rankings' figures (a copy)
     or the `AopcBounds` (frozen); None when nothing is."""
     with _BASELINES_LOCK:
@@ -150,7 +151,7 @@ def _kept(model: Any, key: tuple) -> Any:
         return {**value} if isinstance(value, dict) else value
 
 
-def _keep(model: Any, key: tuple, value: Any) -> None:
+def _keep(model: ModelLike, key: tuple, value: Any) -> None:
     with _BASELINES_LOCK:
         try:
             kept = _BASELINES.setdefault(model, OrderedDict())
@@ -161,7 +162,7 @@ def _keep(model: Any, key: tuple, value: Any) -> None:
             kept.popitem(last=False)
 
 
-def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> None:
+def add_faithfulness(model: ModelLike, trace: Any, explanations: Sequence[Any]) -> None:
     """Set each explanation's ``faithfulness`` (`input_faithfulness`, one batched call) when the
     trace has a class or next-token target; leave them None otherwise."""
     if trace.target is None or trace.target.kind not in TARGET_KINDS or not explanations:
@@ -171,7 +172,9 @@ def add_faithfulness(model: Any, trace: Any, explanations: Sequence[Any]) -> Non
         explanation.faithfulness = record
 
 
-def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_length: int | None = None) -> None:
+def add_view_faithfulness(
+    model: ModelLike, exploration: Any, target: Any = None, max_length: int | None = None
+) -> None:
     """Set each explorer view's ``faithfulness`` (its `MethodView.saliency` at the exploration's
     row) when the model has a class or next-token target: one forward pass traces the target
     (``target`` as `attnflow.targets.Objective` takes it), one batched call scores the rankings.
@@ -199,7 +202,7 @@ def add_view_faithfulness(model: Any, exploration: Any, target: Any = None, max_
 # ----- --method auto ------------------------------------------------------------------------------
 
 
-def has_target(model: Any, target_text: str | None = None) -> bool:
+def has_target(model: ModelLike, target_text: str | None = None) -> bool:
     """Whether the model's output gives target methods something to explain on a text: a class,
     a next token, or (a sentence encoder given ``target_text``) a similarity."""
     if model.target_kind in ("next_token", "class"):
@@ -207,7 +210,7 @@ def has_target(model: Any, target_text: str | None = None) -> bool:
     return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
 
 
-def no_target_message(model: Any, image: bool) -> str:
+def no_target_message(model: ModelLike, image: bool) -> str:
     """Why --method auto cannot run on this model (or on an image), and what to do instead."""
     if image:
         return "--method auto compares target methods, and images have no target: choose a method such as rollout"
@@ -307,7 +310,7 @@ class Plan:
 
 
 def plan_methods(
-    model: Any,
+    model: ModelLike,
     methods: Sequence[str] | None,
     options: Mapping[str, Any],
     target_text: str | None = None,
@@ -330,7 +333,7 @@ def plan_methods(
 
 
 def explain_planned(
-    model: Any,
+    model: ModelLike,
     trace: Any,
     plan: Plan,
     row: Any = None,

@@ -18,12 +18,13 @@ import torch
 from torch import nn
 
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 
 FLAG_RHO = 0.5
 HEAD_NAMES = ("head", "classifier", "score", "lm_head")  # PooledClassifier, *ForSequenceClassification, LMs
 
 
-def randomisation_stages(model: Any) -> list[tuple[str, str]]:
+def randomisation_stages(model: ModelLike) -> list[tuple[str, str]]:
     """``(stage label, module name)`` in cascade order: the head, then the blocks top-down.
 
     A block is the numbered ancestor of each attention layer the model's adapter names
@@ -68,12 +69,12 @@ def shown_stages(n_stages: int, layers: int | None) -> list[int]:
     return [0, *sorted({round(float(i)) for i in np.linspace(n_stages - 1, 1, layers)})]
 
 
-def cascade(model: Any, seed: int = 0, layers: int | None = None) -> Iterator[tuple[str, Any]]:
+def cascade(model: ModelLike, seed: int = 0, layers: int | None = None) -> Iterator[tuple[str, Any]]:
     """Yield ``(stage label, randomised AttentionModel)`` cumulatively; the original is untouched
     (one deep copy of the module is randomised step by step). Every stage is randomised; only those
     `shown_stages` picks (``layers``) are yielded. A head that shares its weights with the input
     embeddings (tied language-model heads) is untied in the copy first, so the embeddings stay."""
-    from attnflow.capture.model import AttentionModel
+    from attnflow.model import AttentionModel
 
     stages = randomisation_stages(model)
     module = copy.deepcopy(model.model).cpu()

@@ -16,9 +16,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
 
 
-def check_classifier(model: Any) -> list[str]:
+def check_classifier(model: ModelLike) -> list[str]:
     """The class names of a classifier `AttentionModel`; InputError when its module does not
     return ``logits [batch, class]`` (a bare encoder, a language model)."""
     import torch
@@ -48,7 +49,7 @@ class ClassifierScorer:
         max_batch_tokens: padded tokens per forward (``batch * longest``); bounds memory.
     """
 
-    def __init__(self, model: Any, max_batch_tokens: int = 8192) -> None:
+    def __init__(self, model: ModelLike, max_batch_tokens: int = 8192) -> None:
         self.model = model
         self.max_batch_tokens = max_batch_tokens
         self.pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0

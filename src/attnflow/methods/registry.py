@@ -42,6 +42,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
+from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, NEEDS, TARGET_NEEDS
 
 Takes = Literal["attentions", "trace", "model"]
@@ -331,7 +332,7 @@ def spelled(name: str) -> str:
     return f"{flags[name]} ({name})" if name in flags else name
 
 
-def call_method(spec: MethodSpec, trace: Any, model: Any = None, **options: Any) -> Any:
+def call_method(spec: MethodSpec, trace: Any, model: ModelLike | None = None, **options: Any) -> Any:
     """Call a registered method on a `Trace` the way it declares (``takes``); ``options`` go to the
     function as given (validate them first with `method_options`)."""
     if spec.takes == "model":

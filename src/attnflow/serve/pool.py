@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from attnflow.errors import AttnflowError
+from attnflow.model_like import ModelLike
 
 LOCK_POLL_S = 0.05  # how often a request waiting for a busy model checks whether it was cancelled
 
@@ -93,7 +94,7 @@ class Job:
 @dataclass
 class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    model: Any = None
+    model: ModelLike | None = None
     users: int = 0
 
 
@@ -226,7 +227,7 @@ class ModelPool:
 
 
 @contextmanager
-def watched_forwards(model: Any, job: Job) -> Iterator[None]:
+def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
     """Within the block, every forward pass of ``model``'s network first calls `Job.forward` (counts
     it; raises `Cancelled` when the job was cancelled). The hook is removed on leaving, always."""
     register = getattr(getattr(model, "model", None), "register_forward_pre_hook", None)
@@ -248,6 +249,6 @@ def resident_mb() -> float:
 
 
 def _load(name: str) -> Any:
-    from attnflow.capture import load
+    from attnflow.model import load
 
     return load(name, progress=False)

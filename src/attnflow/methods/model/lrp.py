@@ -55,6 +55,7 @@ import numpy as np
 from attnflow.errors import CaptureError, InputError
 from attnflow.methods.extras import Scored
 from attnflow.methods.registry import register
+from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, Trace
 
 NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely
@@ -150,11 +151,11 @@ def register_rules(rules: BackwardRules) -> None:
     """Register a rule row as a method (one forward and one backward pass, a signed score per
     token, a batch form that explains many traces in one padded pass)."""
 
-    def explain_one(model: Any, trace: Trace) -> Scored:
+    def explain_one(model: ModelLike, trace: Trace) -> Scored:
         (relevance,) = lrp_relevance(model, [trace], rules)
         return Scored(relevance.scores, relevance.extras())
 
-    def explain_batch(model: Any, traces: Sequence[Trace]) -> list[Scored]:
+    def explain_batch(model: ModelLike, traces: Sequence[Trace]) -> list[Scored]:
         return [Scored(relevance.scores, relevance.extras()) for relevance in lrp_relevance(model, traces, rules)]
 
     explain_one.__doc__ = f"``[token]`` signed {rules.name} relevance R_j of the trace's target (`BackwardRules`)."
@@ -175,7 +176,7 @@ for _rules in RULE_TABLE:
     register_rules(_rules)
 
 
-def lrp_relevance(model: Any, traces: Sequence[Trace], rules: BackwardRules | str) -> list[Relevance]:
+def lrp_relevance(model: ModelLike, traces: Sequence[Trace], rules: BackwardRules | str) -> list[Relevance]:
     """Relevance by the backward rules ``rules`` (a `RULE_TABLE` row or its name) for each trace,
     explaining its ``target``; traces with the same kind of target are explained together, in one
     padded forward and one backward pass."""
@@ -199,7 +200,7 @@ def lrp_relevance(model: Any, traces: Sequence[Trace], rules: BackwardRules | st
     return [relevance for relevance in results if relevance is not None]
 
 
-def _explain_batch(model: Any, traces: list[Trace], rules: BackwardRules) -> list[Relevance]:
+def _explain_batch(model: ModelLike, traces: list[Trace], rules: BackwardRules) -> list[Relevance]:
     """One padded forward and backward pass for traces whose targets share one objective."""
     import torch
 
@@ -232,7 +233,7 @@ def _explain_batch(model: Any, traces: list[Trace], rules: BackwardRules) -> lis
     return [Relevance(scores[row, :n], float(values[row]), float(bias_relevance[row])) for row, n in enumerate(lengths)]
 
 
-def _attributed(model: Any, rules: BackwardRules, embedding_sum: Any, input_ids: Any) -> Any:
+def _attributed(model: ModelLike, rules: BackwardRules, embedding_sum: Any, input_ids: Any) -> Any:
     """What the modified gradient multiplies ``[batch, token, d_model]``: the embedding sum e, or
     e − b with b the same sum with the pad token's word embedding at every position, i.e. the word
     embeddings minus the pad token's (positions and token types cancel in the difference), both as
@@ -255,13 +256,13 @@ class RuleRecording:
     biased_outputs: list[tuple[Any, Any]] = field(default_factory=list)
 
 
-def lrp_rules(model: Any, rule: str) -> Any:
+def lrp_rules(model: ModelLike, rule: str) -> Any:
     """`backward_rules` for a `RULE_TABLE` row named ``rule``."""
     return backward_rules(model, RULES[rule])
 
 
 @contextmanager
-def backward_rules(model: Any, rules: BackwardRules) -> Iterator[RuleRecording]:
+def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecording]:
     """Forward hooks that apply ``rules`` to the forward passes run inside the block (the module
     docstring lists each hook point); removed on exit, also when the block raises."""
     import torch

@@ -20,12 +20,13 @@ from attnflow.methods.registry import Option, register
 from attnflow.methods.relevance import GRADIENTS, POST_LN
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import normalise_rows
+from attnflow.model_like import ModelLike
 from attnflow.trace import Trace
 
 COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
 
 
-def _objective(model: Any, trace: Trace) -> Any:
+def _objective(model: ModelLike, trace: Trace) -> Any:
     from attnflow.targets import Objective
 
     if trace.target is None:
@@ -33,7 +34,7 @@ def _objective(model: Any, trace: Trace) -> Any:
     return Objective.for_target(model, trace.target)
 
 
-def _leave_one_out(model: Any, traces: Sequence[Trace], batch_size: int) -> list[np.ndarray]:
+def _leave_one_out(model: ModelLike, traces: Sequence[Trace], batch_size: int) -> list[np.ndarray]:
     """`leave_one_out` of each trace; the variants of all traces that share an objective are
     scored together (the method's batch form: one batched set of forward passes)."""
     from attnflow.targets import same_objective_groups
@@ -57,7 +58,7 @@ def _leave_one_out(model: Any, traces: Sequence[Trace], batch_size: int) -> list
     return results
 
 
-def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 32) -> list[np.ndarray]:
+def _leave_one_out_batch(model: ModelLike, traces: Sequence[Trace], batch_size: int = 32) -> list[np.ndarray]:
     """The batch form of `leave_one_out` (``MethodSpec.batch``): each trace's scores."""
     return _leave_one_out(model, traces, batch_size)
 
@@ -74,7 +75,7 @@ def _leave_one_out_batch(model: Any, traces: Sequence[Trace], batch_size: int = 
     cost="expensive",
     batch=_leave_one_out_batch,
 )
-def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
+def leave_one_out(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[token]`` y(x) − y(x with token j removed) for content tokens; special tokens score 0.
 
     The altered sequences are rebuilt from the ids (token j deleted, nothing re-tokenised) and
@@ -85,7 +86,7 @@ def leave_one_out(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
 
 
 def target_values(
-    model: Any,
+    model: ModelLike,
     trace: Trace,
     sequences: Sequence[Sequence[int]],
     batch_size: int = 32,
@@ -147,7 +148,7 @@ REPLACE = Option(
     cost="expensive",
 )
 def shap(
-    model: Any, trace: Trace, max_evals: int = 512, replace: str = "remove", seed: int = 0, batch_size: int = 32
+    model: ModelLike, trace: Trace, max_evals: int = 512, replace: str = "remove", seed: int = 0, batch_size: int = 32
 ) -> np.ndarray:
     """``[token]`` Shapley values φ_j of the ``m`` content tokens for y; special tokens are always
     present and score 0.
@@ -221,7 +222,7 @@ def shap(
     cost="expensive",
 )
 def integrated_gradients(
-    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
+    model: ModelLike, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
 ) -> np.ndarray:
     """``[token]`` ‖IG_j‖₂ of `integrated_gradient_attributions`, or with ``signed`` Σ_d IG_jd (the
     signed scores sum to y(x) − y(baseline), up to the completeness error). When the completeness error
@@ -242,7 +243,7 @@ def integrated_gradients(
 
 
 def integrated_gradient_attributions(
-    model: Any, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, return_delta: bool = False
+    model: ModelLike, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, return_delta: bool = False
 ) -> Any:
     """``[token, d_model]`` captum's layer integrated gradients on the word-embedding layer, from a
     baseline whose content tokens are the pad token (special tokens kept), ``n_steps`` steps.
@@ -289,7 +290,7 @@ def integrated_gradient_attributions(
     requires=POST_LN,
     cost="expensive",
 )
-def value_zeroing(model: Any, trace: Trace, batch_size: int = 32) -> np.ndarray:
+def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.ndarray:
     """``[query, key]`` rollout (no extra residual) of the row-normalised value-zeroing matrices
     VZ⁽ˡ⁾[i, j] = 1 − cos(x̂_i, x̂_i^¬j), x̂ the layer's output and x̂^¬j the output of the same
     layer rerun alone, on the same input, with token j's value vectors zeroed in every head.

@@ -1,0 +1,183 @@
+"""`AttentionModel`, what `attnflow.load` returns: a `CaptureModel` plus targets and the front door.
+
+Capture (`attnflow.capture`) knows models and hooks, nothing about methods or targets; this module
+sits above it and above the method registry: ``trace(target=...)`` turns a target given by name into
+an `attnflow.targets.Objective`, and ``explain`` captures exactly what a method needs, runs it and
+wraps the result in an `Explanation`. Torch is imported with this module (load it on first use).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from attnflow.capture.loading import load_as
+from attnflow.capture.model import CaptureModel, TargetFunction
+from attnflow.errors import InputError
+from attnflow.methods.registry import MethodSpec, check_family, get_method, method_options
+from attnflow.trace import Trace
+
+
+class AttentionModel(CaptureModel):
+    """A model plus its tokenizer (or image processor) that produces `Trace`s for a target and
+    explains texts with any registered method (``model.explain(text, method="alti")``).
+
+    Attributes as `CaptureModel`: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``,
+    ``d_head``, ``d_model``, ``max_length``, ``default_row``, ``device``, ``target_kind``.
+    """
+
+    def trace(
+        self,
+        texts: str | Sequence[str],
+        *,
+        needs: Iterable[str] | None = None,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        head_outputs: bool = True,
+        targets: str | Sequence[str] | None = None,
+        contrast: int | str | None = None,
+    ) -> list[Trace]:
+        """Trace each text; returns one `Trace` per text with padding removed.
+
+        Args:
+            texts: one text or a list.
+            needs: what to capture (names of `attnflow.trace.NEEDS`); default: attentions plus,
+                with ``head_outputs``, head outputs and output weights. Without gradients and
+                targets the forward pass stops after the last attention layer and runs without
+                autograd; ``attention_grads``/``embedding_grads`` run the whole model and one
+                backward pass from the target, ``target`` one forward pass of the whole model.
+            target / target_text: what the target is (see `attnflow.targets.Objective`): class
+                index or label name, next token, or the text a sentence encoder is compared to.
+            batch_size: texts per forward pass.
+            max_length: truncate longer texts (default: the model's maximum), with a warning
+                (a text that becomes mostly unknown tokens, [UNK], is warned about too).
+            head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
+            targets: encoder-decoder models: decoder texts (teacher-forced); without them the
+                decoder side is the model's own greedy continuation (at most 16 tokens).
+            contrast: a class or single token: the target becomes logit(target) − logit(contrast).
+        """
+
+        def objective() -> TargetFunction:
+            from attnflow.targets import Objective
+
+            return Objective(self, target=target, target_text=target_text, contrast=contrast)
+
+        return self.capture_texts(
+            texts,
+            needs=needs,
+            target_function=objective,
+            batch_size=batch_size,
+            max_length=max_length,
+            head_outputs=head_outputs,
+            targets=targets,
+        )
+
+    def explain(
+        self,
+        texts: str | Sequence[str],
+        method: str = "rollout",
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        row: Any = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        contrast: int | str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Capture what ``method`` needs, run it and wrap the result: the front door.
+
+        Returns one `Explanation` for a text, a list for a list of texts. ``target`` /
+        ``target_text`` choose what a target-dependent method explains (default: the predicted
+        class or the argmax next token; see `attnflow.targets`), ``contrast`` a class or token to
+        explain the target against (logit(target) − logit(contrast)); ``row`` the saliency row of
+        matrix methods; ``options`` go to the method (``attnflow explain --help`` lists them).
+
+            model = attnflow.load("minilm-sentiment")
+            model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
+        """
+        from attnflow.explanation import explain_traces
+
+        single = isinstance(texts, str)
+        method_options(get_method(method), options)  # bad options fail before any forward pass
+        traces = self.trace_for(
+            [method],
+            texts,
+            target=target,
+            target_text=target_text,
+            batch_size=batch_size,
+            max_length=max_length,
+            contrast=contrast,
+        )
+        explanations = explain_traces(
+            traces, method=method, row=self.default_row if row is None else row, model=self, **options
+        )
+        return explanations[0] if single else explanations
+
+    def trace_for(
+        self,
+        methods: Sequence[str],
+        texts: str | Sequence[str],
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        contrast: int | str | None = None,
+    ) -> list[Trace]:
+        """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
+        checking that each method supports this model's family and that a target is only given
+        to methods that use one."""
+        specs = self._supported(methods)
+        if (target is not None or target_text is not None or contrast is not None) and not any(
+            spec.uses_target for spec in specs
+        ):
+            names = ", ".join(spec.name for spec in specs)
+            raise InputError(
+                f"{names} does not depend on a target; drop --target/--target-token/--target-text/--contrast"
+            )
+        needs = frozenset().union(*(spec.needs for spec in specs))
+        if self.is_classifier:
+            needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
+        return self.trace(
+            texts,
+            needs=needs,
+            target=target,
+            target_text=target_text,
+            batch_size=batch_size,
+            max_length=max_length,
+            contrast=contrast,
+        )
+
+    def _supported(self, methods: Sequence[str]) -> list[MethodSpec]:
+        """The methods' registry entries, after checking that each supports this model's family."""
+        specs = [get_method(name) for name in methods]
+        for spec in specs:
+            check_family(spec, self.adapter)
+        return specs
+
+    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
+        """Trace ``image`` capturing what all of ``methods`` need (one pass), after checking that
+        each method supports this model's family."""
+        return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
+
+
+def load(
+    name: str = "minilm",
+    device: str | torch.device | None = "auto",
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> AttentionModel:
+    """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
+    ``qwen2.5-0.5b``, ...), local folder or hub id, as an `AttentionModel`.
+
+    Attention is forced to the eager implementation so that weights exist to capture. A local
+    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
+    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    A source that asks for it (the GGUF models) has its loaded weights cached as safetensors, by one
+    process at a time (`attnflow.capture.weight_cache.converting`).
+    """
+    return load_as(AttentionModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress)

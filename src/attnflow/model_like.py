@@ -1,0 +1,178 @@
+"""`ModelLike`: what the code above capture reads of a loaded model.
+
+Methods that re-run the model, targets, faithfulness, patching, the corpus and audit engines take
+"a model": in practice `attnflow.model.AttentionModel` (what `attnflow.load` returns), in tests
+sometimes a small stand-in. This protocol names the attributes and calls they rely on, so they
+are type-checked without importing capture (``attnflow.methods`` must not depend on it). It
+imports nothing above `attnflow.trace`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnflow.trace import Trace
+
+
+class ModelLike(Protocol):
+    """A loaded model that produces `Trace`s (`attnflow.model.AttentionModel` is one).
+
+    ``model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
+    states); ``adapter`` the family's row of the adapter table (`attnflow.capture.Adapter`, not
+    named here: capture sits below and this module must not import it).
+    """
+
+    @property
+    def name(self) -> str:
+        """The alias, folder or hub id it was loaded from."""
+        ...
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The Hugging Face module (float32, eval mode, eager attention)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """Its tokenizer (None for vision models)."""
+        ...
+
+    @property
+    def adapter(self) -> Any:
+        """Its family's row of the adapter table (`attnflow.capture.Adapter`)."""
+        ...
+
+    @property
+    def config(self) -> Any:
+        """The Hugging Face config."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where it runs."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """``"encoder"``, ``"decoder"``, ``"encoder-decoder"`` or ``"vision"`` (for messages: code
+        outside capture asks what a model provides, not which kind it is)."""
+        ...
+
+    @property
+    def target_kind(self) -> str | None:
+        """``"next_token"``, ``"class"``, ``"similarity"`` or None (no target)."""
+        ...
+
+    @property
+    def is_classifier(self) -> bool:
+        """A text classifier: its output is ``logits [batch, class]``."""
+        ...
+
+    @property
+    def n_layers(self) -> int:
+        """Attention layers."""
+        ...
+
+    @property
+    def n_heads(self) -> int:
+        """Attention heads per layer."""
+        ...
+
+    @property
+    def d_head(self) -> int:
+        """Width of one head."""
+        ...
+
+    @property
+    def d_model(self) -> int:
+        """Width of the residual stream."""
+        ...
+
+    @property
+    def max_length(self) -> int:
+        """Most tokens per text, special tokens included."""
+        ...
+
+    @property
+    def default_row(self) -> str:
+        """The saliency row that summarises the model's output (``"mean"``, ``"cls"``, ``"last"``)."""
+        ...
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The attention modules' names, one per layer."""
+        ...
+
+    @property
+    def probe(self) -> dict[str, Any] | None:
+        """An embedded classifier's metadata (held-out accuracy, ...), else None."""
+        ...
+
+    def trace(
+        self,
+        texts: str | Sequence[str],
+        *,
+        needs: Iterable[str] | None = None,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        head_outputs: bool = True,
+        targets: str | Sequence[str] | None = None,
+        contrast: int | str | None = None,
+    ) -> list[Trace]:
+        """One `Trace` per text with what ``needs`` names (see `attnflow.model.AttentionModel.trace`)."""
+        ...
+
+    def trace_for(
+        self,
+        methods: Sequence[str],
+        texts: str | Sequence[str],
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        contrast: int | str | None = None,
+    ) -> list[Trace]:
+        """Traces with what all of ``methods`` need, in one pass."""
+        ...
+
+    def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
+        """The `Trace` of one image with what all of ``methods`` need."""
+        ...
+
+    def explain(
+        self,
+        texts: str | Sequence[str],
+        method: str = "rollout",
+        *,
+        target: int | str | None = None,
+        target_text: str | None = None,
+        row: Any = None,
+        batch_size: int = 8,
+        max_length: int | None = None,
+        contrast: int | str | None = None,
+        **options: Any,
+    ) -> Any:
+        """An `Explanation` for a text, a list for a list of texts (the front door)."""
+        ...
+
+    def capture_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, head_outputs: bool = True
+    ) -> Any:
+        """One forward pass over ``input_ids [batch, token]``: attentions and head outputs."""
+        ...
+
+    def capture_needs(
+        self, needs: frozenset[str], objective: Any, separate_outputs: bool = False, **inputs: torch.Tensor
+    ) -> dict[str, Any]:
+        """One forward (and backward) pass over a padded batch: ``{trace field: [batch, ...] array}``."""
+        ...
+
+    def shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
+        """Trace fields that come from the weights (output weights, layer norms)."""
+        ...
