@@ -471,7 +471,7 @@ class CaptureModel:
         The image is converted to RGB (with a warning when it was not) and preprocessed as the
         model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
         original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
-        ``needs`` as in `trace` (values, layer inputs and output weights for the value-aware
+        ``needs`` as in `capture_texts` (values, layer inputs and output weights for the value-aware
         methods); targets and gradients are not defined for images.
         """
         if self.kind != "vision":
