@@ -250,7 +250,10 @@ class CaptureModel:
         objective = None
         if wanted & TARGET_NEEDS:
             if target_function is None:
-                raise CaptureError(f"needs {sorted(wanted & TARGET_NEEDS)} take a target: give a target_function")
+                raise CaptureError(
+                    f"needs {sorted(wanted & TARGET_NEEDS)} depend on a target: give a target_function, or trace "
+                    "with the model attnflow.load returns (model.trace(texts, needs=..., target=...))"
+                )
             objective = target_function()
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
