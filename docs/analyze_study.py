@@ -145,7 +145,7 @@ def main() -> None:
         f"(chance {float(np.nanmean(arrays['signal_chance'])):.3f}); heads below chance: {(signal < arrays['signal_chance']).sum()}"
     )
     if args.figures:
-        from attnflow.viz.report import save_figures
+        from attnflow.corpus.report import save_figures
 
         for path in save_figures(summary, arrays, args.figures):
             print(f"- figure: {path}")

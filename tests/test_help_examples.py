@@ -87,21 +87,11 @@ def study_folder(tmp_path_factory):
     """What `attnflow report out/study` reads: summary.json and stats.npz of a small corpus study
     (a 2-layer, 2-head accumulator fed one random batch), as `attnflow corpus` writes them."""
     import numpy as np
-    import torch
 
     from attnflow.corpus.engine import STATS, SUMMARY
-    from attnflow.corpus.stats import StudyConfig, StudyStats
+    from study_stats import random_study_stats
 
-    torch.manual_seed(0)
-    stats = StudyStats(2, 2, 12, StudyConfig(), special_token_ids={"[CLS]": 0, "[SEP]": 2}, punctuation_ids={".": 4})
-    token_ids = torch.randint(3, 8, (3, 12))
-    token_ids[:, 0], token_ids[:, -1] = 0, 2
-    sentence_ids = torch.arange(12).div(5, rounding_mode="floor").expand(3, 12).clone()
-    sentence_ids[:, 0] = sentence_ids[:, -1] = -1
-    attentions = torch.softmax(torch.randn(3, 2, 2, 12, 12), dim=-1)
-    stats.update(
-        token_ids=token_ids, sentence_ids=sentence_ids, attentions=attentions, head_outputs=torch.randn(3, 2, 12, 2, 4)
-    )
+    stats = random_study_stats({"[CLS]": 0, "[SEP]": 2})
     summary = stats.summary(lambda token_id: f"w{token_id}")
     summary.update(model={"name": "minilm"}, config={**summary["config"], "stride": 10})
     folder = tmp_path_factory.mktemp("study")

@@ -48,7 +48,7 @@ def import_graph() -> nx.DiGraph:
 def test_the_oracle_sees_edges():
     graph = import_graph()
     assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.stats")
-    assert graph.has_edge("attnflow.viz.report", "attnflow.viz.page")
+    assert graph.has_edge("attnflow.corpus.report", "attnflow.viz.page")
 
 
 def test_no_import_circles():

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnflow.corpus.stats import StudyConfig, StudyStats
-from attnflow.viz.report import build_report, study_figures
+from attnflow.corpus.stats import StudyStats
+from attnflow.corpus.report import build_report, study_figures
+from study_stats import random_study_stats
 
 
 def hostile_stats() -> StudyStats:
-    """A 2-layer, 2-head accumulator fed random batches whose tokens include markup."""
-    import torch
-
-    torch.manual_seed(0)
-    stats = StudyStats(2, 2, 12, StudyConfig(), special_token_ids={"<s>": 0, "</s>": 2}, punctuation_ids={".": 4})
-    token_ids = torch.randint(3, 8, (3, 12))
-    token_ids[:, 0], token_ids[:, -1] = 0, 2
-    sentence_ids = torch.arange(12).div(5, rounding_mode="floor").expand(3, 12).clone()
-    sentence_ids[:, 0] = sentence_ids[:, -1] = -1
-    attentions = torch.softmax(torch.randn(3, 2, 2, 12, 12), dim=-1)
-    stats.update(
-        token_ids=token_ids, sentence_ids=sentence_ids, attentions=attentions, head_outputs=torch.randn(3, 2, 12, 2, 4)
-    )
-    return stats
+    """A 2-layer, 2-head accumulator fed random batches whose tokens include markup (`VOCAB`)."""
+    return random_study_stats({"<s>": 0, "</s>": 2})
 
 
 VOCAB = {0: "<s>", 2: "</s>", 3: "<script>alert(1)</script>", 4: ".", 5: "&amp;", 6: '"quoted"', 7: "Ġword"}

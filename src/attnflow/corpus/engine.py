@@ -351,7 +351,7 @@ def build_summary(
 
 def write_outputs(out: Path, summary: dict[str, Any], stats: StudyStats, tokenizer: Any) -> None:
     """summary.json, stats.npz, heads.csv and report.html, each written atomically."""
-    from attnflow.viz.report import build_report
+    from attnflow.corpus.report import build_report
 
     arrays: dict[str, Any] = stats.arrays()  # Any: see _save
     with atomic_file(out / STATS) as handle:
@@ -374,7 +374,7 @@ def rebuild_report(out: str | os.PathLike, png_dir: str | os.PathLike | None = N
 
     ``png_dir``: also save each figure there as a PNG file (named after the figure).
     """
-    from attnflow.viz.report import build_report, save_figures
+    from attnflow.corpus.report import build_report, save_figures
 
     out = Path(out)
     if not out.is_dir():
