@@ -35,8 +35,8 @@ from attnflow.dataset_audit.step import DEFAULT_METHOD, AuditOptions
 
 
 def overhead(model_name: str, task: str, samples: int, repeats: int) -> dict:
-    from attnflow.capture import load
     from attnflow.evaluate.scorer import check_classifier
+    from attnflow.model import load
 
     model = load(model_name, device="cpu")
     options = AuditOptions(model=model_name, task=task, samples=samples, quiet=True, device="cpu")

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from attnflow.capture import load
 from attnflow.corpus.engine import run_study
-from attnflow.runs.readers import open_corpus
 from attnflow.corpus.study import StudyOptions, new_stats, process_batch
 from attnflow.corpus.windows import WindowStream, batched
+from attnflow.model import load
+from attnflow.runs.readers import open_corpus
 
 
 def overhead(model_name: str, windows: int, batch_size: int, repeats: int) -> dict:

@@ -68,10 +68,10 @@ class PeakMemory:
 
 def child(model_name: str, mode: str, ids_file: Path, out: Path, steps_per_pass: int) -> None:
     """Explain the saved continuation one way (``mode``), timed; print the result as JSON, save the matrices."""
-    from attnflow.capture import load
     from attnflow.explanation import explain
     from attnflow.generation import Continuation, explain_continuation, step_traces
     from attnflow.methods.registry import get_method
+    from attnflow.model import load
 
     model = load(model_name, device="cpu", progress=False)
     saved = json.loads(ids_file.read_text())
@@ -122,8 +122,8 @@ def main() -> None:
         child(args.model, args.child, args.ids, args.out, int(args.steps_per_pass))
         return
 
-    from attnflow.capture import load
     from attnflow.generation import prepare_continuation
+    from attnflow.model import load
 
     model = load(args.model, device="cpu", progress=False)
     started = time.perf_counter()

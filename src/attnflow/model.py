@@ -172,12 +172,9 @@ def load(
     progress: bool = True,
 ) -> AttentionModel:
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
-    ``qwen2.5-0.5b``, ...), local folder or hub id, as an `AttentionModel`.
-
-    Attention is forced to the eager implementation so that weights exist to capture. A local
-    folder whose ``model_type`` the adapter table lacks is refused before anything loads.
-    ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
-    A source that asks for it (the GGUF models) has its loaded weights cached as safetensors, by one
-    process at a time (`attnflow.capture.weight_cache.converting`).
+    ``qwen2.5-0.5b``, ...), local folder or hub id, as an `AttentionModel`: `attnflow.capture.load`
+    (eager attention forced, unknown families refused before anything loads, weight caches for
+    slow sources; ``progress=False`` hides the progress bar of slow first loads) with targets and
+    ``explain`` on top.
     """
     return load_as(AttentionModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress)

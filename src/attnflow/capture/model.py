@@ -250,7 +250,10 @@ class CaptureModel:
         objective = None
         if wanted & TARGET_NEEDS:
             if target_function is None:
-                raise CaptureError(f"needs {sorted(wanted & TARGET_NEEDS)} take a target: give a target_function")
+                raise CaptureError(
+                    f"needs {sorted(wanted & TARGET_NEEDS)} depend on a target: give a target_function, or trace "
+                    "with the model attnflow.load returns (model.trace(texts, needs=..., target=...))"
+                )
             objective = target_function()
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
@@ -471,7 +474,7 @@ class CaptureModel:
         The image is converted to RGB (with a warning when it was not) and preprocessed as the
         model folder states (`ImagePreprocessing`); ``meta["image_box"]`` is the region of the
         original image the patch grid covers, ``(left, top, right, bottom)`` in pixels.
-        ``needs`` as in `trace` (values, layer inputs and output weights for the value-aware
+        ``needs`` as in `capture_texts` (values, layer inputs and output weights for the value-aware
         methods); targets and gradients are not defined for images.
         """
         if self.kind != "vision":
