@@ -385,22 +385,8 @@ class CaptureModel:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
             if gradients:
-                sources = (weights if "attention_grads" in gradients else []) + [
-                    embeddings[n] for n, _ in embedding_layer
-                ]
-                if separate_outputs and len(y) > 1:  # one vector-Jacobian product per output, batched (vmap)
-                    cotangents = torch.eye(len(y), dtype=y.dtype, device=y.device)
-                    grads = torch.autograd.grad(
-                        y, sources, grad_outputs=cotangents, is_grads_batched=True, allow_unused=True
-                    )
-                    grads = tuple(None if grad is None else grad[:, 0] for grad in grads)  # [output, ...]
-                else:
-                    grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
-                if "attention_grads" in gradients:
-                    captured["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights, len(y)))
-                if "embedding_grads" in gradients:
-                    captured["embedding_grads"] = _numpy(grads[-1])  # [batch, token, d_model]
-                    captured["embeddings"] = _numpy(embeddings["embeddings"])
+                embedding = embeddings["embeddings"] if embedding_layer else None
+                captured.update(_gradient_fields(y, weights, embedding, gradients, separate_outputs))
         captured["attentions"] = _numpy(torch.stack(weights, dim=1))  # [batch, layer, head, query, key]
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
@@ -571,6 +557,32 @@ class CaptureModel:
             "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),
             "eps": float(norms[0].eps),
         }
+
+
+def _gradient_fields(
+    y: torch.Tensor,
+    weights: list[torch.Tensor],
+    embedding: torch.Tensor | None,
+    gradients: frozenset[str],
+    separate_outputs: bool,
+) -> dict[str, Any]:
+    """The ``gradients`` fields of one capture: ∂y/∂(attention weights) ``[batch, layer, head, query,
+    key]`` and ∂y/∂(input embeddings) ``[batch, token, d_model]`` with the embeddings themselves;
+    ``[output, ...]`` with one vector-Jacobian product per output when ``separate_outputs``."""
+    sources = (weights if "attention_grads" in gradients else []) + ([] if embedding is None else [embedding])
+    if separate_outputs and len(y) > 1:  # one vector-Jacobian product per output, batched (vmap)
+        cotangents = torch.eye(len(y), dtype=y.dtype, device=y.device)
+        grads = torch.autograd.grad(y, sources, grad_outputs=cotangents, is_grads_batched=True, allow_unused=True)
+        grads = tuple(None if grad is None else grad[:, 0] for grad in grads)  # [output, ...]
+    else:
+        grads = torch.autograd.grad(y.sum(), sources, allow_unused=True)
+    fields: dict[str, Any] = {}
+    if "attention_grads" in gradients:
+        fields["attention_grads"] = _numpy(_stack_grads(grads[: len(weights)], weights, len(y)))
+    if "embedding_grads" in gradients and embedding is not None:
+        fields["embedding_grads"] = _numpy(grads[-1])  # [batch, token, d_model]
+        fields["embeddings"] = _numpy(embedding)
+    return fields
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
