@@ -104,6 +104,10 @@ def test_normalised_aopc_maps_the_bounds_to_0_and_1():
     )
     np.testing.assert_allclose(result[:3], [0.0, 1.0, 0.5])
     assert np.isnan(result[3])  # every ranking equal: undefined
+    # a ranking beyond searched (inner) bounds widens them: it is the best (worst) found
+    beyond = normalised_aopc(np.array([0.7, 0.1, 0.3]), np.array([0.2, 0.2, 0.3]), np.array([0.6, 0.6, 0.3]))
+    np.testing.assert_allclose(beyond[:2], [1.0, 0.0])
+    assert np.isnan(beyond[2])
 
 
 CLS, SEP, MASK = 101, 102, 103

@@ -15,8 +15,9 @@ through the nested sets of its top ``c_k`` tokens, so the bounds are optimal cha
 - **beam** (longer inputs): orders are grown one token at a time, keeping the `BEAM_WIDTH` best
   (or worst) prefixes; a prefix is ranked by the bin terms it has reached plus its current drop.
   Every beam result is the AOPC of a real ranking, so the beam's upper bound is at most the exact
-  one and its lower bound at least the exact one (an AOPC may then fall outside [lower, upper]
-  and its NAOPC outside [0, 1]);
+  one and its lower bound at least the exact one. A ranking whose AOPC falls outside the found
+  [lower, upper] is itself a better bound: `normalised_aopc` widens the span to include it (NAOPC
+  1 or 0: "at least as good as the search found"), which keeps the bounds inner ones;
 - **levels** (longer inputs, about half the forward passes of a beam of width 1): orders are grown
   one bin at a time: from the top set of a bin, every remaining token is tried alone and the best
   (or worst) of them fill the next bin's count. Inner bounds as well (each result is a ranking).
@@ -199,9 +200,12 @@ def aopc_bounds(
 
 
 def normalised_aopc(aopc: np.ndarray | float, lower: np.ndarray | float, upper: np.ndarray | float) -> np.ndarray:
-    """``(aopc − lower) / (upper − lower)`` elementwise; NaN where the span is 0 (every ranking
-    of that input gives the same AOPC: nothing to tell apart)."""
+    """``(aopc − lower) / (upper − lower)`` elementwise, the span first widened to include ``aopc``
+    (its ranking is a real one: with searched bounds it may beat them, and the exact bounds hold
+    it anyway), so NAOPC lies in [0, 1]; NaN where the span is 0 (every ranking of that input gives
+    the same AOPC: nothing to tell apart)."""
     aopc, lower, upper = (np.asarray(a, dtype=np.float64) for a in (aopc, lower, upper))
+    lower, upper = np.minimum(lower, aopc), np.maximum(upper, aopc)
     span = upper - lower
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(span > 1e-12, (aopc - lower) / np.where(span > 1e-12, span, 1.0), np.nan)
