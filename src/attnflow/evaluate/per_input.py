@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
-BOUNDS_SEARCH = "levels"  # an explanation shown at once: a greedy search a bin at a time beyond 8 content tokens
+BOUNDS_BEAM_WIDTH = 1  # an explanation shown at once: a greedy search a token at a time beyond 8 content tokens
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
 BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
 _BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, Any]] = weakref.WeakKeyDictionary()
@@ -58,7 +58,7 @@ def input_faithfulness(
     "probability" (that quantity on the unaltered input), "replace", "bins", "comprehensiveness"
     [bin], "sufficiency" [bin], "aopc_comprehensiveness", "aopc_sufficiency",
     "naopc_comprehensiveness", "naopc_sufficiency", "bounds" (`attnflow.evaluate.bounds.AopcBounds`
-    as a dict: exact up to 8 content tokens, a greedy search a bin at a time beyond), "random": {the
+    as a dict: exact up to 8 content tokens, a beam search of width 1 beyond), "random": {the
     AOPC figures for random rankings, "rankings"}}``; drops are p(x) − p(x perturbed). Raises
     ValueError for a trace without a class or next-token target.
     """
@@ -91,7 +91,7 @@ def input_faithfulness(
         bounds_scorer = ClassifierScorer(model)
         p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
         bounds = aopc_bounds(
-            bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, search=BOUNDS_SEARCH
+            bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
         )
         _keep(model, bounds_key, bounds)
 
