@@ -206,24 +206,12 @@ class CaptureModel:
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
     ) -> list[Trace]:
-        """Trace each text; returns one `Trace` per text with padding removed
-        (`attnflow.model.AttentionModel.trace` is this with a target chosen by name).
+        """Trace each text; returns one `Trace` per text with padding removed.
 
-        Args:
-            texts: one text or a list.
-            needs: what to capture (names of `attnflow.trace.NEEDS`); default: attentions plus,
-                with ``head_outputs``, head outputs and output weights. Without gradients and
-                targets the forward pass stops after the last attention layer and runs without
-                autograd; ``attention_grads``/``embedding_grads`` run the whole model and one
-                backward pass from the target, ``target`` one forward pass of the whole model.
-            target_function: makes the `TargetFunction` (y) once the texts and needs are checked;
-                required when ``needs`` include a target or gradients.
-            batch_size: texts per forward pass.
-            max_length: truncate longer texts (default: the model's maximum), with a warning
-                (a text that becomes mostly unknown tokens, [UNK], is warned about too).
-            head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
-            targets: encoder-decoder models: decoder texts (teacher-forced); without them the
-                decoder side is the model's own greedy continuation (at most 16 tokens).
+        The arguments are those of `attnflow.model.AttentionModel.trace` (which is this with a
+        target chosen by name), with ``target_function`` in place of ``target``, ``target_text``
+        and ``contrast``: it makes the `TargetFunction` (y) once the texts and needs are checked,
+        and is required when ``needs`` include a target or gradients.
         """
         if self.tokenizer is None:
             raise InputError(
