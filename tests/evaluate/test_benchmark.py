@@ -163,6 +163,46 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
         )
 
 
+def test_an_interrupted_bounds_search_resumes_from_the_next_example(results, key_model, monkeypatch):
+    from attnflow.evaluate import benchmark
+
+    run, out = results
+    path = out / benchmark.BOUNDS_FILE
+    whole = json.loads(path.read_text())
+    assert len(whole) == len(KEY_TEXTS)
+    path.write_text(json.dumps(whole[:2]))  # as the file is after the second example
+    searched = []
+    search = benchmark.aopc_bounds
+
+    def counting(scorer, example, *args):
+        searched.append(example.text)
+        return search(scorer, example, *args)
+
+    monkeypatch.setattr(benchmark, "aopc_bounds", counting)
+    again = run_benchmark(
+        key_model,
+        KEY_TEXTS,
+        [1] * len(KEY_TEXTS),
+        list(FAKE_METHODS),
+        BenchmarkOptions(sanity_samples=4, chunk_size=3),
+        out,
+        {"model": "key-token"},
+        resume=True,
+        progress=False,
+        attribute_fn=dispatch,
+        reference_method="occlusion",
+    )
+    assert searched == list(KEY_TEXTS[2:])
+    resumed = json.loads(path.read_text())
+    assert resumed[:2] == whole[:2] and [b["search"] for b in resumed] == [b["search"] for b in whole]
+    for metric in ("comprehensiveness", "sufficiency"):  # the same search, up to float noise of other batches
+        np.testing.assert_allclose(
+            [b[metric] for b in resumed], [b[metric] for b in whole], atol=1e-6
+        )  # float32 probabilities
+    naopc = again["methods"]["key_first"]["naopc_comprehensiveness"]["mean"]
+    assert naopc == pytest.approx(run["methods"]["key_first"]["naopc_comprehensiveness"]["mean"], abs=1e-6)
+
+
 def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
     from attnflow.evaluate.sanity import cascade
 

@@ -34,6 +34,7 @@ from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc,
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.model_like import ModelLike
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -367,29 +368,32 @@ def example_bounds(
     resume: bool,
     progress: bool,
 ) -> list[AopcBounds]:
-    """Each example's AOPC bounds (`attnflow.evaluate.bounds.aopc_bounds`), written to ``path``;
-    with ``resume`` read back from it when it holds one per example."""
+    """Each example's AOPC bounds (`attnflow.evaluate.bounds.aopc_bounds`), written to ``path``
+    after every example (the search is the longest step of a run on long inputs); with ``resume``
+    the examples already in ``path`` are read back and the search goes on from the next one."""
     from tqdm.auto import tqdm
 
+    bounds: list[AopcBounds] = []
     if resume and path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        if len(saved) == len(examples):
-            return [AopcBounds.from_dict(entry) for entry in saved]
+        bounds = [AopcBounds.from_dict(entry) for entry in saved[: len(examples)]]
     mask_id = mask_token_id(model)
-    bounds = [
-        aopc_bounds(
-            scorer,
-            example,
-            options.bins,
-            options.replace,
-            mask_id,
-            options.exact_limit,
-            options.beam_width,
-            options.bounds_search,
+    rest = examples[len(bounds) :]
+    for example in tqdm(rest, desc="AOPC bounds", unit="sample", disable=not progress or not rest):
+        bounds.append(
+            aopc_bounds(
+                scorer,
+                example,
+                options.bins,
+                options.replace,
+                mask_id,
+                options.exact_limit,
+                options.beam_width,
+                options.bounds_search,
+            )
         )
-        for example in tqdm(examples, desc="AOPC bounds", unit="sample", disable=not progress)
-    ]
-    path.write_text(json.dumps([b.to_dict() for b in bounds]), encoding="utf-8")
+        with atomic_file(path) as handle:
+            handle.write(json.dumps([b.to_dict() for b in bounds]).encode("utf-8"))
     return bounds
 
 
