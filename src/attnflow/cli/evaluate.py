@@ -119,7 +119,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The output folder, resuming or replacing it, the device and the progress bar."""
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     parser.add_argument(
-        "--resume", action="store_true", help="keep the methods already finished in --out (same run only)"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out (same run only): keep the AOPC bounds searched so far and the finished methods",
     )
     parser.add_argument(
         "--overwrite",
