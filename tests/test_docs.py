@@ -132,6 +132,37 @@ def test_code_blocks_close_and_hide_no_heading(path):
         assert not swallowed, f"{path.name}: block at line {block.first_line} holds the heading(s) {swallowed}"
 
 
+TABLE_SEPARATOR = re.compile(r"^\|(\s*:?-+:?\s*\|)+$")
+
+
+def table_cells(line: str) -> int:
+    """The number of cells of a table row (``|`` inside backticks or escaped does not split)."""
+    return len(re.split(r"(?<!\\)\|", re.sub(r"`[^`]*`", "code", line.strip()))) - 2
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*MARKDOWN_FILES, ROOT / "BENCHMARKS.md", *sorted(ROOT.glob("benchmarks/*.md"))],
+    ids=lambda path: path.relative_to(ROOT).as_posix(),
+)
+def test_tables_render(path):
+    """Every pipe table has its separator row under the header and no row with other columns."""
+    _, prose = split_markdown(path)
+    tables: list[list[str]] = []
+    previous = ""
+    for line in prose:
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        previous = line
+    for table in tables:
+        assert len(table) >= 2 and TABLE_SEPARATOR.match(table[1]), f"{path.name}: no separator under {table[0]!r}"
+        width = table_cells(table[0])
+        wrong = [row for row in table if table_cells(row) != width]
+        assert not wrong, f"{path.name}: rows with other than {width} columns under {table[0]!r}: {wrong}"
+
+
 def test_readme_sections_render_as_headings_and_diagrams_as_code():
     blocks, prose = split_markdown(ROOT / "README.md")
     headings = {line.lstrip("#").strip() for line in prose if SECTION.match(line)}
