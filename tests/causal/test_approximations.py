@@ -10,7 +10,7 @@ from causal_texts import CLEAN, CORRUPT
 import attnflow
 from attnflow.causal.api import resolve_metric
 from attnflow.causal.approximations import estimate
-from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
+from attnflow.causal.patching import BaseRun, PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 from attnflow.methods.model.lrp import RULES, backward_rules
 
@@ -31,7 +31,7 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
     model.model.double()
     runner, corrupt, source, base = setup(model)
-    atp = estimate("atp", runner, corrupt, None, source, SITE_KINDS, 1)
+    atp = estimate("atp", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
     step = 1e-4
     sites = [site for kind in SITE_KINDS for site in all_sites(kind, model.n_layers, corrupt.shape[1], model.n_heads)]
     # m(a_base + t (a_source - a_base)) at t = ±step, every site patched by the exact sweep
@@ -47,7 +47,9 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     np.testing.assert_allclose(expected, derivative, rtol=1e-5, atol=1e-8)
 
     position = 2  # heads patched at one position only
-    at_position = estimate("atp", runner, corrupt, None, source, ("heads",), 1, head_position=position)["heads"]
+    at_position = estimate("atp", runner, BaseRun(corrupt, None, source, 1), ("heads",), head_position=position)[
+        "heads"
+    ]
     heads = all_sites("heads", model.n_layers, corrupt.shape[1], model.n_heads, head_position=position)
     up = exact_sweep(runner, corrupt, None, {k: base[k] + step * (source[k] - base[k]) for k in base}, heads, 1, 64)
     down = exact_sweep(runner, corrupt, None, {k: base[k] - step * (source[k] - base[k]) for k in base}, heads, 1, 64)
@@ -57,8 +59,8 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
 def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
     model = tiny_patch_models["llama"]
     runner, corrupt, source, base = setup(model)
-    found = estimate("atp*", runner, corrupt, None, source, SITE_KINDS, 1)
-    plain = estimate("atp", runner, corrupt, None, source, SITE_KINDS, 1)
+    found = estimate("atp*", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
+    plain = estimate("atp", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
     modules = runner.modules
     per_layer = []
     for dropped in range(model.n_layers):  # an explicit loop: hooks that detach one layer's outputs
@@ -128,11 +130,11 @@ def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
 def test_relp_is_the_attnlrp_backward_at_the_site(tiny_patch_models):
     model = tiny_patch_models["llama"]  # the first block's input is the word embeddings
     runner, corrupt, source, base = setup(model)
-    relp = estimate("relp", runner, corrupt, None, source, ("residual",), 1)["residual"]
+    relp = estimate("relp", runner, BaseRun(corrupt, None, source, 1), ("residual",))["residual"]
     with backward_rules(model, RULES["attnlrp"]) as recording, torch.enable_grad():
         logits = model.model(input_ids=corrupt).logits
         (gradient,) = torch.autograd.grad(runner.metric(logits).sum(), [recording.embedding_sum])
     expected = ((source["residual"][0, 0] - base["residual"][0, 0]) * gradient[0]).sum(dim=-1).double().numpy()
     np.testing.assert_allclose(relp[0], expected, rtol=1e-5, atol=1e-8)
-    plain = estimate("atp", runner, corrupt, None, source, ("residual",), 1)["residual"]
+    plain = estimate("atp", runner, BaseRun(corrupt, None, source, 1), ("residual",))["residual"]
     assert not np.allclose(relp[0], plain[0], rtol=1e-3)  # the rules change the backward

@@ -281,7 +281,7 @@ class _Sweep:
         import torch
 
         from attnflow.causal.approximations import estimate
-        from attnflow.causal.patching import PatchRunner, stacked
+        from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 
         runner = PatchRunner(self.model, self.metric)
         started = time.perf_counter()
@@ -299,24 +299,23 @@ class _Sweep:
                 "nothing to restore; choose a corruption that changes the prediction"
             )
         if self.direction == "denoising":
-            base = (corruption.ids, corruption.noise, stacked(clean_recorded))
+            base = BaseRun(corruption.ids, corruption.noise, stacked(clean_recorded), corruption.rows)
             m_base, sign = m_corrupt, 1.0
         else:
-            base, m_base, sign = (clean_ids, None, stacked(corrupt_recorded)), m_clean, -1.0
+            base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows)
+            m_base, sign = m_clean, -1.0
         effects: dict[str, dict[str, np.ndarray]] = {}
         for method in methods:
             started = time.perf_counter()
             if method == "exact":
-                changes = self._exact(runner, *base, corruption.rows, m_base, clean_ids.shape[1])
+                changes = self._exact(runner, base, m_base, clean_ids.shape[1])
             else:
-                changes = estimate(method, runner, *base, self.kinds, corruption.rows, self.head_position)
+                changes = estimate(method, runner, base, self.kinds, self.head_position)
             seconds[method] = time.perf_counter() - started
             effects[method] = {kind: sign * changes[kind] / difference for kind in self.kinds}
         return m_clean, m_corrupt, effects, seconds
 
-    def _exact(
-        self, runner: Any, base_ids: Any, base_noise: Any, source: Any, rows: int, m_base: float, n_tokens: int
-    ) -> dict[str, np.ndarray]:
+    def _exact(self, runner: Any, base: Any, m_base: float, n_tokens: int) -> dict[str, np.ndarray]:  # base: BaseRun
         """The metric's change when each site alone is patched, per site kind (exact activation patching)."""
         from attnflow.causal.patching import exact_sweep
 
@@ -328,7 +327,9 @@ class _Sweep:
             for site in all_sites(kind, model.n_layers, n_tokens, model.n_heads, self.head_position)
         ]
         with _progress_bar(len(site_list), self.progress) as bar:
-            patched = exact_sweep(runner, base_ids, base_noise, source, site_list, rows, self.batch_size, bar)
+            patched = exact_sweep(
+                runner, base.input_ids, base.noise, base.source, site_list, base.samples, self.batch_size, bar
+            )
         changes, start = {}, 0
         for kind in self.kinds:
             size = int(np.prod(shapes[kind]))

@@ -22,34 +22,29 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnflow.causal.patching import PatchRunner, stacked
+from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 
 APPROXIMATIONS = ("atp", "atp*", "relp")
 
 
 def estimate(
-    method: str,
-    runner: PatchRunner,
-    input_ids: torch.Tensor,
-    noise: torch.Tensor | None,
-    source: dict[str, torch.Tensor],
-    kinds: tuple[str, ...],
-    samples: int,
-    head_position: int | None = None,
+    method: str, runner: PatchRunner, base: BaseRun, kinds: tuple[str, ...], head_position: int | None = None
 ) -> dict[str, np.ndarray]:
-    """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds``, for the base run
-    ``input_ids`` (+ ``noise [samples, token, d_model]``) patched with ``source`` (`stacked`
-    activations, broadcast over samples); heads patched at ``head_position`` only, or everywhere."""
+    """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds``, for the ``base`` run
+    patched with its source (broadcast over samples); heads patched at ``head_position`` only, or
+    everywhere."""
     if method == "atp*":
-        return _graddrop(runner, input_ids, noise, source, kinds, samples, head_position)
+        return _graddrop(runner, base, kinds, head_position)
     rules = None
     if method == "relp":
         from attnflow.methods.model.lrp import RULES, backward_rules
 
         rules = backward_rules(runner.model, RULES["attnlrp"])
-    gradients, base = _gradients(runner, input_ids, noise, samples, rules)
+    gradients, activations = _gradients(runner, base.input_ids, base.noise, base.samples, rules)
     return {
-        kind: _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads, head_position).mean(axis=0)
+        kind: _dot(kind, base.source[kind], activations[kind], gradients[kind], runner.n_heads, head_position).mean(
+            axis=0
+        )
         for kind in kinds
     }
 
@@ -106,28 +101,23 @@ def _dot(
 
 
 def _graddrop(
-    runner: PatchRunner,
-    input_ids: torch.Tensor,
-    noise: torch.Tensor | None,
-    source: dict[str, torch.Tensor],
-    kinds: tuple[str, ...],
-    samples: int,
-    head_position: int | None = None,
+    runner: PatchRunner, base: BaseRun, kinds: tuple[str, ...], head_position: int | None = None
 ) -> dict[str, np.ndarray]:
     """AtP* (GradDrop): one forward and one backward pass of ``L × samples`` rows, rows of group ℓ
     passing no gradient through layer ℓ's attention and MLP outputs."""
-    n_layers = runner.n_layers
+    n_layers, samples = runner.n_layers, base.samples
     rows = n_layers * samples
     group = torch.arange(rows) // samples  # [rows] the dropped layer of each row
     drops = {layer: group == layer for layer in range(n_layers)}
-    batch_noise = None if noise is None else noise.repeat(n_layers, 1, 1)
-    gradients, base = _gradients(runner, input_ids, batch_noise, rows, drop_gradient_rows=drops)
-    plain, plain_base = _gradients(runner, input_ids, noise, samples)
+    batch_noise = None if base.noise is None else base.noise.repeat(n_layers, 1, 1)
+    gradients, activations = _gradients(runner, base.input_ids, batch_noise, rows, drop_gradient_rows=drops)
+    plain, plain_activations = _gradients(runner, base.input_ids, base.noise, samples)
     estimates = {}
     for kind in kinds:
-        dropped = _dot(kind, source[kind], base[kind], gradients[kind], runner.n_heads, head_position)  # [rows, ...]
+        source = base.source[kind]
+        dropped = _dot(kind, source, activations[kind], gradients[kind], runner.n_heads, head_position)  # [rows, ...]
         per_layer = dropped.reshape(n_layers, samples, *dropped.shape[1:])  # [dropped layer, sample, ...]
         magnitude = np.abs(per_layer).sum(axis=0) / max(n_layers - 1, 1)  # [sample, ...]
-        sign = np.sign(_dot(kind, source[kind], plain_base[kind], plain[kind], runner.n_heads, head_position))
+        sign = np.sign(_dot(kind, source, plain_activations[kind], plain[kind], runner.n_heads, head_position))
         estimates[kind] = (sign * magnitude).mean(axis=0)
     return estimates

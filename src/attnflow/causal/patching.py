@@ -75,6 +75,18 @@ class Patches:
         self.values.setdefault(key, []).append(value)
 
 
+@dataclass(frozen=True)
+class BaseRun:
+    """The run a sweep patches: ``input_ids [1, token]``, ``noise [samples, token, d_model]`` (None:
+    no noise), the ``source`` activations patched in (`stacked`; 1 sample or a divisor of
+    ``samples``) and the number of ``samples`` (rows) each site is averaged over."""
+
+    input_ids: torch.Tensor
+    noise: torch.Tensor | None
+    source: dict[str, torch.Tensor]
+    samples: int
+
+
 class PatchRunner:
     """Forward passes of one model with patched and recorded sites (`SiteModules`)."""
 
