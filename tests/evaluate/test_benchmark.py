@@ -59,24 +59,27 @@ def dispatch(model, texts, method, targets):
     return FAKE_METHODS[method](model, texts, method, targets)
 
 
+def run_fake_methods(model, out, resume=False, attribute_fn=dispatch):
+    """The benchmark of every fake method on the key-token texts, written to ``out``."""
+    return run_benchmark(
+        model,
+        KEY_TEXTS,
+        [1] * len(KEY_TEXTS),
+        list(FAKE_METHODS),
+        BenchmarkOptions(sanity_samples=4, chunk_size=3),
+        out,
+        {"model": "key-token"},
+        resume=resume,
+        progress=False,
+        attribute_fn=attribute_fn,
+        reference_method="occlusion",
+    )
+
+
 @pytest.fixture(scope="module")
 def results(key_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    options = BenchmarkOptions(sanity_samples=4, chunk_size=3)
-    labels = [1] * len(KEY_TEXTS)
-    run = run_benchmark(
-        key_model,
-        KEY_TEXTS,
-        labels,
-        list(FAKE_METHODS),
-        options,
-        out,
-        {"model": "key-token"},
-        progress=False,
-        attribute_fn=dispatch,
-        reference_method="occlusion",
-    )
-    return run, out
+    return run_fake_methods(key_model, out), out
 
 
 def test_the_synthetic_model_hinges_on_the_key_token(key_model):
@@ -133,19 +136,7 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
         calls.append(method)
         return dispatch(model, texts, method, targets)
 
-    again = run_benchmark(
-        key_model,
-        KEY_TEXTS,
-        [1] * len(KEY_TEXTS),
-        list(FAKE_METHODS),
-        BenchmarkOptions(sanity_samples=4, chunk_size=3),
-        out,
-        {"model": "key-token"},
-        resume=True,
-        progress=False,
-        attribute_fn=counting,
-        reference_method="occlusion",
-    )
+    again = run_fake_methods(key_model, out, resume=True, attribute_fn=counting)
     assert calls == []
     assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
     with pytest.raises(ValueError, match="different run"):
@@ -179,19 +170,7 @@ def test_an_interrupted_bounds_search_resumes_from_the_next_example(results, key
         return search(scorer, example, *args)
 
     monkeypatch.setattr(benchmark, "aopc_bounds", counting)
-    again = run_benchmark(
-        key_model,
-        KEY_TEXTS,
-        [1] * len(KEY_TEXTS),
-        list(FAKE_METHODS),
-        BenchmarkOptions(sanity_samples=4, chunk_size=3),
-        out,
-        {"model": "key-token"},
-        resume=True,
-        progress=False,
-        attribute_fn=dispatch,
-        reference_method="occlusion",
-    )
+    again = run_fake_methods(key_model, out, resume=True)
     assert searched == list(KEY_TEXTS[2:])
     resumed = json.loads(path.read_text())
     assert resumed[:2] == whole[:2] and [b["search"] for b in resumed] == [b["search"] for b in whole]
