@@ -4,8 +4,8 @@ Metrics (`metrics`) are pure functions on score arrays; perturbed inputs are reb
 ids (`deletion`); a batched scorer (`scorer`) gives class probabilities; `bounds` finds the lowest
 and highest AOPC of each input (normalised AOPC); `sanity` randomises the model from the top down;
 `benchmark` runs every method through one loop; `per_input` scores one explanation's own
-faithfulness; `report` writes the table, figures and HTML page. Nothing here imports a specific method: scores come from the
-model's ``explain`` front door (`attribute`).
+faithfulness; `report` writes the table, figures and HTML page. Nothing here imports a specific
+method: scores come from the model's ``explain`` front door (`attribute`).
 
     import attnflow.evaluate as ev
     results = ev.evaluate("minilm-sentiment", methods=["rollout", "alti", "random"], samples=50, out="out/eval")
