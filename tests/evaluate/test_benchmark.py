@@ -59,13 +59,14 @@ def dispatch(model, texts, method, targets):
     return FAKE_METHODS[method](model, texts, method, targets)
 
 
-def run_fake_methods(model, out, resume=False, attribute_fn=dispatch):
-    """The benchmark of every fake method on the key-token texts, written to ``out``."""
+def run_fake_methods(model, out, resume=False, attribute_fn=dispatch, methods=tuple(FAKE_METHODS)):
+    """The benchmark of fake ``methods`` on the key-token texts (occlusion the agreement reference),
+    written to ``out``."""
     return run_benchmark(
         model,
         KEY_TEXTS,
         [1] * len(KEY_TEXTS),
-        list(FAKE_METHODS),
+        list(methods),
         BenchmarkOptions(sanity_samples=4, chunk_size=3),
         out,
         {"model": "key-token"},
@@ -152,6 +153,21 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
             progress=False,
             attribute_fn=counting,
         )
+
+
+def test_a_finished_run_resumed_explains_nothing_not_even_the_reference(key_model, tmp_path):
+    calls = []
+
+    def counting(model, texts, method, targets):
+        calls.append(method)
+        return dispatch(model, texts, method, targets)
+
+    first = run_fake_methods(key_model, tmp_path, attribute_fn=counting, methods=("random", "key_first"))
+    assert calls[0] == "occlusion" and first["methods"]["random"]["agreement_loo"] is not None
+    calls.clear()
+    again = run_fake_methods(key_model, tmp_path, resume=True, attribute_fn=counting, methods=("random", "key_first"))
+    assert calls == []
+    assert again["methods"] == json.loads(json.dumps(first["methods"]))
 
 
 def test_an_interrupted_bounds_search_resumes_from_the_next_example(results, key_model, monkeypatch):

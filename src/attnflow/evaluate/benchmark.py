@@ -456,13 +456,15 @@ def run_benchmark(
     bar = tqdm(total=len(examples) * len(ordered), desc="evaluate", unit="example", disable=not progress)
     summaries: dict[str, Any] = {}
     try:
-        if reference_method is not None and reference_method not in ordered:
-            bar.set_postfix_str(f"{reference_method} (agreement reference)")
-            reference = attribute_fn(model, [e.text for e in examples], reference_method, [e.target for e in examples])
         for method in ordered:
             bar.set_description(method)
             path = method_dir / f"{method}.json"
             record = _finished_record(path) if resume else None
+            if record is None and reference is None and reference_method not in (None, *ordered):
+                # only for the agreement column of methods still to run (a resumed run may have none)
+                bar.set_postfix_str(f"{reference_method} (agreement reference)")
+                targets = [e.target for e in examples]
+                reference = attribute_fn(model, [e.text for e in examples], reference_method, targets)
             if record is None:
                 bar.set_postfix_str("")
                 record = evaluate_method(
