@@ -432,8 +432,9 @@ def run_benchmark(
     results: ``{"run": run_info + options, "methods": {name: summary}}``.
 
     ``reference_method`` (leave-one-out) is run first, as a method when it is in ``methods`` and
-    only for its scores otherwise; None skips the agreement column. With ``resume``, methods whose
-    file exists for the same run (same ``run_info`` and options) are read instead of recomputed.
+    only for its scores otherwise (then only when some method still has to run); None skips the
+    agreement column. With ``resume``, the bounds already searched and the methods whose file
+    exists for the same run (same ``run_info`` and options) are read instead of recomputed.
     """
     from tqdm.auto import tqdm
 
