@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from attnflow.causal.sites import SITE_KINDS, all_sites, check_sites_supported, 
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
+
+if TYPE_CHECKING:
+    from attnflow.causal.patching import BaseRun, PatchRunner
 
 METHODS = ("exact", "atp", "atp*", "relp")
 DIRECTIONS = ("denoising", "noising")
@@ -315,7 +318,7 @@ class _Sweep:
             effects[method] = {kind: sign * changes[kind] / difference for kind in self.kinds}
         return m_clean, m_corrupt, effects, seconds
 
-    def _exact(self, runner: Any, base: Any, m_base: float, n_tokens: int) -> dict[str, np.ndarray]:  # base: BaseRun
+    def _exact(self, runner: PatchRunner, base: BaseRun, m_base: float, n_tokens: int) -> dict[str, np.ndarray]:
         """The metric's change when each site alone is patched, per site kind (exact activation patching)."""
         from attnflow.causal.patching import exact_sweep
 
