@@ -22,7 +22,8 @@ def setup(model):
     with torch.no_grad():
         source = stacked(runner.forward(clean, 1, record=True)[1])
         base = stacked(runner.forward(corrupt, 1, record=True)[1])
-    return runner, corrupt, source, base
+    patched = BaseRun(corrupt, None, source, 1)  # the corrupted run, its sites set to the clean values
+    return runner, corrupt, source, base, patched
 
 
 def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
@@ -30,8 +31,8 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     # would drown a central difference in rounding).
     model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
     model.model.double()
-    runner, corrupt, source, base = setup(model)
-    atp = estimate("atp", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
+    runner, corrupt, source, base, patched = setup(model)
+    atp = estimate("atp", runner, patched, SITE_KINDS)
     step = 1e-4
     sites = [site for kind in SITE_KINDS for site in all_sites(kind, model.n_layers, corrupt.shape[1], model.n_heads)]
     # m(a_base + t (a_source - a_base)) at t = ±step, every site patched by the exact sweep
@@ -47,9 +48,7 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
     np.testing.assert_allclose(expected, derivative, rtol=1e-5, atol=1e-8)
 
     position = 2  # heads patched at one position only
-    at_position = estimate("atp", runner, BaseRun(corrupt, None, source, 1), ("heads",), head_position=position)[
-        "heads"
-    ]
+    at_position = estimate("atp", runner, patched, ("heads",), head_position=position)["heads"]
     heads = all_sites("heads", model.n_layers, corrupt.shape[1], model.n_heads, head_position=position)
     up = exact_sweep(runner, corrupt, None, {k: base[k] + step * (source[k] - base[k]) for k in base}, heads, 1, 64)
     down = exact_sweep(runner, corrupt, None, {k: base[k] - step * (source[k] - base[k]) for k in base}, heads, 1, 64)
@@ -58,9 +57,9 @@ def test_atp_is_the_derivative_of_the_metric_along_the_patch(tiny_model_path):
 
 def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
     model = tiny_patch_models["llama"]
-    runner, corrupt, source, base = setup(model)
-    found = estimate("atp*", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
-    plain = estimate("atp", runner, BaseRun(corrupt, None, source, 1), SITE_KINDS)
+    runner, corrupt, source, base, patched = setup(model)
+    found = estimate("atp*", runner, patched, SITE_KINDS)
+    plain = estimate("atp", runner, patched, SITE_KINDS)
     modules = runner.modules
     per_layer = []
     for dropped in range(model.n_layers):  # an explicit loop: hooks that detach one layer's outputs
@@ -129,12 +128,12 @@ def test_atp_star_drops_each_layer_in_turn(tiny_patch_models):
 
 def test_relp_is_the_attnlrp_backward_at_the_site(tiny_patch_models):
     model = tiny_patch_models["llama"]  # the first block's input is the word embeddings
-    runner, corrupt, source, base = setup(model)
-    relp = estimate("relp", runner, BaseRun(corrupt, None, source, 1), ("residual",))["residual"]
+    runner, corrupt, source, base, patched = setup(model)
+    relp = estimate("relp", runner, patched, ("residual",))["residual"]
     with backward_rules(model, RULES["attnlrp"]) as recording, torch.enable_grad():
         logits = model.model(input_ids=corrupt).logits
         (gradient,) = torch.autograd.grad(runner.metric(logits).sum(), [recording.embedding_sum])
     expected = ((source["residual"][0, 0] - base["residual"][0, 0]) * gradient[0]).sum(dim=-1).double().numpy()
     np.testing.assert_allclose(relp[0], expected, rtol=1e-5, atol=1e-8)
-    plain = estimate("atp", runner, BaseRun(corrupt, None, source, 1), ("residual",))["residual"]
+    plain = estimate("atp", runner, patched, ("residual",))["residual"]
     assert not np.allclose(relp[0], plain[0], rtol=1e-3)  # the rules change the backward

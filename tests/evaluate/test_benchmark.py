@@ -59,6 +59,12 @@ def dispatch(model, texts, method, targets):
     return FAKE_METHODS[method](model, texts, method, targets)
 
 
+def counted_dispatch(calls, model, texts, method, targets):
+    """`dispatch`, each method's name appended to ``calls``."""
+    calls.append(method)
+    return dispatch(model, texts, method, targets)
+
+
 def run_fake_methods(model, out, resume=False, attribute_fn=dispatch, methods=tuple(FAKE_METHODS)):
     """The benchmark of fake ``methods`` on the key-token texts (occlusion the agreement reference),
     written to ``out``."""
@@ -132,11 +138,7 @@ def test_randomisation_leaves_the_original_model_untouched(results, key_model):
 def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model):
     run, out = results
     calls = []
-
-    def counting(model, texts, method, targets):
-        calls.append(method)
-        return dispatch(model, texts, method, targets)
-
+    counting = partial(counted_dispatch, calls)
     again = run_fake_methods(key_model, out, resume=True, attribute_fn=counting)
     assert calls == []
     assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
@@ -157,11 +159,7 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
 
 def test_a_finished_run_resumed_explains_nothing_not_even_the_reference(key_model, tmp_path):
     calls = []
-
-    def counting(model, texts, method, targets):
-        calls.append(method)
-        return dispatch(model, texts, method, targets)
-
+    counting = partial(counted_dispatch, calls)
     first = run_fake_methods(key_model, tmp_path, attribute_fn=counting, methods=("random", "key_first"))
     assert calls[0] == "occlusion" and first["methods"]["random"]["agreement_loo"] is not None
     calls.clear()
@@ -190,10 +188,8 @@ def test_an_interrupted_bounds_search_resumes_from_the_next_example(results, key
     assert searched == list(KEY_TEXTS[2:])
     resumed = json.loads(path.read_text())
     assert resumed[:2] == whole[:2] and [b["search"] for b in resumed] == [b["search"] for b in whole]
-    for metric in ("comprehensiveness", "sufficiency"):  # the same search, up to float noise of other batches
-        np.testing.assert_allclose(
-            [b[metric] for b in resumed], [b[metric] for b in whole], atol=1e-6
-        )  # float32 probabilities
+    for metric in ("comprehensiveness", "sufficiency"):  # the same search, up to float32 noise of other batches
+        np.testing.assert_allclose([b[metric] for b in resumed], [b[metric] for b in whole], atol=1e-6)
     naopc = again["methods"]["key_first"]["naopc_comprehensiveness"]["mean"]
     assert naopc == pytest.approx(run["methods"]["key_first"]["naopc_comprehensiveness"]["mean"], abs=1e-6)
 
