@@ -75,9 +75,9 @@ def test_a_module_without_the_argument_is_refused_and_nothing_stays():
     assert hooks_on(toy) == hooks_on(linear) == 0  # the first hook, registered before, is gone too
 
 
-@pytest.fixture(scope="module")
-def llama(tiny_model_path):
-    return attnflow.load(str(tiny_model_path("llama")), device="cpu")
+@pytest.fixture
+def llama(tiny_loaded):
+    return tiny_loaded("llama")
 
 
 def _contexts(model):

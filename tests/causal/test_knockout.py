@@ -26,18 +26,6 @@ FAMILIES = ("llama", "qwen2", "gemma3", "gpt2", "bert", "distilbert", "mpnet")
 DECODERS = ("llama", "qwen2", "gemma3", "gpt2")
 
 
-@pytest.fixture(scope="module")
-def knockout_models(tiny_model_path):
-    loaded: dict[str, attnflow.AttentionModel] = {}
-
-    def get(family: str):
-        if family not in loaded:
-            loaded[family] = attnflow.load(str(tiny_model_path(family)), device="cpu")
-        return loaded[family]
-
-    return get
-
-
 def ids_of(model, text: str = CLEAN) -> torch.Tensor:
     return model.tokenizer(text, return_tensors="pt")["input_ids"]
 
@@ -96,8 +84,8 @@ def renormalised_after_softmax(model, ids, query: int, key: int, layers: tuple[i
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_knockout_equals_zeroing_the_weight_and_renormalising_the_row(knockout_models, family, monkeypatch):
-    model = knockout_models(family)
+def test_knockout_equals_zeroing_the_weight_and_renormalising_the_row(tiny_loaded, family, monkeypatch):
+    model = tiny_loaded(family)
     ids = ids_of(model)
     query, key, layers = ids.shape[1] - 1, 2, (1,)
     if family == "gemma3":
@@ -110,8 +98,8 @@ def test_knockout_equals_zeroing_the_weight_and_renormalising_the_row(knockout_m
 
 
 @pytest.mark.parametrize("family", DECODERS)
-def test_blocking_an_edge_the_query_cannot_see_changes_nothing(knockout_models, family):
-    model = knockout_models(family)
+def test_blocking_an_edge_the_query_cannot_see_changes_nothing(tiny_loaded, family):
+    model = tiny_loaded(family)
     ids = ids_of(model)
     plain, _ = _run(model, ids, False)
     blocked, _ = knocked_out(model, ids, [(2, 4), (0, 3)], (0, 1))  # later keys: already masked
@@ -119,8 +107,8 @@ def test_blocking_an_edge_the_query_cannot_see_changes_nothing(knockout_models, 
 
 
 @pytest.mark.parametrize("family", ("gpt2", "bert", "mpnet"))
-def test_a_row_without_knockouts_is_the_plain_run_bit_for_bit(knockout_models, family):
-    model = knockout_models(family)
+def test_a_row_without_knockouts_is_the_plain_run_bit_for_bit(tiny_loaded, family):
+    model = tiny_loaded(family)
     ids = ids_of(model).expand(2, -1)
     runner = PatchRunner(model, Metric("class", 0))
     patches = Patches()
@@ -134,8 +122,8 @@ def test_a_row_without_knockouts_is_the_plain_run_bit_for_bit(knockout_models, f
 
 
 @pytest.mark.parametrize("family", ("llama", "gpt2", "bert"))
-def test_blocking_every_other_key_leaves_one_hot_attention_in_the_window_only(knockout_models, family):
-    model = knockout_models(family)
+def test_blocking_every_other_key_leaves_one_hot_attention_in_the_window_only(tiny_loaded, family):
+    model = tiny_loaded(family)
     ids = ids_of(model)
     n_tokens, query = ids.shape[1], 3
     keys = range(n_tokens) if model.target_kind != "next_token" else range(query + 1)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnflow.capture.adapters import Adapter
+    from attnflow.capture.hook_points import HookPoint, Side
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,22 @@ class SiteKind:
     def shape(self, n_layers: int, n_tokens: int, n_heads: int) -> tuple[int, int]:
         """The sweep array's shape: ``[layer (+ 1 for a stream), position or head]``."""
         return n_layers + int(self.stream), n_tokens if self.column == "position" else n_heads
+
+    def hook_points(self, modules: Sequence[Any]) -> list[HookPoint]:
+        """The hook point of each row of the sweep array, given the kind's modules in layer order
+        (a stream: row 0 the first module's input, row l + 1 module l's output). Where the kind reads
+        an argument other than the first, its write also receives the call's first input (the
+        hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
+        from attnflow.capture.hook_points import HookPoint
+
+        if self.stream:
+            sides: list[tuple[Any, Side]] = [(modules[0], "input"), *((module, "output") for module in modules)]
+            return [HookPoint(module, side, name=f"{self.name} row {row}") for row, (module, side) in enumerate(sides)]
+        reads_first = self.argument is not None
+        return [
+            HookPoint(module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}")
+            for layer, module in enumerate(modules)
+        ]
 
     def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
         """The report's heading of this kind's heatmap."""

@@ -20,7 +20,7 @@ from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES
 
 if TYPE_CHECKING:
-    from attnflow.capture.hook_points import HookPoint, Side
+    from attnflow.capture.hook_points import HookPoint
 
 ALL_KINDS = tuple(row.name for row in SITE_TABLE)
 SITE_KINDS = tuple(row.name for row in SITE_TABLE if row.is_activation)
@@ -145,15 +145,4 @@ class SiteModules:
 
     def points(self, kind: str) -> list[HookPoint]:
         """The hook point of each row of ``kind``'s sweep array, in order."""
-        from attnflow.capture.hook_points import HookPoint
-
-        row = site_kind(kind)
-        modules = self.by_kind[kind]
-        if row.stream:  # row 0: the input of the first module; row l + 1: module l's output
-            sides: list[tuple[Any, Side]] = [(modules[0], "input"), *((module, "output") for module in modules)]
-            return [HookPoint(module, side, name=f"{kind} row {index}") for index, (module, side) in enumerate(sides)]
-        reads_first = row.argument is not None  # the write may need the call's hidden states
-        return [
-            HookPoint(module, row.side, row.argument, with_input=reads_first, name=f"{kind} layer {layer}")
-            for layer, module in enumerate(modules)
-        ]
+        return site_kind(kind).hook_points(self.by_kind[kind])
