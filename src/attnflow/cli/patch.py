@@ -16,7 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run a corrupted input with one site at a time restored to its value on the clean input "
             "(denoising; --direction noising does the reverse) and report the normalised effect "
             "(m_patched - m_corrupted) / (m_clean - m_corrupted) of every site: the residual stream, "
-            "attention and MLP outputs per (layer, position), and each head's output per layer. The "
+            "attention and MLP outputs per (layer, position), and each head's output per layer; or, with "
+            "--sites knockout, block one attention edge at a time (key -> --knockout-target) on the clean "
+            "input in a window of layers (Geva et al. 2023), effect (m_clean - m_blocked) / (m_clean - "
+            "m_corrupted). The "
             "corruption is a counterfactual text of the same token length (--corrupt) or Gaussian noise "
             "(3x the std of the embeddings) on the embeddings of chosen words (--noise, seeded, --samples "
             "draws averaged). The metric: a classifier's class logit, a causal LM's log p(next token), or "
@@ -29,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             '  attnflow patch "The capital of France is" --corrupt "The capital of Italy is" \\\n'
             '      --model smollm2 --target " Paris" --contrast " Rome" --out out/patch\n'
             '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --out out/noise\n'
+            '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --sites knockout \\\n'
+            "      --knockout-window 9 --method exact --out out/knockout\n"
             "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
             "--out out/pairs --resume\n"
             'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line'
@@ -57,8 +62,12 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Which sites, by which methods, in which direction; the noise draws and the batch."""
+    from attnflow.capture.site_kinds import SITE_TABLE
+
+    default = ",".join(row.name for row in SITE_TABLE if row.is_activation)
+    kinds = "; ".join(f"{row.name}: {row.help}" for row in SITE_TABLE)
     parser.add_argument(
-        "--sites", default="residual,attn,mlp,heads", help="site kinds (default: residual,attn,mlp,heads)"
+        "--sites", default=default, metavar="KINDS", help=f"comma-separated site kinds (default: {default}). {kinds}"
     )
     parser.add_argument(
         "--method",
@@ -82,6 +91,34 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="patch each head at token N only (-1: the last) instead of at every position",
     )
+    _add_knockout_arguments(parser)
+
+
+# (flag, type, metavar, default, help) of the options of --sites knockout
+KNOCKOUT_OPTIONS = (
+    (
+        "--knockout-target",
+        int,
+        "N",
+        None,
+        "the query token whose attention edges are blocked (-1: the last; default: the predicting token, the "
+        "last or a classifier's first)",
+    ),
+    (
+        "--knockout-window",
+        positive_int,
+        "K",
+        1,
+        "block the edge in K layers centred on each layer (default 1; Geva et al. use 9 in GPT-2 XL)",
+    ),
+    ("--knockout-sources", str, "N,N", None, "the key tokens swept, comma-separated (-1: the last; default: all)"),
+)
+
+
+def _add_knockout_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where ``--sites knockout`` blocks attention edges."""
+    for flag, kind, metavar, default, text in KNOCKOUT_OPTIONS:
+        parser.add_argument(flag, type=kind, metavar=metavar, default=default, help=f"with --sites knockout: {text}")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "batch_size": args.batch_size,
         "head_position": args.head_position,
+        "knockout_target": args.knockout_target,
+        "knockout_window": args.knockout_window,
+        "knockout_sources": _positions(args.knockout_sources),
         "progress": not args.quiet,
     }
     if args.file is not None:
@@ -161,6 +201,16 @@ def run(args: argparse.Namespace) -> int:
         print(result.summary())
     print(f"{page} {args.out / 'patch.json'}")
     return 0
+
+
+def _positions(text: str | None) -> list[int] | None:
+    """``"1,-1"`` -> [1, -1] (None stays None)."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--knockout-sources takes comma-separated token positions, got {text!r}") from None
 
 
 def run_versus(args: argparse.Namespace) -> int:
