@@ -42,9 +42,8 @@ from attnflow.routes.graph import (
     route_nodes,
 )
 from attnflow.routes.lens import Lens, promotes, readouts
-from attnflow.routes.result import Routes
+from attnflow.routes.result import LENS_MODES, Routes
 
-LENS_MODES = ("route", "all", "none")
 Node = tuple[str, int, int]
 
 
@@ -90,21 +89,20 @@ def routes(
         components: how many heads and how many feed-forward blocks, the most important, are
             described (importance, direct effect, what they promote and suppress).
     """
-    began = time.perf_counter()
+    clock = _Clock()
     threshold = check_threshold(threshold)
     _check_options(model, norm, lens, top_k, components)
     input_ids, tokens = _tokenise(model, text)
     position = _position(position, len(tokens))
     weights = read_weights(model)
     the_lens = _lens(model, weights, target, contrast)
-    seconds: dict[str, float] = {}
     recording = record(model, input_ids)
-    seconds["forward"] = time.perf_counter() - began
+    clock.lap("forward")
     final = recording.inputs[-1]
     tokens_read = _targets(model, the_lens, final[position], target, contrast)
     fields = _fields(the_lens, final, tokens_read.target_id, tokens_read.contrast_id)
     graph, effects, direct = _build(recording, weights, position, norm, fields, the_lens)
-    seconds["graph"] = time.perf_counter() - began - seconds["forward"]
+    clock.lap("graph")
     importance = compose(graph, position, threshold, direct)
     result = Routes(
         model_name=model.name,
@@ -126,14 +124,27 @@ def routes(
         ffn_effects=effects[1],
         direct=direct,
     )
+    clock.lap("route")
     if the_lens is not None and tokens_read.target_id is not None:
         result.lens = _lens_readouts(
             model, recording, the_lens, result, lens, tokens_read.target_id, tokens_read.contrast_id, top_k
         )
     result.components = _components(model, recording, weights, the_lens, result, components, top_k)
-    seconds["route"] = time.perf_counter() - began - seconds["forward"] - seconds["graph"]
-    result.seconds = seconds
+    clock.lap("lens")
+    result.seconds = clock.laps
     return result
+
+
+class _Clock:
+    """Seconds of each step: ``lap(name)`` records the time since the previous lap."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name], self._last = now - self._last, now
 
 
 def _check_options(model: ModelLike, norm: Any, lens: Any, top_k: Any, components: Any) -> None:
@@ -155,7 +166,7 @@ def _tokenise(model: ModelLike, text: Any) -> tuple[torch.Tensor, list[str]]:
     (text,) = check_texts(text)
     if model.tokenizer is None:
         raise InputError(f"{model.name} reads no text: information-flow routes explain texts")
-    input_ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    input_ids = model.tokenizer(text, return_tensors="pt", verbose=False)["input_ids"]  # too long: our own error
     if input_ids.shape[1] > model.max_length:
         raise InputError(
             f"the text is {input_ids.shape[1]} tokens: more than {model.name} reads ({model.max_length}); shorten it"
@@ -234,10 +245,10 @@ class _Tokens:
 def _fields(lens: Lens | None, final: torch.Tensor, target: int | None, contrast: int | None) -> _Fields:
     if lens is None or target is None:
         return _Fields()
-    rows, final = lens.vocabulary.to(PRECISION), final.to(PRECISION)
-    fields = _Fields(target=lens.readout_field(final, rows[target]))
+    final = final.to(PRECISION)
+    fields = _Fields(target=lens.readout_field(final, lens.direction(target)))
     if contrast is not None:
-        fields.contrast_direction = rows[target] - rows[contrast]
+        fields.contrast_direction = lens.direction(target, contrast)
         fields.contrast = lens.readout_field(final, fields.contrast_direction)
     return fields
 
@@ -372,38 +383,45 @@ def _components(
     top_k: int,
 ) -> list[dict[str, Any]]:
     """The ``count`` most important heads and feed-forward blocks: where each matters most, its
-    importance (thresholded and not), its direct effect on the target's logit and what it promotes
-    and suppresses there."""
-    importance, full = result.importance, result.importance_full
+    importance (thresholded and not), its direct effect on the target's logit (in contrastive mode,
+    at the top position, also on the logit difference) and what it promotes and suppresses there."""
     described: list[dict[str, Any]] = []
-    cache: dict[int, tuple[parts.Linearised, torch.Tensor, torch.Tensor]] = {}
-    for flat in np.argsort(-importance.heads, axis=None)[:count]:
-        layer, head = (int(n) for n in np.unravel_index(flat, importance.heads.shape))
-        if importance.heads[layer, head] <= 0:
-            break
-        where = _head_position(result, layer, head)
-        _, head_parts, _ = _layer_parts(recording, weights, layer, cache)
-        entry = _component("head", layer, where, float(importance.heads[layer, head]), float(full.heads[layer, head]))
-        entry["head"] = head
-        _describe(entry, model, lens, recording, head_parts[where, head], top_k)
-        if result.head_effects is not None:
-            entry["effect"] = float(result.head_effects[layer, head, where])
-        described.append(entry)
-    for flat in np.argsort(-importance.ffn, axis=None)[:count]:
-        layer, where = (int(n) for n in np.unravel_index(flat, importance.ffn.shape))
-        if importance.ffn[layer, where] <= 0:
-            break
-        _, _, ffn_part = _layer_parts(recording, weights, layer, cache)
-        entry = _component("ffn", layer, where, float(importance.ffn[layer, where]), float(full.ffn[layer, where]))
-        _describe(entry, model, lens, recording, ffn_part[where], top_k)
-        if result.ffn_effects is not None:
-            entry["effect"] = float(result.ffn_effects[layer, where])
-        described.append(entry)
+    vectors: list[torch.Tensor] = []
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for kind, table, full in (
+        ("head", result.importance.heads, result.importance_full.heads),
+        ("ffn", result.importance.ffn, result.importance_full.ffn),
+    ):
+        for flat in np.argsort(-table, axis=None)[:count]:
+            layer, index = (int(n) for n in np.unravel_index(flat, table.shape))
+            if table[layer, index] <= 0:
+                break
+            head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
+            where = _head_position(result, layer, index) if kind == "head" else index
+            entry = {"kind": kind, "layer": layer, **({"head": index} if kind == "head" else {}), "position": where}
+            entry |= {"importance": float(table[layer, index]), "importance_full": float(full[layer, index])}
+            described.append(entry | _effects(result, kind, layer, index, where))
+            vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
+    if lens is not None and described:
+        finals = recording.inputs[-1, [entry["position"] for entry in described]].to(PRECISION)
+        for entry, effects in zip(described, lens.token_effects(torch.stack(vectors), finals), strict=True):
+            entry.update(promotes(model.tokenizer, effects, top_k))
     return described
 
 
-def _component(kind: str, layer: int, position: int, importance: float, full: float) -> dict[str, Any]:
-    return {"kind": kind, "layer": layer, "position": position, "importance": importance, "importance_full": full}
+def _effects(result: Routes, kind: str, layer: int, index: int, where: int) -> dict[str, float]:
+    """A component's direct effect on the target's logit at ``where`` and, in contrastive mode at
+    the top position, on the logit difference (``index``: the head, or the position of an FFN)."""
+    found = {}
+    heads, ffn = result.head_effects, result.ffn_effects
+    if heads is not None and ffn is not None:
+        found["effect"] = float(heads[layer, index, where] if kind == "head" else ffn[layer, where])
+    if result.direct is not None and where == result.position:
+        direct = result.direct
+        found["contrast_effect"] = float(
+            direct.head_effects[layer, index].sum() if kind == "head" else direct.ffn_effects[layer]
+        )
+    return found
 
 
 def _head_position(result: Routes, layer: int, head: int) -> int:
@@ -413,22 +431,11 @@ def _head_position(result: Routes, layer: int, head: int) -> int:
     return int(np.argmax(result.importance.mids[layer] * kept.sum(axis=1)))
 
 
-def _layer_parts(
-    recording: Recording, weights: Weights, index: int, cache: dict
-) -> tuple[parts.Linearised, torch.Tensor, torch.Tensor]:
-    """One layer's attention block, its heads' parts ``[T, H, d]`` and its feed-forward part ``[T, d]``."""
+def _layer_parts(recording: Recording, weights: Weights, index: int, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's heads' parts ``[T, H, d]`` and feed-forward part ``[T, d]``, as they reach their wholes."""
     if index not in cache:
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
         raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights)
-        cache[index] = (block, block.part(raw), ffn_block.part(layer.ffn_output))
+        cache[index] = (block.part(raw), ffn_block.part(layer.ffn_output))
     return cache[index]
-
-
-def _describe(
-    entry: dict[str, Any], model: ModelLike, lens: Lens | None, recording: Recording, part: torch.Tensor, top_k: int
-) -> None:
-    """Add what a component's part ``[d]`` promotes and suppresses at its position (models with a lens)."""
-    if lens is not None:
-        effects = lens.token_effects(part, recording.inputs[-1, entry["position"]].to(PRECISION))
-        entry.update(promotes(model.tokenizer, effects, top_k))

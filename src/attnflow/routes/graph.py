@@ -211,10 +211,11 @@ def kept_edges(
 
 
 def route_nodes(composition: Composition) -> list[tuple[tuple[str, int, int], float]]:
-    """``((stream, layer, position), importance)`` of every reached node, most important first."""
+    """``((stream, layer, position), importance)`` of every reached node, most important first (on
+    a tie, the higher node first)."""
     nodes = []
     for stream, importance in (("in", composition.inputs), ("mid", composition.mids)):
         nodes += [
             ((stream, int(layer), int(i)), float(importance[layer, i])) for layer, i in np.argwhere(importance > 0)
         ]
-    return sorted(nodes, key=lambda node: -node[1])
+    return sorted(nodes, key=lambda node: (-node[1], -node[0][1], node[0][0] != "in", node[0][2]))

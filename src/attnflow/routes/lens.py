@@ -42,6 +42,12 @@ class Lens:
         """``[V, d]`` W_U."""
         return self.unembedding.weight.detach()
 
+    def direction(self, token: int, contrast: int | None = None) -> torch.Tensor:
+        """``[d]`` in float64: W_U[token], or W_U[token] − W_U[contrast]."""
+        rows = self.vocabulary
+        found = rows[token].double()
+        return found if contrast is None else found - rows[contrast].double()
+
     @torch.no_grad()
     def logits(self, vectors: torch.Tensor) -> torch.Tensor:
         """``[N, V]`` the model's logits for residual vectors ``[N, d]`` read as its last one."""
@@ -66,10 +72,10 @@ class Lens:
 
     @torch.no_grad()
     def token_effects(self, part: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
-        """``[V]`` the direct effect of one part ``[d]`` written at a position whose final residual
-        is ``final [d]``, on every token's logit."""
+        """``[..., V]`` the direct effect of parts ``[..., d]`` written at positions whose final
+        residuals are ``final [..., d]``, on every token's logit."""
         scaled = self.norm.linear(part, self.norm.scale(final))
-        return scaled @ self.vocabulary.T.to(scaled.dtype)
+        return scaled.to(self.vocabulary.dtype) @ self.vocabulary.T
 
 
 def describe_tokens(tokenizer: Any, ids: Sequence[int], values: Sequence[float], key: str) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from attnflow.staging import staged_output
 from attnflow.tokens import display_token
 
 OUTPUT_FILE = "routes.json"
+LENS_MODES = ("route", "all", "none")  # the nodes the logit lens reads (see `attnflow.routes.api.routes`)
 DIGITS = 6  # decimals kept in routes.json
 Node = tuple[str, int, int]
 
@@ -51,8 +52,10 @@ class Routes:
             ``rank``, ``probability``, ``logit``).
         components: the most important heads and feed-forward blocks: ``kind``, ``layer``,
             (``head``), ``position``, ``importance``, ``importance_full``, ``effect`` on the
-            target's logit, the tokens it ``promotes`` and ``suppresses``.
-        seconds: the time of the forward pass, the graph and the route.
+            target's logit (contrastive mode, at the top position: ``contrast_effect`` on the
+            logit difference), the tokens it ``promotes`` and ``suppresses``.
+        seconds: the time of the forward pass (with the checks before it), the graph, the route
+            (extraction and importance) and the lens (with the components' descriptions).
     """
 
     model_name: str
@@ -151,8 +154,9 @@ class Routes:
         sources = self.importance.inputs[0]
         ranked = [j for j in np.argsort(-sources)[:count] if sources[j] > 0]
         lines.append("input tokens by importance: " + ", ".join(f"{self.token(j)} {sources[j]:.3f}" for j in ranked))
-        lines.append("strongest edges:")
-        lines += [f"  {self._edge_line(edge)}" for edge in self.edges[:count]]
+        blocks = [edge for edge in self.edges if not edge.kind.endswith("residual")]
+        lines.append("strongest edges through attention and feed-forward blocks:")
+        lines += [f"  {self._edge_line(edge)}" for edge in blocks[:count]]
         for kind, title in (("head", "heads"), ("ffn", "feed-forward blocks")):
             chosen = [entry for entry in self.components if entry["kind"] == kind][:count]
             if chosen:
@@ -194,6 +198,8 @@ class Routes:
         line = f"{name} at {self.token(entry['position'])}: importance {entry['importance']:.3f}"
         if "effect" in entry and self.target is not None:
             line += f", direct effect on {self.target['token']!r} {entry['effect']:+.3f}"
+        if "contrast_effect" in entry and self.contrast is not None:
+            line += f", on the logit difference {entry['contrast_effect']:+.3f}"
         if "promotes" in entry:
             line += "; promotes " + ", ".join(repr(token["token"]) for token in entry["promotes"])
             line += "; suppresses " + ", ".join(repr(token["token"]) for token in entry["suppresses"])
