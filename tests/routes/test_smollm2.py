@@ -34,3 +34,4 @@ def test_the_capital_of_france(smollm2):
     assert routes.direct.total == pytest.approx(float(logits[paris] - logits[rome]), abs=1e-3)
     assert routes.nodes[0] == (routes.top, 1.0) and len(routes.edges) > 10
     assert {entry["kind"] for entry in routes.components} == {"head", "ffn"}
+    assert isinstance(routes, attnflow.Routes) and "nodes off the top position" in routes.summary()

@@ -144,9 +144,9 @@ class Routes:
         return f"{display_token(self.tokens[position])!r}({position})"
 
     def summary(self, count: int = 5) -> str:
-        """A few console lines: the prediction, the route's size, its strongest edges, the most
-        important input tokens, heads and feed-forward blocks with what they promote, and the lens
-        at the top node."""
+        """A few console lines: the prediction, the route's size, the most important input tokens and
+        nodes off the top position, the strongest edges through blocks, the most important heads and
+        feed-forward blocks with what they promote, and the lens at the top node."""
         lines = [self._prediction_line()]
         lines.append(
             f"route (threshold {self.threshold:g}, norm {self.norm}): {len(self.nodes)} nodes, {len(self.edges)} edges"
@@ -154,6 +154,10 @@ class Routes:
         sources = self.importance.inputs[0]
         ranked = [j for j in np.argsort(-sources)[:count] if sources[j] > 0]
         lines.append("input tokens by importance: " + ", ".join(f"{self.token(j)} {sources[j]:.3f}" for j in ranked))
+        aside = [(node, value) for node, value in self.nodes if node[2] != self.position][:count]
+        if aside:
+            named = (f"{stream} L{layer} {self.token(i)} {value:.3f}" for (stream, layer, i), value in aside)
+            lines.append("nodes off the top position by importance: " + ", ".join(named))
         blocks = [edge for edge in self.edges if not edge.kind.endswith("residual")]
         lines.append("strongest edges through attention and feed-forward blocks:")
         lines += [f"  {self._edge_line(edge)}" for edge in blocks[:count]]
