@@ -39,5 +39,3 @@ def __getattr__(name: str) -> Any:
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-
-__all__ = ["Routes", "routes"]
