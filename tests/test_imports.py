@@ -222,3 +222,23 @@ def test_models_are_typed_not_any():
                 found.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
     assert seen_typed > 50  # the oracle reads the sources: the annotations are there to be seen
     assert len(found) <= 5, "model: Any in:\n" + "\n".join(found)
+
+
+def test_the_routes_math_reads_no_model():
+    """Information-flow routes: only ``forward`` (its hooks and the weights it reads) and the front
+    door ``api`` reach the capture and the targets; the contributions, the graph, the lens and the
+    result are functions of arrays. Nothing below the routes imports them."""
+    graph = import_graph()
+    assert graph.has_edge("attnflow.routes.forward", "attnflow.capture.hooks")  # the oracle sees the layer below
+    pure = ("attnflow.routes.contributions", "attnflow.routes.graph", "attnflow.routes.lens", "attnflow.routes.result")
+    forbidden = (
+        "attnflow.capture",
+        "attnflow.model",
+        "attnflow.targets",
+        "attnflow.routes.forward",
+        "attnflow.routes.api",
+    )
+    reached = {name: sorted(n for n in nx.descendants(graph, name) if n.startswith(forbidden)) for name in pure}
+    assert not {name: found for name, found in reached.items() if found}
+    below = [name for name in graph if subpackage(name) in ("attnflow.capture", "attnflow.methods", MODEL_METHODS)]
+    assert not [name for name in below if any(n.startswith("attnflow.routes") for n in nx.descendants(graph, name))]

@@ -130,6 +130,11 @@ def __getattr__(name: str):
         from attnflow import causal
 
         return getattr(causal, name)
+    if name in ("routes", "Routes"):
+        # attnflow.routes is a package that can be called: attnflow.routes(model, text) -> Routes
+        import attnflow.routes as routes_package
+
+        return routes_package if name == "routes" else routes_package.Routes
     if name in ("GenerationExplanation", "explain_generation"):
         from attnflow import generation
 
@@ -149,6 +154,7 @@ __all__ = [
     "GenerationExplanation",
     "GenerationExploration",
     "PatchResult",
+    "Routes",
     "Trace",
     "alti",
     "attention_flow",
@@ -172,6 +178,7 @@ __all__ = [
     "random",
     "raw_attention",
     "rollout",
+    "routes",
     "saliency_row",
     "to_patch_grid",
 ]
