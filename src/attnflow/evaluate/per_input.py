@@ -360,6 +360,7 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         )
         return first
     best = max(scored, key=lambda e: e.faithfulness["aopc_comprehensiveness"])
+    _warn_if_no_better_than_random(best)
     others = ", ".join(f"{e.method} {e.faithfulness['aopc_comprehensiveness']:.3f}" for e in scored if e is not best)
     bins = "/".join(f"{100 * k:g}" for k in best.faithfulness["bins"])
     best.chosen_by = (
@@ -370,6 +371,32 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+def _warn_if_no_better_than_random(chosen: Any) -> None:
+    """A note (and an `ExplanationWarning`) on auto's choice when even the best candidate's
+    comprehensiveness is not clearly above random rankings' on this input
+    (`attnflow.explanation.faithfulness_level`): no candidate is a map to trust there."""
+    import warnings
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.explanation import faithfulness_level
+
+    level = faithfulness_level(chosen.faithfulness)
+    if level == "clear":
+        return
+    mine, chance = (
+        chosen.faithfulness["aopc_comprehensiveness"],
+        chosen.faithfulness["random"]["aopc_comprehensiveness"],
+    )
+    how = "no better than" if level == "weak" else "barely above"
+    note = (
+        f"auto's choice, {chosen.method}, is {how} random rankings on this input (comprehensiveness {mine:.3f} "
+        f"against their {chance:.3f}): none of its candidates finds the tokens this prediction depends on; "
+        "do not read this map as the reason"
+    )
+    chosen.notes.append(note)
+    warnings.warn(note, ExplanationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
