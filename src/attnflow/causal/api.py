@@ -37,7 +37,7 @@ from attnflow.model_like import ModelLike
 if TYPE_CHECKING:
     from attnflow.causal.patching import BaseRun, PatchRunner
 
-METHODS = ("exact", "atp", "atp*", "relp")
+METHODS = ("exact", "atp", "atp*", "relp", "atp-ig")
 DIRECTIONS = ("denoising", "noising")
 NOISE_SCALE = 3.0  # ROME: noise std = 3 × the std of the embedding matrix
 
@@ -198,8 +198,8 @@ def patch(
 ) -> PatchResult:
     """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.ALL_KINDS`; default the
     activation kinds `SITE_KINDS`) between ``clean`` and its corruption, by each of ``methods``
-    (``exact``, ``atp``, ``atp*``, ``relp``; the approximations do not estimate the knockout, and
-    are left out of a sweep of knockouts only).
+    (``exact``, ``atp``, ``atp*``, ``relp``, ``atp-ig``; the approximations do not estimate the
+    knockout, and are left out of a sweep of knockouts only).
 
     Args:
         model: an `AttentionModel` whose family has patching sites: a classifier or a causal LM.
@@ -388,11 +388,15 @@ class _Sweep:
                 f"the corruption does not change the metric ({self.metric.describe()} = {m_clean:.4g} on both): "
                 "nothing to restore; choose a corruption that changes the prediction"
             )
+        clean_run = BaseRun(clean_ids, None, {}, 1)
+        corrupt_run = BaseRun(corruption.ids, corruption.noise, {}, corruption.rows)
         if self.direction == "denoising":
-            base = BaseRun(corruption.ids, corruption.noise, stacked(clean_recorded), corruption.rows)
+            source = clean_run.embeddings(runner)
+            base = BaseRun(corruption.ids, corruption.noise, stacked(clean_recorded), corruption.rows, source)
             m_base, sign = m_corrupt, 1.0
         else:
-            base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows)
+            source = corrupt_run.embeddings(runner)
+            base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows, source)
             m_base, sign = m_clean, -1.0
         # An intervention (knockout) runs on the clean input whatever the direction: its effect
         # reads like noising, (m_clean − m_intervened) / (m_clean − m_corrupted).
