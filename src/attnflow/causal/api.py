@@ -129,6 +129,15 @@ class PatchResult:
         return write_report(self, Path(out))
 
 
+def layer_label(kind: str, row: int) -> str:
+    """How every output names the layer of a site (one convention for the console, the pages and
+    ``--versus``): ``Ln`` is layer n (from 0); a residual row is the stream entering layer 0
+    (``emb``, row 0) or leaving layer n (``Ln``, row n + 1)."""
+    if kind == "residual":
+        return "emb" if row == 0 else f"L{row - 1}"
+    return f"L{row}"
+
+
 def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
     """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant)."""
     from scipy.stats import pearsonr

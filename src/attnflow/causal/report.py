@@ -212,3 +212,77 @@ def summary_html(summary: dict[str, Any]) -> str:
         subtitle=f"{summary['pairs']} pairs; positions counted back from the predicting one (0)",
         css=CSS,
     )
+
+
+TOP_EDGES = 10  # edges printed by `attnflow patch --edges`; the page lists twice as many
+
+
+def versus_html(comparison: Any, rhos: dict[str, np.ndarray], model: str) -> str:
+    """The page of `attnflow patch --versus` (one pair): per residual row, the Spearman ρ between
+    exact patching and each method's prediction (`attnflow.causal.versus.LayerComparison`), and the
+    exact effects it is compared with."""
+    from attnflow.causal.api import layer_label
+
+    methods = list(rhos)
+    header = "<tr><th>residual</th>" + "".join(f"<th>{esc(method)}</th>" for method in methods) + "</tr>"
+    rows = []
+    for row in range(len(comparison.effects)):
+        cells = "".join(
+            _value_cell(rhos[method][row]) if np.isfinite(rhos[method][row]) else '<td class="num">–</td>'
+            for method in methods
+        )
+        rows.append(f'<tr data-row="{row}"><td>{esc(layer_label("residual", row))}</td>{cells}</tr>')
+    table = f'<table class="versus"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+    reading = (
+        "<p>Each residual row is the stream at one depth (emb: entering layer 0; L<i>n</i>: leaving layer "
+        "<i>n</i>). Exact patching restores that row's clean value at one position of the corrupted run and "
+        "measures how much of the answer comes back (1 = all of it). Each method predicts, from the clean run "
+        "alone, which positions matter at that depth; the cell is the Spearman correlation over positions "
+        "between that prediction and the exact effects: near 1 the method follows the interventions, near 0 "
+        "or below it does not. – : undefined (a constant side, or no composed layer at emb).</p>"
+    )
+    from attnflow.tokens import display_token
+
+    labels = [display_token(token)[:12] for token in comparison.tokens]
+    figure = effect_heatmap(comparison.effects, "exact residual patching (denoising)", labels)
+    body = [
+        section("How to read this page", reading),
+        section("Spearman ρ per residual row", table, "versus"),
+        section("Exact effects", figure_img(figure, alt="exact residual effects, row by position"), "effects"),
+    ]
+    meta = {"clean text": comparison.clean_text, "corrupt text": comparison.corrupt_text, "row": comparison.row}
+    return page(f"Methods against activation patching: {model}", "\n".join(body), meta=meta, css=CSS)
+
+
+def edges_html(result: Any, model: str) -> str:
+    """The page of `attnflow patch --edges` (`attnflow.causal.edges.EdgeScores`): the strongest
+    edges and the faithfulness of the top-k circuits."""
+    rows = "".join(
+        f'<tr data-up="{esc(result.upstream[up])}" data-down="{esc(result.downstream[down])}">'
+        f"<td>{esc(result.upstream[up])}</td><td>{esc(result.downstream[down])}</td>"
+        f"{_value_cell(result.scores[up, down])}</tr>"
+        for up, down in result.top_edges(2 * TOP_EDGES)
+    )
+    header = "<tr><th>upstream</th><th>downstream</th><th>score</th></tr>"
+    edges = f'<table class="edges"><thead>{header}</thead><tbody>{rows}</tbody></table>'
+    circuits = _number_table(
+        ["circuit", "faithfulness"],
+        [(f"top {k} edges", value) for k, value in result.faithfulness.items()],
+        "circuits",
+    )
+    reading = (
+        "<p>An edge joins a component that writes into the residual stream (emb: the embeddings, "
+        "a<i>l</i>.h<i>h</i>: head <i>h</i> of layer <i>l</i>, m<i>l</i>: the MLP of layer <i>l</i>) to one "
+        "that reads it later (a<i>l</i>: the attention block of layer <i>l</i>, m<i>l</i>, logits). Its score "
+        f"({esc(result.method)}) estimates how much of the answer (m<sub>clean</sub> − m<sub>corrupted</sub> "
+        "= 1) the edge carries; the sign says whether it helps or hurts. A circuit's faithfulness is measured "
+        "by patching: the clean run with every edge outside the top-k given its corrupted value; 1 = the "
+        "circuit alone carries the answer.</p>"
+    )
+    body = [
+        section("How to read this page", reading),
+        section(f"The {2 * TOP_EDGES} strongest edges", edges, "edges"),
+        section("Circuits of the top-k edges", circuits, "circuits"),
+    ]
+    meta = {"method": result.method, "m(clean)": result.clean_metric, "m(corrupted)": result.corrupt_metric}
+    return page(f"Edges and circuits: {model}", "\n".join(body), meta=meta, css=CSS)
