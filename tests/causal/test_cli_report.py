@@ -62,3 +62,38 @@ def test_a_file_of_pairs_is_checkpointed_and_resumed(tiny_model_path, tmp_path, 
     assert main([*command, "--resume"]) == 0
     assert len((out / "pairs.jsonl").read_text().splitlines()) == 3  # nothing ran twice
     assert (out / "summary.html").read_text().count('class="heatmap"') == 2  # exact and atp, heads
+
+
+def byte_level_result():
+    """A hand-made result on byte-level BPE tokens whose largest residual effect is the final row at
+    the predicting position (1 by definition) and whose most informative one is France after L0."""
+    from attnflow.causal.api import PatchResult
+
+    residual = np.full((3, 5), 0.01)  # [L + 1, token]: emb, after L0, after L1
+    residual[1, 3] = 0.6
+    residual[2, 4] = 1.0
+    tokens = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
+    return PatchResult(
+        model="m", clean_text="The capital of France is", corrupt_text="The capital of Italy is", noise_words=[],
+        tokens=tokens, corrupt_tokens=tokens, direction="denoising", metric="log p(' Paris')", clean_metric=-1.0,
+        corrupt_metric=-5.0, samples=1, n_layers=2, n_heads=2,
+        effects={"exact": {"residual": residual, "heads": np.array([[0.1, 0.3], [0.2, 0.05]])}},
+    )  # fmt: skip
+
+
+def test_strongest_sites_leave_out_the_final_residual_row_and_name_layers_as_versus_does():
+    result = byte_level_result()
+    lines = result.summary().splitlines()
+    residual = next(line for line in lines if "residual" in line)
+    assert "L0, token 3 'France'" in residual and "+0.600" in residual, residual
+    assert "leaving the last layer" in residual  # says why the 1.000 there is not shown
+    assert "heads    strongest: L0, head 1: +0.300" in "\n".join(lines)
+    from attnflow.causal.report import report_html
+
+    page = report_html(result)
+    assert "Ġ" not in page
+    strongest = page[page.index('<table class="strongest">') :]
+    strongest = strongest[: strongest.index("</table>")]
+    assert 'data-kind="residual" data-layer="2"' not in strongest  # the final row: 1 by definition
+    assert "<td>L0</td><td>3: France</td>" in strongest
+    assert "1 by definition" in page

@@ -111,9 +111,13 @@ class PatchResult:
         ]
         for method, effects in self.effects.items():
             for kind, values in effects.items():
-                layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
+                layer, index = strongest_sites(kind, values, 1)[0]
                 where = f"head {index}" if kind == "heads" else f"token {index} {display_token(self.tokens[index])!r}"
-                lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
+                below = f" ({FINAL_ROW_NOTE})" if kind == "residual" else ""
+                lines.append(
+                    f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: "
+                    f"{values[layer, index]:+.3f}{below}"
+                )
         for method, kinds in self.correlations.items():
             agreement = ", ".join(
                 f"{kind} r={values['pearson']:.2f} rho={values['spearman']:.2f}" for kind, values in kinds.items()
@@ -127,6 +131,21 @@ class PatchResult:
         from attnflow.causal.report import write_report
 
         return write_report(self, Path(out))
+
+
+FINAL_ROW_NOTE = "the stream leaving the last layer left out: 1 by definition at the position the output reads"
+
+
+def strongest_sites(kind: str, values: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The ``k`` sites ``(row, column)`` of one kind's effects with the largest |effect|, largest
+    first. The residual stream leaving the last layer (its final row) is left out: restoring it at
+    the position the output reads restores the whole answer (effect 1) by definition, elsewhere
+    nothing, so it says nothing about where the answer lives."""
+    shown = np.asarray(values, dtype=np.float64)
+    if kind == "residual":
+        shown = shown[:-1]
+    order = np.argsort(-np.abs(np.nan_to_num(shown)), axis=None, kind="stable")[:k]
+    return [(int(row), int(column)) for row, column in zip(*np.unravel_index(order, shown.shape), strict=True)]
 
 
 def layer_label(kind: str, row: int) -> str:

@@ -19,7 +19,7 @@ PatchResult = Any
 TOP_SITES = 5
 CSS = "figure.heatmap { margin: 1rem 0; } figure.heatmap figcaption { color: #555; font-size: .9rem; }"
 KIND_TITLES = {
-    "residual": "residual stream (row 0: entering the first layer)",
+    "residual": "residual stream (emb: entering layer 0, Ln: leaving layer n)",
     "attn": "attention block outputs",
     "mlp": "MLP outputs",
     "heads": "head outputs (every position)",
@@ -108,20 +108,27 @@ def _agreement_table(result: PatchResult) -> str:
 
 
 def _top_table(result: PatchResult) -> str:
+    from attnflow.causal.api import FINAL_ROW_NOTE, layer_label, strongest_sites
+    from attnflow.tokens import display_token
+
     rows = []
     for method, effects in result.effects.items():
         for kind, values in effects.items():
-            order = np.argsort(-np.abs(np.nan_to_num(values)), axis=None)[:TOP_SITES]
-            for flat in order:
-                layer, index = np.unravel_index(int(flat), values.shape)
-                where = f"head {index}" if kind == "heads" else f"{index}: {result.tokens[index]}"
+            for layer, index in strongest_sites(kind, values, TOP_SITES):
+                where = f"head {index}" if kind == "heads" else f"{index}: {display_token(result.tokens[index])}"
                 rows.append(
                     f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}" data-layer="{layer}" '
-                    f'data-index="{index}"><td>{esc(method)}</td><td>{esc(kind)}</td><td class="num">{layer}</td>'
-                    f"<td>{esc(where)}</td>{_value_cell(values[layer, index])}</tr>"
+                    f'data-index="{index}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                    f"<td>{esc(layer_label(kind, layer))}</td><td>{esc(where)}</td>"
+                    f"{_value_cell(values[layer, index])}</tr>"
                 )
     header = "<tr><th>method</th><th>sites</th><th>layer</th><th>position / head</th><th>effect</th></tr>"
-    return f'<table class="strongest"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+    note = (
+        f'<p class="note">Layers: L<i>n</i> is layer <i>n</i> (from 0); a residual site is the stream entering '
+        f"layer 0 (emb) or leaving layer <i>n</i> (L<i>n</i>), as in <code>--versus</code>. Residual sites: "
+        f"{esc(FINAL_ROW_NOTE)}.</p>"
+    )
+    return f'{note}<table class="strongest"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: str) -> str:
@@ -148,12 +155,16 @@ def heatmap_figure(result: PatchResult, kind: str, values: np.ndarray, title: st
     """A layer × position (or layer × head) heatmap of one result's effects, centred on 0."""
     from attnflow.tokens import display_token
 
-    return effect_heatmap(values, title, None if kind == "heads" else [display_token(t)[:12] for t in result.tokens])
+    columns = None if kind == "heads" else [display_token(t)[:12] for t in result.tokens]
+    return effect_heatmap(values, title, columns, kind)
 
 
-def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None) -> Any:
-    """A heatmap ``[layer, column]`` centred on 0; columns labelled (positions) or numbered (heads)."""
+def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None, kind: str = "attn") -> Any:
+    """A heatmap ``[layer, column]`` centred on 0; columns labelled (positions) or numbered (heads),
+    rows named as everywhere else (`attnflow.causal.api.layer_label`: ``emb``, ``L0`` …)."""
     from matplotlib.figure import Figure
+
+    from attnflow.causal.api import layer_label
 
     rows, columns = values.shape
     figure = Figure(figsize=(max(4.0, 0.45 * columns + 2), max(2.5, 0.18 * rows + 1.2)))
@@ -162,7 +173,9 @@ def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | No
     limit = limit or 1.0
     image = axes.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto", origin="lower")
     figure.colorbar(image, ax=axes, label="effect")
-    axes.set_ylabel("layer")
+    ticks = np.arange(0, rows, max(1, rows // 8))
+    axes.set_yticks(ticks, [layer_label(kind, int(row)) for row in ticks])
+    axes.set_ylabel("residual stream (emb: entering layer 0, Ln: leaving layer n)" if kind == "residual" else "layer")
     if column_labels is None:
         axes.set_xlabel("head")
     else:
@@ -197,7 +210,7 @@ def summary_html(summary: dict[str, Any]) -> str:
         for kind, values in kinds.items():
             mean = np.asarray(values["mean"], dtype=float)
             labels = None if kind == "heads" else [f"{j - mean.shape[1] + 1}" for j in range(mean.shape[1])]
-            figure = effect_heatmap(mean, f"{method}: mean {KIND_TITLES[kind]}", labels)
+            figure = effect_heatmap(mean, f"{method}: mean {KIND_TITLES[kind]}", labels, kind)
             figures.append(
                 f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
                 f"{figure_img(figure, alt=f'{method} {kind} mean effects')}</figure>"
@@ -244,7 +257,7 @@ def versus_html(comparison: Any, rhos: dict[str, np.ndarray], model: str) -> str
     from attnflow.tokens import display_token
 
     labels = [display_token(token)[:12] for token in comparison.tokens]
-    figure = effect_heatmap(comparison.effects, "exact residual patching (denoising)", labels)
+    figure = effect_heatmap(comparison.effects, "exact residual patching (denoising)", labels, "residual")
     body = [
         section("How to read this page", reading),
         section("Spearman ρ per residual row", table, "versus"),
