@@ -97,3 +97,30 @@ def test_strongest_sites_leave_out_the_final_residual_row_and_name_layers_as_ver
     assert 'data-kind="residual" data-layer="2"' not in strongest  # the final row: 1 by definition
     assert "<td>L0</td><td>3: France</td>" in strongest
     assert "1 by definition" in page
+
+
+def test_the_pairs_page_says_how_to_read_it_and_shows_the_pairs_and_the_intervals(tiny_model_path, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"clean": CLEAN, "corrupt": CORRUPT}, {"clean": "the <b>cat</b> ran", "noise": "cat"}]
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    command = ["patch", "--file", str(pairs), "--model", str(tiny_model_path("llama")), "--sites", "residual,heads",
+               "--method", "exact,atp", "--samples", "2", "--out", str(out), "--quiet", "--device", "cpu"]  # fmt: skip
+    assert main(command) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    page = (out / "summary.html").read_text()
+    assert "How to read this page" in page
+    listed = page[page.index('<table class="pairs">') :]
+    assert CLEAN in listed and CORRUPT in listed and "the &lt;b&gt;cat&lt;/b&gt; ran" in listed and "<b>cat" not in page
+    assert [pair["clean_text"] for pair in summary["pair_list"]] == [CLEAN, "the <b>cat</b> ran"]
+    intervals = page[page.index('<table class="intervals">') :]
+    intervals = intervals[: intervals.index("</table>")]
+    heads = summary["effects"]["exact"]["heads"]
+    mean, half = np.asarray(heads["mean"]), np.asarray(heads["ci95"])
+    layer, head = np.unravel_index(int(np.argmax(np.abs(mean))), mean.shape)
+    row = f'data-method="exact" data-kind="heads" data-layer="{layer}" data-index="{head}"'
+    assert row in intervals
+    cells = intervals[intervals.index(row) :]
+    assert f'data-value="{float(mean[layer, head] - half[layer, head])!r}"' in cells.split("</tr>")[0]
+    agreement = page[page.index('<table class="agreement">') :].split("</table>")[0]
+    assert "±" in agreement or "n = 1" in agreement  # the mean over pairs with its interval

@@ -187,24 +187,17 @@ def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | No
 
 
 def summary_html(summary: dict[str, Any]) -> str:
-    """The page of a file of pairs (`attnflow.causal.dataset.summarise`): mean effects per method
-    and site kind (positions counted back from the predicting one), and the approximations'
-    agreement with exact patching."""
-    rows = []
-    for method, kinds in summary["correlations"].items():
-        for kind, values in kinds.items():
-            rows.append(
-                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
-                + _value_cell(values["pearson_mean"])
-                + _value_cell(values["pooled_pearson"])
-                + _value_cell(values["pooled_spearman"])
-                + "</tr>"
-            )
-    header = (
-        "<tr><th>method</th><th>sites</th><th>Pearson r (mean over pairs)</th><th>Pearson r (pooled)</th>"
-        "<th>Spearman ρ (pooled)</th></tr>"
-    )
-    body = [f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>']
+    """The page of a file of pairs (`attnflow.causal.dataset.summarise`): how to read it, the pairs,
+    the approximations' agreement with exact patching (with its 95 % interval over pairs), mean
+    effects per method and site kind (positions counted back from the predicting one) and the
+    strongest sites with their 95 % intervals."""
+    body = [
+        section("How to read this page", _summary_reading(summary)),
+        section("Pairs", _pairs_table(summary), "pairs"),
+    ]
+    if summary["correlations"]:
+        body.append(section("Approximations against exact patching", _summary_agreement(summary), "agreement"))
+    body.append(section("Strongest sites, with 95 % intervals over pairs", _interval_table(summary), "intervals"))
     for method, kinds in summary["effects"].items():
         figures = []
         for kind, values in kinds.items():
@@ -221,10 +214,93 @@ def summary_html(summary: dict[str, Any]) -> str:
         body.append(section("Pairs left out", f"<ul>{failed}</ul>"))
     return page(
         "Activation patching over prompt pairs",
-        section("Approximations against exact patching", body[0]) + "\n".join(body[1:]),
+        "\n".join(body),
         subtitle=f"{summary['pairs']} pairs; positions counted back from the predicting one (0)",
         css=CSS,
     )
+
+
+def _summary_reading(summary: dict[str, Any]) -> str:
+    return (
+        f"<p>Each pair is patched as <code>attnflow patch</code> patches one (its own page would show the same "
+        f"numbers): the effect of a site is (m<sub>patched</sub> − m<sub>corrupted</sub>) / (m<sub>clean</sub> − "
+        f"m<sub>corrupted</sub>) when denoising, 1 = that site alone restores the answer. This page averages the "
+        f"{summary['pairs']} pairs listed below. Prompts of different lengths are aligned on the position that "
+        "predicts (column 0; −1 the one before it …), so a cell is the mean over the pairs long enough to have it "
+        "(its count is in summary.json, with every cell's mean and interval). A 95 % interval is the mean ± "
+        "1.96 standard errors over pairs (none with one pair). Layers: L<i>n</i> is layer <i>n</i>; a residual "
+        "site is the stream entering layer 0 (emb) or leaving layer <i>n</i>. The approximations (AtP, AtP*, "
+        "RelP) estimate the same effects from one backward pass; their correlation with the exact effects "
+        "says when the fast answer can be trusted: per pair (mean ± interval) and pooled over every site of "
+        "every pair.</p>"
+    )
+
+
+def _pairs_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for pair in summary.get("pair_list", []):
+        corruption = (
+            pair["corrupt_text"] if pair["corrupt_text"] is not None else "noise on " + ", ".join(pair["noise_words"])
+        )
+        rows.append(
+            f'<tr data-index="{pair["index"]}"><td class="num">{pair["index"] + 1}</td>'
+            f"<td>{esc(pair['clean_text'])}</td><td>{esc(corruption)}</td><td>{esc(pair['metric'])}</td>"
+            f"{_value_cell(pair['clean_metric'])}{_value_cell(pair['corrupt_metric'])}</tr>"
+        )
+    header = "<tr><th>#</th><th>clean</th><th>corrupted</th><th>metric</th><th>m(clean)</th><th>m(corrupted)</th></tr>"
+    return f'<table class="pairs"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _summary_agreement(summary: dict[str, Any]) -> str:
+    rows = []
+    for method, kinds in summary["correlations"].items():
+        for kind, values in kinds.items():
+            half = values["pearson_ci95"]
+            spread = f"± {half:.3f}" if half is not None and np.isfinite(half) else "n = 1: no interval"
+            rows.append(
+                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                + _value_cell(values["pearson_mean"])
+                + f"<td>{esc(spread)}</td>"
+                + _value_cell(values["pooled_pearson"])
+                + _value_cell(values["pooled_spearman"])
+                + "</tr>"
+            )
+    header = (
+        "<tr><th>method</th><th>sites</th><th>Pearson r (mean over pairs)</th><th>95 % interval</th>"
+        "<th>Pearson r (pooled)</th><th>Spearman ρ (pooled)</th></tr>"
+    )
+    return f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _interval_table(summary: dict[str, Any]) -> str:
+    from attnflow.causal.api import layer_label, strongest_sites
+
+    rows = []
+    for method, kinds in summary["effects"].items():
+        for kind, values in kinds.items():
+            mean = np.asarray(values["mean"], dtype=float)
+            half = np.asarray(values["ci95"], dtype=float)
+            count = np.asarray(values["count"])
+            for layer, index in strongest_sites(kind, mean, TOP_SITES):
+                where = f"head {index}" if kind == "heads" else f"position {index - mean.shape[1] + 1}"
+                bounds = (
+                    _value_cell(mean[layer, index] - half[layer, index])
+                    + _value_cell(mean[layer, index] + half[layer, index])
+                    if np.isfinite(half[layer, index])
+                    else '<td colspan="2">n = 1: no interval</td>'
+                )
+                rows.append(
+                    f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}" data-layer="{layer}" '
+                    f'data-index="{index}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
+                    f"<td>{esc(layer_label(kind, layer))}</td><td>{esc(where)}</td>"
+                    f"{_value_cell(mean[layer, index])}{bounds}"
+                    f'<td class="num">{int(count[layer, index])}</td></tr>'
+                )
+    header = (
+        "<tr><th>method</th><th>sites</th><th>layer</th><th>position / head</th><th>mean effect</th>"
+        "<th>95 % low</th><th>95 % high</th><th>pairs</th></tr>"
+    )
+    return f'<table class="intervals"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 TOP_EDGES = 10  # edges printed by `attnflow patch --edges`; the page lists twice as many
