@@ -124,3 +124,13 @@ def test_the_pairs_page_says_how_to_read_it_and_shows_the_pairs_and_the_interval
     assert f'data-value="{float(mean[layer, head] - half[layer, head])!r}"' in cells.split("</tr>")[0]
     agreement = page[page.index('<table class="agreement">') :].split("</table>")[0]
     assert "±" in agreement or "n = 1" in agreement  # the mean over pairs with its interval
+
+
+def test_a_patch_result_shows_itself_in_one_short_line_and_as_html_in_notebooks():
+    result = byte_level_result()
+    text = repr(result)
+    assert "\n" not in text and len(text) < 240 and "array" not in text and "0.01" not in text, text
+    assert text.startswith("PatchResult(model='m'") and "exact" in text and "residual [3, 5]" in text
+    fragment = result._repr_html_()
+    assert "<html" not in fragment and "<script" not in fragment and "Ġ" not in fragment
+    assert '<table class="strongest">' in fragment and "The capital of France is" in fragment

@@ -126,6 +126,24 @@ class PatchResult:
         lines.append("seconds: " + ", ".join(f"{name} {value:.2f}" for name, value in self.seconds.items()))
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        """One line (the arrays are for `to_dict` and the report): the model, the metric on both
+        inputs, the methods and each site kind's shape."""
+        methods = ", ".join(self.effects)
+        shapes = ", ".join(
+            f"{kind} {list(values.shape)}" for kind, values in next(iter(self.effects.values()), {}).items()
+        )
+        return (
+            f"PatchResult(model={self.model!r}, {self.direction}, {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupt_metric:.4g}; {methods}; {shapes})"
+        )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the inputs, the metric and the strongest sites (`save` writes the heatmaps)."""
+        from attnflow.causal.report import report_fragment
+
+        return report_fragment(self)
+
     def save(self, out: str | Path) -> Path:
         """Write ``patch.json`` (every number) and ``patch.html`` (the report) into ``out``."""
         from attnflow.causal.report import write_report

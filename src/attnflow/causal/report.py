@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from attnflow.staging import atomic_file
-from attnflow.viz.page import esc, figure_img, page, section
+from attnflow.viz.page import esc, figure_img, meta_table, page, section
 
 # The page reads a `attnflow.causal.api.PatchResult` (typed Any here: api imports this module).
 PatchResult = Any
@@ -37,14 +37,14 @@ def write_report(result: PatchResult, out: Path) -> Path:
     return html_path
 
 
-def report_html(result: PatchResult) -> str:
-    """The report page of one `PatchResult`."""
+def _meta(result: PatchResult) -> dict[str, Any]:
+    """The inputs and the metric of one result, as the page's key/value table shows them."""
     corruption = (
         {"corrupt text": result.corrupt_text}
         if result.corrupt_text is not None
         else {"noise on": ", ".join(result.noise_words), "noise samples": result.samples}
     )
-    meta = {
+    return {
         "clean text": result.clean_text,
         **corruption,
         "metric": result.metric,
@@ -52,6 +52,17 @@ def report_html(result: PatchResult) -> str:
         "m(corrupted)": result.corrupt_metric,
         "direction": result.direction,
     }
+
+
+def report_fragment(result: PatchResult) -> str:
+    """A notebook's view of one result (no page around it, no figures): the inputs, the metric and
+    the strongest sites."""
+    return f'<div class="attnflow-patch">{meta_table(_meta(result))}{_top_table(result)}</div>'
+
+
+def report_html(result: PatchResult) -> str:
+    """The report page of one `PatchResult`."""
+    meta = _meta(result)
     body = [section("How to read this page", _reading(result))]
     if result.correlations:
         body.append(section("Approximations against exact patching", _agreement_table(result), "agreement"))
