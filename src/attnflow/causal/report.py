@@ -119,7 +119,7 @@ def _agreement_table(result: PatchResult) -> str:
 
 
 def _top_table(result: PatchResult) -> str:
-    from attnflow.causal.api import FINAL_ROW_NOTE, layer_label, strongest_sites
+    from attnflow.causal.labels import FINAL_ROW_NOTE, layer_label, strongest_sites
     from attnflow.tokens import display_token
 
     rows = []
@@ -175,7 +175,7 @@ def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | No
     rows named as everywhere else (`attnflow.causal.api.layer_label`: ``emb``, ``L0`` …)."""
     from matplotlib.figure import Figure
 
-    from attnflow.causal.api import layer_label
+    from attnflow.causal.labels import layer_label
 
     rows, columns = values.shape
     figure = Figure(figsize=(max(4.0, 0.45 * columns + 2), max(2.5, 0.18 * rows + 1.2)))
@@ -284,7 +284,7 @@ def _summary_agreement(summary: dict[str, Any]) -> str:
 
 
 def _interval_table(summary: dict[str, Any]) -> str:
-    from attnflow.causal.api import layer_label, strongest_sites
+    from attnflow.causal.labels import layer_label, strongest_sites
 
     rows = []
     for method, kinds in summary["effects"].items():
@@ -321,7 +321,7 @@ def versus_html(comparison: Any, rhos: dict[str, np.ndarray], model: str) -> str
     """The page of `attnflow patch --versus` (one pair): per residual row, the Spearman ρ between
     exact patching and each method's prediction (`attnflow.causal.versus.LayerComparison`), and the
     exact effects it is compared with."""
-    from attnflow.causal.api import layer_label
+    from attnflow.causal.labels import layer_label
 
     methods = list(rhos)
     header = "<tr><th>residual</th>" + "".join(f"<th>{esc(method)}</th>" for method in methods) + "</tr>"

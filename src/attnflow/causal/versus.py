@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.causal.api import layer_label
+from attnflow.causal.labels import layer_label
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
