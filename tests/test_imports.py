@@ -222,3 +222,10 @@ def test_models_are_typed_not_any():
                 found.append(f"{path.relative_to(SOURCE)}:{number}: {line.strip()}")
     assert seen_typed > 50  # the oracle reads the sources: the annotations are there to be seen
     assert len(found) <= 5, "model: Any in:\n" + "\n".join(found)
+
+
+def test_dir_lists_the_lazy_attributes_and_each_resolves():
+    listed = set(dir(attnflow))
+    assert {"load", "explain", "patch", "audit", "AttentionModel", "PatchResult", "explain_generation"} <= listed
+    assert set(attnflow.__all__) <= listed
+    assert all(getattr(attnflow, name) is not None for name in attnflow.__all__)

@@ -104,41 +104,38 @@ def _connect_views() -> None:
 _connect_views()
 
 
+# Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast: each lazy
+# attribute and the module that holds it.
+_LAZY = {
+    "load": "attnflow.model",
+    "AttentionModel": "attnflow.model",
+    "audit": "attnflow.dataset_audit.engine",
+    "Explanation": "attnflow.explanation",
+    "explain": "attnflow.explanation",
+    "Exploration": "attnflow.exploration",
+    "explore": "attnflow.exploration",
+    "Comparison": "attnflow.comparison",
+    "compare": "attnflow.comparison",
+    "patch": "attnflow.causal",
+    "PatchResult": "attnflow.causal",
+    "GenerationExplanation": "attnflow.generation",
+    "explain_generation": "attnflow.generation",
+    "GenerationExploration": "attnflow.generation_exploration",
+    "explore_generation": "attnflow.generation_exploration",
+}
+
+
 def __getattr__(name: str):
-    # Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast.
-    if name in ("load", "AttentionModel"):
-        from attnflow import model
+    if name in _LAZY:
+        import importlib
 
-        return getattr(model, name)
-    if name == "audit":
-        from attnflow.dataset_audit.engine import audit
-
-        return audit
-    if name in ("Explanation", "explain"):
-        from attnflow import explanation
-
-        return getattr(explanation, name)
-    if name in ("Exploration", "explore"):
-        from attnflow import exploration
-
-        return getattr(exploration, name)
-    if name in ("Comparison", "compare"):
-        from attnflow import comparison
-
-        return getattr(comparison, name)
-    if name in ("patch", "PatchResult"):
-        from attnflow import causal
-
-        return getattr(causal, name)
-    if name in ("GenerationExplanation", "explain_generation"):
-        from attnflow import generation
-
-        return getattr(generation, name)
-    if name in ("GenerationExploration", "explore_generation"):
-        from attnflow import generation_exploration
-
-        return getattr(generation_exploration, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the lazy ones (`dir(attnflow)`, tab completion)."""
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [
