@@ -601,3 +601,20 @@ def test_file_on_minilm_equals_one_by_one(tmp_path, minilm, monkeypatch):
         alone = attnflow.explain(minilm.trace(text)[0])
         assert data["tokens"] == alone.tokens
         np.testing.assert_allclose(data["matrix"], alone.matrix, atol=1e-5)  # padding in the batch changes nothing
+
+
+def test_a_next_token_target_is_named_without_doubled_spaces(capsys):
+    """The label of a byte-level next token starts with its space (' Paris'): shown as 'Paris'."""
+    from types import SimpleNamespace
+
+    from attnflow.cli.explain import _print_summary
+    from attnflow.explanation import Explanation
+
+    paris = {"kind": "next_token", "index": 7, "label": " Paris", "value": -0.5, "probability": 0.6}
+    explanation = Explanation(
+        tokens=["The", "Ġcapital", "Ġis"], matrix=None, scores=[0.5, -0.2, 0.1], method="gim", options={},
+        row=None, text="The capital is", target=paris, prediction=paris, signed=True,
+    )  # fmt: skip
+    _print_summary(SimpleNamespace(target=None), [explanation])
+    printed = capsys.readouterr().out
+    assert "gim for 'Paris': The +0.5" in printed and "  " not in printed, printed
