@@ -335,3 +335,9 @@ def test_the_attention_sink_note_recommends_only_methods_the_model_supports(fami
     assert remedy in explanation.notes[0]
     recommended = explanation.notes[0].split("(")[-1].split(")")[0].split(", ")
     assert all(name in methods_for(adapter) for name in recommended if name != "--method auto")
+
+
+def test_the_random_baseline_summary_says_it_is_a_baseline():
+    sentence = explain(random_trace(), method="random").summary()
+    assert sentence.startswith("random scores (a baseline, not a finding): "), sentence
+    assert not explain(random_trace(), method="rollout").summary().startswith("random")

@@ -17,6 +17,8 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 - ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
   target, < 0 against it), ``requires`` (what a model family must provide, names from
   `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
+- ``baseline``: the scores are a reference every method must beat (``random``), not an explanation:
+  the summary sentence says so;
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
   several traces at once, ``batch(model, traces, **options)`` → per trace its ``scores [key]`` or
   a `attnflow.methods.extras.Scored` (scores and extras, as the single form may return), for
@@ -105,6 +107,7 @@ class MethodSpec:
     per_head: bool = False
     cost: Cost = "one_pass"
     batch: Callable[..., Sequence[Any]] | None = None
+    baseline: bool = False
 
     @property
     def uses_target(self) -> bool:
@@ -171,6 +174,7 @@ def register(
     per_head: bool = False,
     cost: Cost = "one_pass",
     batch: Callable[..., Sequence[Any]] | None = None,
+    baseline: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
 
@@ -227,6 +231,7 @@ def register(
             per_head=per_head,
             cost=cost,
             batch=batch,
+            baseline=baseline,
         )
         return function
 

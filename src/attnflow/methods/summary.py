@@ -130,8 +130,16 @@ def explanation_subject(explanation: Any) -> str:
 
 
 def explanation_summary(explanation: Any, max_words: int = 3) -> str:
-    """`summarize` applied to an Explanation (its scores, special tokens, text and offsets)."""
-    return summarize(
+    """`summarize` applied to an Explanation (its scores, special tokens, text and offsets); for a
+    baseline method (``random``: `MethodSpec.baseline`) the sentence says it is one."""
+    from attnflow.methods.registry import get_method
+
+    try:
+        baseline = get_method(explanation.method).baseline
+    except ValueError:  # an explanation read back from a file of a method not registered here
+        baseline = False
+    prefix = f"{explanation.method} scores (a baseline, not a finding): " if baseline else ""
+    return prefix + summarize(
         explanation.tokens,
         explanation.scores,
         explanation_subject(explanation),
