@@ -39,7 +39,8 @@ load_plugins()  # methods other packages declare (entry-point group "attnflow.me
 
 def _connect_views() -> None:
     """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz,
-    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`; the explorer also its
+    `AttentionModel.explain` its ``method="auto"`` (from attnflow.evaluate), and `Comparison` and
+    `Exploration` theirs (`to_html`, `_repr_html_`; the explorer also its
     per-input faithfulness, from attnflow.evaluate).
 
     The views read Explanations and the Explanation imports no view; this root of the package
@@ -68,6 +69,20 @@ def _connect_views() -> None:
         return overlay_image(image_path, patch_scores, box=box)
 
     _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+    from attnflow.explanation import _AUTO
+
+    def auto_plan(model, methods, options, target_text):
+        from attnflow.evaluate.per_input import plan_methods
+
+        return plan_methods(model, methods, options, target_text)
+
+    def auto_explain(model, trace, plan, row):
+        from attnflow.evaluate.per_input import explain_planned
+
+        return explain_planned(model, trace, plan, row)
+
+    _AUTO.update(plan=auto_plan, explain=auto_explain)
 
     from attnflow import comparison, exploration
 

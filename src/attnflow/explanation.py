@@ -39,6 +39,12 @@ OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
 # "overlay" (image). The views live in attnflow.viz and read Explanations, so this module imports
 # none of them; the package root (attnflow/__init__.py) fills this table, loading them on first use.
 _VIEWS: dict[str, Callable[..., Any]] = {}
+# How ``method="auto"`` is resolved for `AttentionModel.explain`: "plan" (model, methods, options,
+# target_text) -> the plan of the methods to run, "explain" (model, trace, plan, row) -> the
+# explanations asked for, auto's choice with its ``chosen_by``. They are `attnflow.evaluate.per_input`'s
+# (`plan_methods`, `explain_planned`: what `attnflow explain` runs), which builds on the model and
+# this module; the package root fills this table, loading them on first use.
+_AUTO: dict[str, Callable[..., Any]] = {}
 
 
 @dataclass

@@ -39,7 +39,7 @@ import numpy as np
 from attnflow.capture.texts import check_texts
 from attnflow.errors import ExplanationWarning, InputError
 from attnflow.explanation import explain, explain_traces
-from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
+from attnflow.methods.registry import AUTO, MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.model_like import ModelLike
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -89,6 +89,8 @@ class GenerationExplanation:
         notes: warnings the method raised (e.g. an integrated-gradients completeness error).
         contrast: the token every step's target was explained against (target methods explain
             log p(t_k) − log p(contrast)), or None.
+        chosen_by: why ``--method auto`` showed this explanation (its mean comprehensiveness over
+            the steps against the other candidates'), or None.
     """
 
     model: str
@@ -108,6 +110,7 @@ class GenerationExplanation:
     step_extras: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     contrast: str | None = None
+    chosen_by: str | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
@@ -185,6 +188,8 @@ class GenerationExplanation:
             data["faithfulness"] = self.faithfulness
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.chosen_by is not None:
+            data["chosen_by"] = self.chosen_by
         return data
 
     def to_html(self) -> str:
@@ -271,6 +276,65 @@ def explain_generation(
     sequence = prepare_continuation(model, prompt, max_new_tokens=max_new_tokens, continuation=continuation)
     explanations = explain_continuation(model, sequence, per_method, faithfulness, steps_per_pass, contrast)
     return explanations[0] if isinstance(method, str) else explanations
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What `attnflow explain PROMPT --generate N` (and the server's ``/api/generate``) computes:
+    the methods asked for (``auto`` among them or not), ``auto``'s candidates, and every method to
+    run with its checked options."""
+
+    requested: list[str]
+    candidates: list[str]
+    per_method: dict[str, dict[str, Any]]
+
+
+def plan_generation(
+    model: ModelLike, methods: Sequence[str] | None, options: Mapping[str, Any] | None = None
+) -> GenerationPlan:
+    """The `GenerationPlan` for ``methods`` (None: ``auto``, the one-pass target method whose top
+    sources' removal drops p(t_k) most over the steps) with the user's ``options`` (name -> value,
+    each method gets its share); every method checked to explain generations on this model's
+    family, before anything runs."""
+    from attnflow.evaluate.per_input import auto_methods, with_candidates
+    from attnflow.methods.registry import options_per_method
+
+    requested = list(methods) if methods else [AUTO]
+    names = with_candidates(requested, model.adapter, among=generation_methods(), target_kind=model.target_kind)
+    per_method = options_per_method(names, dict(options or {}))
+    for name in per_method:
+        check_generation_method(model, name)
+    candidates = (
+        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
+        if AUTO in requested
+        else []
+    )
+    return GenerationPlan(requested, candidates, per_method)
+
+
+def explain_planned_generation(
+    model: ModelLike,
+    sequence: Continuation,
+    plan: GenerationPlan,
+    faithfulness: bool = False,
+    steps_per_pass: int = DEFAULT_STEPS_PER_PASS,
+    contrast: int | str | None = None,
+) -> list[GenerationExplanation]:
+    """Every method of ``plan`` on the continuation ``sequence`` (`explain_continuation`), ``auto``
+    resolved: one explanation per method asked for, auto's choice in its place with its
+    ``chosen_by``, each explanation once. ``auto`` computes every candidate's per-step
+    faithfulness to choose (so every method gets it then)."""
+    from attnflow.evaluate.per_input import choose_by_step_aopc
+
+    computed = explain_continuation(
+        model, sequence, plan.per_method, faithfulness or bool(plan.candidates), steps_per_pass, contrast
+    )
+    by_name = {explanation.method: explanation for explanation in computed}
+    if plan.candidates:
+        chosen, chosen_by = choose_by_step_aopc([by_name[name] for name in plan.candidates])
+        chosen.chosen_by = chosen_by
+        by_name[AUTO] = chosen
+    return list({id(by_name[name]): by_name[name] for name in plan.requested}.values())
 
 
 def check_generation_method(model: ModelLike, name: str) -> MethodSpec:

@@ -438,3 +438,19 @@ def test_cancelling_stops_an_expensive_method_between_two_forward_passes(client)
     model = client.app.state.pool.model_if_loaded("tiny-a")
     assert not model.model._forward_pre_hooks  # no hook left behind
     assert_valid_request_succeeds(client)
+
+
+def test_generate_takes_auto_and_defaults_to_it_as_the_command_line_does(client, tiny_folders, capsys):
+    prompt = "the cat sat"
+    argv = ["explain", prompt, "--model", str(tiny_folders["tiny-gpt2"]), "--generate", "2", "--json", "--quiet"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    body = {"text": prompt, "model": "tiny-gpt2", "generate": 2}
+    for asked in ({"methods": ["auto"]}, {}):
+        response = client.post("/api/generate", json={**body, **asked})
+        assert response.status_code == 200, response.text
+        (served,) = response.json()["explanations"]
+        assert served["method"] == shown["method"] and served["chosen_by"] == shown["chosen_by"]
+        close(shown["matrix"], served["matrix"])
+    message = one_line_error(client.post("/api/generate", json={**body, "methods": ["nope"]}), 400)
+    assert "unknown method 'nope'" in message and "or auto" in message

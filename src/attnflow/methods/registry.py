@@ -281,12 +281,14 @@ def available_methods() -> list[str]:
 
 def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list[str]:
     """``"a,b"`` (or a list of names) -> the registered names, in order, without repeats; a name
-    neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones."""
+    neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones,
+    ``also`` included."""
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
     unknown = [name for name in names if name not in _registered() and name not in also]
     if not names or unknown:
         named = ", ".join(map(repr, unknown)) or repr(methods)
-        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}")
+        also_taken = f"; or {', '.join(also)}" if also else ""
+        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}{also_taken}")
     return list(dict.fromkeys(names))
 
 

@@ -107,7 +107,9 @@ class GenerateRequest(BaseModel):
 
     text: str = Field(description="the prompt")
     model: str | None = None
-    methods: list[str] | None = Field(None, description="registered methods (default: rollout)")
+    methods: list[str] | None = Field(
+        None, description="registered methods, or auto (default: auto, as `attnflow explain --generate`)"
+    )
     options: dict[str, Any] = Field(default_factory=dict)
     generate: int | None = Field(None, ge=1, description="greedily generate this many tokens")
     continuation: str | None = Field(None, description="explain this continuation instead (teacher-forced)")
@@ -330,7 +332,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             work.generate_text,
             text=body.text,
             model=model,
-            methods=body.methods or ["rollout"],
+            methods=body.methods,
             options=body.options,
             generate=body.generate,
             continuation=body.continuation,
