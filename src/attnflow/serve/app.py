@@ -315,7 +315,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             max_length=body.max_length,
         )
         service.keep(job, explanations)
-        explained = [explanation.to_dict() for explanation in explanations]
+        explained = [work.answer_record(explanation) for explanation in explanations]
         return {"id": job.id, "model": model, "text": body.text, "elapsed_ms": elapsed_ms, "explanations": explained}
 
     @app.post("/api/generate", summary="explain every generated token, as `attnflow explain --generate N` does")
@@ -339,7 +339,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             faithfulness=body.faithfulness,
         )
         service.keep(job, explanations)
-        explained = [explanation.to_dict() for explanation in explanations]
+        explained = [work.answer_record(explanation) for explanation in explanations]
         return {"id": job.id, "model": model, "elapsed_ms": elapsed_ms, "explanations": explained}
 
 

@@ -185,6 +185,21 @@ def explore_text(
         return str(exploration.to_html())
 
 
+def answer_record(explanation: Any) -> dict[str, Any]:
+    """An explanation's JSON as ``/api/explain`` and ``/api/generate`` answer it: the file's content
+    (raw token strings) and the strings a reader sees (`attnflow.tokens.display_token`), which the
+    page shows: ``display_tokens``, or for a generation ``display_sources`` and ``display_generated``."""
+    from attnflow.tokens import display_token
+
+    data = explanation.to_dict()
+    if "generated" in data:
+        data["display_sources"] = [display_token(token) for token in data["sources"]]
+        data["display_generated"] = [display_token(token) for token in data["generated"]]
+    else:
+        data["display_tokens"] = [display_token(token) for token in data["tokens"]]
+    return data
+
+
 def explanation_file(explanation: Any, kind: str) -> bytes:
     """The bytes of ``explanation.{json,html,png}`` (``kind``) exactly as `attnflow explain` writes
     them (`Explanation.write_files`, or `GenerationExplanation.save`)."""
