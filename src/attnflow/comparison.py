@@ -23,7 +23,7 @@ from attnflow.errors import InputError
 from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
-from attnflow.methods.summary import explanation_subject, summarize
+from attnflow.methods.summary import baseline_prefix, explanation_subject, summarize
 from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 
@@ -83,7 +83,8 @@ class Comparison:
     def summaries(self) -> tuple[str, str]:
         """The summary sentence of each model's saliency."""
         return tuple(  # type: ignore[return-value]
-            summarize(self.tokens, scores, subject, self.special_mask, self.text, self.offsets)
+            baseline_prefix(self.method)
+            + summarize(self.tokens, scores, subject, self.special_mask, self.text, self.offsets)
             for scores, subject in ((self.scores_a, self.subject), (self.scores_b, self.subject_b or self.subject))
         )
 
