@@ -300,8 +300,8 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     share = explanation.scores[0] / explanation.scores.sum()
     assert share > 0.5
     assert explanation.notes == [
-        f"{share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models park "
-        "attention on their first token, and composing layers piles it up there); a value-aware method "
+        f"rollout: {share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models "
+        "park attention on their first token, and composing layers piles it up there); a value-aware method "
         "(norm_rollout, alti) shows what the other tokens carry"
     ]
     assert explain(random_trace(n=n, causal=True), method="rollout", row="last").notes == []  # spread out: no note

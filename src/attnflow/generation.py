@@ -508,13 +508,15 @@ def _explain_whole_sequence(
     needs = frozenset().union(*(get_method(name).needs for name in names))
     whole = sequence_trace(model, sequence, needs)
     for name in names:
-        explained = explain(whole, method=name, row="last", model=model, **per_method[name])
+        # the whole sequence's last row is no step's: each step's row is checked for a collapse instead
+        explained = explain(whole, method=name, row="last", model=model, check_collapse=False, **per_method[name])
         matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
         assert matrix is not None
         for step in range(n):
             rows[name][step, : p + step] = matrix[p + step - 1, : p + step]
         notes[name] += explained.notes
         used[name] = explained.options
+        say_step_notes(name, [[] for _ in range(n)], rows[name], sequence, model, notes[name])
 
 
 def _explain_each_step(
@@ -544,17 +546,50 @@ def _explain_each_step(
         for name in names:
             with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
                 warnings.simplefilter("ignore", ExplanationWarning)
-                explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
+                explained_steps = explain_traces(
+                    traces, method=name, row="last", model=model, check_collapse=False, **per_method[name]
+                )
             for step, explained in zip(steps, explained_steps, strict=True):
                 rows[name][step, : p + step] = explained.scores
                 extras[name][step] = explained.extras
                 step_notes[name][step] = explained.notes
                 used[name] = explained.options
     for name in names:
-        for note in condensed_notes(step_notes[name]):
-            warnings.warn(f"{name}: {note}", ExplanationWarning, stacklevel=3)
-            notes[name].append(note)
+        say_step_notes(name, step_notes[name], rows[name], sequence, model, notes[name])
     return log_probs
+
+
+def say_step_notes(
+    name: str,
+    step_notes: list[list[str]],
+    rows: np.ndarray,
+    sequence: Continuation,
+    model: ModelLike,
+    notes: list[str],
+) -> None:
+    """One rule for every method: each step's row ``rows [step, source]`` (the method's scores for
+    t_k over its sources) is checked for a collapse on one token (`collapse_note`, as `explain`
+    checks a text's saliency row), added to that step's notes ``step_notes``; then each kind of
+    note is said once for the run (`condensed_notes`: its first step and the steps it concerns,
+    naming the method) and appended to ``notes``."""
+    from attnflow.errors import warn_once
+    from attnflow.methods.diagnostics import collapse_note
+
+    p = sequence.n_prompt
+    sources = token_strings(model, sequence.ids)[:-1]
+    for step, kept in enumerate(step_notes):
+        collapse = collapse_note(
+            rows[step, : p + step],
+            sources[: p + step],
+            own=p + step - 1,
+            special_mask=sequence.special[: p + step],
+            family=getattr(model, "adapter", None),
+        )
+        if collapse:
+            kept.append(collapse)
+    for note in condensed_notes(step_notes):
+        warn_once(f"{name}: {note}", ExplanationWarning, about=name, stacklevel=3)
+        notes.append(note)
 
 
 def condensed_notes(step_notes: Sequence[Sequence[str]]) -> list[str]:
