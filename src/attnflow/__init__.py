@@ -13,6 +13,7 @@ Quick start::
     classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
+from attnflow.lazy import lazy_attributes
 from attnflow.methods import (
     alti,
     attention_flow,
@@ -140,17 +141,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The module's names and the lazy ones (`dir(attnflow)`, tab completion)."""
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [
