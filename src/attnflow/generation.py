@@ -278,51 +278,31 @@ def explain_generation(
     return explanations[0] if isinstance(method, str) else explanations
 
 
-@dataclass(frozen=True)
-class GenerationPlan:
+def plan_generation(model: ModelLike, methods: Sequence[str] | None, options: Mapping[str, Any] | None = None) -> Any:
     """What `attnflow explain PROMPT --generate N` (and the server's ``/api/generate``) computes:
-    the methods asked for (``auto`` among them or not), ``auto``'s candidates, and every method to
-    run with its checked options."""
+    `attnflow.evaluate.per_input.plan_methods`'s plan (``methods`` None: ``auto``, whose candidates
+    are target methods, so each explains generations; the user's ``options`` shared out among the
+    methods), every method checked to explain generations on this model's family before anything
+    runs."""
+    from attnflow.evaluate.per_input import plan_methods
 
-    requested: list[str]
-    candidates: list[str]
-    per_method: dict[str, dict[str, Any]]
-
-
-def plan_generation(
-    model: ModelLike, methods: Sequence[str] | None, options: Mapping[str, Any] | None = None
-) -> GenerationPlan:
-    """The `GenerationPlan` for ``methods`` (None: ``auto``, the one-pass target method whose top
-    sources' removal drops p(t_k) most over the steps) with the user's ``options`` (name -> value,
-    each method gets its share); every method checked to explain generations on this model's
-    family, before anything runs."""
-    from attnflow.evaluate.per_input import auto_methods, with_candidates
-    from attnflow.methods.registry import options_per_method
-
-    requested = list(methods) if methods else [AUTO]
-    names = with_candidates(requested, model.adapter, among=generation_methods(), target_kind=model.target_kind)
-    per_method = options_per_method(names, dict(options or {}))
-    for name in per_method:
+    plan = plan_methods(model, methods, dict(options or {}))
+    for name in plan.per_method:
         check_generation_method(model, name)
-    candidates = (
-        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
-        if AUTO in requested
-        else []
-    )
-    return GenerationPlan(requested, candidates, per_method)
+    return plan
 
 
 def explain_planned_generation(
     model: ModelLike,
     sequence: Continuation,
-    plan: GenerationPlan,
+    plan: Any,
     faithfulness: bool = False,
     steps_per_pass: int = DEFAULT_STEPS_PER_PASS,
     contrast: int | str | None = None,
 ) -> list[GenerationExplanation]:
-    """Every method of ``plan`` on the continuation ``sequence`` (`explain_continuation`), ``auto``
-    resolved: one explanation per method asked for, auto's choice in its place with its
-    ``chosen_by``, each explanation once. ``auto`` computes every candidate's per-step
+    """Every method of ``plan`` (`plan_generation`) on the continuation ``sequence``
+    (`explain_continuation`), ``auto`` resolved: one explanation per method asked for, auto's
+    choice in its place with its ``chosen_by``, each explanation once. ``auto`` computes every candidate's per-step
     faithfulness to choose (so every method gets it then)."""
     from attnflow.evaluate.per_input import choose_by_step_aopc
 

@@ -107,22 +107,12 @@ class AttentionModel(CaptureModel):
 
         single = isinstance(texts, str)
         method_names([method], also=(AUTO,))  # an unknown name fails naming what there is, auto included
-        if method == AUTO:
-            plan = _AUTO["plan"](self, [AUTO], options, target_text)
-            traces = self.trace_for(
-                list(plan.per_method),
-                texts,
-                target=target,
-                target_text=target_text,
-                batch_size=batch_size,
-                max_length=max_length,
-                contrast=contrast,
-            )
-            chosen = [_AUTO["explain"](self, trace, plan, row)[0] for trace in traces]
-            return chosen[0] if single else chosen
-        method_options(get_method(method), options)  # bad options fail before any forward pass
+        # bad options fail before any forward pass; auto plans its candidates (each gets its options)
+        plan = _AUTO["plan"](self, [AUTO], options, target_text) if method == AUTO else None
+        if plan is None:
+            method_options(get_method(method), options)
         traces = self.trace_for(
-            [method],
+            [method] if plan is None else list(plan.per_method),
             texts,
             target=target,
             target_text=target_text,
@@ -130,9 +120,11 @@ class AttentionModel(CaptureModel):
             max_length=max_length,
             contrast=contrast,
         )
-        explanations = explain_traces(
-            traces, method=method, row=self.default_row if row is None else row, model=self, **options
-        )
+        if plan is not None:
+            explanations = [_AUTO["explain"](self, trace, plan, row)[0] for trace in traces]
+        else:
+            row = self.default_row if row is None else row
+            explanations = explain_traces(traces, method=method, row=row, model=self, **options)
         return explanations[0] if single else explanations
 
     def trace_for(
