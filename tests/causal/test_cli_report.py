@@ -38,6 +38,17 @@ def test_patch_errors_are_one_line(tiny_model_path, tmp_path, capsys):
     assert code == 2 and "\n" not in error and "--noise" in error
 
 
+def patch_pairs(tiny_model_path, pairs, rows: list[dict], sites: str) -> tuple:
+    """Write ``rows`` to the pairs file ``pairs`` and run `attnflow patch --file` on the tiny Llama
+    (exact and AtP, 2 noise samples) into ``out`` beside it: ``(out, the command)``."""
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = pairs.parent / "out"
+    command = ["patch", "--file", str(pairs), "--model", str(tiny_model_path("llama")), "--sites", sites,
+               "--method", "exact,atp", "--samples", "2", "--out", str(out), "--quiet", "--device", "cpu"]  # fmt: skip
+    assert main(command) == 0
+    return out, command
+
+
 def test_a_file_of_pairs_is_checkpointed_and_resumed(tiny_model_path, tmp_path, capsys):
     pairs = tmp_path / "pairs.jsonl"
     rows = [
@@ -45,11 +56,7 @@ def test_a_file_of_pairs_is_checkpointed_and_resumed(tiny_model_path, tmp_path, 
         {"clean": "the dog ran", "noise": "dog"},
         {"clean": CLEAN, "corrupt": "the cat sat"},  # a different length: left out, with its reason
     ]
-    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = tmp_path / "out"
-    command = ["patch", "--file", str(pairs), "--model", str(tiny_model_path("llama")), "--sites", "heads",
-               "--method", "exact,atp", "--samples", "2", "--out", str(out), "--quiet", "--device", "cpu"]  # fmt: skip
-    assert main(command) == 0
+    out, command = patch_pairs(tiny_model_path, pairs, rows, "heads")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["pairs"] == 2 and len(summary["failed"]) == 1 and "tokens" in summary["failed"][0]["error"]
     done = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
@@ -100,13 +107,8 @@ def test_strongest_sites_leave_out_the_final_residual_row_and_name_layers_as_ver
 
 
 def test_the_pairs_page_says_how_to_read_it_and_shows_the_pairs_and_the_intervals(tiny_model_path, tmp_path):
-    pairs = tmp_path / "pairs.jsonl"
     rows = [{"clean": CLEAN, "corrupt": CORRUPT}, {"clean": "the <b>cat</b> ran", "noise": "cat"}]
-    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = tmp_path / "out"
-    command = ["patch", "--file", str(pairs), "--model", str(tiny_model_path("llama")), "--sites", "residual,heads",
-               "--method", "exact,atp", "--samples", "2", "--out", str(out), "--quiet", "--device", "cpu"]  # fmt: skip
-    assert main(command) == 0
+    out, _ = patch_pairs(tiny_model_path, tmp_path / "pairs.jsonl", rows, "residual,heads")
     summary = json.loads((out / "summary.json").read_text())
     page = (out / "summary.html").read_text()
     assert "How to read this page" in page
