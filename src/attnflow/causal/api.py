@@ -114,11 +114,11 @@ class PatchResult:
             for kind, values in effects.items():
                 layer, index = strongest_sites(kind, values, 1)[0]
                 where = f"head {index}" if kind == "heads" else f"token {index} {display_token(self.tokens[index])!r}"
-                below = f" ({FINAL_ROW_NOTE})" if kind == "residual" else ""
                 lines.append(
-                    f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: "
-                    f"{values[layer, index]:+.3f}{below}"
+                    f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: {values[layer, index]:+.3f}"
                 )
+        if any("residual" in effects for effects in self.effects.values()):
+            lines.append(f"(residual: {FINAL_ROW_NOTE}; emb: entering layer 0, Ln: leaving layer n)")
         for method, kinds in self.correlations.items():
             agreement = ", ".join(
                 f"{kind} r={values['pearson']:.2f} rho={values['spearman']:.2f}" for kind, values in kinds.items()
