@@ -89,6 +89,7 @@ bench: setup
 	$(PY) benchmarks/bench_vision.py
 	$(PY) benchmarks/bench_relevance.py
 	$(PY) benchmarks/bench_relevance_memory.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_routes.py
 
 clean:
 	rm -rf $(VENV) out build dist

@@ -54,6 +54,22 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_path):
+    """``tiny_loaded(family) -> AttentionModel`` of a tiny model on the CPU, loaded once per session
+    (shared: a test must not change its weights)."""
+    import attnflow
+
+    loaded: dict[str, attnflow.AttentionModel] = {}
+
+    def get(family: str) -> attnflow.AttentionModel:
+        if family not in loaded:
+            loaded[family] = attnflow.load(str(tiny_model_path(family)), device="cpu")
+        return loaded[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_classifier_path(tmp_path_factory):
     """``tiny_classifier_path(family) -> Path`` of a saved tiny random sequence classifier."""
     return _built_once(tmp_path_factory, "tiny-classifiers", build_tiny_classifier)

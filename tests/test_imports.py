@@ -229,3 +229,23 @@ def test_dir_lists_the_lazy_attributes_and_each_resolves():
     assert {"load", "explain", "patch", "audit", "AttentionModel", "PatchResult", "explain_generation"} <= listed
     assert set(attnflow.__all__) <= listed
     assert all(getattr(attnflow, name) is not None for name in attnflow.__all__)
+
+
+def test_the_routes_math_reads_no_model():
+    """Information-flow routes: only ``forward`` (its hooks and the weights it reads) and the front
+    door ``api`` reach the capture and the targets; the contributions, the graph, the lens and the
+    result are functions of arrays. Nothing below the routes imports them."""
+    graph = import_graph()
+    assert graph.has_edge("attnflow.routes.forward", "attnflow.capture.hooks")  # the oracle sees the layer below
+    pure = ("attnflow.routes.contributions", "attnflow.routes.graph", "attnflow.routes.lens", "attnflow.routes.result")
+    forbidden = (
+        "attnflow.capture",
+        "attnflow.model",
+        "attnflow.targets",
+        "attnflow.routes.forward",
+        "attnflow.routes.api",
+    )
+    reached = {name: sorted(n for n in nx.descendants(graph, name) if n.startswith(forbidden)) for name in pure}
+    assert not {name: found for name, found in reached.items() if found}
+    below = [name for name in graph if subpackage(name) in ("attnflow.capture", "attnflow.methods", MODEL_METHODS)]
+    assert not [name for name in below if any(n.startswith("attnflow.routes") for n in nx.descendants(graph, name))]

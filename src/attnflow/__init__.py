@@ -134,6 +134,7 @@ _LAZY = {
     "compare": "attnflow.comparison",
     "patch": "attnflow.causal",
     "PatchResult": "attnflow.causal",
+    "Routes": "attnflow.routes",
     "GenerationExplanation": "attnflow.generation",
     "explain_generation": "attnflow.generation",
     "GenerationExploration": "attnflow.generation_exploration",
@@ -141,7 +142,15 @@ _LAZY = {
 }
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
+_lazy_getattr, __dir__ = lazy_attributes(__name__, {**_LAZY, "routes": "attnflow.routes"}, globals())
+
+
+def __getattr__(name: str):
+    if name == "routes":  # a package that can be called: attnflow.routes(model, text) -> Routes
+        import attnflow.routes as routes_package
+
+        return routes_package
+    return _lazy_getattr(name)
 
 
 __all__ = [
@@ -152,6 +161,7 @@ __all__ = [
     "GenerationExplanation",
     "GenerationExploration",
     "PatchResult",
+    "Routes",
     "Trace",
     "alti",
     "attention_flow",
@@ -175,6 +185,7 @@ __all__ = [
     "random",
     "raw_attention",
     "rollout",
+    "routes",
     "saliency_row",
     "to_patch_grid",
 ]

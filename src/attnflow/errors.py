@@ -22,6 +22,11 @@ class CaptureError(AttnflowError):
     """The model did not expose what attnflow needs (attention weights, head outputs)."""
 
 
+class AdapterCheckError(CaptureError):
+    """An adapter row fails a conformance check (`attnflow.capture.check_adapter`); the message
+    names the row, the check and the numbers."""
+
+
 class InputError(AttnflowError):
     """Bad input text, image or corpus."""
 

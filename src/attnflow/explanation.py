@@ -47,6 +47,27 @@ _VIEWS: dict[str, Callable[..., Any]] = {}
 _AUTO: dict[str, Callable[..., Any]] = {}
 
 
+CLEAR_MARGIN = 0.5  # comprehensiveness above random by half of random's (and by 0.01 of p) or more: "clear"
+LEVEL_NOTES = {
+    "clear": "",
+    "marginal": " Barely above random rankings on this input (less than 1.5 times their drop).",
+    "weak": " No better than random rankings on this input.",
+}
+
+
+def faithfulness_level(faithfulness: dict[str, Any]) -> str:
+    """``"weak"`` when a per-input faithfulness record's comprehensiveness is no higher than random
+    rankings', ``"marginal"`` when it exceeds theirs by less than `CLEAR_MARGIN` of it (or by less
+    than 0.01), ``"clear"`` otherwise: a map only slightly better than chance is not shown (or
+    chosen by ``auto``) as a good one."""
+    mine, chance = faithfulness["aopc_comprehensiveness"], faithfulness["random"]["aopc_comprehensiveness"]
+    if mine <= chance:
+        return "weak"
+    if mine - chance < max(CLEAR_MARGIN * chance, 0.01):
+        return "marginal"
+    return "clear"
+
+
 @dataclass
 class Explanation:
     """Relevance of every input token for every output position, and the saliency row shown.

@@ -37,6 +37,8 @@ CAPABILITIES = {
     "query_key": "query and key projections",
     "gated_mlp": "a gated MLP",
     "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
+    "streams": "the residual stream after each attention block, value vectors and the norms information-flow "
+    "routes linearise",
 }
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})

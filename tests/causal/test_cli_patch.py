@@ -119,6 +119,8 @@ def test_a_read_only_out_is_one_line_before_the_model_loads(
         (["--steps", "3"], "--steps"),
         (["--samples", "3"], "--samples"),
         (["--seed", "1"], "--seed"),
+        (["--knockout-window", "3"], "--knockout-window"),  # without --sites knockout
+        (["--versus", "rollout", "--knockout-target", "-1"], "--knockout-target"),
     ],
 )
 def test_flags_a_mode_would_ignore_are_refused_in_one_line(tiny_model_path, tmp_path, capsys, loads, extra, named):

@@ -116,7 +116,9 @@ def test_generate_defaults_to_the_candidate_with_the_highest_step_comprehensiven
     argv = ["explain", "Paris is the capital of", "--model", path, "--generate", "2", "--json", "--quiet"]
     assert main(argv) == 0
     chosen = json.loads(capsys.readouterr().out)
-    candidates = [m for m in auto_methods(adapter_for("llama", "LlamaModel"), "next_token") if m in generation_methods()]
+    candidates = [
+        m for m in auto_methods(adapter_for("llama", "LlamaModel"), "next_token") if m in generation_methods()
+    ]
     assert main([*argv, "--method", ",".join(candidates), "--faithfulness"]) == 0
     every = {data["method"]: data["faithfulness"]["mean_aopc"] for data in json.loads(capsys.readouterr().out)}
     assert chosen["method"] == max(every, key=every.get)
@@ -143,3 +145,26 @@ def test_unknown_method_lists_name_auto_where_it_is_taken(capsys):
     with pytest.raises(SystemExit):  # argparse's own one-line error
         main(["explain", TEXT, "--method", "nope", "--json", "--quiet"])
     assert "or auto" in capsys.readouterr().err
+
+
+def test_no_faithfulness_skips_the_badges_and_auto_says_it_chose_without_them(classifier_path, tmp_path, capsys):
+    shown = _explain_json(capsys, "--model", str(classifier_path), "--method", "auto,rollout", "--no-faithfulness")
+    assert [e.get("faithfulness") for e in shown] == [None, None]
+    assert "without a per-input test (faithfulness turned off)" in shown[0]["chosen_by"]
+    source = tmp_path / "texts.txt"
+    source.write_text(TEXT + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code = main(
+        [
+            "explain",
+            "--file",
+            str(source),
+            "--model",
+            str(classifier_path),
+            "--out",
+            str(out),
+            "-q",
+            "--no-faithfulness",
+        ]
+    )
+    assert code == 0 and "faithfulness" not in json.loads((out / "001" / "explanation.json").read_text())

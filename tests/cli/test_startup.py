@@ -39,6 +39,7 @@ def imported_by(*argv: str) -> list[str]:
         ("explore", "--help"),
         ("corpus", "--help"),
         ("audit", "--help"),
+        ("routes", "--help"),
     ],
 )
 def test_help_imports_no_heavy_library(argv):

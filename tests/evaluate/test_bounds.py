@@ -15,6 +15,8 @@ from attnflow.evaluate.bounds import (
     exact_chain_bounds,
     level_chain_bounds,
     normalised_aopc,
+    search_bounds,
+    search_cost,
 )
 from attnflow.evaluate.metrics import BINS, aopc, top_count
 
@@ -62,8 +64,9 @@ def test_beam_bounds_lie_inside_the_exact_ones_and_reach_them_with_a_wide_beam(s
     assert beam_chain_bounds(value, n_items, counts, beam_width=10_000) == pytest.approx((low, high))
     assert chain_bounds(value, n_items, counts, exact_limit=6)[2] == "beam"
     assert chain_bounds(value, n_items, counts, exact_limit=7)[2] == "exact"
-    low_none, high_none, search = chain_bounds(value, n_items, counts, exact_limit=6, beam_width=0)
+    low_none, high_none, search = chain_bounds(value, n_items, counts, exact_limit=6, search="exact")
     assert search == "none" and np.isnan(low_none) and np.isnan(high_none)  # no search: NAOPC undefined
+    assert chain_bounds(value, n_items, counts, search="none")[2] == "none"  # not even the exact search
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -153,3 +156,72 @@ def test_bounds_of_an_input_contain_every_ranking_and_are_reached(replace):
     assert beam.search == "beam"
     assert bounds.comprehensiveness[0] - 1e-12 <= beam.comprehensiveness[0] <= beam.comprehensiveness[1]
     assert beam.comprehensiveness[1] <= bounds.comprehensiveness[1] + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_single_token_bounds_lie_inside_the_exact_ones_and_cost_m_plus_the_bins(seed):
+    """Each token removed alone once, then the two orders' top sets: inner bounds, m + a few sets,
+    and exact when the drop is additive over tokens (each token's own drop is then its share)."""
+    n_items, asked = 8, []
+    counts = [top_count(k, n_items) for k in (0.1, 0.3, 0.5, 1.0)]
+    value = interacting_value(n_items, seed)
+
+    def counted(sets):
+        asked.extend(sets)
+        return value(sets)
+
+    low, high = exact_chain_bounds(value, n_items, counts)
+    single_low, single_high, search = chain_bounds(counted, n_items, counts, exact_limit=2, search="singles")
+    assert search == "singles" and low - 1e-12 <= single_low <= single_high <= high + 1e-12
+    assert len(set(asked)) <= n_items + 2 * len(set(counts))
+    weights = np.random.default_rng(seed).normal(size=n_items)
+    additive = lambda sets: np.array([weights[sorted(chosen)].sum() for chosen in sets])  # noqa: E731
+    assert chain_bounds(additive, n_items, counts, exact_limit=2, search="singles")[:2] == pytest.approx(
+        exact_chain_bounds(additive, n_items, counts)
+    )
+
+
+class CountingScorer(InteractingScorer):
+    """`InteractingScorer` that counts its calls."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.calls = 0
+
+    def chosen(self, sequences, classes):
+        self.calls += 1
+        return super().chosen(sequences, classes)
+
+
+@pytest.mark.parametrize("search", ["levels", "beam", "singles"])
+def test_many_inputs_search_together_one_call_per_step_with_the_same_bounds(search):
+    """`search_bounds` advances every input's four searches (two metrics, two bounds) in lockstep:
+    the bounds of each input alone, in as many scorer calls as the longest search has steps."""
+    contents = [(1, 2, 3, 4, 5, 6), (2, 3, 4, 5, 6), (1, 3, 5, 6, 2, 4, 1)]
+    scorer = CountingScorer(seed=3)
+    examples = []
+    for tokens in contents:
+        ids = (CLS, *tokens, SEP)
+        special = np.array([True] + [False] * len(tokens) + [True])
+        examples.append(Example("x", 1, ids, special, target=1, p_full=float(scorer.chosen([ids], [1])[0])))
+    alone, calls_alone = [], []
+    for example in examples:
+        scorer.calls = 0
+        alone.append(search_bounds(scorer, [example], BINS, "remove", MASK, search, exact_limit=3, beam_width=2)[0])
+        calls_alone.append(scorer.calls)
+    scorer.calls = 0
+    together = search_bounds(scorer, examples, BINS, "remove", MASK, search, exact_limit=3, beam_width=2)
+    assert scorer.calls == max(calls_alone) < sum(calls_alone)
+    for one, joint in zip(alone, together, strict=True):
+        assert joint.search == one.search == search
+        assert joint.comprehensiveness == pytest.approx(one.comprehensiveness)
+        assert joint.sufficiency == pytest.approx(one.sufficiency)
+
+
+def test_search_costs_order_the_searches_and_count_the_exact_sets():
+    counts = [top_count(k, 40) for k in BINS]
+    costs = [search_cost(40, counts, search) for search in ("singles", "levels", "beam")]
+    assert costs == sorted(costs) and costs[0] == 40 + 4 * len(set(counts))
+    assert search_cost(40, counts, "none") == search_cost(40, counts, "exact") == 0
+    small = [top_count(k, 6) for k in BINS]  # sizes 1, 1, 1, 2, 3
+    assert search_cost(6, small, "levels") == 2 * (6 + 15 + 20)  # exact: every set of sizes 1, 2, 3, per metric

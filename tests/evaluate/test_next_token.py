@@ -38,7 +38,7 @@ def test_sanity_stages_keep_the_head_and_the_last_stage():
 
 
 def test_next_token_benchmark_reports_naopc_and_the_top1_target(tiny_llama, tmp_path):
-    options = BenchmarkOptions(sanity_samples=2, sanity_layers=1, chunk_size=2)
+    options = BenchmarkOptions(sanity_samples=2, sanity_layers=1, chunk_size=2, bounds="exact")
     results = evaluate(
         tiny_llama,
         "next-token",

@@ -35,18 +35,23 @@ def assert_valid_request_succeeds(client) -> None:
     assert response.json()["explanations"][0]["method"] == "rollout"
 
 
-def close(a, b) -> None:
-    """Equal JSON values, floats to 1e-9."""
+def close(a, b, tolerance: float = 1e-8) -> None:
+    """Equal JSON values, floats to 1e-9 relative or ``tolerance`` absolute: a probability scored in a
+    batch of other inputs differs in its last float32 digits (the server scores fewer random rankings
+    beside a map once it keeps them for that text), and NAOPC divides that by its bounds' span."""
     if isinstance(a, dict):
         assert a.keys() == b.keys()
         for key in a:
-            close(a[key], b[key])
+            try:
+                close(a[key], b[key], 1e-4 if str(key).startswith("naopc") else tolerance)
+            except AssertionError as error:
+                raise AssertionError(f"{key}: {error}") from None
     elif isinstance(a, list) and a and not isinstance(a[0], str):
         assert len(a) == len(b)
         for x, y in zip(a, b, strict=True):
-            close(x, y)
+            close(x, y, tolerance)
     elif isinstance(a, float):
-        assert b == pytest.approx(a, rel=1e-9, abs=1e-12)
+        assert b == pytest.approx(a, rel=1e-9, abs=tolerance)
     else:
         assert a == b
 
@@ -470,3 +475,9 @@ def test_answers_carry_the_tokens_as_a_reader_sees_them(client):
     (generated,) = client.post("/api/generate", json=body).json()["explanations"]
     assert generated["display_sources"] == [display_token(token) for token in generated["sources"]]
     assert generated["display_generated"] == [display_token(token) for token in generated["generated"]]
+
+
+def test_faithfulness_false_skips_the_badges(client):
+    answer = explain(client, methods=["auto", "rollout"], faithfulness=False).json()["explanations"]
+    assert all("faithfulness" not in explanation for explanation in answer)
+    assert "faithfulness turned off" in answer[0]["chosen_by"]

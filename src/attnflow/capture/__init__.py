@@ -1,7 +1,7 @@
 """Loading models and capturing their attention into `Trace`s (no method math here).
 
-The torch-heavy parts (`CaptureModel`; `load` imports transformers when called) import on
-first use, so that listing models or printing `--help` stays fast.
+The torch-heavy parts (`CaptureModel`, `check_adapter`; `load` imports transformers when called)
+import on first use, so that listing models or printing `--help` stays fast.
 """
 
 from attnflow.capture.adapters import (
@@ -10,6 +10,7 @@ from attnflow.capture.adapters import (
     GatedMLP,
     Sites,
     Stack,
+    Streams,
     Values,
     adapter_for,
     register_adapter,
@@ -18,6 +19,7 @@ from attnflow.capture.adapters import (
 from attnflow.capture.loading import EMBEDDED, install_dinov2_s, install_mpnet, load, load_as, resolve
 
 _MODEL_NAMES = ("BatchCapture", "CaptureModel", "resolve_device")
+_CONFORMANCE_NAMES = ("AdapterCheckError", "check_adapter")
 
 
 def __getattr__(name: str):
@@ -25,6 +27,10 @@ def __getattr__(name: str):
         from attnflow.capture import model
 
         return getattr(model, name)
+    if name in _CONFORMANCE_NAMES:
+        from attnflow.capture import conformance
+
+        return getattr(conformance, name)
     raise AttributeError(f"module 'attnflow.capture' has no attribute {name!r}")
 
 
@@ -35,6 +41,7 @@ __all__ = [
     "GatedMLP",
     "Sites",
     "Stack",
+    "Streams",
     "Values",
     "adapter_for",
     "install_dinov2_s",
@@ -45,4 +52,5 @@ __all__ = [
     "resolve",
     "unregister_adapter",
     *_MODEL_NAMES,
+    *_CONFORMANCE_NAMES,
 ]

@@ -1,5 +1,6 @@
 """Per-architecture knowledge in one table: where attention weights, head outputs, values, the
-patching sites and the parts the backward rules change live, and what each family therefore provides.
+patching sites, the parts the backward rules change and the residual streams information-flow
+routes read live, and what each family therefore provides.
 
 Each row names, as regular expressions over ``model.named_modules()`` (searched, so any
 prefix such as ``bert.`` or ``model.`` matches), the attention modules whose forward output
@@ -80,6 +81,32 @@ class Sites:
 
 
 @dataclass(frozen=True)
+class Streams:
+    """What information-flow routes (`attnflow.routes`) read besides the stack, the `Values` and the
+    `Sites` of the row (regexes like `Stack`'s; group 1 is the layer).
+
+    ``mid``: the module whose input (first positional argument or ``hidden_states``) is the residual
+    stream after the attention block, ``[batch, token, d_model]``: pre-LN families, the norm before
+    the feed-forward block; post-LN families, the feed-forward block's first module (its input is
+    the attention block's layer-normed output). ``norm``: the form of the family's norms, ``"layer"``
+    (g ⊙ (y − mean(y)) / σ(y) + β) or ``"rms"`` ((``rms_offset`` + w) ⊙ y / rms(y); Gemma's offset
+    is 1). ``ffn_norm``: post-LN families, the layer norm after the feed-forward block (its input is
+    the feed-forward output plus the stream after attention). ``final_norm``: the norm before the
+    unembedding (``get_output_embeddings()``), which the logit lens reads; None: no lens.
+    ``fused_value``: a fused query/key/value projection (GPT-2's ``c_attn``): its regex, which part
+    of its output holds the values and in how many equal parts the output splits; None: the values
+    are the output of ``Values.value``.
+    """
+
+    mid: str
+    norm: str  # "layer" | "rms"
+    rms_offset: float = 0.0
+    ffn_norm: str | None = None
+    final_norm: str | None = None
+    fused_value: tuple[str, int, int] | None = None
+
+
+@dataclass(frozen=True)
 class GatedMLP:
     """A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
     attribute names of its up projection and its activation, whose product the rules split."""
@@ -107,6 +134,7 @@ class Adapter:
     sites: Sites | None = None  # activation patching
     embedding_norm: str | None = None  # regex; its input is the embedding sum (else: the word embeddings)
     gated_mlp: GatedMLP | None = None
+    streams: Streams | None = None  # information-flow routes
 
     @property
     def default_row(self) -> str:
@@ -137,6 +165,9 @@ class Adapter:
             "query_key": values is not None and values.query is not None and values.key is not None,
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
+            "streams": self.streams is not None
+            and self.sites is not None
+            and (values is not None or self.streams.fused_value is not None),
         }
         return frozenset(name for name, present in provided.items() if present)
 
@@ -153,6 +184,7 @@ _BERT_SITES = Sites(
     r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.dense$", r"layer\.(\d+)\.output\.dense$"
 )
 _BERT_EMBEDDING_NORM = r"embeddings\.LayerNorm$"  # its input: word + position (+ token type) embeddings
+_BERT_STREAMS = Streams(r"layer\.(\d+)\.intermediate$", "layer", ffn_norm=r"layer\.(\d+)\.output\.LayerNorm$")
 _LLAMA_SITES = Sites(r"layers\.(\d+)$", r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.mlp$")
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
 # ViT/DeiT: layers.N (layernorm_before, attention.{q,k,v,o}_proj); DINOv2: encoder.layer.N (norm1,
@@ -168,6 +200,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         values=_BERT_VALUES,
         sites=_BERT_SITES,
         embedding_norm=_BERT_EMBEDDING_NORM,
+        streams=_BERT_STREAMS,
     ),
     Adapter(
         "roberta",
@@ -178,6 +211,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         values=_BERT_VALUES,
         sites=_BERT_SITES,
         embedding_norm=_BERT_EMBEDDING_NORM,
+        streams=_BERT_STREAMS,
     ),
     Adapter(
         "distilbert",
@@ -195,6 +229,9 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"transformer\.layer\.(\d+)$", r"transformer\.layer\.(\d+)\.attention$", r"transformer\.layer\.(\d+)\.ffn$"
         ),
         embedding_norm=_BERT_EMBEDDING_NORM,
+        streams=Streams(
+            r"transformer\.layer\.(\d+)\.ffn$", "layer", ffn_norm=r"transformer\.layer\.(\d+)\.output_layer_norm$"
+        ),
     ),
     Adapter(
         "mpnet",
@@ -211,6 +248,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         ),
         sites=Sites(r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.output\.dense$"),
         embedding_norm=_BERT_EMBEDDING_NORM,
+        streams=_BERT_STREAMS,
     ),
     Adapter(
         "gpt2",
@@ -218,6 +256,10 @@ ADAPTERS: tuple[Adapter, ...] = (
         ("gpt2",),
         Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$"),
         sites=Sites(r"\bh\.(\d+)$", r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.mlp$"),
+        # q, k and v are one Conv1D: the values are the third of its output.
+        streams=Streams(
+            r"\bh\.(\d+)\.ln_2$", "layer", final_norm=r"\bln_f$", fused_value=(r"\bh\.(\d+)\.attn\.c_attn$", 2, 3)
+        ),
     ),
     Adapter(
         "llama",
@@ -232,6 +274,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         ),
         sites=_LLAMA_SITES,
         gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
+        streams=Streams(r"layers\.(\d+)\.post_attention_layernorm$", "rms", final_norm=r"model\.norm$"),
     ),
     Adapter(
         "gemma3",
@@ -252,6 +295,10 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"layers\.(\d+)\.post_feedforward_layernorm$",
         ),
         gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
+        # Gemma's RMS norms multiply by (1 + w).
+        streams=Streams(
+            r"layers\.(\d+)\.pre_feedforward_layernorm$", "rms", rms_offset=1.0, final_norm=r"model\.norm$"
+        ),
     ),
     Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),
     Adapter(

@@ -1,16 +1,19 @@
-"""Hooks that cannot leak: registered inside a `with` block, removed in `finally`."""
+"""Recording what a forward pass computes, through `attnflow.capture.hook_points.hooks` (registered
+inside a `with` block, removed in `finally`): attention weights and head outputs of a stack, any
+module's output or input, a layer's call arguments; and finding the modules of a layer pattern."""
 
 from __future__ import annotations
 
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from attnflow.capture.adapters import Stack
+from attnflow.capture.hook_points import HookPoint, Side, hooks
 from attnflow.errors import CaptureError
 
 
@@ -81,8 +84,8 @@ class StackRecording:
 def record_stack(
     model: nn.Module, stack: Stack, *, head_outputs: bool = True, stop_after_last_layer: bool = False
 ) -> Iterator[StackRecording]:
-    """Record attention weights (forward hooks) and head outputs (pre-hooks on the output
-    projections) of every layer of ``stack`` during the forward passes run inside the block.
+    """Record attention weights (the attention modules' outputs) and head outputs (the output
+    projections' inputs) of every layer of ``stack`` during the forward passes run inside the block.
     Hooks are removed when the block exits, also when the forward pass raises.
 
     ``stop_after_last_layer``: once the last layer is recorded, raise `StopForward` so that the
@@ -98,35 +101,36 @@ def record_stack(
     # by the order in which hooks were registered or fired.
     names = sorted((name for name, _ in attention_layers), key=lambda name: layer_index(stack.attention, name))
     recording = StackRecording(layer_names=names)
-    handles = []
-    try:
-        # The last layer's two hooks can fire in either order (DistilBERT calls its output
-        # projection inside the attention module): whichever completes the layer stops.
-        stop = _stop_when_complete(recording, names[-1], head_outputs) if stop_after_last_layer else _never
-        for name, module in attention_layers:
-            handles.append(module.register_forward_hook(_weights_hook(recording, name, stack.weights_index, stop)))
-        if head_outputs:
-            projections = find_layers(model, stack.output_projection)
-            if len(projections) != len(attention_layers):
-                raise CaptureError(
-                    f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
-                    f"({stack.output_projection!r})"
-                )
-            by_index = {layer_index(stack.output_projection, name): module for name, module in projections}
-            for name in names:
-                projection = by_index[layer_index(stack.attention, name)]
-                handles.append(projection.register_forward_pre_hook(_input_hook(recording, name, stop)))
+    # The last layer's two hooks can fire in either order (DistilBERT calls its output
+    # projection inside the attention module): whichever completes the layer stops.
+    stop = _stop_when_complete(recording, names[-1], head_outputs) if stop_after_last_layer else _never
+    hooked: list[tuple[HookPoint, Callable]] = [
+        (
+            HookPoint(module, "output", index=stack.weights_index, name=name),
+            _weights_hook(recording, name, stop, type(module).__name__),
+        )
+        for name, module in attention_layers
+    ]
+    if head_outputs:
+        projections = find_layers(model, stack.output_projection)
+        if len(projections) != len(attention_layers):
+            raise CaptureError(
+                f"found {len(projections)} output projections for {len(attention_layers)} attention layers "
+                f"({stack.output_projection!r})"
+            )
+        by_index = {layer_index(stack.output_projection, name): module for name, module in projections}
+        for name in names:
+            projection = by_index[layer_index(stack.attention, name)]
+            hooked.append((HookPoint(projection, "input", name=name), _input_hook(recording, name, stop)))
+    with hooks(hooked):
         yield recording
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _never() -> None:
     pass
 
 
-def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool):
+def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool) -> Callable[[], None]:
     def stop() -> None:
         if last in recording.weights and (not head_outputs or last in recording.head_inputs):
             raise StopForward
@@ -134,12 +138,11 @@ def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool
     return stop
 
 
-def _weights_hook(recording: StackRecording, name: str, index: int, stop):
-    def hook(module: nn.Module, _inputs: tuple, output) -> None:
-        weights = output[index] if isinstance(output, (tuple, list)) else None
+def _weights_hook(recording: StackRecording, name: str, stop: Callable[[], None], module_type: str) -> Callable:
+    def hook(weights: Any) -> None:
         if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
             raise CaptureError(
-                f"{type(module).__name__} at {name} returned no attention weights; attnflow needs "
+                f"{module_type} at {name} returned no attention weights; attnflow needs "
                 "eager attention (attn_implementation='eager') and a model that returns its weights"
             )
         recording.weights[name] = weights
@@ -148,9 +151,9 @@ def _weights_hook(recording: StackRecording, name: str, index: int, stop):
     return hook
 
 
-def _input_hook(recording: StackRecording, name: str, stop):
-    def hook(_module: nn.Module, inputs: tuple) -> None:
-        recording.head_inputs[name] = inputs[0]
+def _input_hook(recording: StackRecording, name: str, stop: Callable[[], None]) -> Callable:
+    def hook(heads: torch.Tensor) -> None:
+        recording.head_inputs[name] = heads
         stop()
 
     return hook
@@ -158,37 +161,22 @@ def _input_hook(recording: StackRecording, name: str, stop):
 
 @contextmanager
 def record_tensors(modules: list[tuple[str, nn.Module]], *, inputs: bool = False) -> Iterator[dict[str, torch.Tensor]]:
-    """Record each module's output (or, with ``inputs``, its hidden-states input: the first
-    positional argument or the ``hidden_states`` keyword) by module name, during the forward
-    passes run inside the block. The tensors stay in the autograd graph. Hooks are removed on exit."""
+    """Record each module's output (or, with ``inputs``, its hidden-states input: the forward's
+    first argument) by module name, during the forward passes run inside the block. The tensors
+    stay in the autograd graph. Hooks are removed on exit."""
     recorded: dict[str, torch.Tensor] = {}
-    handles = []
 
-    def output_hook(name: str):
-        def hook(_module: nn.Module, _args: tuple, output: torch.Tensor) -> None:
-            recorded[name] = output[0] if isinstance(output, (tuple, list)) else output
-
-        return hook
-
-    def input_hook(name: str):
-        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
-            if not torch.is_tensor(hidden):
-                raise CaptureError(f"{name}: found no hidden-states input to record")
-            recorded[name] = hidden
+    def keep(name: str) -> Callable:
+        def hook(tensor: Any) -> None:
+            if not torch.is_tensor(tensor):
+                raise CaptureError(f"{name}: found no hidden-states tensor to record")
+            recorded[name] = tensor
 
         return hook
 
-    try:
-        for name, module in modules:
-            if inputs:
-                handles.append(module.register_forward_pre_hook(input_hook(name), with_kwargs=True))
-            else:
-                handles.append(module.register_forward_hook(output_hook(name)))
+    side: Side = "input" if inputs else "output"
+    with hooks((HookPoint(module, side, name=name), keep(name)) for name, module in modules):
         yield recorded
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def stack_recorded(recorded: dict[str, torch.Tensor], modules: list[tuple[str, nn.Module]]) -> torch.Tensor:
@@ -204,18 +192,12 @@ def record_calls(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, tup
     """Record each module's call arguments ``(args, kwargs)`` by module name, so that a method
     can call the module again on altered inputs (value zeroing reruns single layers)."""
     recorded: dict[str, tuple[tuple, dict]] = {}
-    handles = []
 
-    def hook(name: str):
-        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def keep(name: str) -> Callable:
+        def hook(args: tuple, kwargs: dict) -> None:
             recorded[name] = (args, dict(kwargs))
 
-        return record
+        return hook
 
-    try:
-        for name, module in modules:
-            handles.append(module.register_forward_pre_hook(hook(name), with_kwargs=True))
+    with hooks((HookPoint(module, "call", name=name), keep(name)) for name, module in modules):
         yield recorded
-    finally:
-        for handle in handles:
-            handle.remove()

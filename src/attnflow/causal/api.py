@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from attnflow.causal.labels import FINAL_ROW_NOTE, layer_label, strongest_sites
-from attnflow.causal.sites import SITE_KINDS, all_sites, check_sites_supported, parse_site_kinds, sweep_shape
+from attnflow.causal.sites import (
+    SITE_KINDS,
+    SweepOptions,
+    all_sites,
+    check_sites_supported,
+    parse_site_kinds,
+    site_kind,
+    sweep_shape,
+)
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
@@ -42,7 +50,9 @@ class PatchResult:
     ``effects[method][kind]``: normalised effects (module docstring), ``residual [n_layers + 1,
     token]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l), ``attn`` and
     ``mlp [n_layers, token]``, ``heads [n_layers, head]`` (a head patched at every position, or at
-    ``head_position`` only).
+    ``head_position`` only), ``knockout [n_layers, key position]`` (exact only; the edge key →
+    ``knockout_target`` blocked in ``knockout_window`` layers centred on each layer; NaN in columns
+    outside ``knockout_sources``).
     ``clean_metric`` m_x and ``corrupt_metric`` m_x̃ (the mean over noise samples); ``seconds``: the
     time each method took (the two runs that cache activations are ``"cache"``).
     """
@@ -63,6 +73,15 @@ class PatchResult:
     effects: dict[str, dict[str, np.ndarray]]
     seconds: dict[str, float] = field(default_factory=dict)
     head_position: int | None = None
+    knockout_target: int | None = None
+    knockout_window: int = 1
+    knockout_sources: list[int] | None = None
+
+    @property
+    def options(self) -> SweepOptions:
+        """The sweep's options (what each kind's sites were written at)."""
+        sources = None if self.knockout_sources is None else tuple(self.knockout_sources)
+        return SweepOptions(self.head_position, self.knockout_target, self.knockout_window, sources)
 
     @property
     def correlations(self) -> dict[str, dict[str, dict[str, float]]]:
@@ -94,6 +113,9 @@ class PatchResult:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "head_position": self.head_position,
+            "knockout_target": self.knockout_target,
+            "knockout_window": self.knockout_window,
+            "knockout_sources": self.knockout_sources,
             "effects": {
                 method: {kind: values.tolist() for kind, values in effects.items()}
                 for method, effects in self.effects.items()
@@ -113,7 +135,11 @@ class PatchResult:
         for method, effects in self.effects.items():
             for kind, values in effects.items():
                 layer, index = strongest_sites(kind, values, 1)[0]
-                where = f"head {index}" if kind == "heads" else f"token {index} {display_token(self.tokens[index])!r}"
+                where = (
+                    f"token {index} {display_token(self.tokens[index])!r}"
+                    if site_kind(kind).column == "position"
+                    else f"head {index}"
+                )
                 lines.append(
                     f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: {values[layer, index]:+.3f}"
                 )
@@ -188,10 +214,15 @@ def patch(
     seed: int = 0,
     batch_size: int = 32,
     head_position: int | None = None,
+    knockout_target: int | None = None,
+    knockout_window: int = 1,
+    knockout_sources: Sequence[int] | None = None,
     progress: bool = True,
 ) -> PatchResult:
-    """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.SITE_KINDS`) between
-    ``clean`` and its corruption, by each of ``methods`` (``exact``, ``atp``, ``atp*``, ``relp``).
+    """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.ALL_KINDS`; default the
+    activation kinds `SITE_KINDS`) between ``clean`` and its corruption, by each of ``methods``
+    (``exact``, ``atp``, ``atp*``, ``relp``; the approximations do not estimate the knockout, and
+    are left out of a sweep of knockouts only).
 
     Args:
         model: an `AttentionModel` whose family has patching sites: a classifier or a causal LM.
@@ -205,6 +236,9 @@ def patch(
         batch_size: rows per forward pass of the exact sweep (each row patches one site).
         head_position: patch each head at this position only (negative: from the end, -1 = the
             last); None: at every position.
+        knockout_target, knockout_window, knockout_sources: where ``knockout`` blocks attention
+            edges (`attnflow.capture.site_kinds`; `_sweep_options`). It runs on the clean input: its
+            effect is (m_clean − m_blocked) / (m_clean − m_corrupted), in either direction.
 
     Returns:
         a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
@@ -220,9 +254,11 @@ def patch(
         _check_relp(model)
     clean_ids = _token_ids(model, clean, "clean")
     corruption = _corruption(model, clean, clean_ids, corrupt, noise, samples, seed)
-    head_position = _head_position(head_position, clean_ids.shape[1])
+    options = _sweep_options(
+        model, clean_ids.shape[1], head_position, knockout_target, knockout_window, knockout_sources
+    )
     metric = resolve_metric(model, clean_ids, target, contrast)
-    sweep = _Sweep(model, metric, kinds, direction, head_position, batch_size, progress)
+    sweep = _Sweep(model, metric, kinds, direction, options, batch_size, progress)
     m_clean, m_corrupt, effects, seconds = sweep.run(chosen, clean_ids, corruption)
     tokenizer = model.tokenizer
     return PatchResult(
@@ -241,8 +277,37 @@ def patch(
         n_heads=model.n_heads,
         effects=effects,
         seconds=seconds,
-        head_position=head_position,
+        **_options_fields(options, kinds),
     )
+
+
+def _sweep_options(
+    model: ModelLike,
+    n_tokens: int,
+    head_position: int | None,
+    target: int | None,
+    window: int,
+    sources: Sequence[int] | None,
+) -> SweepOptions:
+    """The sweep's options, checked (positions: negative counts from the end). ``target``: the query
+    whose edges the knockout blocks; None: the predicting position (0 for a model that reads its
+    first token, else the last). ``window``: layers blocked around each layer (centred: layer −
+    ⌊(w − 1)/2⌋ … layer + ⌊w/2⌋). ``sources``: the key positions swept; None: every position."""
+    return SweepOptions(
+        _position(head_position, n_tokens, "head_position"),
+        _knockout_target(model, target, n_tokens),
+        _positive(window, "knockout_window"),
+        None if sources is None else _sources(sources, n_tokens),
+    )
+
+
+def _options_fields(options: SweepOptions, kinds: Sequence[str]) -> dict[str, Any]:
+    """The `PatchResult` fields of the sweep's options (the knockout's only when it ran)."""
+    fields: dict[str, Any] = {"head_position": options.head_position}
+    if "knockout" in kinds:
+        sources = None if options.sources is None else list(options.sources)
+        fields.update(knockout_target=options.target, knockout_window=options.window, knockout_sources=sources)
+    return fields
 
 
 @dataclass(frozen=True)
@@ -279,13 +344,35 @@ def _corruption(
     return _Corruption(corrupt_ids, 1, None, [])
 
 
-def _head_position(head_position: int | None, n_tokens: int) -> int | None:
-    """``--head-position`` as an index from the start (negative counts from the end), checked."""
-    if head_position is None:
+def _position(position: int | None, n_tokens: int, name: str) -> int | None:
+    """A position option as an index from the start (negative counts from the end), checked."""
+    if position is None:
         return None
-    if not -n_tokens <= head_position < n_tokens:
-        raise InputError(f"--head-position {head_position} is outside the text's {n_tokens} tokens")
-    return head_position % n_tokens
+    if not -n_tokens <= position < n_tokens:
+        raise InputError(f"{name} {position} is outside the text's {n_tokens} tokens")
+    return position % n_tokens
+
+
+def _positive(value: int, name: str) -> int:
+    if int(value) != value or value < 1:
+        raise InputError(f"{name} must be a whole number of at least 1, got {value}")
+    return int(value)
+
+
+def _sources(sources: Sequence[int], n_tokens: int) -> tuple[int, ...]:
+    """``knockout_sources`` as sorted positions from the start, checked."""
+    positions = {_position(int(source), n_tokens, "knockout_sources") for source in sources}
+    if not positions:
+        raise InputError("knockout_sources names no position")
+    return tuple(sorted(position for position in positions if position is not None))
+
+
+def _knockout_target(model: ModelLike, target: int | None, n_tokens: int) -> int | None:
+    """The knockout's query position: ``target`` checked, or the position the model predicts from
+    (the first for a model that reads its first token, else the last)."""
+    if target is not None:
+        return _position(target, n_tokens, "knockout_target")
+    return 0 if model.default_row == "cls" else n_tokens - 1
 
 
 @dataclass
@@ -296,7 +383,7 @@ class _Sweep:
     metric: Any
     kinds: tuple[str, ...]
     direction: str
-    head_position: int | None
+    options: SweepOptions
     batch_size: int
     progress: bool
 
@@ -306,7 +393,7 @@ class _Sweep:
         """(m_clean, m_corrupt, effects per method and site kind, seconds per step)."""
         import torch
 
-        from attnflow.causal.approximations import estimate
+        from attnflow.causal.approximations import estimable, estimate
         from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 
         runner = PatchRunner(self.model, self.metric)
@@ -330,37 +417,54 @@ class _Sweep:
         else:
             base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows)
             m_base, sign = m_clean, -1.0
+        # An intervention (knockout) runs on the clean input whatever the direction: its effect
+        # reads like noising, (m_clean − m_intervened) / (m_clean − m_corrupted).
+        interventions = BaseRun(clean_ids, None, {}, 1)
         effects: dict[str, dict[str, np.ndarray]] = {}
         for method in methods:
+            if method != "exact" and not estimable(self.kinds):
+                continue  # an approximation with nothing to estimate (a knockout-only sweep)
             started = time.perf_counter()
             if method == "exact":
-                changes = self._exact(runner, base, m_base, clean_ids.shape[1])
+                changes = self._exact(runner, (base, m_base), (interventions, m_clean), clean_ids.shape[1])
             else:
-                changes = estimate(method, runner, base, self.kinds, self.head_position)
+                changes = estimate(method, runner, base, self.kinds, self.options.head_position)
             seconds[method] = time.perf_counter() - started
-            effects[method] = {kind: sign * changes[kind] / difference for kind in self.kinds}
+            effects[method] = {
+                kind: (sign if site_kind(kind).is_activation else -1.0) * change / difference
+                for kind, change in changes.items()
+            }
         return m_clean, m_corrupt, effects, seconds
 
-    def _exact(self, runner: PatchRunner, base: BaseRun, m_base: float, n_tokens: int) -> dict[str, np.ndarray]:
-        """The metric's change when each site alone is patched, per site kind (exact activation patching)."""
+    def _exact(
+        self, runner: PatchRunner, patched: tuple[BaseRun, float], intervened: tuple[BaseRun, float], n_tokens: int
+    ) -> dict[str, np.ndarray]:
+        """The metric's change when each site alone is patched, per site kind (exact activation
+        patching): activation kinds on the ``patched`` run, interventions on the ``intervened`` one
+        (each with the metric of its run unpatched)."""
         from attnflow.causal.patching import exact_sweep
 
         model = self.model
-        shapes = {kind: sweep_shape(kind, model.n_layers, n_tokens, model.n_heads) for kind in self.kinds}
-        site_list = [
-            site
-            for kind in self.kinds
-            for site in all_sites(kind, model.n_layers, n_tokens, model.n_heads, self.head_position)
-        ]
-        with _progress_bar(len(site_list), self.progress) as bar:
-            patched = exact_sweep(
-                runner, base.input_ids, base.noise, base.source, site_list, base.samples, self.batch_size, bar
-            )
-        changes, start = {}, 0
-        for kind in self.kinds:
-            size = int(np.prod(shapes[kind]))
-            changes[kind] = patched[start : start + size].reshape(shapes[kind]) - m_base
-            start += size
+        sites = {
+            kind: all_sites(kind, model.n_layers, n_tokens, model.n_heads, options=self.options) for kind in self.kinds
+        }
+        changes = {}
+        with _progress_bar(sum(map(len, sites.values())), self.progress) as bar:
+            for (base, m_base), activations in ((patched, True), (intervened, False)):
+                kinds = [kind for kind in self.kinds if site_kind(kind).is_activation == activations]
+                chosen = [site for kind in kinds for site in sites[kind]]
+                if not chosen:
+                    continue
+                metrics = exact_sweep(
+                    runner, base.input_ids, base.noise, base.source, chosen, base.samples, self.batch_size, bar
+                )
+                start = 0
+                for kind in kinds:
+                    shape = sweep_shape(kind, model.n_layers, n_tokens, model.n_heads)
+                    changes[kind] = np.full(shape, np.nan)  # columns a sweep leaves out stay NaN
+                    for site, metric in zip(sites[kind], metrics[start : start + len(sites[kind])], strict=True):
+                        changes[kind][site.layer, site.index] = metric - m_base
+                    start += len(sites[kind])
         return changes
 
 

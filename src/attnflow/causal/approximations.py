@@ -12,17 +12,20 @@ Each estimates Δm(site) = m(base run with the site set to its source value) −
   (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient.
 
 Arrays per site kind as in `attnflow.causal.sites`; each is averaged over the base run's samples.
+Each kind's row in the site table says how its products are summed per site (``dot``); a kind
+without one (the knockout, an intervention with no value to differentiate along) is not estimated.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from attnflow.causal.patching import BaseRun, PatchRunner, stacked
+from attnflow.causal.sites import site_kind
 
 APPROXIMATIONS = ("atp", "atp*", "relp")
 
@@ -30,9 +33,10 @@ APPROXIMATIONS = ("atp", "atp*", "relp")
 def estimate(
     method: str, runner: PatchRunner, base: BaseRun, kinds: tuple[str, ...], head_position: int | None = None
 ) -> dict[str, np.ndarray]:
-    """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds``, for the ``base`` run
-    patched with its source (broadcast over samples); heads patched at ``head_position`` only, or
-    everywhere."""
+    """Δm estimated by ``method`` (`APPROXIMATIONS`) per site kind in ``kinds`` that the approximations
+    estimate (`estimable`), for the ``base`` run patched with its source (broadcast over samples);
+    heads patched at ``head_position`` only, or everywhere."""
+    kinds = estimable(kinds)
     if method == "atp*":
         return _graddrop(runner, base, kinds, head_position)
     rules = None
@@ -78,6 +82,11 @@ def _gradients(
     return gradients, stacked(recorded)
 
 
+def estimable(kinds: Sequence[str]) -> tuple[str, ...]:
+    """The kinds of ``kinds`` whose row says how the approximations sum a site (``dot``)."""
+    return tuple(kind for kind in kinds if site_kind(kind).dot is not None)
+
+
 def _dot(
     kind: str,
     source: torch.Tensor,
@@ -90,14 +99,10 @@ def _dot(
     ``[sample, layer, head]`` (a head summed over every position, or read at ``head_position``)."""
     rows = len(base)
     difference = source.repeat(rows // len(source), 1, 1, 1) - base  # source: 1 or a divisor of rows samples
-    product = (difference.double() * gradient.double()).cpu()
-    if kind == "heads":
-        batch, layers, tokens, width = product.shape
-        heads = product.view(batch, layers, tokens, n_heads, width // n_heads)  # [sample, layer, token, head, d_head]
-        if head_position is not None:
-            return heads[:, :, head_position].sum(dim=-1).numpy()
-        return heads.sum(dim=(2, 4)).numpy()
-    return product.sum(dim=-1).numpy()
+    product = (difference.double() * gradient.double()).cpu()  # [sample, layer, token, width]
+    dot = site_kind(kind).dot
+    assert dot is not None  # `estimable` kinds only
+    return dot(product, head_position, n_heads).numpy()
 
 
 def _graddrop(

@@ -6,7 +6,8 @@ A pairs file is JSON lines: ``{"clean": ..., "corrupt": ...}`` or ``{"clean": ..
 "word,word"}``, with optional ``"target"`` and ``"contrast"``. Position arrays of prompts of
 different lengths are aligned on the last position (the one that predicts): column j of a
 summary's ``residual``/``attn``/``mlp`` array is position T − n + j of each prompt of T tokens, n the
-longest prompt, missing cells left out of the mean.
+longest prompt, missing cells left out of the mean (every kind whose columns are positions, as
+the table of site kinds says; heads are aligned on their first column).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from attnflow.causal.api import correlation, patch
+from attnflow.causal.sites import site_kind
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
 from attnflow.staging import atomic_file
@@ -144,7 +146,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["effects"][method] = {}
         for kind in results[0]["effects"][method]:
             arrays = [np.asarray(row["effects"][method][kind], dtype=float) for row in results]
-            stacked = _aligned(arrays, right=kind != "heads")
+            stacked = _aligned(arrays, right=site_kind(kind).column == "position")
             count = np.sum(np.isfinite(stacked), axis=0)
             mean = np.nanmean(stacked, axis=0)
             spread = np.nanstd(stacked, axis=0, ddof=1) if len(arrays) > 1 else np.full(mean.shape, np.nan)

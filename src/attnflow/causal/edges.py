@@ -31,13 +31,14 @@ last block's output carries the logits' correction.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from attnflow.capture.hook_points import HookPoint, hooks
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
 
@@ -228,59 +229,47 @@ class EdgeGraph:
             chosen = outside[:count, down].to(corrupted.device)
             return ((torch.stack(current) - corrupted[:count]) * chosen[:, None, None]).sum(dim=0)
 
-        with ExitStack() as stack:
-            corrections: dict[str, torch.Tensor] = {}
+        corrections: dict[str, torch.Tensor] = {}
 
-            def block_input(layer: int) -> Any:
-                def hook(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-                    hidden = args[0] if args else kwargs["hidden_states"]
-                    if layer == 0:
-                        current.append(hidden[0])
-                    corrections["attn"] = correction(2 * layer)
-                    lowered = hidden - corrections["attn"]
-                    if args:
-                        return (lowered, *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": lowered}
+        def block_input(layer: int) -> Any:
+            def hook(hidden: torch.Tensor) -> torch.Tensor:
+                if layer == 0:
+                    current.append(hidden[0])
+                corrections["attn"] = correction(2 * layer)
+                return hidden - corrections["attn"]
 
-                return hook
+            return hook
 
-            def heads_input(layer: int) -> Any:
-                def hook(_module: Any, args: tuple, kwargs: dict) -> None:
-                    hidden = args[0] if args else kwargs["hidden_states"]
-                    current.extend(self._head_shares(layer, hidden[0]))
+        def heads_input(layer: int) -> Any:
+            def hook(hidden: torch.Tensor) -> None:
+                current.extend(self._head_shares(layer, hidden[0]))
 
-                return hook
+            return hook
 
-            def attention_output(layer: int) -> Any:
-                def hook(_module: Any, _args: tuple, output: Any) -> Any:
-                    hidden = output[0] if isinstance(output, tuple) else output
-                    corrections["mlp"] = correction(2 * layer + 1)
-                    new = hidden + corrections["attn"] - corrections["mlp"]
-                    return (new, *output[1:]) if isinstance(output, tuple) else new
+        def attention_output(layer: int) -> Any:
+            def hook(hidden: torch.Tensor) -> torch.Tensor:
+                corrections["mlp"] = correction(2 * layer + 1)
+                return hidden + corrections["attn"] - corrections["mlp"]
 
-                return hook
+            return hook
 
-            def mlp_output(_module: Any, _args: tuple, output: Any) -> Any:
-                hidden = output[0] if isinstance(output, tuple) else output
-                current.append(hidden[0])
-                new = hidden + corrections["mlp"]
-                return (new, *output[1:]) if isinstance(output, tuple) else new
+        def mlp_output(hidden: torch.Tensor) -> torch.Tensor:
+            current.append(hidden[0])
+            return hidden + corrections["mlp"]
 
-            def last_block_output(_module: Any, _args: tuple, output: Any) -> Any:
-                hidden = output[0] if isinstance(output, tuple) else output
-                new = hidden - correction(2 * self.n_layers)
-                return (new, *output[1:]) if isinstance(output, tuple) else new
+        def last_block_output(hidden: torch.Tensor) -> torch.Tensor:
+            return hidden - correction(2 * self.n_layers)
 
-            for layer in range(self.n_layers):
-                for handle in (
-                    modules.blocks[layer].register_forward_pre_hook(block_input(layer), with_kwargs=True),
-                    modules.projections[layer].register_forward_pre_hook(heads_input(layer), with_kwargs=True),
-                    modules.attention[layer].register_forward_hook(attention_output(layer)),
-                    modules.mlp[layer].register_forward_hook(mlp_output),
-                ):
-                    stack.callback(handle.remove)
-            handle = modules.blocks[-1].register_forward_hook(last_block_output)
-            stack.callback(handle.remove)
+        hooked: list[tuple[HookPoint, Any]] = []
+        for layer in range(self.n_layers):
+            hooked += [
+                (HookPoint(modules.blocks[layer], "input"), block_input(layer)),
+                (HookPoint(modules.projections[layer], "input"), heads_input(layer)),
+                (HookPoint(modules.attention[layer], "output"), attention_output(layer)),
+                (HookPoint(modules.mlp[layer], "output"), mlp_output),
+            ]
+        hooked.append((HookPoint(modules.blocks[-1], "output"), last_block_output))
+        with hooks(hooked):
             yield
 
 

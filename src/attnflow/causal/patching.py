@@ -1,27 +1,31 @@
-"""Exact activation patching on the Hugging Face model itself, through forward hooks.
+"""Exact activation patching on the Hugging Face model itself, through hooks at the hook points of
+the site table (`attnflow.capture.site_kinds`), registered by `attnflow.capture.hook_points.hooks`.
 
 `PatchRunner.forward` runs the model on a batch of copies of one input; each batch row may have
-its own embedding noise and its own patched sites (a site's activation replaced by a given value),
-and the run can record every site's activation (in the autograd graph when gradients are wanted).
+its own embedding noise and its own patched sites (a site's activation replaced by a given value,
+or an intervention such as an attention knockout written in), and the run can record every
+activation site (in the autograd graph when gradients are wanted).
 `exact_sweep` patches one site per row: a sweep over n sites costs n / batch_size forward passes.
 No model class is converted: the logits are the model's own.
 """
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from attnflow.causal.sites import SITE_KINDS, Site, SiteModules
+from attnflow.capture.hook_points import HookPoint, hooks
+from attnflow.capture.site_kinds import SITE_TABLE, SiteKind, Write
+from attnflow.causal.sites import SITE_KINDS, Site, SiteModules, site_kind
 from attnflow.model_like import ModelLike
 
-# Recorded activations of one run, per site kind, one tensor per layer (row 0 of ``residual`` is
-# the stream entering the first layer): residual/attn/mlp ``[batch, token, d_model]``, heads
-# ``[batch, token, head * d_head]``.
+# Recorded activations of one run, per activation kind (`SITE_KINDS`), one tensor per row of the
+# kind's sweep (row 0 of ``residual`` is the stream entering the first layer): residual/attn/mlp
+# ``[batch, token, d_model]``, heads ``[batch, token, head * d_head]``.
 Recorded = dict[str, list[torch.Tensor]]
 
 
@@ -59,20 +63,34 @@ class Metric:
 
 @dataclass
 class Patches:
-    """Patched sites of one batch: per hook point ``(kind, layer, head position)``, the batch rows,
-    the indices (positions, or heads for ``heads``) and the values (``[n, d_model]``; heads:
-    ``[n, token, d_head]`` at every position, ``[n, d_head]`` at one)."""
+    """Patched sites of one batch: per hook point ``(kind, row of the kind's sweep array, the one
+    position)``, the batch rows, the indices (positions, heads, key positions) and the values
+    (``[n, d_model]``; heads: ``[n, token, d_head]`` at every position, ``[n, d_head]`` at one;
+    None for an intervention). A windowed site (knockout) is added at each layer it spans."""
 
     rows: dict[tuple[str, int, int | None], list[int]] = field(default_factory=dict)
     indices: dict[tuple[str, int, int | None], list[int]] = field(default_factory=dict)
-    values: dict[tuple[str, int, int | None], list[torch.Tensor]] = field(default_factory=dict)
+    values: dict[tuple[str, int, int | None], list[torch.Tensor | None]] = field(default_factory=dict)
 
-    def add(self, row: int, site: Site, value: torch.Tensor) -> None:
+    def add(self, row: int, site: Site, value: torch.Tensor | None) -> None:
         """Row ``row`` gets ``value`` at ``site``."""
-        key = (site.kind, site.layer, site.head_position)
-        self.rows.setdefault(key, []).append(row)
-        self.indices.setdefault(key, []).append(site.index)
-        self.values.setdefault(key, []).append(value)
+        for layer in site.hook_layers():
+            key = (site.kind, layer, site.head_position)
+            self.rows.setdefault(key, []).append(row)
+            self.indices.setdefault(key, []).append(site.index)
+            self.values.setdefault(key, []).append(value)
+
+    def writes(self, kind: str, layer: int, like: torch.Tensor) -> list[Write]:
+        """The `Write`s at one hook point, on ``like``'s device (values in its dtype)."""
+        found = []
+        for key in self.rows:
+            if key[:2] != (kind, layer):
+                continue
+            values = [value for value in self.values[key] if value is not None]
+            stacked = torch.stack(values).to(like.device, like.dtype) if values else None
+            rows = torch.as_tensor(self.rows[key], device=like.device)
+            found.append(Write(rows, torch.as_tensor(self.indices[key], device=like.device), stacked, key[2]))
+        return found
 
 
 @dataclass(frozen=True)
@@ -132,91 +150,41 @@ class PatchRunner:
         leaf_embeddings: bool,
         drop_gradient_rows: dict[int, torch.Tensor],
     ) -> Iterator[None]:
-        modules = self.modules
-        with ExitStack() as stack:
-
-            def hold(handle: Any) -> None:
-                stack.callback(handle.remove)
-
-            if noise is not None or leaf_embeddings:
-                hold(modules.embeddings.register_forward_hook(_embedding_hook(noise, leaf_embeddings)))
-            for layer in range(self.n_layers + 1):
-                key = ("residual", layer)
-                if layer == 0:
-                    hold(
-                        modules.blocks[0].register_forward_pre_hook(
-                            self._input_hook(key, patches, recorded), with_kwargs=True
-                        )
-                    )
-                else:
-                    hold(modules.blocks[layer - 1].register_forward_hook(self._output_hook(key, patches, recorded)))
-            for layer in range(self.n_layers):
-                drop = drop_gradient_rows.get(layer)
-                for kind, module in (("attn", modules.attention[layer]), ("mlp", modules.mlp[layer])):
-                    hold(module.register_forward_hook(self._output_hook((kind, layer), patches, recorded, drop)))
-                key = ("heads", layer)
-                hold(
-                    modules.projections[layer].register_forward_pre_hook(
-                        self._input_hook(key, patches, recorded), with_kwargs=True
-                    )
-                )
+        """A hook at every row of every activation kind (`SiteModules.points`), and at the rows of
+        the interventions ``patches`` writes; removed when the block exits."""
+        hooked: list[tuple[HookPoint, Callable]] = []
+        if noise is not None or leaf_embeddings:
+            hooked.append((HookPoint(self.modules.embeddings, "output"), _embedding_hook(noise, leaf_embeddings)))
+        written = {key[0] for key in patches.rows}
+        for row in SITE_TABLE:
+            if not row.is_activation and row.name not in written:
+                continue
+            for layer, point in enumerate(self.modules.points(row.name)):
+                drop = drop_gradient_rows.get(layer) if row.adds_to_stream else None
+                hooked.append((point, self._site_hook(row, layer, patches, recorded, drop)))
+        with hooks(hooked):
             yield
 
-    def _input_hook(self, key: tuple[str, int], patches: Patches, recorded: Recorded) -> Callable:
-        def hook(_module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            new = self._patched(key, hidden, patches)
-            if recorded:
-                recorded[key[0]].append(new)
-            if new is hidden:
-                return None
-            if args:
-                return (new, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": new}
-
-        return hook
-
-    def _output_hook(
-        self, key: tuple[str, int], patches: Patches, recorded: Recorded, drop: torch.Tensor | None = None
+    def _site_hook(
+        self, row: SiteKind, layer: int, patches: Patches, recorded: Recorded, drop: torch.Tensor | None
     ) -> Callable:
-        def hook(_module: Any, _args: tuple, output: Any) -> Any:
-            hidden = output[0] if isinstance(output, tuple) else output
-            new = self._patched(key, hidden, patches)
-            if recorded:
-                recorded[key[0]].append(new)
-            if drop is not None:  # GradDrop: the same value, no gradient through this output in these rows
+        """The hook of row ``layer`` of ``row``'s sweep: write the patches, record, and (GradDrop)
+        pass no gradient back through this output in the rows ``drop`` marks (values unchanged)."""
+
+        def hook(tensor: torch.Tensor | None, first: torch.Tensor | None = None) -> torch.Tensor | None:
+            writes = patches.writes(row.name, layer, tensor if tensor is not None else first)
+            new = row.write(tensor, writes, self.n_heads, first) if writes else tensor
+            if recorded and row.is_activation:
+                recorded[row.name].append(new)
+            if drop is not None and new is not None:
                 new = torch.where(drop.to(new.device)[:, None, None], new.detach(), new)
-            if new is hidden:
-                return None
-            return (new, *output[1:]) if isinstance(output, tuple) else new
+            return new
 
         return hook
-
-    def _patched(self, key: tuple[str, int], hidden: torch.Tensor, patches: Patches) -> torch.Tensor:
-        """``hidden [batch, token, width]`` with this hook point's patches written in (a copy)."""
-        groups = [group for group in patches.rows if group[:2] == key]
-        if not groups:
-            return hidden
-        new = hidden.clone()
-        for group in groups:
-            rows = torch.as_tensor(patches.rows[group], device=hidden.device)
-            indices = torch.as_tensor(patches.indices[group], device=hidden.device)
-            values = torch.stack(patches.values[group]).to(hidden.device, hidden.dtype)
-            position = group[2]
-            if key[0] != "heads":
-                new[rows, indices] = values  # values [n, d_model]
-                continue
-            batch, tokens, width = new.shape
-            heads = new.view(batch, tokens, self.n_heads, width // self.n_heads)  # [batch, token, head, d_head]
-            if position is None:
-                heads[rows, :, indices] = values  # values [n, token, d_head]
-            else:
-                heads[rows, position, indices] = values  # values [n, d_head]
-        return new
 
 
 def _embedding_hook(noise: torch.Tensor | None, leaf: bool) -> Callable:
-    def hook(_module: Any, _inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    def hook(output: torch.Tensor) -> torch.Tensor:
         embedded = output.detach() if leaf else output
         if noise is not None:
             embedded = embedded + noise.to(embedded.device, embedded.dtype)
@@ -231,15 +199,15 @@ def stacked(recorded: Recorded) -> dict[str, torch.Tensor]:
     return {kind: torch.stack([tensor.detach() for tensor in tensors], dim=1) for kind, tensors in recorded.items()}
 
 
-def site_value(activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int) -> torch.Tensor:
+def site_value(activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int) -> torch.Tensor | None:
     """The value a site takes in sample ``sample`` of a recorded run: ``[d_model]`` at one
-    position; for one head ``[token, d_head]``, or ``[d_head]`` at its one position."""
+    position; for one head ``[token, d_head]``, or ``[d_head]`` at its one position; None for an
+    intervention (knockout), which no run supplies."""
+    read = site_kind(site.kind).read
+    if read is None:
+        return None
     layer = activations[site.kind][sample % len(activations[site.kind]), site.layer]
-    if site.kind == "heads":
-        tokens, width = layer.shape
-        head = layer.view(tokens, n_heads, width // n_heads)[:, site.index]  # [token, d_head]
-        return head if site.head_position is None else head[site.head_position]
-    return layer[site.index]
+    return read(layer, site.index, site.head_position, n_heads)
 
 
 def exact_sweep(

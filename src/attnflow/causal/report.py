@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.causal.sites import site_kind
 from attnflow.staging import atomic_file
 from attnflow.viz.page import esc, figure_img, meta_table, page, section
 
@@ -18,12 +19,6 @@ from attnflow.viz.page import esc, figure_img, meta_table, page, section
 PatchResult = Any
 TOP_SITES = 5
 CSS = "figure.heatmap { margin: 1rem 0; } figure.heatmap figcaption { color: #555; font-size: .9rem; }"
-KIND_TITLES = {
-    "residual": "residual stream (emb: entering layer 0, Ln: leaving layer n)",
-    "attn": "attention block outputs",
-    "mlp": "MLP outputs",
-    "heads": "head outputs (every position)",
-}
 
 
 def write_report(result: PatchResult, out: Path) -> Path:
@@ -93,10 +88,18 @@ def _reading(result: PatchResult) -> str:
             "(m<sub>clean</sub> − m<sub>patched</sub>) / (m<sub>clean</sub> − m<sub>corrupted</sub>): "
             "1 = corrupting this site alone destroys the answer"
         )
+    knockout = ""
+    if any("knockout" in effects for effects in result.effects.values()):
+        knockout = (
+            " An attention knockout cell blocks one attention edge (key → the target query) in a window of "
+            "layers on the clean input: effect = (m<sub>clean</sub> − m<sub>blocked</sub>) / "
+            "(m<sub>clean</sub> − m<sub>corrupted</sub>), whatever the direction; the approximations do not "
+            "estimate it."
+        )
     return (
         f"<p>Each cell is one site: {what}. Red is positive, blue negative. AtP, AtP* and RelP "
         "estimate the same numbers from one backward pass; their Pearson and Spearman correlation with "
-        "the exact values says when the fast answer can be trusted.</p>"
+        f"the exact values says when the fast answer can be trusted.{knockout}</p>"
     )
 
 
@@ -126,7 +129,8 @@ def _top_table(result: PatchResult) -> str:
     for method, effects in result.effects.items():
         for kind, values in effects.items():
             for layer, index in strongest_sites(kind, values, TOP_SITES):
-                where = f"head {index}" if kind == "heads" else f"{index}: {display_token(result.tokens[index])}"
+                by_position = site_kind(kind).column == "position"
+                where = f"{index}: {display_token(result.tokens[index])}" if by_position else f"head {index}"
                 rows.append(
                     f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}" data-layer="{layer}" '
                     f'data-index="{index}"><td>{esc(method)}</td><td>{esc(kind)}</td>'
@@ -149,12 +153,11 @@ def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: s
 
 
 def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) -> str:
-    title = KIND_TITLES[kind]
-    position = result.head_position
-    if kind == "heads" and position is not None:
-        title = f"head outputs at token {position} ({result.tokens[position]})"
+    row = site_kind(kind)
+    options = result.options
+    title = row.heading(options.position_of(row), result.tokens, options.window)
     figure = heatmap_figure(result, kind, values, f"{method}: {title}")
-    alt = f"{method} {kind} effects, layer by {'head' if kind == 'heads' else 'position'}"
+    alt = f"{method} {kind} effects, layer by {row.column}"
     caption = esc(f"{method} · {title} · shape {list(values.shape)}")
     return (
         f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
@@ -166,11 +169,12 @@ def heatmap_figure(result: PatchResult, kind: str, values: np.ndarray, title: st
     """A layer × position (or layer × head) heatmap of one result's effects, centred on 0."""
     from attnflow.tokens import display_token
 
-    columns = None if kind == "heads" else [display_token(t)[:12] for t in result.tokens]
+    by_position = site_kind(kind).column == "position"
+    columns = [display_token(t)[:12] for t in result.tokens] if by_position else None
     return effect_heatmap(values, title, columns, kind)
 
 
-def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None, kind: str = "attn") -> Any:
+def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | None, kind: str) -> Any:
     """A heatmap ``[layer, column]`` centred on 0; columns labelled (positions) or numbered (heads),
     rows named as everywhere else (`attnflow.causal.api.layer_label`: ``emb``, ``L0`` …)."""
     from matplotlib.figure import Figure
@@ -186,7 +190,8 @@ def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | No
     figure.colorbar(image, ax=axes, label="effect")
     ticks = np.arange(0, rows, max(1, rows // 8))
     axes.set_yticks(ticks, [layer_label(kind, int(row)) for row in ticks])
-    axes.set_ylabel("residual stream (emb: entering layer 0, Ln: leaving layer n)" if kind == "residual" else "layer")
+    stream = site_kind(kind).stream
+    axes.set_ylabel("residual stream (emb: entering layer 0, Ln: leaving layer n)" if stream else "layer")
     if column_labels is None:
         axes.set_xlabel("head")
     else:
@@ -213,8 +218,9 @@ def summary_html(summary: dict[str, Any]) -> str:
         figures = []
         for kind, values in kinds.items():
             mean = np.asarray(values["mean"], dtype=float)
-            labels = None if kind == "heads" else [f"{j - mean.shape[1] + 1}" for j in range(mean.shape[1])]
-            figure = effect_heatmap(mean, f"{method}: mean {KIND_TITLES[kind]}", labels, kind)
+            by_position = site_kind(kind).column == "position"
+            labels = [f"{j - mean.shape[1] + 1}" for j in range(mean.shape[1])] if by_position else None
+            figure = effect_heatmap(mean, f"{method}: mean {site_kind(kind).title}", labels, kind)
             figures.append(
                 f'<figure class="heatmap" data-method="{esc(method)}" data-kind="{esc(kind)}">'
                 f"{figure_img(figure, alt=f'{method} {kind} mean effects')}</figure>"
@@ -293,7 +299,8 @@ def _interval_table(summary: dict[str, Any]) -> str:
             half = np.asarray(values["ci95"], dtype=float)
             count = np.asarray(values["count"])
             for layer, index in strongest_sites(kind, mean, TOP_SITES):
-                where = f"head {index}" if kind == "heads" else f"position {index - mean.shape[1] + 1}"
+                by_position = site_kind(kind).column == "position"
+                where = f"position {index - mean.shape[1] + 1}" if by_position else f"head {index}"
                 bounds = (
                     _value_cell(mean[layer, index] - half[layer, index])
                     + _value_cell(mean[layer, index] + half[layer, index])

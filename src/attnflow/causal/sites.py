@@ -1,38 +1,70 @@
-"""Where activation patching reads and writes, taken from the family's adapter row (`Sites`).
+"""Where activation patching reads and writes, derived from the table of site kinds
+(`attnflow.capture.site_kinds.SITE_TABLE`) and the family's adapter row.
 
-Site kinds and the arrays a sweep fills (``T`` tokens, ``L`` layers, ``H`` heads):
-
-- ``residual`` ``[L + 1, T]``: row 0 is the residual stream entering the first layer (the input of
-  block 0: the embeddings), row l + 1 the stream leaving layer l (block l's output);
-- ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position;
-- ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
-- ``heads`` ``[L, H]``: one head's output (its ``d_head`` slice of the input of the attention output
-  projection) at every position, or at one position (``head_position``).
+Each kind's sweep fills an array ``[row, column]`` (``T`` tokens, ``L`` layers, ``H`` heads):
+``residual [L + 1, T]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l),
+``attn`` and ``mlp [L, T]``, ``heads [L, H]`` (a head at every position, or at ``head_position``),
+``knockout [L, T]`` (the edge from each key position to the ``target`` query blocked in a window
+of layers centred on each layer). `SITE_KINDS` are the kinds that hold activations (patched to
+their value in another run: the default sweep); `ALL_KINDS` adds the interventions (knockout).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+from attnflow.capture.site_kinds import SITE_KIND_ROWS, SITE_TABLE, SiteKind, window_layers
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES
 
-SITE_KINDS = ("residual", "attn", "mlp", "heads")
+if TYPE_CHECKING:
+    from attnflow.capture.hook_points import HookPoint
+
+ALL_KINDS = tuple(row.name for row in SITE_TABLE)
+SITE_KINDS = tuple(row.name for row in SITE_TABLE if row.is_activation)
+
+
+def site_kind(name: str) -> SiteKind:
+    """The table row of the kind ``name``."""
+    return SITE_KIND_ROWS[name]
 
 
 @dataclass(frozen=True)
 class Site:
-    """One patching site: ``kind`` (`SITE_KINDS`), ``layer`` (for ``residual``: 0 = entering the
-    first layer, l + 1 = leaving layer l), ``index``: the position (``residual``, ``attn``, ``mlp``)
-    or the head (``heads``); ``head_position``: heads only, the one position patched (None: every
-    position)."""
+    """One patching site: ``kind`` (`ALL_KINDS`), ``layer`` (the row of the kind's sweep array: for
+    ``residual`` 0 = entering the first layer, l + 1 = leaving layer l), ``index``: the column (a
+    position, a head, a knockout's key position); ``head_position``: the one position the site is
+    written at, for the kinds that have one (heads: None = every position; knockout: the query);
+    ``layers``: the layers a windowed site spans (knockout; empty: ``layer`` alone)."""
 
     kind: str
     layer: int
     index: int
     head_position: int | None = None
+    layers: tuple[int, ...] = ()
+
+    def hook_layers(self) -> tuple[int, ...]:
+        """The rows of the kind's hook points this site writes at."""
+        return self.layers or (self.layer,)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What a sweep's kinds read besides their rows and columns: ``head_position`` (heads: the one
+    position patched; None: every position), ``target`` (knockout: the query position whose edges
+    are blocked), ``window`` (knockout: layers blocked around each layer), ``sources`` (knockout:
+    the key positions swept; None: every position)."""
+
+    head_position: int | None = None
+    target: int | None = None
+    window: int = 1
+    sources: tuple[int, ...] | None = None
+
+    def position_of(self, row: SiteKind) -> int | None:
+        """The one position every site of ``row`` is written at (None where the kind has none)."""
+        return None if row.position_option is None else getattr(self, row.position_option)
 
 
 def check_sites_supported(model: ModelLike) -> None:
@@ -47,49 +79,70 @@ def check_sites_supported(model: ModelLike) -> None:
 def parse_site_kinds(kinds: str | Sequence[str]) -> tuple[str, ...]:
     """``"residual,heads"`` or a sequence -> known site kinds in order, without repeats."""
     names = [name.strip() for name in (kinds.split(",") if isinstance(kinds, str) else kinds) if name.strip()]
-    unknown = [name for name in names if name not in SITE_KINDS]
+    unknown = [name for name in names if name not in ALL_KINDS]
     if unknown or not names:
-        raise InputError(f"unknown site kind(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(SITE_KINDS)}")
+        raise InputError(f"unknown site kind(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ALL_KINDS)}")
     return tuple(dict.fromkeys(names))
 
 
 def sweep_shape(kind: str, n_layers: int, n_tokens: int, n_heads: int) -> tuple[int, int]:
     """The shape of a sweep's array for one site kind (see the module docstring)."""
-    return {
-        "residual": (n_layers + 1, n_tokens),
-        "attn": (n_layers, n_tokens),
-        "mlp": (n_layers, n_tokens),
-        "heads": (n_layers, n_heads),
-    }[kind]
+    return site_kind(kind).shape(n_layers, n_tokens, n_heads)
 
 
-def all_sites(kind: str, n_layers: int, n_tokens: int, n_heads: int, head_position: int | None = None) -> list[Site]:
+def all_sites(
+    kind: str,
+    n_layers: int,
+    n_tokens: int,
+    n_heads: int,
+    head_position: int | None = None,
+    *,
+    options: SweepOptions | None = None,
+) -> list[Site]:
     """Every site of one kind, in the row-major order of its sweep array (heads patched at
-    ``head_position`` only, or at every position when it is None)."""
-    rows, columns = sweep_shape(kind, n_layers, n_tokens, n_heads)
-    position = head_position if kind == "heads" else None
-    return [Site(kind, layer, index, position) for layer in range(rows) for index in range(columns)]
+    ``head_position`` only, or at every position when it is None; ``options`` for the other kinds'
+    options; knockout columns outside ``options.sources`` are left out)."""
+    row = site_kind(kind)
+    options = options or SweepOptions(head_position=head_position)
+    rows, columns = row.shape(n_layers, n_tokens, n_heads)
+    position = options.position_of(row)
+    if row.window and position is None:
+        raise InputError(f"{kind} sites need a target position")
+    chosen = range(columns) if not row.window or options.sources is None else sorted(set(options.sources))
+    return [
+        Site(kind, layer, index, position, window_layers(layer, options.window, n_layers) if row.window else ())
+        for layer in range(rows)
+        for index in chosen
+    ]
 
 
 class SiteModules:
-    """The modules of one model that hold its sites: blocks, attention blocks, MLPs and output
-    projections, one per layer (found with the adapter row's patterns)."""
+    """The modules of one model that hold its sites, per kind (found with the adapter row's
+    patterns; one per layer), and the hook point of each row of each kind's sweep array."""
 
     def __init__(self, model: ModelLike) -> None:
         from attnflow.capture.hooks import find_layers
 
         check_sites_supported(model)
-        sites = model.adapter.sites
-        self.blocks = [module for _, module in find_layers(model.model, sites.block)]
-        self.attention = [module for _, module in find_layers(model.model, sites.attention)]
-        self.mlp = [module for _, module in find_layers(model.model, sites.mlp)]
-        self.projections = [module for _, module in find_layers(model.model, model.adapter.stack.output_projection)]
+        self.by_kind: dict[str, list[Any]] = {}
+        for row in SITE_TABLE:
+            pattern = row.pattern(model.adapter)
+            self.by_kind[row.name] = (
+                [] if pattern is None else [module for _, module in find_layers(model.model, pattern)]
+            )
         self.embeddings = model.model.get_input_embeddings()
         self.n_heads = model.n_heads
-        counts = {len(self.blocks), len(self.attention), len(self.mlp), len(self.projections)}
-        if counts != {model.n_layers}:
-            raise InputError(
-                f"{model.name}: the adapter row's site patterns found {len(self.blocks)} blocks, "
-                f"{len(self.attention)} attention blocks, {len(self.mlp)} MLPs and {len(self.projections)} "
-                f"output projections for {model.n_layers} layers"
-            )
+        counts = {name: len(modules) for name, modules in self.by_kind.items()}
+        if set(counts.values()) != {model.n_layers}:
+            found = ", ".join(f"{count} for {name} ({site_kind(name).where})" for name, count in counts.items())
+            raise InputError(f"{model.name}: the adapter row's site patterns found {found} for {model.n_layers} layers")
+        # By role (edge attribution reads them so): each layer's block (its input and output: the
+        # residual stream), attention block and MLP (their outputs: what they add to the stream) and
+        # attention output projection (its input: the heads' outputs).
+        self.blocks, self.attention, self.mlp, self.projections = (
+            self.by_kind[kind] for kind in ("residual", "attn", "mlp", "heads")
+        )
+
+    def points(self, kind: str) -> list[HookPoint]:
+        """The hook point of each row of ``kind``'s sweep array, in order."""
+        return site_kind(kind).hook_points(self.by_kind[kind])

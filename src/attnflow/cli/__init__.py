@@ -16,10 +16,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, serve
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, routes, serve
 from attnflow.errors import AttnflowError, once_per_run
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, serve)
+SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, routes, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

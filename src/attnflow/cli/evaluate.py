@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from attnflow.datasets import DEFAULT_WINDOW
-from attnflow.evaluate.bounds import BEAM_WIDTH, EXACT_LIMIT, LONG_INPUT_SEARCHES
+from attnflow.evaluate.bounds import BEAM_WIDTH, BOUND_SEARCHES, EXACT_LIMIT
 from attnflow.evaluate.metrics import BINS
 
 
@@ -16,17 +16,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rank the methods by how faithfully they explain a classifier or a language model's next token",
         description=(
             "Faithfulness benchmark on held-out examples: AOPC comprehensiveness and sufficiency over "
-            f"{', '.join(f'{k * 100:g}' for k in BINS)} % of the content tokens and their normalised form (NAOPC: "
-            "between the worst and best AOPC any ranking of that input reaches; exact bounds on short inputs, "
-            "beam search on longer ones), deletion-curve AUC, Spearman rho "
+            f"{', '.join(f'{k * 100:g}' for k in BINS)} % of the content tokens (with --bounds, their normalised "
+            "form NAOPC: between the worst and best AOPC any ranking of that input reaches), deletion-curve AUC, "
+            "Spearman rho "
             "against leave_one_out, and a cascading-randomisation sanity check, each with its standard error, "
             "for every method next to `random`. Tokens are removed from the token-id sequence (special tokens "
-            "never), or masked with --replace mask. Writes results.json, results.md, figures and results.html."
+            "never), or masked with --replace mask. Writes results.json, results.md, figures and results.html. "
+            "The plan and its time estimate (and what each --bounds search would add) print before any work."
         ),
         epilog=(
             "examples:\n  attnflow evaluate --out out/eval --samples 50 --methods rollout,alti,gradient,random\n"
             "  attnflow evaluate --model minilm-topics --task wiki-topics --out out/topics\n"
-            "  attnflow evaluate --model smollm2 --task next-token --window 8 --samples 200 --out out/smollm2\n"
+            "  attnflow evaluate --model smollm2 --task next-token --window 8 --samples 200 --bounds exact "
+            "--out out/smollm2\n"
+            "  attnflow evaluate --model minilm-topics --samples 100 --bounds levels --out out/naopc\n"
             "  attnflow evaluate --model minilm-sentiment --task reviews.csv "
             "--text-column review --label-column stars --out out/mine"
         ),
@@ -60,7 +63,7 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_WINDOW,
         help=f"--task next-token: context tokens per window (default {DEFAULT_WINDOW}; up to "
-        f"{EXACT_LIMIT} the NAOPC bounds are exact, beyond a beam search)",
+        f"{EXACT_LIMIT} the NAOPC bounds of --bounds are exact)",
     )
     parser.add_argument("--text-column", default="text", help="text column of a task file (default: text)")
     parser.add_argument(
@@ -90,19 +93,22 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
         "always (default: all; every layer is randomised either way)",
     )
     parser.add_argument(
+        "--bounds",
+        choices=BOUND_SEARCHES,
+        default="none",
+        help="the NAOPC columns: the lowest and highest AOPC any ranking of each input reaches. none (default: "
+        f"no NAOPC); exact (every deletion order of inputs up to {EXACT_LIMIT} content tokens, none beyond); "
+        f"or exact up to {EXACT_LIMIT} and beyond: singles (each token's own drop, ~m passes per input: cheap, "
+        "loose, leave-one-out meets its upper bound by construction), levels (a bin at a time: ~10 m passes, "
+        "tighter), beam (--beam-width orders: ~m^2 passes, tightest). All are inner bounds beyond the exact "
+        "limit. The plan printed at the start prices each",
+    )
+    parser.add_argument(
         "--beam-width",
         type=int,
         default=BEAM_WIDTH,
-        help=f"NAOPC bounds of inputs over {EXACT_LIMIT} content tokens: orders the beam search keeps "
-        f"(default {BEAM_WIDTH}; its cost grows with the tokens squared; 0: no bounds, NAOPC only for short inputs)",
-    )
-    parser.add_argument(
-        "--bounds-search",
-        choices=LONG_INPUT_SEARCHES,
-        default="beam",
-        help="how the NAOPC bounds of inputs over the exact limit are searched: beam (default; --beam-width "
-        "orders kept) or levels (a bin at a time: every remaining token tried alone, the best fill the next bin; "
-        "about half the forward passes of --beam-width 1, looser inner bounds)",
+        help=f"--bounds beam: orders the beam search keeps (default {BEAM_WIDTH}; its cost grows with the width "
+        "and the tokens squared)",
     )
     parser.add_argument(
         "--replace",
@@ -145,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
         replace=args.replace,
         sanity_samples=args.sanity_samples,
         seed=args.seed,
+        bounds=args.bounds,
         beam_width=args.beam_width,
-        bounds_search=args.bounds_search,
         sanity_layers=args.sanity_layers,
     )
     from attnflow.model import load

@@ -207,6 +207,15 @@ def _add_output_arguments(output: argparse._ArgumentGroup) -> None:
     output.add_argument(
         "--quiet", "-q", action="store_true", help="no progress or summary (warnings and errors still show)"
     )
+    output.add_argument(
+        "--no-faithfulness",
+        dest="faithfulness",
+        action="store_const",
+        const=False,
+        help="skip each map's faithfulness on this input (its badge; auto then shows its first candidate). "
+        "Its cost is bounded anyway: NAOPC bounds from the tightest search that fits a budget (none beyond 93 "
+        "content tokens), no faithfulness over 256 content tokens",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device, args.quiet)
     plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
     trace = _trace(model, list(plan.per_method), args, say)
-    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"))
+    faithfulness = args.faithfulness is not False
+    explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"), faithfulness)
 
     paths = (
         write_explanations(out, explanations, trace if args.save_trace else None, args.overwrite)

@@ -166,7 +166,8 @@ def _explain_all(
             per_trace = [explain_traces(traces, method=m, row=row, model=model, **o) for m, o in per_method.items()]
             for index, trace in enumerate(traces):
                 computed = {name: explained[index] for name, explained in zip(per_method, per_trace, strict=True)}
-                add_faithfulness(model, trace, list(computed.values()))  # with a class or next-token target
+                if args.faithfulness is not False:  # with a class or next-token target
+                    add_faithfulness(model, trace, list(computed.values()))
                 if candidates:
                     computed[AUTO] = choose_most_comprehensive([computed[name] for name in candidates])
                 # auto's choice where auto was asked for, each explanation once

@@ -34,8 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--faithfulness",
-        action="store_true",
-        help="per step: p(t_k) after removing its top sources, as attnflow evaluate does (AOPC per step)",
+        action="store_const",
+        const=True,
+        default=None,
+        help="per step: p(t_k) after removing its top sources, as attnflow evaluate does (AOPC per step; "
+        "computed anyway when auto chooses)",
     )
     group.add_argument(
         "--steps-per-pass",
@@ -76,7 +79,7 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
         model,
         sequence,
         plan,
-        args.faithfulness,
+        args.faithfulness is True,  # auto computes it anyway: it chooses by the per-step faithfulness
         args.steps_per_pass or DEFAULT_STEPS_PER_PASS,
         contrast=getattr(args, "contrast", None),
     )

@@ -11,12 +11,13 @@ from attnflow.cli.common import Progress, load_model, positive_int
 from attnflow.errors import InputError
 
 DEFAULTS: dict[str, Any] = {
-    "sites": "residual,attn,mlp,heads",
+    "sites": None,  # the kinds that hold activations (`attnflow.causal.sites.SITE_KINDS`)
     "method": "exact,atp",
     "direction": "denoising",
     "samples": 10,
     "seed": 0,
     "batch_size": 32,
+    "knockout_window": 1,
     "steps": 5,
 }
 # Everything `attnflow patch` writes into --out, whichever analysis: an earlier run's, replaced
@@ -46,7 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Run a corrupted input with one site at a time restored to its value on the clean input "
             "(denoising; --direction noising does the reverse) and report the normalised effect "
             "(m_patched - m_corrupted) / (m_clean - m_corrupted) of every site: the residual stream, "
-            "attention and MLP outputs per (layer, position), and each head's output per layer. The "
+            "attention and MLP outputs per (layer, position), and each head's output per layer; or, with "
+            "--sites knockout, block one attention edge at a time (key -> --knockout-target) on the clean "
+            "input in a window of layers (Geva et al. 2023), effect (m_clean - m_blocked) / (m_clean - "
+            "m_corrupted). The "
             "corruption is a counterfactual text of the same token length (--corrupt) or Gaussian noise "
             "(3x the std of the embeddings) on the embeddings of chosen words (--noise, seeded, --samples "
             "draws averaged). The metric: a classifier's class logit, a causal LM's log p(next token), or "
@@ -59,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             '  attnflow patch "The capital of France is" --corrupt "The capital of Italy is" \\\n'
             '      --model smollm2 --target " Paris" --contrast " Rome" --out out/patch\n'
             '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --out out/noise\n'
+            '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --sites knockout \\\n'
+            "      --knockout-window 9 --method exact --out out/knockout\n"
             "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
             "--out out/pairs --resume\n"
             'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line'
@@ -89,7 +95,11 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Which sites, by which methods, in which direction; the noise draws and the batch. Their
     defaults (`DEFAULTS`) are filled in by `run`: a flag left out stays None, so a flag that the
     chosen analysis would ignore can be refused."""
-    parser.add_argument("--sites", help=f"site kinds (default: {DEFAULTS['sites']})")
+    from attnflow.capture.site_kinds import SITE_TABLE
+
+    default = ",".join(row.name for row in SITE_TABLE if row.is_activation)
+    kinds = "; ".join(f"{row.name}: {row.help}" for row in SITE_TABLE)
+    parser.add_argument("--sites", metavar="KINDS", help=f"comma-separated site kinds (default: {default}). {kinds}")
     parser.add_argument(
         "--method",
         help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward) "
@@ -115,6 +125,33 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="patch each head at token N only (-1: the last) instead of at every position",
     )
+    _add_knockout_arguments(parser)
+
+
+# (flag, type, metavar, help) of the options of --sites knockout (their defaults: None, or `DEFAULTS`)
+KNOCKOUT_OPTIONS = (
+    (
+        "--knockout-target",
+        int,
+        "N",
+        "the query token whose attention edges are blocked (-1: the last; default: the predicting token, the "
+        "last or a classifier's first)",
+    ),
+    (
+        "--knockout-window",
+        positive_int,
+        "K",
+        f"block the edge in K layers centred on each layer (default {DEFAULTS['knockout_window']}; Geva et al. "
+        "use 9 in GPT-2 XL)",
+    ),
+    ("--knockout-sources", str, "N,N", "the key tokens swept, comma-separated (-1: the last; default: all)"),
+)
+
+
+def _add_knockout_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where ``--sites knockout`` blocks attention edges."""
+    for flag, kind, metavar, text in KNOCKOUT_OPTIONS:
+        parser.add_argument(flag, type=kind, metavar=metavar, help=f"with --sites knockout: {text}")
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -180,14 +217,16 @@ def _mode(args: argparse.Namespace) -> str:
     return "versus" if args.versus else "edges" if args.edges else "sweep"
 
 
+_KNOCKOUT = ("knockout_target", "knockout_window", "knockout_sources")  # read only with --sites knockout
 # What each analysis reads besides the model, the device, --out and --quiet: a flag outside its
 # set would be ignored, so it is refused instead (one line, before the model loads).
 _READS = {
-    "file": {"file", "resume", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position"},
+    "file": {"file", "resume", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position"}
+    | set(_KNOCKOUT),
     "versus": {"text", "corrupt", "target", "contrast", "versus", "batch_size"},
     "edges": {"text", "corrupt", "target", "contrast", "edges", "steps"},
     "sweep": {"text", "corrupt", "noise", "target", "contrast", "sites", "method", "direction", "samples", "seed"}
-    | {"batch_size", "head_position"},
+    | {"batch_size", "head_position", *_KNOCKOUT},
 }
 _FLAGS = {
     "text": "TEXT",
@@ -207,6 +246,9 @@ _FLAGS = {
     "versus": "--versus",
     "edges": "--edges",
     "steps": "--steps",
+    "knockout_target": "--knockout-target",
+    "knockout_window": "--knockout-window",
+    "knockout_sources": "--knockout-sources",
 }
 _WHAT = {
     "file": "--file (the pairs file holds the texts, targets and contrasts)",
@@ -227,6 +269,9 @@ def _check_flags(args: argparse.Namespace, mode: str) -> None:
     if mode == "edges" and args.edges != "eap-ig" and "steps" in given:
         ignored.append("steps")
         why = " eap (--steps are the interpolation steps of --edges eap-ig)"
+    if mode in ("sweep", "file") and "knockout" not in (args.sites or "") and set(_KNOCKOUT) & set(given):
+        ignored += [dest for dest in _KNOCKOUT if dest in given]
+        why = " without knockout sites (--sites ...,knockout)"
     if ignored:
         flags = ", ".join(_FLAGS[dest] for dest in dict.fromkeys(ignored))
         them = "them" if len(set(ignored)) > 1 else "it"
@@ -263,22 +308,35 @@ def _check_out(args: argparse.Namespace, mode: str) -> None:
 def _sweep_options(args: argparse.Namespace) -> dict[str, Any]:
     """`attnflow.causal.patch`'s keywords from the flags, `DEFAULTS` where a flag was left out."""
     from attnflow.causal.api import parse_methods
-    from attnflow.causal.sites import parse_site_kinds
+    from attnflow.causal.sites import SITE_KINDS, parse_site_kinds
 
     def given(name: str) -> Any:
         value = getattr(args, name)
         return DEFAULTS[name] if value is None else value
 
     return {
-        "sites": parse_site_kinds(given("sites")),
+        "sites": parse_site_kinds(args.sites or SITE_KINDS),
         "methods": parse_methods(given("method")),
         "direction": given("direction"),
         "samples": given("samples"),
         "seed": given("seed"),
         "batch_size": given("batch_size"),
         "head_position": args.head_position,
+        "knockout_target": args.knockout_target,
+        "knockout_window": given("knockout_window"),
+        "knockout_sources": _positions(args.knockout_sources),
         "progress": not args.quiet,
     }
+
+
+def _positions(text: str | None) -> list[int] | None:
+    """``"1,-1"`` -> [1, -1] (None stays None)."""
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--knockout-sources takes comma-separated token positions, got {text!r}") from None
 
 
 def run_file(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]:

@@ -23,11 +23,12 @@ import numpy as np
 from attnflow.evaluate.attribute import attribute
 from attnflow.evaluate.bounds import (
     BEAM_WIDTH,
+    BOUND_SEARCHES,
     EXACT_LIMIT,
-    LONG_INPUT_SEARCHES,
     AopcBounds,
-    aopc_bounds,
     normalised_aopc,
+    search_bounds,
+    search_cost,
 )
 from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
@@ -55,12 +56,12 @@ class BenchmarkOptions:
         sanity_samples: examples (the first ones) re-explained at each randomisation stage; 0 skips.
         chunk_size: examples explained and perturbed together.
         seed: seeds the sample choice and the randomised weights.
-        exact_limit: inputs with at most this many content tokens get exact AOPC bounds (NAOPC);
-            longer ones a beam search (`attnflow.evaluate.bounds`).
-        beam_width: prefixes the beam search keeps; 0: no bounds for longer inputs (their NAOPC
-            is undefined and left out).
-        bounds_search: how longer inputs' bounds are searched: ``"beam"`` (width ``beam_width``)
-            or ``"levels"`` (a bin at a time, about half the passes of width 1).
+        bounds: the AOPC bounds behind the NAOPC columns (`attnflow.evaluate.bounds`): ``"none"``
+            (default: no NAOPC), ``"exact"`` (inputs of at most ``exact_limit`` content tokens
+            only), or exact up to it and beyond ``"singles"`` (each token's own drop: m passes),
+            ``"levels"`` (a bin at a time) or ``"beam"`` (width ``beam_width``), dearest last.
+        exact_limit: inputs with at most this many content tokens get exact AOPC bounds.
+        beam_width: prefixes the beam search keeps.
         sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
             the last one — every layer random — always); None: all of them.
     """
@@ -71,9 +72,9 @@ class BenchmarkOptions:
     sanity_samples: int = 32
     chunk_size: int = 16
     seed: int = 0
+    bounds: str = "none"
     exact_limit: int = EXACT_LIMIT
     beam_width: int = BEAM_WIDTH
-    bounds_search: str = "beam"
     sanity_layers: int | None = None
 
     def __post_init__(self) -> None:
@@ -81,14 +82,10 @@ class BenchmarkOptions:
             raise ValueError(f"unknown replacement {self.replace!r}; choose one of {', '.join(REPLACE_MODES)}")
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
-        if self.beam_width < 0:
-            raise ValueError(
-                f"--beam-width must be 0 (no bounds beyond the exact limit) or more, got {self.beam_width}"
-            )
-        if self.bounds_search not in LONG_INPUT_SEARCHES:
-            raise ValueError(
-                f"--bounds-search must be one of {', '.join(LONG_INPUT_SEARCHES)}, got {self.bounds_search!r}"
-            )
+        if self.beam_width < 1:
+            raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
+        if self.bounds not in BOUND_SEARCHES:
+            raise ValueError(f"--bounds must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}")
         if self.sanity_layers is not None and self.sanity_layers < 1:
             raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
 
@@ -231,34 +228,50 @@ def evaluate_method(
 @dataclass
 class Plan:
     """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
-    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages, and
-    ``seconds`` per method, estimated from one timed explanation of one example (None: not timed)."""
+    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages; and, when
+    timed, the estimate: ``seconds`` per method (one timed explanation of one example × its
+    explanations), ``perturbation_seconds`` (every method's perturbed inputs) and ``bounds_seconds``
+    per bounds search (what each would add; ``bounds`` is the one asked for)."""
 
     examples: int
     methods: list[str]
     sanity_examples: int
     stages: int
+    bounds: str = "none"
     seconds: dict[str, float] | None = None
+    perturbation_seconds: float = 0.0
+    bounds_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def explanations_per_method(self) -> int:
         return self.examples + self.sanity_examples * self.stages
 
     def describe(self) -> list[str]:
-        """The plan in a few lines: the sizes, the estimate, and which methods dominate it."""
+        """The plan in a few lines: the sizes, the estimate, and what dominates it."""
         lines = [
             f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
             f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
             "explanations"
         ]
-        if self.seconds:
-            total = sum(self.seconds.values())
-            lines.append(f"estimate: {_duration(total)} (one example timed per method; perturbations add to it)")
-            ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
-            heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
-            if len(self.methods) > 1 and heavy:
-                shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
-                lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+        if self.seconds is None:
+            return lines
+        explaining = sum(self.seconds.values())
+        bounds = self.bounds_seconds.get(self.bounds, 0.0)
+        total = explaining + self.perturbation_seconds + bounds
+        parts = [f"explanations {_duration(explaining)}", f"perturbed inputs {_duration(self.perturbation_seconds)}"]
+        if self.bounds not in ("none",):
+            parts.append(f"NAOPC bounds ({self.bounds}) {_duration(bounds)}")
+        lines.append(f"estimate: {_duration(total)} ({', '.join(parts)}; one example timed per method)")
+        ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
+        heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
+        if len(self.methods) > 1 and heavy:
+            shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
+            lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+        others = [f"{search} {_duration(t)}" for search, t in self.bounds_seconds.items() if search != self.bounds]
+        if self.bounds == "none":
+            lines.append("NAOPC: not computed; --bounds adds it, at about: " + ", ".join(others))
+        elif bounds > 0.5 * total:
+            lines.append(f"the NAOPC bounds are most of it; other --bounds: {', '.join(others)}")
         return lines
 
 
@@ -272,6 +285,7 @@ def _duration(seconds: float) -> str:
 
 def plan_run(
     model: ModelLike,
+    scorer: ClassifierScorer,
     examples: Sequence[Example],
     methods: Sequence[str],
     options: BenchmarkOptions,
@@ -279,18 +293,34 @@ def plan_run(
     timed: bool = True,
 ) -> Plan:
     """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
-    once with each method to estimate each method's time (its explanations × that time)."""
+    once with each method (its explanations × that time), and score a few unaltered examples to
+    price a perturbed input per token (the perturbations' and each bounds search's estimate)."""
     from attnflow.evaluate.sanity import randomisation_stages
 
-    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0)
+    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0, options.bounds)
     if plan.sanity_examples:
         plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
-    if timed and examples:
-        plan.seconds = {}
-        for method in methods:
-            began = time.perf_counter()
-            attribute_fn(model, [examples[0].text], method, [examples[0].target])
-            plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+    if not timed or not examples:
+        return plan
+    plan.seconds = {}
+    for method in methods:
+        began = time.perf_counter()
+        attribute_fn(model, [examples[0].text], method, [examples[0].target])
+        plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+    timed_examples = examples[:16]
+    began = time.perf_counter()
+    ClassifierScorer(model, scorer.max_batch_tokens).probabilities([e.ids for e in timed_examples])
+    per_token = (time.perf_counter() - began) / sum(len(e.ids) for e in timed_examples)
+    lengths = [len(e.ids) for e in examples]
+    per_ranking = 2 * len(options.bins) + options.curve_points - 1  # curve point 0 is the input itself
+    plan.perturbation_seconds = per_token * sum(lengths) * per_ranking * len(methods)
+    for search in BOUND_SEARCHES[1:]:
+        priced = 0.0
+        for example, length in zip(examples, lengths, strict=True):
+            m = int(np.sum(~example.special_mask))
+            counts = [top_count(k, m) for k in options.bins]
+            priced += length * search_cost(m, counts, search, options.exact_limit, options.beam_width)
+        plan.bounds_seconds[search] = per_token * priced
     return plan
 
 
@@ -360,40 +390,43 @@ def mask_token_id(model: ModelLike) -> int | None:
 
 
 def example_bounds(
-    model: ModelLike,
     scorer: ClassifierScorer,
     examples: Sequence[Example],
     options: BenchmarkOptions,
+    mask_id: int | None,
     path: Path,
     resume: bool,
     progress: bool,
 ) -> list[AopcBounds]:
-    """Each example's AOPC bounds (`attnflow.evaluate.bounds.aopc_bounds`), written to ``path``
-    after every example (the search is the longest step of a run on long inputs); with ``resume``
-    the examples already in ``path`` are read back and the search goes on from the next one."""
+    """Each example's AOPC bounds (`attnflow.evaluate.bounds.search_bounds`, ``options.bounds``),
+    searched ``options.chunk_size`` examples at a time (one batched forward per search step) and
+    written to ``path`` after every chunk; with ``resume`` the examples already in ``path`` are read
+    back and the search goes on from the next one. Nothing is written with ``bounds="none"``."""
     from tqdm.auto import tqdm
 
+    if options.bounds == "none":
+        return []
     bounds: list[AopcBounds] = []
     if resume and path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
         bounds = [AopcBounds.from_dict(entry) for entry in saved[: len(examples)]]
-    mask_id = mask_token_id(model)
     rest = examples[len(bounds) :]
-    for example in tqdm(rest, desc="AOPC bounds", unit="sample", disable=not progress or not rest):
-        bounds.append(
-            aopc_bounds(
+    with tqdm(total=len(rest), desc="AOPC bounds", unit="sample", disable=not progress or not rest) as bar:
+        for start in range(0, len(rest), options.chunk_size):
+            chunk = rest[start : start + options.chunk_size]
+            bounds += search_bounds(
                 scorer,
-                example,
+                chunk,
                 options.bins,
                 options.replace,
                 mask_id,
+                options.bounds,
                 options.exact_limit,
                 options.beam_width,
-                options.bounds_search,
             )
-        )
-        with atomic_file(path) as handle:
-            handle.write(json.dumps([b.to_dict() for b in bounds]).encode("utf-8"))
+            with atomic_file(path) as handle:
+                handle.write(json.dumps([b.to_dict() for b in bounds]).encode("utf-8"))
+            bar.update(len(chunk))
     return bounds
 
 
@@ -446,12 +479,13 @@ def run_benchmark(
     scorer = ClassifierScorer(model)
     examples = prepare_examples(model, scorer, texts, labels)
     ordered = sorted(methods, key=lambda name: name != reference_method)
-    bounds = example_bounds(model, scorer, examples, options, out_dir / BOUNDS_FILE, resume, progress)
-    run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
-    if progress:
+    if progress:  # before any work: what the run will cost
         to_run = [m for m in ordered if not (resume and _finished_record(method_dir / f"{m}.json") is not None)]
-        for line in plan_run(model, examples, to_run, options, attribute_fn).describe():
+        for line in plan_run(model, scorer, examples, to_run, options, attribute_fn).describe():
             print(f"attnflow: {line}", file=sys.stderr, flush=True)
+    bounds = example_bounds(scorer, examples, options, mask_token_id(model), out_dir / BOUNDS_FILE, resume, progress)
+    if bounds:
+        run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
     reference: list[np.ndarray] | None = None
     # counts examples (each method's pass over them); the sanity stages show in the bar's postfix
     bar = tqdm(total=len(examples) * len(ordered), desc="evaluate", unit="example", disable=not progress)
@@ -479,11 +513,11 @@ def run_benchmark(
                     attribute_fn,
                     stage=lambda label: bar.set_postfix_str(f"sanity: {label}"),
                 )
-                summary = summarise(record, options, bounds)
+                summary = summarise(record, options, bounds or None)
                 path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
             else:
                 bar.update(len(examples))
-                summary = summarise(record, options, bounds)
+                summary = summarise(record, options, bounds or None)
             if method == reference_method:
                 reference = [np.asarray(s) for s in record.scores]
             summaries[method] = summary

@@ -6,8 +6,14 @@ tokens is scored as `attnflow evaluate` scores it — comprehensiveness and suff
 `perturbation_probabilities`), so the numbers equal the benchmark's on that input — next to the
 random-ranking expectation on the same input: the mean over `RANDOM_RANKINGS` seeded permutations
 of the content tokens. The perturbed inputs of every explanation and of the random rankings are
-deduplicated and scored in one batched call. The random rankings' figures depend on the input alone
-(not on the methods), as do the input's AOPC bounds (NAOPC): both are kept per model for the last
+deduplicated and scored in one batched call.
+
+Its cost is bounded (`FaithfulnessBudget`): the NAOPC bounds are exact up to 8 content tokens and
+beyond come from the tightest search whose perturbed inputs fit a budget of tokens (a beam of width
+1, the bin-level search, the single-token orders); when none fits, NAOPC is "not computed" and
+only AOPC against random is shown; over ``scored`` content tokens no faithfulness is computed at
+all (a note says why). The random rankings' figures and
+the bounds depend on the input alone (not on the methods): both are kept per model for the last
 `BASELINES_KEPT` inputs, so asking again about an input (other methods, the server's next request)
 scores only the methods' rankings.
 """
@@ -23,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
-from attnflow.evaluate.bounds import aopc_bounds, normalised_aopc
-from attnflow.evaluate.metrics import aopc, content_ranking
+from attnflow.evaluate.bounds import EXACT_LIMIT, normalised_aopc, search_bounds, search_cost
+from attnflow.evaluate.metrics import aopc, content_ranking, top_count
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.methods.registry import AUTO
 from attnflow.model_like import ModelLike
@@ -34,11 +40,45 @@ if TYPE_CHECKING:
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
-BOUNDS_BEAM_WIDTH = 1  # an explanation shown at once: a greedy search a token at a time beyond 8 content tokens
 TARGET_KINDS = ("class", "next_token")  # targets with a probability to drop
 BASELINES_KEPT = 64  # inputs whose random-ranking figures are kept, per model
 _BASELINES: weakref.WeakKeyDictionary[Any, OrderedDict[tuple, Any]] = weakref.WeakKeyDictionary()
 _BASELINES_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class FaithfulnessBudget:
+    """How far per-input faithfulness goes on an input of m content tokens.
+
+    Attributes:
+        bounds_tokens: the most tokens the NAOPC bounds' perturbed inputs may hold in all (a
+            perturbed input of n tokens counts n; 10,000 is about a second of minilm on two CPU
+            cores). The tightest search that fits is used — a beam of width 1, the bin-level
+            search, the single-token orders — and none when even the last does not fit; inputs of
+            at most 8 content tokens always get exact bounds.
+        scored: m up to this: the maps' AOPC beside random rankings (6 perturbed inputs per
+            ranking); beyond, no faithfulness at all (and ``auto`` chooses without it).
+    """
+
+    bounds_tokens: int = 10_000
+    scored: int = 256
+
+    def bounds_search(self, m: int, n_tokens: int, bins: Sequence[float] = BINS) -> str:
+        """The bounds search for ``m`` content tokens of ``n_tokens`` (`BOUND_SEARCHES`; beam: width 1)."""
+        counts = [top_count(k, m) for k in bins]
+        for search in ("beam", "levels", "singles"):  # tightest first; exact up to 8 content tokens in each
+            if m <= EXACT_LIMIT or search_cost(m, counts, search, beam_width=1) * n_tokens <= self.bounds_tokens:
+                return search
+        return "none"
+
+    def skipped(self, m: int) -> str | None:
+        """Why an input of ``m`` content tokens gets no faithfulness at all, or None."""
+        if m > self.scored:
+            return f"faithfulness not computed: {m} content tokens, over the per-input budget of {self.scored}"
+        return None
+
+
+BUDGET = FaithfulnessBudget()
 
 
 def input_faithfulness(
@@ -49,6 +89,7 @@ def input_faithfulness(
     replace: str = "remove",
     random_rankings: int = RANDOM_RANKINGS,
     seed: int = 0,
+    budget: FaithfulnessBudget | None = None,
 ) -> list[dict[str, Any]]:
     """One ``faithfulness`` record per ``[token]`` score vector of an explanation of ``trace`` (its
     target fixes the class or token p is read for; every ranking is scored for it, as the
@@ -57,16 +98,20 @@ def input_faithfulness(
     ``{"target", "quantity" (what drops: ``p(A)``, or ``p(A) − p(B)`` for a contrastive target),
     "probability" (that quantity on the unaltered input), "replace", "bins", "comprehensiveness"
     [bin], "sufficiency" [bin], "aopc_comprehensiveness", "aopc_sufficiency",
-    "naopc_comprehensiveness", "naopc_sufficiency", "bounds" (`attnflow.evaluate.bounds.AopcBounds`
-    as a dict: exact up to 8 content tokens, a beam search of width 1 beyond), "random": {the
-    AOPC figures for random rankings, "rankings"}}``; drops are p(x) − p(x perturbed). Raises
-    ValueError for a trace without a class or next-token target.
+    "naopc_comprehensiveness", "naopc_sufficiency" (None where the bounds were not computed),
+    "bounds" (`attnflow.evaluate.bounds.AopcBounds` as a dict, the search chosen by ``budget``, and
+    "note" when none was), "random": {the AOPC figures for random rankings, "rankings"}}``; drops
+    are p(x) − p(x perturbed). Raises ValueError for a trace without a class or next-token target,
+    or with more content tokens than ``budget.scored`` (None: `BUDGET`).
     """
+    budget = budget or BUDGET
     target = trace.target
     if target is None or target.kind not in TARGET_KINDS:
         raise ValueError("per-input faithfulness needs a class or next-token target (a probability to drop)")
     special = np.asarray(trace.special_mask, dtype=bool)
     content = np.flatnonzero(~special)
+    if budget.skipped(len(content)):
+        raise ValueError(budget.skipped(len(content)))
     contrast = getattr(target, "contrast_index", None)
     example = Example(
         trace.text, -1, tuple(int(i) for i in trace.token_ids), special, int(target.index), np.nan, contrast
@@ -83,16 +128,16 @@ def input_faithfulness(
     without, only, curve = perturbation_probabilities(scorer, [example] * len(rankings), rankings, options, mask_id)
     p_full = curve[:, 0]  # [ranking], all the same input
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
-    # the bounds get a scorer of their own: their numbers never depend on which rankings (cached
-    # random baselines or not) were scored beside them
-    bounds_key = ("bounds", *key[:-2])  # the bounds depend on the input, its target, replace and bins
+    search = budget.bounds_search(len(content), len(example.ids), bins)
+    bounds_key = ("bounds", search, *key[:-2])  # the bounds depend on the input, its target, replace and bins
     bounds = _kept(model, bounds_key)
     if bounds is None:
+        # a scorer of their own: their numbers never depend on which rankings were scored beside them
         bounds_scorer = ClassifierScorer(model)
         p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
-        bounds = aopc_bounds(
-            bounds_scorer, replace_p_full(example, p_input), tuple(bins), replace, mask_id, beam_width=BOUNDS_BEAM_WIDTH
-        )
+        bounds = search_bounds(
+            bounds_scorer, [replace_p_full(example, p_input)], tuple(bins), replace, mask_id, search, beam_width=1
+        )[0]
         _keep(model, bounds_key, bounds)
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
@@ -112,13 +157,19 @@ def input_faithfulness(
         }
         _keep(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
+    bounds_record = bounds.to_dict()
+    if bounds.search == "none":
+        bounds_record["note"] = (
+            f"NAOPC not computed: the bounds of {len(content)} content tokens would score more than the "
+            f"per-input budget of {budget.bounds_tokens:,} tokens"
+        )
     shared = {
         "target": target.label,
         "quantity": f"p({target.label})" + ("" if contrast is None else f" − p({contrast_label})"),
         "probability": float(p_full[0]),
         "replace": replace,
         "bins": list(bins),
-        "bounds": bounds.to_dict(),
+        "bounds": bounds_record,
     }
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
 
@@ -162,12 +213,21 @@ def _keep(model: ModelLike, key: tuple, value: Any) -> None:
             kept.popitem(last=False)
 
 
-def add_faithfulness(model: ModelLike, trace: Any, explanations: Sequence[Any]) -> None:
+def add_faithfulness(
+    model: ModelLike, trace: Any, explanations: Sequence[Any], budget: FaithfulnessBudget | None = None
+) -> None:
     """Set each explanation's ``faithfulness`` (`input_faithfulness`, one batched call) when the
-    trace has a class or next-token target; leave them None otherwise."""
+    trace has a class or next-token target; leave them None otherwise, and with a note when the
+    input is over ``budget.scored`` (None: `BUDGET`)."""
     if trace.target is None or trace.target.kind not in TARGET_KINDS or not explanations:
         return
-    records = input_faithfulness(model, trace, [explanation.scores for explanation in explanations])
+    budget = budget or BUDGET
+    skipped = budget.skipped(int(np.sum(~np.asarray(trace.special_mask, dtype=bool))))
+    if skipped:
+        for explanation in explanations:
+            explanation.notes.append(skipped)
+        return
+    records = input_faithfulness(model, trace, [explanation.scores for explanation in explanations], budget=budget)
     for explanation, record in zip(explanations, records, strict=True):
         explanation.faithfulness = record
 
@@ -182,6 +242,8 @@ def add_view_faithfulness(
     if model.target_kind not in ("next_token", "class"):
         return
     trace = model.trace([exploration.text], needs=("target",), target=target, max_length=max_length)[0]
+    if BUDGET.skipped(int(np.sum(~np.asarray(trace.special_mask, dtype=bool)))):
+        return  # the page opens on its default view, without badges
     scores = [view.saliency(exploration.row) for view in exploration.methods]
     for view, record in zip(exploration.methods, input_faithfulness(model, trace, scores), strict=True):
         view.faithfulness = record
@@ -282,11 +344,23 @@ def auto_methods(family: Family | None = None, target_kind: str | None = None) -
 
 def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
     """The candidate explanation with the highest per-input comprehensiveness (the first of equals),
-    its ``chosen_by`` set to why: its number, the others' and random rankings'."""
+    its ``chosen_by`` set to why: its number, the others' and random rankings'. Without any
+    per-input faithfulness (not asked for, or the input over the budget), the first candidate (the
+    measured tables' order), and ``chosen_by`` says so."""
     scored = [e for e in candidates if e.faithfulness is not None]
     if not scored:
-        raise ValueError("--method auto needs its candidates' per-input faithfulness (a class or next-token target)")
+        if not candidates:
+            raise ValueError("--method auto has no candidate method for this model")
+        first = candidates[0]
+        why = next((note for note in first.notes if note.startswith("faithfulness not computed")), None)
+        first.chosen_by = (
+            f"--method auto chose {first.method} without a per-input test ("
+            + (why or "faithfulness turned off")
+            + f"): the first of its candidates {', '.join(e.method for e in candidates)}"
+        )
+        return first
     best = max(scored, key=lambda e: e.faithfulness["aopc_comprehensiveness"])
+    _warn_if_no_better_than_random(best)
     others = ", ".join(f"{e.method} {e.faithfulness['aopc_comprehensiveness']:.3f}" for e in scored if e is not best)
     bins = "/".join(f"{100 * k:g}" for k in best.faithfulness["bins"])
     best.chosen_by = (
@@ -297,6 +371,32 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+def _warn_if_no_better_than_random(chosen: Any) -> None:
+    """A note (and an `ExplanationWarning`) on auto's choice when even the best candidate's
+    comprehensiveness is not clearly above random rankings' on this input
+    (`attnflow.explanation.faithfulness_level`): no candidate is a map to trust there."""
+    import warnings
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.explanation import faithfulness_level
+
+    level = faithfulness_level(chosen.faithfulness)
+    if level == "clear":
+        return
+    mine, chance = (
+        chosen.faithfulness["aopc_comprehensiveness"],
+        chosen.faithfulness["random"]["aopc_comprehensiveness"],
+    )
+    how = "no better than" if level == "weak" else "barely above"
+    note = (
+        f"auto's choice, {chosen.method}, is {how} random rankings on this input (comprehensiveness {mine:.3f} "
+        f"against their {chance:.3f}): none of its candidates finds the tokens this prediction depends on; "
+        "do not read this map as the reason"
+    )
+    chosen.notes.append(note)
+    warnings.warn(note, ExplanationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -338,12 +438,14 @@ def explain_planned(
     plan: Plan,
     row: Any = None,
     before: Callable[[str], None] | None = None,
+    faithfulness: bool = True,
 ) -> list[Any]:
     """Run every method of ``plan`` on ``trace`` (`attnflow.explain`), add each map's faithfulness
-    on this input (a class or next-token target) and resolve ``auto``: one `Explanation` per
-    method asked for, ``auto``'s choice in its place, each explanation once. ``before(step)`` is
-    called before each method (``step``: its name) and before the faithfulness batch
-    (``"faithfulness"``): for progress, and to stop between steps by raising."""
+    on this input (a class or next-token target; ``faithfulness=False`` skips it, and `BUDGET`
+    bounds it) and resolve ``auto``: one `Explanation` per method asked for, ``auto``'s choice in
+    its place, each explanation once. ``before(step)`` is called before each method (``step``: its
+    name) and before the faithfulness batch (``"faithfulness"``): for progress, and to stop between
+    steps by raising."""
     from attnflow.explanation import explain
 
     step = before or (lambda _name: None)
@@ -352,7 +454,7 @@ def explain_planned(
     for method, options in plan.per_method.items():
         step(method)
         computed[method] = explain(trace, method=method, row=row, model=model, **options)
-    if trace.target is not None:
+    if faithfulness and trace.target is not None:
         step("faithfulness")
         add_faithfulness(model, trace, list(computed.values()))
     if plan.candidates:

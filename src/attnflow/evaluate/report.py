@@ -143,10 +143,11 @@ def describe(results: dict[str, Any]) -> str:
 
 
 def bounds_sentence(run: dict[str, Any]) -> str:
-    """How the NAOPC columns' per-sample AOPC bounds were found (exact or beam search, how often)."""
+    """How the NAOPC columns' per-sample AOPC bounds were found (which search, how often); without
+    bounds, that NAOPC was not computed and how to add it."""
     searches = run.get("bounds_search")
     if not searches:
-        return ""
+        return "NAOPC (normalised AOPC) was not computed: `attnflow evaluate --bounds singles|levels|beam` adds it."
     options = run["options"]
     how = {
         "exact": f"exact (every deletion order, by enumerating the bins' token sets; ≤ {options['exact_limit']} "
@@ -154,7 +155,9 @@ def bounds_sentence(run: dict[str, Any]) -> str:
         "beam": f"beam search (width {options['beam_width']}; its bounds are inner bounds)",
         "levels": "a greedy search a bin at a time (every remaining token tried alone, the best fill the next "
         "bin; its bounds are inner bounds)",
-        "none": f"none (over {options['exact_limit']} content tokens with --beam-width 0: NAOPC left out)",
+        "singles": "the two orders of the tokens by their own drop (each removed alone; loose inner bounds, "
+        "met by leave-one-out's ranking by construction)",
+        "none": f"none (over {options['exact_limit']} content tokens with --bounds exact: NAOPC left out)",
     }
     found = "; ".join(f"{how[search]} for {count} samples" for search, count in searches.items())
     return (

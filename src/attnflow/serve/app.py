@@ -99,6 +99,11 @@ class ExplainRequest(BaseModel):
     target_text: str | None = Field(None, description="sentence encoders: explain the similarity to this text")
     row: str | int | None = Field(None, description="saliency row: cls, mean, last or a token index")
     max_length: int | None = Field(None, ge=1, description="truncate the text to this many tokens")
+    faithfulness: bool = Field(
+        True,
+        description="each map's faithfulness on this input (bounded by the text's length); false skips it, "
+        "and auto then shows its first candidate",
+    )
     request_id: str | None = Field(None, pattern=REQUEST_ID, description="your id, for /api/progress and /api/cancel")
 
 
@@ -312,6 +317,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             target=body.target,
             target_text=body.target_text,
             row=body.row,
+            faithfulness=body.faithfulness,
             max_length=body.max_length,
         )
         service.keep(job, explanations)

@@ -230,15 +230,16 @@ class ModelPool:
 def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
     """Within the block, every forward pass of ``model``'s network first calls `Job.forward` (counts
     it; raises `Cancelled` when the job was cancelled). The hook is removed on leaving, always."""
-    register = getattr(getattr(model, "model", None), "register_forward_pre_hook", None)
-    if register is None:  # not a torch network: steps alone are checked
+    import torch
+
+    from attnflow.capture.hook_points import HookPoint, hooks
+
+    network = getattr(model, "model", None)
+    if not isinstance(network, torch.nn.Module):  # not a torch network: steps alone are checked
         yield
         return
-    handle = register(lambda _module, _inputs: job.forward())
-    try:
+    with hooks([(HookPoint(network, "call"), lambda _args, _kwargs: job.forward())]):
         yield
-    finally:
-        handle.remove()
 
 
 def resident_mb() -> float:

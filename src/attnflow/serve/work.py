@@ -66,8 +66,10 @@ def explain_text(
     target_text: str | None,
     row: str | int | None,
     max_length: int | None,
+    faithfulness: bool = True,
 ) -> list[Any]:
-    """`attnflow explain TEXT --model M --method ...`: one `Explanation` per method asked for."""
+    """`attnflow explain TEXT --model M --method ...`: one `Explanation` per method asked for
+    (``faithfulness=False``: ``--no-faithfulness``)."""
     from attnflow.capture.texts import check_row_fits, check_texts
     from attnflow.evaluate.per_input import AUTO, explain_planned, plan_methods, with_candidates
 
@@ -83,7 +85,7 @@ def explain_text(
         trace = loaded.trace_for(
             list(plan.per_method), [text], target=target, target_text=target_text, max_length=max_length
         )[0]
-        return explain_planned(loaded, trace, plan, parsed_row, job.step)
+        return explain_planned(loaded, trace, plan, parsed_row, job.step, faithfulness)
 
 
 def generate_text(

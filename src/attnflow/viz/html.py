@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.explanation import LEVEL_NOTES, faithfulness_level
 from attnflow.tokens import display_token
 from attnflow.viz.page import (
     BLUE,
-    LEVEL_NOTES,
     ORANGE,
     esc,
     faithfulness_badge,
-    faithfulness_level,
     figure_img,
     image_png,
     img,
@@ -114,17 +113,28 @@ def by_faithfulness(explanations: "list[Explanation]") -> "list[Explanation]":
     )
 
 
+BOUNDS_SEARCHED = {
+    "exact": "exact (every deletion order)",
+    "levels": "a search a bin at a time (inner bounds)",
+    "singles": "the tokens ordered by their own drop, each removed alone (cheap, loose inner bounds; "
+    "leave-one-out meets the upper one by construction)",
+    "beam": "a beam search (inner bounds)",
+}
+
+
 def _bounds_note(faithfulness: dict[str, Any]) -> str:
-    """What NAOPC is on this input, and how its bounds were found."""
+    """What NAOPC is on this input, and how its bounds were found (or why they were not)."""
     bounds = faithfulness.get("bounds")
     if not bounds:
         return ""
-    search = "exact (every deletion order)" if bounds["search"] == "exact" else "a greedy search (inner bounds)"
+    if bounds["search"] not in BOUNDS_SEARCHED:
+        return " " + bounds.get("note", "NAOPC not computed.") + "."
     low_c, high_c = bounds["comprehensiveness"]
     low_s, high_s = bounds["sufficiency"]
     return (
         f" NAOPC places the AOPC between the lowest and highest any ranking of this input reaches "
-        f"(comprehensiveness {low_c:.3f}–{high_c:.3f}, sufficiency {low_s:.3f}–{high_s:.3f}; bounds {search})."
+        f"(comprehensiveness {low_c:.3f}–{high_c:.3f}, sufficiency {low_s:.3f}–{high_s:.3f}; bounds "
+        f"{BOUNDS_SEARCHED[bounds['search']]})."
     )
 
 

@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import re
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -57,6 +57,9 @@ from attnflow.methods.extras import Scored
 from attnflow.methods.registry import register
 from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, Trace
+
+if TYPE_CHECKING:
+    from attnflow.capture.hook_points import HookPoint
 
 NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely
 
@@ -267,6 +270,7 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
     docstring lists each hook point); removed on exit, also when the block raises."""
     import torch
 
+    from attnflow.capture.hook_points import HookPoint, hooks
     from attnflow.capture.hooks import find_layers
 
     def modules_of(pattern: str | None) -> list[Any]:
@@ -295,67 +299,63 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
     recording = RuleRecording()
     scale_gradient, identity_rule, _ = _rule_functions()
 
-    def apply_rules(module: Any, inputs: tuple, output: Any) -> Any:
-        if module in norms:
-            output = _constant_scale_norm(module, inputs[0], output)
-        if module in activations:
-            output = identity_rule.apply(inputs[0], output, activations[module])
-        bias = getattr(module, "bias", None)
-        if isinstance(bias, torch.Tensor):
-            recording.biased_outputs.append((bias.detach(), output))
-        if module in gradient_factors:
-            factor = gradient_factors[module]
-            output = output.detach() if factor == 0 else scale_gradient.apply(output, factor)
-        return output
+    def rules_at(module: Any) -> Any:
+        def apply_rules(output: Any, x: Any) -> Any:
+            if module in norms:
+                output = _constant_scale_norm(module, x, output)
+            if module in activations:
+                output = identity_rule.apply(x, output, activations[module])
+            bias = getattr(module, "bias", None)
+            if isinstance(bias, torch.Tensor):
+                recording.biased_outputs.append((bias.detach(), output))
+            if module in gradient_factors:
+                factor = gradient_factors[module]
+                output = output.detach() if factor == 0 else scale_gradient.apply(output, factor)
+            return output
 
-    def take_embedding_sum(_module: Any, args: tuple) -> tuple:
-        recording.embedding_sum = args[0].detach().requires_grad_(True)
-        return (recording.embedding_sum, *args[1:])
+        return apply_rules
 
-    def take_word_embeddings(_module: Any, _inputs: tuple, output: Any) -> Any:
-        recording.embedding_sum = output.detach().requires_grad_(True)
+    def take_embedding_sum(embedding_sum: Any) -> Any:
+        recording.embedding_sum = embedding_sum.detach().requires_grad_(True)
         return recording.embedding_sum
 
-    handles = []
-    try:
-        embedding_norm = next(
-            (m for name, m in modules.items() if adapter.embedding_norm and re.search(adapter.embedding_norm, name)),
-            None,
-        )
-        if embedding_norm is not None:
-            handles.append(embedding_norm.register_forward_pre_hook(take_embedding_sum))
-        else:
-            handles.append(model.model.get_input_embeddings().register_forward_hook(take_word_embeddings))
-        hooked = norms | set(activations) | set(gradient_factors)
-        hooked |= {m for m in modules.values() if isinstance(m, torch.nn.Linear) and m.bias is not None}
-        for module in hooked:
-            handles.append(module.register_forward_hook(apply_rules))
+    embedding_norm = next(
+        (m for name, m in modules.items() if adapter.embedding_norm and re.search(adapter.embedding_norm, name)),
+        None,
+    )
+    hooked: list[tuple[HookPoint, Any]] = [
+        (HookPoint(embedding_norm, "input"), take_embedding_sum)
+        if embedding_norm is not None
+        else (HookPoint(model.model.get_input_embeddings(), "output"), take_embedding_sum)
+    ]
+    changed = norms | set(activations) | set(gradient_factors)
+    changed |= {m for m in modules.values() if isinstance(m, torch.nn.Linear) and m.bias is not None}
+    hooked += [(HookPoint(module, "output", with_input=True), rules_at(module)) for module in changed]
+    with ExitStack() as stack:
         if rules.softmax_temperature != 1:
-            attention_modules = modules_of(adapter.stack.attention)
-            handles += _tempered_softmax_inside(attention_modules, rules.softmax_temperature)
+            hooked += _tempered_softmax_inside(modules_of(adapter.stack.attention), rules.softmax_temperature)
+            stack.callback(_SoftmaxPatch().remove)
+        stack.enter_context(hooks(hooked))
         yield recording
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 _SOFTMAX = threading.local()  # .temperature: the softmax backward's T while an attention module runs here
 
 
-def _tempered_softmax_inside(attention_modules: list[Any], temperature: float) -> list[Any]:
+def _tempered_softmax_inside(attention_modules: list[Any], temperature: float) -> list[tuple[HookPoint, Any]]:
     """Hooks that give every softmax called inside ``attention_modules`` (in this thread) the
-    temperature-``temperature`` backward; handles whose ``remove()`` undoes them."""
+    temperature-``temperature`` backward, while a `_SoftmaxPatch` is alive."""
+    from attnflow.capture.hook_points import HookPoint
 
-    def enter(_module: Any, _args: tuple) -> None:
+    def enter(_args: tuple, _kwargs: dict) -> None:
         _SOFTMAX.temperature = temperature
 
-    def leave(_module: Any, _args: tuple, _output: Any) -> None:
+    def leave(_output: Any) -> None:
         _SOFTMAX.temperature = None
 
-    handles = [module.register_forward_pre_hook(enter) for module in attention_modules]
-    handles += [module.register_forward_hook(leave) for module in attention_modules]
-    handles.append(_SoftmaxPatch())
-    return handles
+    return [(HookPoint(module, "call"), enter) for module in attention_modules] + [
+        (HookPoint(module, "output"), leave) for module in attention_modules
+    ]
 
 
 class _SoftmaxPatch:
@@ -406,7 +406,7 @@ def _elementwise() -> tuple[type, ...]:
     """The element-wise activation classes (transformers' ``ACT2FN`` table: GELU, SiLU, tanh, ...)."""
     from transformers.activations import ACT2CLS
 
-    return tuple({entry[0] if isinstance(entry, tuple) else entry for entry in ACT2CLS.values()})
+    return tuple({entry if isinstance(entry, type) else entry[0] for entry in ACT2CLS.values()})
 
 
 def _constant_scale_norm(module: Any, x: Any, output: Any) -> Any:

@@ -297,6 +297,7 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
     The variants of a layer run as batches of ``batch_size``."""
     import torch
 
+    from attnflow.capture.hook_points import HookPoint, hooks, output_tensor
     from attnflow.capture.hooks import find_layers, record_calls, record_tensors
 
     blocks = find_layers(model.model, model.adapter.values.block)
@@ -314,20 +315,14 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
                 start, min(n, start + batch_size), device=model.device
             )  # variant b zeroes token zeroed[b]
 
-            def zero_value(
-                _module: Any, _inputs: Any, output: torch.Tensor, zeroed: torch.Tensor = zeroed
-            ) -> torch.Tensor:
+            def zero_value(output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
                 output = output.clone()
                 output[torch.arange(len(zeroed)), zeroed] = 0.0  # [variant, token, kv_head * d_head]
                 return output
 
-            handle = value_projection.register_forward_hook(zero_value)
-            try:
-                with torch.no_grad():
-                    altered = block(*_repeat(args, len(zeroed)), **_repeat(kwargs, len(zeroed)))
-            finally:
-                handle.remove()
-            altered = altered[0] if isinstance(altered, (tuple, list)) else altered  # [variant, token, d_model]
+            with hooks([(HookPoint(value_projection, "output"), zero_value)]), torch.no_grad():
+                altered = block(*_repeat(args, len(zeroed)), **_repeat(kwargs, len(zeroed)))
+            altered = output_tensor(altered)  # [variant, token, d_model]
             # float64: a token that barely moves an output gives 1 - cos near float32's rounding step
             cosine = torch.nn.functional.cosine_similarity(altered.double(), original[None].double(), dim=-1)
             matrices[layer][:, zeroed.cpu().numpy()] = (1.0 - cosine).clamp(min=0.0).T.cpu().numpy()  # [query, variant]

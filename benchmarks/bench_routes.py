@@ -1,0 +1,159 @@
+"""Information-flow routes on smollm2: the vectorised graph against the reference's way, and a long prompt.
+
+(a) One prompt (``--short`` tokens of the embedded Wikipedia text), one recorded forward pass, two
+    builds of the same contribution graph and route: attnflow's (`attnflow.routes`: one compiled
+    kernel per layer over (query, source, head), never holding the decomposed attention) against
+    the LLM Transparency Tool's way: per layer the decomposed attention ``[T, T, H, d]``
+    materialised in torch and its proximities taken at once, then the graph assembled one edge at
+    a time (one Python call and one ``.item()`` per edge, into a networkx multigraph: the residual
+    and the self-attention edge join the same nodes) and the route found by a networkx depth-first
+    search over the edges above τ. Both use max(·, 0) and τ = 0.04, and must find the same route.
+(b) A ``--tokens``-token prompt (512): the time of `attnflow.routes` (forward pass, graph, route,
+    lens) and its peak memory above the loaded model (RSS sampled every 5 ms during the call).
+
+Targets: (a) ≥ 20× faster; (b) ≤ 60 s on a 2-core CPU and ≤ 1.5 GB above the model. The load
+average is printed with the numbers: other processes on the machine slow both sides.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_routes.py [--short 64] [--tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import networkx as nx
+import psutil
+import torch
+
+import attnflow
+from attnflow.routes import contributions as parts
+from attnflow.routes.api import linearised_blocks
+from attnflow.routes.forward import layer_view, read_weights, record
+from attnflow.runs.readers import open_corpus
+
+THRESHOLD = 0.04
+
+
+def wiki_prompt(model, n_tokens: int) -> str:
+    """A text of about ``n_tokens`` tokens cut from the embedded Wikipedia summaries."""
+    ids: list[int] = []
+    for document in open_corpus("wiki"):
+        ids += model.tokenizer(document, add_special_tokens=False)["input_ids"]
+        if len(ids) >= n_tokens:
+            break
+    return model.tokenizer.decode(ids[:n_tokens])
+
+
+def reference_route(model, text: str) -> tuple[set[str], dict[str, float]]:
+    """The reference tool's way: decomposed attention per layer, the graph one edge at a time, a
+    networkx search. Returns the route's node names and the seconds of each part."""
+    input_ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+    recording, weights = record(model, input_ids), read_weights(model)
+    n_layers, n_tokens = model.n_layers, input_ids.shape[1]
+    # a multigraph: the residual edge and the self-attention edge join the same two nodes
+    graph, seconds = nx.MultiDiGraph(), {"contributions": 0.0, "edges": 0.0, "search": 0.0}
+
+    def add(u: str, v: str, weight: float) -> None:
+        graph.add_edge(u, v, weight=weight)
+
+    for index in range(n_layers):
+        began = time.perf_counter()
+        layer = layer_view(recording, weights, index)
+        block, ffn_block = linearised_blocks(layer)
+        vectors = parts.head_vectors(layer.values, layer.output_weights)
+        vectors = parts.centre(vectors) if block.centres else vectors
+        scale = torch.ones_like(layer.mid) if block.scale is None else block.scale
+        decomposed = torch.einsum("hij,id,jhd->ijhd", layer.attention, scale, vectors)  # [T, T, H, d]
+        heads = parts.proximity(layer.mid[:, None, None], decomposed, 1)  # [query, key, head]
+        residual, heads = parts.normalise(parts.proximity(layer.mid, block.residual, 1), heads)
+        ffn_part = ffn_block.part(layer.ffn_output)
+        ffn, ffn_residual, _ = parts.ffn_contributions(layer.out, ffn_block, ffn_part, 1)
+        seconds["contributions"] += time.perf_counter() - began
+        began = time.perf_counter()
+        below = "X0" if index == 0 else f"I{index - 1}"
+        for i in range(n_tokens):
+            for j in range(n_tokens):
+                add(f"{below}_{j}", f"A{index}_{i}", heads[i, j].sum().item())
+            add(f"{below}_{i}", f"A{index}_{i}", residual[i].item())
+            add(f"A{index}_{i}", f"M{index}_{i}", ffn[i].item())
+            add(f"M{index}_{i}", f"I{index}_{i}", ffn[i].item())
+            add(f"A{index}_{i}", f"I{index}_{i}", ffn_residual[i].item())
+        seconds["edges"] += time.perf_counter() - began
+    began = time.perf_counter()
+    reverse = graph.reverse()
+    kept = nx.subgraph_view(reverse, filter_edge=lambda u, v, key: reverse[u][v][key]["weight"] > THRESHOLD)
+    top = f"I{n_layers - 1}_{n_tokens - 1}"
+    nodes = {top} | {node for edge in nx.edge_dfs(kept, source=top) for node in edge[:2]}
+    seconds["search"] = time.perf_counter() - began
+    return nodes, seconds
+
+
+def as_reference_names(routes: attnflow.Routes) -> set[str]:
+    """attnflow's route nodes in the reference's names (its FFN nodes M stand between A and I)."""
+    names = set()
+    for (stream, layer, i), _ in routes.nodes:
+        names.add(f"A{layer}_{i}" if stream == "mid" else ("X0" if layer == 0 else f"I{layer - 1}") + f"_{i}")
+    names |= {f"M{edge.layer}_{edge.target[2]}" for edge in routes.edges if edge.kind == "ffn"}
+    return names
+
+
+def compare(model, n_tokens: int) -> None:
+    text = wiki_prompt(model, n_tokens)
+    attnflow.routes(model, text, lens="none")  # compiles (or loads) the kernel, warms the caches
+    began = time.perf_counter()
+    routes = attnflow.routes(model, text, lens="none")
+    ours = time.perf_counter() - began
+    reference_nodes, seconds = reference_route(model, text)
+    graph_ours = routes.seconds["graph"] + routes.seconds["route"]  # the lens is not part of the comparison
+    graph_reference = sum(seconds.values())
+    print(f"(a) {len(routes.tokens)} tokens, {model.n_layers} layers x {model.n_heads} heads:")
+    print(f"    attnflow: graph + route {graph_ours:.2f} s (the whole call, forward pass and lens too: {ours:.2f} s)")
+    print(
+        f"    reference's way: {graph_reference:.2f} s (contributions {seconds['contributions']:.2f}, "
+        f"edges one at a time {seconds['edges']:.2f}, search {seconds['search']:.2f})"
+    )
+    print(
+        f"    speed-up {graph_reference / graph_ours:.0f}x; same route: {as_reference_names(routes) == reference_nodes}"
+    )
+
+
+def long_prompt(model, n_tokens: int) -> None:
+    text = wiki_prompt(model, n_tokens)
+    process = psutil.Process()
+    before, peak, running = process.memory_info().rss, [0], [True]
+
+    def sample() -> None:
+        while running[0]:
+            peak[0] = max(peak[0], process.memory_info().rss)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    began = time.perf_counter()
+    routes = attnflow.routes(model, text)
+    elapsed = time.perf_counter() - began
+    running[0] = False
+    sampler.join()
+    seconds = ", ".join(f"{name} {value:.1f}" for name, value in routes.seconds.items())
+    above = (peak[0] - before) / 2**30
+    print(f"(b) {len(routes.tokens)} tokens: {elapsed:.1f} s ({seconds}); peak {above:.2f} GiB above the loaded model")
+    print(f"    route: {len(routes.nodes)} nodes, {len(routes.edges)} edges; prediction {routes.prediction['token']!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--short", type=int, default=64, help="tokens of the prompt of (a)")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens of the long prompt of (b)")
+    args = parser.parse_args()
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; torch threads {torch.get_num_threads()}")
+    model = attnflow.load("smollm2", device="cpu", progress=False)
+    compare(model, args.short)
+    long_prompt(model, args.tokens)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""One conformance suite for every adapter row (scikit-learn's ``check_estimator`` idea):
+`check_adapter(row, model)` runs the model once on a small random input and checks, on that run,
+the identities attnflow's methods rely on, wherever the row provides what a check reads.
+
+The checks (`CHECKS`, each named in the error it raises):
+
+- ``attention_weights``: every attention module of every stack returns softmax weights ``[batch,
+  head, query, key]`` (rows sum to 1) at the row's ``weights_index``, one per output projection;
+- ``head_slices`` (rows with values): head h's ``d_head`` slice of the output projection's input
+  ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
+  output (grouped-query heads shared);
+- ``attention_output`` (rows with sites, no norm after the output projection): Σ_h z_h W_O^h + b_O,
+  from each head's slice and the projection's own weights, is what the attention site adds;
+- ``residual_sum`` (rows with sites, no post-LN norm): block output = block input + attention site
+  + MLP site, and each block's input is the previous block's output;
+- ``post_norm`` (post-LN rows): the norm after the attention block reads y = block input +
+  attention output and equals a layer norm recomputed from its weight, bias and eps;
+- ``norm_form``: every norm the row names (post-LN, sandwich, embedding) is a layer norm or an RMS
+  norm (scaled by w or 1 + w) recomputed from its own weights;
+- ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
+  with its own value through the kind's write function, changes nothing, bit for bit;
+- ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
+  first layer gives that weight exactly 0 and leaves the row summing to 1.
+
+A failed check raises `AdapterCheckError` naming the row, the check, the layer and the numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn
+
+import torch
+from torch import nn
+
+from attnflow.capture.adapters import Adapter, Stack
+from attnflow.capture.hook_points import HookPoint, Side, hooks
+from attnflow.capture.hooks import find_layers
+from attnflow.capture.site_kinds import SITE_TABLE, SiteKind, Write
+from attnflow.errors import AdapterCheckError, CaptureError
+
+TOLERANCE = 1e-4  # relative to the largest magnitude compared
+
+
+@dataclass
+class Run:
+    """One forward pass of the model under check: the row, the module, its inputs, the head count
+    and what every hook point the row names saw (``seen[(what, layer)]``)."""
+
+    row: Adapter
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+    n_heads: int
+    seen: dict[tuple[str, int], Any]
+    output: torch.Tensor
+
+    def forward(self, hooked: list[tuple[HookPoint, Callable]]) -> torch.Tensor:
+        """The model's first output (logits or last hidden states) with ``hooked`` in place."""
+        with hooks(hooked), torch.no_grad():
+            return self.model(**self.inputs, output_attentions=True)[0]
+
+    def layers(self, what: str) -> list[Any]:
+        """What ``what`` saw, per layer in order."""
+        count = sum(1 for key in self.seen if key[0] == what)
+        return [self.seen[(what, layer)] for layer in range(count)]
+
+
+def _fail(run: Run, check: str, detail: str) -> NoReturn:
+    raise AdapterCheckError(f"adapter row {run.row.family!r} fails {check}: {detail}")
+
+
+def _close(run: Run, check: str, where: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    if actual.shape != expected.shape:
+        _fail(run, check, f"{where}: shape {list(actual.shape)}, expected {list(expected.shape)}")
+    error = float((actual.double() - expected.double()).abs().max())
+    scale = max(float(expected.abs().max()), 1.0)
+    if error > TOLERANCE * scale:
+        _fail(run, check, f"{where}: largest difference {error:.2e} (allowed {TOLERANCE * scale:.1e})")
+
+
+def _stacks(row: Adapter) -> list[tuple[str, Stack]]:
+    stacks = [("stack", row.stack), ("decoder", row.decoder), ("cross", row.cross)]
+    return [(name, stack) for name, stack in stacks if stack is not None]
+
+
+def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
+    """(what, pattern, side, tuple index) of every tensor the checks read."""
+    points: list[tuple[str, str, Side, int]] = []
+    for name, stack in _stacks(row):
+        points += [
+            (f"{name}.weights", stack.attention, "output", stack.weights_index),
+            (f"{name}.heads", stack.output_projection, "input", 0),
+        ]
+    values, sites = row.values, row.sites
+    if values is not None:
+        points.append(("values", values.value, "output", 0))
+    for what, pattern in _named_norms(row).items():
+        points += [(f"{what}.in", pattern, "input", 0), (f"{what}.out", pattern, "output", 0)]
+    if sites is not None:
+        points += [
+            ("block.in", sites.block, "input", 0),
+            ("block.out", sites.block, "output", 0),
+            ("attn", sites.attention, "output", 0),
+            ("mlp", sites.mlp, "output", 0),
+        ]
+    return points
+
+
+def _first_match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """The modules of ``pattern`` by layer; a pattern without a layer group (an embedding norm) is layer 0."""
+    if re.compile(pattern).groups:
+        return find_layers(model, pattern)
+    return [(name, module) for name, module in model.named_modules() if re.search(pattern, name)][:1]
+
+
+def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_heads: int) -> Run:
+    """Run the model once, recording every tensor the checks read."""
+    seen: dict[tuple[str, int], Any] = {}
+    hooked: list[tuple[HookPoint, Callable]] = []
+    for what, pattern, side, index in _recorded_points(row):
+        modules = _first_match(model, pattern)
+        if not modules:
+            raise AdapterCheckError(
+                f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
+            )
+        for layer, (name, module) in enumerate(modules):
+            point = HookPoint(module, side, index=index, name=name)
+            hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, tensor)))
+    run = Run(row, model, inputs, n_heads, seen, torch.empty(0))
+    run.output = run.forward(hooked)
+    return run
+
+
+def check_attention_weights(run: Run) -> None:
+    """Every stack's attention modules return ``[batch, head, query, key]`` softmax weights, one
+    per output projection."""
+    for name, _ in _stacks(run.row):
+        weights, heads = run.layers(f"{name}.weights"), run.layers(f"{name}.heads")
+        if len(weights) != len(heads):
+            _fail(
+                run, "attention_weights", f"{len(weights)} {name} attention modules for {len(heads)} output projections"
+            )
+        for layer, found in enumerate(weights):
+            if not torch.is_tensor(found) or found.dim() != 4 or found.shape[1] != run.n_heads:
+                shape = list(found.shape) if torch.is_tensor(found) else type(found).__name__
+                _fail(run, "attention_weights", f"{name} layer {layer} returned {shape} at its weights index, "
+                      f"not [batch, {run.n_heads} heads, query, key]")  # fmt: skip
+            _close(
+                run,
+                "attention_weights",
+                f"{name} layer {layer} row sums",
+                found.sum(dim=-1),
+                torch.ones(()).expand(found.shape[:-1]),
+            )
+
+
+def check_head_slices(run: Run) -> None:
+    """Head h's slice of the output projection's input is A_h V_h (grouped-query value heads shared)."""
+    for layer, (weights, heads, values) in enumerate(
+        zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
+    ):
+        batch, tokens, width = heads.shape
+        d_head = width // run.n_heads
+        per_kv_head = values.reshape(batch, tokens, -1, d_head).transpose(1, 2)  # [batch, kv_head, token, d_head]
+        shared = per_kv_head.repeat_interleave(
+            run.n_heads // per_kv_head.shape[1], dim=1
+        )  # [batch, head, token, d_head]
+        expected = (weights @ shared).transpose(1, 2).reshape(batch, tokens, width)  # [batch, token, head * d_head]
+        _close(
+            run, "head_slices", f"layer {layer}: the output projection's input against A·V per head", heads, expected
+        )
+
+
+def check_attention_output(run: Run) -> None:
+    """Σ_h z_h W_O^h + b_O, from the heads' slices and the projection's weights, is the attention site."""
+    projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
+    for layer, (heads, added) in enumerate(zip(run.layers("stack.heads"), run.layers("attn"), strict=True)):
+        projection = projections[layer]
+        weight = projection.weight if type(projection).__name__ == "Conv1D" else projection.weight.T  # [in, out]
+        width = heads.shape[-1]
+        d_head = width // run.n_heads
+        per_head = [
+            heads[..., h * d_head : (h + 1) * d_head] @ weight[h * d_head : (h + 1) * d_head]
+            for h in range(run.n_heads)
+        ]
+        bias = 0 if projection.bias is None else projection.bias
+        _close(
+            run,
+            "attention_output",
+            f"layer {layer}: Σ_h z_h W_O^h + b_O against the attention site",
+            added,
+            sum(per_head) + bias,
+        )
+
+
+def check_residual_sum(run: Run) -> None:
+    """Block output = block input + attention site + MLP site; each block reads the previous one's output."""
+    inputs, outputs = run.layers("block.in"), run.layers("block.out")
+    for layer, (before, after, attention, mlp) in enumerate(
+        zip(inputs, outputs, run.layers("attn"), run.layers("mlp"), strict=True)
+    ):
+        for name, site in (("attention", attention), ("MLP", mlp)):
+            if site.shape != before.shape:
+                shapes = f"{list(site.shape)}, not the stream's {list(before.shape)}"
+                _fail(run, "residual_sum", f"layer {layer}: the {name} site is {shapes}")
+        _close(
+            run,
+            "residual_sum",
+            f"layer {layer}: block output against input + attention + MLP",
+            after,
+            before + attention + mlp,
+        )
+        if layer + 1 < len(inputs):
+            _close(
+                run,
+                "residual_sum",
+                f"layer {layer + 1}: block input against the previous output",
+                inputs[layer + 1],
+                after,
+            )
+
+
+def check_post_norm(run: Run) -> None:
+    """The post-LN norm reads block input + attention output and is a layer norm of its weight, bias and eps."""
+    norms = [module for _, module in find_layers(run.model, _named_norms(run.row)["norm"])]
+    for layer, (read, written) in enumerate(zip(run.layers("norm.in"), run.layers("norm.out"), strict=True)):
+        expected = run.layers("block.in")[layer] + run.layers("attn")[layer]
+        _close(
+            run, "post_norm", f"layer {layer}: the norm's input against block input + attention output", read, expected
+        )
+        norm = norms[layer]
+        recomputed = nn.functional.layer_norm(read, read.shape[-1:], norm.weight, norm.bias, norm.eps)
+        _close(
+            run,
+            "post_norm",
+            f"layer {layer}: the norm's output against a layer norm of its weights",
+            written,
+            recomputed,
+        )
+
+
+def _named_norms(row: Adapter) -> dict[str, str]:
+    """``{what: pattern}`` of the norms the row names."""
+    values = row.values
+    named = {
+        "norm": None if values is None else values.norm,
+        "output_norm": None if values is None else values.output_norm,
+        "embedding_norm": row.embedding_norm,
+    }
+    return {what: pattern for what, pattern in named.items() if pattern is not None}
+
+
+def check_norm_form(run: Run) -> None:
+    """Every norm the row names is a layer norm or an RMS norm (× w or × (1 + w)) of its own weights."""
+    for what, pattern in _named_norms(run.row).items():
+        modules = _first_match(run.model, pattern)
+        pairs = zip(run.layers(f"{what}.in"), run.layers(f"{what}.out"), strict=True)
+        for (name, module), (read, written) in zip(modules, pairs, strict=True):
+            if not any(_equal(candidate, written) for candidate in _norm_forms(module, read)):
+                _fail(
+                    run,
+                    "norm_form",
+                    f"{name} ({type(module).__name__}) is neither a layer norm nor an RMS norm of its weights",
+                )
+
+
+def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
+    same_shape = candidate.shape == written.shape
+    return same_shape and torch.allclose(candidate, written, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def _norm_forms(module: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs a plain layer norm and the two RMS norms (× w, × (1 + w)) of ``module``'s weights give ``x``."""
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6))
+    if weight is None or weight.shape != x.shape[-1:]:
+        return []  # not a norm over the model width
+    layer_norm = nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    rms = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+    return [layer_norm, (rms * weight).to(x.dtype), (rms * (1.0 + weight.float())).to(x.dtype)]
+
+
+def check_own_value(run: Run) -> None:
+    """Writing every activation site of every kind with its own value changes nothing, bit for bit."""
+    for kind in (row for row in SITE_TABLE if row.is_activation):
+        pattern = kind.pattern(run.row)
+        modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
+        hooked = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules)]
+        if not torch.equal(run.forward(hooked), run.output):
+            _fail(run, "own_value", f"writing every {kind.name} site with its own value changed the output")
+
+
+def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
+    """A hook writing every column of every batch row with the value it already has."""
+
+    def write(tensor: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        assert kind.read is not None
+        batch, columns = tensor.shape[0], kind.shape(0, tensor.shape[1], run.n_heads)[1]
+        rows = torch.arange(batch).repeat_interleave(columns)
+        indices = torch.arange(columns).repeat(batch)
+        values = torch.stack(
+            [kind.read(tensor[r].clone(), int(i), None, run.n_heads) for r, i in zip(rows, indices, strict=True)]
+        )
+        return kind.write(tensor, [Write(rows, indices, values, None)], run.n_heads, first)
+
+    return write
+
+
+def check_knockout(run: Run) -> None:
+    """Blocking the edge from key 0 to the last query in layer 0 gives that weight exactly 0, the row summing to 1."""
+    kind = next(row for row in SITE_TABLE if row.name == "knockout")
+    pattern = kind.pattern(run.row)
+    modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
+    query = run.inputs["input_ids"].shape[1] - 1
+    batch = run.inputs["input_ids"].shape[0]
+    block = Write(torch.arange(batch), torch.zeros(batch, dtype=torch.long), None, query)
+    seen: list[torch.Tensor] = []
+    point = kind.hook_points(modules)[0]
+    weights = HookPoint(modules[0], "output", index=run.row.stack.weights_index)
+    try:
+        run.forward(
+            [(point, lambda mask, first: kind.write(mask, [block], run.n_heads, first)), (weights, seen.append)]
+        )
+    except CaptureError as error:
+        _fail(run, "knockout", str(error))
+    row = seen[0][:, :, query]  # [batch, head, key]
+    if not torch.equal(row[..., 0], torch.zeros_like(row[..., 0])):
+        _fail(
+            run,
+            "knockout",
+            f"the blocked weight A[{query}, 0] of layer 0 is {float(row[..., 0].abs().max()):.3g}, not 0",
+        )
+    _close(run, "knockout", "layer 0: the blocked row's sum", row.sum(dim=-1), torch.ones_like(row[..., 0]))
+
+
+def _always(_row: Adapter) -> bool:
+    return True
+
+
+def _has_values(row: Adapter) -> bool:
+    return row.values is not None
+
+
+def _has_sites(row: Adapter) -> bool:
+    return row.sites is not None
+
+
+def _projection_adds(row: Adapter) -> bool:
+    """The attention site is the output projection's output (no norm after it)."""
+    return row.sites is not None and (row.values is None or row.values.output_norm is None)
+
+
+def _pre_norm_sites(row: Adapter) -> bool:
+    return row.sites is not None and (row.values is None or row.values.norm is None)
+
+
+def _post_norm_sites(row: Adapter) -> bool:
+    return row.sites is not None and row.values is not None and row.values.norm is not None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One conformance check: its ``name``, whether it ``applies`` to a row, and the check itself."""
+
+    name: str
+    applies: Callable[[Adapter], bool]
+    run: Callable[[Run], None]
+
+
+# Run in this order; the first failure is raised.
+CHECKS: tuple[Check, ...] = (
+    Check("attention_weights", _always, check_attention_weights),
+    Check("head_slices", _has_values, check_head_slices),
+    Check("attention_output", _projection_adds, check_attention_output),
+    Check("residual_sum", _pre_norm_sites, check_residual_sum),
+    Check("post_norm", _post_norm_sites, check_post_norm),
+    Check("norm_form", _always, check_norm_form),
+    Check("own_value", _has_sites, check_own_value),
+    Check("knockout", _has_sites, check_knockout),
+)
+
+
+def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
+    """Run every check of `CHECKS` that applies to ``row`` on ``model`` (a Hugging Face module or
+    a loaded attnflow model; put in eval mode and eager attention for the run, restored after) with
+    a seeded random input of 2 rows × 7 tokens (or an image, or a source and a target); returns the
+    names of the checks that ran. A failure raises `AdapterCheckError` naming the check."""
+    from attnflow.capture.model import _head_count
+
+    module: nn.Module = getattr(model, "model", model)
+    training = module.training
+    implementation = getattr(module.config, "_attn_implementation", "eager")
+    if implementation != "eager":
+        module.set_attn_implementation("eager")
+    module.eval()
+    try:
+        with torch.no_grad():
+            run = record(row, module, _inputs(row, module, seed), _head_count(module.config))
+            applying = [check for check in CHECKS if check.applies(row)]
+            for check in applying:
+                check.run(run)
+        return [check.name for check in applying]
+    finally:
+        module.train(training)
+        if implementation != "eager":
+            module.set_attn_implementation(implementation)
+
+
+def _inputs(row: Adapter, model: nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """A seeded random input of the kind ``row`` reads, on the model's device."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    device = next(model.parameters()).device
+    if row.kind == "vision":
+        size, channels = config.image_size, getattr(config, "num_channels", 3)
+        return {"pixel_values": torch.randn(1, channels, size, size, generator=generator).to(device)}
+    ids = torch.randint(4, min(int(config.vocab_size), 100), (2, 7), generator=generator).to(device)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if row.kind == "encoder-decoder":
+        inputs["decoder_input_ids"] = ids[:, :4]
+    return inputs

@@ -1,0 +1,286 @@
+"""Every activation reached one way: the table of site kinds.
+
+A site kind is one row (`SiteKind`): where its modules live in a family's adapter row (``where``,
+the path of a regex in the row, e.g. ``"sites.block"``), which tensor of each module's call it is
+(``side``: the module's output or one of its inputs, as a `HookPoint` names it), its index axes
+(rows: one per layer, plus one for a ``stream`` kind whose row 0 is the input of the first layer;
+columns: a ``"position"`` or a ``"head"``), and how a site's value is read and written. Patching,
+its approximations, the report, the dataset summary and ``attnflow patch --sites`` read this table;
+a new kind is one row here (plus its read and write functions where they are new).
+
+The rows (``L`` layers, ``T`` tokens, ``H`` heads; the array each sweep fills):
+
+- ``residual`` ``[L + 1, T]``: the input of each block (row 0: the embeddings entering the first
+  layer) and its output (row l + 1: the stream leaving layer l), ``[batch, token, d_model]``;
+- ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position;
+- ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
+- ``heads`` ``[L, H]``: one head's output, its ``d_head`` slice of the input of the attention output
+  projection ``[batch, token, head * d_head]``, at every position or at one (``head_position``);
+- ``knockout`` ``[L, T]``: attention knockout (Geva et al. 2023): the edge from key position j (the
+  column) to one query position (``target``) is blocked in a window of layers centred on layer l
+  (the row): the score is set to −∞ before the softmax in the additive ``attention_mask`` the
+  attention module receives ``[batch, 1, query, key]``, so A[target, j] = 0 and the rest of the row
+  is renormalised. An intervention, not an activation: no other run supplies its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+
+from attnflow.errors import CaptureError, InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnflow.capture.adapters import Adapter
+    from attnflow.capture.hook_points import HookPoint, Side
+
+
+@dataclass(frozen=True)
+class Write:
+    """The sites of one hook point patched in one forward pass: batch ``rows [n]``, ``indices [n]``
+    (positions, heads or key positions, by the kind's column), their ``values`` (None for an
+    intervention) and the one ``position`` the group shares (a head's position, a knockout's query;
+    None: every position)."""
+
+    rows: torch.Tensor
+    indices: torch.Tensor
+    values: torch.Tensor | None
+    position: int | None
+
+
+# (tensor at the hook point or None, the writes, n_heads, the module's first input) -> new tensor
+WriteFunction = Callable[[Any, Sequence[Write], int, Any], Any]
+# (one sample's activation of one layer [token, width], index, position, n_heads) -> the site's value
+ReadFunction = Callable[[Any, int, "int | None", int], Any]
+# ((source − base) · gradient [sample, row, token, width], position, n_heads) -> [sample, row, column]
+DotFunction = Callable[[Any, "int | None", int], Any]
+
+
+def write_positions(hidden: Any, writes: Sequence[Write], _n_heads: int, _first: Any) -> Any:
+    """``hidden [batch, token, d_model]`` with ``values [n, d_model]`` written at (row, position)."""
+    new = hidden.clone()
+    for write in writes:
+        new[write.rows, write.indices] = write.values
+    return new
+
+
+def read_position(activation: Any, index: int, _position: int | None, _n_heads: int) -> Any:
+    """``[d_model]``: the activation ``[token, d_model]`` at position ``index``."""
+    return activation[index]
+
+
+def dot_positions(product: Any, _position: int | None, _n_heads: int) -> Any:
+    """``[sample, row, position]``: the product summed over the model width."""
+    return product.sum(dim=-1)
+
+
+def write_heads(heads_input: Any, writes: Sequence[Write], n_heads: int, _first: Any) -> Any:
+    """``heads_input [batch, token, head * d_head]`` with head ``index`` set to ``values`` (``[n,
+    token, d_head]`` at every position, ``[n, d_head]`` at the write's one position)."""
+    new = heads_input.clone()
+    batch, tokens, width = new.shape
+    heads = new.view(batch, tokens, n_heads, width // n_heads)  # [batch, token, head, d_head]
+    for write in writes:
+        if write.position is None:
+            heads[write.rows, :, write.indices] = write.values
+        else:
+            heads[write.rows, write.position, write.indices] = write.values
+    return new
+
+
+def read_head(activation: Any, index: int, position: int | None, n_heads: int) -> Any:
+    """Head ``index`` of ``activation [token, head * d_head]``: ``[token, d_head]``, or ``[d_head]``
+    at ``position``."""
+    tokens, width = activation.shape
+    head = activation.view(tokens, n_heads, width // n_heads)[:, index]  # [token, d_head]
+    return head if position is None else head[position]
+
+
+def dot_heads(product: Any, position: int | None, n_heads: int) -> Any:
+    """``[sample, row, head]``: the product summed over each head's ``d_head`` and every position
+    (or read at ``position``)."""
+    samples, rows, tokens, width = product.shape
+    heads = product.view(samples, rows, tokens, n_heads, width // n_heads)  # [sample, row, token, head, d_head]
+    if position is not None:
+        return heads[:, :, position].sum(dim=-1)
+    return heads.sum(dim=(2, 4))
+
+
+def write_knockout(mask: Any, writes: Sequence[Write], _n_heads: int, hidden: Any) -> Any:
+    """The additive attention mask ``[batch, 1, query, key]`` (None: the model passed none, as
+    BERT-like encoders do without padding; zeros are made from ``hidden [batch, token, d_model]``)
+    with −∞ at (row, query ``position``, key ``index``) for every head: the blocked key gets weight
+    exactly 0 and the query's other weights are renormalised by the softmax."""
+    import torch
+
+    batch, tokens = hidden.shape[:2]
+    if mask is None:
+        mask = torch.zeros(batch, 1, tokens, tokens, dtype=hidden.dtype, device=hidden.device)
+    elif not torch.is_tensor(mask) or mask.dim() != 4 or not mask.is_floating_point():
+        raise CaptureError(
+            "attention knockout needs the additive 4-D float attention_mask [batch, 1, query, key] of eager "
+            f"attention; the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
+        )
+    new = mask.expand(batch, -1, -1, -1).clone()  # the model shares one mask across rows and layers
+    for write in writes:
+        new[write.rows, :, write.position, write.indices] = float("-inf")
+        _check_a_key_is_left(new, write)
+    return new
+
+
+def _check_a_key_is_left(mask: Any, write: Write) -> None:
+    """A query whose every key is blocked has no attention to renormalise (the softmax of a row of
+    −∞ is undefined); masked keys hold −∞ or the dtype's minimum, visible ones 0."""
+    import torch
+
+    readable = mask[write.rows, 0, write.position] > torch.finfo(mask.dtype).min / 2  # [n, key]
+    if not bool(readable.any(dim=-1).all()):
+        raise InputError(
+            f"attention knockout leaves query position {write.position} no key to read: "
+            "choose a target that reads more than the blocked position(s)"
+        )
+
+
+@dataclass(frozen=True)
+class SiteKind:
+    """One row of the site table (module docstring).
+
+    ``where``: the adapter row's regex for the kind's modules (``"sites.block"``: ``Adapter.sites.
+    block``; group 1 the layer). ``side``/``argument``: the tensor of each call (`HookPoint`).
+    ``column``: the second index axis, ``"position"`` or ``"head"``. ``stream``: one more row than
+    layers, row 0 the input of the first layer's module and row l + 1 layer l's output. ``read``:
+    a site's value in a recorded activation (None: an intervention, which runs on the clean input
+    and records nothing). ``write``: sets the sites of one hook point. ``dot``: per-site sums of
+    (a_source − a_base) · gradient for the approximations (None: they do not estimate this kind).
+    ``adds_to_stream``: what a block adds to the residual stream (AtP*'s GradDrop stops gradients
+    here; the conformance checks add these up). ``position_option``: the sweep option that gives
+    every site its one position (heads: ``head_position``; knockout: ``target``). ``window``: each
+    site spans the sweep's window of layers centred on its row. ``title``/``title_at``: the report's
+    heading (``title_at`` when the position option is set; ``{position}``, ``{token}``, ``{window}``
+    filled in); ``help``: one line for ``attnflow patch --help``.
+    """
+
+    name: str
+    where: str
+    side: Literal["input", "output"]
+    column: Literal["position", "head"]
+    write: WriteFunction
+    read: ReadFunction | None
+    dot: DotFunction | None
+    title: str
+    help: str
+    argument: str | None = None
+    stream: bool = False
+    adds_to_stream: bool = False
+    position_option: str | None = None
+    window: bool = False
+    title_at: str = ""
+
+    @property
+    def is_activation(self) -> bool:
+        """Whether a site holds an activation another run supplies (else it is an intervention)."""
+        return self.read is not None
+
+    def pattern(self, adapter: Adapter) -> str | None:
+        """The adapter row's regex for this kind's modules (None where the row leaves it out)."""
+        value: Any = adapter
+        for part in self.where.split("."):
+            value = getattr(value, part, None)
+        return value
+
+    def shape(self, n_layers: int, n_tokens: int, n_heads: int) -> tuple[int, int]:
+        """The sweep array's shape: ``[layer (+ 1 for a stream), position or head]``."""
+        return n_layers + int(self.stream), n_tokens if self.column == "position" else n_heads
+
+    def hook_points(self, modules: Sequence[Any]) -> list[HookPoint]:
+        """The hook point of each row of the sweep array, given the kind's modules in layer order
+        (a stream: row 0 the first module's input, row l + 1 module l's output). Where the kind reads
+        an argument other than the first, its write also receives the call's first input (the
+        hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
+        from attnflow.capture.hook_points import HookPoint
+
+        if self.stream:
+            sides: list[tuple[Any, Side]] = [(modules[0], "input"), *((module, "output") for module in modules)]
+            return [HookPoint(module, side, name=f"{self.name} row {row}") for row, (module, side) in enumerate(sides)]
+        reads_first = self.argument is not None
+        return [
+            HookPoint(module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}")
+            for layer, module in enumerate(modules)
+        ]
+
+    def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
+        """The report's heading of this kind's heatmap."""
+        if position is None or not self.title_at:
+            return self.title
+        return self.title_at.format(position=position, token=tokens[position], window=window)
+
+
+def _per_position(name: str, where: str, title: str, help: str, **options: Any) -> SiteKind:
+    """A kind whose sites are one layer's output ``[batch, token, d_model]`` at one position."""
+    return SiteKind(
+        name, where, "output", "position", write_positions, read_position, dot_positions, title, help, **options
+    )
+
+
+SITE_TABLE: tuple[SiteKind, ...] = (
+    _per_position(
+        "residual",
+        "sites.block",
+        "residual stream (row 0: entering the first layer)",
+        "the residual stream per (layer, position); row 0 enters the first layer",
+        stream=True,
+    ),
+    _per_position(
+        "attn",
+        "sites.attention",
+        "attention block outputs",
+        "what each attention block adds to the stream, per (layer, position)",
+        adds_to_stream=True,
+    ),
+    _per_position(
+        "mlp",
+        "sites.mlp",
+        "MLP outputs",
+        "what each MLP adds to the stream, per (layer, position)",
+        adds_to_stream=True,
+    ),
+    SiteKind(
+        "heads",
+        "stack.output_projection",
+        "input",
+        column="head",
+        write=write_heads,
+        read=read_head,
+        dot=dot_heads,
+        position_option="head_position",
+        title="head outputs (every position)",
+        title_at="head outputs at token {position} ({token})",
+        help="each head's output per (layer, head), at every position or at --head-position",
+    ),
+    SiteKind(
+        "knockout",
+        "stack.attention",
+        "input",
+        argument="attention_mask",
+        column="position",
+        write=write_knockout,
+        read=None,
+        dot=None,
+        position_option="target",
+        window=True,
+        title="attention knockout",
+        title_at="attention knockout: key → token {position} ({token}) blocked in {window} layer(s) around each layer",
+        help="attention knockout per (layer, key position): the edge key -> --knockout-target blocked "
+        "in --knockout-window layers around the layer (exact only)",
+    ),
+)
+SITE_KIND_ROWS = {row.name: row for row in SITE_TABLE}
+
+
+def window_layers(layer: int, window: int, n_layers: int) -> tuple[int, ...]:
+    """The layers of a window of ``window`` layers centred on ``layer`` (layer − ⌊(window − 1)/2⌋
+    to layer + ⌊window/2⌋), clipped to the model's layers."""
+    first = max(0, layer - (window - 1) // 2)
+    return tuple(range(first, min(n_layers, layer + window // 2 + 1)))

@@ -1,0 +1,441 @@
+"""`attnflow.routes(model, text, ...)` -> `Routes`: the information flow routes of one prediction,
+from one forward pass (definitions: docs/routes.md).
+
+One forward pass records every residual stream (`attnflow.routes.forward`); each layer's two
+blocks are split into their parts and every part's contribution to its whole is measured
+(`attnflow.routes.contributions`), checking on the way that the parts add up to the model's own
+streams; the route is extracted top-down and every node gets its importance
+(`attnflow.routes.graph`); the logit lens reads the route's nodes and the direct effects of the
+heads and feed-forward blocks (`attnflow.routes.lens`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnflow.errors import InputError
+from attnflow.model_like import ModelLike
+from attnflow.routes import contributions as parts
+from attnflow.routes.forward import (
+    PRECISION,
+    Layer,
+    Recording,
+    Weights,
+    check_supported,
+    layer_view,
+    read_weights,
+    record,
+)
+from attnflow.routes.graph import (
+    DEFAULT_THRESHOLD,
+    Direct,
+    Graph,
+    check_threshold,
+    compose,
+    kept_edges,
+    layer_weights,
+    route_nodes,
+)
+from attnflow.routes.lens import Lens, promotes, readouts
+from attnflow.routes.result import LENS_MODES, Routes
+
+Node = tuple[str, int, int]
+
+
+@dataclass
+class _Fields:
+    """Readout fields ``[T, d]`` (`Lens.readout_field`): of the target's logit and, in contrastive
+    mode, of logit(A) − logit(B); with the directions themselves ``[d]``."""
+
+    target: torch.Tensor | None = None
+    contrast: torch.Tensor | None = None
+    contrast_direction: torch.Tensor | None = None
+
+
+def routes(
+    model: ModelLike,
+    text: str,
+    position: int | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    target: int | str | None = None,
+    contrast: int | str | None = None,
+    *,
+    norm: int = 1,
+    lens: str = "route",
+    top_k: int = 5,
+    components: int = 10,
+) -> Routes:
+    """The information flow routes of ``model`` on ``text`` (see `Routes` for what it holds).
+
+    Args:
+        position: the top node's position (default: the last, the one predicting the next token;
+            negative positions count from the end).
+        threshold: τ in [0, 1): the route keeps the edges with weight > τ (0.04, Ferrando & Voita's).
+        target: the token whose logit the lens and the direct effects read (a single-token string
+            or an id; default: the model's prediction at ``position``). Models with a
+            language-model head only.
+        contrast: contrastive mode: the edges into the top position's stream are kept by their
+            share of the direct effect on logit(target) − logit(contrast).
+        norm: p of the proximity's ‖·‖_p (1, the paper's, or 2).
+        lens: the nodes the logit lens reads: ``"route"`` (the route's nodes and every node of
+            the top position), ``"all"`` (every node: cost grows as layers × tokens × vocabulary),
+            ``"none"``.
+        top_k: tokens listed per lens readout and per promoted/suppressed list.
+        components: how many heads and how many feed-forward blocks, the most important, are
+            described (importance, direct effect, what they promote and suppress).
+    """
+    clock = _Clock()
+    threshold = check_threshold(threshold)
+    _check_options(model, norm, lens, top_k, components)
+    input_ids, tokens = _tokenise(model, text)
+    position = _position(position, len(tokens))
+    weights = read_weights(model)
+    the_lens = _lens(model, weights, target, contrast)
+    recording = record(model, input_ids)
+    clock.lap("forward")
+    final = recording.inputs[-1]
+    tokens_read = _targets(model, the_lens, final[position], target, contrast)
+    fields = _fields(the_lens, final, tokens_read.target_id, tokens_read.contrast_id)
+    graph, effects, direct = _build(recording, weights, position, norm, fields, the_lens)
+    clock.lap("graph")
+    importance = compose(graph, position, threshold, direct)
+    result = Routes(
+        model_name=model.name,
+        text=text,
+        tokens=tokens,
+        token_ids=input_ids[0].numpy(),
+        position=position,
+        threshold=threshold,
+        norm=norm,
+        graph=graph,
+        importance=importance,
+        importance_full=compose(graph, position, 0.0, direct),
+        nodes=route_nodes(importance),
+        edges=kept_edges(graph, importance, position, threshold, direct),
+        prediction=tokens_read.prediction,
+        target=tokens_read.target,
+        contrast=tokens_read.contrast,
+        head_effects=effects[0],
+        ffn_effects=effects[1],
+        direct=direct,
+    )
+    clock.lap("route")
+    if the_lens is not None and tokens_read.target_id is not None:
+        result.lens = _lens_readouts(
+            model, recording, the_lens, result, lens, tokens_read.target_id, tokens_read.contrast_id, top_k
+        )
+    result.components = _components(model, recording, weights, the_lens, result, components, top_k)
+    clock.lap("lens")
+    result.seconds = clock.laps
+    return result
+
+
+class _Clock:
+    """Seconds of each step: ``lap(name)`` records the time since the previous lap."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name], self._last = now - self._last, now
+
+
+def _check_options(model: ModelLike, norm: Any, lens: Any, top_k: Any, components: Any) -> None:
+    check_supported(model)
+    if norm not in parts.NORMS or isinstance(norm, bool):
+        raise ValueError(f"norm must be one of {parts.NORMS}, got {norm!r}")
+    if lens not in LENS_MODES:
+        raise ValueError(f"lens must be one of {', '.join(LENS_MODES)}, got {lens!r}")
+    for name, value in (("top_k", top_k), ("components", components)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _tokenise(model: ModelLike, text: Any) -> tuple[torch.Tensor, list[str]]:
+    """``input_ids [1, T]`` and the token strings; an empty text or one over the model's context
+    is refused (no truncation: a route over a cut text would explain another text)."""
+    from attnflow.capture.texts import check_texts
+
+    (text,) = check_texts(text)
+    if model.tokenizer is None:
+        raise InputError(f"{model.name} reads no text: information-flow routes explain texts")
+    input_ids = model.tokenizer(text, return_tensors="pt", verbose=False)["input_ids"]  # too long: our own error
+    if input_ids.shape[1] > model.max_length:
+        raise InputError(
+            f"the text is {input_ids.shape[1]} tokens: more than {model.name} reads ({model.max_length}); shorten it"
+        )
+    return input_ids, model.tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+
+
+def _position(position: Any, n_tokens: int) -> int:
+    if position is None:
+        return n_tokens - 1
+    if (
+        isinstance(position, bool)
+        or not isinstance(position, (int, np.integer))
+        or not -n_tokens <= position < n_tokens
+    ):
+        raise InputError(
+            f"position must be an integer in [{-n_tokens}, {n_tokens - 1}] for {n_tokens} tokens, got {position!r}"
+        )
+    return int(position) % n_tokens
+
+
+def _lens(model: ModelLike, weights: Weights, target: Any, contrast: Any) -> Lens | None:
+    """The logit lens of a model with a language-model head; None (and no target or contrast
+    allowed) for the others."""
+    if weights.final_norm is None or weights.final_norm_module is None or weights.unembedding is None:
+        if target is not None or contrast is not None:
+            raise InputError(
+                f"{model.name} has no language-model head: its routes have no target or contrast; drop them "
+                "(--target/--contrast)"
+            )
+        return None
+    return Lens(weights.final_norm_module, weights.final_norm, weights.unembedding, weights.softcap)
+
+
+def _targets(model: ModelLike, lens: Lens | None, top: torch.Tensor, target: Any, contrast: Any) -> _Tokens:
+    """The model's prediction at the top node and the target and contrast tokens there (the target
+    defaults to the prediction); empty for models without a language-model head."""
+    if lens is None:
+        return _Tokens()
+    from attnflow.targets import Objective
+
+    objective = Objective(model, target=target, contrast=contrast)
+    logits = lens.logits(top[None])[0]
+    probabilities = logits.softmax(dim=-1)
+    predicted = int(logits.argmax())
+    target_id = predicted if objective.fixed_index is None else objective.fixed_index
+    if objective.contrast_index == target_id:
+        raise InputError(f"the contrast {contrast!r} is the target itself: choose another token")
+
+    def describe(index: int) -> dict[str, Any]:
+        return {
+            "id": index,
+            "token": model.tokenizer.decode([index]),
+            "logit": float(logits[index]),
+            "probability": float(probabilities[index]),
+            "rank": int((logits > logits[index]).sum()),
+        }
+
+    found = _Tokens(describe(predicted), describe(target_id), target_id)
+    if objective.contrast_index is not None:
+        found.contrast, found.contrast_id = describe(objective.contrast_index), objective.contrast_index
+    return found
+
+
+@dataclass
+class _Tokens:
+    """The prediction, the target and the contrast (`Routes.prediction`, ...) and their ids."""
+
+    prediction: dict[str, Any] | None = None
+    target: dict[str, Any] | None = None
+    target_id: int | None = None
+    contrast: dict[str, Any] | None = None
+    contrast_id: int | None = None
+
+
+def _fields(lens: Lens | None, final: torch.Tensor, target: int | None, contrast: int | None) -> _Fields:
+    if lens is None or target is None:
+        return _Fields()
+    final = final.to(PRECISION)
+    fields = _Fields(target=lens.readout_field(final, lens.direction(target)))
+    if contrast is not None:
+        fields.contrast_direction = lens.direction(target, contrast)
+        fields.contrast = lens.readout_field(final, fields.contrast_direction)
+    return fields
+
+
+def linearised_blocks(layer: Layer) -> tuple[parts.Linearised, parts.Linearised]:
+    """One layer's attention and feed-forward blocks, their norms linearised on this input."""
+    attention = parts.linearise_attention(
+        layer.inputs, layer.attention_output, layer.output_bias, layer.attention_norm, layer.attention_norm_first
+    )
+    return attention, parts.linearise_ffn(layer.mid, layer.ffn_output, layer.ffn_norm)
+
+
+def _build(
+    recording: Recording, weights: Weights, position: int, p: int, fields: _Fields, lens: Lens | None
+) -> tuple[Graph, tuple[np.ndarray | None, np.ndarray | None], Direct | None]:
+    """Every layer's contributions (the `Graph`), the direct effects on the target's logit
+    (``[L, H, T]`` per head, ``[L, T]`` per feed-forward block) and, in contrastive mode, the
+    direct effects along the top position's stream (`Direct`)."""
+    n_layers, n_heads, n_tokens = recording.attentions.shape[:3]
+    heads = np.empty((n_layers, n_heads, n_tokens, n_tokens), dtype=np.float32)
+    per_position = {name: np.empty((n_layers, n_tokens), dtype=np.float32) for name in _PER_POSITION}
+    head_effects = np.zeros((n_layers, n_heads, n_tokens)) if fields.target is not None else None
+    ffn_effects = np.zeros((n_layers, n_tokens)) if fields.target is not None else None
+    contrastive = _ContrastiveSums(n_layers, n_heads, n_tokens) if fields.contrast is not None else None
+    for index in range(n_layers):
+        layer = layer_view(recording, weights, index)
+        block, ffn_block = linearised_blocks(layer)
+        head_parts = block.part(parts.head_outputs(layer.attention, layer.values, layer.output_weights))  # [T, H, d]
+        parts.check_whole("attention block", index, layer.mid, block.residual + head_parts.sum(1) + block.bias)
+        vectors = parts.head_vectors(layer.values, layer.output_weights)  # [T, H, d]
+        shares = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
+        ffn_part = ffn_block.part(layer.ffn_output)
+        parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
+        ffn_shares = parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
+        heads[index] = shares[0].cpu().numpy()
+        for name, value in zip(_PER_POSITION, (*shares[1:], *ffn_shares), strict=True):
+            per_position[name][index] = value.cpu().numpy()
+        if head_effects is not None and ffn_effects is not None and fields.target is not None:
+            head_effects[index] = torch.einsum("ihd,id->hi", head_parts, fields.target).cpu().numpy()
+            ffn_effects[index] = (ffn_part * fields.target).sum(-1).cpu().numpy()
+        if contrastive is not None and fields.contrast is not None:
+            contrastive.add(
+                index, position, fields.contrast[position], block, vectors, layer.attention, ffn_block, ffn_part
+            )
+    direct = None
+    if contrastive is not None and fields.contrast is not None and lens is not None:
+        assert fields.contrast_direction is not None  # set with fields.contrast
+        embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
+        direct = contrastive.direct(embedding, lens.shift_effect(fields.contrast_direction))
+    return Graph(heads=heads, **per_position), (head_effects, ffn_effects), direct
+
+
+_PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
+
+
+class _ContrastiveSums:
+    """The signed direct effects on logit(A) − logit(B) of the parts written into the top
+    position's stream, gathered layer by layer, then turned into shares (`Direct`)."""
+
+    def __init__(self, n_layers: int, n_heads: int, n_tokens: int) -> None:
+        self.heads = np.zeros((n_layers, n_heads, n_tokens))
+        self.ffn = np.zeros(n_layers)
+        self.biases = np.zeros(n_layers)
+
+    def add(
+        self,
+        layer: int,
+        position: int,
+        field: torch.Tensor,
+        block: parts.Linearised,
+        vectors: torch.Tensor,
+        attention: torch.Tensor,
+        ffn_block: parts.Linearised,
+        ffn_part: torch.Tensor,
+    ) -> None:
+        """One layer: DE(h, j) = A_h[p, j] · G_p · (c_p ⊙ f̃_h(j)), the FFN's G_p · part, the biases'."""
+        tilde = parts.centre(vectors) if block.centres else vectors
+        reading = field if block.scale is None else block.scale[position] * field
+        self.heads[layer] = (attention[:, position, :] * torch.einsum("jhd,d->hj", tilde, reading)).cpu().numpy()
+        self.ffn[layer] = float(ffn_part[position] @ field)
+        self.biases[layer] = float((block.bias[position] + ffn_block.bias[position]) @ field)
+
+    def direct(self, embedding: float, shift: float) -> Direct:
+        edges = np.abs(self.heads.sum(axis=1))  # [L, T]
+        total = edges.sum() + np.abs(self.ffn).sum() + np.abs(self.biases).sum() + abs(embedding) + abs(shift)
+        divisor = total if total > 0 else 1.0
+        return Direct(
+            attention=edges / divisor,
+            heads=np.abs(self.heads) / divisor,
+            ffn=np.abs(self.ffn) / divisor,
+            head_effects=self.heads,
+            ffn_effects=self.ffn,
+            embedding_effect=embedding,
+            bias_effect=float(self.biases.sum()) + shift,
+        )
+
+
+def _lens_readouts(
+    model: ModelLike,
+    recording: Recording,
+    lens: Lens,
+    result: Routes,
+    mode: str,
+    target: int,
+    contrast: int | None,
+    top_k: int,
+) -> dict[Node, dict[str, Any]]:
+    """The logit lens at the nodes ``mode`` names (see `routes`)."""
+    if mode == "none":
+        return {}
+    n_layers, n_tokens = recording.n_layers, len(result.tokens)
+    if mode == "all":
+        chosen = [("in", layer, i) for layer in range(n_layers + 1) for i in range(n_tokens)]
+        chosen += [("mid", layer, i) for layer in range(n_layers) for i in range(n_tokens)]
+    else:
+        column = [("in", layer, result.position) for layer in range(n_layers + 1)]
+        column += [("mid", layer, result.position) for layer in range(n_layers)]
+        chosen = list(dict.fromkeys([*column, *(node for node, _ in result.nodes)]))
+    streams = {"in": recording.inputs, "mid": recording.mids}
+    vectors = torch.stack([streams[stream][layer, i] for stream, layer, i in chosen])
+    found = readouts(lens, model.tokenizer, vectors, target, contrast, top_k)
+    return dict(zip(chosen, found, strict=True))
+
+
+def _components(
+    model: ModelLike,
+    recording: Recording,
+    weights: Weights,
+    lens: Lens | None,
+    result: Routes,
+    count: int,
+    top_k: int,
+) -> list[dict[str, Any]]:
+    """The ``count`` most important heads and feed-forward blocks: where each matters most, its
+    importance (thresholded and not), its direct effect on the target's logit (in contrastive mode,
+    at the top position, also on the logit difference) and what it promotes and suppresses there."""
+    described: list[dict[str, Any]] = []
+    vectors: list[torch.Tensor] = []
+    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for kind, table, full in (
+        ("head", result.importance.heads, result.importance_full.heads),
+        ("ffn", result.importance.ffn, result.importance_full.ffn),
+    ):
+        for flat in np.argsort(-table, axis=None)[:count]:
+            layer, index = (int(n) for n in np.unravel_index(flat, table.shape))
+            if table[layer, index] <= 0:
+                break
+            head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
+            where = _head_position(result, layer, index) if kind == "head" else index
+            entry = {"kind": kind, "layer": layer, **({"head": index} if kind == "head" else {}), "position": where}
+            entry |= {"importance": float(table[layer, index]), "importance_full": float(full[layer, index])}
+            described.append(entry | _effects(result, kind, layer, index, where))
+            vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
+    if lens is not None and described:
+        finals = recording.inputs[-1, [entry["position"] for entry in described]].to(PRECISION)
+        for entry, effects in zip(described, lens.token_effects(torch.stack(vectors), finals), strict=True):
+            entry.update(promotes(model.tokenizer, effects, top_k))
+    return described
+
+
+def _effects(result: Routes, kind: str, layer: int, index: int, where: int) -> dict[str, float]:
+    """A component's direct effect on the target's logit at ``where`` and, in contrastive mode at
+    the top position, on the logit difference (``index``: the head, or the position of an FFN)."""
+    found = {}
+    heads, ffn = result.head_effects, result.ffn_effects
+    if heads is not None and ffn is not None:
+        found["effect"] = float(heads[layer, index, where] if kind == "head" else ffn[layer, where])
+    if result.direct is not None and where == result.position:
+        direct = result.direct
+        found["contrast_effect"] = float(
+            direct.head_effects[layer, index].sum() if kind == "head" else direct.ffn_effects[layer]
+        )
+    return found
+
+
+def _head_position(result: Routes, layer: int, head: int) -> int:
+    """The query position where a head carries the most importance on the route."""
+    weights = layer_weights(result.graph, layer, result.position, result.direct)
+    kept = np.where(weights["attention"] > result.threshold, weights["heads"][head], 0.0)  # [query, key]
+    return int(np.argmax(result.importance.mids[layer] * kept.sum(axis=1)))
+
+
+def _layer_parts(recording: Recording, weights: Weights, index: int, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's heads' parts ``[T, H, d]`` and feed-forward part ``[T, d]``, as they reach their wholes."""
+    if index not in cache:
+        layer = layer_view(recording, weights, index)
+        block, ffn_block = linearised_blocks(layer)
+        raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights)
+        cache[index] = (block.part(raw), ffn_block.part(layer.ffn_output))
+    return cache[index]

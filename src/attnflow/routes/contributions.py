@@ -1,0 +1,257 @@
+"""How much each part of a residual update contributes to the whole (definitions: docs/routes.md).
+
+proximity(part, whole) = max(‖whole‖_p − ‖whole − part‖_p, 0), normalised over all the parts of
+that whole (they sum to 1). Two wholes per layer l and position i:
+
+- the stream after the attention block, whose parts are the stream before it (the residual), one
+  part per (head h, source j): A_h[i, j] · v_h(j) W_O^h, and the non-edge bias term (the output
+  projection's bias; post-LN families also the norm's shift β);
+- the stream after the feed-forward block, whose parts are the stream before it, the block's
+  output and (post-LN families) the norm's shift β.
+
+A norm that reads a sum of parts is linearised with its statistic fixed at its value on this input
+(`Linearised`): each part p becomes c_i ⊙ p (RMS norms, c_i = gain / rms(y_i)) or c_i ⊙ (p −
+mean(p)) (layer norms, c_i = gain / σ(y_i)), so the parts and the bias terms add up to the whole
+exactly. Arrays are torch tensors, float64 in `attnflow.routes.api` (a proximity is a difference of
+two close norms); the proximities of the (head, source) parts, the bulk of the work, come from one
+compiled kernel that never holds the ``[query, key, head, d_model]`` decomposition
+(`head_proximities`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnflow.errors import CaptureError
+
+NORMS = (1, 2)  # the p of the proximity's norm ‖·‖_p: 1 is Ferrando & Voita's
+TOLERANCE = 1e-3  # the largest error, relative to the whole's largest entry, of the sum of the parts
+
+
+@dataclass
+class Norm:
+    """A norm's parameters: ``kind`` ``"layer"`` (g ⊙ (y − mean(y)) / σ(y) + β, σ(y) =
+    sqrt(var(y) + eps)) or ``"rms"`` (g ⊙ y / sqrt(mean(y²) + eps); ``gain`` g already holds
+    Gemma's 1 + w); ``gain``, ``shift`` β (zeros for RMS norms): ``[..., d]``."""
+
+    kind: str
+    gain: torch.Tensor
+    shift: torch.Tensor
+    eps: float
+
+    @property
+    def centres(self) -> bool:
+        """Whether the norm subtracts the mean (a layer norm)."""
+        return self.kind == "layer"
+
+    def scale(self, y: torch.Tensor) -> torch.Tensor:
+        """``[..., d]`` c = gain / σ(y) (layer norm) or gain / rms(y): the norm's multiplier with its
+        statistic fixed at its value on ``y [..., d]``."""
+        if self.centres:
+            statistic = (y.var(dim=-1, unbiased=False, keepdim=True) + self.eps).sqrt()
+        else:
+            statistic = (y.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
+        return self.gain / statistic
+
+    def linear(self, part: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """A part through the norm linearised at ``scale``: c ⊙ (part − mean(part)) or c ⊙ part."""
+        return scale * (centre(part) if self.centres else part)
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        """The norm itself: ``linear(y, scale(y)) + shift``."""
+        return self.linear(y, self.scale(y)) + self.shift
+
+    def layer(self, index: int, dtype: torch.dtype) -> Norm:
+        """One layer's norm, from parameters stacked ``[layer, d]``, in ``dtype``."""
+        return Norm(self.kind, self.gain[index].to(dtype), self.shift[index].to(dtype), self.eps)
+
+
+def centre(vectors: torch.Tensor) -> torch.Tensor:
+    """Each vector minus its mean over the last axis."""
+    return vectors - vectors.mean(dim=-1, keepdim=True)
+
+
+@dataclass
+class Linearised:
+    """One block's whole at every position, as parts: whole_i = residual_i + Σ parts_i + bias_i.
+
+    ``residual [T, d]``: the stream before the block, as it reaches the whole; ``scale [T, d]`` or
+    None: c_i, what multiplies every other part (after centring when ``centres``); ``bias [T, d]``:
+    the non-edge term (a bias and a norm's shift where they act; zeros where none)."""
+
+    residual: torch.Tensor
+    scale: torch.Tensor | None
+    centres: bool
+    bias: torch.Tensor
+
+    def part(self, raw: torch.Tensor) -> torch.Tensor:
+        """``[T, ..., d]`` a raw part (what the block computes at each position) as it reaches the whole."""
+        part = centre(raw) if self.centres else raw
+        if self.scale is None:
+            return part
+        return part * self.scale.reshape(self.scale.shape[0], *([1] * (part.dim() - 2)), self.scale.shape[-1])
+
+
+def linearise_attention(
+    inputs: torch.Tensor, output: torch.Tensor, bias: torch.Tensor, norm: Norm | None, norm_first: bool
+) -> Linearised:
+    """The attention block at one layer: ``inputs [T, d]`` the stream entering it, ``output [T, d]``
+    the output projection's output (its ``bias [d]`` included). ``norm`` (this layer's ``[d]``
+    parameters): post-LN, read by LN(inputs + output); ``norm_first`` (sandwich): inputs +
+    norm(output); None: pre-LN, inputs + output."""
+    if norm is None:
+        return Linearised(inputs, None, False, bias.expand_as(inputs))
+    if norm_first:
+        scale = norm.scale(output)
+        return Linearised(inputs, scale, norm.centres, norm.linear(bias.expand_as(inputs), scale) + norm.shift)
+    scale = norm.scale(inputs + output)
+    return Linearised(
+        norm.linear(inputs, scale), scale, norm.centres, norm.linear(bias.expand_as(inputs), scale) + norm.shift
+    )
+
+
+def linearise_ffn(mid: torch.Tensor, output: torch.Tensor, norm: Norm | None) -> Linearised:
+    """The feed-forward block at one layer: ``mid [T, d]`` the stream entering it, ``output [T, d]``
+    what it adds (with any norm of its own, as Gemma's post-feed-forward norm, already applied);
+    ``norm``: post-LN, the layer norm reading mid + output."""
+    if norm is None:
+        return Linearised(mid, None, False, torch.zeros_like(mid))
+    scale = norm.scale(mid + output)
+    return Linearised(norm.linear(mid, scale), scale, norm.centres, norm.shift.expand_as(mid))
+
+
+def head_vectors(values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
+    """``[T, H, d]`` f_h(j) = v_h(j) W_O^h from ``values [T, KV, d_head]`` and ``output_weights
+    [H, d_head, d]`` (grouped-query attention: head h reads KV head h // (H / KV))."""
+    n_heads, n_kv = output_weights.shape[0], values.shape[1]
+    per_head = values.repeat_interleave(n_heads // n_kv, dim=1)  # [T, H, d_head]
+    return torch.einsum("jhk,hkd->jhd", per_head, output_weights)
+
+
+def head_outputs(attention: torch.Tensor, values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
+    """``[T, H, d]`` each head's raw output at each query, Σ_j A_h[i, j] f_h(j), computed as
+    (A_h V_h) W_O^h (no ``[T, T, d]`` product)."""
+    n_heads, n_kv = output_weights.shape[0], values.shape[1]
+    per_head = values.repeat_interleave(n_heads // n_kv, dim=1)  # [T, H, d_head]
+    mixed = torch.einsum("hij,jhk->ihk", attention, per_head)  # [T, H, d_head]
+    return torch.einsum("ihk,hkd->ihd", mixed, output_weights)
+
+
+def check_whole(name: str, layer: int, whole: torch.Tensor, parts_sum: torch.Tensor) -> None:
+    """Decompositions check themselves: the parts must add up to the model's own whole."""
+    error = float((whole - parts_sum).abs().max())
+    scale = max(1.0, float(whole.abs().max()))
+    if not error <= TOLERANCE * scale:
+        raise CaptureError(
+            f"layer {layer}: the parts of the {name} do not add up to the model's own stream "
+            f"(largest error {error:.3g} on entries up to {scale:.3g}): the adapter row does not match this model"
+        )
+
+
+def proximity(whole: torch.Tensor, part: torch.Tensor, p: int) -> torch.Tensor:
+    """``[...]`` max(‖whole‖_p − ‖whole − part‖_p, 0) over the last axis (broadcasting)."""
+    return (torch.linalg.vector_norm(whole, p, dim=-1) - torch.linalg.vector_norm(whole - part, p, dim=-1)).clamp(
+        min=0.0
+    )
+
+
+def normalise(*proximities: torch.Tensor) -> list[torch.Tensor]:
+    """Each ``[T, ...]`` proximity divided by the sum over every part of the same whole (the
+    position i, the first axis; 0 where that sum is 0, a whole no part comes near)."""
+    total = sum(p.reshape(p.shape[0], -1).sum(dim=1, dtype=torch.float64) for p in proximities)
+    divisor = torch.where(total > 0, total, torch.ones_like(total))
+    return [p / divisor.reshape(-1, *([1] * (p.dim() - 1))).to(p.dtype) for p in proximities]
+
+
+def attention_contributions(
+    whole: torch.Tensor, block: Linearised, vectors: torch.Tensor, attention: torch.Tensor, p: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's attention-block contributions, normalised: ``heads [H, T, T]`` ``[head, query,
+    key]``, ``residual [T]`` and ``bias [T]``. ``whole [T, d]``: the stream after the block;
+    ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``."""
+    heads = head_proximities(whole, block, vectors, attention, p)  # [T, H, T]
+    residual = proximity(whole, block.residual, p)
+    bias = proximity(whole, block.bias, p)
+    residual, heads, bias = normalise(residual, heads, bias)
+    return heads.permute(1, 0, 2), residual, bias
+
+
+def ffn_contributions(
+    whole: torch.Tensor, block: Linearised, part: torch.Tensor, p: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's feed-forward contributions, normalised: ``ffn [T]``, ``residual [T]``, ``bias
+    [T]``; ``part [T, d]`` what the block adds as it reaches the whole (``block.part(output)``)."""
+    ffn = proximity(whole, part, p)
+    residual = proximity(whole, block.residual, p)
+    bias = proximity(whole, block.bias, p)
+    ffn, residual, bias = normalise(ffn, residual, bias)
+    return ffn, residual, bias
+
+
+def head_proximities(
+    whole: torch.Tensor, block: Linearised, vectors: torch.Tensor, attention: torch.Tensor, p: int
+) -> torch.Tensor:
+    """``[T, H, T]`` ``[query, head, key]`` proximity of A_h[i, j] c_i ⊙ f̃_h(j) to whole_i, from one
+    compiled kernel that walks (i, j, h) and never forms the part vectors: memory O(T·H·d) for the
+    inputs, O(H·T²) for the result. A zero attention weight gives a zero part, whose proximity is
+    exactly 0, so the kernel skips it (causal models: j > i; local layers: outside the window)."""
+    if p not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {p!r}")
+    vectors = centre(vectors) if block.centres else vectors
+    scale = torch.ones_like(whole) if block.scale is None else block.scale
+    arrays = [np.ascontiguousarray(t.detach().cpu().double().numpy()) for t in (whole, scale, vectors, attention)]
+    result = np.empty((whole.shape[0], attention.shape[0], whole.shape[0]), dtype=np.float64)
+    kernel = _compiled_kernel()
+    kernel(*arrays, np.int64(p), result)
+    return torch.from_numpy(result).to(whole.device)
+
+
+_KERNEL: list[Any] = []
+_KERNEL_LOCK = threading.Lock()
+
+
+def _compiled_kernel() -> Any:
+    """The numba kernel, compiled on first use (numba's on-disk cache keeps it between runs)."""
+    with _KERNEL_LOCK:
+        if not _KERNEL:
+            from numba import njit
+
+            _KERNEL.append(njit(cache=True, nogil=True, fastmath=True)(_proximity_kernel))
+    return _KERNEL[0]
+
+
+def _proximity_kernel(whole, scale, vectors, attention, p, out):  # pragma: no cover - compiled by numba
+    """out[i, h, j] = max(‖w_i‖_p − ‖w_i − A[h, i, j] c_i ⊙ f[j, h]‖_p, 0) (the loops over k are
+    kept apart per norm, so that each vectorises)."""
+    n_tokens, width = whole.shape
+    n_heads = vectors.shape[1]
+    for i in range(n_tokens):
+        norm = 0.0
+        if p == 1:
+            for k in range(width):
+                norm += abs(whole[i, k])
+        else:
+            for k in range(width):
+                norm += whole[i, k] * whole[i, k]
+            norm = np.sqrt(norm)
+        for h in range(n_heads):
+            for j in range(n_tokens):
+                weight = attention[h, i, j]
+                if weight == 0.0:
+                    out[i, h, j] = 0.0
+                    continue
+                distance = 0.0
+                if p == 1:
+                    for k in range(width):
+                        distance += abs(whole[i, k] - weight * scale[i, k] * vectors[j, h, k])
+                else:
+                    for k in range(width):
+                        gap = whole[i, k] - weight * scale[i, k] * vectors[j, h, k]
+                        distance += gap * gap
+                    distance = np.sqrt(distance)
+                out[i, h, j] = max(norm - distance, 0.0)

@@ -1,0 +1,260 @@
+"""The one forward pass information-flow routes read, recorded through hooks removed in ``finally``.
+
+Where each tensor lives comes from the family's adapter row: the blocks and what each
+feed-forward block adds from `Sites`, the stream after each attention block from `Streams.mid`,
+the values from `Values.value` (or a slice of `Streams.fused_value`), the attention weights and
+the output projections from the `Stack`. The pass stops once the last block has run: the
+unembedding, a pooler or a head compute nothing routes read (the logit lens applies the final
+norm and the unembedding itself). This module holds all of routes' hook code, and the reading of
+the weights routes need (output projections, norms, unembedding).
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnflow.capture import hook_points
+from attnflow.capture.hook_points import HookPoint
+from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
+from attnflow.errors import CaptureError, InputError
+from attnflow.model_like import ModelLike
+from attnflow.routes.contributions import Norm
+from attnflow.trace import CAPABILITIES
+
+
+@dataclass
+class Recording:
+    """One text's residual streams, float32 on the model's device (``T`` tokens, ``d`` = d_model).
+
+    ``inputs [L + 1, T, d]``: the stream entering each layer; row L is the stream leaving the last
+    layer (what the final norm reads). ``mids [L, T, d]``: the stream after each attention block.
+    ``attentions [L, H, T, T]`` ``[layer, head, query, key]``. ``values [L, T, KV, d_head]``: the
+    value vectors of the KV heads, value bias included (query head h reads KV head
+    h // (H / KV)). ``attention_outputs [L, T, d]``: the attention output projection's output,
+    bias included, before any norm and the residual addition. ``ffn_outputs [L, T, d]``: what each
+    feed-forward block adds to the stream (`Sites.mlp`'s output; post-LN families: before the
+    layer norm that follows the addition).
+    """
+
+    inputs: torch.Tensor
+    mids: torch.Tensor
+    attentions: torch.Tensor
+    values: torch.Tensor
+    attention_outputs: torch.Tensor
+    ffn_outputs: torch.Tensor
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.mids.shape[0])
+
+
+PRECISION = torch.float64  # of the per-layer arithmetic (a proximity is a difference of two close norms)
+
+
+@dataclass
+class Layer:
+    """One layer's tensors, in `PRECISION`: ``inputs`` the stream entering it, ``mid`` after its
+    attention block, ``out`` leaving it (``[T, d]`` each), ``attention [H, T, T]``, ``values [T,
+    KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]`` (see `Recording`),
+    ``output_weights [H, d_head, d]``, ``output_bias [d]`` and its norms (see `Weights`)."""
+
+    inputs: torch.Tensor
+    mid: torch.Tensor
+    out: torch.Tensor
+    attention: torch.Tensor
+    values: torch.Tensor
+    attention_output: torch.Tensor
+    ffn_output: torch.Tensor
+    output_weights: torch.Tensor
+    output_bias: torch.Tensor
+    attention_norm: Norm | None
+    attention_norm_first: bool
+    ffn_norm: Norm | None
+
+
+def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
+    """Layer ``index`` of a recording with its weights, in `PRECISION`."""
+
+    def exact(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(PRECISION)
+
+    return Layer(
+        inputs=exact(recording.inputs[index]),
+        mid=exact(recording.mids[index]),
+        out=exact(recording.inputs[index + 1]),
+        attention=exact(recording.attentions[index]),
+        values=exact(recording.values[index]),
+        attention_output=exact(recording.attention_outputs[index]),
+        ffn_output=exact(recording.ffn_outputs[index]),
+        output_weights=exact(weights.output_weights[index]),
+        output_bias=exact(weights.output_bias[index]),
+        attention_norm=None if weights.attention_norm is None else weights.attention_norm.layer(index, PRECISION),
+        attention_norm_first=weights.attention_norm_first,
+        ffn_norm=None if weights.ffn_norm is None else weights.ffn_norm.layer(index, PRECISION),
+    )
+
+
+@dataclass
+class Weights:
+    """What routes read of the weights. ``output_weights [L, H, d_head, d]``: each head's slice of
+    the output projection W_O; ``output_bias [L, d]`` (zeros without one). ``attention_norm``:
+    post-LN families, the layer norm after each attention block (``attention_norm_first`` False:
+    it reads the sum residual + attention output); sandwich families, the norm on the attention
+    output alone before the residual addition (``attention_norm_first`` True); None for pre-LN.
+    ``ffn_norm``: post-LN families, the layer norm after each feed-forward block. Norm parameters
+    are ``[L, d]``. ``final_norm`` ``[d]`` and ``unembedding`` (``W_U [vocabulary, d]``) for the
+    logit lens, None where the model has no language-model head; ``softcap``: the model's final
+    logit soft-capping c (logits = c tanh(z / c)), or None.
+    """
+
+    output_weights: torch.Tensor
+    output_bias: torch.Tensor
+    attention_norm: Norm | None
+    attention_norm_first: bool
+    ffn_norm: Norm | None
+    final_norm: Norm | None
+    final_norm_module: nn.Module | None
+    unembedding: nn.Module | None
+    softcap: float | None
+
+
+def check_supported(model: ModelLike) -> None:
+    """One line naming what the model's adapter row lacks for routes (vision and encoder-decoder
+    rows have no residual streams mapped; a row needs `Streams`, `Sites` and its values)."""
+    adapter = model.adapter
+    if "streams" in adapter.provides:
+        return
+    missing = []
+    if adapter.streams is None:
+        missing.append(f"streams ({CAPABILITIES['streams']})")
+    if adapter.sites is None:
+        missing.append(f"sites ({CAPABILITIES['sites']})")
+    if adapter.values is None and (adapter.streams is None or adapter.streams.fused_value is None):
+        missing.append("values (where the value vectors are)")
+    raise InputError(
+        f"information-flow routes do not support the {adapter.family} family ({model.name}): "
+        f"its adapter row has no {'; no '.join(missing)}"
+    )
+
+
+def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
+    """One forward pass over ``input_ids [1, T]`` with every stream routes read recorded."""
+    adapter, hf_model = model.adapter, model.model
+    streams, sites = adapter.streams, adapter.sites
+    value_pattern, part, parts = _value_location(model)
+    located = {
+        "blocks": find_layers(hf_model, sites.block),
+        "mids": find_layers(hf_model, streams.mid),
+        "values": find_layers(hf_model, value_pattern),
+        "attention_outputs": find_layers(hf_model, adapter.stack.output_projection),
+        "ffn_outputs": find_layers(hf_model, sites.mlp),
+    }
+    wrong = {name: len(found) for name, found in located.items() if len(found) != model.n_layers}
+    if wrong:
+        raise CaptureError(
+            f"{model.name}: the adapter row's patterns found {wrong} modules for {model.n_layers} layers"
+        )
+    with ExitStack() as hooks, torch.no_grad():
+        attention = hooks.enter_context(record_stack(hf_model, adapter.stack, head_outputs=False))
+        first_input = hooks.enter_context(record_tensors(located["blocks"][:1], inputs=True))
+        mids = hooks.enter_context(record_tensors(located["mids"], inputs=True))
+        outputs = {
+            name: hooks.enter_context(record_tensors(located[name]))
+            for name in ("blocks", "values", "attention_outputs", "ffn_outputs")
+        }
+        last_block = located["blocks"][-1][1]  # registered last: its hook runs after the recording
+        hooks.enter_context(hook_points.hooks([(HookPoint(last_block, "output", name="last block"), _stop)]))
+        try:
+            hf_model(input_ids=input_ids.to(model.device), output_attentions=True)
+        except StopForward:
+            pass
+    values = stack_recorded(outputs["values"], located["values"])[0]  # [L, T, width]
+    width = values.shape[-1] // parts
+    values = values[..., part * width : (part + 1) * width]
+    first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]
+    return Recording(
+        inputs=torch.cat([first, stack_recorded(outputs["blocks"], located["blocks"])[0]]).float(),
+        mids=stack_recorded(mids, located["mids"])[0].float(),
+        attentions=attention.stacked_weights()[0].float(),
+        values=values.reshape(*values.shape[:2], -1, model.d_head).float(),
+        attention_outputs=stack_recorded(outputs["attention_outputs"], located["attention_outputs"])[0].float(),
+        ffn_outputs=stack_recorded(outputs["ffn_outputs"], located["ffn_outputs"])[0].float(),
+    )
+
+
+def _stop(_output: Any) -> None:
+    raise StopForward
+
+
+def _value_location(model: ModelLike) -> tuple[str, int, int]:
+    """The module whose output holds the values, which part of it and in how many parts it splits."""
+    streams, values = model.adapter.streams, model.adapter.values
+    if streams.fused_value is not None:
+        return streams.fused_value
+    return values.value, 0, 1
+
+
+def read_weights(model: ModelLike) -> Weights:
+    """The weights routes read (see `Weights`), on the model's device."""
+    adapter, hf_model = model.adapter, model.model
+    streams, values = adapter.streams, adapter.values
+    shared = model.shared_fields(frozenset({"output_weights"}))
+    attention_norm, first = None, False
+    if values is not None and values.norm is not None:
+        attention_norm = _layer_norms(model, values.norm)
+    elif values is not None and values.output_norm is not None:
+        attention_norm, first = _layer_norms(model, values.output_norm), True
+    final_module = _find_one(hf_model, streams.final_norm) if streams.final_norm else None
+    unembedding = hf_model.get_output_embeddings() if final_module is not None else None
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    return Weights(
+        output_weights=torch.as_tensor(shared["output_weights"], device=model.device),
+        output_bias=torch.as_tensor(shared["output_bias"], device=model.device),
+        attention_norm=attention_norm,
+        attention_norm_first=first,
+        ffn_norm=_layer_norms(model, streams.ffn_norm) if streams.ffn_norm else None,
+        final_norm=None if final_module is None else norm_of([final_module], streams.norm, streams.rms_offset),
+        final_norm_module=final_module,
+        unembedding=unembedding if isinstance(unembedding, nn.Module) else None,
+        softcap=float(softcap) if softcap else None,
+    )
+
+
+def _layer_norms(model: ModelLike, pattern: str) -> Norm:
+    modules = [module for _, module in find_layers(model.model, pattern)]
+    if len(modules) != model.n_layers:
+        raise CaptureError(f"{model.name}: found {len(modules)} norms for {model.n_layers} layers ({pattern!r})")
+    streams = model.adapter.streams
+    return norm_of(modules, streams.norm, streams.rms_offset)
+
+
+def norm_of(modules: list[nn.Module], kind: str, rms_offset: float) -> Norm:
+    """The parameters of norms of one form, stacked (``[len(modules), d]``; one module: ``[d]``)."""
+    if kind not in ("layer", "rms"):
+        raise CaptureError(f"unknown norm form {kind!r} in the adapter row (layer or rms)")
+    gains, shifts = [], []
+    for module in modules:
+        weight = module.weight.detach().float()
+        bias = getattr(module, "bias", None)
+        gains.append(weight + rms_offset if kind == "rms" else weight)
+        shifts.append(torch.zeros_like(weight) if bias is None or kind == "rms" else bias.detach().float())
+    eps = getattr(modules[0], "eps", None)
+    eps = getattr(modules[0], "variance_epsilon", None) if eps is None else eps
+    if eps is None:
+        raise CaptureError(f"{type(modules[0]).__name__} names no epsilon (eps or variance_epsilon)")
+    stack = (lambda tensors: tensors[0]) if len(modules) == 1 else torch.stack
+    return Norm(kind, stack(gains), stack(shifts), float(eps))
+
+
+def _find_one(model: nn.Module, pattern: str) -> nn.Module:
+    regex = re.compile(pattern)
+    found = [module for name, module in model.named_modules() if regex.search(name)]
+    if len(found) != 1:
+        raise CaptureError(f"{len(found)} modules match {pattern!r}; the adapter row's final norm names one")
+    return found[0]

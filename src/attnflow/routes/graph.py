@@ -1,0 +1,221 @@
+"""The contribution graph, route extraction (Ferrando & Voita's Algorithm 1) and importance.
+
+Nodes are residual vectors: ``("in", l, i)``, the stream entering layer l at position i
+(``("in", L, i)`` leaves the last layer: the top, what the unembedding reads), and ``("mid", l,
+i)``, the stream after layer l's attention block. Edges carry the contributions of
+`attnflow.routes.contributions`:
+
+- attention ``("in", l, j) -> ("mid", l, i)``, weight ``attention[l, i, j]`` = Σ_h heads[l, h, i, j];
+- attention residual ``("in", l, i) -> ("mid", l, i)``, weight ``attention_residual[l, i]``;
+- feed-forward ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn[l, i]``;
+- feed-forward residual ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn_residual[l, i]``.
+
+Extraction: from the top node at the chosen position, go down keeping every edge with weight > τ
+that leaves a node already reached; the route is the subgraph reached. Importance: 1 at the top; a
+node's importance is Σ over its kept edges to reached nodes above of importance(above) × weight.
+Every reached node has importance > 0 and every other node 0, so one vectorised pass down the
+layers gives both (`compose`). With τ = 0 the same pass is the un-thresholded composition.
+Pure numpy: nothing here reads a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DEFAULT_THRESHOLD = 0.04  # τ of Ferrando & Voita
+
+
+@dataclass
+class Graph:
+    """The whole contribution graph, before any threshold (``L`` layers, ``H`` heads, ``T`` tokens):
+    ``heads [L, H, T, T]`` ``[layer, head, query, key]``, ``attention_residual``,
+    ``attention_bias``, ``ffn``, ``ffn_residual``, ``ffn_bias``: ``[L, T]``. For each layer and
+    position, the attention block's shares (residual + Σ heads + bias) sum to 1, and so do the
+    feed-forward block's (ffn + residual + bias), except for a whole no part comes near (all 0)."""
+
+    heads: np.ndarray
+    attention_residual: np.ndarray
+    attention_bias: np.ndarray
+    ffn: np.ndarray
+    ffn_residual: np.ndarray
+    ffn_bias: np.ndarray
+    _attention: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def attention(self) -> np.ndarray:
+        """``[L, T, T]`` ``[layer, query, key]``: the attention edges, summed over heads."""
+        if self._attention is None:
+            self._attention = self.heads.sum(axis=1)
+        return self._attention
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.heads.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.heads.shape[-1])
+
+
+@dataclass
+class Direct:
+    """Contrastive mode: the parts written into the top position's residual stream, by their
+    direct effect on logit(A) − logit(B) (`attnflow.routes.lens.direct_effects`): shares of D, the
+    sum of the absolute direct effects of every edge and non-edge term of that stream, for the
+    attention edges ``attention [L, T]`` (|Σ_h DE(h, j)| / D), each head's part ``heads [L, H, T]``
+    (|DE(h, j)| / D) and the feed-forward blocks ``ffn [L]``; the signed effects (logits)
+    ``head_effects [L, H, T]``, ``ffn_effects [L]``, ``embedding_effect`` (the stream entering
+    the first layer) and ``bias_effect`` (the non-edge terms: biases and the norms' shifts). All of
+    them add up to logit(A) − logit(B) at the top position (before any soft-capping)."""
+
+    attention: np.ndarray
+    heads: np.ndarray
+    ffn: np.ndarray
+    head_effects: np.ndarray
+    ffn_effects: np.ndarray
+    embedding_effect: float
+    bias_effect: float
+
+    @property
+    def total(self) -> float:
+        """Σ of every signed direct effect: the logit difference itself."""
+        return float(self.head_effects.sum() + self.ffn_effects.sum() + self.embedding_effect + self.bias_effect)
+
+
+@dataclass
+class Composition:
+    """Importance of every node and component for one top node: ``inputs [L + 1, T]`` (the stream
+    entering each layer; row L the top), ``mids [L, T]``, ``heads [L, H]`` (Σ over the kept
+    attention edges of importance(query node) × the head's share), ``ffn [L, T]``."""
+
+    inputs: np.ndarray
+    mids: np.ndarray
+    heads: np.ndarray
+    ffn: np.ndarray
+
+
+def check_threshold(threshold: Any) -> float:
+    """τ as a float in [0, 1); a ValueError that names the parameter otherwise."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a number in [0, 1), got {threshold!r}")
+    return float(threshold)
+
+
+def compose(graph: Graph, position: int, threshold: float, direct: Direct | None = None) -> Composition:
+    """Importance of every node for the top node at ``position``, keeping edges with weight >
+    ``threshold`` (see the module docstring). ``direct``: contrastive mode, where the edges into
+    the top position's stream are weighted by their share of the direct effect on the logit
+    difference, that stream's own residual edges by 1, and its nodes have importance 1."""
+    n_layers, n_heads, n_tokens = graph.n_layers, graph.heads.shape[1], graph.n_tokens
+    inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
+    heads, ffn = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_tokens))
+    inputs[n_layers, position] = 1.0
+    for layer in reversed(range(n_layers)):
+        weights = layer_weights(graph, layer, position, direct)
+        kept = {name: np.where(value > threshold, value, 0.0) for name, value in weights.items()}
+        ffn[layer] = inputs[layer + 1] * kept["ffn"]
+        mids[layer] = ffn[layer] + inputs[layer + 1] * kept["ffn_residual"]
+        if direct is not None:
+            mids[layer, position] = 1.0
+        mask = kept["attention"] > 0  # [query, key]
+        heads[layer] = np.einsum("i,hij->h", mids[layer], np.where(mask, weights["heads"], 0.0))
+        inputs[layer] = mids[layer] * kept["attention_residual"] + mids[layer] @ kept["attention"]
+        if direct is not None:
+            inputs[layer, position] = 1.0
+    return Composition(inputs, mids, heads, ffn)
+
+
+def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None) -> dict[str, np.ndarray]:
+    """One layer's edge weights; contrastive mode re-weights the edges into the top position."""
+    weights = {
+        "heads": graph.heads[layer].astype(np.float64),  # [H, query, key]
+        "attention": graph.attention[layer].astype(np.float64),  # [query, key]
+        "attention_residual": graph.attention_residual[layer].astype(np.float64),
+        "ffn": graph.ffn[layer].astype(np.float64),
+        "ffn_residual": graph.ffn_residual[layer].astype(np.float64),
+    }
+    if direct is not None:
+        weights["heads"][:, position] = direct.heads[layer]
+        weights["attention"][position] = direct.attention[layer]
+        weights["attention_residual"][position] = 1.0
+        weights["ffn"][position] = direct.ffn[layer]
+        weights["ffn_residual"][position] = 1.0
+    return weights
+
+
+@dataclass
+class Edge:
+    """One kept edge: ``kind`` (``attention``, ``attention_residual``, ``ffn``, ``ffn_residual``),
+    ``layer``, from the node ``source`` to the node ``target`` (``(stream, layer, position)``,
+    stream ``"in"`` or ``"mid"``), its ``weight`` and the importance it carries down,
+    importance(target) × weight; attention edges also each head's share (``heads [H]``)."""
+
+    kind: str
+    layer: int
+    source: tuple[str, int, int]
+    target: tuple[str, int, int]
+    weight: float
+    importance: float
+    heads: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "kind": self.kind,
+            "layer": self.layer,
+            "source": list(self.source),
+            "target": list(self.target),
+            "weight": self.weight,
+            "importance": self.importance,
+        }
+        if self.heads is not None:
+            data["heads"] = self.heads
+        return data
+
+
+def kept_edges(
+    graph: Graph, composition: Composition, position: int, threshold: float, direct: Direct | None = None
+) -> list[Edge]:
+    """The edges of the route: weight > ``threshold`` and leaving a reached node above, strongest
+    importance first."""
+    edges: list[Edge] = []
+    for layer in range(graph.n_layers):
+        weights = layer_weights(graph, layer, position, direct)
+        above, mid = composition.inputs[layer + 1], composition.mids[layer]
+        for i in map(int, np.flatnonzero(above > 0)):
+            for kind in ("ffn", "ffn_residual"):
+                weight = float(weights[kind][i])
+                if weight > threshold:
+                    edges.append(
+                        Edge(kind, layer, ("mid", layer, i), ("in", layer + 1, i), weight, float(above[i] * weight))
+                    )
+        for i in map(int, np.flatnonzero(mid > 0)):
+            weight = float(weights["attention_residual"][i])
+            if weight > threshold:
+                edges.append(
+                    Edge(
+                        "attention_residual", layer, ("in", layer, i), ("mid", layer, i), weight, float(mid[i] * weight)
+                    )
+                )
+            for j in map(int, np.flatnonzero(weights["attention"][i] > threshold)):
+                weight = float(weights["attention"][i, j])
+                shares = [float(share) for share in weights["heads"][:, i, j]]
+                edges.append(
+                    Edge(
+                        "attention", layer, ("in", layer, j), ("mid", layer, i), weight, float(mid[i] * weight), shares
+                    )
+                )
+    return sorted(edges, key=lambda edge: -edge.importance)
+
+
+def route_nodes(composition: Composition) -> list[tuple[tuple[str, int, int], float]]:
+    """``((stream, layer, position), importance)`` of every reached node, most important first (on
+    a tie, the higher node first)."""
+    nodes = []
+    for stream, importance in (("in", composition.inputs), ("mid", composition.mids)):
+        nodes += [
+            ((stream, int(layer), int(i)), float(importance[layer, i])) for layer, i in np.argwhere(importance > 0)
+        ]
+    return sorted(nodes, key=lambda node: (-node[1], -node[0][1], node[0][0] != "in", node[0][2]))

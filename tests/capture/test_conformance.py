@@ -1,0 +1,87 @@
+"""The conformance suite of adapter rows (`attnflow.capture.check_adapter`): every row of the table
+passes on its tiny model, running the checks its row provides for; deliberately broken rows (a
+wrong head-slice pattern, a norm of the wrong place or form, an MLP site that is not the MLP) fail
+with one line naming the failed check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import attnflow
+from attnflow.capture import ADAPTERS, AdapterCheckError, check_adapter
+
+from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
+
+EVERY_CHECK = {"attention_weights", "head_slices", "attention_output", "residual_sum", "own_value", "knockout"}
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES + VISION_FAMILIES)
+def test_every_row_passes_on_its_tiny_model(tiny_loaded, family):
+    model = tiny_loaded(family)
+    ran = set(check_adapter(model.adapter, model))
+    assert {"attention_weights", "norm_form"} <= ran
+    assert ("head_slices" in ran) == ("values" in model.adapter.provides or model.adapter.values is not None)
+    assert ("own_value" in ran) == ("knockout" in ran) == ("sites" in model.adapter.provides)
+    if family in ("llama", "qwen2"):
+        assert ran >= EVERY_CHECK  # pre-norm with values and sites: the whole suite
+    if family in ("bert", "distilbert", "mpnet"):
+        assert "post_norm" in ran and "residual_sum" not in ran
+
+
+def test_every_row_of_the_table_has_a_tiny_model_here():
+    families = {row.family for row in ADAPTERS}
+    covered = {attnflow.capture.adapter_for(_model_type(f), "").family for f in TEXT_FAMILIES + VISION_FAMILIES}
+    assert families == covered
+
+
+def _model_type(family: str) -> str:
+    from tiny_models import tiny_config
+
+    return tiny_config(family).model_type
+
+
+def broken(model, **changes) -> attnflow.capture.Adapter:
+    """The model's row with some of its parts replaced (``values``, ``sites``, ``stack``: dicts of fields)."""
+    row = model.adapter
+    replaced = {name: dataclasses.replace(getattr(row, name), **fields) for name, fields in changes.items()}
+    return dataclasses.replace(row, family=f"broken-{row.family}", **replaced)
+
+
+def failure(row, model) -> str:
+    with pytest.raises(AdapterCheckError) as error:
+        check_adapter(row, model)
+    message = str(error.value)
+    assert "\n" not in message and row.family in message
+    return message
+
+
+def test_a_wrong_head_slice_pattern_fails_head_slices(tiny_loaded):
+    model = tiny_loaded("llama")
+    row = broken(model, stack={"output_projection": r"layers\.(\d+)\.self_attn\.q_proj$"})  # hidden states, not heads
+    assert "fails head_slices: layer 0" in failure(row, model)
+    row = broken(model, values={"value": r"layers\.(\d+)\.self_attn\.k_proj$"})  # keys taken for values
+    assert "fails head_slices" in failure(row, model)
+
+
+def test_a_norm_of_the_wrong_place_or_form_fails(tiny_loaded):
+    bert = tiny_loaded("bert")
+    after_mlp = broken(bert, values={"norm": r"layer\.(\d+)\.output\.LayerNorm$"})  # the norm after the MLP
+    assert "fails post_norm: layer 0: the norm's input" in failure(after_mlp, bert)
+    llama = tiny_loaded("llama")
+    not_a_norm = dataclasses.replace(llama.adapter, family="broken-llama", embedding_norm=r"layers\.0\.mlp\.act_fn$")
+    assert "fails norm_form" in failure(not_a_norm, llama) and "act_fn" in failure(not_a_norm, llama)
+
+
+def test_an_mlp_site_that_is_not_the_mlp_output_fails_residual_sum(tiny_loaded):
+    model = tiny_loaded("gpt2")
+    row = broken(model, sites={"mlp": r"\bh\.(\d+)\.mlp\.c_fc$"})
+    assert "fails residual_sum: layer 0" in failure(row, model)
+
+
+def test_a_user_row_is_checked_before_it_is_registered(tiny_loaded):
+    model = tiny_loaded("qwen2")  # the documented way: build the row, check it on the model, then register it
+    row = dataclasses.replace(model.adapter, family="my-qwen2")
+    assert set(check_adapter(row, model.model)) >= EVERY_CHECK  # the Hugging Face module itself works too
+    assert model.model.training is False

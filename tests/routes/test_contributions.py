@@ -1,0 +1,76 @@
+"""Routes' contributions against an independent oracle (explicit loops over every part, from the
+modules' weights and the model's own hidden states), on the tiny model of every supported family;
+and the decomposition identity: the parts and the bias terms add up to the model's own streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from routes_oracle import FAMILIES, oracle
+
+import attnflow
+from attnflow.routes import contributions
+from attnflow.routes.api import linearised_blocks
+from attnflow.routes.forward import layer_view, read_weights, record
+
+TEXT = "the cat sat on the mat, and the dog ran"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_contributions_match_an_explicit_loop(family, tiny_loaded):
+    model = tiny_loaded(family)
+    routes = attnflow.routes(model, TEXT, lens="none")
+    layers, hidden = oracle(family, model, TEXT)
+    graph = routes.graph
+    for layer, expected in enumerate(layers):
+        np.testing.assert_allclose(graph.heads[layer], expected.heads, atol=1e-5)
+        np.testing.assert_allclose(graph.attention[layer], expected.heads.sum(axis=0), atol=1e-5)
+        for name in ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias"):
+            np.testing.assert_allclose(getattr(graph, name)[layer], getattr(expected, name), atol=1e-5, err_msg=name)
+        if layer + 1 < len(hidden) - 1 or model.adapter.streams.final_norm is None:  # decoders: the last is normed
+            np.testing.assert_allclose(expected.out, hidden[layer + 1], atol=1e-4)  # the oracle is the model
+    assert graph.heads.shape == (model.n_layers, model.n_heads, len(routes.tokens), len(routes.tokens))
+    shares = graph.attention_residual + graph.heads.sum(axis=(1, 3)) + graph.attention_bias
+    np.testing.assert_allclose(shares, 1.0, atol=1e-5)
+    np.testing.assert_allclose(graph.ffn + graph.ffn_residual + graph.ffn_bias, 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parts_and_bias_terms_add_up_to_the_whole(family, tiny_loaded):
+    """Both blocks, every layer: residual + every (head, source) part + the bias terms = the
+    model's own stream, the parts built one (query, source, head) at a time from the recording."""
+    model = tiny_loaded(family)
+    input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    recording, weights = record(model, input_ids), read_weights(model)
+    with torch.no_grad():
+        hidden = model.model(input_ids=input_ids, output_hidden_states=True).hidden_states
+    for index in range(model.n_layers):
+        layer = layer_view(recording, weights, index)
+        block, ffn_block = linearised_blocks(layer)
+        vectors = contributions.head_vectors(layer.values, layer.output_weights)  # [T, H, d]
+        vectors = contributions.centre(vectors) if block.centres else vectors
+        scale = torch.ones_like(block.residual) if block.scale is None else block.scale
+        every_part = torch.einsum("hij,id,jhd->ijhd", layer.attention, scale, vectors)  # [query, key, head, d]
+        whole = block.residual + every_part.sum(dim=(1, 2)) + block.bias
+        torch.testing.assert_close(whole, layer.mid, atol=1e-5, rtol=1e-5)
+        ffn_whole = ffn_block.residual + ffn_block.part(layer.ffn_output) + ffn_block.bias
+        torch.testing.assert_close(ffn_whole, layer.out, atol=1e-5, rtol=1e-5)
+        if index + 1 < model.n_layers or model.adapter.streams.final_norm is None:
+            torch.testing.assert_close(ffn_whole, hidden[index + 1][0].double(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_second_norm_and_the_kernel_agree_with_a_direct_computation(tiny_loaded):
+    model = tiny_loaded("llama")
+    one, two = (attnflow.routes(model, TEXT, norm=p, lens="none") for p in (1, 2))
+    assert not np.allclose(one.graph.heads, two.graph.heads)
+    np.testing.assert_allclose(two.graph.attention_residual + two.graph.heads.sum(axis=(1, 3)), 1.0, atol=1e-5)
+    whole, vectors = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 3, 7, dtype=torch.float64)
+    attention = torch.rand(3, 5, 5, dtype=torch.float64).tril()
+    block = contributions.Linearised(whole, torch.rand(5, 7, dtype=torch.float64), False, torch.zeros_like(whole))
+    parts = torch.einsum("hij,id,jhd->ihjd", attention, block.scale, vectors)  # [query, head, key, d]
+    for p in (1, 2):
+        expected = contributions.proximity(whole[:, None, None], parts, p)
+        torch.testing.assert_close(contributions.head_proximities(whole, block, vectors, attention, p), expected)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        attnflow.routes(model, TEXT, norm=3)

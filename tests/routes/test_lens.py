@@ -1,0 +1,112 @@
+"""The logit lens and the direct effects on the tiny decoders: equal to W_U · final_norm(x) computed
+by hand from the modules' weights, the top node's lens equal to the model's own logits, and the
+direct effects along the top position's stream adding up to the model's own logit difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from routes_oracle import layer_norm, numpy64, oracle, rms_norm
+
+import attnflow
+from attnflow.errors import InputError
+
+DECODERS = ("llama", "qwen2", "gemma3", "gpt2")
+TEXT = "the cat sat on the mat"
+
+
+def final_norm(family: str, model, vectors: np.ndarray) -> np.ndarray:
+    """The final norm by hand, from its weights."""
+    if family == "gpt2":
+        norm = model.model.transformer.ln_f
+        return layer_norm(vectors, numpy64(norm.weight), numpy64(norm.bias), norm.eps)
+    norm = model.model.model.norm
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return rms_norm(vectors, numpy64(norm.weight) + (1.0 if family == "gemma3" else 0.0), eps)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_the_lens_is_the_unembedding_of_the_final_norm(family, tiny_loaded):
+    model = tiny_loaded(family)
+    routes = attnflow.routes(model, TEXT, lens="all", top_k=3)
+    layers, hidden = oracle(family, model, TEXT)
+    unembedding = numpy64(model.model.get_output_embeddings().weight)  # [V, d]
+    vectors = {("in", layer, i): hidden[layer][i] for layer in range(model.n_layers) for i in range(len(routes.tokens))}
+    vectors |= {
+        ("mid", layer, i): layers[layer].mid[i] for layer in range(model.n_layers) for i in range(len(routes.tokens))
+    }
+    target = routes.target["id"]
+    for node, vector in vectors.items():
+        logits = unembedding @ final_norm(family, model, vector)
+        readout = routes.lens[node]
+        assert readout["target"]["logit"] == pytest.approx(logits[target], abs=1e-4)
+        assert readout["target"]["probability"] == pytest.approx(softmax(logits)[target], abs=1e-5)
+        assert readout["target"]["rank"] == int((logits > logits[target]).sum())
+        assert [token["id"] for token in readout["top"]] == list(np.argsort(-logits)[:3])
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_the_top_node_reads_the_models_own_logits(family, tiny_loaded):
+    model = tiny_loaded(family)
+    routes = attnflow.routes(model, TEXT)
+    input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model.model(input_ids=input_ids).logits[0, -1].double()
+    probabilities = logits.softmax(dim=-1)
+    readout = routes.lens[routes.top]
+    assert routes.prediction["id"] == int(logits.argmax()) == readout["top"][0]["id"] == routes.target["id"]
+    for token in readout["top"]:
+        assert token["probability"] == pytest.approx(float(probabilities[token["id"]]), abs=1e-6)
+    assert routes.target["logit"] == pytest.approx(float(logits[routes.target["id"]]), abs=1e-5)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_direct_effects_by_hand_and_their_sum_is_the_logit_difference(family, tiny_loaded):
+    model = tiny_loaded(family)
+    input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model.model(input_ids=input_ids).logits[0, -1].double()
+    target, contrast = (int(i) for i in logits.argsort(descending=True)[:2])
+    routes = attnflow.routes(model, TEXT, target=target, contrast=contrast)
+    assert routes.direct.total == pytest.approx(float(logits[target] - logits[contrast]), abs=1e-4)
+    layers, _ = oracle(family, model, TEXT)
+    final = layers[-1].out  # [T, d] the stream leaving the last layer, by the oracle
+    direction = numpy64(model.model.get_output_embeddings().weight)[target]
+    for index, layer in enumerate(layers):
+        for i in range(len(routes.tokens)):
+            # the final norm at i with its statistic (σ or rms of the final residual at i) fixed
+            statistic = final[i] - final[i].mean() if family == "gpt2" else final[i]
+            scale = 1.0 / np.sqrt((statistic**2).mean() + _eps(family, model))
+            gain = _final_gain(family, model)
+            for head in range(model.n_heads):
+                part = layer.head_outputs[i, head]
+                part = part - part.mean() if family == "gpt2" else part
+                expected = direction @ (gain * scale * part)
+                assert routes.head_effects[index, head, i] == pytest.approx(expected, abs=1e-4)
+            ffn_part = layer.out[i] - layer.mid[i]
+            ffn_part = ffn_part - ffn_part.mean() if family == "gpt2" else ffn_part
+            assert routes.ffn_effects[index, i] == pytest.approx(direction @ (gain * scale * ffn_part), abs=1e-4)
+
+
+def _eps(family: str, model) -> float:
+    norm = model.model.transformer.ln_f if family == "gpt2" else model.model.model.norm
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0)))
+
+
+def _final_gain(family: str, model) -> np.ndarray:
+    norm = model.model.transformer.ln_f if family == "gpt2" else model.model.model.norm
+    return numpy64(norm.weight) + (1.0 if family == "gemma3" else 0.0)
+
+
+def test_encoders_have_routes_without_a_lens(tiny_loaded):
+    routes = attnflow.routes(tiny_loaded("bert"), TEXT, position=0, threshold=0.0)
+    assert routes.prediction is None and routes.lens == {} and routes.head_effects is None
+    assert routes.nodes[0] == (("in", 2, 0), 1.0) and routes.components and "promotes" not in routes.components[0]
+    with pytest.raises(InputError, match="no language-model head"):
+        attnflow.routes(tiny_loaded("bert"), TEXT, target="cat")

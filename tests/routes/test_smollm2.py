@@ -1,0 +1,37 @@
+"""Routes on the real smollm2: "The capital of France is" builds its whole graph, every block's
+shares sum to 1, the lens at the top node is the model's own prediction, and the contrastive
+route's direct effects add up to the model's own logit difference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+
+TEXT = "The capital of France is"
+
+
+def test_the_capital_of_france(smollm2):
+    routes = attnflow.routes(smollm2, TEXT, target=" Paris", contrast=" Rome")
+    graph, n_tokens = routes.graph, len(routes.tokens)
+    assert graph.heads.shape == (30, 9, n_tokens, n_tokens)
+    np.testing.assert_allclose(
+        graph.attention_residual + graph.heads.sum(axis=(1, 3)) + graph.attention_bias, 1, atol=1e-5
+    )
+    np.testing.assert_allclose(graph.ffn + graph.ffn_residual + graph.ffn_bias, 1, atol=1e-5)
+    assert np.triu(graph.attention, k=1).max() == 0  # causal: no edge from a later token
+    input_ids = smollm2.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = smollm2.model(input_ids=input_ids).logits[0, -1]
+    predicted = int(logits.argmax())
+    assert smollm2.tokenizer.decode([predicted]) == " Paris" == routes.prediction["token"]
+    top = routes.lens[routes.top]
+    assert top["top"][0]["id"] == predicted and top["target"]["rank"] == 0
+    assert top["top"][0]["probability"] == pytest.approx(float(logits.softmax(-1)[predicted]), abs=1e-4)
+    paris, rome = (smollm2.tokenizer(word, add_special_tokens=False)["input_ids"][0] for word in (" Paris", " Rome"))
+    assert routes.direct.total == pytest.approx(float(logits[paris] - logits[rome]), abs=1e-3)
+    assert routes.nodes[0] == (routes.top, 1.0) and len(routes.edges) > 10
+    assert {entry["kind"] for entry in routes.components} == {"head", "ffn"}
+    assert isinstance(routes, attnflow.Routes) and "nodes off the top position" in routes.summary()
