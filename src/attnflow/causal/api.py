@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from attnflow.causal.labels import FINAL_ROW_NOTE, layer_label, strongest_sites
 from attnflow.causal.sites import (
     SITE_KINDS,
     SweepOptions,
@@ -133,13 +134,17 @@ class PatchResult:
         ]
         for method, effects in self.effects.items():
             for kind, values in effects.items():
-                layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
+                layer, index = strongest_sites(kind, values, 1)[0]
                 where = (
                     f"token {index} {display_token(self.tokens[index])!r}"
                     if site_kind(kind).column == "position"
                     else f"head {index}"
                 )
-                lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
+                lines.append(
+                    f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: {values[layer, index]:+.3f}"
+                )
+        if any("residual" in effects for effects in self.effects.values()):
+            lines.append(f"(residual: {FINAL_ROW_NOTE}; emb: entering layer 0, Ln: leaving layer n)")
         for method, kinds in self.correlations.items():
             agreement = ", ".join(
                 f"{kind} r={values['pearson']:.2f} rho={values['spearman']:.2f}" for kind, values in kinds.items()
@@ -147,6 +152,24 @@ class PatchResult:
             lines.append(f"{method} vs exact: {agreement}")
         lines.append("seconds: " + ", ".join(f"{name} {value:.2f}" for name, value in self.seconds.items()))
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        """One line (the arrays are for `to_dict` and the report): the model, the metric on both
+        inputs, the methods and each site kind's shape."""
+        methods = ", ".join(self.effects)
+        shapes = ", ".join(
+            f"{kind} {list(values.shape)}" for kind, values in next(iter(self.effects.values()), {}).items()
+        )
+        return (
+            f"PatchResult(model={self.model!r}, {self.direction}, {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupt_metric:.4g}; {methods}; {shapes})"
+        )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the inputs, the metric and the strongest sites (`save` writes the heatmaps)."""
+        from attnflow.causal.report import report_fragment
+
+        return report_fragment(self)
 
     def save(self, out: str | Path) -> Path:
         """Write ``patch.json`` (every number) and ``patch.html`` (the report) into ``out``."""

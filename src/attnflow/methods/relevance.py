@@ -232,6 +232,7 @@ def grad_x_input(trace: Trace, signed: bool = False) -> np.ndarray:
     takes="trace",
     options=(options.SEED,),
     scores_only=True,
+    baseline=True,
 )
 def random(trace: Trace, seed: int = 0) -> np.ndarray:
     """``[token]`` uniform [0, 1) scores from a generator seeded with ``seed`` and the input itself
