@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
-from attnflow.evaluate.bounds import EXACT_LIMIT, normalised_aopc, search_bounds, search_cost
+from attnflow.evaluate.bounds import EXACT_LIMIT, AopcBounds, normalised_aopc, search_bounds, search_cost
 from attnflow.evaluate.metrics import aopc, content_ranking, top_count
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.methods.registry import AUTO
@@ -129,16 +129,7 @@ def input_faithfulness(
     p_full = curve[:, 0]  # [ranking], all the same input
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
     search = budget.bounds_search(len(content), len(example.ids), bins)
-    bounds_key = ("bounds", search, *key[:-2])  # the bounds depend on the input, its target, replace and bins
-    bounds = _kept(model, bounds_key)
-    if bounds is None:
-        # a scorer of their own: their numbers never depend on which rankings were scored beside them
-        bounds_scorer = ClassifierScorer(model)
-        p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
-        bounds = search_bounds(
-            bounds_scorer, [replace_p_full(example, p_input)], tuple(bins), replace, mask_id, search, beam_width=1
-        )[0]
-        _keep(model, bounds_key, bounds)
+    bounds = _input_bounds(model, example, ("bounds", search, *key[:-2]), bins, replace, search)
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
         return {
@@ -157,21 +148,44 @@ def input_faithfulness(
         }
         _keep(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
-    bounds_record = bounds.to_dict()
-    if bounds.search == "none":
-        bounds_record["note"] = (
-            f"NAOPC not computed: the bounds of {len(content)} content tokens would score more than the "
-            f"per-input budget of {budget.bounds_tokens:,} tokens"
-        )
     shared = {
         "target": target.label,
         "quantity": f"p({target.label})" + ("" if contrast is None else f" − p({contrast_label})"),
         "probability": float(p_full[0]),
         "replace": replace,
         "bins": list(bins),
-        "bounds": bounds_record,
+        "bounds": _bounds_record(bounds, len(content), budget),
     }
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
+
+
+def _bounds_record(bounds: AopcBounds, m: int, budget: FaithfulnessBudget) -> dict[str, Any]:
+    """The bounds as the record shows them, with why there are none when none was searched."""
+    record = bounds.to_dict()
+    if bounds.search == "none":
+        record["note"] = (
+            f"NAOPC not computed: the bounds of {m} content tokens would score more than the per-input "
+            f"budget of {budget.bounds_tokens:,} tokens"
+        )
+    return record
+
+
+def _input_bounds(
+    model: ModelLike, example: Example, key: tuple, bins: Sequence[float], replace: str, search: str
+) -> AopcBounds:
+    """The AOPC bounds of one input by ``search`` (a beam of width 1 where it is ``"beam"``), kept per
+    model under ``key`` (they depend on the input, its target, ``replace``, ``bins`` and the search)."""
+    bounds = _kept(model, key)
+    if bounds is None:
+        # a scorer of their own: their numbers never depend on which rankings were scored beside them
+        scorer = ClassifierScorer(model)
+        p_input = float(target_values(scorer, [(example.ids, example)])[0])
+        mask_id = mask_token_id(model)
+        bounds = search_bounds(
+            scorer, [replace_p_full(example, p_input)], tuple(bins), replace, mask_id, search, beam_width=1
+        )[0]
+        _keep(model, key, bounds)
+    return bounds
 
 
 def replace_p_full(example: Example, p_full: float) -> Example:
