@@ -16,6 +16,10 @@ no free space and is atomic on one file system).
 - `atomic_file(path)`: one file (a checkpoint, a report).
 - `folder_lock(out)`: hold ``out`` for one run: a second run (another process) into the same
   folder refuses at once, before it loads a model, instead of replacing the first one's output.
+- `interruptible(check)` and `checkpoint()`: long writes (a model's first load: joining, hashing,
+  converting and caching its weights) call `checkpoint()` between blocks; inside an
+  `interruptible` block ``check`` runs there and stops the work by raising (a server whose request
+  was cancelled): the temporary entry is deleted and the target is left as it was.
 
 Folders are created with the user's umask (not a temporary folder's 0700). Operating-system errors
 (read-only file system, full disk, no permission) become `OutputError`: one line that names the
@@ -48,6 +52,7 @@ SCRATCH_PREFIX = ".attnflow-tmp-"
 LOCK_PREFIX = ".attnflow-lock-"
 _held: dict[Path, int] = {}  # lock file -> how many nested `folder_lock`s of this process hold it
 _held_guard = threading.Lock()
+_interruption = threading.local()  # .check: the enclosing `interruptible` block's check, in this thread
 
 
 def check_output(out: Path, owned: Callable[[str], bool], overwrite: bool) -> None:
@@ -136,6 +141,7 @@ def building(target: Path) -> Iterator[Path]:
     try:
         built = scratch / target.name
         yield built
+        checkpoint()  # a build stopped at its end is not put in place either
         _replace_folder(built, target, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -155,6 +161,26 @@ def atomic_file(path: Path) -> Iterator[io.BufferedWriter]:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextmanager
+def interruptible(check: Callable[[], None]) -> Iterator[None]:
+    """Within the block, every `checkpoint()` of this thread calls ``check``, which stops the work
+    by raising (blocks nest: the innermost check applies)."""
+    previous = getattr(_interruption, "check", None)
+    _interruption.check = check
+    try:
+        yield
+    finally:
+        _interruption.check = previous
+
+
+def checkpoint() -> None:
+    """A place where long work may stop: calls the check of the enclosing `interruptible` block of
+    this thread (nothing outside one)."""
+    check = getattr(_interruption, "check", None)
+    if check is not None:
+        check()
 
 
 @contextmanager

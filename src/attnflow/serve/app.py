@@ -1,36 +1,47 @@
 """`create_app(pool, config)`: the FastAPI app of `attnflow serve` (the page and the JSON API).
 
-The routes only translate: each request becomes a call of `attnflow.serve.work` in a worker
-thread, on models held by the `ModelPool` (one thread per model at a time). Every request gets a
-`Job`; the route waits for its worker and stops it (at the next step) when the client cancels it
-(``POST /api/cancel/{id}``), disconnects, or passes the time limit, answering with one line.
+The routes only translate: each request is checked on the event loop (a bad one is answered at
+once), estimated (`attnflow.serve.costs`: refused at once when it cannot finish within the time
+limit, or when its model's queue holds more work than that), then waits in its model's queue and
+runs on that model's own thread (`attnflow.serve.lanes`: a request for one model never waits behind
+another model's work), where its answer's JSON is also written. Every request gets a `Job`; the
+route waits for its worker and stops it (at the next step) when the client cancels it
+(``POST /api/cancel/{id}``), disconnects, passes the time limit or the server stops, answering with
+one line.
 
 Every error is one JSON line, ``{"error": "..."}``, with its status: 400 bad input, 401 no or wrong
-token, 403 a model path outside ``--allow-path``, 404 unknown model, method or result, 409
-cancelled, 413 body or text too long, 415 not JSON, 422 a field of the wrong type, 500 a method
-that raised (the server keeps serving), 504 over the time limit.
+token, 403 a model path outside ``--allow-path``, 404 unknown model, method, result or route, 405
+a method the route does not take, 409 cancelled, 413 body or text too long or a request that
+cannot finish within the time limit, 415 not JSON, 422 a field of the wrong type, 429 the model's
+queue is full (``Retry-After``), 500 a method that raised (the server keeps serving), 503 the
+server is stopping, 504 over the time limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hmac
 import logging
+import math
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, AsyncIterator, Callable, Literal, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from attnflow.errors import AttnflowError, ModelLoadError
 from attnflow.serve import work
+from attnflow.serve.costs import Costs, TooExpensive
+from attnflow.serve.lanes import Lane, hold, release_when_done
 from attnflow.serve.pool import Cancelled, Job, ModelPool, ModelRefused, PathRefused
 
 LOG = logging.getLogger("attnflow.serve")
@@ -38,6 +49,8 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 POLL_S = 0.02  # how often a waiting route checks its worker, the client and the clock
 REQUEST_ID = r"^[A-Za-z0-9_-]{1,64}$"
 TOKEN_COOKIE = "attnflow_token"
+MIN_TOKEN_CHARS = 16
+STOPPING = "the server is stopping"
 
 
 @dataclass(frozen=True)
@@ -50,10 +63,15 @@ class ServeConfig:
             the cookie the page sets), or None (local binds only).
         max_text_chars: the longest text accepted.
         max_body_bytes: the largest request body accepted.
-        time_limit_s: a request still running after this is stopped and answered with 504.
+        time_limit_s: a request still running after this (counted from its arrival, the wait for
+            its model included) is stopped and answered with 504; one estimated to take longer is
+            refused at once (413), and one whose model's queue holds more work than that (429).
         max_new_tokens: the most tokens ``/api/generate`` generates.
-        workers: threads running requests (requests for one model still run one at a time).
-        max_results: finished results kept for downloads (the oldest go first).
+        max_batch_size, max_evals, max_steps: the largest ``batch_size`` (altered inputs per forward
+            pass), ``max_evals`` (SHAP's coalitions) and ``n_steps`` (integrated gradients) a request
+            may ask for.
+        max_results: finished results kept for downloads, and explorer pages kept (the oldest go first).
+        max_kept_bytes: at most this many bytes of kept results, and as many of explorer pages.
         allowed_hosts: Host headers accepted (None: any), against DNS rebinding on a local bind.
     """
 
@@ -63,24 +81,38 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024
     time_limit_s: float = 60.0
     max_new_tokens: int = 64
-    workers: int = 4
+    max_batch_size: int = 64
+    max_evals: int = 4096
+    max_steps: int = 256
     max_results: int = 32
+    max_kept_bytes: int = 64 * 2**20
     allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.token is not None and (len(self.token) < MIN_TOKEN_CHARS or any(c.isspace() for c in self.token)):
+            raise AttnflowError(
+                f"the token must be at least {MIN_TOKEN_CHARS} characters without spaces (this one has "
+                f"{len(''.join(self.token.split()))} besides spaces), e.g. from openssl rand -hex 16"
+            )
         if self.host not in LOCAL_HOSTS and not self.token:
             raise AttnflowError(
-                f"binding to {self.host} exposes the server beyond this machine: give --token SECRET "
-                "(requests without it get 401), or bind to 127.0.0.1"
+                f"binding to {self.host} exposes the server beyond this machine: give a token (--token-file PATH "
+                "or ATTNFLOW_TOKEN; requests without it get 401), or bind to 127.0.0.1"
             )
+
+    @property
+    def caps(self) -> dict[str, int]:
+        """The largest value of each capped method option (`work.parsed_options`)."""
+        return {"batch_size": self.max_batch_size, "max_evals": self.max_evals, "n_steps": self.max_steps}
 
 
 class ServeError(Exception):
-    """An answer with a status and a one-line message."""
+    """An answer with a status and a one-line message (and ``headers``, such as Retry-After)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
 
 
 # ----- request bodies (the OpenAPI page documents them) --------------------------------------------
@@ -162,7 +194,8 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
         lifespan=service.lifespan,
     )
     app.state.pool, app.state.config, app.state.jobs = pool, config, service.jobs
-    _add_guards(app, config)
+    app.state.service, app.state.costs = service, service.costs
+    _add_guards(app, service)
     _add_page_routes(app, service)
     _add_catalogue_routes(app, service)
     _add_explain_routes(app, service)
@@ -172,75 +205,216 @@ def create_app(pool: ModelPool, config: ServeConfig | None = None) -> FastAPI:
     return app
 
 
+Answer = Callable[[Job, Any], dict[str, Any]]  # a finished job and its result -> the answer's JSON
+Estimate = Callable[[Costs, Job, work.Loaded, Any, work.Asked], Any]  # `work.estimate_explain` and the like
+Work = Callable[[ModelPool, Job, Costs, work.Asked], Any]  # `work.explain_text` and the like
+
+
+class _Kept:
+    """Finished answers kept for later requests: the last ``count``, at most ``size`` bytes in all."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count, self.size = count, size
+        self.entries: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+
+    def get(self, key: str) -> Any:
+        entry = self.entries.get(key)
+        return None if entry is None else entry[0]
+
+    def put(self, key: str, value: Any, size: int) -> None:
+        self.entries[key] = (value, size)
+        while len(self.entries) > self.count or sum(kept for _, kept in self.entries.values()) > self.size:
+            self.entries.popitem(last=False)
+
+
 class _Service:
-    """What the routes share: the model pool, the limits, the worker threads, the running jobs and
-    the results kept for downloads."""
+    """What the routes share: the model pool, the limits, the estimates, each model's queue and
+    thread (`Lane`), the running jobs and the answers kept for later requests."""
 
     def __init__(self, pool: ModelPool, config: ServeConfig) -> None:
         self.pool, self.config = pool, config
-        self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="attnflow-serve")
-        self.jobs: dict[str, Job] = {}
-        self.results: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> {method: explanation}
-        self.pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer page
+        self.costs = Costs(config.time_limit_s)
+        self.jobs: dict[str, Job] = {}  # waiting or running
+        self.results = _Kept(config.max_results, config.max_kept_bytes)  # id -> {method: explanation}
+        self.pages = _Kept(config.max_results, config.max_kept_bytes)  # id -> an explorer page
+        self.lanes: dict[str, Lane] = {}
+        self.files: ThreadPoolExecutor | None = None  # writes downloads (png, html)
+        self.busy: set[Future] = set()  # work handed to a thread and not finished
+        self.stopping = False
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        self.stopping = False
+        for lane in self.lanes.values():  # queues of another event loop (an app served again): new ones
+            lane.close()
+        self.lanes = {}
         yield
+        self.close()
+
+    def lane(self, name: str) -> Lane:
+        """The queue and thread of the model ``name`` (as `ModelPool.check_name` gives it)."""
+        lane = self.lanes.get(name)
+        if lane is None:
+            lane = self.lanes[name] = Lane(name)
+        return lane
+
+    def stop(self, reason: str = STOPPING) -> None:
+        """Stop everything: new requests get 503, waiting and running ones are stopped and answered 503."""
+        self.stopping = True
         for job in list(self.jobs.values()):
-            job.cancel("the server is stopping")
-        self.executor.shutdown(wait=False, cancel_futures=True)
+            job.cancel(reason)
+
+    def close(self, grace_s: float = 0.0) -> bool:
+        """`stop`, let the threads go, and wait up to ``grace_s`` for the work they still run (a
+        method that reaches no check); True when none is left."""
+        self.stop()
+        lanes, self.lanes = list(self.lanes.values()), {}
+        for lane in lanes:
+            lane.close()
+        if self.files is not None:
+            self.files.shutdown(wait=False, cancel_futures=True)
+            self.files = None
+        _, running = concurrent.futures.wait(list(self.busy), timeout=grace_s)
+        return not running
+
+    def submit(self, executor: ThreadPoolExecutor, function: Callable[[], Any]) -> Future:
+        """``function()`` on ``executor``'s thread, counted in `busy` until it ends."""
+        future = executor.submit(function)
+        self.busy.add(future)
+        future.add_done_callback(self.busy.discard)
+        return future
+
+    def checked(self, function: Callable[..., Any], **arguments: Any) -> Any:
+        """``function(**arguments)`` (a check or an estimate), its error as the answer it gives."""
+        try:
+            return function(**arguments)
+        except Exception as error:
+            raise _answer(error) from error
+
+    def model_name(self, name: str | None) -> str:
+        """The model a request asks for (None: the default), as the pool loads it; 403/404 if refused."""
+        return str(self.checked(self.pool.check_name, name=name or self.pool.default))
+
+    def asked(self, check: Callable[..., work.Asked], body: BaseModel, **extra: Any) -> work.Asked:
+        """``body``'s fields checked by ``check`` (`work.check_explain` and the like), its model names resolved."""
+        fields = body.model_dump(exclude={"request_id"})
+        if "models" in fields:
+            fields["models"] = [self.model_name(name) for name in fields["models"]]
+        else:
+            fields["model"] = self.model_name(fields["model"])
+        return self.checked(check, **fields, **extra)
+
+    def admit(self, job: Job, asked: work.Asked, estimate: Estimate) -> None:
+        """Before queueing: ``estimate`` (model-dependent checks, and `TooExpensive`) when every
+        model is loaded and measured, then 429 when the queue ahead and this request together
+        would pass the time limit."""
+        loaded = [(name, self.pool.model_if_loaded(name)) for name in asked.models]
+        tokenizer = self.costs.tokenizer(asked.model)
+        if tokenizer is not None and all(model is not None for _, model in loaded):
+            try:
+                estimate(self.costs, job, loaded, tokenizer, asked)
+            except (AttnflowError, ValueError) as error:  # a bad request, or one that cannot finish
+                raise _answer(error) from error
+            except Exception:  # an estimate never fails a request: the worker checks again, exactly
+                LOG.debug("no estimate before queueing", exc_info=True)
+        ahead = max(self.lane(name).backlog_s() for name in asked.models)
+        own, limit = job.estimate_s or 0.0, self.config.time_limit_s
+        if ahead > 0 and ahead + own > limit:
+            retry = math.ceil(ahead + own - limit)
+            raise ServeError(
+                429,
+                f"{', '.join(asked.models)} has about {ahead:.0f} s of work queued; with this request (about "
+                f"{own:.1f} s) it would pass the time limit ({limit:g} s): try again in {retry} s",
+                headers={"Retry-After": str(retry)},
+            )
 
     async def start(
-        self, request: Request, request_id: str | None, function: Callable[..., Any], **arguments: Any
-    ) -> tuple[Job, Any, float]:
-        """A `Job` (with the client's ``request_id``, or a fresh id) running ``function`` (`run`):
-        the job, its result and the milliseconds it took."""
+        self, request: Request, request_id: str | None, asked: work.Asked, estimate: Estimate, run: Work, answer: Answer
+    ) -> tuple[Job, Any, JSONResponse]:
+        """Admit a request (`admit`), queue it on its models' lanes and ``run`` it on the first
+        one's thread, which also writes ``answer(job, result)`` as the JSON response: the job, its
+        result and that response."""
         job = Job(id=request_id) if request_id else Job()
-        started = time.perf_counter()
-        result = await self.run(request, job, function, **arguments)
-        return job, result, round(1000 * (time.perf_counter() - started), 1)
-
-    async def run(self, request: Request, job: Job, function: Callable[..., Any], **arguments: Any) -> Any:
-        """``function(pool, job, **arguments)`` in a worker; stops it on cancel, disconnect or time limit."""
         if job.id in self.jobs:
             raise ServeError(409, f"a request with id {job.id!r} is already running")
-        self.jobs[job.id] = job
+        self.admit(job, asked, estimate)
+
+        def in_lane() -> tuple[Any, JSONResponse]:
+            result = run(self.pool, job, self.costs, asked)
+            return result, JSONResponse(answer(job, result))
+
+        result, response = await self.run(request, job, sorted(set(asked.models)), in_lane)
+        return job, result, response
+
+    async def run(self, request: Request, job: Job, models: list[str], function: Callable[[], Any]) -> Any:
+        """``function()`` on the lane of ``models[0]``, once every lane of ``models`` is held; the
+        request gives up (and stops the job) on cancel, disconnect, time limit or server stop."""
+        if self.stopping:
+            raise ServeError(503, f"{STOPPING}; try again once it is back")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.executor, functools.partial(function, self.pool, job, **arguments))
         deadline = loop.time() + self.config.time_limit_s
+        job.deadline = time.monotonic() + self.config.time_limit_s
+        lanes = [self.lane(name) for name in models]
+        wait = functools.partial(self._wait, request, job, deadline)
+        self.jobs[job.id] = job
+        for lane in lanes:
+            lane.jobs[job.id] = job
+        handed = False
         try:
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=POLL_S)
-                if done:
-                    try:
-                        return future.result()
-                    except Exception as error:  # one line for the client; the traceback in the server's log
-                        raise _answer(error) from error
-                if await request.is_disconnected():
-                    job.cancel("the client disconnected")
-                    raise ServeError(409, "the client disconnected; the request was stopped")
-                if loop.time() > deadline:
-                    job.cancel("over the time limit")
-                    raise ServeError(
-                        504,
-                        f"the request ran longer than the server's time limit ({self.config.time_limit_s:g} s) and "
-                        f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
-                    )
+            held = await hold(lanes, job, wait)
+            future = self.submit(lanes[0].executor, function)
+            release_when_done(future, held, job, loop)
+            handed = True
+            return await wait(asyncio.wrap_future(future))
         finally:
             self.jobs.pop(job.id, None)
-            future.add_done_callback(lambda stopped: stopped.exception())  # a stopped job's Cancelled: expected
+            if not handed:
+                for lane in lanes:
+                    lane.jobs.pop(job.id, None)
 
-    def keep(self, job: Job, explanations: list[Any]) -> None:
-        """Keep a request's explanations for downloads (the oldest dropped past ``max_results``)."""
-        self.results[job.id] = {explanation.method: explanation for explanation in explanations}
-        while len(self.results) > self.config.max_results:
-            self.results.popitem(last=False)
+    async def _wait(self, request: Request, job: Job, deadline: float, awaitable: asyncio.Future[Any]) -> Any:
+        """``awaitable``'s result; raises the answer once the request gives up (the job is stopped)."""
+        while True:
+            done, _ = await asyncio.wait({awaitable}, timeout=POLL_S)
+            if done:
+                try:
+                    return awaitable.result()
+                except Exception as error:  # one line for the client; the traceback in the server's log
+                    raise _answer(error) from error
+            if self.stopping:
+                job.cancel(STOPPING)
+                raise ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
+            if job.cancelled:  # cancelled by the client while it waited for its model
+                raise _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
+            if await request.is_disconnected():
+                job.cancel("the client disconnected")
+                raise ServeError(409, "the client disconnected; the request was stopped")
+            if asyncio.get_running_loop().time() > deadline:
+                job.cancel("over the time limit")
+                raise ServeError(
+                    504,
+                    f"the request ran longer than the server's time limit ({self.config.time_limit_s:g} s) and "
+                    f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
+                )
 
-    def keep_page(self, job: Job, page: str) -> None:
-        """Keep an explorer page for ``/api/explorer/{id}`` (the oldest dropped past ``max_results``)."""
-        self.pages[job.id] = page
-        while len(self.pages) > self.config.max_results:
-            self.pages.popitem(last=False)
+    async def in_files_thread(self, function: Callable[[], Any]) -> Any:
+        """``function()`` on the thread that writes downloads (not a model's)."""
+        if self.files is None:
+            self.files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnflow-serve-files")
+        return await asyncio.wrap_future(self.submit(self.files, function))
+
+    async def explained(
+        self, request: Request, body: Any, check: Callable[..., work.Asked], estimate: Estimate, run: Work
+    ) -> JSONResponse:
+        """An explanation request (``body``: explain's or generate's), its explanations kept for downloads."""
+        asked = self.asked(check, body, caps=self.config.caps)
+        text = body.text if isinstance(body, ExplainRequest) else None  # generate answers without its prompt
+        job, explanations, response = await self.start(
+            request, body.request_id, asked, estimate, run, _explained(asked.model, text)
+        )
+        kept = {explanation.method: explanation for explanation in explanations}
+        self.results.put(job.id, kept, len(response.body))  # the answer's bytes: about what they hold
+        return response
 
     def check_text(self, text: str | None, what: str = "text") -> None:
         """413 when ``text`` is longer than the server takes (None: nothing given, nothing to check)."""
@@ -258,8 +432,8 @@ def _add_page_routes(app: FastAPI, service: _Service) -> None:
         from attnflow.viz.app_page import app_page, app_page_headers
 
         response = HTMLResponse(app_page(), headers=app_page_headers())
-        token = request.query_params.get("token")
-        if service.config.token and token:  # the guard checked it: the page's own requests carry it as a cookie
+        token, expected = request.query_params.get("token"), service.config.token
+        if expected and token and _same(token, expected):  # the page's own requests then carry it as a cookie
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
         return response
 
@@ -298,94 +472,87 @@ def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
         return {"methods": [work.method_record(name) for name in available_methods()]}
 
 
+def _explained(model: str, text: str | None = None) -> Answer:
+    """The answer of /api/explain (with ``text``) and /api/generate: the explanations' JSON."""
+
+    def answer(job: Job, explanations: list[Any]) -> dict[str, Any]:
+        shown = {"text": text} if text is not None else {}
+        return {
+            "id": job.id,
+            "model": model,
+            **shown,
+            "elapsed_ms": _elapsed_ms(job),
+            "estimated_s": job.estimate_s,
+            "explanations": [work.answer_record(explanation) for explanation in explanations],
+        }
+
+    return answer
+
+
 def _add_explain_routes(app: FastAPI, service: _Service) -> None:
     """``/api/explain`` and ``/api/generate``: explanations, kept for downloads, as `attnflow explain` makes them."""
 
-    @app.post("/api/explain", summary="explain a text, as `attnflow explain TEXT --json` does")
-    async def explain(body: ExplainRequest, request: Request) -> dict[str, Any]:
+    @app.post("/api/explain", response_model=None, summary="explain a text, as `attnflow explain TEXT --json` does")
+    async def explain(body: ExplainRequest, request: Request) -> Response:
         service.check_text(body.text)
         service.check_text(body.target_text, "target text")
-        model = body.model or service.pool.default
-        job, explanations, elapsed_ms = await service.start(
-            request,
-            body.request_id,
-            work.explain_text,
-            text=body.text,
-            model=model,
-            methods=body.methods,
-            options=body.options,
-            target=body.target,
-            target_text=body.target_text,
-            row=body.row,
-            faithfulness=body.faithfulness,
-            max_length=body.max_length,
-        )
-        service.keep(job, explanations)
-        explained = [work.answer_record(explanation) for explanation in explanations]
-        return {"id": job.id, "model": model, "text": body.text, "elapsed_ms": elapsed_ms, "explanations": explained}
+        return await service.explained(request, body, work.check_explain, work.estimate_explain, work.explain_text)
 
-    @app.post("/api/generate", summary="explain every generated token, as `attnflow explain --generate N` does")
-    async def generate(body: GenerateRequest, request: Request) -> dict[str, Any]:
+    @app.post(
+        "/api/generate",
+        response_model=None,
+        summary="explain every generated token, as `attnflow explain --generate N` does",
+    )
+    async def generate(body: GenerateRequest, request: Request) -> Response:
         service.check_text(body.text, "prompt")
         service.check_text(body.continuation, "continuation")
         limit = service.config.max_new_tokens
         if body.generate is not None and body.generate > limit:
             raise ServeError(413, f"generate at most {limit} tokens on this server, not {body.generate}")
-        model = body.model or service.pool.default
-        job, explanations, elapsed_ms = await service.start(
-            request,
-            body.request_id,
-            work.generate_text,
-            text=body.text,
-            model=model,
-            methods=body.methods,
-            options=body.options,
-            generate=body.generate,
-            continuation=body.continuation,
-            faithfulness=body.faithfulness,
-        )
-        service.keep(job, explanations)
-        explained = [work.answer_record(explanation) for explanation in explanations]
-        return {"id": job.id, "model": model, "elapsed_ms": elapsed_ms, "explanations": explained}
+        return await service.explained(request, body, work.check_generate, work.estimate_generate, work.generate_text)
 
 
 def _add_view_routes(app: FastAPI, service: _Service) -> None:
     """``/api/compare`` (one method under two models) and ``/api/explore`` (the explorer page)."""
 
-    @app.post("/api/compare", summary="one method under two models, as `attnflow compare` does")
-    async def compare(body: CompareRequest, request: Request) -> dict[str, Any]:
+    @app.post("/api/compare", response_model=None, summary="one method under two models, as `attnflow compare` does")
+    async def compare(body: CompareRequest, request: Request) -> Response:
         service.check_text(body.text)
-        job, comparison, elapsed_ms = await service.start(
-            request,
-            body.request_id,
-            work.compare_models,
-            text=body.text,
-            models=body.models,
-            method=body.method,
-            row=body.row,
-            top_k=body.top_k,
-            target=body.target,
-            target_text=body.target_text,
-            max_length=body.max_length,
-        )
-        return {"id": job.id, "elapsed_ms": elapsed_ms, "comparison": comparison.to_dict()}
+        asked = service.asked(work.check_compare, body)
 
-    @app.post("/api/explore", summary="the explorer page (layers, heads, matrices), as `attnflow explore` writes it")
-    async def explore(body: ExploreRequest, request: Request) -> dict[str, Any]:
+        def answer(job: Job, comparison: Any) -> dict[str, Any]:
+            return {"id": job.id, "elapsed_ms": _elapsed_ms(job), "comparison": comparison.to_dict()}
+
+        _, _, response = await service.start(
+            request, body.request_id, asked, work.estimate_compare, work.compare_models, answer
+        )
+        return response
+
+    @app.post(
+        "/api/explore",
+        response_model=None,
+        summary="the explorer page (layers, heads, matrices), as `attnflow explore` writes it",
+    )
+    async def explore(body: ExploreRequest, request: Request) -> Response:
         service.check_text(body.text)
-        job, page, _ = await service.start(
+        asked = service.asked(work.check_explore, body)
+        job, page, response = await service.start(
             request,
             body.request_id,
+            asked,
+            work.estimate_explore,
             work.explore_text,
-            text=body.text,
-            model=body.model or service.pool.default,
-            methods=body.methods,
-            target=body.target,
-            target_text=body.target_text,
-            max_length=body.max_length,
+            lambda job, _page: {"id": job.id, "url": f"/api/explorer/{job.id}"},
         )
-        service.keep_page(job, page)
-        return {"id": job.id, "url": f"/api/explorer/{job.id}"}
+        size, kept = len(page.encode()), service.config.max_kept_bytes
+        if size > kept:
+            raise ServeError(
+                413,
+                f"the explorer page is {size / 2**20:.1f} MB, more than this server keeps ({kept / 2**20:.0f} MB): "
+                "ask for fewer methods or a shorter text",
+            )
+        service.pages.put(job.id, page, size)
+        return response
 
 
 def _add_job_routes(app: FastAPI, service: _Service) -> None:
@@ -413,9 +580,10 @@ def _add_result_routes(app: FastAPI, service: _Service) -> None:
 
     @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
     def explorer(page_id: str) -> HTMLResponse:
-        if page_id not in service.pages:
+        page = service.pages.get(page_id)
+        if page is None:
             raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {kept})")
-        return HTMLResponse(service.pages[page_id])
+        return HTMLResponse(page)
 
     @app.get(
         "/api/results/{result_id}/{method}.{kind}",
@@ -423,29 +591,45 @@ def _add_result_routes(app: FastAPI, service: _Service) -> None:
         response_class=Response,
     )
     async def download(result_id: str, method: str, kind: Literal["json", "html", "png"]) -> Response:
-        explanation = service.results.get(result_id, {}).get(method)
+        explanation = (service.results.get(result_id) or {}).get(method)
         if explanation is None:
             raise ServeError(
                 404, f"no kept result {result_id!r} with method {method!r} (the server keeps the last {kept})"
             )
-        loop = asyncio.get_running_loop()
-        content = await loop.run_in_executor(service.executor, work.explanation_file, explanation, kind)
+        content = await service.in_files_thread(functools.partial(work.explanation_file, explanation, kind))
         media = {"json": "application/json", "html": "text/html; charset=utf-8", "png": "image/png"}[kind]
         stem = "generation" if hasattr(explanation, "generated") else "explanation"
         disposition = f'attachment; filename="{stem}-{method}.{kind}"'
         return Response(content, media_type=media, headers={"Content-Disposition": disposition})
 
 
+def _elapsed_ms(job: Job) -> float:
+    return round(1000 * (time.monotonic() - job.started), 1)
+
+
 # ----- guards and errors -------------------------------------------------------------------------
 
 
-def _add_guards(app: FastAPI, config: ServeConfig) -> None:
+def _add_guards(app: FastAPI, service: _Service) -> None:
     """The checks before any route (`_Guard`), and every error as one JSON line."""
-    app.add_middleware(_Guard, config=config)
+    app.add_middleware(_Guard, config=service.config, stopping=lambda: service.stopping)
 
     @app.exception_handler(ServeError)
     async def serve_error(_request: Request, error: ServeError) -> JSONResponse:
-        return _error(error.status, str(error))
+        return _error(error.status, str(error), error.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        """Starlette's own answers (no such route, a method the route does not take, a body it could
+        not parse) as one line, like every other error."""
+        where = f"{request.method} {request.url.path}"
+        allowed = {key.lower(): value for key, value in (error.headers or {}).items()}.get("allow", "another method")
+        lines = {
+            404: f"no such route: {where} (the API is under /api/; /openapi.json lists it)",
+            405: f"{where}: the route takes {allowed}, not {request.method}",
+            400: f"{where}: the body could not be read as JSON ({error.detail})",
+        }
+        return _error(error.status_code, lines.get(error.status_code, str(error.detail)), error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
@@ -471,6 +655,8 @@ def _answer(error: Exception) -> ServeError:
         return ServeError(403 if isinstance(error, PathRefused) else 404, str(error))
     if isinstance(error, ModelLoadError):
         return ServeError(404, str(error))
+    if isinstance(error, TooExpensive):
+        return ServeError(413, str(error))
     if isinstance(error, (AttnflowError, ValueError)):
         return ServeError(400, str(error))
     LOG.error("a request failed", exc_info=error)
@@ -481,8 +667,8 @@ class _Guard:
     """ASGI middleware: the token, the Host header, JSON bodies only and the body size limit (the body
     is read here, at most ``max_body_bytes`` of it, and replayed to the route), then security headers."""
 
-    def __init__(self, app: Any, config: ServeConfig) -> None:
-        self.app, self.config = app, config
+    def __init__(self, app: Any, config: ServeConfig, stopping: Callable[[], bool]) -> None:
+        self.app, self.config, self.stopping = app, config, stopping
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] != "http":
@@ -491,7 +677,9 @@ class _Guard:
         config = self.config
         request = Request(scope)
         refusal = None
-        if config.token is not None and not _has_token(request, config.token):
+        if self.stopping():
+            refusal = _error(503, f"{STOPPING}; try again once it is back")
+        elif config.token is not None and not _has_token(request, config.token):
             refusal = _error(401, "this server needs its token: send 'Authorization: Bearer TOKEN' (or open /?token=…)")
         elif config.allowed_hosts is not None and request.url.hostname not in config.allowed_hosts:
             refusal = _error(400, f"unexpected Host header {request.url.hostname!r}")
@@ -568,12 +756,16 @@ def _has_token(request: Request, token: str) -> bool:
         request.query_params.get("token", ""),
         request.cookies.get(TOKEN_COOKIE, ""),
     ]
-    return any(hmac.compare_digest(candidate.encode(), token.encode()) for candidate in candidates if candidate)
+    return any(_same(candidate, token) for candidate in candidates if candidate)
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _same(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """One JSON line: ``{"error": message}`` (newlines folded, so a client can show it as is)."""
-    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status, headers=headers)
 
 
 def _version() -> str:

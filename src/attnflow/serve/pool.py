@@ -2,12 +2,18 @@
 
 `ModelPool` loads a model on its first request and keeps it: at most ``max_models`` stay loaded
 (and, with ``max_rss_mb``, fewer while the process's resident memory is above that); the least
-recently used one that no request holds goes first. Each model has one lock: one thread at a time
-runs inside its hooks, whatever the number of worker threads. A `Job` is one request's handle:
-its progress (the step it is on, the forward passes run) and its cancellation, checked between
-steps (`Job.step`) and before every forward pass of the model while the job holds it (a forward
-pre-hook, removed when the job lets go): a cancelled or timed-out request stops within one forward
-pass, even inside an expensive method (leave-one-out, SHAP, integrated gradients), and releases its model.
+recently used one that no request holds goes first (a model the server does not offer before
+the offered ones). Only the offered models load, unless ``allow_any_model``. A load runs
+`attnflow.staging.interruptible` by its request's job: a cancelled or timed-out request stops its
+load at the next block written or tensor converted (the temporary files go, nothing is left
+half-written), and a load that ends after its request was stopped is not kept. Each model has
+one lock: one thread at a time runs inside its hooks, whatever the number of worker threads.
+
+A `Job` is one request's handle: its progress (the step it is on, the forward passes run) and its
+cancellation, checked between steps (`Job.step`) and before every forward pass of the model while
+the job holds it (a forward pre-hook, removed when the job lets go): a cancelled or timed-out
+request stops within one forward pass, even inside an expensive method (leave-one-out, SHAP,
+integrated gradients), and releases its model.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from attnflow.errors import AttnflowError
 from attnflow.model_like import ModelLike
+from attnflow.staging import interruptible
 
 LOCK_POLL_S = 0.05  # how often a request waiting for a busy model checks whether it was cancelled
 
@@ -50,6 +57,11 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     reason: str | None = None  # why it was cancelled
     forwards: int = 0  # forward passes of the model run for this job
+    tokens: int = 0  # the tokens those passes held (batch x sequence)
+    deadline: float | None = None  # time.monotonic() after which the request is over its time limit
+    estimate_s: float | None = None  # the seconds its work was estimated to take (`attnflow.serve.costs`)
+    durations: dict[str, float] = field(default_factory=dict)  # seconds spent in each finished step
+    _entered: float = field(default_factory=time.monotonic)  # when the current step began
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self, reason: str) -> None:
@@ -69,15 +81,29 @@ class Job:
 
     def step(self, name: str) -> None:
         """Enter step ``name`` (a method, "faithfulness", "loading MODEL", ...), unless cancelled."""
+        now = time.monotonic()
+        if self.current != name:
+            self.durations[self.current] = self.durations.get(self.current, 0.0) + now - self._entered
+            self._entered = now
         if self.current not in ("queued", name):
             self.done.append(self.current)
         self.current = name
         self.check()
 
-    def forward(self) -> None:
-        """Count one forward pass of the model, unless cancelled (called by the pool's hook)."""
+    def timings(self) -> dict[str, float]:
+        """Seconds spent in each step so far, the current one included."""
+        current = self.durations.get(self.current, 0.0) + time.monotonic() - self._entered
+        return {**self.durations, self.current: current}
+
+    def forward(self, tokens: int = 0) -> None:
+        """Count one forward pass of the model (of ``tokens`` tokens), unless cancelled (called by the pool's hook)."""
         self.forwards += 1
+        self.tokens += tokens
         self.check()
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the time limit (None: no limit)."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     def progress(self) -> dict[str, Any]:
         """``{"id", "step", "done" [steps], "forward_passes", "elapsed_s", "cancelled"}`` (the progress endpoint)."""
@@ -102,13 +128,14 @@ class ModelPool:
     """Lazily loaded models, at most ``max_models`` kept (least recently used evicted), one lock each.
 
     Args:
-        models: the aliases the server offers (listed by ``/api/models``, the first is the default);
-            any embedded alias may also be asked for.
+        models: the aliases the server offers (listed by ``/api/models``, the first is the default).
         allow_path: a folder whose model folders may be loaded by path; None refuses every path.
         max_models: how many models stay loaded.
         max_rss_mb: evict idle models while the process's resident memory exceeds this (None: no limit).
         loader: ``loader(name) -> AttentionModel`` (default: `attnflow.load` on the CPU or GPU).
-        known: the names that count as aliases (default: the embedded aliases, `attnflow.capture.loading`).
+        known: the other names that may be asked for, with ``allow_any_model`` (default: the
+            embedded aliases, `attnflow.capture.loading`).
+        allow_any_model: also load the ``known`` names that are not offered (``--allow-any-model``).
     """
 
     def __init__(
@@ -119,6 +146,7 @@ class ModelPool:
         max_rss_mb: float | None = None,
         loader: Callable[[str], Any] | None = None,
         known: Sequence[str] | None = None,
+        allow_any_model: bool = False,
     ) -> None:
         if not models:
             raise ValueError("a model pool needs at least one model")
@@ -129,7 +157,8 @@ class ModelPool:
 
             known = [*EMBEDDED, *PROBES]
         self.offered = list(dict.fromkeys(models))
-        self.known = set(known) | set(self.offered)
+        self.known = set(self.offered) | (set(known) if allow_any_model else set())
+        self.others = sorted(set(known) - self.known)  # aliases that --allow-any-model would add
         self.allow_path = Path(allow_path).expanduser().resolve() if allow_path is not None else None
         self.max_models = max_models
         self.max_rss_mb = max_rss_mb
@@ -157,9 +186,15 @@ class ModelPool:
         """``name`` as the pool loads it (a path resolved), or `ModelRefused` saying why not."""
         if name in self.known:
             return name
+        offered = ", ".join(sorted(self.known))
+        if name in self.others:
+            raise ModelRefused(
+                f"model {name!r} is not offered by this server (it offers: {offered}); its operator can add it "
+                "with --model, or allow every alias with --allow-any-model"
+            )
         looks_like_path = "/" in name or "\\" in name or name.startswith((".", "~"))
         if not looks_like_path:
-            raise ModelRefused(f"unknown model {name!r}; this server offers: {', '.join(sorted(self.known))}")
+            raise ModelRefused(f"unknown model {name!r}; this server offers: {offered}")
         if self.allow_path is None:
             raise PathRefused(f"model paths are refused ({name!r}): start the server with --allow-path DIR")
         path = Path(name).expanduser().resolve()
@@ -184,7 +219,10 @@ class ModelPool:
             try:
                 if entry.model is None:
                     job.step(f"loading {name}")
-                    entry.model = self._loader(name)
+                    with interruptible(job.check):
+                        model = self._loader(name)
+                    job.check()  # stopped meanwhile: not kept (it would push out a model in use)
+                    entry.model = model
                 with watched_forwards(entry.model, job):
                     yield entry.model
             finally:
@@ -218,6 +256,7 @@ class ModelPool:
                     self.max_rss_mb is not None and len(loaded) > 1 and resident_mb() > self.max_rss_mb
                 )
                 idle = [name for name in loaded if self._entries[name].users == 0]
+                idle.sort(key=lambda name: name in self.offered)  # models not offered go first, then LRU
                 if not over or not idle:
                     break
                 del self._entries[idle[0]]
@@ -238,8 +277,17 @@ def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
     if not isinstance(network, torch.nn.Module):  # not a torch network: steps alone are checked
         yield
         return
-    with hooks([(HookPoint(network, "call"), lambda _args, _kwargs: job.forward())]):
+    with hooks([(HookPoint(network, "call"), lambda args, kwargs: job.forward(_tokens(args, kwargs)))]):
         yield
+
+
+def _tokens(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The tokens a forward pass holds (batch x sequence of its ids or embeddings), or 0."""
+    for value in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]):
+        shape = getattr(value, "shape", None)
+        if shape is not None and len(shape) >= 2:
+            return int(shape[0]) * int(shape[1])
+    return 0
 
 
 def resident_mb() -> float:

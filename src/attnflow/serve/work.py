@@ -1,22 +1,31 @@
-"""What each API request computes, through the library's front doors (run in a worker thread).
+"""What each API request computes, through the library's front doors (run in a model's worker thread).
 
 `explain_text` is `attnflow explain TEXT`'s flow (`attnflow.evaluate.per_input.plan_methods` and
 `explain_planned`: the same methods, options, faithfulness and ``auto`` choice, so the numbers
 equal the CLI's); `generate_text` is `attnflow explain TEXT --generate N`'s
 (`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`).
-Each takes the request's `Job` and checks it between steps: a cancelled request stops at the next
-method boundary.
+Each takes inputs already checked by its ``check_*`` function (on the event loop, before the
+request waits for its model: a bad request is answered at once) and the request's `Job`, checked
+between steps: a cancelled request stops at the next method boundary. Once the model is held, the
+``estimate_*`` function counts the request's work (`attnflow.serve.costs`) and refuses what cannot
+finish within the time limit before anything expensive runs; the routes call the same functions
+before queueing when the model is already loaded.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from attnflow.errors import InputError
 from attnflow.methods.registry import MethodSpec, get_method, method_names
+from attnflow.serve.costs import Costs, Parts, Shape, Work, count_tokens, explain_parts, position_limit
 from attnflow.serve.pool import Job, ModelPool
+
+GENERATING = "generating"
 
 
 def method_list(methods: Sequence[str] | None, also: Sequence[str] = ()) -> list[str] | None:
@@ -29,9 +38,12 @@ def method_list(methods: Sequence[str] | None, also: Sequence[str] = ()) -> list
         raise InputError(str(error)) from None
 
 
-def parsed_options(options: Mapping[str, Any], methods: Sequence[str]) -> dict[str, Any]:
+def parsed_options(
+    options: Mapping[str, Any], methods: Sequence[str], caps: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """JSON option values turned into what the methods take, with each option's own parser (the
-    CLI's: ``{"discard_ratio": 0.5}`` is parsed like ``--discard-ratio 0.5``); a switch takes true/false."""
+    CLI's: ``{"discard_ratio": 0.5}`` is parsed like ``--discard-ratio 0.5``); a switch takes true/false.
+    ``caps``: the largest value each capped option may take on this server (InputError above it)."""
     declared = {option.name: option for name in methods for option in _spec(name).options}
     parsed: dict[str, Any] = {}
     for name, value in options.items():
@@ -51,139 +63,238 @@ def parsed_options(options: Mapping[str, Any], methods: Sequence[str]) -> dict[s
             parsed[name] = option.parse(value if isinstance(value, str) else _option_text(value))
         except ValueError as error:
             raise InputError(f"option {name!r}: {error}") from None
+        cap = (caps or {}).get(name)
+        if cap is not None and parsed[name] > cap:
+            raise InputError(f"option {name!r} ({option.flag}) is at most {cap} on this server, got {parsed[name]}")
     return parsed
 
 
-def explain_text(
-    pool: ModelPool,
-    job: Job,
+# ----- checks before queueing (no model needed) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A request's inputs, checked (what each ``check_*`` returns, what the work and its estimate read)."""
+
+    text: str
+    models: tuple[str, ...]  # its model (compare: A and B), as the pool loads it
+    names: list[str] | None = None  # methods (None: the default)
+    given: Mapping[str, Any] = field(default_factory=dict)  # their options, parsed
+    row: Any = None
+    target: str | None = None
+    target_text: str | None = None
+    max_length: int | None = None
+    faithfulness: bool = True
+    generate: int | None = None
+    continuation: str | None = None
+    top_k: int = 5
+
+    @property
+    def model(self) -> str:
+        return self.models[0]
+
+    def reading(self) -> dict[str, Any]:
+        """How the text is read: ``target``, ``target_text`` and ``max_length`` (the library's keywords)."""
+        return {"target": self.target, "target_text": self.target_text, "max_length": self.max_length}
+
+
+def check_explain(
     *,
     text: str,
     model: str,
     methods: Sequence[str] | None,
     options: Mapping[str, Any],
-    target: str | None,
-    target_text: str | None,
     row: str | int | None,
-    max_length: int | None,
-    faithfulness: bool = True,
-) -> list[Any]:
-    """`attnflow explain TEXT --model M --method ...`: one `Explanation` per method asked for
-    (``faithfulness=False``: ``--no-faithfulness``)."""
+    caps: Mapping[str, int],
+    **asked: Any,
+) -> Asked:
+    """``/api/explain``'s inputs (``asked``: target, target_text, max_length, faithfulness) checked."""
     from attnflow.capture.texts import check_row_fits, check_texts
-    from attnflow.evaluate.per_input import AUTO, explain_planned, plan_methods, with_candidates
+    from attnflow.evaluate.per_input import AUTO, with_candidates
 
     check_texts(text)
     parsed_row = _row(row)
-    check_row_fits(parsed_row, [text], max_length)
+    check_row_fits(parsed_row, [text], asked.get("max_length"))
     names = method_list(methods, also=(AUTO,))
-    given = parsed_options(options, with_candidates(names or [AUTO], None))
-    with pool.using(model, job) as loaded:
-        job.step("planning")
-        plan = plan_methods(loaded, names, given, target_text)
-        job.step("tracing")
-        trace = loaded.trace_for(
-            list(plan.per_method), [text], target=target, target_text=target_text, max_length=max_length
-        )[0]
-        return explain_planned(loaded, trace, plan, parsed_row, job.step, faithfulness)
+    given = parsed_options(options, with_candidates(names or [AUTO], None), caps)
+    return Asked(text, (model,), names, given, parsed_row, **asked)
 
 
-def generate_text(
-    pool: ModelPool,
-    job: Job,
+def check_generate(
     *,
     text: str,
     model: str,
     methods: Sequence[str] | None,
     options: Mapping[str, Any],
-    generate: int | None,
-    continuation: str | None,
-    faithfulness: bool,
-) -> list[Any]:
-    """`attnflow explain PROMPT --generate N` (or ``--continuation TEXT``): one `GenerationExplanation`
-    per method asked for (None: auto, as the CLI), auto's choice in its place (`attnflow.generation`'s
-    `plan_generation` and `explain_planned_generation`, the CLI's code); a cancel stops before the
-    generation or before the explanations."""
+    caps: Mapping[str, int],
+    **asked: Any,
+) -> Asked:
+    """``/api/generate``'s inputs (``asked``: generate or continuation, faithfulness) checked."""
     from attnflow.capture.texts import check_texts
     from attnflow.evaluate.per_input import AUTO, with_candidates
-    from attnflow.generation import (
-        DEFAULT_STEPS_PER_PASS,
-        explain_planned_generation,
-        plan_generation,
-        prepare_continuation,
-    )
 
     check_texts(text)
-    if (generate is None) == (continuation is None):
+    if (asked.get("generate") is None) == (asked.get("continuation") is None):
         raise InputError("give either generate (a number of new tokens) or continuation (a text), not both or none")
     names = method_list(methods, also=(AUTO,))
-    given = parsed_options(options, with_candidates(names or [AUTO], None))
-    with pool.using(model, job) as loaded:
-        plan = plan_generation(loaded, names, given)
-        job.step("generating" if generate is not None else "tokenizing the continuation")
-        sequence = prepare_continuation(loaded, text, max_new_tokens=generate, continuation=continuation)
-        job.step(", ".join(plan.per_method))  # all at once, as the CLI: the steps' log p come from one pass
-        return explain_planned_generation(loaded, sequence, plan, faithfulness, DEFAULT_STEPS_PER_PASS)
+    return Asked(text, (model,), names, parsed_options(options, with_candidates(names or [AUTO], None), caps), **asked)
 
 
-def compare_models(
-    pool: ModelPool,
-    job: Job,
-    *,
-    text: str,
-    models: Sequence[str],
-    method: str,
-    row: str | int | None,
-    top_k: int,
-    target: str | None,
-    target_text: str | None,
-    max_length: int | None,
-) -> Any:
-    """`attnflow compare TEXT --model A --model B --method M`: the `Comparison`."""
+def check_compare(*, text: str, models: Sequence[str], method: str, row: str | int | None, **asked: Any) -> Asked:
+    """``/api/compare``'s inputs (``asked``: top_k, target, target_text, max_length) checked."""
     from attnflow.capture.texts import check_texts
-    from attnflow.comparison import compare
 
     check_texts(text)
     if len(models) != 2:
         raise InputError(f"give exactly two models (A and B), got {len(models)}")
-    (name,) = method_list([method]) or [method]
-    with pool.using_both(models[0], models[1], job) as (model_a, model_b):
-        job.step(name)
-        return compare(
-            model_a,
-            model_b,
-            text,
-            method=name,
-            row=_row(row),
-            k=top_k,
-            max_length=max_length,
-            target=target,
-            target_text=target_text,
-        )
+    return Asked(text, tuple(models), method_list([method]), row=_row(row), **asked)
 
 
-def explore_text(
-    pool: ModelPool,
-    job: Job,
-    *,
-    text: str,
-    model: str,
-    methods: Sequence[str] | None,
-    target: str | None,
-    target_text: str | None,
-    max_length: int | None,
-) -> str:
-    """`attnflow explore TEXT`: the explorer's page (every layer and head of each method), as HTML."""
+def check_explore(*, text: str, model: str, methods: Sequence[str] | None, **asked: Any) -> Asked:
+    """``/api/explore``'s inputs (``asked``: target, target_text, max_length) checked."""
     from attnflow.capture.texts import check_texts
-    from attnflow.exploration import explore
 
     check_texts(text)
-    names = method_list(methods)
-    with pool.using(model, job) as loaded:
-        job.step("exploring")
-        exploration = explore(
-            loaded, text, methods=names, target=target, target_text=target_text, max_length=max_length
+    return Asked(text, (model,), method_list(methods), **asked)
+
+
+# ----- estimates (the models loaded; on the event loop, with a copy of the tokenizer) ---------------------
+
+Loaded = list[tuple[str, Any]]  # (name, loaded model) for each model of a request
+
+
+def estimate_explain(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> tuple[Any, Parts]:
+    """`explain_text`'s plan and its work on this text (`Costs.check`: `TooExpensive` past the time limit)."""
+    from attnflow.evaluate.per_input import has_target, plan_methods
+
+    ((name, model),) = loaded
+    plan = plan_methods(model, asked.names, asked.given, asked.target_text)
+    n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
+    faithful = asked.faithfulness and has_target(model, asked.target_text)
+    shape = Shape.of(model)
+    costs.check(job, [(name, lambda tokens: explain_parts(plan.per_method, tokens, shape, faithful))], n, "max_length")
+    return plan, explain_parts(plan.per_method, n, shape, faithful)
+
+
+def estimate_generate(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> tuple[Any, Parts]:
+    """`generate_text`'s plan and its work: the generation, then each method per generated token."""
+    from attnflow.generation import plan_generation
+
+    ((name, model),) = loaded
+    plan = plan_generation(model, asked.names, asked.given)
+    prompt = count_tokens(tokenizer, asked.text)
+    steps = asked.generate if asked.generate is not None else count_tokens(tokenizer, asked.continuation or "")
+    shape = Shape.of(model)
+    faithful = asked.faithfulness or bool(plan.candidates)
+
+    def parts(tokens: int) -> Parts:
+        generated = {GENERATING: Work(steps, steps * tokens)} if asked.generate is not None else {}
+        return {**generated, **explain_parts(plan.per_method, tokens, shape, faithful, steps=steps)}
+
+    costs.check(job, [(name, parts)], prompt + steps, "a shorter prompt, or fewer tokens generated")
+    return plan, parts(prompt + steps)
+
+
+def estimate_compare(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
+    """`compare_models`' work: the method on each model (`TooExpensive` past the time limit)."""
+    n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(loaded[0][1]))
+    per_method: dict[str, dict[str, Any]] = {name: {} for name in asked.names or []}
+    estimates = [
+        (alias, lambda tokens, model=model: explain_parts(per_method, tokens, Shape.of(model), False))
+        for alias, model in loaded
+    ]
+    costs.check(job, estimates, n, "max_length")
+
+
+def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
+    """`explore_text`'s work: each method (every per-head one again per head), as the explorer leaves
+    out the expensive ones it was not asked for on long texts (`TooExpensive` past the time limit)."""
+    from attnflow.exploration import EXPENSIVE_ABOVE
+    from attnflow.methods.registry import methods_for
+
+    ((name, model),) = loaded
+    n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
+    chosen = list(asked.names or methods_for(model.adapter))
+    shape = Shape.of(model)
+
+    def parts(tokens: int) -> Parts:
+        kept = [m for m in chosen if asked.names or tokens <= EXPENSIVE_ABOVE or get_method(m).cost != "expensive"]
+        return explain_parts({method: {} for method in kept}, tokens, shape, False, per_head=True)
+
+    costs.check(job, [(name, parts)], n, "max_length")
+
+
+# ----- the work (in the model's worker thread) -------------------------------------------------------
+
+
+def load_model(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> None:
+    """Load ``asked.model`` (``--preload``) and measure its rates, as its first request would."""
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+
+
+def explain_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list[Any]:
+    """`attnflow explain TEXT --model M --method ...` (`check_explain`'s inputs): one `Explanation`
+    per method asked for (``faithfulness=False``: ``--no-faithfulness``)."""
+    from attnflow.evaluate.per_input import explain_planned
+
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+        job.step("planning")
+        plan, parts = estimate_explain(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        began = time.perf_counter()
+        job.step("tracing")
+        trace = model.trace_for(list(plan.per_method), [asked.text], **asked.reading())[0]
+        explained = explain_planned(model, trace, plan, asked.row, job.step, asked.faithfulness)
+        costs.observe(asked.model, parts, time.perf_counter() - began, job.timings())
+        return explained
+
+
+def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list[Any]:
+    """`attnflow explain PROMPT --generate N` (or ``--continuation TEXT``): one `GenerationExplanation`
+    per method asked for (None: auto, as the CLI), auto's choice in its place (`attnflow.generation`'s
+    `plan_generation` and `explain_planned_generation`, the CLI's code); a cancel stops before the
+    generation or before the explanations."""
+    from attnflow.generation import DEFAULT_STEPS_PER_PASS, explain_planned_generation, prepare_continuation
+
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+        plan, parts = estimate_generate(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        began = time.perf_counter()
+        job.step(GENERATING if asked.generate is not None else "tokenizing the continuation")
+        sequence = prepare_continuation(
+            model, asked.text, max_new_tokens=asked.generate, continuation=asked.continuation
         )
+        job.step(", ".join(plan.per_method))  # all at once, as the CLI: the steps' log p come from one pass
+        explained = explain_planned_generation(model, sequence, plan, asked.faithfulness, DEFAULT_STEPS_PER_PASS)
+        costs.observe(asked.model, parts, time.perf_counter() - began, job.timings())
+        return explained
+
+
+def compare_models(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> Any:
+    """`attnflow compare TEXT --model A --model B --method M`: the `Comparison`."""
+    from attnflow.comparison import compare
+
+    (name,) = asked.names or ["rollout"]
+    first, second = asked.models
+    with pool.using_both(first, second, job) as (model_a, model_b):
+        loaded = [(first, model_a), (second, model_b)]
+        for alias, model in loaded:
+            costs.ready(alias, model)
+        estimate_compare(costs, job, loaded, model_a.tokenizer, asked)
+        job.step(name)
+        return compare(model_a, model_b, asked.text, method=name, row=asked.row, k=asked.top_k, **asked.reading())
+
+
+def explore_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> str:
+    """`attnflow explore TEXT`: the explorer's page (every layer and head of each method), as HTML."""
+    from attnflow.exploration import explore
+
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+        estimate_explore(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        job.step("exploring")
+        exploration = explore(model, asked.text, methods=asked.names, **asked.reading())
         return str(exploration.to_html())
 
 

@@ -1,0 +1,326 @@
+"""What a request will cost, estimated before it runs, so that `attnflow serve` refuses at once
+what cannot finish within its time limit (413, one line saying what would fit).
+
+A request's work is counted per step (`Work`: forward passes of the model, the tokens they hold,
+max-flow steps) from the text's tokens (n, of which m are content tokens) and each method's
+declared cost (`attnflow.methods.registry.MethodSpec.cost`):
+
+- the trace: one forward pass of the n tokens (and a backward pass when a method reads gradients);
+  the methods computed from it (rollout, raw, norm, the gradient maps) add nothing;
+- ``backward`` methods that re-run the model (attnlrp, cp_lrp, gim): a forward and a backward pass;
+- ``expensive`` ones, what they run: leave-one-out m + 1 variants of the text, SHAP its coalitions
+  (all 2^m up to ``max_evals``, else about ``max_evals``), integrated gradients ``n_steps`` forward
+  and backward passes, value zeroing n variants of each layer (about n passes of the text),
+  attention flow L·n³ max-flow steps; another package's expensive method counts as leave-one-out;
+- per-input faithfulness, what `attnflow.evaluate.per_input.BUDGET` lets it score: the bounds'
+  search and the deletion curves of each map and of the random rankings.
+
+Seconds are ``passes · a + tokens · b`` (`Rates`, a backward pass counted as two forward ones):
+``a`` and ``b`` are measured on the model itself when it first serves (two timed forward passes,
+`calibrate`) and scaled by what finished heavy requests took against their estimate (`Costs.observe`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from attnflow.errors import AttnflowError
+from attnflow.serve.pool import Job
+
+FLOW_S = 1e-7  # seconds per max-flow step (L·n³ units): over 60 s for the 512-token matrix of a 6-layer model here
+TRACE = "tracing"
+FAITHFULNESS = "faithfulness"
+SCALED_ABOVE_S = 0.3  # requests estimated at least this long teach `Rates.scale`
+
+
+class TooExpensive(AttnflowError):
+    """A request whose estimate exceeds the time limit (answered 413 before it runs)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """Work of one step: ``passes`` forward passes holding ``tokens`` tokens in all, ``flow`` max-flow steps."""
+
+    passes: float = 0.0
+    tokens: float = 0.0
+    flow: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.passes + other.passes, self.tokens + other.tokens, self.flow + other.flow)
+
+    def times(self, factor: float) -> Work:
+        return Work(self.passes * factor, self.tokens * factor, self.flow * factor)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A model's measured speed: ``pass_s`` seconds per forward pass plus ``token_s`` per token it
+    holds, ``flow_s`` per max-flow step; ``scale``: finished requests' time over their estimate."""
+
+    pass_s: float
+    token_s: float
+    flow_s: float = FLOW_S
+    scale: float = 1.0
+
+    def seconds(self, work: Work) -> float:
+        return self.scale * (work.passes * self.pass_s + work.tokens * self.token_s + work.flow * self.flow_s)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the work of a model depends on besides the text: its layers and heads."""
+
+    layers: int
+    heads: int
+
+    @classmethod
+    def of(cls, model: Any) -> Shape:
+        config = getattr(getattr(model, "model", None), "config", None)
+        return cls(
+            int(getattr(config, "num_hidden_layers", 12) or 12), int(getattr(config, "num_attention_heads", 12) or 12)
+        )
+
+
+Parts = dict[str, Work]  # step name -> its work
+Estimator = Callable[[int], Parts]  # tokens n -> the work of each step, for a text of n tokens
+
+
+def method_work(name: str, options: Mapping[str, Any], n: int, shape: Shape) -> Work:
+    """The work method ``name`` adds to the trace of ``n`` tokens (module docstring)."""
+    from attnflow.methods.registry import get_method
+
+    spec = get_method(name)
+    m = max(1, n - 2)
+    batch = max(1, int(options.get("batch_size", 32)))
+    if name == "flow":
+        return Work(flow=shape.layers * n**3)
+    if spec.takes != "model":
+        return Work()  # computed from the trace
+    if name == "shap":
+        evals = max(int(options.get("max_evals", 512)), m + 1)
+        return _variants(2**m if m < 40 and 2**m <= evals else evals, n, batch)
+    if name == "integrated_gradients":  # captum's layer attribution: the layer's inputs, then forward and backward
+        steps = int(options.get("n_steps", 32))
+        return Work(4 * math.ceil(steps / 16) + 2, 4 * steps * n + 2 * n)
+    if name == "value_zeroing":
+        return Work(math.ceil(n / batch) + 1, n * n + n)  # n variants of each layer: about n whole passes
+    if spec.cost == "expensive":  # leave-one-out, and any other expensive method: a variant per content token
+        return _variants(m + 1, n, batch)
+    return Work(3, 3 * n) if spec.cost == "backward" else Work(1, n)
+
+
+def trace_work(names: Sequence[str], n: int) -> Work:
+    """The trace's forward pass of ``n`` tokens, and its backward pass when a method reads gradients."""
+    from attnflow.methods.registry import get_method
+
+    backward = any(get_method(name).cost == "backward" and get_method(name).takes != "model" for name in names)
+    return Work(3, 3 * n) if backward else Work(1, n)
+
+
+def faithfulness_work(maps: int, n: int) -> Work:
+    """Per-input faithfulness of ``maps`` maps on ``n`` tokens, within `per_input.BUDGET`."""
+    from attnflow.evaluate.bounds import search_cost
+    from attnflow.evaluate.metrics import top_count
+    from attnflow.evaluate.per_input import BINS, BUDGET, RANDOM_RANKINGS
+
+    m = max(1, n - 2)
+    if maps == 0 or BUDGET.skipped(m):
+        return Work()
+    search = BUDGET.bounds_search(m, n)
+    bounds = search_cost(m, [top_count(k, m) for k in BINS], search, beam_width=1)
+    return _variants((RANDOM_RANKINGS + maps) * 2 * len(BINS) + bounds, n, 32)
+
+
+def explain_parts(
+    per_method: Mapping[str, Mapping[str, Any]],
+    n: int,
+    shape: Shape,
+    faithfulness: bool,
+    per_head: bool = False,
+    steps: int = 1,
+) -> Parts:
+    """The work of the methods ``per_method`` (name -> options) on ``n`` tokens, with faithfulness
+    (`attnflow.evaluate.per_input.explain_planned`); ``per_head``: each per-head method again per
+    head (the explorer); ``steps``: per generated token (methods that explain a target run per step)."""
+    from attnflow.methods.registry import get_method
+
+    names = list(per_method)
+    parts: Parts = {TRACE: trace_work(names, n)}
+    for name in names:
+        spec = get_method(name)
+        work = method_work(name, per_method[name], n, shape)
+        if per_head and spec.per_head:
+            work = work.times(1 + shape.heads)
+        parts[name] = work.times(steps if spec.uses_target else 1)
+    if faithfulness:
+        parts[FAITHFULNESS] = faithfulness_work(len(names), n).times(steps)
+    return parts
+
+
+def _moved(value: float, measured: float, start: float) -> float:
+    """``value`` moved towards ``measured`` (a third of the way), kept within [start / 4, start · 8]."""
+    return min(8 * start, max(start / 4, 0.7 * value + 0.3 * measured))
+
+
+def _variants(count: float, n: int, batch: int) -> Work:
+    """``count`` altered copies of an ``n``-token text, scored in batches of ``batch``."""
+    return Work(math.ceil(count / batch), count * n)
+
+
+def count_tokens(tokenizer: Any, text: str, max_length: int | None = None, limit: int | None = None) -> int:
+    """The tokens of ``text`` with its special tokens, at most ``max_length`` (and the model's ``limit``)."""
+    n = len(tokenizer(text, verbose=False)["input_ids"])
+    for cap in (max_length, limit):
+        if cap is not None:
+            n = min(n, cap)
+    return max(1, n)
+
+
+def position_limit(model: Any) -> int | None:
+    """The most tokens the model reads (``max_length``: a longer text is truncated), or None."""
+    limit = getattr(model, "max_length", None)
+    return int(limit) if isinstance(limit, int) else None
+
+
+def calibrate(model: Any) -> Rates | None:
+    """``a`` and ``b`` of `Rates` from two timed forward passes (1 × 8 and 8 × 32 tokens, the
+    faster of two runs each), or None for a model they cannot run on (it answers without estimates)."""
+    import torch
+
+    network = getattr(model, "model", None)
+    vocabulary = getattr(getattr(network, "config", None), "vocab_size", None)
+    if not isinstance(network, torch.nn.Module) or not vocabulary:
+        return None
+    timed = []
+    try:
+        for batch, length in ((1, 8), (8, 32)):
+            ids = torch.full((batch, length), min(100, int(vocabulary) - 1), dtype=torch.long, device=model.device)
+            fastest = math.inf
+            for _ in range(2):
+                began = time.perf_counter()
+                with torch.no_grad():
+                    network(input_ids=ids, attention_mask=torch.ones_like(ids))
+                fastest = min(fastest, time.perf_counter() - began)
+            timed.append(fastest)
+    except Exception:  # a model these passes do not fit (encoder-decoder, images): no estimates
+        return None
+    token_s = max((timed[1] - timed[0]) / (256 - 8), 1e-9)
+    return Rates(pass_s=max(timed[0] - 8 * token_s, 1e-6), token_s=token_s)
+
+
+class Costs:
+    """Each model's `Rates` and a copy of its tokenizer (for estimates made on the event loop, never
+    the model's own, which a worker thread may be using), and the time limit estimates are held to."""
+
+    def __init__(self, time_limit_s: float) -> None:
+        self.time_limit_s = time_limit_s
+        self._rates: dict[str, Rates] = {}
+        self._tokenizers: dict[str, Any] = {}
+        self._guard = threading.Lock()
+
+    def rates(self, name: str) -> Rates | None:
+        with self._guard:
+            return self._rates.get(name)
+
+    def tokenizer(self, name: str) -> Any:
+        with self._guard:
+            return self._tokenizers.get(name)
+
+    def set_rates(self, name: str, rates: Rates | None) -> None:
+        """Set (None: forget) ``name``'s rates: measured ones, or given ones (tests, a slower machine)."""
+        with self._guard:
+            if rates is None:
+                self._rates.pop(name, None)
+            else:
+                self._rates[name] = rates
+
+    def ready(self, name: str, model: Any) -> Rates | None:
+        """``name``'s rates, measured now if they are not yet (call it holding the model)."""
+        rates = self.rates(name)
+        if rates is None:
+            rates = calibrate(model)
+            self.set_rates(name, rates)
+        if self.tokenizer(name) is None and getattr(model, "tokenizer", None) is not None:
+            try:
+                copied = copy.deepcopy(model.tokenizer)
+            except Exception:  # a tokenizer that cannot be copied: estimates in the worker only
+                copied = None
+            with self._guard:
+                self._tokenizers[name] = copied
+        return rates
+
+    def seconds(self, name: str, parts: Parts) -> float | None:
+        rates = self.rates(name)
+        return None if rates is None else sum(rates.seconds(work) for work in parts.values())
+
+    def check(self, job: Job, estimates: Sequence[tuple[str, Estimator]], n: int, what: str) -> None:
+        """Set ``job.estimate_s`` to the seconds of ``estimates`` (per model: its name and the work of
+        each step for n tokens) on ``n`` tokens; `TooExpensive` when that exceeds the time limit,
+        saying the longest step and what fits (a shorter text, or the request without that step)."""
+        seconds = self._seconds(estimates, n)
+        if seconds is None:
+            return
+        job.estimate_s = round(seconds, 3)
+        if seconds <= self.time_limit_s:
+            return
+        steps: dict[str, float] = {}
+        for name, estimate in estimates:
+            rates = self.rates(name)
+            for step, work in estimate(n).items():
+                steps[step] = steps.get(step, 0.0) + (rates.seconds(work) if rates else 0.0)
+        longest = max(steps, key=lambda step: steps[step])
+        fits = [
+            f"a text of at most {tokens} tokens ({what})" for tokens in [self._tokens_that_fit(estimates, n)] if tokens
+        ]
+        if seconds - steps[longest] <= self.time_limit_s and longest != TRACE:
+            fits.append('"faithfulness": false' if longest == FAITHFULNESS else f"the request without {longest}")
+        raise TooExpensive(
+            f"this request would take about {seconds:.0f} s on {n} tokens ({longest}: about {steps[longest]:.0f} s), "
+            f"over this server's time limit of {self.time_limit_s:g} s; what would fit: "
+            + (" or ".join(fits) or "nothing on this model: ask for cheaper methods")
+        )
+
+    def observe(self, name: str, parts: Parts, seconds: float, timings: Mapping[str, float]) -> None:
+        """Teach ``name``'s rates what a request estimated at ``parts`` took: ``seconds`` in all,
+        ``timings`` per step. Attention flow's time (its step) moves ``flow_s``, the rest ``scale``;
+        only work estimated at `SCALED_ABOVE_S` or more counts (below, fixed costs dominate), and
+        each moves at most to 1/4 or 8 times its starting value (a kernel compiled once, a machine
+        busy for a moment)."""
+        rates = self.rates(name)
+        if rates is None:
+            return
+        flow_units = sum(work.flow for work in parts.values())
+        flow_seconds = timings.get("flow", 0.0) if flow_units else 0.0
+        if flow_units * rates.flow_s >= SCALED_ABOVE_S and flow_seconds > 0:
+            rates = replace(rates, flow_s=_moved(rates.flow_s, flow_seconds / flow_units, FLOW_S))
+        unscaled = replace(rates, scale=1.0, flow_s=0.0)
+        predicted = sum(unscaled.seconds(work) for work in parts.values())
+        if predicted * rates.scale >= SCALED_ABOVE_S:
+            rates = replace(rates, scale=_moved(rates.scale, (seconds - flow_seconds) / predicted, 1.0))
+        self.set_rates(name, rates)
+
+    def _seconds(self, estimates: Sequence[tuple[str, Estimator]], n: int) -> float | None:
+        total = 0.0
+        for name, estimate in estimates:
+            seconds = self.seconds(name, estimate(n))
+            if seconds is None:
+                return None
+            total += seconds
+        return total
+
+    def _tokens_that_fit(self, estimates: Sequence[tuple[str, Estimator]], n: int) -> int:
+        """The most tokens (below ``n``) whose estimate fits the time limit; 0 when even 3 do not."""
+        low, high = 0, n - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            seconds = self._seconds(estimates, middle)
+            if seconds is not None and seconds <= self.time_limit_s:
+                low = middle
+            else:
+                high = middle - 1
+        return low if low >= 3 else 0
