@@ -239,6 +239,45 @@ def test_a_non_local_bind_needs_a_token_and_requests_without_it_get_401(tiny_loa
         one_line_error(client.get("/api/models"), 401)
 
 
+def test_a_query_token_sets_the_cookie_only_when_it_is_the_token(tiny_loader):
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app(tiny_loader, token=TOKEN)) as client:
+        valid = {"authorization": f"Bearer {TOKEN}"}
+        answered = client.get("/?token=wrong", headers=valid)  # the header lets it in; the query is not the token
+        assert answered.status_code == 200 and "set-cookie" not in answered.headers and not client.cookies
+        one_line_error(client.get("/?token=%20%20%20"), 401)
+        assert "attnflow_token" in client.get(f"/?token={TOKEN}").headers["set-cookie"]
+
+
+@pytest.mark.parametrize("token", ["", "   ", "short", "sixteen chars!!!", "a" * 15])
+def test_blank_short_or_spaced_tokens_are_refused_saying_the_minimum(token):
+    from attnflow.errors import AttnflowError
+    from attnflow.serve import ServeConfig
+
+    with pytest.raises(AttnflowError, match="at least 16 characters without spaces"):
+        ServeConfig(host="0.0.0.0", token=token)
+    assert ServeConfig(host="0.0.0.0", token="a" * 16).token == "a" * 16
+
+
+def test_the_token_comes_from_a_file_or_the_environment_not_only_argv(tmp_path, monkeypatch, capsys):
+    from attnflow.cli import build_parser
+    from attnflow.cli.serve import _token
+
+    monkeypatch.delenv("ATTNFLOW_TOKEN", raising=False)
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n", encoding="utf-8")
+    assert _token(build_parser().parse_args(["serve", "--token-file", str(secret)])) == TOKEN
+    monkeypatch.setenv("ATTNFLOW_TOKEN", TOKEN)
+    assert _token(build_parser().parse_args(["serve"])) == TOKEN
+    secret.write_text("   \n", encoding="utf-8")  # a blank file: refused before anything loads
+    assert main(["serve", "--host", "0.0.0.0", "--token-file", str(secret), "--port", "9"]) == 2
+    assert "at least 16 characters" in capsys.readouterr().err
+    monkeypatch.setenv("ATTNFLOW_TOKEN", "short")
+    assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 2
+    assert "at least 16 characters" in capsys.readouterr().err
+
+
 def test_a_local_server_answers_only_local_host_names(tiny_loader):
     from fastapi.testclient import TestClient
 

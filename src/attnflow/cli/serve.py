@@ -100,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - used by _serve; missing, it is named here with the extra to install
 
         from attnflow.serve import ModelPool, ServeConfig, create_app
         from attnflow.serve.app import LOCAL_HOSTS
@@ -125,9 +125,22 @@ def run(args: argparse.Namespace) -> int:
         allow_any_model=args.allow_any_model,
     )
     app = create_app(pool, config)
+    at_once = {number: signal.signal(number, _at_once) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:  # uvicorn's own handlers replace these while it serves, and put them back once it has stopped
+        _serve(app, args, token)
+    finally:
+        for number, handler in at_once.items():
+            signal.signal(number, handler)
+    return 0
+
+
+def _serve(app: Any, args: argparse.Namespace, token: str | None) -> None:
+    """Preload (``--preload``), then serve until a signal; threads still busy after `GRACE_S` are left."""
+    import uvicorn
+
     service = app.state.service
     if args.preload and not _preload(service):
-        return 0
+        return
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"attnflow serve: http://{shown}:{args.port}/{'?token=…' if token else ''} (Ctrl-C stops it)", flush=True)
     server = _server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"), service)
@@ -136,7 +149,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if not service.close(GRACE_S):  # a thread still inside a method that reaches no check
             _exit_now(0)
-    return 0
+
+
+def _at_once(signal_number: int, _frame: FrameType | None) -> None:
+    """A signal while the server stops (or its first model loads and has been told to stop): exit now."""
+    _exit_now(128 + signal_number)
 
 
 def _token(args: argparse.Namespace) -> str | None:
