@@ -3,6 +3,7 @@ against a real uvicorn server on a tiny classifier: what the DOM shows is what /
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import make_app
+from .test_api import TOKEN
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install .[test])")
@@ -25,7 +27,16 @@ ARTIFACTS = Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().p
 @pytest.fixture(scope="module")
 def server(tiny_loader):
     """A uvicorn server on a free port of 127.0.0.1, in a thread; yields its base URL."""
-    app = make_app(tiny_loader)
+    yield from _served(make_app(tiny_loader))
+
+
+@pytest.fixture(scope="module")
+def token_server(tiny_loader):
+    """The same, behind a token."""
+    yield from _served(make_app(tiny_loader, token=TOKEN))
+
+
+def _served(app):
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     running = uvicorn.Server(config)
     thread = threading.Thread(target=running.run, daemon=True)
@@ -178,4 +189,63 @@ def test_a_history_entry_and_the_explorer_link_belong_to_the_result_shown(server
         page.click("#history li:nth-child(2) button")
         assert page.input_value("#text") == second and page.is_hidden("#explorer-link")
         assert errors == []
+        browser.close()
+
+
+@needs_chromium
+def test_the_token_leaves_the_address_bar_and_the_cookie_carries_it(token_server):
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(f"{token_server}/?token={TOKEN}")
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        assert page.url == token_server + "/" and TOKEN not in page.evaluate("history.state + location.href")
+        assert page.input_value("#model") == "tiny-a"  # the API answered: the cookie carries the token
+        page.reload()
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        assert page.input_value("#model") == "tiny-a" and page.url == token_server + "/"
+        browser.close()
+
+
+@needs_chromium
+def test_a_late_progress_poll_leaves_the_final_error_shown(server):
+    """The answer (504) arrives while a progress poll is on its way; the poll's "working: …" comes
+    after it and must not replace the error."""
+    with playwright_api.sync_playwright() as playwright:
+        browser, page, errors = _open(playwright, server)
+        polls: list = []
+        answers: list = []
+        page.route("**/api/progress/**", lambda route: polls.append(route))
+        page.route("**/api/explain", lambda route: answers.append(route))
+        page.fill("#text", "the movie was great")
+        page.click("#run")
+        while not (polls and answers):
+            page.wait_for_timeout(50)
+        failed = "the request ran longer than the server's time limit (60 s) and was stopped during faithfulness"
+        answers[0].fulfill(status=504, content_type="application/json", body='{"error": "' + failed + '"}')
+        page.wait_for_selector("#status.error", timeout=10_000)
+        working = {"id": "x", "running": True, "step": "faithfulness", "forward_passes": 9, "elapsed_s": 59.5}
+        polls[0].fulfill(status=200, content_type="application/json", body=json.dumps({**working, "cancelled": False}))
+        page.wait_for_timeout(500)
+        assert page.text_content("#status") == failed and page.get_attribute("#status", "class") == "status error"
+        assert [e for e in errors if "Failed to load resource" not in e] == []  # the browser logs the 504 itself
+        browser.close()
+
+
+@needs_chromium
+def test_a_failed_request_leaves_no_earlier_result_under_its_text(server):
+    with playwright_api.sync_playwright() as playwright:
+        browser, page, errors = _open(playwright, server)
+        page.fill("#text", "the movie was great")
+        page.click("#run")
+        page.wait_for_selector("body[data-busy='0'] #result:not([hidden]) .tok", timeout=60_000)
+        page.fill("#text", "   ")  # the server refuses a blank text (400)
+        with page.expect_response("**/api/explain") as answered:
+            page.click("#run")
+        assert answered.value.status == 400
+        page.wait_for_selector("body[data-busy='0'] #status.error", timeout=60_000)
+        assert page.is_hidden("#result") and "empty" in (page.text_content("#status") or "")
+        page.click("#history li:first-child button")  # the earlier answer is still in the history
+        assert page.is_visible("#result") and page.input_value("#text") == "the movie was great"
+        assert [e for e in errors if "Failed to load resource" not in e] == []  # the browser logs the 400 itself
         browser.close()

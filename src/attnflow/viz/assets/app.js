@@ -47,7 +47,16 @@
     $("methods").appendChild(label);
   }
 
+  function dropToken() {
+    // /?token=T set the page's cookie: the token leaves the address bar (and the history) at once
+    const url = new URL(window.location.href);
+    if (!url.searchParams.has("token")) return;
+    url.searchParams.delete("token");
+    history.replaceState(history.state, "", url.pathname + url.search + url.hash);
+  }
+
   async function start() {
+    dropToken();
     try {
       const [models, methods] = await Promise.all([api("/api/models"), api("/api/methods")]);
       for (const model of models.models) option($("model"), model.name, model.name + (model.default ? " (default)" : ""));
@@ -98,7 +107,7 @@
     const poll = setInterval(async () => {
       try {
         const progress = await api("/api/progress/" + requestId);
-        if (progress.running) {
+        if (progress.running && state.running === requestId) {  // an answer that came meanwhile keeps its status
           setStatus("working: " + progress.step + " (" + progress.forward_passes + " forward passes, " +
                     progress.elapsed_s.toFixed(1) + " s)");
         }
@@ -115,6 +124,7 @@
       setStatus("done in " + answer.elapsed_ms.toFixed(0) + " ms");
     } catch (error) {
       setStatus(error.message, true);
+      hideShown();  // the previous result is not this text's: it stays in the history, not under the form
     } finally {
       clearInterval(poll);
       state.running = null;
@@ -147,6 +157,11 @@
     } finally {
       $("explore").disabled = false;
     }
+  }
+
+  function hideShown() {
+    state.shown = null;
+    $("result").hidden = true;
   }
 
   function addToHistory(entry, index) {
