@@ -1,8 +1,9 @@
-"""`attnflow serve` (issue 29): warm latency against the CLI, and a load test.
+"""`attnflow serve` (issues 29 and 39): warm latency against the CLI, a load test, and a mixed load.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py                 # latency + 60 s load test
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --short         # latency 10, load 10 s
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --skip-load     # latency only
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py                 # latency + 60 s load + 60 s mixed
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --short         # latency 10, load and mixed 10 s
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --skip-load --skip-mixed   # latency only
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --skip-latency --skip-load # the mixed load only
 
 The server runs as its own process (`attnflow serve --preload`, as a user starts it) and is asked
 over HTTP. **Latency**: one sentence on minilm-sentiment, methods attnlrp and rollout (each with its
@@ -14,7 +15,13 @@ random-ranking baseline after the first request, `per_input.BASELINES_KEPT`). **
 ``--clients`` concurrent async clients for ``--seconds`` mixing explain (several sentences and
 methods), compare and models on two models (minilm-sentiment, minilm-topics): every status counted
 (no 5xx allowed), p50/p95 per route, the server's resident memory after a warm-up round and after
-the run (≤ 1.2× allowed). The load average is printed: a shared machine stretches every time.
+the run (≤ 1.2× allowed). **Mixed** (issue 39): ``--clients`` clients for ``--seconds``, ``--heavy``
+of them asking minilm-sentiment for heavy explanations (`HEAVY`: leave-one-out, SHAP, integrated
+gradients, with per-input faithfulness, on sentences of 20 to 40 tokens; a 429 is waited out as its
+Retry-After says), the others cheap requests (`cheap_request`: rollout or raw on minilm-topics
+without faithfulness, the model list, a bad method, an unknown model): cheap p95 ≤ 1 s, no 5xx, the
+resident memory after the run ≤ 1.3× the memory after a warm-up round (one request of each kind).
+The load average is printed: a shared machine stretches every time.
 """
 
 from __future__ import annotations
@@ -194,15 +201,113 @@ async def load_test(base: str, clients: int, seconds: float, server_pid: int) ->
     }
 
 
+HEAVY = [["leave_one_out", "shap"], ["integrated_gradients"], ["attnlrp", "leave_one_out"]]
+LONG = [
+    f"{first} The film runs long, the jokes land late, and yet the last scene, quiet and patient, stays with you."
+    for first in SENTENCES
+]
+
+
+def heavy_request(rng: random.Random, model: str) -> dict:
+    """A heavy explanation (expensive methods with faithfulness, a 20-40 token text) on ``model``."""
+    return {"text": rng.choice(LONG), "model": model, "methods": rng.choice(HEAVY)}
+
+
+def cheap_request(rng: random.Random, model: str) -> tuple[str, str, dict | None]:
+    """A cheap request on ``model`` (or none): (kind, path, body)."""
+    kind = rng.choices(["rollout", "models", "bad method", "unknown model"], weights=[6, 2, 1, 1])[0]
+    if kind == "models":
+        return kind, "/api/models", None
+    body = {"text": rng.choice(SENTENCES), "model": model, "methods": [rng.choice(["rollout", "raw"])]}
+    if kind == "bad method":
+        body["methods"] = ["no_such_method"]
+    elif kind == "unknown model":
+        body["model"] = "no-such-model"
+    return kind, "/api/explain", {**body, "faithfulness": False}
+
+
+async def mixed_load(base: str, models: tuple[str, str], clients: int, heavy: int, seconds: float, pid: int) -> dict:
+    """``heavy`` clients asking ``models[0]`` for heavy explanations, the other clients cheap requests
+    on ``models[1]`` (or none), for ``seconds``; a warm-up round of each kind first."""
+    process = psutil.Process(pid)
+    heavy_model, cheap_model = models
+    async with httpx.AsyncClient(base_url=base, timeout=300) as client:
+        for methods in HEAVY:
+            await client.post("/api/explain", json={"text": LONG[0], "model": heavy_model, "methods": methods})
+        for number in range(8):
+            _, path, body = cheap_request(random.Random(number), cheap_model)
+            await (client.post(path, json=body) if body is not None else client.get(path))
+        rss_warm = process.memory_info().rss / 2**20
+        statuses: dict[str, dict[int, int]] = {"heavy": {}, "cheap": {}}
+        times: dict[str, list[float]] = {"heavy": [], "cheap": []}
+        errors: list[str] = []
+        deadline = time.monotonic() + seconds
+
+        async def one_client(number: int) -> None:
+            rng = random.Random(1000 + number)
+            group = "heavy" if number < heavy else "cheap"
+            while time.monotonic() < deadline:
+                if group == "heavy":
+                    path, body = "/api/explain", heavy_request(rng, heavy_model)
+                else:
+                    _, path, body = cheap_request(rng, cheap_model)
+                began = time.perf_counter()
+                response = await (client.post(path, json=body) if body is not None else client.get(path))
+                elapsed = time.perf_counter() - began
+                times[group].append(elapsed)
+                statuses[group][response.status_code] = statuses[group].get(response.status_code, 0) + 1
+                if response.status_code >= 500 and len(errors) < 5:
+                    errors.append(f"{response.status_code} {path}: {response.text[:200]}")
+                if response.status_code == 429:  # the queue is full: come back when it says
+                    wait = min(float(response.headers.get("retry-after", 1)), 10.0)
+                    await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+
+        began = time.monotonic()
+        await asyncio.gather(*(one_client(number) for number in range(clients)))
+        elapsed = time.monotonic() - began
+    rss_after = process.memory_info().rss / 2**20
+    return {
+        "clients": clients,
+        "heavy_clients": heavy,
+        "models": {"heavy": heavy_model, "cheap": cheap_model},
+        "seconds": round(elapsed, 1),
+        "statuses": statuses,
+        "server_errors": sum(count for group in statuses.values() for status, count in group.items() if status >= 500),
+        "errors": errors,
+        "ms": {
+            group: {"n": len(v), "p50": 1000 * percentile(v, 0.5), "p95": 1000 * percentile(v, 0.95)}
+            for group, v in times.items()
+            if v
+        },
+        "rss_warm_mb": round(rss_warm, 1),
+        "rss_after_mb": round(rss_after, 1),
+        "rss_ratio": round(rss_after / rss_warm, 3),
+    }
+
+
+def mixed_failed(result: dict) -> list[str]:
+    """What a mixed-load result misses of issue 39's bar (cheap p95 ≤ 1 s, no 5xx, memory ≤ 1.3×)."""
+    missed = []
+    if result["ms"]["cheap"]["p95"] > 1000:
+        missed.append(f"cheap p95 {result['ms']['cheap']['p95']:.0f} ms > 1000 ms")
+    if result["server_errors"]:
+        missed.append(f"{result['server_errors']} answers 5xx")
+    if result["rss_ratio"] > 1.3:
+        missed.append(f"memory {result['rss_ratio']}x warm > 1.3x")
+    return missed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=50, help="warm latency requests (default: 50)")
     parser.add_argument("--cli-runs", type=int, default=3, help="CLI runs of the same request (default: 3)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients of the load test (default: 16)")
     parser.add_argument("--seconds", type=float, default=60, help="load test duration (default: 60)")
-    parser.add_argument("--short", action="store_true", help="10 latency requests, 1 CLI run, a 10 s load test")
-    parser.add_argument("--skip-load", action="store_true", help="latency only")
-    parser.add_argument("--skip-latency", action="store_true", help="load test only")
+    parser.add_argument("--heavy", type=int, default=6, help="mixed load: clients asking for heavy work (default: 6)")
+    parser.add_argument("--short", action="store_true", help="10 latency requests, 1 CLI run, 10 s load tests")
+    parser.add_argument("--skip-load", action="store_true", help="no load test")
+    parser.add_argument("--skip-mixed", action="store_true", help="no mixed load")
+    parser.add_argument("--skip-latency", action="store_true", help="no latency measurement")
     args = parser.parse_args()
     if args.short:
         args.requests, args.cli_runs, args.seconds = 10, 1, 10
@@ -217,13 +322,18 @@ def main() -> int:
         if not args.skip_load:
             report["load"] = asyncio.run(load_test(base, args.clients, args.seconds, server.pid))
             print(json.dumps({"load": report["load"]}), flush=True)
+        if not args.skip_mixed:
+            mixed = mixed_load(base, MODELS, args.clients, args.heavy, args.seconds, server.pid)
+            report["mixed"] = asyncio.run(mixed)
+            report["mixed"]["missed"] = mixed_failed(report["mixed"])
+            print(json.dumps({"mixed": report["mixed"]}), flush=True)
     finally:
         server.terminate()
         server.wait(30)
     report["load_average_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
     failed = "load" in report and (report["load"]["server_errors"] or report["load"]["rss_ratio"] > 1.2)
-    return 1 if failed else 0
+    return 1 if failed or report.get("mixed", {}).get("missed") else 0
 
 
 if __name__ == "__main__":

@@ -37,6 +37,25 @@ def tiny_loader(tiny_folders):
     return load
 
 
+def served(app):
+    """Serve ``app`` with uvicorn on a free port of 127.0.0.1, in a thread: yields its base URL, then stops it."""
+    import time
+
+    import uvicorn
+
+    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert running.started, "uvicorn did not start"
+    port = running.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    running.should_exit = True
+    thread.join(10)
+
+
 def make_app(loader, **config):
     from attnflow.serve import ModelPool, ServeConfig, create_app
 

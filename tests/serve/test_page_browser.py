@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import make_app
+from .conftest import make_app, served
 from .test_api import TOKEN
 
 pytestmark = pytest.mark.browser
@@ -27,28 +25,13 @@ ARTIFACTS = Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().p
 @pytest.fixture(scope="module")
 def server(tiny_loader):
     """A uvicorn server on a free port of 127.0.0.1, in a thread; yields its base URL."""
-    yield from _served(make_app(tiny_loader))
+    yield from served(make_app(tiny_loader))
 
 
 @pytest.fixture(scope="module")
 def token_server(tiny_loader):
     """The same, behind a token."""
-    yield from _served(make_app(tiny_loader, token=TOKEN))
-
-
-def _served(app):
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert running.started, "uvicorn did not start"
-    port = running.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    running.should_exit = True
-    thread.join(10)
+    yield from served(make_app(tiny_loader, token=TOKEN))
 
 
 @needs_chromium
