@@ -52,12 +52,16 @@ def test_a_busy_model_delays_neither_another_model_nor_bad_requests(tiny_loader,
             one_line_error(refused, status)
             assert seconds < 2, (status, seconds)
         assert client.get("/api/models").status_code == 200
-        steps = sorted(client.get(f"/api/progress/held-{i}").json()["step"] for i in range(5))
-        assert steps == ["serve_test_blocking"] + ["waiting for tiny-a"] * 4  # one runs, four wait their turn
+        steps = {i: client.get(f"/api/progress/held-{i}").json()["step"] for i in range(5)}
+        assert sorted(steps.values()) == ["serve_test_blocking"] + ["waiting for tiny-a"] * 4  # one runs, four wait
+        queued = next(i for i, step in steps.items() if step.startswith("waiting"))
+        assert client.post(f"/api/cancel/held-{queued}").status_code == 200  # a waiting one leaves the queue at once
+        waiting[queued][0].join(5)
+        assert "cancelled by the client" in one_line_error(waiting[queued][1]["response"], 409)
         release.set()
-        for thread, answer in waiting:
+        for number, (thread, answer) in enumerate(waiting):
             thread.join(30)
-            assert answer["response"].status_code == 200
+            assert number == queued or answer["response"].status_code == 200
 
 
 def test_option_caps_are_refused_before_queueing(client):

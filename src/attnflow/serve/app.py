@@ -361,19 +361,23 @@ class _Service:
             lane.jobs[job.id] = job
         handed = False
         try:
-            held = await hold(lanes, job, wait)
+            held = await hold(lanes, job, functools.partial(wait, queued=True))
             future = self.submit(lanes[0].executor, function)
             release_when_done(future, held, job, loop)
             handed = True
-            return await wait(asyncio.wrap_future(future))
+            return await wait(asyncio.wrap_future(future), queued=False)
         finally:
             self.jobs.pop(job.id, None)
             if not handed:
                 for lane in lanes:
                     lane.jobs.pop(job.id, None)
 
-    async def _wait(self, request: Request, job: Job, deadline: float, awaitable: asyncio.Future[Any]) -> Any:
-        """``awaitable``'s result; raises the answer once the request gives up (the job is stopped)."""
+    async def _wait(
+        self, request: Request, job: Job, deadline: float, awaitable: asyncio.Future[Any], queued: bool
+    ) -> Any:
+        """``awaitable``'s result; raises the answer once the request gives up (the job is stopped).
+        A client's cancel answers here while the job waits for its model (``queued``); once it runs,
+        its thread stops at its next check and answers (the model free of its hooks by then)."""
         while True:
             done, _ = await asyncio.wait({awaitable}, timeout=POLL_S)
             if done:
@@ -384,7 +388,7 @@ class _Service:
             if self.stopping:
                 job.cancel(STOPPING)
                 raise ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
-            if job.cancelled:  # cancelled by the client while it waited for its model
+            if queued and job.cancelled:
                 raise _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
             if await request.is_disconnected():
                 job.cancel("the client disconnected")
