@@ -17,7 +17,7 @@ methods), compare and models on two models (minilm-sentiment, minilm-topics): ev
 (no 5xx allowed), p50/p95 per route, the server's resident memory after a warm-up round and after
 the run (≤ 1.2× allowed). **Mixed** (issue 39): ``--clients`` clients for ``--seconds``, ``--heavy``
 of them asking minilm-sentiment for heavy explanations (`HEAVY`: leave-one-out, SHAP, integrated
-gradients, with per-input faithfulness, on sentences of 20 to 40 tokens; a 429 is waited out as its
+gradients, with per-input faithfulness, on texts of 34 to 39 tokens; a 429 is waited out as its
 Retry-After says), the others cheap requests (`cheap_request`: rollout or raw on minilm-topics
 without faithfulness, the model list, a bad method, an unknown model): cheap p95 ≤ 1 s, no 5xx, the
 resident memory after the run ≤ 1.3× the memory after a warm-up round (one request of each kind).
@@ -209,7 +209,7 @@ LONG = [
 
 
 def heavy_request(rng: random.Random, model: str) -> dict:
-    """A heavy explanation (expensive methods with faithfulness, a 20-40 token text) on ``model``."""
+    """A heavy explanation (expensive methods with faithfulness, a text of 34-39 tokens) on ``model``."""
     return {"text": rng.choice(LONG), "model": model, "methods": rng.choice(HEAVY)}
 
 
