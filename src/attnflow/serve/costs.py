@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from attnflow.errors import AttnflowError
+from attnflow.model_like import ModelLike
 from attnflow.serve.pool import Job
 
 FLOW_S = 1e-7  # seconds per max-flow step (L·n³ units): over 60 s for the 512-token matrix of a 6-layer model here
@@ -68,7 +69,7 @@ class Rates:
     scale: float = 1.0
 
     def seconds(self, work: Work) -> float:
-        return self.scale * (work.passes * self.pass_s + work.tokens * self.token_s + work.flow * self.flow_s)
+        return self.scale * (work.passes * self.pass_s + work.tokens * self.token_s) + work.flow * self.flow_s
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,8 @@ class Shape:
     heads: int
 
     @classmethod
-    def of(cls, model: Any) -> Shape:
-        config = getattr(getattr(model, "model", None), "config", None)
-        return cls(
-            int(getattr(config, "num_hidden_layers", 12) or 12), int(getattr(config, "num_attention_heads", 12) or 12)
-        )
+    def of(cls, model: ModelLike) -> Shape:
+        return cls(model.n_layers, model.n_heads)
 
 
 Parts = dict[str, Work]  # step name -> its work
@@ -181,18 +179,17 @@ def count_tokens(tokenizer: Any, text: str, max_length: int | None = None, limit
     return max(1, n)
 
 
-def position_limit(model: Any) -> int | None:
-    """The most tokens the model reads (``max_length``: a longer text is truncated), or None."""
-    limit = getattr(model, "max_length", None)
-    return int(limit) if isinstance(limit, int) else None
+def position_limit(model: ModelLike) -> int:
+    """The most tokens the model reads (``max_length``: a longer text is truncated)."""
+    return int(model.max_length)
 
 
-def calibrate(model: Any) -> Rates | None:
+def calibrate(model: ModelLike) -> Rates | None:
     """``a`` and ``b`` of `Rates` from two timed forward passes (1 × 8 and 8 × 32 tokens, the
     faster of two runs each), or None for a model they cannot run on (it answers without estimates)."""
     import torch
 
-    network = getattr(model, "model", None)
+    network = model.model
     vocabulary = getattr(getattr(network, "config", None), "vocab_size", None)
     if not isinstance(network, torch.nn.Module) or not vocabulary:
         return None
@@ -239,7 +236,7 @@ class Costs:
             else:
                 self._rates[name] = rates
 
-    def ready(self, name: str, model: Any) -> Rates | None:
+    def ready(self, name: str, model: ModelLike) -> Rates | None:
         """``name``'s rates, measured now if they are not yet (call it holding the model)."""
         rates = self.rates(name)
         if rates is None:
