@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import httpx
 import psutil
@@ -86,6 +87,47 @@ def start_server(port: int) -> subprocess.Popen:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def counted(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict | None,
+    times: list[float],
+    statuses: dict[int, int],
+    errors: list[str],
+    worst: int,
+) -> httpx.Response:
+    """One request (GET without a body, POST with one): its time and status counted, the first five
+    answers with a status of at least ``worst`` kept in ``errors``."""
+    began = time.perf_counter()
+    response = await (client.post(path, json=body) if body is not None else client.get(path))
+    times.append(time.perf_counter() - began)
+    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+    if response.status_code >= worst and len(errors) < 5:
+        errors.append(f"{response.status_code} {path}: {response.text[:200]}")
+    return response
+
+
+async def run_clients(one_client: Callable[[int], Awaitable[None]], clients: int) -> float:
+    """``clients`` clients at once; the seconds until the last one stops."""
+    began = time.monotonic()
+    await asyncio.gather(*(one_client(number) for number in range(clients)))
+    return time.monotonic() - began
+
+
+def timings(times: dict[str, list[float]], rss_warm: float, rss_after: float) -> dict:
+    """p50 and p95 per kind of request (ms), and the server's resident memory before and after (MiB)."""
+    return {
+        "ms": {
+            kind: {"n": len(v), "p50": 1000 * percentile(v, 0.5), "p95": 1000 * percentile(v, 0.95)}
+            for kind, v in times.items()
+            if v
+        },
+        "rss_warm_mb": round(rss_warm, 1),
+        "rss_after_mb": round(rss_after, 1),
+        "rss_ratio": round(rss_after / rss_warm, 3),
+    }
 
 
 def latency(base: str, requests: int, cli_runs: int) -> dict:
@@ -172,16 +214,9 @@ async def load_test(base: str, clients: int, seconds: float, server_pid: int) ->
             rng = random.Random(number)
             while time.monotonic() < deadline:
                 kind, path, body = request_for(rng)
-                began = time.perf_counter()
-                response = await (client.post(path, json=body) if body is not None else client.get(path))
-                times[kind].append(time.perf_counter() - began)
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                if response.status_code >= 400 and len(errors) < 5:
-                    errors.append(f"{response.status_code} {path}: {response.text[:200]}")
+                await counted(client, path, body, times[kind], statuses, errors, 400)
 
-        began = time.monotonic()
-        await asyncio.gather(*(one_client(number) for number in range(clients)))
-        elapsed = time.monotonic() - began
+        elapsed = await run_clients(one_client, clients)
     rss_after = process.memory_info().rss / 2**20
     return {
         "clients": clients,
@@ -190,14 +225,7 @@ async def load_test(base: str, clients: int, seconds: float, server_pid: int) ->
         "statuses": statuses,
         "server_errors": sum(count for status, count in statuses.items() if status >= 500),
         "errors": errors,
-        "ms": {
-            kind: {"n": len(v), "p50": 1000 * percentile(v, 0.5), "p95": 1000 * percentile(v, 0.95)}
-            for kind, v in times.items()
-            if v
-        },
-        "rss_warm_mb": round(rss_warm, 1),
-        "rss_after_mb": round(rss_after, 1),
-        "rss_ratio": round(rss_after / rss_warm, 3),
+        **timings(times, rss_warm, rss_after),
     }
 
 
@@ -251,20 +279,12 @@ async def mixed_load(base: str, models: tuple[str, str], clients: int, heavy: in
                     path, body = "/api/explain", heavy_request(rng, heavy_model)
                 else:
                     _, path, body = cheap_request(rng, cheap_model)
-                began = time.perf_counter()
-                response = await (client.post(path, json=body) if body is not None else client.get(path))
-                elapsed = time.perf_counter() - began
-                times[group].append(elapsed)
-                statuses[group][response.status_code] = statuses[group].get(response.status_code, 0) + 1
-                if response.status_code >= 500 and len(errors) < 5:
-                    errors.append(f"{response.status_code} {path}: {response.text[:200]}")
+                response = await counted(client, path, body, times[group], statuses[group], errors, 500)
                 if response.status_code == 429:  # the queue is full: come back when it says
                     wait = min(float(response.headers.get("retry-after", 1)), 10.0)
                     await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
 
-        began = time.monotonic()
-        await asyncio.gather(*(one_client(number) for number in range(clients)))
-        elapsed = time.monotonic() - began
+        elapsed = await run_clients(one_client, clients)
     rss_after = process.memory_info().rss / 2**20
     return {
         "clients": clients,
@@ -274,14 +294,7 @@ async def mixed_load(base: str, models: tuple[str, str], clients: int, heavy: in
         "statuses": statuses,
         "server_errors": sum(count for group in statuses.values() for status, count in group.items() if status >= 500),
         "errors": errors,
-        "ms": {
-            group: {"n": len(v), "p50": 1000 * percentile(v, 0.5), "p95": 1000 * percentile(v, 0.95)}
-            for group, v in times.items()
-            if v
-        },
-        "rss_warm_mb": round(rss_warm, 1),
-        "rss_after_mb": round(rss_after, 1),
-        "rss_ratio": round(rss_after / rss_warm, 3),
+        **timings(times, rss_warm, rss_after),
     }
 
 

@@ -4,8 +4,9 @@
     app = create_app(ModelPool(["minilm-sentiment"]), ServeConfig())   # run it with uvicorn
 
 `ModelPool` keeps the loaded models (least recently used evicted, one lock per model);
-`create_app` builds the FastAPI app (routes in `attnflow.serve.app`, the work they do in
-`attnflow.serve.work`, through the library's own functions). Needs the ``serve`` extra
+`create_app` builds the FastAPI app (routes in `attnflow.serve.app`, each model's queue and thread
+in `attnflow.serve.lanes`, the estimates that refuse what cannot finish in `attnflow.serve.costs`,
+the work itself in `attnflow.serve.work`, through the library's own functions). Needs the ``serve`` extra
 (``pip install attnflow[serve]``: FastAPI and uvicorn).
 """
 
