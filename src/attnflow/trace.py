@@ -39,6 +39,7 @@ CAPABILITIES = {
     "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
     "streams": "the residual stream after each attention block, value vectors and the norms information-flow "
     "routes linearise",
+    "norms": "every norm module and its form (layer or RMS), declared",
 }
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})

@@ -26,8 +26,6 @@ from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
-_HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
-
 
 @dataclass
 class BatchCapture:
@@ -111,11 +109,11 @@ class CaptureModel:
         if not self.layer_names:
             raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
         self.n_layers = len(self.layer_names)
-        self.n_heads = _head_count(config)
+        self.n_heads = self.adapter.heads(config)
         projection = find_layers(self.model, self.adapter.stack.output_projection)[0][1]
-        head_width = _input_width(projection)
-        self.d_head = head_width // self.n_heads
-        self.d_model = _output_width(projection)
+        in_by_out = self.adapter.in_by_out(projection)  # [head * d_head, d_model]
+        self.d_head = in_by_out.shape[0] // self.n_heads
+        self.d_model = in_by_out.shape[1]
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
         self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
@@ -178,8 +176,7 @@ class CaptureModel:
         slices = []
         projections = find_layers(self.model, self.adapter.stack.output_projection)
         for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
-            weight = projection.weight.detach()
-            in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
+            in_by_out = self.adapter.in_by_out(projection).detach()  # [head * d_head, d_model]
             slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
 
@@ -588,26 +585,6 @@ def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.T
 
 def _first(batched: torch.Tensor) -> np.ndarray:
     return batched[0].float().cpu().numpy()
-
-
-def _head_count(config: Any) -> int:
-    for key in _HEAD_COUNT_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise CaptureError(f"{type(config).__name__} names no head count ({', '.join(_HEAD_COUNT_KEYS)})")
-
-
-def _is_conv1d(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D"  # GPT-2 stores its weight as [in, out]
-
-
-def _input_width(projection: nn.Module) -> int:
-    return projection.weight.shape[0] if _is_conv1d(projection) else projection.weight.shape[1]
-
-
-def _output_width(projection: nn.Module) -> int:
-    return projection.weight.shape[1] if _is_conv1d(projection) else projection.weight.shape[0]
 
 
 def _as_pair(value: Any) -> tuple[int, int]:

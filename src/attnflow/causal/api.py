@@ -166,12 +166,16 @@ def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
 
 
 def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
-    """``"exact,atp"`` or a sequence -> known patching methods in order, without repeats."""
+    """``"exact,atp"`` or a sequence -> known patching methods in order, without repeats; ``relp:NAME``
+    is RelP with the registered rule set NAME as its backward (``relp``: AttnLRP's)."""
+    from attnflow.causal.approximations import relp_rules
+
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
-    unknown = [name for name in names if name not in METHODS]
+    unknown = [name for name in names if name not in METHODS and relp_rules(name) is None]
     if unknown or not names:
         raise InputError(
-            f"unknown patching method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}"
+            f"unknown patching method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)} "
+            "(relp:RULES for RelP with another registered rule set, e.g. relp:gim)"
         )
     return tuple(dict.fromkeys(names))
 
@@ -227,8 +231,7 @@ def patch(
         raise InputError(f"unknown direction {direction!r}; choose denoising or noising")
     if (corrupt is None) == (noise is None):
         raise InputError("give either a corrupt text (--corrupt) or words of the text to add noise to (--noise)")
-    if "relp" in chosen:
-        _check_relp(model)
+    _check_relp(model, chosen)
     clean_ids = _token_ids(model, clean, "clean")
     corruption = _corruption(model, clean, clean_ids, corrupt, noise, samples, seed)
     options = _sweep_options(
@@ -445,16 +448,15 @@ class _Sweep:
         return changes
 
 
-def _check_relp(model: ModelLike) -> None:
-    from attnflow.methods.model.lrp import RULES
-    from attnflow.trace import CAPABILITIES
+def _check_relp(model: ModelLike, methods: Sequence[str]) -> None:
+    """One line when a RelP method's rule set needs what the model's family lacks."""
+    from attnflow.causal.approximations import relp_rules
+    from attnflow.methods.model.lrp import check_rules_supported
 
-    missing = sorted(set(RULES["attnlrp"].requires) - model.adapter.provides)
-    if missing:
-        raise InputError(
-            f"relp does not support the {model.adapter.family} family ({model.name}): the AttnLRP rules require "
-            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
-        )
+    for method in methods:
+        rules = relp_rules(method)
+        if rules is not None:
+            check_rules_supported(model, rules, f"{method} (AtP with the {rules.name} backward)")
 
 
 def _words(noise: str | Sequence[str] | None) -> list[str]:

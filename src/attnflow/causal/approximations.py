@@ -9,7 +9,8 @@ Each estimates Δm(site) = m(base run with the site set to its source value) −
   compares with signed effects. (The paper's other fix, recomputing the attention softmax for
   patched queries and keys, concerns query and key sites, which a sweep of outputs does not have.)
 - ``relp`` (arXiv 2508.21258): (a_source − a_base) · ∂̃m/∂a with ∂̃ the AttnLRP rules' backward
-  (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient.
+  (`attnflow.methods.model.lrp`, rule set ``attnlrp``) instead of the gradient; ``relp:NAME`` takes
+  any registered rule set NAME instead (``relp:gim``, or one of your own: `register_rules`).
 
 Arrays per site kind as in `attnflow.causal.sites`; each is averaged over the base run's samples.
 Each kind's row in the site table says how its products are summed per site (``dot``); a kind
@@ -28,6 +29,19 @@ from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 from attnflow.causal.sites import site_kind
 
 APPROXIMATIONS = ("atp", "atp*", "relp")
+RELP_DEFAULT_RULES = "attnlrp"
+
+
+def relp_rules(method: str) -> Any:
+    """The rule set (`attnflow.methods.model.lrp.BackwardRules`) of a RelP method: ``relp`` ->
+    AttnLRP's, ``relp:NAME`` -> the registered NAME; None for a method that is not RelP or names no
+    registered rule set."""
+    from attnflow.methods.model.lrp import RULES
+
+    if method == "relp":
+        return RULES[RELP_DEFAULT_RULES]
+    prefix, _, name = method.partition(":")
+    return RULES.get(name) if prefix == "relp" and name else None
 
 
 def estimate(
@@ -40,10 +54,11 @@ def estimate(
     if method == "atp*":
         return _graddrop(runner, base, kinds, head_position)
     rules = None
-    if method == "relp":
-        from attnflow.methods.model.lrp import RULES, backward_rules
+    rule_set = relp_rules(method)
+    if rule_set is not None:
+        from attnflow.methods.model.lrp import backward_rules
 
-        rules = backward_rules(runner.model, RULES["attnlrp"])
+        rules = backward_rules(runner.model, rule_set)
     gradients, activations = _gradients(runner, base.input_ids, base.noise, base.samples, rules)
     return {
         kind: _dot(kind, base.source[kind], activations[kind], gradients[kind], runner.n_heads, head_position).mean(
