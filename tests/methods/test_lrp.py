@@ -20,7 +20,7 @@ from attnflow.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance
-from attnflow.targets import Objective
+from attnflow.targets import Target
 
 from tiny_models import tiny_config, tiny_vocab
 
@@ -143,7 +143,9 @@ def llama_oracle(model: AttentionModel, trace, rule: str, monkeypatch) -> np.nda
     monkeypatch.setattr(llama.LlamaMLP, "forward", mlp)
     ids = torch.as_tensor(trace.token_ids)[None]
     e = model.model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    y, _, _ = Objective(model)(torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index]))
+    y, _, _ = Target().objective(model)(
+        torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index])
+    )
     (gradient,) = torch.autograd.grad(y.sum(), e)
     monkeypatch.undo()
     word_embeddings = model.model.get_input_embeddings().weight

@@ -54,7 +54,7 @@ class TargetFunction(Protocol):
         ...
 
     def describe(self, y: Any, index: int | None, probability: Any) -> Any:
-        """What one output's target was (a `attnflow.targets.Target`), from its numbers."""
+        """What one output's target was (a `attnflow.targets.ResolvedTarget`), from its numbers."""
         ...
 
 
@@ -64,7 +64,7 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("--device cuda was asked for, but no CUDA device is available")
+        raise ModelLoadError("{device} cuda was asked for, but no CUDA device is available", parameter="device")
     return resolved
 
 
@@ -202,18 +202,23 @@ class CaptureModel:
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
+        unresolved: Any = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
         The arguments are those of `attnflow.model.AttentionModel.trace` (which is this with a
-        target chosen by name), with ``target_function`` in place of ``target``, ``target_text``
-        and ``contrast``: it makes the `TargetFunction` (y) once the texts and needs are checked,
-        and is required when ``needs`` include a target or gradients.
+        target given as a `attnflow.targets.Target`), with ``target_function`` in place of
+        ``target``: it makes the `TargetFunction` (y) once the texts and needs are checked, and is
+        required when ``needs`` include a target or gradients. ``unresolved`` (a target, opaque
+        here): run no forward pass at all; the traces hold the tokens, no attentions (``[0, 0, n,
+        n]``) and ``unresolved`` as their ``request``, for methods that re-run the model and resolve
+        the target in their own passes.
         """
         if self.tokenizer is None:
             raise InputError(
                 f"{self.name} is a vision model: it explains images, not text "
-                "(--image PATH on the command line, trace_image(path) in Python)"
+                "({image} on the command line, trace_image(path) in Python)",
+                parameter="image",
             )
         texts = check_texts(texts)  # None, bytes, non-strings, empty or undecodable texts: InputError
         wanted = self._needs(needs, head_outputs)
@@ -233,7 +238,9 @@ class CaptureModel:
                 for text, goal in zip(texts, goals, strict=True)
             ]
         objective = None
-        if wanted & TARGET_NEEDS:
+        if unresolved is not None:
+            wanted = frozenset({"attentions"})
+        elif wanted & TARGET_NEEDS:
             if target_function is None:
                 raise CaptureError(
                     f"needs {sorted(wanted & TARGET_NEEDS)} depend on a target: give a target_function, or trace "
@@ -242,7 +249,8 @@ class CaptureModel:
             objective = target_function()
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
-            traces.extend(self._trace_batch(texts[start : start + batch_size], limit, wanted, objective))
+            batch = texts[start : start + batch_size]
+            traces.extend(self._trace_batch(batch, limit, wanted, objective, unresolved))
         return traces
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
@@ -267,7 +275,12 @@ class CaptureModel:
         return self.adapter.values
 
     def _trace_batch(
-        self, texts: list[str], limit: int, needs: frozenset[str], objective: TargetFunction | None
+        self,
+        texts: list[str],
+        limit: int,
+        needs: frozenset[str],
+        objective: TargetFunction | None,
+        unresolved: Any = None,
     ) -> list[Trace]:
         notes = truncation_notes(self.tokenizer, texts, limit)
         encoded = self.tokenizer(
@@ -283,13 +296,17 @@ class CaptureModel:
         if special.any():
             added = int(encoded["special_tokens_mask"][int(special.nonzero()[0, 0])].sum())
             raise InputError(
-                f"max_length {limit} leaves no token of the text, only the {added} special token(s) the model "
-                f"adds: give at least {added + 1} (--max-length)"
+                f"{{max_length}} {limit} leaves no token of the text, only the {added} special token(s) the model "
+                f"adds: give at least {added + 1}",
+                parameter="max_length",
             )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        # name -> [batch, ...] numpy
-        batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
+        if unresolved is not None:  # tokens only: no forward pass
+            width = input_ids.shape[1]
+            batch: dict[str, Any] = {"attentions": np.zeros((len(texts), 0, 0, width, width), np.float32)}
+        else:  # name -> [batch, ...] numpy
+            batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         unknown = unknown_notes(self.tokenizer, self.name, texts, encoded, lengths)
         for text_notes, unknown_note in zip(notes, unknown, strict=True):
@@ -312,6 +329,7 @@ class CaptureModel:
                     layer_names=list(self.layer_names),
                     meta={"default_row": self.default_row, **_notes_meta(notes[index])},
                     target=batch["target"][index] if "target" in batch else None,
+                    request=unresolved,
                     **per_sample,
                     **shared,
                 )
@@ -336,7 +354,7 @@ class CaptureModel:
     ) -> dict[str, Any]:
         """One forward pass (and one backward pass when gradients are needed) over a padded batch
         of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
-        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample.
+        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `ResolvedTarget` per sample.
 
         ``separate_outputs``: the objective gives several y for one sample (``[output]``), each
         with its own backward pass (batched over the outputs); then the gradient fields
@@ -516,9 +534,12 @@ class CaptureModel:
         if max_length is None:
             return self.max_length
         if int(max_length) != max_length or max_length < 2:
-            raise InputError(f"max_length must be an integer >= 2, got {max_length}")
+            raise InputError(f"{{max_length}} must be an integer >= 2, got {max_length}", parameter="max_length")
         if max_length > self.max_length:
-            raise InputError(f"max_length {max_length} exceeds the model's maximum of {self.max_length} tokens")
+            raise InputError(
+                f"{{max_length}} {max_length} exceeds the model's maximum of {self.max_length} tokens",
+                parameter="max_length",
+            )
         return int(max_length)
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from attnflow.errors import InputError
+
 REPLACE_MODES = ("remove", "mask")
 
 
@@ -22,7 +24,7 @@ def perturb(ids: Sequence[int], positions: np.ndarray, replace: str, mask_id: in
         return tuple(int(token) for token, drop in zip(ids, chosen, strict=False) if not drop)
     if replace == "mask":
         if mask_id is None:
-            raise ValueError("--replace mask needs a tokenizer with a mask or pad token")
+            raise InputError("{replace} mask needs a tokenizer with a mask or pad token", parameter="replace")
         return tuple(int(mask_id) if drop else int(token) for token, drop in zip(ids, chosen, strict=False))
     raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
 

@@ -161,7 +161,10 @@ class ModelPool:
         if not looks_like_path:
             raise ModelRefused(f"unknown model {name!r}; this server offers: {', '.join(sorted(self.known))}")
         if self.allow_path is None:
-            raise PathRefused(f"model paths are refused ({name!r}): start the server with --allow-path DIR")
+            raise PathRefused(
+                f"model paths are refused ({name!r}): start the server with {{allow_path}} (a folder)",
+                parameter="allow_path",
+            )
         path = Path(name).expanduser().resolve()
         if not path.is_relative_to(self.allow_path):
             raise PathRefused(f"model path {name!r} is outside the allowed folder {self.allow_path}")

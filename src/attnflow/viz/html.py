@@ -323,9 +323,9 @@ def target_words(explanation: "Explanation", field: str = "target") -> str | Non
     described = getattr(explanation, field)
     if described is None:
         return None
-    from attnflow.targets import Target
+    from attnflow.targets import ResolvedTarget
 
-    return Target(**described).describe()
+    return ResolvedTarget(**described).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:

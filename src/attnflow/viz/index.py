@@ -23,7 +23,7 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
     """A self-contained page listing ``(folder, explanation)`` pairs; every text is escaped and each
     row links ``folder/explanation.html``. With a model that predicts (a classifier, a causal LM),
     a column shows each text's prediction."""
-    from attnflow.targets import Target
+    from attnflow.targets import ResolvedTarget
 
     predicts = any(explanation.prediction for _, explanation in entries)
     rows = []
@@ -35,7 +35,7 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
             if explanation.notes
             else ""
         )
-        prediction = Target(**explanation.prediction).describe() if explanation.prediction else ""
+        prediction = ResolvedTarget(**explanation.prediction).describe() if explanation.prediction else ""
         rows.append(
             f'<tr><td class="num"><a href="{esc(folder)}/explanation.html">{esc(folder)}</a></td>'
             f'<td class="text">{esc(text)}</td>'

@@ -306,7 +306,7 @@ def rules_named(rules: BackwardRules | str) -> BackwardRules:
     if isinstance(rules, BackwardRules):
         return rules
     if rules not in RULES:
-        raise ValueError(f"unknown backward rules {rules!r}; choose one of {', '.join(RULES)}")
+        raise InputError(f"unknown backward rules {rules!r}; choose one of {', '.join(RULES)}")
     return RULES[rules]
 
 
@@ -329,7 +329,7 @@ def lrp_relevance(model: ModelLike, traces: Sequence[Trace], rules: BackwardRule
     rules = rules_named(rules)
     check_rules_supported(model, rules)
     results: list[Relevance | None] = [None] * len(traces)
-    for members in same_objective_groups([trace.target for trace in traces]):
+    for members in same_objective_groups(traces):
         batch = _explain_batch(model, [traces[i] for i in members], rules)
         for position, relevance in zip(members, batch, strict=True):
             results[position] = relevance
@@ -337,12 +337,13 @@ def lrp_relevance(model: ModelLike, traces: Sequence[Trace], rules: BackwardRule
 
 
 def _explain_batch(model: ModelLike, traces: list[Trace], rules: BackwardRules) -> list[Relevance]:
-    """One padded forward and backward pass for traces whose targets share one objective."""
+    """One padded forward and backward pass for traces whose targets share one objective; a target
+    still to resolve (``Trace.request``) is resolved in this same forward pass and recorded."""
     import torch
 
-    from attnflow.targets import Objective
+    from attnflow.targets import objective_of
 
-    objective = Objective.for_target(model, traces[0].target)  # outside the hooks (similarity runs the model)
+    objective = objective_of(model, traces[0])  # outside the hooks (similarity runs the model)
     lengths = [trace.n_tokens for trace in traces]
     input_ids = torch.full((len(traces), max(lengths)), model.tokenizer.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -350,10 +351,16 @@ def _explain_batch(model: ModelLike, traces: list[Trace], rules: BackwardRules) 
         input_ids[row, : trace.n_tokens] = torch.as_tensor(np.asarray(trace.token_ids))
         attention_mask[row, : trace.n_tokens] = 1
     index = None
-    if traces[0].target.index is not None:
+    if traces[0].target is not None and traces[0].target.index is not None:
         index = torch.as_tensor([trace.target.index for trace in traces], device=model.device)
     with backward_rules(model, rules) as recording, torch.enable_grad():
-        y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=index)
+        y, found, probability = objective(
+            attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=index
+        )
+    for row, trace in enumerate(traces):
+        if trace.target is None:
+            p = None if probability is None else float(probability[row].detach())
+            trace.resolved(objective.describe(float(y[row].detach()), None if found is None else int(found[row]), p))
     embedding_sum = recording.embedding_sum
     if embedding_sum is None:
         raise CaptureError(f"{model.name}: the forward pass never reached the embedding sum")
