@@ -234,6 +234,15 @@ class Objective:
     ) -> torch.Tensor:
         """One forward pass: what y is picked from, ``[batch, choice]`` (class logits, next-token
         log-probabilities, or ``[batch, 1]`` similarities)."""
+        inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, **self.forward_options(), **model_kwargs}
+        return self.read(self.model.model(attention_mask=attention_mask, **inputs), attention_mask)
+
+    def forward_options(self) -> dict[str, Any]:
+        """Keyword arguments of the forward pass an objective adds (which logits to compute)."""
+        return {}
+
+    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`choices` from the model's outputs for a batch."""
         raise NotImplementedError
 
     def pick(
@@ -337,16 +346,7 @@ class ClassObjective(_ChoiceObjective):
             )
         return index
 
-    def choices(
-        self,
-        attention_mask: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **model_kwargs: Any,
-    ) -> torch.Tensor:
-        outputs = self.model.model(
-            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **model_kwargs
-        )
+    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:  # noqa: ARG002 - every row
         return outputs.logits
 
 
@@ -379,18 +379,9 @@ class _TokenObjective(_ChoiceObjective):
 class NextTokenObjective(_TokenObjective):
     """A causal LM's log p(next token = t | text) at the last real position (right padding)."""
 
-    def choices(
-        self,
-        attention_mask: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **model_kwargs: Any,
-    ) -> torch.Tensor:
+    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         import torch
 
-        outputs = self.model.model(
-            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **model_kwargs
-        )
         last = attention_mask.sum(dim=1) - 1  # [batch] last real position (right padding)
         return torch.log_softmax(outputs.logits[torch.arange(len(last)), last], dim=-1)  # [batch, vocab]
 
@@ -410,21 +401,13 @@ class StepsObjective(_TokenObjective):
         self.tokens = torch.as_tensor(list(target.tokens), device=model.device)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.model.forward).parameters
 
-    def choices(
-        self,
-        attention_mask: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **model_kwargs: Any,
-    ) -> torch.Tensor:
+    def forward_options(self) -> dict[str, Any]:
+        return {"logits_to_keep": self.positions} if self.keeps_logits else {}
+
+    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:  # noqa: ARG002 - one sequence
         import torch
 
-        inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, **model_kwargs}
-        inputs = {name: value for name, value in inputs.items() if value is not None}
-        if self.keeps_logits:
-            logits = self.model.model(attention_mask=attention_mask, logits_to_keep=self.positions, **inputs).logits[0]
-        else:
-            logits = self.model.model(attention_mask=attention_mask, **inputs).logits[0, self.positions]
+        logits = outputs.logits[0] if self.keeps_logits else outputs.logits[0, self.positions]
         return torch.log_softmax(logits, dim=-1)  # [step, vocab]
 
     def pick(
@@ -466,18 +449,9 @@ class SimilarityObjective(Objective):
         self.text: str = text
         self._reference_embedding()  # now, never inside a caller's capture hooks
 
-    def choices(
-        self,
-        attention_mask: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        **model_kwargs: Any,
-    ) -> torch.Tensor:
+    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         import torch
 
-        outputs = self.model.model(
-            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **model_kwargs
-        )
         pooled = self._pool(outputs.last_hidden_state, attention_mask)
         return torch.nn.functional.cosine_similarity(pooled, self._reference_embedding(), dim=-1)[:, None]
 
