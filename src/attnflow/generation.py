@@ -603,8 +603,8 @@ def step_faithfulness(model: ModelLike, explanation: GenerationExplanation, repl
     ``{"bins", "probability" [N], "perturbed_probability" [N, bin], "aopc" [N], "mean_aopc"}``."""
     import torch
 
-    from attnflow.evaluate.deletion import without_top
     from attnflow.evaluate.metrics import BINS, aopc, content_ranking, top_count
+    from attnflow.methods.deletion import without_top
     from attnflow.targets import Target
 
     tokenizer = model.tokenizer

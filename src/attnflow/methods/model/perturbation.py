@@ -194,10 +194,13 @@ def shap(
     coalitions of one order is raised to it, with a warning. Every coalition is scored once, by
     `target_values`, in batches of ``batch_size``.
     """
-    from attnflow.evaluate.deletion import REPLACE_MODES, perturb
+    from attnflow.methods.deletion import REPLACE_MODES, perturb
 
     if replace not in REPLACE_MODES:
-        raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
+        raise InputError(
+            f"unknown replacement {replace!r} ({{replace}}); choose one of {', '.join(REPLACE_MODES)}",
+            parameter="replace",
+        )
     ids = tuple(int(i) for i in trace.token_ids)
     content = np.flatnonzero(~np.asarray(trace.special_mask))
     m = len(content)
