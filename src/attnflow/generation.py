@@ -346,16 +346,16 @@ def greedy_continuation(model: ModelLike, prompt_ids: Sequence[int], max_new_tok
     cache; it stops after an end-of-sequence token, as ``transformers``' greedy ``generate`` does."""
     import torch
 
-    stop = model.model.generation_config.eos_token_id
+    stop = model.hf_model.generation_config.eos_token_id
     stop = set() if stop is None else {stop} if isinstance(stop, int) else set(stop)
     # transformers 5 names the key/value cache "cache", earlier versions "past_key_values"
-    cache_name = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+    cache_name = "cache" if "cache" in inspect.signature(model.hf_model.forward).parameters else "past_key_values"
     new: list[int] = []
     step_input = torch.as_tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     past = None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            output = model.model(input_ids=step_input, use_cache=True, **{cache_name: past})
+            output = model.hf_model(input_ids=step_input, use_cache=True, **{cache_name: past})
             past = getattr(output, cache_name)
             token = int(output.logits[0, -1].argmax())
             new.append(token)
@@ -371,7 +371,7 @@ def step_log_probs(model: ModelLike, sequence: Continuation) -> np.ndarray:
 
     sources = torch.as_tensor(sequence.sources[None], dtype=torch.long, device=model.device)
     with torch.no_grad():
-        logits = model.model(input_ids=sources).logits[0, sequence.n_prompt - 1 :]  # [N, vocab]
+        logits = model.hf_model(input_ids=sources).logits[0, sequence.n_prompt - 1 :]  # [N, vocab]
         log_probs = torch.log_softmax(logits.double(), dim=-1)
     targets = torch.as_tensor(sequence.targets, device=log_probs.device)
     return log_probs.gather(1, targets[:, None])[:, 0].cpu().numpy()

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 class ModelLike(Protocol):
     """A loaded model that produces `Trace`s (`attnflow.model.AttentionModel` is one).
 
-    ``model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
-    states); ``adapter`` the family's row of the adapter table (`attnflow.capture.Adapter`, not
-    named here: capture sits below and this module must not import it).
+    ``hf_model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
+    states; ``model`` is its deprecated name); ``adapter`` the family's row of the adapter table
+    (`attnflow.capture.Adapter`, not named here: capture sits below and this module must not import it).
     """
 
     @property
@@ -31,8 +31,13 @@ class ModelLike(Protocol):
         ...
 
     @property
-    def model(self) -> torch.nn.Module:
+    def hf_model(self) -> torch.nn.Module:
         """The Hugging Face module (float32, eval mode, eager attention)."""
+        ...
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """Deprecated: ``hf_model``."""
         ...
 
     @property

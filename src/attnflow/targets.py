@@ -235,7 +235,7 @@ class Objective:
         """One forward pass: what y is picked from, ``[batch, choice]`` (class logits, next-token
         log-probabilities, or ``[batch, 1]`` similarities)."""
         inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, **self.forward_options(), **model_kwargs}
-        return self.read(self.model.model(attention_mask=attention_mask, **inputs), attention_mask)
+        return self.read(self.model.hf_model(attention_mask=attention_mask, **inputs), attention_mask)
 
     def forward_options(self) -> dict[str, Any]:
         """Keyword arguments of the forward pass an objective adds (which logits to compute)."""
@@ -259,7 +259,7 @@ class Objective:
 
     @property
     def labels(self) -> list[str]:
-        id2label = getattr(self.model.model.config, "id2label", None) or {}
+        id2label = getattr(self.model.hf_model.config, "id2label", None) or {}
         return [str(id2label[i]) for i in sorted(id2label)]
 
     def label_of(self, index: int) -> str:
@@ -359,7 +359,7 @@ class _TokenObjective(_ChoiceObjective):
         tokenizer = self.model.tokenizer
         parameter = "target" if role == "target" else "contrast"
         if isinstance(value, int):
-            vocabulary = getattr(self.model.model.config, "vocab_size", None) or len(tokenizer)
+            vocabulary = getattr(self.model.hf_model.config, "vocab_size", None) or len(tokenizer)
             if not 0 <= value < vocabulary:
                 raise InputError(
                     f"token id {value} out of range ({{{parameter}}}; vocabulary of {vocabulary})", parameter=parameter
@@ -399,7 +399,7 @@ class StepsObjective(_TokenObjective):
         self.target = target
         self.positions = torch.as_tensor(list(target.positions), device=model.device)
         self.tokens = torch.as_tensor(list(target.tokens), device=model.device)
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.hf_model.forward).parameters
 
     def forward_options(self) -> dict[str, Any]:
         return {"logits_to_keep": self.positions} if self.keeps_logits else {}
@@ -484,7 +484,7 @@ class SimilarityObjective(Objective):
                 [self.text], truncation=True, max_length=self.model.max_length, return_tensors="pt"
             ).to(self.model.device)
             with torch.no_grad():
-                hidden = self.model.model(**encoded).last_hidden_state
+                hidden = self.model.hf_model(**encoded).last_hidden_state
             self._reference = self._pool(hidden, encoded["attention_mask"])
         return self._reference
 

@@ -417,7 +417,7 @@ def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
     a loaded attnflow model; put in eval mode and eager attention for the run, restored after) with
     a seeded random input of 2 rows × 7 tokens (or an image, or a source and a target); returns the
     names of the checks that ran. A failure raises `AdapterCheckError` naming the check."""
-    module: nn.Module = getattr(model, "model", model)
+    module: nn.Module = getattr(model, "hf_model", model)
     training = module.training
     implementation = getattr(module.config, "_attn_implementation", "eager")
     if implementation != "eager":

@@ -10,6 +10,7 @@ methods or targets: the user-facing `attnflow.model.AttentionModel` (``trace(tar
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +78,9 @@ class CaptureModel:
     """A model plus its tokenizer (or image processor) that produces `Trace`s (text, encoder-decoder
     and image capture; `attnflow.model.AttentionModel` adds targets and the ``explain`` front door).
 
-    Attributes: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``,
-    ``d_model``, ``max_length`` (tokens, special tokens included), ``default_row``, ``device``.
+    Attributes: ``name``, ``hf_model`` (the Hugging Face module; ``model`` is its deprecated name),
+    ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``, ``d_model``, ``max_length``
+    (tokens, special tokens included), ``default_row``, ``device``.
     """
 
     def __init__(
@@ -98,19 +100,19 @@ class CaptureModel:
                 raise CaptureError(f"{type(model).__name__} cannot switch to eager attention")
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
-        self.model = model.to(device=self.device, dtype=torch.float32).eval()
+        self.hf_model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
         if image_processor is None and self.adapter.kind == "vision":
             image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
         self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
-        self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
+        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, self.adapter.stack.attention)]
         if not self.layer_names:
             raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
         self.n_layers = len(self.layer_names)
         self.n_heads = self.adapter.heads(config)
-        projection = find_layers(self.model, self.adapter.stack.output_projection)[0][1]
+        projection = find_layers(self.hf_model, self.adapter.stack.output_projection)[0][1]
         in_by_out = self.adapter.in_by_out(projection)  # [head * d_head, d_model]
         self.d_head = in_by_out.shape[0] // self.n_heads
         self.d_model = in_by_out.shape[1]
@@ -125,13 +127,19 @@ class CaptureModel:
             tokenizer.padding_side = "right"
 
     @property
+    def model(self) -> nn.Module:
+        """Deprecated: the Hugging Face module is ``hf_model`` (``model.model`` read as the model itself)."""
+        warnings.warn("AttentionModel.model is deprecated: use .hf_model", DeprecationWarning, stacklevel=2)
+        return self.hf_model
+
+    @property
     def kind(self) -> str:
         return self.adapter.kind
 
     @property
     def is_classifier(self) -> bool:
         """A text classifier: its output is ``logits [batch, class]``."""
-        name = type(self.model).__name__
+        name = type(self.hf_model).__name__
         classifier = name.endswith("ForSequenceClassification") or name == "PooledClassifier"
         return self.adapter.target_kind == "class" and classifier
 
@@ -174,7 +182,7 @@ class CaptureModel:
         """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
         for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        projections = find_layers(self.model, self.adapter.stack.output_projection)
+        projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
         for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
             in_by_out = self.adapter.in_by_out(projection).detach()  # [head * d_head, d_model]
             slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
@@ -185,7 +193,7 @@ class CaptureModel:
         values = self.adapter.values
         if values is None or values.output_scale is None:
             return [torch.ones(self.d_model, device=self.device)] * self.n_layers
-        scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
+        scales = [module.lambda1.detach() for _, module in find_layers(self.hf_model, values.output_scale)]
         if len(scales) != self.n_layers:
             raise CaptureError(
                 f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})"
@@ -365,17 +373,18 @@ class CaptureModel:
         with ExitStack() as hooks:
             recording = hooks.enter_context(
                 record_stack(
-                    self.model,
+                    self.hf_model,
                     self.adapter.stack,
                     head_outputs="head_outputs" in needs,
                     stop_after_last_layer=not run_whole_model,
                 )
             )
-            value_layers = find_layers(self.model, self._values_table().value) if "values" in needs else []
+            value_layers = find_layers(self.hf_model, self._values_table().value) if "values" in needs else []
             values = hooks.enter_context(record_tensors(value_layers))
-            block_layers = find_layers(self.model, self._values_table().block) if "layer_inputs" in needs else []
+            block_layers = find_layers(self.hf_model, self._values_table().block) if "layer_inputs" in needs else []
             layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
-            embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
+            embedding_module = self.hf_model.get_input_embeddings()
+            embedding_layer = [("embeddings", embedding_module)] if "embedding_grads" in needs else []
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
                 if objective is not None:
@@ -383,7 +392,7 @@ class CaptureModel:
                     y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
                     try:
-                        self.model(**inputs, output_attentions=True)
+                        self.hf_model(**inputs, output_attentions=True)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
@@ -431,15 +440,15 @@ class CaptureModel:
             decoder_ids = torch.cat([start, target_ids], dim=1)
         else:
             with torch.no_grad():
-                decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
+                decoder_ids = self.hf_model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
         adapter = self.adapter
         if adapter.decoder is None or adapter.cross is None:
             raise CaptureError(f"the {adapter.family} adapter names no decoder or cross-attention stack")
         with ExitStack() as hooks, torch.no_grad():
-            encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
-            decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))
-            cross = hooks.enter_context(record_stack(self.model, adapter.cross, head_outputs=False))
-            self.model(input_ids=input_ids, decoder_input_ids=decoder_ids, output_attentions=True)
+            encoder = hooks.enter_context(record_stack(self.hf_model, adapter.stack, head_outputs=head_outputs))
+            decoder = hooks.enter_context(record_stack(self.hf_model, adapter.decoder, head_outputs=False))
+            cross = hooks.enter_context(record_stack(self.hf_model, adapter.cross, head_outputs=False))
+            self.hf_model(input_ids=input_ids, decoder_input_ids=decoder_ids, output_attentions=True)
         return Trace(
             tokens=self.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist()),
             token_ids=encoded["input_ids"][0].numpy().astype(np.int64),
@@ -513,9 +522,9 @@ class CaptureModel:
         """Run the model with the stack's hooks and stop once its last layer is recorded: the last
         output projection, feed-forward block, pooler and head compute nothing attnflow reads."""
         stack = self.adapter.stack
-        with record_stack(self.model, stack, head_outputs=head_outputs, stop_after_last_layer=True) as recording:
+        with record_stack(self.hf_model, stack, head_outputs=head_outputs, stop_after_last_layer=True) as recording:
             try:
-                self.model(**inputs, output_attentions=True)
+                self.hf_model(**inputs, output_attentions=True)
             except StopForward:
                 pass
         return recording
@@ -547,7 +556,7 @@ class CaptureModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            projections = find_layers(self.model, self.adapter.stack.output_projection)
+            projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
             for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
@@ -557,7 +566,7 @@ class CaptureModel:
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``
         ``[layer, d_model]`` and ``eps``."""
-        norms = [module for _, module in find_layers(self.model, self._values_table().norm or "")]
+        norms = [module for _, module in find_layers(self.hf_model, self._values_table().norm or "")]
         return {
             "weight": torch.stack([norm.weight.detach() for norm in norms]).float().cpu().numpy(),
             "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),

@@ -519,7 +519,7 @@ def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: i
 
     positions = noise_positions(model, text, words)
     n_tokens = _token_ids(model, text, "clean").shape[1]
-    weight = model.model.get_input_embeddings().weight
+    weight = model.hf_model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(seed)
     noise = torch.zeros(samples, n_tokens, weight.shape[1])
     draws = torch.randn(samples, len(positions), weight.shape[1], generator=generator)
@@ -546,7 +546,7 @@ def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contras
     chosen = objective.fixed_index
     if chosen is None:
         with torch.no_grad():
-            logits = model.model(input_ids=clean_ids.to(model.device)).logits
+            logits = model.hf_model(input_ids=clean_ids.to(model.device)).logits
         chosen = int((logits[0, -1] if kind == "next_token" else logits[0]).argmax())
         if objective.contrast_index == chosen:
             raise InputError("the {contrast} is the target itself: choose another class or token", parameter="contrast")

@@ -147,7 +147,7 @@ class PatchRunner:
         ids = input_ids.to(self.model.device).expand(batch, -1)
         recorded: Recorded = {kind: [] for kind in SITE_KINDS} if record else {}
         with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}):
-            logits = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            logits = self.model.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return self.metric(logits), recorded
 
     @contextmanager

@@ -237,7 +237,7 @@ def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
 
     from attnflow.capture.hook_points import HookPoint, hooks
 
-    network = getattr(model, "model", None)
+    network = getattr(model, "hf_model", None)
     if not isinstance(network, torch.nn.Module):  # not a torch network: steps alone are checked
         yield
         return

@@ -385,7 +385,7 @@ def _attributed(model: ModelLike, rules: BackwardRules, embedding_sum: Any, inpu
 
     if rules.baseline == "zero":
         return embedding_sum.detach()
-    embeddings = model.model.get_input_embeddings()
+    embeddings = model.hf_model.get_input_embeddings()
     return (embeddings(input_ids) - embeddings(torch.full_like(input_ids, model.tokenizer.pad_token_id))).detach()
 
 
@@ -406,7 +406,7 @@ def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple
     order (the softmax rule, which applies inside the attention modules, is not among them)."""
     from attnflow.capture.hooks import find_layers
 
-    hf_model, adapter = model.model, model.adapter
+    hf_model, adapter = model.hf_model, model.adapter
 
     def modules_of(pattern: str | None) -> list[Any]:
         return [] if pattern is None else [module for _, module in find_layers(hf_model, pattern)]
@@ -454,7 +454,7 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
     from attnflow.capture.hook_points import HookPoint, hooks
     from attnflow.capture.hooks import find_layers
 
-    adapter, hf_model = model.adapter, model.model
+    adapter, hf_model = model.adapter, model.hf_model
     applied = rule_modules(model, rules)
     recording = RuleRecording()
 

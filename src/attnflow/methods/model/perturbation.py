@@ -311,7 +311,7 @@ def integrated_gradient_attributions(
         fixed = None if index is None else torch.full((len(ids),), index, device=ids.device)
         return objective(torch.ones_like(ids), input_ids=ids, index=fixed)[0]
 
-    integrated = LayerIntegratedGradients(forward, model.model.get_input_embeddings())
+    integrated = LayerIntegratedGradients(forward, model.hf_model.get_input_embeddings())
     attributions, delta = integrated.attribute(
         input_ids,
         baselines=baseline,
@@ -346,11 +346,11 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
     from attnflow.capture.hook_points import HookPoint, hooks, output_tensor
     from attnflow.capture.hooks import find_layers, record_calls, record_tensors
 
-    blocks = find_layers(model.model, model.adapter.values.block)
-    value_projections = find_layers(model.model, model.adapter.values.value)
+    blocks = find_layers(model.hf_model, model.adapter.values.block)
+    value_projections = find_layers(model.hf_model, model.adapter.values.value)
     input_ids = torch.as_tensor(np.asarray(trace.token_ids), dtype=torch.long, device=model.device)[None]
     with record_calls(blocks) as calls, record_tensors(blocks) as outputs, torch.no_grad():
-        model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        model.hf_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
     n = trace.n_tokens
     matrices = np.zeros((len(blocks), n, n))
     for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections, strict=True)):
