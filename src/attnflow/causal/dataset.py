@@ -113,7 +113,8 @@ def _checkpointed(checkpoint: Path) -> Iterator[dict[str, Any]]:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Means and 95 % intervals over pairs of each method's effects per site kind (position kinds
     aligned on the last position), each approximation's correlation with exact patching (the mean
-    over pairs and over every site of every pair pooled) and the seconds per method."""
+    over pairs and over every site of every pair pooled), the seconds per method, and the pairs
+    themselves (``pair_list``: texts, metric and its value on both inputs)."""
     results = [row for row in rows if "error" not in row]
     failed = [
         {"index": row["index"], "clean_text": row["clean_text"], "error": row["error"]}
@@ -122,6 +123,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     summary: dict[str, Any] = {
         "pairs": len(results),
+        "pair_list": [
+            {
+                "index": row["index"],
+                "clean_text": row["clean_text"],
+                "corrupt_text": row["corrupt_text"],
+                "noise_words": row["noise_words"],
+                "metric": row["metric"],
+                "clean_metric": row["clean_metric"],
+                "corrupt_metric": row["corrupt_metric"],
+            }
+            for row in results
+        ],
         "failed": failed,
         "effects": {},
         "correlations": {},

@@ -85,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--checkpoint-every", type=int, default=10, metavar="N", help="batches between checkpoints (default: 10)"
     )
     run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
 
 

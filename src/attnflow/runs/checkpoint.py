@@ -14,19 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from attnflow.errors import InputError
-from attnflow.staging import is_scratch
+from attnflow.staging import check_writable, is_scratch
 
 
 def prepare_out_dir(
     out: Path, *, resume: bool, overwrite: bool, checkpoint: str, outputs: tuple[str, ...]
 ) -> Path | None:
-    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any.
+    """Refuse, clean or accept the output folder; return the checkpoint to resume, if any. A folder
+    that cannot be created or written is refused here too (`attnflow.staging.check_writable`).
 
     ``checkpoint`` and ``outputs``: the file names the run writes there (``--overwrite`` deletes them)."""
     if resume and overwrite:
         raise InputError("choose either --resume (continue the run in the folder) or --overwrite (start again)")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} exists and is not a folder")
+    check_writable(out)  # a read-only folder fails now, not at the first checkpoint after the work
     entries = sorted(out.iterdir()) if out.is_dir() else []
     for entry in entries:
         if is_scratch(entry.name) and entry.is_file():
