@@ -110,3 +110,18 @@ def test_encoders_have_routes_without_a_lens(tiny_loaded):
     assert routes.nodes[0] == (("in", 2, 0), 1.0) and routes.components and "promotes" not in routes.components[0]
     with pytest.raises(InputError, match="no language-model head"):
         attnflow.routes(tiny_loaded("bert"), TEXT, target="cat")
+
+
+@pytest.mark.parametrize(
+    ("first", "phrase"),
+    [
+        (0, "in every stream, from the embeddings on"),
+        (1, "from the stream leaving layer 0 (L0) on"),
+        (2, "only in the final stream (leaving layer 1, L1)"),
+    ],
+)
+def test_the_summary_names_streams_as_versus_names_rows(first, phrase, tiny_loaded):
+    routes = attnflow.routes(tiny_loaded("llama"), TEXT)  # 2 layers: streams entering layers 0, 1, 2
+    for layer in range(routes.n_layers + 1):
+        routes.lens[("in", layer, routes.position)]["target"]["rank"] = 0 if layer >= first else 3
+    assert f"the target {routes.target['token']!r} is the lens's top token {phrase}" in routes.summary()

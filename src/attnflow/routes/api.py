@@ -135,6 +135,36 @@ def routes(
     return result
 
 
+def prediction_importance(
+    model: ModelLike, text: str, row: Any, threshold: float = DEFAULT_THRESHOLD, *, norm: int = 1
+) -> np.ndarray:
+    """``[L + 1, T]`` the importance of every residual node ``("in", l, j)`` — row 0 the stream
+    entering the first layer, row l + 1 the stream leaving layer l — for the prediction a model
+    reads at its saliency ``row`` (``model.default_row``): ``"last"``, ``"cls"`` or a position
+    give that position's top node; ``"mean"`` (a mean-pooling head) gives the pooled vector, the
+    mean of the last layer's nodes, whose parts (1/T)·x_i are weighed as every other whole's parts
+    are, by their normalised proximity to it (docs/causal.md). The route keeps the edges above
+    ``threshold``, as `routes` does. No lens, no contrast: what `attnflow.causal.versus` compares
+    with activation patching."""
+    threshold = check_threshold(threshold)
+    _check_options(model, norm, "none", 1, 1)
+    input_ids, tokens = _tokenise(model, text)
+    recording = record(model, input_ids)
+    graph, _, _ = _build(recording, read_weights(model), len(tokens) - 1, norm, _Fields(), None)
+    return compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs
+
+
+def _top(final: torch.Tensor, row: Any, p: int) -> int | np.ndarray:
+    """The top node's position for a saliency row, or the top weights of a mean-pooled prediction."""
+    n_tokens = final.shape[0]
+    if row == "mean":
+        parts_of_mean = final.to(PRECISION) / n_tokens  # [T, d]
+        nearness = parts.proximity(parts_of_mean.sum(0), parts_of_mean, p).cpu().numpy()  # [T]
+        total = nearness.sum()
+        return nearness / total if total > 0 else np.zeros(n_tokens)
+    return _position({"last": n_tokens - 1, "cls": 0}.get(row, row), n_tokens)
+
+
 class _Clock:
     """Seconds of each step: ``lap(name)`` records the time since the previous lap."""
 
@@ -396,16 +426,18 @@ def _components(
             layer, index = (int(n) for n in np.unravel_index(flat, table.shape))
             if table[layer, index] <= 0:
                 break
-            head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
             where = _head_position(result, layer, index) if kind == "head" else index
             entry = {"kind": kind, "layer": layer, **({"head": index} if kind == "head" else {}), "position": where}
             entry |= {"importance": float(table[layer, index]), "importance_full": float(full[layer, index])}
             described.append(entry | _effects(result, kind, layer, index, where))
-            vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
+            if lens is not None:  # what the part promotes: its vector through the unembedding
+                head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
+                vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
     if lens is not None and described:
         finals = recording.inputs[-1, [entry["position"] for entry in described]].to(PRECISION)
-        for entry, effects in zip(described, lens.token_effects(torch.stack(vectors), finals), strict=True):
-            entry.update(promotes(model.tokenizer, effects, top_k))
+        effects = lens.token_effects(torch.stack(vectors), finals)  # [component, V]
+        for entry, tokens in zip(described, promotes(model.tokenizer, effects, top_k), strict=True):
+            entry.update(tokens)
     return described
 
 

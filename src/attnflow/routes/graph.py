@@ -104,15 +104,26 @@ def check_threshold(threshold: Any) -> float:
     return float(threshold)
 
 
-def compose(graph: Graph, position: int, threshold: float, direct: Direct | None = None) -> Composition:
+def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: Direct | None = None) -> Composition:
     """Importance of every node for the top node at ``position``, keeping edges with weight >
     ``threshold`` (see the module docstring). ``direct``: contrastive mode, where the edges into
     the top position's stream are weighted by their share of the direct effect on the logit
-    difference, that stream's own residual edges by 1, and its nodes have importance 1."""
+    difference, that stream's own residual edges by 1, and its nodes have importance 1.
+
+    ``position`` may also be a weight per position ``[T]`` for a prediction read from several top
+    nodes at once (a mean-pooling head: 1 / T each). Which edges are kept does not depend on the
+    top, so the composition is linear in it: the weighted sum of the one-position compositions
+    (not in contrastive mode, which has one top position)."""
     n_layers, n_heads, n_tokens = graph.n_layers, graph.heads.shape[1], graph.n_tokens
     inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
     heads, ffn = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_tokens))
-    inputs[n_layers, position] = 1.0
+    if isinstance(position, np.ndarray):
+        if direct is not None or position.shape != (n_tokens,):
+            raise ValueError(f"top weights must be [{n_tokens}] (one per position) and not contrastive")
+        inputs[n_layers] = position
+        position = -1  # read by the contrastive re-weighting only, which is excluded here
+    else:
+        inputs[n_layers, position] = 1.0
     for layer in reversed(range(n_layers)):
         weights = layer_weights(graph, layer, position, direct)
         kept = {name: np.where(value > threshold, value, 0.0) for name, value in weights.items()}

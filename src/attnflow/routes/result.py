@@ -221,10 +221,18 @@ class Routes:
         ]
         first = next((layer for layer in range(len(ranks)) if all(rank == 0 for rank in ranks[layer:])), None)
         if first is not None and self.target is not None:
-            lines.append(
-                f"the target {self.target['token']!r} is the lens's top token from the stream entering layer {first} on"
-            )
+            lines.append(f"the target {self.target['token']!r} is the lens's top token {self._from_stream(first)}")
         return lines
+
+    def _from_stream(self, first: int) -> str:
+        """Where the lens's top token stays the target, from the stream entering layer ``first`` on,
+        named as `attnflow patch --versus` names residual rows (``Ln``: leaving layer n)."""
+        last = self.n_layers - 1
+        if first == 0:
+            return "in every stream, from the embeddings on"
+        if first == self.n_layers:
+            return f"only in the final stream (leaving layer {last}, L{last})"
+        return f"from the stream leaving layer {first - 1} (L{first - 1}) on"
 
 
 def _numbers(array: np.ndarray) -> Any:
