@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow.routes.graph import Direct, Graph, check_threshold, compose, kept_edges, route_nodes
+from attnflow.routes.graph import Direct, Graph, check_threshold, compose, kept_edges, reach, route_nodes
 
 
 def hand_made() -> Graph:
@@ -156,3 +156,28 @@ def test_top_weights_compose_linearly():
             np.testing.assert_allclose(getattr(pooled, name), expected, atol=1e-12)
     with pytest.raises(ValueError, match="one per position"):
         compose(graph, np.ones(3), 0.0)
+
+
+@pytest.mark.parametrize("contrastive", [False, True])
+def test_reach_gives_the_route_at_every_higher_threshold(contrastive):
+    rng = np.random.default_rng(5)
+    n_layers, n_heads, n_tokens, position = 3, 2, 5, 4
+    graph = random_graph(rng, n_layers, n_heads, n_tokens)
+    direct = None
+    if contrastive:
+        shares = rng.random((n_layers, n_heads, n_tokens)) * 0.2
+        direct = Direct(shares.sum(axis=1), shares, rng.random(n_layers) * 0.2, shares, np.ones(n_layers), 0.0, 0.0)
+    low = 0.02
+    lowest = compose(graph, position, low, direct)
+    edges, reached = kept_edges(graph, lowest, position, low, direct), reach(graph, position, direct)
+
+    def key(edge):
+        return edge.kind, edge.source, edge.target
+
+    for higher in (0.02, 0.05, 0.1, 0.2, 0.3):
+        composition = compose(graph, position, higher, direct)
+        assert {key(edge) for edge in kept_edges(graph, composition, position, higher, direct)} == {
+            key(edge) for edge in edges if edge.reach > higher
+        }
+        np.testing.assert_array_equal(composition.inputs > 0, reached.inputs > higher)
+        np.testing.assert_array_equal(composition.mids > 0, reached.mids > higher)

@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     result = _as_flags(routes, model, args.text, **options)
     path = result.save(args.out, overwrite=args.overwrite) if args.out is not None else None
     if args.json:
-        print(result.to_json())
+        result.write_json(sys.stdout)
+        print()
     if not args.quiet:
         report = sys.stderr if args.json else sys.stdout
         print(result.summary(), file=report)

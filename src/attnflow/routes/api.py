@@ -34,14 +34,16 @@ from attnflow.routes.forward import (
 from attnflow.routes.graph import (
     DEFAULT_THRESHOLD,
     Direct,
+    Edge,
     Graph,
     check_threshold,
     compose,
     kept_edges,
     layer_weights,
+    reach,
     route_nodes,
 )
-from attnflow.routes.lens import Lens, promotes, readouts
+from attnflow.routes.lens import LENS_CHUNK, Lens, promotes, readouts
 from attnflow.routes.result import LENS_MODES, Routes
 
 Node = tuple[str, int, int]
@@ -103,7 +105,7 @@ def routes(
     fields = _fields(the_lens, final, tokens_read.target_id, tokens_read.contrast_id)
     graph, effects, direct = _build(recording, weights, position, norm, fields, the_lens)
     clock.lap("graph")
-    importance = compose(graph, position, threshold, direct)
+    importance, reached = compose(graph, position, threshold, direct), reach(graph, position, direct)
     result = Routes(
         model_name=model.name,
         text=text,
@@ -116,7 +118,8 @@ def routes(
         importance=importance,
         importance_full=compose(graph, position, 0.0, direct),
         nodes=route_nodes(importance),
-        edges=kept_edges(graph, importance, position, threshold, direct),
+        edges=kept_edges(graph, importance, position, threshold, direct, reached),
+        reach=reached,
         prediction=tokens_read.prediction,
         target=tokens_read.target,
         contrast=tokens_read.contrast,
@@ -129,6 +132,7 @@ def routes(
         result.lens = _lens_readouts(
             model, recording, the_lens, result, lens, tokens_read.target_id, tokens_read.contrast_id, top_k
         )
+        _describe_edges(model.tokenizer, recording, weights, the_lens, result, fields, top_k)
     result.components = _components(model, recording, weights, the_lens, result, components, top_k)
     clock.lap("lens")
     result.seconds = clock.laps
@@ -439,6 +443,64 @@ def _components(
         for entry, tokens in zip(described, promotes(model.tokenizer, effects, top_k), strict=True):
             entry.update(tokens)
     return described
+
+
+EDGE_TOKENS = 1000  # the edges through blocks, the most important first, whose promoted tokens are listed
+
+
+def _describe_edges(
+    tokenizer: Any, recording: Recording, weights: Weights, lens: Lens, result: Routes, fields: _Fields, k: int
+) -> None:
+    """Each route edge through a block (attention, feed-forward) gets its direct effect on the
+    target's logit read at its upper node's position i (`Edge.effects`: ``effect``; attention
+    edges also ``head_effects``, one per head; in contrastive mode, at the top position, the
+    ``contrast_effect`` on the logit difference); the `EDGE_TOKENS` most important of them also
+    the ``k`` tokens their part promotes and suppresses (through the final norm fixed at i)."""
+    through = [edge for edge in result.edges if edge.kind in ("attention", "ffn")]
+    if fields.target is None or not through:
+        return
+    listed: list[tuple[Edge, torch.Tensor, int]] = []  # (edge, its part [d], i): the most important first
+    for layer in sorted({edge.layer for edge in through}):
+        view = layer_view(recording, weights, layer)
+        block, ffn_block = linearised_blocks(view)
+        vectors = parts.head_vectors(view.values, view.output_weights)  # [T, H, d]
+        for edge in (edge for edge in through if edge.layer == layer):
+            i, j = edge.target[2], edge.source[2]
+            if edge.kind == "attention":
+                part = _part_at(block, view.attention[:, i, j, None] * vectors[j], i)  # [H, d]
+                per_head = part @ fields.target[i]
+                edge.effects = {"effect": float(per_head.sum()), "head_effects": per_head.tolist()}
+                part = part.sum(0)
+            else:
+                part = _part_at(ffn_block, view.ffn_output[i], i)
+                edge.effects = {"effect": float(part @ fields.target[i])}
+            edge.effects |= _contrast_effect(result, edge)
+            listed.append((edge, part, i))
+    rank = {id(edge): number for number, edge in enumerate(through)}
+    listed.sort(key=lambda found: rank[id(found[0])])
+    for start in range(0, min(len(listed), EDGE_TOKENS), LENS_CHUNK):
+        chunk = listed[start : min(start + LENS_CHUNK, EDGE_TOKENS)]
+        finals = recording.inputs[-1, [i for _, _, i in chunk]].to(PRECISION)
+        effects = lens.token_effects(torch.stack([part for _, part, _ in chunk]), finals)  # [edge, V]
+        for (edge, _, _), tokens in zip(chunk, promotes(tokenizer, effects, k), strict=True):
+            edge.effects |= tokens
+
+
+def _part_at(block: parts.Linearised, raw: torch.Tensor, i: int) -> torch.Tensor:
+    """``raw [..., d]`` computed at position i, as it reaches the block's whole there."""
+    part = parts.centre(raw) if block.centres else raw
+    return part if block.scale is None else part * block.scale[i]
+
+
+def _contrast_effect(result: Routes, edge: Edge) -> dict[str, float]:
+    """In contrastive mode, an edge into the top position's stream: its direct effect on the logit
+    difference (`Direct`); nothing otherwise."""
+    direct = result.direct
+    if direct is None or edge.target[2] != result.position:
+        return {}
+    if edge.kind == "attention":
+        return {"contrast_effect": float(direct.head_effects[edge.layer, :, edge.source[2]].sum())}
+    return {"contrast_effect": float(direct.ffn_effects[edge.layer])}
 
 
 def _effects(result: Routes, kind: str, layer: int, index: int, where: int) -> dict[str, float]:

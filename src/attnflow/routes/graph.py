@@ -139,6 +139,39 @@ def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: 
     return Composition(inputs, mids, heads, ffn)
 
 
+@dataclass
+class Reach:
+    """For every node, the largest threshold at which it stays on the route: the route at any
+    τ' ≥ τ is the nodes and edges whose reach exceeds τ' (`reach`). ``inputs [L + 1, T]``,
+    ``mids [L, T]``; 0 off the route."""
+
+    inputs: np.ndarray
+    mids: np.ndarray
+
+
+def reach(graph: Graph, position: int, direct: Direct | None = None) -> Reach:
+    """Each node's reach: the largest, over the paths from the top node down to it, of the smallest
+    edge weight on the path (1 at the top, and in contrastive mode along the top position's
+    stream, whose nodes are always on the route). Extraction keeps a node at τ exactly when some
+    path to it has every weight > τ, that is when its reach is > τ; an edge is kept at τ when its
+    weight and its upper node's reach both are: its reach is the smaller of the two. Routes are
+    nested (a higher τ keeps a subset), so one number per node and edge gives the route at every
+    τ, with no extraction run again (the page's threshold slider)."""
+    n_layers, n_tokens = graph.n_layers, graph.n_tokens
+    inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
+    inputs[n_layers, position] = 1.0
+    for layer in reversed(range(n_layers)):
+        weights = layer_weights(graph, layer, position, direct)
+        mids[layer] = np.minimum(np.maximum(weights["ffn"], weights["ffn_residual"]), inputs[layer + 1])
+        if direct is not None:
+            mids[layer, position] = 1.0
+        through_attention = np.minimum(weights["attention"], mids[layer][:, None]).max(axis=0)  # over queries
+        inputs[layer] = np.maximum(np.minimum(weights["attention_residual"], mids[layer]), through_attention)
+        if direct is not None:
+            inputs[layer, position] = 1.0
+    return Reach(inputs, mids)
+
+
 def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None) -> dict[str, np.ndarray]:
     """One layer's edge weights; contrastive mode re-weights the edges into the top position."""
     weights = {
@@ -161,8 +194,10 @@ def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None
 class Edge:
     """One kept edge: ``kind`` (``attention``, ``attention_residual``, ``ffn``, ``ffn_residual``),
     ``layer``, from the node ``source`` to the node ``target`` (``(stream, layer, position)``,
-    stream ``"in"`` or ``"mid"``), its ``weight`` and the importance it carries down,
-    importance(target) × weight; attention edges also each head's share (``heads [H]``)."""
+    stream ``"in"`` or ``"mid"``), its ``weight``, the importance it carries down,
+    importance(target) × weight, and its ``reach`` (the largest threshold that keeps it: `reach`);
+    attention edges also each head's share (``heads [H]``). ``effects``: what `attnflow.routes`
+    adds for a language model (direct effects, the tokens it promotes; docs/routes.md)."""
 
     kind: str
     layer: int
@@ -171,27 +206,36 @@ class Edge:
     weight: float
     importance: float
     heads: list[float] | None = None
+    reach: float = 0.0
+    effects: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "layer": self.layer,
             "source": list(self.source),
             "target": list(self.target),
             "weight": self.weight,
             "importance": self.importance,
+            "reach": self.reach,
         }
         if self.heads is not None:
             data["heads"] = self.heads
-        return data
+        return data | self.effects
 
 
 def kept_edges(
-    graph: Graph, composition: Composition, position: int, threshold: float, direct: Direct | None = None
+    graph: Graph,
+    composition: Composition,
+    position: int,
+    threshold: float,
+    direct: Direct | None = None,
+    reached: Reach | None = None,
 ) -> list[Edge]:
     """The edges of the route: weight > ``threshold`` and leaving a reached node above, strongest
-    importance first."""
+    importance first, each with its reach (``reached``: the nodes' `reach`, computed if None)."""
     edges: list[Edge] = []
+    reached = reach(graph, position, direct) if reached is None else reached
     for layer in range(graph.n_layers):
         weights = layer_weights(graph, layer, position, direct)
         above, mid = composition.inputs[layer + 1], composition.mids[layer]
@@ -218,6 +262,9 @@ def kept_edges(
                         "attention", layer, ("in", layer, j), ("mid", layer, i), weight, float(mid[i] * weight), shares
                     )
                 )
+    for edge in edges:
+        stream, layer, i = edge.target
+        edge.reach = min(edge.weight, float((reached.inputs if stream == "in" else reached.mids)[layer, i]))
     return sorted(edges, key=lambda edge: -edge.importance)
 
 
