@@ -15,6 +15,7 @@ from attnflow.staging import staged_output
 from attnflow.tokens import display_token
 
 OUTPUT_FILE = "routes.json"
+OUTPUT_FILES = (OUTPUT_FILE, "routes.html", "routes.png")  # what `Routes.save` writes
 LENS_MODES = ("route", "all", "none")  # the nodes the logit lens reads (see `attnflow.routes.api.routes`)
 DIGITS = 6  # decimals kept of the arrays in routes.json (shares and importances lie in [0, 1])
 SIGNIFICANT = 6  # significant digits kept of every other number (probabilities, logits, effects)
@@ -24,7 +25,7 @@ Node = tuple[str, int, int]
 
 def is_routes_file(name: str) -> bool:
     """Whether a folder entry is what `Routes.save` writes."""
-    return name == OUTPUT_FILE
+    return name in OUTPUT_FILES
 
 
 @dataclass
@@ -100,9 +101,9 @@ class Routes:
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-ready Python objects: the content of ``routes.json`` (numbers: the
         arrays rounded to 6 decimals, every other number to 6 significant digits)."""
-        return self._content() | {"graph": {"layers": [self._layer(layer) for layer in range(self.n_layers)]}}
+        return self.content() | {"graph": {"layers": [self._layer(layer) for layer in range(self.n_layers)]}}
 
-    def _content(self) -> dict[str, Any]:
+    def content(self) -> dict[str, Any]:
         """``routes.json`` but the graph's layers (the bulk: L·H·T² numbers)."""
         reach = self.reach
         nodes = [
@@ -150,18 +151,23 @@ class Routes:
         }
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
-        """Write ``directory/routes.json`` atomically; an earlier one is replaced only with
-        ``overwrite=True`` (FileExistsError otherwise). Returns its path."""
+        """Write ``directory/routes.json``, ``routes.html`` (the interactive page) and
+        ``routes.png`` (the route, for papers) together, atomically; earlier ones are replaced only
+        with ``overwrite=True`` (FileExistsError otherwise). Returns the path of routes.json."""
+        from attnflow.viz.routes import routes_html, routes_png
+
         directory = Path(directory)
         with staged_output(directory, is_routes_file, overwrite) as scratch:
             with open(scratch / OUTPUT_FILE, "w", encoding="utf-8") as handle:
                 self.write_json(handle)
+            (scratch / "routes.html").write_text(routes_html(self), encoding="utf-8")
+            (scratch / "routes.png").write_bytes(routes_png(self))
         return directory / OUTPUT_FILE
 
     def write_json(self, handle: TextIO) -> None:
         """``routes.json`` to a text stream, compactly (no spaces), the graph one layer at a time
         (never the whole graph as Python objects at once)."""
-        head = json.dumps(self._content() | {"graph": None}, separators=SEPARATORS)
+        head = json.dumps(self.content() | {"graph": None}, separators=SEPARATORS)
         assert head.endswith(',"graph":null}')  # the last key
         handle.write(head[: -len("null}")] + '{"layers":[')
         for layer in range(self.n_layers):
