@@ -4,7 +4,7 @@
   "use strict";
   const $ = (id) => document.getElementById(id);
   const AUTO = "auto";
-  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0 };
+  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0, kinds: {} };
 
   function setStatus(text, isError) {
     $("status").textContent = text;
@@ -111,6 +111,7 @@
                       model: body.model, explanations: answer.explanations, elapsed: answer.elapsed_ms };
       state.history.push(entry);
       addToHistory(entry, state.history.length - 1);
+      await learnKinds();
       show(entry, 0);
       setStatus("done in " + answer.elapsed_ms.toFixed(0) + " ms");
     } catch (error) {
@@ -147,6 +148,32 @@
     }
   }
 
+  async function routesShown() {
+    const entry = state.shown;
+    if (!entry || entry.kind !== "explanation") return;
+    $("routes").disabled = true;
+    setStatus("building the routes (one forward pass, every part of every block) …");
+    try {
+      const answer = await api("/api/routes", { text: entry.text, model: entry.model });
+      $("routes-link").href = answer.url;
+      $("routes-link").hidden = false;
+      const route = answer.routes.route;
+      setStatus("the routes are ready (" + route.nodes.length + " nodes, " + route.edges.length +
+                " edges at threshold " + answer.routes.threshold + "): open them in a new tab");
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      $("routes").disabled = false;
+    }
+  }
+
+  async function learnKinds() {
+    try {
+      const models = await api("/api/models");
+      for (const model of models.models) if (model.target_kind) state.kinds[model.name] = model.target_kind;
+    } catch (error) { /* the routes button stays hidden */ }
+  }
+
   function addToHistory(entry, index) {
     const item = document.createElement("li");
     const button = document.createElement("button");
@@ -171,6 +198,8 @@
     $("result").hidden = false;
     $("explorer-link").hidden = true;
     $("explore").hidden = entry.kind !== "explanation";
+    $("routes-link").hidden = true;
+    $("routes").hidden = entry.kind !== "explanation" || state.kinds[entry.model] !== "next_token";
     draw(view);
   }
 
@@ -294,6 +323,7 @@
   $("ask").addEventListener("submit", ask);
   $("cancel").addEventListener("click", cancel);
   $("explore").addEventListener("click", exploreShown);
+  $("routes").addEventListener("click", routesShown);
   $("view-method").addEventListener("change", (event) => draw(Number(event.target.value)));
   $("tokens").addEventListener("click", pin);
   document.body.dataset.busy = "0";

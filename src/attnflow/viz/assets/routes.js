@@ -7,7 +7,8 @@
   var $ = function (id) { return document.getElementById(id); };
   var SVG = "http://www.w3.org/2000/svg";
   var n = meta.tokens.length, L = meta.n_layers;
-  var COL = Math.max(48, Math.min(110, 1000 / n)), ROW = L > 16 ? 11 : 22, LEFT = 44, TOP = 14, BOTTOM = 96;
+  var LEFT = 44, TOP = 14, BOTTOM = 96, ROW = L > 16 ? 11 : 22;
+  var COL = Math.max(30, Math.min(110, (($("graph").parentNode.clientWidth || 900) - LEFT - 16) / n));  // fits, or scrolls
   var KINDS = { attention: "attention", attention_residual: "attention residual", ffn: "feed-forward",
                 ffn_residual: "feed-forward residual" };
   var lens = {};
