@@ -17,6 +17,7 @@ method across layers).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_rollout_vs_patching.py --model smollm2 [--limit 20]
     OMP_NUM_THREADS=1 python benchmarks/bench_rollout_vs_patching.py --model minilm-sentiment
+    OMP_NUM_THREADS=1 python benchmarks/bench_rollout_vs_patching.py --model smollm2 --routes-variants
 """
 
 from __future__ import annotations
@@ -106,6 +107,33 @@ def means_over_rows(table: dict) -> str:
     return "; ".join(found)
 
 
+ROUTES_VARIANTS = ((1, 0.0), (1, 0.02), (1, 0.04), (1, 0.08), (2, 0.04))  # (norm p, threshold τ)
+
+
+def routes_variants(model, comparisons: list[LayerComparison]) -> str:
+    """Routes' mean ρ over rows for other thresholds and norms, on the pairs already patched (the
+    effects are reused; only the routes are computed again): all positions, and without the first."""
+    from attnflow.routes.api import prediction_importance
+
+    lines = ["routes variants (mean ρ over rows, without the last row; all positions | without the first):"]
+    for norm, threshold in ROUTES_VARIANTS:
+        varied = [
+            LayerComparison(
+                c.clean_text,
+                c.corrupt_text,
+                c.tokens,
+                c.row,
+                c.effects,
+                {"routes": prediction_importance(model, c.clean_text, c.row, threshold, norm=norm)},
+            )
+            for c in comparisons
+        ]
+        means = [np.asarray(spearman_table(varied, skip)["routes"]["mean"]) for skip in (False, True)]
+        found = " | ".join(f"{np.nanmean(mean):+.3f} ({np.nanmean(mean[:-1]):+.3f})" for mean in means)
+        lines.append(f"  norm {norm}, threshold {threshold:g}: {found}")
+    return "\n".join(lines)
+
+
 def plot(table: dict, title: str, path: Path) -> None:
     """One line per method (mean ρ across residual rows) with its ±1 s.e. band."""
     import matplotlib
@@ -126,7 +154,7 @@ def plot(table: dict, title: str, path: Path) -> None:
     axis.set_ylabel("Spearman ρ with exact patching")
     axis.set_ylim(-1, 1)
     axis.set_title(title, fontsize=10)
-    axis.legend(fontsize=8, ncol=3, loc="lower right")
+    axis.legend(fontsize=8, ncol=4, loc="upper center")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
@@ -138,6 +166,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=30, help="at most this many pairs (the file's first ones)")
     parser.add_argument("--out", type=Path, default=None, help="default out/bench-versus-MODEL")
     parser.add_argument("--figure", type=Path, default=None, help="default docs/figures/causal/versus-MODEL.png")
+    parser.add_argument(
+        "--routes-variants",
+        action="store_true",
+        help="also: routes at other thresholds and norms on the pairs patched (their effects reused)",
+    )
     args = parser.parse_args()
     out = args.out or Path(f"out/bench-versus-{args.model}")
     figure = args.figure or Path(f"docs/figures/causal/versus-{args.model}.png")
@@ -167,6 +200,8 @@ def main() -> None:
     for name, table in tables.items():
         text += ["", f"Spearman ρ, {name} (mean ± s.e. over pairs):", "", format_table(table), ""]
         text += [f"mean over rows: {means_over_rows(table)}"]
+    if args.routes_variants:
+        text += ["", routes_variants(model, comparisons)]
     (out / "table.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     plot(tables["all positions"], f"{args.model}: {len(comparisons)} pairs, all positions", figure)

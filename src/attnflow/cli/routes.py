@@ -28,8 +28,9 @@ the product of the weights along its paths to the top, summed. Language models a
 lens at the route's nodes and each head's and feed-forward block's direct effect on the target's
 logit (what it promotes and suppresses). With --contrast the edges into the predicting position's
 stream are chosen by their direct effect on logit(target) - logit(contrast).
-Writes DIR/routes.json (the whole graph before the threshold, the route, the lens); definitions in
-docs/routes.md.
+Writes DIR/routes.json (the whole graph before the threshold, the route, the lens), routes.html (the
+route through positions and layers, a threshold slider, each node's lens and each edge's heads, offline)
+and routes.png; definitions in docs/routes.md.
 """
 T = TypeVar("T")
 _PARAMETER = re.compile(r"^(position|threshold|target|contrast|norm|lens) ")
@@ -48,7 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", metavar="TEXT", help="the text (a causal LM explains its next token)")
     parser.add_argument("--model", default="smollm2", help="alias, folder or hub id (default: smollm2)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="write DIR/routes.json (required without --json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write DIR/routes.json, routes.html and routes.png (required without --json)",
+    )
     parser.add_argument(
         "--position", type=int, metavar="N", help="the top node's token (default: the last; -1 counts from the end)"
     )
