@@ -117,16 +117,16 @@ def test_patch_versus_prints_and_saves_the_pairs_table(tiny_patch_models, tiny_m
 
     out = tmp_path / "out"
     code = main(
-        ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,flow",
+        ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,routes",
          "--out", str(out), "--quiet", "--device", "cpu"]
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     saved = json.loads((out / "versus.json").read_text())
-    expected = compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods=("rollout", "flow"))
+    expected = compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods=("rollout", "routes"))
     for method, rhos in expected.spearman().items():
         np.testing.assert_allclose(np.asarray(saved["spearman"][method], dtype=float), rhos, atol=1e-9)
-    assert "| residual | rollout | flow |" in printed and f"{expected.spearman()['rollout'][1]:+.2f}" in printed
+    assert "| residual | rollout | routes |" in printed and f"{expected.spearman()['rollout'][1]:+.2f}" in printed
 
 
 def test_routes_rows_are_the_importance_of_the_stream_each_row_restores(tiny_patch_models):
