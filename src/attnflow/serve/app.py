@@ -402,17 +402,8 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
     async def routes(body: RoutesRequest, request: Request) -> dict[str, Any]:
         service.check_text(body.text)
         model = body.model or service.pool.default
-        job, (content, page), elapsed_ms = await service.start(
-            request,
-            body.request_id,
-            work.routes_text,
-            text=body.text,
-            model=model,
-            position=body.position,
-            threshold=body.threshold,
-            target=body.target,
-            contrast=body.contrast,
-        )
+        arguments = body.model_dump(exclude={"request_id"}) | {"model": model}  # routes_text's keywords
+        job, (content, page), elapsed_ms = await service.start(request, body.request_id, work.routes_text, **arguments)
         service.keep_page(job, page)
         return {
             "id": job.id,

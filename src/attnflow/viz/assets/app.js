@@ -130,41 +130,36 @@
     try { await api("/api/cancel/" + state.running, {}); } catch (error) { /* it finished */ }
   }
 
-  async function exploreShown() {
+  // A view of the shown answer that the server builds as a page of its own (the explorer, the
+  // routes): the button waits for it, then the link opens it in a new tab.
+  async function openView(button, link, path, body, waiting, ready) {
     const entry = state.shown;
     if (!entry || entry.kind !== "explanation") return;
-    $("explore").disabled = true;
-    setStatus("building the explorer (every layer and head) …");
+    $(button).disabled = true;
+    setStatus(waiting);
     try {
-      const body = { text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) };
-      const answer = await api("/api/explore", body);
-      $("explorer-link").href = answer.url;
-      $("explorer-link").hidden = false;
-      setStatus("the explorer is ready: open it in a new tab");
+      const answer = await api(path, body(entry));
+      $(link).href = answer.url;
+      $(link).hidden = false;
+      setStatus(ready(answer));
     } catch (error) {
       setStatus(error.message, true);
     } finally {
-      $("explore").disabled = false;
+      $(button).disabled = false;
     }
   }
 
-  async function routesShown() {
-    const entry = state.shown;
-    if (!entry || entry.kind !== "explanation") return;
-    $("routes").disabled = true;
-    setStatus("building the routes (one forward pass, every part of every block) …");
-    try {
-      const answer = await api("/api/routes", { text: entry.text, model: entry.model });
-      $("routes-link").href = answer.url;
-      $("routes-link").hidden = false;
-      const route = answer.routes.route;
-      setStatus("the routes are ready (" + route.nodes.length + " nodes, " + route.edges.length +
-                " edges at threshold " + answer.routes.threshold + "): open them in a new tab");
-    } catch (error) {
-      setStatus(error.message, true);
-    } finally {
-      $("routes").disabled = false;
-    }
+  function exploreShown() {
+    return openView("explore", "explorer-link", "/api/explore",
+      (entry) => ({ text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) }),
+      "building the explorer (every layer and head) …", () => "the explorer is ready: open it in a new tab");
+  }
+
+  function routesShown() {
+    return openView("routes", "routes-link", "/api/routes", (entry) => ({ text: entry.text, model: entry.model }),
+      "building the routes (one forward pass, every part of every block) …",
+      (answer) => "the routes are ready (" + answer.routes.route.nodes.length + " nodes, " +
+        answer.routes.route.edges.length + " edges at threshold " + answer.routes.threshold + "): open them in a new tab");
   }
 
   async function learnKinds() {
