@@ -236,19 +236,20 @@ def test_the_routes_math_reads_no_model():
     door ``api`` reach the capture and the targets; the contributions, the graph, the lens and the
     result are functions of arrays. Nothing below the routes imports them."""
     graph = import_graph()
-    assert graph.has_edge("attnflow.routes.forward", "attnflow.capture.hooks")  # the oracle sees the layer below
-    pure = ("attnflow.routes.contributions", "attnflow.routes.graph", "attnflow.routes.lens", "attnflow.routes.result")
+    assert graph.has_edge("attnflow.flow_routes.forward", "attnflow.capture.hooks")  # the oracle sees the layer below
+    pure = tuple(f"attnflow.flow_routes.{name}" for name in ("contributions", "graph", "lens", "result"))
     forbidden = (
         "attnflow.capture",
         "attnflow.model",
         "attnflow.targets",
-        "attnflow.routes.forward",
-        "attnflow.routes.api",
+        "attnflow.flow_routes.forward",
+        "attnflow.flow_routes.api",
     )
     reached = {name: sorted(n for n in nx.descendants(graph, name) if n.startswith(forbidden)) for name in pure}
     assert not {name: found for name, found in reached.items() if found}
     below = [name for name in graph if subpackage(name) in ("attnflow.capture", "attnflow.methods", MODEL_METHODS)]
-    assert not [name for name in below if any(n.startswith("attnflow.routes") for n in nx.descendants(graph, name))]
+    reaching = [name for name in below if any(n.startswith("attnflow.flow_routes") for n in nx.descendants(graph, name))]
+    assert not reaching
 
 
 def test_the_methods_do_not_reach_up_to_evaluate():

@@ -157,6 +157,18 @@ class CompareRequest(BaseModel):
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
+class RoutesRequest(BaseModel):
+    """``attnflow routes TEXT``'s inputs: the information flow routes of one prediction."""
+
+    text: str
+    model: str | None = None
+    position: int | None = Field(None, description="the top node's token (default: the last; negative from the end)")
+    threshold: float = Field(0.04, ge=0, lt=1, description="keep the edges with weight above this")
+    target: str | None = Field(None, description="causal LMs: the token the lens reads (default: the prediction)")
+    contrast: str | None = Field(None, description="causal LMs: contrastive route, logit(target) − logit(contrast)")
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
 # ----- the app -----------------------------------------------------------------------------------
 
 
@@ -190,7 +202,7 @@ class _Service:
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="attnflow-serve")
         self.jobs: dict[str, Job] = {}
         self.results: OrderedDict[str, dict[str, Any]] = OrderedDict()  # id -> {method: explanation}
-        self.pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer page
+        self.pages: OrderedDict[str, str] = OrderedDict()  # id -> an explorer or routes page
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -246,7 +258,7 @@ class _Service:
             self.results.popitem(last=False)
 
     def keep_page(self, job: Job, page: str) -> None:
-        """Keep an explorer page for ``/api/explorer/{id}`` (the oldest dropped past ``max_results``)."""
+        """Keep an explorer or routes page for ``/api/explorer/{id}`` (the oldest dropped past ``max_results``)."""
         self.pages[job.id] = page
         while len(self.pages) > self.config.max_results:
             self.pages.popitem(last=False)
@@ -361,7 +373,8 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
 
 
 def _add_view_routes(app: FastAPI, service: _Service) -> None:
-    """``/api/compare`` (one method under two models) and ``/api/explore`` (the explorer page)."""
+    """``/api/compare`` (one method under two models), ``/api/explore`` (the explorer page) and
+    ``/api/routes`` (routes.json's content; its page is kept like the explorer's)."""
 
     @app.post("/api/compare", summary="one method under two models, as `attnflow compare` does")
     async def compare(body: CompareRequest, request: Request) -> dict[str, Any]:
@@ -400,6 +413,21 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
         service.keep_page(job, page)
         return {"id": job.id, "url": f"/api/explorer/{job.id}"}
 
+    @app.post("/api/routes", summary="information flow routes, as `attnflow routes` computes them (routes.json)")
+    async def routes(body: RoutesRequest, request: Request) -> dict[str, Any]:
+        service.check_text(body.text)
+        model = body.model or service.pool.default
+        arguments = body.model_dump(exclude={"request_id"}) | {"model": model}  # routes_text's keywords
+        job, (content, page), elapsed_ms = await service.start(request, body.request_id, work.routes_text, **arguments)
+        service.keep_page(job, page)
+        return {
+            "id": job.id,
+            "model": model,
+            "elapsed_ms": elapsed_ms,
+            "url": f"/api/explorer/{job.id}",
+            "routes": content,
+        }
+
 
 def _add_job_routes(app: FastAPI, service: _Service) -> None:
     """``/api/progress/{id}`` and ``/api/cancel/{id}``: a running request's step, and stopping it."""
@@ -421,13 +449,15 @@ def _add_job_routes(app: FastAPI, service: _Service) -> None:
 
 
 def _add_result_routes(app: FastAPI, service: _Service) -> None:
-    """The kept results: explorer pages and each explanation's files."""
+    """The kept results: explorer and routes pages, and each explanation's files."""
     kept = service.config.max_results
 
-    @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
+    @app.get(
+        "/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore or /api/routes"
+    )
     def explorer(page_id: str) -> HTMLResponse:
         if page_id not in service.pages:
-            raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {kept})")
+            raise ServeError(404, f"no kept page {page_id!r} (the server keeps the last {kept})")
         return HTMLResponse(service.pages[page_id])
 
     @app.get(
@@ -550,7 +580,7 @@ class _Guard:
         await self.app(scope, receive, with_headers)
 
 
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore")
+_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes")
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),

@@ -4,7 +4,8 @@
 `explain_planned`: the same methods, options, faithfulness and ``auto`` choice, so the numbers
 equal the CLI's); a body's ``target``, ``target_text`` and ``contrast`` become one
 `attnflow.targets.Target` here (`request_target`); `generate_text` is `attnflow explain TEXT --generate N`'s
-(`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`).
+(`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`);
+`routes_text` is `attnflow routes`'s (`attnflow.routes`).
 Each takes the request's `Job` and checks it between steps: a cancelled request stops at the next
 method boundary.
 """
@@ -209,6 +210,29 @@ def answer_record(explanation: Any) -> dict[str, Any]:
     else:
         data["display_tokens"] = [display_token(token) for token in data["tokens"]]
     return data
+
+
+def routes_text(
+    pool: ModelPool,
+    job: Job,
+    *,
+    text: str,
+    model: str,
+    position: int | None,
+    threshold: float,
+    target: str | None,
+    contrast: str | None,
+) -> tuple[dict[str, Any], str]:
+    """`attnflow routes TEXT`: the content of routes.json and the routes page (``routes.html``)."""
+    from attnflow.capture.texts import check_texts
+    from attnflow.flow_routes.api import routes
+    from attnflow.viz.routes import routes_html
+
+    check_texts(text)
+    with pool.using(model, job) as loaded:
+        job.step("building the routes")
+        found = routes(loaded, text, position=position, threshold=threshold, target=target, contrast=contrast)
+        return found.to_dict(), routes_html(found)
 
 
 def explanation_file(explanation: Any, kind: str) -> bytes:

@@ -24,7 +24,7 @@ from attnflow.capture.hook_points import HookPoint
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.errors import CaptureError, InputError
 from attnflow.model_like import ModelLike
-from attnflow.routes.contributions import Norm
+from attnflow.flow_routes.contributions import Norm
 from attnflow.trace import CAPABILITIES
 
 
