@@ -15,9 +15,9 @@ from attnflow.causal.patching import Patches, PatchRunner, site_value, stacked
 from attnflow.causal.sites import Site
 from attnflow.causal.versus import compare_with_patching, spearman_table
 from attnflow.errors import InputError
+from attnflow.flow_routes.api import prediction_importance
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
-from attnflow.flow_routes.api import prediction_importance
 
 PAIRS = ((CLEAN, CORRUPT), ("the dog sat on the mat", "the cat sat on the mat"), (CLEAN, "the cat sat on a mat"))
 METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "routes")

@@ -16,13 +16,13 @@ import torch
 import transformers as T
 
 import attnflow
-from attnflow.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance
+from attnflow.model import AttentionModel
 from attnflow.targets import Target
-
 from lrp_oracle import activation, attention_softmax, product, write_out_llama_rules
+
 from tiny_models import tiny_config, tiny_vocab
 
 TEXTS = ["the movie was terrible, but the acting was great.", "a good film", "the cat sat on the mat and ran"]

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from attnflow.errors import InputError
-from attnflow.model_like import ModelLike
 from attnflow.flow_routes import contributions as parts
 from attnflow.flow_routes.forward import (
     PRECISION,
@@ -45,6 +44,7 @@ from attnflow.flow_routes.graph import (
 )
 from attnflow.flow_routes.lens import LENS_CHUNK, Lens, promotes, readouts
 from attnflow.flow_routes.result import LENS_MODES, Routes
+from attnflow.model_like import ModelLike
 
 Node = tuple[str, int, int]
 

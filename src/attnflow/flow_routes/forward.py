@@ -23,8 +23,8 @@ from attnflow.capture import hook_points
 from attnflow.capture.hook_points import HookPoint
 from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
 from attnflow.errors import CaptureError, InputError
-from attnflow.model_like import ModelLike
 from attnflow.flow_routes.contributions import Norm
+from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES
 
 
