@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 import attnflow
-from attnflow.runs.readers import open_corpus
 from attnflow.exploration import explore
+from attnflow.runs.readers import open_corpus
 
 SWITCH = """(layer) => new Promise((resolve) => {
   const select = document.getElementById("layer");

@@ -220,8 +220,8 @@ def harder_inputs(rng, n, repeats, full_matrix):
 
 def wiki_windows(model, seq_len, count):
     """The first ``count`` disjoint ``seq_len``-token windows of the embedded Wikipedia text."""
-    from attnflow.runs.readers import open_corpus
     from attnflow.corpus.windows import WindowStream
+    from attnflow.runs.readers import open_corpus
 
     return [w.token_ids for w in WindowStream(open_corpus("wiki"), model.tokenizer, seq_len=seq_len, samples=count)]
 

@@ -6,12 +6,11 @@ page's data chunks are decoded here in Python and compared with the float64 orig
 
 from __future__ import annotations
 
-import math
-
 import base64
 import importlib.util
 import itertools
 import json
+import math
 import re
 import zlib
 
@@ -19,8 +18,8 @@ import numpy as np
 import pytest
 
 import attnflow
-from attnflow.errors import InputError
 from attnflow import exploration as exploration_module
+from attnflow.errors import InputError
 from attnflow.exploration import MethodView, explore
 from attnflow.methods.similarity import context_similarity
 from attnflow.trace import Trace

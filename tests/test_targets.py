@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import attnflow
-from attnflow.capture.probes import PROBES
-from attnflow.capture.probes import probe_metadata
+from attnflow.capture.probes import PROBES, probe_metadata
 from attnflow.datasets import rotten_tomatoes, wiki_topics
 from attnflow.errors import InputError
 

@@ -84,7 +84,12 @@ def _connect_views() -> None:
         return explain_planned(model, trace, plan, row)
 
     _AUTO.update(plan=auto_plan, explain=auto_explain)
+    _connect_page_views()
 
+
+def _connect_page_views() -> None:
+    """`Comparison`, `Exploration` and `Routes` get their pages (and the explorer its per-input
+    faithfulness) from attnflow.viz and attnflow.evaluate, imported on first use."""
     from attnflow import comparison, exploration
 
     def comparison_page(compared):
@@ -112,6 +117,19 @@ def _connect_views() -> None:
 
         add_view_faithfulness(model, explored, **options)
 
+    from attnflow.flow_routes import result as routes_result
+
+    def routes_page(found):
+        from attnflow.viz.routes import routes_html
+
+        return routes_html(found)
+
+    def routes_figure(found):
+        from attnflow.viz.routes import routes_png
+
+        return routes_png(found)
+
+    routes_result._VIEWS.update(html=routes_page, png=routes_figure)
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
     exploration._MEASURES.update(faithfulness=explorer_faithfulness)
@@ -134,7 +152,8 @@ _LAZY = {
     "compare": "attnflow.comparison",
     "patch": "attnflow.causal",
     "PatchResult": "attnflow.causal",
-    "Routes": "attnflow.routes",
+    "Routes": "attnflow.flow_routes.result",
+    "routes": "attnflow.flow_routes.api",
     "GenerationExplanation": "attnflow.generation",
     "explain_generation": "attnflow.generation",
     "GenerationExploration": "attnflow.generation_exploration",
@@ -142,15 +161,7 @@ _LAZY = {
 }
 
 
-_lazy_getattr, __dir__ = lazy_attributes(__name__, {**_LAZY, "routes": "attnflow.routes"}, globals())
-
-
-def __getattr__(name: str):
-    if name == "routes":  # a package that can be called: attnflow.routes(model, text) -> Routes
-        import attnflow.routes as routes_package
-
-        return routes_package
-    return _lazy_getattr(name)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -9,16 +9,18 @@ import pytest
 import torch
 from causal_texts import CLEAN, CORRUPT
 
+import attnflow
 from attnflow.causal.api import resolve_metric
 from attnflow.causal.patching import Patches, PatchRunner, site_value, stacked
 from attnflow.causal.sites import Site
 from attnflow.causal.versus import compare_with_patching, spearman_table
 from attnflow.errors import InputError
+from attnflow.flow_routes.api import prediction_importance
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
 
 PAIRS = ((CLEAN, CORRUPT), ("the dog sat on the mat", "the cat sat on the mat"), (CLEAN, "the cat sat on a mat"))
-METHODS = ("rollout", "rollout_above", "flow", "grad_rollout")
+METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "routes")
 
 
 def effects_by_loop(model, clean_text, corrupt_text):
@@ -115,13 +117,42 @@ def test_patch_versus_prints_and_saves_the_pairs_table(tiny_patch_models, tiny_m
 
     out = tmp_path / "out"
     code = main(
-        ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,flow",
+        ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,routes",
          "--out", str(out), "--device", "cpu"]
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     saved = json.loads((out / "versus.json").read_text())
-    expected = compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods=("rollout", "flow"))
+    expected = compare_with_patching(tiny_patch_models["llama"], CLEAN, CORRUPT, methods=("rollout", "routes"))
     for method, rhos in expected.spearman().items():
         np.testing.assert_allclose(np.asarray(saved["spearman"][method], dtype=float), rhos, atol=1e-9)
-    assert "| residual | rollout | flow |" in printed and f"{expected.spearman()['rollout'][1]:+.2f}" in printed
+    assert "| residual | rollout | routes |" in printed and f"{expected.spearman()['rollout'][1]:+.2f}" in printed
+
+
+def test_routes_rows_are_the_importance_of_the_stream_each_row_restores(tiny_patch_models):
+    model = tiny_patch_models["llama"]
+    comparison = compare_with_patching(model, CLEAN, CORRUPT, methods=("routes", "rollout"))
+    assert list(comparison.predictions) == ["routes", "rollout"]  # the order asked for
+    predicted = comparison.predictions["routes"]
+    assert predicted.shape == comparison.effects.shape == (model.n_layers + 1, len(comparison.tokens))
+    # row r restores the stream entering layer r (row 0 the embeddings, row l + 1 leaving layer l):
+    # the route's node ("in", r, j), read from the routes front door at the predicting position
+    routes = attnflow.routes(model, CLEAN)
+    np.testing.assert_allclose(predicted, routes.importance.inputs, atol=1e-12)
+    np.testing.assert_array_equal(predicted[-1], np.eye(len(comparison.tokens))[-1])  # the top itself
+
+
+def test_a_mean_pooled_prediction_weighs_each_final_node_by_its_proximity_to_the_mean(tiny_loaded):
+    model = tiny_loaded("bert")
+    text = "the movie was great"
+    with torch.no_grad():
+        ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+        final = model.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0].double().numpy()
+    n_tokens = final.shape[0]
+    pooled = final.mean(axis=0)
+    nearness = [max(np.abs(pooled).sum() - np.abs(pooled - x / n_tokens).sum(), 0.0) for x in final]
+    weights = np.array(nearness) / np.sum(nearness)
+    # the route's keep-or-drop decisions do not depend on the top: importance is linear in it
+    by_position = sum(weights[i] * attnflow.routes(model, text, position=i).importance.inputs for i in range(n_tokens))
+    np.testing.assert_allclose(prediction_importance(model, text, "mean"), by_position, atol=1e-6)
+    np.testing.assert_allclose(prediction_importance(model, text, "mean")[-1], weights, atol=1e-6)

@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
+from attnflow.capture.adapters import adapter_for
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
-from attnflow.capture.adapters import adapter_for
 from attnflow.methods.registry import available_methods, get_method
 
 TEXT = "the movie was terrible but the acting was great"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnflow.runs.readers import ReadOptions, open_corpus, wiki_path
 from attnflow.errors import InputError
+from attnflow.runs.readers import ReadOptions, open_corpus, wiki_path
 
 from corpus_helpers import write_jsonl
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnflow.corpus.stats import StudyStats
 from attnflow.corpus.report import build_report, study_figures
+from attnflow.corpus.stats import StudyStats
 from study_stats import random_study_stats
 
 

@@ -4,7 +4,7 @@ For each layer it reads the model's own attention weights (``output_attentions``
 entering each layer (``output_hidden_states``), recomputes the value vectors, the output
 projection's slices and the norms from each module's weights with numpy formulas of its own, builds
 every part vector one at a time — per query i, source j and head h — and computes its proximity to
-the whole with the definition, then normalises. Nothing from attnflow.routes is used.
+the whole with the definition, then normalises. Nothing from attnflow.flow_routes is used.
 """
 
 from __future__ import annotations
@@ -159,6 +159,7 @@ class OracleLayer:
     mid: np.ndarray  # [T, d] the stream after attention, from the oracle's own sum
     out: np.ndarray  # [T, d] the stream after the feed-forward block
     head_outputs: np.ndarray  # [T, H, d] each head's part summed over sources, as it reaches mid
+    edge_parts: np.ndarray | None = None  # [T, T, H, d] query, source, head: each part as it reaches mid
 
 
 def oracle_layer(spec: LayerSpec, x: np.ndarray, attention: np.ndarray) -> OracleLayer:
@@ -184,6 +185,7 @@ def oracle_layer(spec: LayerSpec, x: np.ndarray, attention: np.ndarray) -> Oracl
     residual, bias = np.zeros(n_tokens), np.zeros(n_tokens)
     mid = np.zeros_like(x)
     head_outputs = np.zeros((n_tokens, n_heads, x.shape[1]))
+    edge_parts = np.zeros((n_tokens, n_tokens, n_heads, x.shape[1]))
     for i in range(n_tokens):
         the_residual = x[i] if spec.where != "post" else as_reaching(x[i], i)
         the_bias = as_reaching(np.broadcast_to(spec.output_bias, x[i].shape).copy(), i) + shift
@@ -192,12 +194,13 @@ def oracle_layer(spec: LayerSpec, x: np.ndarray, attention: np.ndarray) -> Oracl
         for (j, h), part in parts.items():
             heads[h, i, j] = proximity(mid[i], part)
             head_outputs[i, h] += part
+            edge_parts[i, j, h] = part
         residual[i], bias[i] = proximity(mid[i], the_residual), proximity(mid[i], the_bias)
         total = residual[i] + heads[:, i].sum() + bias[i]
         heads[:, i] /= total
         residual[i] /= total
         bias[i] /= total
-    return _ffn(spec, OracleLayer(heads, residual, bias, None, None, None, mid, None, head_outputs))
+    return _ffn(spec, OracleLayer(heads, residual, bias, None, None, None, mid, None, head_outputs, edge_parts))
 
 
 def _ffn(spec: LayerSpec, layer: OracleLayer) -> OracleLayer:

@@ -31,7 +31,7 @@ def test_a_run_writes_routes_json_and_prints_the_route(tmp_path, capsys):
     assert data["threshold"] == 0.02 and data["position"] == n_tokens - 1
     layer = data["graph"]["layers"][0]
     assert len(layer["heads"]) == 4 and len(layer["heads"][0]) == n_tokens and len(layer["attention"]) == n_tokens
-    assert data["route"]["nodes"][0] == {"node": ["in", 2, n_tokens - 1], "importance": 1.0}
+    assert data["route"]["nodes"][0] == {"node": ["in", 2, n_tokens - 1], "importance": 1.0, "reach": 1.0}
     assert main(["routes", TEXT, "--model", "llama", "--out", str(out)]) == 2  # an earlier routes.json
     assert "--overwrite" in capsys.readouterr().err
     assert main(["routes", TEXT, "--model", "llama", "--out", str(out), "--overwrite", "--quiet"]) == 0

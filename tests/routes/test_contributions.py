@@ -10,9 +10,9 @@ import torch
 from routes_oracle import FAMILIES, oracle
 
 import attnflow
-from attnflow.routes import contributions
-from attnflow.routes.api import linearised_blocks
-from attnflow.routes.forward import layer_view, read_weights, record
+from attnflow.flow_routes import contributions
+from attnflow.flow_routes.api import linearised_blocks
+from attnflow.flow_routes.forward import layer_view, read_weights, record
 
 TEXT = "the cat sat on the mat, and the dog ran"
 

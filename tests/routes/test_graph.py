@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow.routes.graph import Direct, Graph, check_threshold, compose, kept_edges, route_nodes
+from attnflow.flow_routes.graph import Direct, Graph, check_threshold, compose, kept_edges, reach, route_nodes
 
 
 def hand_made() -> Graph:
@@ -85,16 +85,20 @@ def path_sums(graph: Graph, position: int, threshold: float) -> tuple[np.ndarray
     return inputs, mids
 
 
-@pytest.mark.parametrize("threshold", [0.0, 0.04, 0.1])
-def test_importance_is_the_sum_over_paths(threshold):
-    rng = np.random.default_rng(0)
-    n_layers, n_heads, n_tokens = 3, 2, 4
+def random_graph(rng: np.random.Generator, n_layers: int, n_heads: int, n_tokens: int) -> Graph:
+    """A causal graph with random shares (each whole's sum to 1)."""
     heads = rng.random((n_layers, n_heads, n_tokens, n_tokens)) * np.tril(np.ones((n_tokens, n_tokens)))
     residual, ffn = rng.random((n_layers, n_tokens)), rng.random((n_layers, n_tokens))
     total = residual + heads.sum(axis=(1, 3))
     heads, residual = heads / total[:, None, :, None], residual / total
     zeros = np.zeros((n_layers, n_tokens))
-    graph = Graph(heads, residual, zeros, ffn, 1 - ffn, zeros)
+    return Graph(heads, residual, zeros, ffn, 1 - ffn, zeros)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.04, 0.1])
+def test_importance_is_the_sum_over_paths(threshold):
+    n_tokens = 4
+    graph = random_graph(np.random.default_rng(0), n_layers=3, n_heads=2, n_tokens=n_tokens)
     for position in range(n_tokens):
         found = compose(graph, position, threshold)
         inputs, mids = path_sums(graph, position, threshold)
@@ -139,3 +143,41 @@ def test_threshold_outside_zero_one_is_refused():
         with pytest.raises(ValueError, match=r"threshold must be a number in \[0, 1\)"):
             check_threshold(bad)
     assert check_threshold(0) == 0.0
+
+
+def test_top_weights_compose_linearly():
+    graph = random_graph(np.random.default_rng(3), n_layers=3, n_heads=2, n_tokens=4)
+    weights = np.array([0.1, 0.2, 0.3, 0.4])
+    for threshold in (0.0, 0.1):
+        pooled = compose(graph, weights, threshold)
+        by_position = [compose(graph, i, threshold) for i in range(4)]
+        for name in ("inputs", "mids", "heads", "ffn"):
+            expected = sum(w * getattr(single, name) for w, single in zip(weights, by_position, strict=True))
+            np.testing.assert_allclose(getattr(pooled, name), expected, atol=1e-12)
+    with pytest.raises(ValueError, match="one per position"):
+        compose(graph, np.ones(3), 0.0)
+
+
+@pytest.mark.parametrize("contrastive", [False, True])
+def test_reach_gives_the_route_at_every_higher_threshold(contrastive):
+    rng = np.random.default_rng(5)
+    n_layers, n_heads, n_tokens, position = 3, 2, 5, 4
+    graph = random_graph(rng, n_layers, n_heads, n_tokens)
+    direct = None
+    if contrastive:
+        shares = rng.random((n_layers, n_heads, n_tokens)) * 0.2
+        direct = Direct(shares.sum(axis=1), shares, rng.random(n_layers) * 0.2, shares, np.ones(n_layers), 0.0, 0.0)
+    low = 0.02
+    lowest = compose(graph, position, low, direct)
+    edges, reached = kept_edges(graph, lowest, position, low, direct), reach(graph, position, direct)
+
+    def key(edge):
+        return edge.kind, edge.source, edge.target
+
+    for higher in (0.02, 0.05, 0.1, 0.2, 0.3):
+        composition = compose(graph, position, higher, direct)
+        assert {key(edge) for edge in kept_edges(graph, composition, position, higher, direct)} == {
+            key(edge) for edge in edges if edge.reach > higher
+        }
+        np.testing.assert_array_equal(composition.inputs > 0, reached.inputs > higher)
+        np.testing.assert_array_equal(composition.mids > 0, reached.mids > higher)

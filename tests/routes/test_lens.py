@@ -94,6 +94,45 @@ def test_direct_effects_by_hand_and_their_sum_is_the_logit_difference(family, ti
             assert routes.ffn_effects[index, i] == pytest.approx(direction @ (gain * scale * ffn_part), abs=1e-4)
 
 
+@pytest.mark.parametrize("family", DECODERS)
+def test_each_edge_through_a_block_by_hand(family, tiny_loaded):
+    model = tiny_loaded(family)
+    input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model.model(input_ids=input_ids).logits[0, -1]
+    target, contrast = (int(i) for i in logits.argsort(descending=True)[:2])
+    routes = attnflow.routes(model, TEXT, threshold=0.01, target=target, contrast=contrast, top_k=3)
+    layers, _ = oracle(family, model, TEXT)
+    final = layers[-1].out
+    unembedding = numpy64(model.model.get_output_embeddings().weight)  # [V, d]
+    through = [edge for edge in routes.edges if edge.kind in ("attention", "ffn")]
+    assert through and all("promotes" in edge.effects for edge in through)  # fewer than EDGE_TOKENS
+    for edge in through:
+        layer, i, j = layers[edge.layer], edge.target[2], edge.source[2]
+        statistic = final[i] - final[i].mean() if family == "gpt2" else final[i]
+        reading = _final_gain(family, model) / np.sqrt((statistic**2).mean() + _eps(family, model))
+        if edge.kind == "attention":
+            per_head = layer.edge_parts[i, j]  # [H, d]
+            per_head = per_head - per_head.mean(axis=-1, keepdims=True) if family == "gpt2" else per_head
+            np.testing.assert_allclose(
+                edge.effects["head_effects"], per_head @ (reading * unembedding[target]), atol=1e-4
+            )
+            part = per_head.sum(axis=0)
+        else:
+            part = layer.out[i] - layer.mid[i]
+            part = part - part.mean() if family == "gpt2" else part
+        effects = unembedding @ (reading * part)  # every token's logit
+        assert edge.effects["effect"] == pytest.approx(effects[target], abs=1e-4)
+        assert [token["id"] for token in edge.effects["promotes"]] == list(np.argsort(-effects)[:3])
+        assert [token["effect"] for token in edge.effects["suppresses"]] == pytest.approx(
+            np.sort(effects)[:3], abs=1e-4
+        )
+        if i == routes.position:
+            assert edge.effects["contrast_effect"] == pytest.approx(effects[target] - effects[contrast], abs=1e-4)
+        else:
+            assert "contrast_effect" not in edge.effects
+
+
 def _eps(family: str, model) -> float:
     norm = model.model.transformer.ln_f if family == "gpt2" else model.model.model.norm
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0)))
@@ -110,3 +149,18 @@ def test_encoders_have_routes_without_a_lens(tiny_loaded):
     assert routes.nodes[0] == (("in", 2, 0), 1.0) and routes.components and "promotes" not in routes.components[0]
     with pytest.raises(InputError, match="no language-model head"):
         attnflow.routes(tiny_loaded("bert"), TEXT, target="cat")
+
+
+@pytest.mark.parametrize(
+    ("first", "phrase"),
+    [
+        (0, "in every stream, from the embeddings on"),
+        (1, "from the stream leaving layer 0 (L0) on"),
+        (2, "only in the final stream (leaving layer 1, L1)"),
+    ],
+)
+def test_the_summary_names_streams_as_versus_names_rows(first, phrase, tiny_loaded):
+    routes = attnflow.routes(tiny_loaded("llama"), TEXT)  # 2 layers: streams entering layers 0, 1, 2
+    for layer in range(routes.n_layers + 1):
+        routes.lens[("in", layer, routes.position)]["target"]["rank"] = 0 if layer >= first else 3
+    assert f"the target {routes.target['token']!r} is the lens's top token {phrase}" in routes.summary()

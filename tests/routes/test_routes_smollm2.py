@@ -1,6 +1,7 @@
 """Routes on the real smollm2: "The capital of France is" builds its whole graph, every block's
-shares sum to 1, the lens at the top node is the model's own prediction, and the contrastive
-route's direct effects add up to the model's own logit difference."""
+shares sum to 1, the lens at the top node is the model's own prediction, the contrastive route's
+direct effects add up to the model's own logit difference, the edge "France" → "is" at layer 23
+is carried by head 4 and raises " Paris" over " Rome", and the route is saved with its page."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import attnflow
 TEXT = "The capital of France is"
 
 
-def test_the_capital_of_france(smollm2):
+def test_the_capital_of_france(smollm2, tmp_path):
     routes = attnflow.routes(smollm2, TEXT, target=" Paris", contrast=" Rome")
     graph, n_tokens = routes.graph, len(routes.tokens)
     assert graph.heads.shape == (30, 9, n_tokens, n_tokens)
@@ -35,3 +36,8 @@ def test_the_capital_of_france(smollm2):
     assert routes.nodes[0] == (routes.top, 1.0) and len(routes.edges) > 10
     assert {entry["kind"] for entry in routes.components} == {"head", "ffn"}
     assert isinstance(routes, attnflow.Routes) and "nodes off the top position" in routes.summary()
+    edge = next(e for e in routes.edges if e.kind == "attention" and (e.layer, e.source[2], e.target[2]) == (23, 3, 4))
+    assert int(np.argmax(edge.heads)) == 4 and edge.reach > routes.threshold
+    assert edge.effects["contrast_effect"] > 1 and " France" in [t["token"] for t in edge.effects["promotes"]]
+    routes.save(tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["routes.html", "routes.json", "routes.png"]

@@ -169,6 +169,40 @@ def test_explore_gives_the_explorer_page_of_the_text(client):
     one_line_error(client.get("/api/explorer/unknown"), 404)
 
 
+def test_routes_answer_routes_json_and_keep_its_page(client, tiny_loader):
+    import attnflow
+
+    body = {"text": "the cat sat on the mat", "model": "tiny-gpt2", "threshold": 0.01, "target": "cat"}
+    answer = client.post("/api/routes", json=body).json()
+    expected = attnflow.routes(tiny_loader("tiny-gpt2"), body["text"], threshold=0.01, target="cat").to_dict()
+    served = answer["routes"]
+    assert served.pop("seconds").keys() == expected.pop("seconds").keys()
+    close(expected, served)
+    assert served["target"]["token"] == "cat" and answer["model"] == "tiny-gpt2"
+    page = client.get(answer["url"])
+    assert page.status_code == 200 and "attnflow routes: tiny-gpt2" in page.text and "<script src" not in page.text
+    assert "/api/routes" in client.get("/openapi.json").json()["paths"]
+
+
+BAD_ROUTES = {
+    "threshold 1": ({"threshold": 1}, 422, "threshold"),
+    "position out of range": ({"position": 99}, 400, "position must be an integer"),
+    "position of the wrong type": ({"position": "last"}, 422, "position"),
+    "empty text": ({"text": " "}, 400, "empty"),
+    "a target without a language-model head": ({"model": "tiny-a", "target": "cat"}, 400, "no language-model head"),
+    "a contrast equal to the target": ({"target": "cat", "contrast": "cat"}, 400, "the target itself"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ROUTES, ids=list(BAD_ROUTES))
+def test_a_bad_routes_request_is_one_line_and_the_next_succeeds(client, case):
+    body, status, says = BAD_ROUTES[case]
+    sent = {"text": "the cat sat", "model": "tiny-gpt2", **body}
+    assert says in one_line_error(client.post("/api/routes", json=sent), status)
+    one_line_error(client.post("/api/routes", content=b"text=hi", headers={"content-type": "text/plain"}), 415)
+    assert client.post("/api/routes", json={"text": "the cat sat", "model": "tiny-gpt2"}).status_code == 200
+
+
 # ----- bad requests: one clear line each, and the server keeps serving ---------------------------------------
 
 
@@ -226,8 +260,9 @@ def test_a_non_local_bind_needs_a_token_and_requests_without_it_get_401(tiny_loa
 
     from attnflow.errors import AttnflowError
 
-    with pytest.raises(AttnflowError, match="--token"):
+    with pytest.raises(AttnflowError, match="give token") as refused:
         make_app(tiny_loader, host="0.0.0.0")
+    assert refused.value.parameter == "token"  # `attnflow serve` says --token-file PATH or ATTNFLOW_TOKEN
     with TestClient(make_app(tiny_loader, host="0.0.0.0", token=TOKEN)) as client:
         assert "token" in one_line_error(explain(client, methods=["rollout"]), 401)
         one_line_error(client.get("/api/models", headers={"authorization": "Bearer wrong"}), 401)

@@ -217,6 +217,23 @@ def test_a_queue_that_cannot_reach_a_request_in_time_refuses_it_with_retry_after
         assert answer["response"].status_code == 200
 
 
+def test_routes_are_estimated_before_they_run_like_the_other_work(tiny_loader):
+    from fastapi.testclient import TestClient
+
+    app = make_app(tiny_loader, time_limit_s=5.0)
+    body = {"text": " ".join(["the cat sat on the mat"] * 6), "model": "tiny-gpt2"}
+    with TestClient(app) as client:
+        answered = client.post("/api/routes", json=body)  # loaded, measured
+        assert answered.status_code == 200 and answered.json()["estimated_s"] is not None, answered.text
+        _set_rates(app, "tiny-gpt2", token_s=0.2)  # as a slow machine would measure: only a shorter text fits
+        message = one_line_error(client.post("/api/routes", json=body), 413)
+        assert "time limit of 5 s" in message and "(a shorter text)" in message
+        assert "the request without" not in message  # the routes are the request: nothing to leave out
+        fits = int(message.split("a text of at most ")[1].split()[0])
+        shorter = client.post("/api/routes", json={**body, "text": "the cat sat on the mat"})
+        assert shorter.status_code == 200 and shorter.json()["estimated_s"] <= 5 and 8 <= fits < 38
+
+
 # ----- kept pages, errors ----------------------------------------------------------------------------------
 
 

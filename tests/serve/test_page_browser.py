@@ -107,13 +107,8 @@ def test_typed_text_and_chosen_methods_show_the_api_scores_and_switch_without_re
 def _open(playwright, server):
     """A page of the app, ready; the errors it reports go to the returned list."""
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-    page = browser.new_page()
     errors: list[str] = []
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(server + "/")
-    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-    return browser, page, errors
+    return browser, watched(browser, server + "/", errors), errors
 
 
 @needs_chromium
@@ -232,3 +227,45 @@ def test_a_failed_request_leaves_no_earlier_result_under_its_text(server):
         assert page.is_visible("#result") and page.input_value("#text") == "the movie was great"
         assert [e for e in errors if "Failed to load resource" not in e] == []  # the browser logs the 400 itself
         browser.close()
+
+
+def watched(browser, url: str, errors: list[str]):
+    """A new tab on ``url``, ready, whose console errors and uncaught exceptions go to ``errors``."""
+    tab = browser.new_page()
+    tab.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.goto(url)
+    tab.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    return tab
+
+
+@needs_chromium
+def test_a_causal_lm_answer_offers_its_routes_and_the_page_draws_them(server):
+    errors: list[str] = []
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = watched(browser, server + "/", errors)
+        page.fill("#text", "the cat sat on the mat")
+        page.click("#run")  # the default model, a classifier: no routes offered
+        page.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+        assert page.is_hidden("#routes")
+        page.select_option("#model", "tiny-gpt2")
+        page.click("#run")
+        page.wait_for_selector("#history li:nth-child(2)", timeout=60_000)
+        page.wait_for_selector("#routes:not([hidden])", timeout=60_000)
+        with page.expect_response("**/api/routes") as answered:
+            page.click("#routes")
+        answer = answered.value.json()
+        page.wait_for_selector("#routes-link:not([hidden])", timeout=60_000)
+        assert f"{len(answer['routes']['route']['edges'])} edges" in (page.text_content("#status") or "")
+        routes = watched(browser, server + (page.get_attribute("#routes-link", "href") or ""), errors)
+        edges, nodes = answer["routes"]["route"]["edges"], answer["routes"]["route"]["nodes"]
+        assert routes.eval_on_selector_all("#graph .edge", "e => e.length") == len(edges)
+        assert int(routes.get_attribute("#graph", "data-drawn-edges")) == len(edges)
+        routes.dispatch_event("#graph .node[data-index='0']", "click")
+        top = next(entry for entry in answer["routes"]["lens"] if entry["node"] == nodes[0]["node"])
+        assert float(routes.get_attribute("#lens-target-probability", "data-value")) == top["target"]["probability"]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        routes.screenshot(path=str(ARTIFACTS / "serve-routes.png"), full_page=True)
+        browser.close()
+    assert errors == [], errors

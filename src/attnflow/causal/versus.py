@@ -14,7 +14,13 @@ saliency row (``model.default_row``: the CLS row, the mean of the rows, or the l
   restoring (l, j) tests;
 - ``flow``: attention flow through layers 0 … l (its ``layer`` option);
 - ``grad_rollout``, ``attnlrp``, ``gim``: one score per token (the whole model), the same at every
-  layer.
+  layer;
+- ``routes``: information flow routes (`attnflow.flow_routes.api.prediction_importance`): for row r,
+  the importance of the node ``("in", r, j)`` — the stream entering layer r, which is the stream
+  leaving layer r − 1, the very stream the sweep's row r restores — for the prediction at the
+  saliency row (a mean-pooling head: the pooled vector, the mean of the last layer's nodes),
+  through the route at the default threshold. Row L (leaving the last layer) is the top itself:
+  1 at the predicting position, 0 elsewhere (a mean-pooled head: the top's weights).
 
 Row 0 (the embeddings) has no composed layer: ``rollout`` and ``flow`` are NaN there. The Spearman
 correlation over positions, per layer and prompt, is NaN where either side is constant.
@@ -32,7 +38,7 @@ from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
 
-VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim")
+VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim", "routes")
 # The registered method each prediction runs (``rollout_above`` is rollout with a start layer).
 _REGISTERED = {"rollout_above": "rollout"}
 
@@ -134,13 +140,19 @@ def layer_predictions(
     from attnflow.methods.registry import call_method, get_method
     from attnflow.methods.saliency import saliency_row
 
-    specs = {method: get_method(_REGISTERED.get(method, method)) for method in methods}
+    predictions: dict[str, np.ndarray] = {}
+    if "routes" in methods:  # not a registered method: its own forward pass
+        from attnflow.flow_routes.api import prediction_importance
+
+        predictions["routes"] = prediction_importance(model, text, model.default_row)
+    specs = {method: get_method(_REGISTERED.get(method, method)) for method in methods if method != "routes"}
+    if not specs:
+        return {method: predictions[method] for method in methods}
     uses_target = any(spec.uses_target for spec in specs.values())
     (trace,) = model.trace_for(
         sorted({spec.name for spec in specs.values()}), [text], target=target if uses_target else None
     )
     n_layers, n_tokens, row = model.n_layers, trace.n_tokens, model.default_row
-    predictions: dict[str, np.ndarray] = {}
     for method, spec in specs.items():
         rows = np.full((n_layers + 1, n_tokens), np.nan)  # [L + 1, token]
         if method == "rollout":
@@ -159,7 +171,7 @@ def layer_predictions(
             scores = np.asarray(scores, dtype=np.float64)
             rows[:] = scores if scores.ndim == 1 else saliency_row(scores, row)
         predictions[method] = rows
-    return predictions
+    return {method: predictions[method] for method in methods}
 
 
 def spearman_table(comparisons: Sequence[LayerComparison], skip_first: bool = False) -> dict[str, dict[str, Any]]:

@@ -28,16 +28,17 @@ the product of the weights along its paths to the top, summed. Language models a
 lens at the route's nodes and each head's and feed-forward block's direct effect on the target's
 logit (what it promotes and suppresses). With --contrast the edges into the predicting position's
 stream are chosen by their direct effect on logit(target) - logit(contrast).
-Writes DIR/routes.json (the whole graph before the threshold, the route, the lens); definitions in
-docs/routes.md.
+Writes DIR/routes.json (the whole graph before the threshold, the route, the lens), routes.html (the
+route through positions and layers, a threshold slider, each node's lens and each edge's heads, offline)
+and routes.png; definitions in docs/routes.md.
 """
 T = TypeVar("T")
 _PARAMETER = re.compile(r"^(position|threshold|target|contrast|norm|lens) ")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from attnflow.routes.graph import DEFAULT_THRESHOLD
-    from attnflow.routes.result import LENS_MODES
+    from attnflow.flow_routes.graph import DEFAULT_THRESHOLD
+    from attnflow.flow_routes.result import LENS_MODES
 
     parser = subparsers.add_parser(
         "routes",
@@ -48,7 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", metavar="TEXT", help="the text (a causal LM explains its next token)")
     parser.add_argument("--model", default="smollm2", help="alias, folder or hub id (default: smollm2)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="write DIR/routes.json (required without --json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="write DIR/routes.json, routes.html and routes.png (required without --json)",
+    )
     parser.add_argument(
         "--position", type=int, metavar="N", help="the top node's token (default: the last; -1 counts from the end)"
     )
@@ -75,8 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.routes.graph import check_threshold
-    from attnflow.routes.result import is_routes_file
+    from attnflow.flow_routes.graph import check_threshold
+    from attnflow.flow_routes.result import is_routes_file
     from attnflow.staging import check_output
 
     if not args.text.strip():
@@ -90,13 +96,14 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet)
     say("building the routes …")
-    from attnflow.routes.api import routes  # torch: after the checks
+    from attnflow.flow_routes.api import routes  # torch: after the checks
 
     options = {name: getattr(args, name) for name in ("position", "threshold", "target", "contrast", "norm", "lens")}
     result = _as_flags(routes, model, args.text, **options)
     path = result.save(args.out, overwrite=args.overwrite) if args.out is not None else None
     if args.json:
-        print(result.to_json())
+        result.write_json(sys.stdout)
+        print()
     if not args.quiet:
         report = sys.stderr if args.json else sys.stdout
         print(result.summary(), file=report)

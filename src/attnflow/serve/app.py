@@ -9,12 +9,13 @@ route waits for its worker and stops it (at the next step) when the client cance
 (``POST /api/cancel/{id}``), disconnects, passes the time limit or the server stops, answering with
 one line.
 
-Every error is one JSON line, ``{"error": "..."}``, with its status: 400 bad input, 401 no or wrong
-token, 403 a model path outside ``--allow-path``, 404 unknown model, method, result or route, 405
-a method the route does not take, 409 cancelled, 413 body or text too long or a request that
-cannot finish within the time limit, 415 not JSON, 422 a field of the wrong type, 429 the model's
-queue is full (``Retry-After``), 500 a method that raised (the server keeps serving), 503 the
-server is stopping, 504 over the time limit.
+Every error is one JSON line, ``{"error": "..."}``, with its status: 400 bad input (an attnflow error
+the user can fix; a parameter it names is spelled as the request's JSON field, `JSON_FIELDS`), 401 no
+or wrong token, 403 a model path outside ``--allow-path``, 404 unknown model, method, result or
+route, 405 a method the route does not take, 409 cancelled, 413 body or text too long or a request
+that cannot finish within the time limit, 415 not JSON, 422 a field of the wrong type, 429 the
+model's queue is full (``Retry-After``), 500 anything else (one line for the client, the traceback in
+the server's log; the server keeps serving), 503 the server is stopping, 504 over the time limit.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from attnflow.errors import AttnflowError, ModelLoadError
+from attnflow.errors import AttnflowError, ModelLoadError, spell
 from attnflow.serve import work
 from attnflow.serve.costs import Costs, TooExpensive
 from attnflow.serve.lanes import Lane, hold, release_when_done
@@ -70,8 +71,9 @@ class ServeConfig:
         max_batch_size, max_evals, max_steps: the largest ``batch_size`` (altered inputs per forward
             pass), ``max_evals`` (SHAP's coalitions) and ``n_steps`` (integrated gradients) a request
             may ask for.
-        max_results: finished results kept for downloads, and explorer pages kept (the oldest go first).
-        max_kept_bytes: at most this many bytes of kept results, and as many of explorer pages.
+        max_results: finished results kept for downloads, and explorer and routes pages kept (the
+            oldest go first).
+        max_kept_bytes: at most this many bytes of kept results, and as many of pages.
         allowed_hosts: Host headers accepted (None: any), against DNS rebinding on a local bind.
     """
 
@@ -96,8 +98,9 @@ class ServeConfig:
             )
         if self.host not in LOCAL_HOSTS and not self.token:
             raise AttnflowError(
-                f"binding to {self.host} exposes the server beyond this machine: give a token (--token-file PATH "
-                "or ATTNFLOW_TOKEN; requests without it get 401), or bind to 127.0.0.1"
+                f"binding to {self.host} exposes the server beyond this machine: give {{token}}, or bind to "
+                "127.0.0.1 (requests without the token get 401)",
+                parameter="token",
             )
 
     @property
@@ -129,6 +132,9 @@ class ExplainRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {'discard_ratio': 0.5}")
     target: str | None = Field(None, description="classifiers: a class index or label; causal LMs: the next token")
     target_text: str | None = Field(None, description="sentence encoders: explain the similarity to this text")
+    contrast: str | None = Field(
+        None, description="a second class or token: explain logit(target) - logit(contrast) ('A rather than B')"
+    )
     row: str | int | None = Field(None, description="saliency row: cls, mean, last or a token index")
     max_length: int | None = Field(None, ge=1, description="truncate the text to this many tokens")
     faithfulness: bool = Field(
@@ -150,6 +156,7 @@ class GenerateRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     generate: int | None = Field(None, ge=1, description="greedily generate this many tokens")
     continuation: str | None = Field(None, description="explain this continuation instead (teacher-forced)")
+    contrast: str | None = Field(None, description="a single token: explain each generated token rather than it")
     faithfulness: bool = Field(False, description="per step: p(t_k) after removing its top sources")
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
@@ -162,6 +169,7 @@ class ExploreRequest(BaseModel):
     methods: list[str] | None = Field(None, description="registered methods (default: every one the model supports)")
     target: str | None = None
     target_text: str | None = None
+    contrast: str | None = None
     max_length: int | None = Field(None, ge=1)
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
@@ -176,7 +184,20 @@ class CompareRequest(BaseModel):
     top_k: int = Field(5, ge=1)
     target: str | None = None
     target_text: str | None = None
+    contrast: str | None = None
     max_length: int | None = Field(None, ge=1)
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
+class RoutesRequest(BaseModel):
+    """``attnflow routes TEXT``'s inputs: the information flow routes of one prediction."""
+
+    text: str
+    model: str | None = None
+    position: int | None = Field(None, description="the top node's token (default: the last; negative from the end)")
+    threshold: float = Field(0.04, ge=0, lt=1, description="keep the edges with weight above this")
+    target: str | None = Field(None, description="causal LMs: the token the lens reads (default: the prediction)")
+    contrast: str | None = Field(None, description="causal LMs: contrastive route, logit(target) − logit(contrast)")
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
@@ -236,7 +257,7 @@ class _Service:
         self.costs = Costs(config.time_limit_s)
         self.jobs: dict[str, Job] = {}  # waiting or running
         self.results = _Kept(config.max_results, config.max_kept_bytes)  # id -> {method: explanation}
-        self.pages = _Kept(config.max_results, config.max_kept_bytes)  # id -> an explorer page
+        self.pages = _Kept(config.max_results, config.max_kept_bytes)  # id -> an explorer or routes page
         self.lanes: dict[str, Lane] = {}
         self.files: ThreadPoolExecutor | None = None  # writes downloads (png, html)
         self.busy: set[Future] = set()  # work handed to a thread and not finished
@@ -313,7 +334,7 @@ class _Service:
         if tokenizer is not None and all(model is not None for _, model in loaded):
             try:
                 estimate(self.costs, job, loaded, tokenizer, asked)
-            except (AttnflowError, ValueError) as error:  # a bad request, or one that cannot finish
+            except AttnflowError as error:  # a bad request, or one that cannot finish (`TooExpensive`)
                 raise _answer(error) from error
             except Exception:  # an estimate never fails a request: the worker checks again, exactly
                 LOG.debug("no estimate before queueing", exc_info=True)
@@ -420,6 +441,37 @@ class _Service:
         self.results.put(job.id, kept, len(response.body))  # the answer's bytes: about what they hold
         return response
 
+    async def viewed(
+        self, request: Request, body: Any, check: Callable[..., work.Asked], estimate: Estimate, run: Work
+    ) -> JSONResponse:
+        """A request answered by a page of its own, kept for ``/api/explorer/{id}``: the explorer
+        (``run`` gives the page) or the routes (``run`` gives routes.json's content, answered under
+        ``"routes"``, and the page)."""
+        self.check_text(body.text)
+        asked = self.asked(check, body)
+        what = "routes" if isinstance(body, RoutesRequest) else "explorer"
+
+        def answer(job: Job, result: Any) -> dict[str, Any]:
+            content = {} if isinstance(result, str) else {what: result[0]}
+            timed = {"elapsed_ms": _elapsed_ms(job), "estimated_s": job.estimate_s}
+            return {"id": job.id, "model": asked.model, **timed, "url": f"/api/explorer/{job.id}", **content}
+
+        job, result, response = await self.start(request, body.request_id, asked, estimate, run, answer)
+        self.keep_page(job, result if isinstance(result, str) else result[1], what)
+        return response
+
+    def keep_page(self, job: Job, page: str, what: str) -> None:
+        """Keep an explorer or routes page (``what``) for ``/api/explorer/{id}`` (the oldest dropped
+        past ``max_results`` or ``max_kept_bytes``); 413 for a page larger than all it may keep."""
+        size, kept = len(page.encode()), self.config.max_kept_bytes
+        if size > kept:
+            raise ServeError(
+                413,
+                f"the {what} page is {size / 2**20:.1f} MB, more than this server keeps ({kept / 2**20:.0f} MB): "
+                "ask for fewer methods or a shorter text",
+            )
+        self.pages.put(job.id, page, size)
+
     def check_text(self, text: str | None, what: str = "text") -> None:
         """413 when ``text`` is longer than the server takes (None: nothing given, nothing to check)."""
         if text is not None and len(text) > self.config.max_text_chars:
@@ -517,7 +569,8 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
 
 
 def _add_view_routes(app: FastAPI, service: _Service) -> None:
-    """``/api/compare`` (one method under two models) and ``/api/explore`` (the explorer page)."""
+    """``/api/compare`` (one method under two models), ``/api/explore`` (the explorer page) and
+    ``/api/routes`` (routes.json's content; its page is kept like the explorer's)."""
 
     @app.post("/api/compare", response_model=None, summary="one method under two models, as `attnflow compare` does")
     async def compare(body: CompareRequest, request: Request) -> Response:
@@ -538,25 +591,11 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
         summary="the explorer page (layers, heads, matrices), as `attnflow explore` writes it",
     )
     async def explore(body: ExploreRequest, request: Request) -> Response:
-        service.check_text(body.text)
-        asked = service.asked(work.check_explore, body)
-        job, page, response = await service.start(
-            request,
-            body.request_id,
-            asked,
-            work.estimate_explore,
-            work.explore_text,
-            lambda job, _page: {"id": job.id, "url": f"/api/explorer/{job.id}"},
-        )
-        size, kept = len(page.encode()), service.config.max_kept_bytes
-        if size > kept:
-            raise ServeError(
-                413,
-                f"the explorer page is {size / 2**20:.1f} MB, more than this server keeps ({kept / 2**20:.0f} MB): "
-                "ask for fewer methods or a shorter text",
-            )
-        service.pages.put(job.id, page, size)
-        return response
+        return await service.viewed(request, body, work.check_explore, work.estimate_explore, work.explore_text)
+
+    @app.post("/api/routes", response_model=None, summary="information flow routes, as `attnflow routes` computes them")
+    async def routes(body: RoutesRequest, request: Request) -> Response:
+        return await service.viewed(request, body, work.check_routes, work.estimate_routes, work.routes_text)
 
 
 def _add_job_routes(app: FastAPI, service: _Service) -> None:
@@ -579,14 +618,16 @@ def _add_job_routes(app: FastAPI, service: _Service) -> None:
 
 
 def _add_result_routes(app: FastAPI, service: _Service) -> None:
-    """The kept results: explorer pages and each explanation's files."""
+    """The kept results: explorer and routes pages, and each explanation's files."""
     kept = service.config.max_results
 
-    @app.get("/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore")
+    @app.get(
+        "/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore or /api/routes"
+    )
     def explorer(page_id: str) -> HTMLResponse:
         page = service.pages.get(page_id)
         if page is None:
-            raise ServeError(404, f"no kept explorer page {page_id!r} (the server keeps the last {kept})")
+            raise ServeError(404, f"no kept page {page_id!r} (the server keeps the last {kept})")
         return HTMLResponse(page)
 
     @app.get(
@@ -649,8 +690,26 @@ def _add_guards(app: FastAPI, service: _Service) -> None:
         return _error(answer.status, str(answer))
 
 
+# The library's parameters as the request bodies name them, where the two differ (every other
+# parameter is its own field): the one place the server spells the parameters errors name.
+JSON_FIELDS = {
+    "max_new_tokens": "generate",
+    "k": "top_k",
+    "method": "methods",
+    "model_a": "models",
+    "model_b": "models",
+    "image": "an image (which this server does not explain)",
+}
+
+
+def json_field(parameter: str) -> str:
+    """How a request body spells a library parameter (`JSON_FIELDS`, else the parameter itself)."""
+    return JSON_FIELDS.get(parameter, parameter)
+
+
 def _answer(error: Exception) -> ServeError:
-    """The status and line an exception answers with (a 500 also goes to the server's log)."""
+    """The status and line an exception answers with: bad input 400 (its parameters spelled as the
+    JSON fields), anything unexpected 500 (also logged, with its traceback)."""
     if isinstance(error, ServeError):
         return error
     if isinstance(error, Cancelled):
@@ -658,11 +717,11 @@ def _answer(error: Exception) -> ServeError:
     if isinstance(error, ModelRefused):
         return ServeError(403 if isinstance(error, PathRefused) else 404, str(error))
     if isinstance(error, ModelLoadError):
-        return ServeError(404, str(error))
+        return ServeError(404, spell(error, json_field))
     if isinstance(error, TooExpensive):
-        return ServeError(413, str(error))
-    if isinstance(error, (AttnflowError, ValueError)):
-        return ServeError(400, str(error))
+        return ServeError(413, spell(error, json_field))
+    if isinstance(error, AttnflowError):
+        return ServeError(400, spell(error, json_field))
     LOG.error("a request failed", exc_info=error)
     return ServeError(500, f"the request failed ({type(error).__name__}: {error}); the server keeps serving")
 
@@ -711,7 +770,7 @@ class _Guard:
         await self.app(scope, receive, with_headers)
 
 
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore")
+_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes")
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),

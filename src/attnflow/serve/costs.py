@@ -13,7 +13,9 @@ declared cost (`attnflow.methods.registry.MethodSpec.cost`):
   and backward passes, value zeroing n variants of each layer (about n passes of the text),
   attention flow L·n³ max-flow steps; another package's expensive method counts as leave-one-out;
 - per-input faithfulness, what `attnflow.evaluate.per_input.BUDGET` lets it score: the bounds'
-  search and the deletion curves of each map and of the random rankings.
+  search and the deletion curves of each map and of the random rankings;
+- information flow routes (`routes_parts`): one forward pass, then the contribution graph, whose
+  work grows as n² (about n / `ROUTES_GRAPH_PER` passes' worth of tokens), with the route and the lens.
 
 Seconds are ``passes · a + tokens · b`` (`Rates`, a backward pass counted as two forward ones):
 ``a`` and ``b`` are measured on the model itself when it first serves (two timed forward passes,
@@ -37,6 +39,10 @@ FLOW_S = 1e-7  # seconds per max-flow step (L·n³ units): over 60 s for the 512
 TRACE = "tracing"
 FAITHFULNESS = "faithfulness"
 SCALED_ABOVE_S = 0.3  # requests estimated at least this long teach `Rates.scale`
+# The routes' graph, route and lens take about n / ROUTES_GRAPH_PER times the forward pass of n
+# tokens (docs/routes.md, smollm2 at 512 tokens: forward pass 3.4 s, the rest 20.3 s).
+ROUTES_GRAPH_PER = 85
+ROUTES = "routes"
 
 
 class TooExpensive(AttnflowError):
@@ -160,6 +166,12 @@ def explain_parts(
     return parts
 
 
+def routes_parts(n: int) -> Parts:
+    """The work of `attnflow.routes` on ``n`` tokens: the recorded forward pass, then the graph, the
+    route and the lens (`ROUTES_GRAPH_PER`)."""
+    return {TRACE: Work(1, n), ROUTES: Work(1, n * n / ROUTES_GRAPH_PER)}
+
+
 def _moved(value: float, measured: float, start: float) -> float:
     """``value`` moved towards ``measured`` (a third of the way), kept within [start / 4, start · 8]."""
     return min(8 * start, max(start / 4, 0.7 * value + 0.3 * measured))
@@ -189,7 +201,7 @@ def calibrate(model: ModelLike) -> Rates | None:
     faster of two runs each), or None for a model they cannot run on (it answers without estimates)."""
     import torch
 
-    network = model.model
+    network = model.hf_model
     vocabulary = getattr(getattr(network, "config", None), "vocab_size", None)
     if not isinstance(network, torch.nn.Module) or not vocabulary:
         return None
@@ -274,7 +286,7 @@ class Costs:
         fits = [
             f"a text of at most {tokens} tokens ({what})" for tokens in [self._tokens_that_fit(estimates, n)] if tokens
         ]
-        if seconds - steps[longest] <= self.time_limit_s and longest != TRACE:
+        if seconds - steps[longest] <= self.time_limit_s and longest not in (TRACE, ROUTES):  # steps one can leave out
             fits.append('"faithfulness": false' if longest == FAITHFULNESS else f"the request without {longest}")
         raise TooExpensive(
             f"this request would take about {seconds:.0f} s on {n} tokens ({longest}: about {steps[longest]:.0f} s), "

@@ -3,8 +3,10 @@
 `explain_text` is `attnflow explain TEXT`'s flow (`attnflow.evaluate.per_input.plan_methods` and
 `explain_planned`: the same methods, options, faithfulness and ``auto`` choice, so the numbers
 equal the CLI's); `generate_text` is `attnflow explain TEXT --generate N`'s
-(`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`).
-Each takes inputs already checked by its ``check_*`` function (on the event loop, before the
+(`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`);
+`explore_text` is `attnflow explore`'s; `routes_text` is `attnflow routes`'s (`attnflow.routes`). A
+body's ``target``, ``target_text`` and ``contrast`` become one `attnflow.targets.Target` here
+(`request_target`). Each takes inputs already checked by its ``check_*`` function (on the event loop, before the
 request waits for its model: a bad request is answered at once) and the request's `Job`, checked
 between steps: a cancelled request stops at the next method boundary. Once the model is held, the
 ``estimate_*`` function counts the request's work (`attnflow.serve.costs`) and refuses what cannot
@@ -22,10 +24,20 @@ from typing import Any, Mapping, Sequence
 
 from attnflow.errors import InputError
 from attnflow.methods.registry import MethodSpec, get_method, method_names
-from attnflow.serve.costs import Costs, Parts, Shape, Work, count_tokens, explain_parts, position_limit
+from attnflow.serve.costs import (
+    Costs,
+    Parts,
+    Shape,
+    Work,
+    count_tokens,
+    explain_parts,
+    position_limit,
+    routes_parts,
+)
 from attnflow.serve.pool import Job, ModelPool
 
 GENERATING = "generating"
+ROUTING = "building the routes"
 
 
 def method_list(methods: Sequence[str] | None, also: Sequence[str] = ()) -> list[str] | None:
@@ -85,17 +97,27 @@ class Asked:
     target_text: str | None = None
     max_length: int | None = None
     faithfulness: bool = True
+    contrast: str | None = None
     generate: int | None = None
     continuation: str | None = None
     top_k: int = 5
+    position: int | None = None  # routes: the top node's token
+    threshold: float | None = None  # routes: the edges kept
 
     @property
     def model(self) -> str:
         return self.models[0]
 
     def reading(self) -> dict[str, Any]:
-        """How the text is read: ``target``, ``target_text`` and ``max_length`` (the library's keywords)."""
-        return {"target": self.target, "target_text": self.target_text, "max_length": self.max_length}
+        """How the text is read: the one ``target`` (`request_target`) and ``max_length`` (the library's keywords)."""
+        return {"target": request_target(self.target, self.target_text, self.contrast), "max_length": self.max_length}
+
+
+def request_target(target: str | None, target_text: str | None, contrast: str | None = None) -> Any:
+    """A body's ``target``, ``target_text`` and ``contrast`` fields as one `attnflow.targets.Target`."""
+    from attnflow.targets import as_target
+
+    return as_target(target, text=target_text, contrast=contrast)
 
 
 def check_explain(
@@ -108,7 +130,7 @@ def check_explain(
     caps: Mapping[str, int],
     **asked: Any,
 ) -> Asked:
-    """``/api/explain``'s inputs (``asked``: target, target_text, max_length, faithfulness) checked."""
+    """``/api/explain``'s inputs (``asked``: target, target_text, contrast, max_length, faithfulness) checked."""
     from attnflow.capture.texts import check_row_fits, check_texts
     from attnflow.evaluate.per_input import AUTO, with_candidates
 
@@ -129,7 +151,7 @@ def check_generate(
     caps: Mapping[str, int],
     **asked: Any,
 ) -> Asked:
-    """``/api/generate``'s inputs (``asked``: generate or continuation, faithfulness) checked."""
+    """``/api/generate``'s inputs (``asked``: generate or continuation, contrast, faithfulness) checked."""
     from attnflow.capture.texts import check_texts
     from attnflow.evaluate.per_input import AUTO, with_candidates
 
@@ -141,7 +163,7 @@ def check_generate(
 
 
 def check_compare(*, text: str, models: Sequence[str], method: str, row: str | int | None, **asked: Any) -> Asked:
-    """``/api/compare``'s inputs (``asked``: top_k, target, target_text, max_length) checked."""
+    """``/api/compare``'s inputs (``asked``: top_k, target, target_text, contrast, max_length) checked."""
     from attnflow.capture.texts import check_texts
 
     check_texts(text)
@@ -151,11 +173,21 @@ def check_compare(*, text: str, models: Sequence[str], method: str, row: str | i
 
 
 def check_explore(*, text: str, model: str, methods: Sequence[str] | None, **asked: Any) -> Asked:
-    """``/api/explore``'s inputs (``asked``: target, target_text, max_length) checked."""
+    """``/api/explore``'s inputs (``asked``: target, target_text, contrast, max_length) checked."""
     from attnflow.capture.texts import check_texts
 
     check_texts(text)
     return Asked(text, (model,), method_list(methods), **asked)
+
+
+def check_routes(*, text: str, model: str, **asked: Any) -> Asked:
+    """``/api/routes``' inputs (``asked``: position, threshold, target, contrast) checked (the body
+    checks the threshold's range; the position against the text's tokens and the target against the
+    model's head are checked by the routes themselves, once the model is held)."""
+    from attnflow.capture.texts import check_texts
+
+    check_texts(text)
+    return Asked(text, (model,), **asked)
 
 
 # ----- estimates (the models loaded; on the event loop, with a copy of the tokenizer) ---------------------
@@ -224,6 +256,14 @@ def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
     costs.check(job, [(name, parts)], n, "max_length")
 
 
+def estimate_routes(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
+    """`routes_text`'s work: one forward pass and the contribution graph (`routes_parts`; no
+    truncation: a text longer than the model reads is refused by the routes themselves)."""
+    ((name, _model),) = loaded
+    n = count_tokens(tokenizer, asked.text)
+    costs.check(job, [(name, routes_parts)], n, "a shorter text")
+
+
 # ----- the work (in the model's worker thread) -------------------------------------------------------
 
 
@@ -266,7 +306,9 @@ def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list
             model, asked.text, max_new_tokens=asked.generate, continuation=asked.continuation
         )
         job.step(", ".join(plan.per_method))  # all at once, as the CLI: the steps' log p come from one pass
-        explained = explain_planned_generation(model, sequence, plan, asked.faithfulness, DEFAULT_STEPS_PER_PASS)
+        explained = explain_planned_generation(
+            model, sequence, plan, asked.faithfulness, DEFAULT_STEPS_PER_PASS, asked.contrast
+        )
         costs.observe(asked.model, parts, time.perf_counter() - began, job.timings())
         return explained
 
@@ -311,6 +353,30 @@ def answer_record(explanation: Any) -> dict[str, Any]:
     else:
         data["display_tokens"] = [display_token(token) for token in data["tokens"]]
     return data
+
+
+def routes_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> tuple[dict[str, Any], str]:
+    """`attnflow routes TEXT` (`check_routes`' inputs): the content of routes.json and the routes
+    page (``routes.html``)."""
+    from attnflow.flow_routes.api import DEFAULT_THRESHOLD, routes
+    from attnflow.viz.routes import routes_html
+
+    threshold = DEFAULT_THRESHOLD if asked.threshold is None else asked.threshold
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+        estimate_routes(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        began = time.perf_counter()
+        job.step(ROUTING)
+        found = routes(
+            model,
+            asked.text,
+            position=asked.position,
+            threshold=threshold,
+            target=asked.target,
+            contrast=asked.contrast,
+        )
+        costs.observe(asked.model, routes_parts(len(found.tokens)), time.perf_counter() - began, job.timings())
+        return found.to_dict(), routes_html(found)
 
 
 def explanation_file(explanation: Any, kind: str) -> bytes:

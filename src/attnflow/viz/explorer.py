@@ -183,11 +183,25 @@ def page_script(name: str) -> str:
     return asset("data.js") + asset(name)
 
 
+NOSCRIPT = "The explorer needs JavaScript; the static report is <code>attnflow explain</code>."
+
+
 def interactive_page(
-    *, title: str, subtitle: str, source: str, script: str, style: str, body: str, meta: Any, chunks: Chunks
+    *,
+    title: str,
+    subtitle: str,
+    source: str,
+    script: str,
+    style: str,
+    body: str,
+    meta: Any,
+    chunks: Chunks,
+    noscript: str | None = None,
 ) -> str:
     """A self-contained page: header, the ``body`` markup, the metadata block ``attnflow-meta``,
-    the data chunks and ``script`` (the only script the Content-Security-Policy allows)."""
+    the data chunks and ``script`` (the only script the Content-Security-Policy allows).
+    ``noscript``: the plain text shown without JavaScript (default: the explorer's markup)."""
+    warning = NOSCRIPT if noscript is None else esc(noscript)
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -196,8 +210,7 @@ def interactive_page(
         f"<title>{esc(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
         f'<header><h1>{esc(title)}</h1><p class="subtitle">{esc(subtitle)}</p>'
         f'<p class="source">{esc(source)}</p></header>\n'
-        '<noscript><p class="warning">The explorer needs JavaScript; the static report is '
-        "<code>attnflow explain</code>.</p></noscript>\n"
+        f'<noscript><p class="warning">{warning}</p></noscript>\n'
         f"{body}\n"
         f'<script type="application/json" id="attnflow-meta">{script_json(meta)}</script>\n'
         f"{chunks.html()}\n"

@@ -4,7 +4,7 @@
   "use strict";
   const $ = (id) => document.getElementById(id);
   const AUTO = "auto";
-  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0 };
+  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0, kinds: {} };
 
   function setStatus(text, isError) {
     $("status").textContent = text;
@@ -117,9 +117,10 @@
       const answer = await api(path, body);
       const entry = { id: answer.id, kind: generate > 0 ? "generation" : "explanation", text: text,
                       model: body.model, generate: generate, explanations: answer.explanations,
-                      elapsed: answer.elapsed_ms, explorer: null };
+                      elapsed: answer.elapsed_ms, views: {} };
       state.history.push(entry);
       addToHistory(entry, state.history.length - 1);
+      await learnKinds();
       show(entry, 0);
       setStatus("done in " + answer.elapsed_ms.toFixed(0) + " ms");
     } catch (error) {
@@ -139,24 +140,45 @@
     try { await api("/api/cancel/" + state.running, {}); } catch (error) { /* it finished */ }
   }
 
-  async function exploreShown() {
+  // A view of the shown answer that the server builds as a page of its own (the explorer, the
+  // routes): the button waits for it, then the link opens it in a new tab.
+  async function openView(button, link, path, body, waiting, ready) {
     const entry = state.shown;
     if (!entry || entry.kind !== "explanation") return;
-    $("explore").disabled = true;
-    setStatus("building the explorer (every layer and head) …");
+    $(button).disabled = true;
+    setStatus(waiting);
     try {
-      const body = { text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) };
-      const answer = await api("/api/explore", body);
-      entry.explorer = answer.url;  // the link belongs to this entry: shown with it, never beside another
+      const answer = await api(path, body(entry));
+      entry.views[link] = answer.url;  // the link belongs to this entry: shown with it, never beside another
       if (state.shown === entry) {
-        showExplorerLink(entry);
-        setStatus("the explorer is ready: open it in a new tab");
+        showViewLinks(entry);
+        setStatus(ready(answer));
       }
     } catch (error) {
       setStatus(error.message, true);
     } finally {
-      $("explore").disabled = false;
+      $(button).disabled = false;
     }
+  }
+
+  function exploreShown() {
+    return openView("explore", "explorer-link", "/api/explore",
+      (entry) => ({ text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) }),
+      "building the explorer (every layer and head) …", () => "the explorer is ready: open it in a new tab");
+  }
+
+  function routesShown() {
+    return openView("routes", "routes-link", "/api/routes", (entry) => ({ text: entry.text, model: entry.model }),
+      "building the routes (one forward pass, every part of every block) …",
+      (answer) => "the routes are ready (" + answer.routes.route.nodes.length + " nodes, " +
+        answer.routes.route.edges.length + " edges at threshold " + answer.routes.threshold + "): open them in a new tab");
+  }
+
+  async function learnKinds() {
+    try {
+      const models = await api("/api/models");
+      for (const model of models.models) if (model.target_kind) state.kinds[model.name] = model.target_kind;
+    } catch (error) { /* the routes button stays hidden */ }
   }
 
   function hideShown() {
@@ -179,10 +201,14 @@
     return explanation.chosen_by ? "auto → " + explanation.method : explanation.method;
   }
 
-  function showExplorerLink(entry) {
-    $("explorer-link").hidden = !entry.explorer;
-    if (entry.explorer) $("explorer-link").href = entry.explorer;
-    else $("explorer-link").removeAttribute("href");
+  // The pages built for an entry (the explorer, the routes), each link shown only beside its entry.
+  function showViewLinks(entry) {
+    for (const link of ["explorer-link", "routes-link"]) {
+      const url = entry.views[link];
+      $(link).hidden = !url;
+      if (url) $(link).href = url;
+      else $(link).removeAttribute("href");
+    }
   }
 
   function show(entry, view) {
@@ -198,8 +224,9 @@
     $("generate").value = String(entry.generate || 0);
     $("result-source").textContent = entry.model + " · " + entry.text +
       (entry.kind === "generation" ? " · " + entry.generate + " generated tokens" : "");
-    showExplorerLink(entry);
+    showViewLinks(entry);
     $("explore").hidden = entry.kind !== "explanation";
+    $("routes").hidden = entry.kind !== "explanation" || state.kinds[entry.model] !== "next_token";
     draw(view);
   }
 
@@ -326,6 +353,7 @@
   $("ask").addEventListener("submit", ask);
   $("cancel").addEventListener("click", cancel);
   $("explore").addEventListener("click", exploreShown);
+  $("routes").addEventListener("click", routesShown);
   $("view-method").addEventListener("change", (event) => draw(Number(event.target.value)));
   $("tokens").addEventListener("click", pin);
   document.body.dataset.busy = "0";

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from attnflow.routes.contributions import Norm, centre
+from attnflow.flow_routes.contributions import Norm, centre
 
 LENS_CHUNK = 256  # residual vectors per batch through the unembedding ([chunk, vocabulary] logits)
 
@@ -78,12 +78,9 @@ class Lens:
         return scaled.to(self.vocabulary.dtype) @ self.vocabulary.T
 
 
-def describe_tokens(tokenizer: Any, ids: Sequence[int], values: Sequence[float], key: str) -> list[dict[str, Any]]:
-    """``[{"id", "token", key: value}]`` for token ids and their numbers."""
-    return [
-        {"id": int(index), "token": tokenizer.decode([int(index)]), key: float(value)}
-        for index, value in zip(ids, values, strict=True)
-    ]
+def decoded(tokenizer: Any, id_lists: Sequence[Sequence[int]]) -> dict[int, str]:
+    """Each distinct token id of ``id_lists`` -> its text, decoded once."""
+    return {index: tokenizer.decode([index]) for index in {i for ids in id_lists for i in ids}}
 
 
 @torch.no_grad()
@@ -91,30 +88,57 @@ def readouts(
     lens: Lens, tokenizer: Any, vectors: torch.Tensor, target: int, contrast: int | None, k: int
 ) -> list[dict[str, Any]]:
     """For each residual vector ``[N, d]``: its ``k`` top tokens with their probabilities, the
-    target's (and the contrast's) rank (0 = the top token), probability and logit."""
-    logits = lens.logits(vectors)
-    probabilities = logits.softmax(dim=-1)
-    top = probabilities.topk(k, dim=-1)
+    target's (and the contrast's) rank (0 = the top token), probability and logit.
+
+    Every node goes through the final norm and the unembedding in one matrix product per chunk of
+    `LENS_CHUNK` vectors; the ranks, probabilities and top tokens are reduced over the vocabulary
+    on the whole chunk at once, and each distinct token is decoded once."""
+    tracked = [index for index in (target, contrast) if index is not None]
+    rows: dict[str, list] = {"top_ids": [], "top_p": [], "rank": [], "p": [], "logit": []}
+    for start in range(0, vectors.shape[0], LENS_CHUNK):
+        logits = lens.logits(vectors[start : start + LENS_CHUNK])  # [n, V]
+        probabilities = logits.softmax(dim=-1)
+        top = probabilities.topk(k, dim=-1)
+        picked = logits[:, tracked]  # [n, tracked]
+        ranks = [(logits > picked[:, [n]]).sum(dim=-1, dtype=torch.int32) for n in range(len(tracked))]
+        rows["top_ids"] += top.indices.tolist()
+        rows["top_p"] += top.values.tolist()
+        rows["rank"] += torch.stack(ranks, dim=1).tolist()
+        rows["p"] += probabilities[:, tracked].tolist()
+        rows["logit"] += picked.tolist()
+    names = decoded(tokenizer, rows["top_ids"])
     found = []
-    for row in range(vectors.shape[0]):
-        entry: dict[str, Any] = {
-            "top": describe_tokens(tokenizer, top.indices[row].tolist(), top.values[row].tolist(), "probability")
-        }
-        for name, index in (("target", target), ("contrast", contrast)):
-            if index is not None:
-                entry[name] = {
-                    "rank": int((logits[row] > logits[row, index]).sum()),
-                    "probability": float(probabilities[row, index]),
-                    "logit": float(logits[row, index]),
-                }
+    for row, ids in enumerate(rows["top_ids"]):
+        top_tokens = [
+            {"id": index, "token": names[index], "probability": p}
+            for index, p in zip(ids, rows["top_p"][row], strict=True)
+        ]
+        entry: dict[str, Any] = {"top": top_tokens}
+        for n, name in enumerate(("target", "contrast")[: len(tracked)]):
+            entry[name] = {
+                "rank": rows["rank"][row][n],
+                "probability": rows["p"][row][n],
+                "logit": rows["logit"][row][n],
+            }
         found.append(entry)
     return found
 
 
-def promotes(tokenizer: Any, effects: torch.Tensor, k: int) -> dict[str, list[dict[str, Any]]]:
-    """The ``k`` tokens a direct effect ``[V]`` raises most and the ``k`` it lowers most (logits)."""
-    up, down = effects.topk(k), (-effects).topk(k)
-    return {
-        "promotes": describe_tokens(tokenizer, up.indices.tolist(), up.values.tolist(), "effect"),
-        "suppresses": describe_tokens(tokenizer, down.indices.tolist(), (-down.values).tolist(), "effect"),
-    }
+@torch.no_grad()
+def promotes(tokenizer: Any, effects: torch.Tensor, k: int) -> list[dict[str, list[dict[str, Any]]]]:
+    """For each direct effect ``[N, V]`` (one row per part): the ``k`` tokens it raises most and
+    the ``k`` it lowers most, with their effects (logits), from one top-k each way."""
+    up, down = effects.topk(k, dim=-1), (-effects).topk(k, dim=-1)
+    ids = {"promotes": up.indices.tolist(), "suppresses": down.indices.tolist()}
+    values = {"promotes": up.values.tolist(), "suppresses": (-down.values).tolist()}
+    names = decoded(tokenizer, ids["promotes"] + ids["suppresses"])
+    return [
+        {
+            way: [
+                {"id": index, "token": names[index], "effect": value}
+                for index, value in zip(ids[way][row], values[way][row], strict=True)
+            ]
+            for way in ids
+        }
+        for row in range(effects.shape[0])
+    ]

@@ -12,7 +12,7 @@ that whole (they sum to 1). Two wholes per layer l and position i:
 A norm that reads a sum of parts is linearised with its statistic fixed at its value on this input
 (`Linearised`): each part p becomes c_i ⊙ p (RMS norms, c_i = gain / rms(y_i)) or c_i ⊙ (p −
 mean(p)) (layer norms, c_i = gain / σ(y_i)), so the parts and the bias terms add up to the whole
-exactly. Arrays are torch tensors, float64 in `attnflow.routes.api` (a proximity is a difference of
+exactly. Arrays are torch tensors, float64 in `attnflow.flow_routes.api` (a proximity is a difference of
 two close norms); the proximities of the (head, source) parts, the bulk of the work, come from one
 compiled kernel that never holds the ``[query, key, head, d_model]`` decomposition
 (`head_proximities`).

@@ -3,7 +3,7 @@
 Nodes are residual vectors: ``("in", l, i)``, the stream entering layer l at position i
 (``("in", L, i)`` leaves the last layer: the top, what the unembedding reads), and ``("mid", l,
 i)``, the stream after layer l's attention block. Edges carry the contributions of
-`attnflow.routes.contributions`:
+`attnflow.flow_routes.contributions`:
 
 - attention ``("in", l, j) -> ("mid", l, i)``, weight ``attention[l, i, j]`` = Σ_h heads[l, h, i, j];
 - attention residual ``("in", l, i) -> ("mid", l, i)``, weight ``attention_residual[l, i]``;
@@ -63,7 +63,7 @@ class Graph:
 @dataclass
 class Direct:
     """Contrastive mode: the parts written into the top position's residual stream, by their
-    direct effect on logit(A) − logit(B) (`attnflow.routes.lens.direct_effects`): shares of D, the
+    direct effect on logit(A) − logit(B) (`attnflow.flow_routes.lens.direct_effects`): shares of D, the
     sum of the absolute direct effects of every edge and non-edge term of that stream, for the
     attention edges ``attention [L, T]`` (|Σ_h DE(h, j)| / D), each head's part ``heads [L, H, T]``
     (|DE(h, j)| / D) and the feed-forward blocks ``ffn [L]``; the signed effects (logits)
@@ -104,15 +104,26 @@ def check_threshold(threshold: Any) -> float:
     return float(threshold)
 
 
-def compose(graph: Graph, position: int, threshold: float, direct: Direct | None = None) -> Composition:
+def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: Direct | None = None) -> Composition:
     """Importance of every node for the top node at ``position``, keeping edges with weight >
     ``threshold`` (see the module docstring). ``direct``: contrastive mode, where the edges into
     the top position's stream are weighted by their share of the direct effect on the logit
-    difference, that stream's own residual edges by 1, and its nodes have importance 1."""
+    difference, that stream's own residual edges by 1, and its nodes have importance 1.
+
+    ``position`` may also be a weight per position ``[T]`` for a prediction read from several top
+    nodes at once (a mean-pooling head: 1 / T each). Which edges are kept does not depend on the
+    top, so the composition is linear in it: the weighted sum of the one-position compositions
+    (not in contrastive mode, which has one top position)."""
     n_layers, n_heads, n_tokens = graph.n_layers, graph.heads.shape[1], graph.n_tokens
     inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
     heads, ffn = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_tokens))
-    inputs[n_layers, position] = 1.0
+    if isinstance(position, np.ndarray):
+        if direct is not None or position.shape != (n_tokens,):
+            raise ValueError(f"top weights must be [{n_tokens}] (one per position) and not contrastive")
+        inputs[n_layers] = position
+        position = -1  # read by the contrastive re-weighting only, which is excluded here
+    else:
+        inputs[n_layers, position] = 1.0
     for layer in reversed(range(n_layers)):
         weights = layer_weights(graph, layer, position, direct)
         kept = {name: np.where(value > threshold, value, 0.0) for name, value in weights.items()}
@@ -126,6 +137,39 @@ def compose(graph: Graph, position: int, threshold: float, direct: Direct | None
         if direct is not None:
             inputs[layer, position] = 1.0
     return Composition(inputs, mids, heads, ffn)
+
+
+@dataclass
+class Reach:
+    """For every node, the largest threshold at which it stays on the route: the route at any
+    τ' ≥ τ is the nodes and edges whose reach exceeds τ' (`reach`). ``inputs [L + 1, T]``,
+    ``mids [L, T]``; 0 off the route."""
+
+    inputs: np.ndarray
+    mids: np.ndarray
+
+
+def reach(graph: Graph, position: int, direct: Direct | None = None) -> Reach:
+    """Each node's reach: the largest, over the paths from the top node down to it, of the smallest
+    edge weight on the path (1 at the top, and in contrastive mode along the top position's
+    stream, whose nodes are always on the route). Extraction keeps a node at τ exactly when some
+    path to it has every weight > τ, that is when its reach is > τ; an edge is kept at τ when its
+    weight and its upper node's reach both are: its reach is the smaller of the two. Routes are
+    nested (a higher τ keeps a subset), so one number per node and edge gives the route at every
+    τ, with no extraction run again (the page's threshold slider)."""
+    n_layers, n_tokens = graph.n_layers, graph.n_tokens
+    inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
+    inputs[n_layers, position] = 1.0
+    for layer in reversed(range(n_layers)):
+        weights = layer_weights(graph, layer, position, direct)
+        mids[layer] = np.minimum(np.maximum(weights["ffn"], weights["ffn_residual"]), inputs[layer + 1])
+        if direct is not None:
+            mids[layer, position] = 1.0
+        through_attention = np.minimum(weights["attention"], mids[layer][:, None]).max(axis=0)  # over queries
+        inputs[layer] = np.maximum(np.minimum(weights["attention_residual"], mids[layer]), through_attention)
+        if direct is not None:
+            inputs[layer, position] = 1.0
+    return Reach(inputs, mids)
 
 
 def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None) -> dict[str, np.ndarray]:
@@ -150,8 +194,10 @@ def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None
 class Edge:
     """One kept edge: ``kind`` (``attention``, ``attention_residual``, ``ffn``, ``ffn_residual``),
     ``layer``, from the node ``source`` to the node ``target`` (``(stream, layer, position)``,
-    stream ``"in"`` or ``"mid"``), its ``weight`` and the importance it carries down,
-    importance(target) × weight; attention edges also each head's share (``heads [H]``)."""
+    stream ``"in"`` or ``"mid"``), its ``weight``, the importance it carries down,
+    importance(target) × weight, and its ``reach`` (the largest threshold that keeps it: `reach`);
+    attention edges also each head's share (``heads [H]``). ``effects``: what `attnflow.routes`
+    adds for a language model (direct effects, the tokens it promotes; docs/routes.md)."""
 
     kind: str
     layer: int
@@ -160,27 +206,36 @@ class Edge:
     weight: float
     importance: float
     heads: list[float] | None = None
+    reach: float = 0.0
+    effects: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "layer": self.layer,
             "source": list(self.source),
             "target": list(self.target),
             "weight": self.weight,
             "importance": self.importance,
+            "reach": self.reach,
         }
         if self.heads is not None:
             data["heads"] = self.heads
-        return data
+        return data | self.effects
 
 
 def kept_edges(
-    graph: Graph, composition: Composition, position: int, threshold: float, direct: Direct | None = None
+    graph: Graph,
+    composition: Composition,
+    position: int,
+    threshold: float,
+    direct: Direct | None = None,
+    reached: Reach | None = None,
 ) -> list[Edge]:
     """The edges of the route: weight > ``threshold`` and leaving a reached node above, strongest
-    importance first."""
+    importance first, each with its reach (``reached``: the nodes' `reach`, computed if None)."""
     edges: list[Edge] = []
+    reached = reach(graph, position, direct) if reached is None else reached
     for layer in range(graph.n_layers):
         weights = layer_weights(graph, layer, position, direct)
         above, mid = composition.inputs[layer + 1], composition.mids[layer]
@@ -207,6 +262,9 @@ def kept_edges(
                         "attention", layer, ("in", layer, j), ("mid", layer, i), weight, float(mid[i] * weight), shares
                     )
                 )
+    for edge in edges:
+        stream, layer, i = edge.target
+        edge.reach = min(edge.weight, float((reached.inputs if stream == "in" else reached.mids)[layer, i]))
     return sorted(edges, key=lambda edge: -edge.importance)
 
 

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from attnflow.routes.graph import Composition, Direct, Edge, Graph
+from attnflow.flow_routes.graph import Composition, Direct, Edge, Graph, Reach
 from attnflow.staging import staged_output
 from attnflow.tokens import display_token
 
 OUTPUT_FILE = "routes.json"
-LENS_MODES = ("route", "all", "none")  # the nodes the logit lens reads (see `attnflow.routes.api.routes`)
-DIGITS = 6  # decimals kept in routes.json
+OUTPUT_FILES = (OUTPUT_FILE, "routes.html", "routes.png")  # what `Routes.save` writes
+LENS_MODES = ("route", "all", "none")  # the nodes the logit lens reads (see `attnflow.flow_routes.api.routes`)
+# The page and the figure, from attnflow.viz (which reads a Routes; this module imports no view): the
+# package root connects them.
+_VIEWS: dict[str, Callable[..., Any]] = {}
+DIGITS = 6  # decimals kept of the arrays in routes.json (shares and importances lie in [0, 1])
+SIGNIFICANT = 6  # significant digits kept of every other number (probabilities, logits, effects)
+SEPARATORS = (",", ":")  # routes.json without spaces
 Node = tuple[str, int, int]
 
 
 def is_routes_file(name: str) -> bool:
     """Whether a folder entry is what `Routes.save` writes."""
-    return name == OUTPUT_FILE
+    return name in OUTPUT_FILES
 
 
 @dataclass
@@ -31,7 +38,7 @@ class Routes:
     Attributes:
         model_name, text, tokens (``T`` token strings), token_ids ``[T]``.
         position: the top node's position; threshold: τ; norm: p of the proximity's ‖·‖_p.
-        graph: the whole contribution graph before any threshold (`attnflow.routes.graph.Graph`:
+        graph: the whole contribution graph before any threshold (`attnflow.flow_routes.graph.Graph`:
             ``heads [L, H, T, T]`` ``[layer, head, query, key]``, ``attention [L, T, T]``,
             ``attention_residual``, ``attention_bias``, ``ffn``, ``ffn_residual``, ``ffn_bias``
             ``[L, T]``).
@@ -40,7 +47,11 @@ class Routes:
             > 0 exactly on the route. importance_full: the same with τ = 0 (every edge).
         nodes: ``((stream, layer, position), importance)`` of the route's nodes, most important
             first (stream ``"in"``: entering the layer; ``"mid"``: after its attention block).
-        edges: the route's edges (`Edge`), most important first.
+        edges: the route's edges (`Edge`), most important first; each with its reach and, for a
+            language model, the direct effects of the edges through blocks and the tokens the
+            most important of them promote (docs/routes.md).
+        reach: every node's reach (`Reach`): the route at a threshold τ' ≥ τ is the nodes and
+            edges whose reach exceeds τ'.
         prediction: the model's top token at ``position`` (``id``, ``token``, ``probability``);
             target / contrast: ``id``, ``token``, ``logit``, ``probability``, ``rank`` there. None
             for models without a language-model head (so are the lens and the effects).
@@ -79,6 +90,7 @@ class Routes:
     lens: dict[Node, dict[str, Any]] = field(default_factory=dict)
     components: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    reach: Reach | None = None
 
     @property
     def n_layers(self) -> int:
@@ -90,16 +102,24 @@ class Routes:
         return ("in", self.n_layers, self.position)
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything as JSON-ready Python objects (``routes.json``; numbers rounded to 6 decimals)."""
-        graph = self.graph
-        per_layer = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
-        layers = [
+        """Everything as JSON-ready Python objects: the content of ``routes.json`` (numbers: the
+        arrays rounded to 6 decimals, every other number to 6 significant digits)."""
+        return self.content() | {"graph": {"layers": [self._layer(layer) for layer in range(self.n_layers)]}}
+
+    def content(self) -> dict[str, Any]:
+        """``routes.json`` but the graph's layers (the bulk: L·H·T² numbers)."""
+        reach = self.reach
+        nodes = [
             {
-                "heads": _numbers(graph.heads[layer]),
-                "attention": _numbers(graph.attention[layer]),
-                **{name: _numbers(getattr(graph, name)[layer]) for name in per_layer},
+                "node": list(node),
+                "importance": value,
+                **(
+                    {}
+                    if reach is None
+                    else {"reach": float((reach.inputs if node[0] == "in" else reach.mids)[node[1:]])}
+                ),
             }
-            for layer in range(graph.n_layers)
+            for node, value in self.nodes
         ]
         return {
             "model": self.model_name,
@@ -109,35 +129,57 @@ class Routes:
             "position": self.position,
             "threshold": self.threshold,
             "norm": self.norm,
-            "prediction": self.prediction,
-            "target": self.target,
-            "contrast": self.contrast,
-            "graph": {"layers": layers},
-            "route": {
-                "nodes": [{"node": list(node), "importance": round(value, DIGITS)} for node, value in self.nodes],
-                "edges": [edge.to_dict() for edge in self.edges],
-            },
+            "prediction": _significant(self.prediction),
+            "target": _significant(self.target),
+            "contrast": _significant(self.contrast),
+            "route": _significant({"nodes": nodes, "edges": [edge.to_dict() for edge in self.edges]}),
             "importance": _composition(self.importance),
             "importance_full": _composition(self.importance_full),
             "direct_effects": None
             if self.head_effects is None or self.ffn_effects is None
             else {"heads": _numbers(self.head_effects), "ffn": _numbers(self.ffn_effects)},
             "contrastive": None if self.direct is None else _direct(self.direct),
-            "lens": [{"node": list(node), **readout} for node, readout in self.lens.items()],
-            "components": self.components,
-            "seconds": self.seconds,
+            "lens": _significant([{"node": list(node), **readout} for node, readout in self.lens.items()]),
+            "components": _significant(self.components),
+            "seconds": _significant(self.seconds),
+        }
+
+    def _layer(self, layer: int) -> dict[str, Any]:
+        graph = self.graph
+        per_layer = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
+        return {
+            "heads": _numbers(graph.heads[layer]),
+            "attention": _numbers(graph.attention[layer]),
+            **{name: _numbers(getattr(graph, name)[layer]) for name in per_layer},
         }
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
-        """Write ``directory/routes.json`` atomically; an earlier one is replaced only with
-        ``overwrite=True`` (FileExistsError otherwise). Returns its path."""
+        """Write ``directory/routes.json``, ``routes.html`` (the interactive page) and
+        ``routes.png`` (the route, for papers) together, atomically; earlier ones are replaced only
+        with ``overwrite=True`` (FileExistsError otherwise). Returns the path of routes.json."""
         directory = Path(directory)
         with staged_output(directory, is_routes_file, overwrite) as scratch:
-            (scratch / OUTPUT_FILE).write_text(self.to_json(), encoding="utf-8")
+            with open(scratch / OUTPUT_FILE, "w", encoding="utf-8") as handle:
+                self.write_json(handle)
+            (scratch / "routes.html").write_text(_VIEWS["html"](self), encoding="utf-8")
+            (scratch / "routes.png").write_bytes(_VIEWS["png"](self))
         return directory / OUTPUT_FILE
 
+    def write_json(self, handle: TextIO) -> None:
+        """``routes.json`` to a text stream, compactly (no spaces), the graph one layer at a time
+        (never the whole graph as Python objects at once)."""
+        head = json.dumps(self.content() | {"graph": None}, separators=SEPARATORS)
+        assert head.endswith(',"graph":null}')  # the last key
+        handle.write(head[: -len("null}")] + '{"layers":[')
+        for layer in range(self.n_layers):
+            handle.write(("," if layer else "") + json.dumps(self._layer(layer), separators=SEPARATORS))
+        handle.write("]}}")
+
     def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+        """``routes.json`` as a string."""
+        buffer = io.StringIO()
+        self.write_json(buffer)
+        return buffer.getvalue()
 
     def token(self, position: int) -> str:
         """The token at ``position`` as a reader sees it, with its position."""
@@ -221,10 +263,29 @@ class Routes:
         ]
         first = next((layer for layer in range(len(ranks)) if all(rank == 0 for rank in ranks[layer:])), None)
         if first is not None and self.target is not None:
-            lines.append(
-                f"the target {self.target['token']!r} is the lens's top token from the stream entering layer {first} on"
-            )
+            lines.append(f"the target {self.target['token']!r} is the lens's top token {self._from_stream(first)}")
         return lines
+
+    def _from_stream(self, first: int) -> str:
+        """Where the lens's top token stays the target, from the stream entering layer ``first`` on,
+        named as `attnflow patch --versus` names residual rows (``Ln``: leaving layer n)."""
+        last = self.n_layers - 1
+        if first == 0:
+            return "in every stream, from the embeddings on"
+        if first == self.n_layers:
+            return f"only in the final stream (leaving layer {last}, L{last})"
+        return f"from the stream leaving layer {first - 1} (L{first - 1}) on"
+
+
+def _significant(value: Any) -> Any:
+    """``value`` with every float rounded to `SIGNIFICANT` significant digits (dicts and lists walked)."""
+    if isinstance(value, float):
+        return float(f"{value:.{SIGNIFICANT}g}")
+    if isinstance(value, dict):
+        return {key: _significant(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_significant(item) for item in value]
+    return value
 
 
 def _numbers(array: np.ndarray) -> Any:

@@ -1,12 +1,12 @@
 """`attnflow.routes(model, text, ...)` -> `Routes`: the information flow routes of one prediction,
 from one forward pass (definitions: docs/routes.md).
 
-One forward pass records every residual stream (`attnflow.routes.forward`); each layer's two
+One forward pass records every residual stream (`attnflow.flow_routes.forward`); each layer's two
 blocks are split into their parts and every part's contribution to its whole is measured
-(`attnflow.routes.contributions`), checking on the way that the parts add up to the model's own
+(`attnflow.flow_routes.contributions`), checking on the way that the parts add up to the model's own
 streams; the route is extracted top-down and every node gets its importance
-(`attnflow.routes.graph`); the logit lens reads the route's nodes and the direct effects of the
-heads and feed-forward blocks (`attnflow.routes.lens`).
+(`attnflow.flow_routes.graph`); the logit lens reads the route's nodes and the direct effects of the
+heads and feed-forward blocks (`attnflow.flow_routes.lens`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import numpy as np
 import torch
 
 from attnflow.errors import InputError
-from attnflow.model_like import ModelLike
-from attnflow.routes import contributions as parts
-from attnflow.routes.forward import (
+from attnflow.flow_routes import contributions as parts
+from attnflow.flow_routes.forward import (
     PRECISION,
     Layer,
     Recording,
@@ -31,18 +30,21 @@ from attnflow.routes.forward import (
     read_weights,
     record,
 )
-from attnflow.routes.graph import (
+from attnflow.flow_routes.graph import (
     DEFAULT_THRESHOLD,
     Direct,
+    Edge,
     Graph,
     check_threshold,
     compose,
     kept_edges,
     layer_weights,
+    reach,
     route_nodes,
 )
-from attnflow.routes.lens import Lens, promotes, readouts
-from attnflow.routes.result import LENS_MODES, Routes
+from attnflow.flow_routes.lens import LENS_CHUNK, Lens, promotes, readouts
+from attnflow.flow_routes.result import LENS_MODES, Routes
+from attnflow.model_like import ModelLike
 
 Node = tuple[str, int, int]
 
@@ -103,7 +105,7 @@ def routes(
     fields = _fields(the_lens, final, tokens_read.target_id, tokens_read.contrast_id)
     graph, effects, direct = _build(recording, weights, position, norm, fields, the_lens)
     clock.lap("graph")
-    importance = compose(graph, position, threshold, direct)
+    importance, reached = compose(graph, position, threshold, direct), reach(graph, position, direct)
     result = Routes(
         model_name=model.name,
         text=text,
@@ -116,7 +118,8 @@ def routes(
         importance=importance,
         importance_full=compose(graph, position, 0.0, direct),
         nodes=route_nodes(importance),
-        edges=kept_edges(graph, importance, position, threshold, direct),
+        edges=kept_edges(graph, importance, position, threshold, direct, reached),
+        reach=reached,
         prediction=tokens_read.prediction,
         target=tokens_read.target,
         contrast=tokens_read.contrast,
@@ -129,10 +132,41 @@ def routes(
         result.lens = _lens_readouts(
             model, recording, the_lens, result, lens, tokens_read.target_id, tokens_read.contrast_id, top_k
         )
+        _describe_edges(model.tokenizer, recording, weights, the_lens, result, fields, top_k)
     result.components = _components(model, recording, weights, the_lens, result, components, top_k)
     clock.lap("lens")
     result.seconds = clock.laps
     return result
+
+
+def prediction_importance(
+    model: ModelLike, text: str, row: Any, threshold: float = DEFAULT_THRESHOLD, *, norm: int = 1
+) -> np.ndarray:
+    """``[L + 1, T]`` the importance of every residual node ``("in", l, j)`` — row 0 the stream
+    entering the first layer, row l + 1 the stream leaving layer l — for the prediction a model
+    reads at its saliency ``row`` (``model.default_row``): ``"last"``, ``"cls"`` or a position
+    give that position's top node; ``"mean"`` (a mean-pooling head) gives the pooled vector, the
+    mean of the last layer's nodes, whose parts (1/T)·x_i are weighed as every other whole's parts
+    are, by their normalised proximity to it (docs/causal.md). The route keeps the edges above
+    ``threshold``, as `routes` does. No lens, no contrast: what `attnflow.causal.versus` compares
+    with activation patching."""
+    threshold = check_threshold(threshold)
+    _check_options(model, norm, "none", 1, 1)
+    input_ids, tokens = _tokenise(model, text)
+    recording = record(model, input_ids)
+    graph, _, _ = _build(recording, read_weights(model), len(tokens) - 1, norm, _Fields(), None)
+    return compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs
+
+
+def _top(final: torch.Tensor, row: Any, p: int) -> int | np.ndarray:
+    """The top node's position for a saliency row, or the top weights of a mean-pooled prediction."""
+    n_tokens = final.shape[0]
+    if row == "mean":
+        parts_of_mean = final.to(PRECISION) / n_tokens  # [T, d]
+        nearness = parts.proximity(parts_of_mean.sum(0), parts_of_mean, p).cpu().numpy()  # [T]
+        total = nearness.sum()
+        return nearness / total if total > 0 else np.zeros(n_tokens)
+    return _position({"last": n_tokens - 1, "cls": 0}.get(row, row), n_tokens)
 
 
 class _Clock:
@@ -206,9 +240,9 @@ def _targets(model: ModelLike, lens: Lens | None, top: torch.Tensor, target: Any
     defaults to the prediction); empty for models without a language-model head."""
     if lens is None:
         return _Tokens()
-    from attnflow.targets import Objective
+    from attnflow.targets import as_target
 
-    objective = Objective(model, target=target, contrast=contrast)
+    objective = as_target(target, contrast=contrast).objective(model)
     logits = lens.logits(top[None])[0]
     probabilities = logits.softmax(dim=-1)
     predicted = int(logits.argmax())
@@ -396,17 +430,77 @@ def _components(
             layer, index = (int(n) for n in np.unravel_index(flat, table.shape))
             if table[layer, index] <= 0:
                 break
-            head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
             where = _head_position(result, layer, index) if kind == "head" else index
             entry = {"kind": kind, "layer": layer, **({"head": index} if kind == "head" else {}), "position": where}
             entry |= {"importance": float(table[layer, index]), "importance_full": float(full[layer, index])}
             described.append(entry | _effects(result, kind, layer, index, where))
-            vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
+            if lens is not None:  # what the part promotes: its vector through the unembedding
+                head_parts, ffn_part = _layer_parts(recording, weights, layer, cache)
+                vectors.append(head_parts[where, index] if kind == "head" else ffn_part[where])
     if lens is not None and described:
         finals = recording.inputs[-1, [entry["position"] for entry in described]].to(PRECISION)
-        for entry, effects in zip(described, lens.token_effects(torch.stack(vectors), finals), strict=True):
-            entry.update(promotes(model.tokenizer, effects, top_k))
+        effects = lens.token_effects(torch.stack(vectors), finals)  # [component, V]
+        for entry, tokens in zip(described, promotes(model.tokenizer, effects, top_k), strict=True):
+            entry.update(tokens)
     return described
+
+
+EDGE_TOKENS = 1000  # the edges through blocks, the most important first, whose promoted tokens are listed
+
+
+def _describe_edges(
+    tokenizer: Any, recording: Recording, weights: Weights, lens: Lens, result: Routes, fields: _Fields, k: int
+) -> None:
+    """Each route edge through a block (attention, feed-forward) gets its direct effect on the
+    target's logit read at its upper node's position i (`Edge.effects`: ``effect``; attention
+    edges also ``head_effects``, one per head; in contrastive mode, at the top position, the
+    ``contrast_effect`` on the logit difference); the `EDGE_TOKENS` most important of them also
+    the ``k`` tokens their part promotes and suppresses (through the final norm fixed at i)."""
+    through = [edge for edge in result.edges if edge.kind in ("attention", "ffn")]
+    if fields.target is None or not through:
+        return
+    listed: list[tuple[Edge, torch.Tensor, int]] = []  # (edge, its part [d], i): the most important first
+    for layer in sorted({edge.layer for edge in through}):
+        view = layer_view(recording, weights, layer)
+        block, ffn_block = linearised_blocks(view)
+        vectors = parts.head_vectors(view.values, view.output_weights)  # [T, H, d]
+        for edge in (edge for edge in through if edge.layer == layer):
+            i, j = edge.target[2], edge.source[2]
+            if edge.kind == "attention":
+                part = _part_at(block, view.attention[:, i, j, None] * vectors[j], i)  # [H, d]
+                per_head = part @ fields.target[i]
+                edge.effects = {"effect": float(per_head.sum()), "head_effects": per_head.tolist()}
+                part = part.sum(0)
+            else:
+                part = _part_at(ffn_block, view.ffn_output[i], i)
+                edge.effects = {"effect": float(part @ fields.target[i])}
+            edge.effects |= _contrast_effect(result, edge)
+            listed.append((edge, part, i))
+    rank = {id(edge): number for number, edge in enumerate(through)}
+    listed.sort(key=lambda found: rank[id(found[0])])
+    for start in range(0, min(len(listed), EDGE_TOKENS), LENS_CHUNK):
+        chunk = listed[start : min(start + LENS_CHUNK, EDGE_TOKENS)]
+        finals = recording.inputs[-1, [i for _, _, i in chunk]].to(PRECISION)
+        effects = lens.token_effects(torch.stack([part for _, part, _ in chunk]), finals)  # [edge, V]
+        for (edge, _, _), tokens in zip(chunk, promotes(tokenizer, effects, k), strict=True):
+            edge.effects |= tokens
+
+
+def _part_at(block: parts.Linearised, raw: torch.Tensor, i: int) -> torch.Tensor:
+    """``raw [..., d]`` computed at position i, as it reaches the block's whole there."""
+    part = parts.centre(raw) if block.centres else raw
+    return part if block.scale is None else part * block.scale[i]
+
+
+def _contrast_effect(result: Routes, edge: Edge) -> dict[str, float]:
+    """In contrastive mode, an edge into the top position's stream: its direct effect on the logit
+    difference (`Direct`); nothing otherwise."""
+    direct = result.direct
+    if direct is None or edge.target[2] != result.position:
+        return {}
+    if edge.kind == "attention":
+        return {"contrast_effect": float(direct.head_effects[edge.layer, :, edge.source[2]].sum())}
+    return {"contrast_effect": float(direct.ffn_effects[edge.layer])}
 
 
 def _effects(result: Routes, kind: str, layer: int, index: int, where: int) -> dict[str, float]:
