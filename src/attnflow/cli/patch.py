@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.common import load_model, positive_int
+from attnflow.cli.common import RUNS_NOTE, add_run_arguments, engine_options, load_model, positive_int, quiet_loading
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,8 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --sites knockout \\\n'
             "      --knockout-window 9 --method exact --out out/knockout\n"
             "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
+            "--out out/pairs\n"
+            "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
             "--out out/pairs --resume\n"
-            'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line'
+            "  attnflow patch --file pairs.jsonl --model smollm2 --engine ray --workers 4 --out out/pairs-ray\n\n"
+            'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line;\n'
+            "--out receives pairs.jsonl (every pair's numbers), summary.json, summary.html and checkpoint.json.\n\n"
+            + RUNS_NOTE.replace("runs (", "--file runs (")
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -122,10 +127,10 @@ def _add_knockout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """A file of pairs, resuming it, the output folder, the device and the progress bar."""
+    """A file of pairs, the run engine's options for it, the output folder, the device and the progress bar."""
     parser.add_argument("--file", type=Path, metavar="PAIRS.jsonl", help="patch every prompt pair of a file")
-    parser.add_argument("--resume", action="store_true", help="with --file: continue the run checkpointed in --out")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
+    add_run_arguments(parser.add_argument_group("runs of a --file (docs/runs.md)"), scope="--file: ")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
@@ -169,12 +174,13 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None:
         if args.text or args.corrupt or args.noise or args.target or args.contrast:
             raise ValueError("--file holds the texts, targets and contrasts: give no TEXT, --corrupt, --noise, ...")
-        from attnflow.causal.dataset import patch_file, read_pairs
+        from attnflow.causal.dataset import patch_file
 
-        read_pairs(args.file)  # a bad file fails before the model loads
-        model = load_model(args.model, args.device, args.quiet)
-        say = None if args.quiet else (lambda line: print(f"attnflow: {line}", flush=True))
-        summary = patch_file(model, args.file, args.out, resume=args.resume, on_pair=say, **options)
+        quiet_loading(args.quiet)
+        summary = patch_file(
+            args.model, args.file, args.out, resume=args.resume, overwrite=args.overwrite, engine=engine_options(args),
+            **options,
+        )  # fmt: skip
         for method, kinds in summary["correlations"].items():
             agreement = ", ".join(f"{kind} r={values['pooled_pearson']:.2f}" for kind, values in kinds.items())
             print(f"{method} vs exact (pooled): {agreement}")
@@ -184,8 +190,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give the clean TEXT (or --file PAIRS.jsonl)")
     if args.corrupt is None and args.noise is None:
         raise ValueError("give --corrupt TEXT (same token length) or --noise WORDS")
-    if args.resume:
-        raise ValueError("--resume continues a --file run")
+    if args.resume or args.overwrite or args.engine != "local":
+        raise ValueError("--resume, --overwrite and --engine are for a --file run of many pairs")
     if args.versus:
         return run_versus(args)
     if args.edges:
