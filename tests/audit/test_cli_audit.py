@@ -89,8 +89,11 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
     assert "has no classifier head: attnlrp explains a target class" in line
 
 
-def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
-    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
+def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(
+    planted_model, planted_task, tmp_path, capsys
+):
+    """Only the killed run is a process of its own; the whole run and the resume run in-process.
+    A resume with another option is refused first, in one line that names it (exit status 2)."""
     path, *_ = planted_task
     arguments = [
         "--model", str(planted_model), "--task", str(path), "--swap", "he:she", "--batch-size", "4",
@@ -100,7 +103,11 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(p
     killed = tmp_path / "killed"
     command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "audit"]
     # the killed process computes with this process's thread count: the same sums in the same order
-    environment = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     process = subprocess.Popen(
         [*command, *arguments, "--device", "cpu", "--quiet", "--out", str(killed)], env=environment
     )
@@ -112,6 +119,9 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(p
     saved = json.loads((killed / "checkpoint.json").read_text())
     assert not saved["complete"] and 0 < saved["done"] < 300
     assert not (killed / "results.json").exists() and not (killed / "report.html").exists()
+    capsys.readouterr()
+    assert run_cli(*arguments, "--seed", "1", "--out", str(killed), "--resume") == 2
+    assert "different configuration (seed: 0 then, 1 now);" in one_error_line(capsys)
     assert run_cli(*arguments, "--out", str(killed), "--resume") == 0
     assert not [entry.name for entry in killed.iterdir() if ".tmp-" in entry.name]
     first, second = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", killed))

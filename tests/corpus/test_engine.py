@@ -80,7 +80,9 @@ def test_output_folder_rules(tiny_bert, txt_corpus, tmp_path):
     with pytest.raises(InputError, match="either --resume .* or --overwrite"):
         run_study(options, out, resume=True, overwrite=True)
     run_study(options, out)
-    with pytest.raises(InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass --resume .* or --overwrite"):
+    with pytest.raises(
+        InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass --resume .* or --overwrite"
+    ):
         run_study(options, out)
     run_study(options, out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite deletes only attnflow's files
@@ -171,8 +173,9 @@ sys.exit(main())
 """
 
 
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
-    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path, capsys):
+    """Only the killed run is a process of its own; the whole run and the resume run in-process.
+    A resume with another option is refused first, in one line that names it (exit status 2)."""
     from attnflow.cli import main
 
     def arguments(out: Path) -> list[str]:
@@ -192,6 +195,14 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus
     assert meta["done"] == 12 and not meta["complete"]  # the checkpoint after batch 6 of 2 windows each
     assert not (cut / "summary.json").exists()
 
+    changed = [*arguments(cut), "--resume"]
+    changed[changed.index("24")] = "20"  # --samples
+    capsys.readouterr()
+    assert main(changed) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnflow: error: --resume: {cut / CHECKPOINT} was written with a different configuration (samples: 24 "
+        "then, 20 now); rerun with the original options, or use --overwrite to start again"
+    ]
     assert main([*arguments(cut), "--resume"]) == 0
     assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(cut / "stats.npz"))
     assert json.loads((cut / "summary.json").read_text())["samples"] == 24
