@@ -4,6 +4,7 @@ DINOv2 conversion are the suite's most expensive set-ups)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,23 @@ from tiny_models import build_tiny_classifier, build_tiny_model
 # No hub here: make transformers fail at once instead of retrying the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def read_only_folder(monkeypatch, tmp_path) -> Path:
+    """A folder ``tmp_path/ro`` in which nothing can be created (EROFS), as on a read-only mount
+    (simulated: root may write anywhere)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if folder in Path(os.path.abspath(self)).parents:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    return folder
 
 
 def _built_once(tmp_path_factory, folder: str, build):

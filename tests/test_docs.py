@@ -242,3 +242,17 @@ def test_every_public_function_and_class_has_a_docstring_and_the_api_reference_b
     assert not missing, f"public names without a docstring: {', '.join(missing)}"
     pdoc.pdoc("attnflow.methods.model.lrp", output_directory=tmp_path)
     assert "BackwardRules" in (tmp_path / "attnflow" / "methods" / "model" / "lrp.html").read_text(encoding="utf-8")
+
+
+def test_the_readme_models_table_says_what_each_first_load_costs():
+    """A model whose first load still prepares it (`attnflow models list`: "not prepared") costs
+    minutes and gigabytes then: the README's row gives the same numbers."""
+    from attnflow.capture.loading import EMBEDDED
+
+    rows = {line.split("|")[1].strip(" `"): line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    costs = re.compile(r"\d+(?:\.\d+)? (?:min|GB|MB)\b")
+    stated = {alias: costs.findall(model.preparation) for alias, model in EMBEDDED.items()}
+    assert stated["qwen2.5-0.5b"]  # the oracle sees the numbers
+    for alias, numbers in stated.items():
+        assert all(number in rows[alias] for number in numbers), (alias, numbers)

@@ -300,8 +300,8 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     share = explanation.scores[0] / explanation.scores.sum()
     assert share > 0.5
     assert explanation.notes == [
-        f"{share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models park "
-        "attention on their first token, and composing layers piles it up there); a value-aware method "
+        f"rollout: {share:.0%} of the relevance is on the first token 'Paris': the attention-sink collapse (models "
+        "park attention on their first token, and composing layers piles it up there); a value-aware method "
         "(norm_rollout, alti) shows what the other tokens carry"
     ]
     assert explain(random_trace(n=n, causal=True), method="rollout", row="last").notes == []  # spread out: no note
@@ -335,3 +335,9 @@ def test_the_attention_sink_note_recommends_only_methods_the_model_supports(fami
     assert remedy in explanation.notes[0]
     recommended = explanation.notes[0].split("(")[-1].split(")")[0].split(", ")
     assert all(name in methods_for(adapter) for name in recommended if name != "--method auto")
+
+
+def test_the_random_baseline_summary_says_it_is_a_baseline():
+    sentence = explain(random_trace(), method="random").summary()
+    assert sentence.startswith("random scores (a baseline, not a finding): "), sentence
+    assert not explain(random_trace(), method="rollout").summary().startswith("random")

@@ -264,3 +264,29 @@ def test_the_steps_notes_are_given_once_per_kind():
         "other (step 3; this note on 1 of 4 steps: 3)",
     ]
     assert condensed_notes([["a note"]]) == ["a note"]
+
+
+def test_a_one_pass_method_is_checked_step_by_step_like_the_target_methods(tiny_model_path, monkeypatch):
+    """One rule for every method: the row of each step (not the whole sequence's last row) is checked
+    for a collapse, the note names the method and is said once for the run with the steps it concerns."""
+    from attnflow import generation
+    from attnflow.errors import ExplanationWarning
+
+    model = bos_only(attnflow.load(str(tiny_model_path("llama")), device="cpu"))
+    real = generation.sequence_trace
+
+    def sinking(model, sequence, needs):  # every row that can see it puts all its attention on "the"
+        trace = real(model, sequence, needs)
+        sink = np.zeros((trace.n_tokens, trace.n_tokens), dtype=np.float32)
+        sink[:, 1] = 1.0
+        sink[0, 0], sink[0, 1] = 1.0, 0.0  # row 0 sees only itself
+        trace.attentions[:] = sink
+        return trace
+
+    monkeypatch.setattr(generation, "sequence_trace", sinking)
+    with pytest.warns(ExplanationWarning) as said:
+        explanation = attnflow.explain_generation(model, PROMPT, continuation=CONTINUATION, method="rollout")
+    (message,) = [str(warning.message) for warning in said]
+    assert message.startswith("rollout: 75% of the relevance is on one token, 'the'"), message
+    assert message.endswith("(step 1; this note on 5 of 5 steps: 1–5)")
+    assert explanation.notes == [message.removeprefix("rollout: ")]

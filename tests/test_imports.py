@@ -236,6 +236,13 @@ def test_models_are_typed_not_any():
     assert len(found) <= 5, "model: Any in:\n" + "\n".join(found)
 
 
+def test_dir_lists_the_lazy_attributes_and_each_resolves():
+    listed = set(dir(attnflow))
+    assert {"load", "explain", "patch", "audit", "AttentionModel", "PatchResult", "explain_generation"} <= listed
+    assert set(attnflow.__all__) <= listed
+    assert all(getattr(attnflow, name) is not None for name in attnflow.__all__)
+
+
 def test_the_routes_math_reads_no_model():
     """Information-flow routes: only ``forward`` (its hooks and the weights it reads) and the front
     door ``api`` reach the capture and the targets; the contributions, the graph, the lens and the

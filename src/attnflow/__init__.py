@@ -13,6 +13,7 @@ Quick start::
     classifier.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
 """
 
+from attnflow.lazy import lazy_attributes
 from attnflow.methods import (
     alti,
     attention_flow,
@@ -39,7 +40,8 @@ load_plugins()  # methods other packages declare (entry-point group "attnflow.me
 
 def _connect_views() -> None:
     """Give `Explanation` its views (`to_html`, `_repr_html_`, `plot`, `overlay`) from attnflow.viz,
-    and `Comparison` and `Exploration` theirs (`to_html`, `_repr_html_`; the explorer also its
+    `AttentionModel.explain` its ``method="auto"`` (from attnflow.evaluate), and `Comparison` and
+    `Exploration` theirs (`to_html`, `_repr_html_`; the explorer also its
     per-input faithfulness, from attnflow.evaluate).
 
     The views read Explanations and the Explanation imports no view; this root of the package
@@ -68,6 +70,20 @@ def _connect_views() -> None:
         return overlay_image(image_path, patch_scores, box=box)
 
     _VIEWS.update(html=html, fragment=fragment, figure=figure, overlay=overlay)
+
+    from attnflow.explanation import _AUTO
+
+    def auto_plan(model, methods, options, target_text):
+        from attnflow.evaluate.per_input import plan_methods
+
+        return plan_methods(model, methods, options, target_text)
+
+    def auto_explain(model, trace, plan, row):
+        from attnflow.evaluate.per_input import explain_planned
+
+        return explain_planned(model, trace, plan, row)
+
+    _AUTO.update(plan=auto_plan, explain=auto_explain)
 
     from attnflow import comparison, exploration
 
@@ -104,46 +120,37 @@ def _connect_views() -> None:
 _connect_views()
 
 
+# Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast: each lazy
+# attribute and the module that holds it.
+_LAZY = {
+    "load": "attnflow.model",
+    "AttentionModel": "attnflow.model",
+    "audit": "attnflow.dataset_audit.engine",
+    "Explanation": "attnflow.explanation",
+    "explain": "attnflow.explanation",
+    "Exploration": "attnflow.exploration",
+    "explore": "attnflow.exploration",
+    "Comparison": "attnflow.comparison",
+    "compare": "attnflow.comparison",
+    "patch": "attnflow.causal",
+    "PatchResult": "attnflow.causal",
+    "Routes": "attnflow.routes",
+    "GenerationExplanation": "attnflow.generation",
+    "explain_generation": "attnflow.generation",
+    "GenerationExploration": "attnflow.generation_exploration",
+    "explore_generation": "attnflow.generation_exploration",
+}
+
+
+_lazy_getattr, __dir__ = lazy_attributes(__name__, {**_LAZY, "routes": "attnflow.routes"}, globals())
+
+
 def __getattr__(name: str):
-    # Heavy parts (torch models, plotting) load on first use so `import attnflow` stays fast.
-    if name in ("load", "AttentionModel"):
-        from attnflow import model
-
-        return getattr(model, name)
-    if name == "audit":
-        from attnflow.dataset_audit.engine import audit
-
-        return audit
-    if name in ("Explanation", "explain"):
-        from attnflow import explanation
-
-        return getattr(explanation, name)
-    if name in ("Exploration", "explore"):
-        from attnflow import exploration
-
-        return getattr(exploration, name)
-    if name in ("Comparison", "compare"):
-        from attnflow import comparison
-
-        return getattr(comparison, name)
-    if name in ("patch", "PatchResult"):
-        from attnflow import causal
-
-        return getattr(causal, name)
-    if name in ("routes", "Routes"):
-        # attnflow.routes is a package that can be called: attnflow.routes(model, text) -> Routes
+    if name == "routes":  # a package that can be called: attnflow.routes(model, text) -> Routes
         import attnflow.routes as routes_package
 
-        return routes_package if name == "routes" else routes_package.Routes
-    if name in ("GenerationExplanation", "explain_generation"):
-        from attnflow import generation
-
-        return getattr(generation, name)
-    if name in ("GenerationExploration", "explore_generation"):
-        from attnflow import generation_exploration
-
-        return getattr(generation_exploration, name)
-    raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
+        return routes_package
+    return _lazy_getattr(name)
 
 
 __all__ = [

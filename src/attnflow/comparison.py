@@ -23,7 +23,7 @@ from attnflow.errors import InputError
 from attnflow.explanation import parse_row
 from attnflow.methods.agreement import spearman, top_k_overlap
 from attnflow.methods.saliency import Row
-from attnflow.methods.summary import explanation_subject, summarize
+from attnflow.methods.summary import baseline_prefix, explanation_subject, summarize
 from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 
@@ -49,7 +49,8 @@ class Comparison:
         vocabularies_match: whether the two tokenizers have the same vocabulary (the text's
             tokens match either way; a different vocabulary is reported, not refused).
         subject: what the scores explain, as the summary sentences say it ("the class
-            negative", "the mean-pooled output ...").
+            negative", "the mean-pooled output ..."); ``subject_b``: model B's, where it differs
+            (two classifiers explain each its own prediction), else "" (the same as A's).
     """
 
     tokens: list[str]
@@ -67,6 +68,7 @@ class Comparison:
     overlap: float
     vocabularies_match: bool = True
     subject: str = ""
+    subject_b: str = ""
 
     @property
     def difference(self) -> np.ndarray:
@@ -81,8 +83,9 @@ class Comparison:
     def summaries(self) -> tuple[str, str]:
         """The summary sentence of each model's saliency."""
         return tuple(  # type: ignore[return-value]
-            summarize(self.tokens, scores, self.subject, self.special_mask, self.text, self.offsets)
-            for scores in (self.scores_a, self.scores_b)
+            baseline_prefix(self.method)
+            + summarize(self.tokens, scores, subject, self.special_mask, self.text, self.offsets)
+            for scores, subject in ((self.scores_a, self.subject), (self.scores_b, self.subject_b or self.subject))
         )
 
     def largest_changes(self, count: int = 5) -> list[tuple[int, str, float]]:
@@ -239,6 +242,7 @@ def compare(
         overlap=top_k_overlap(scores_a[content], scores_b[content], int(k)),
         vocabularies_match=vocabularies_match,
         subject=explanation_subject(explanation_a),
+        subject_b=explanation_subject(explanation_b),
     )
 
 

@@ -1,4 +1,13 @@
-"""Errors a user can fix; the CLI prints them as one line, without a traceback."""
+"""Errors a user can fix; the CLI prints them as one line, without a traceback. Warnings about
+what an explanation shows, and saying one of them once per run (`warn_once`, `once_per_run`)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 
 class AttnflowError(Exception):
@@ -29,3 +38,50 @@ class OutputError(AttnflowError):
 class ExplanationWarning(UserWarning):
     """A warning about what an explanation shows (e.g. pruning that left only the diagonal);
     `attnflow.explain` also keeps its message in the Explanation's notes, shown on the page."""
+
+
+class CollapseWarning(ExplanationWarning):
+    """A saliency row collapsed on one token (the attention sink on the first one): said for every
+    method by one rule (`attnflow.methods.diagnostics.collapse_note`), naming the method."""
+
+
+# Warnings said once per run: within `once_per_run`, the kinds of warning already said (a message
+# with its numbers and quoted tokens left out) -> [what it concerns, how many more times it came].
+_SAID: ContextVar[dict[str, list[Any]] | None] = ContextVar("attnflow_said_once", default=None)
+_VARYING = re.compile(r"\d+(?:\.\d+)?|'[^']*'")
+
+
+def warn_once(message: str, category: type[Warning] = CollapseWarning, about: str = "", stacklevel: int = 2) -> None:
+    """``warnings.warn(message)``, except within `once_per_run` where a message of a kind already
+    said (the same words, other numbers or tokens) is only counted. ``about``: what it concerns
+    (a method's name), for the count said at the end of the run."""
+    said = _SAID.get()
+    if said is not None:
+        kind = _VARYING.sub("#", message)
+        if kind in said:
+            said[kind][1] += 1
+            return
+        said[kind] = [about, 0]
+    warnings.warn(message, category, stacklevel=stacklevel + 1)
+
+
+@contextmanager
+def once_per_run() -> Iterator[None]:
+    """One run (a command: a file of texts, a generation's steps, several methods): each kind of
+    warning given to `warn_once` is said once; at the end, a line per kind that came again says how
+    many more times (each Explanation still keeps its own note)."""
+    said: dict[str, list[Any]] = {}
+    token = _SAID.set(said)
+    try:
+        yield
+    finally:
+        _SAID.reset(token)
+        for about, more in said.values():
+            if more:
+                who = f"{about}: " if about else ""
+                warnings.warn(
+                    f"{who}the warning above came {more} more time{'s' if more > 1 else ''} in this run "
+                    "(each explanation keeps its note)",
+                    CollapseWarning,
+                    stacklevel=3,
+                )

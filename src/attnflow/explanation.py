@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from attnflow.errors import ExplanationWarning
+from attnflow.errors import ExplanationWarning, warn_once
 from attnflow.methods.diagnostics import collapse_note, is_causal
 from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
@@ -39,6 +39,33 @@ OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE, OVERLAY_FILE)
 # "overlay" (image). The views live in attnflow.viz and read Explanations, so this module imports
 # none of them; the package root (attnflow/__init__.py) fills this table, loading them on first use.
 _VIEWS: dict[str, Callable[..., Any]] = {}
+# How ``method="auto"`` is resolved for `AttentionModel.explain`: "plan" (model, methods, options,
+# target_text) -> the plan of the methods to run, "explain" (model, trace, plan, row) -> the
+# explanations asked for, auto's choice with its ``chosen_by``. They are `attnflow.evaluate.per_input`'s
+# (`plan_methods`, `explain_planned`: what `attnflow explain` runs), which builds on the model and
+# this module; the package root fills this table, loading them on first use.
+_AUTO: dict[str, Callable[..., Any]] = {}
+
+
+CLEAR_MARGIN = 0.5  # comprehensiveness above random by half of random's (and by 0.01 of p) or more: "clear"
+LEVEL_NOTES = {
+    "clear": "",
+    "marginal": " Barely above random rankings on this input (less than 1.5 times their drop).",
+    "weak": " No better than random rankings on this input.",
+}
+
+
+def faithfulness_level(faithfulness: dict[str, Any]) -> str:
+    """``"weak"`` when a per-input faithfulness record's comprehensiveness is no higher than random
+    rankings', ``"marginal"`` when it exceeds theirs by less than `CLEAR_MARGIN` of it (or by less
+    than 0.01), ``"clear"`` otherwise: a map only slightly better than chance is not shown (or
+    chosen by ``auto``) as a good one."""
+    mine, chance = faithfulness["aopc_comprehensiveness"], faithfulness["random"]["aopc_comprehensiveness"]
+    if mine <= chance:
+        return "weak"
+    if mine - chance < max(CLEAR_MARGIN * chance, 0.01):
+        return "marginal"
+    return "clear"
 
 
 @dataclass
@@ -293,7 +320,13 @@ def _is_explanation_file(name: str) -> bool:
 
 
 def explain(
-    trace: Trace, method: str = "rollout", row: Row | None = None, model: ModelLike | None = None, **options: Any
+    trace: Trace,
+    method: str = "rollout",
+    row: Row | None = None,
+    model: ModelLike | None = None,
+    *,
+    check_collapse: bool = True,
+    **options: Any,
 ) -> Explanation:
     """Run a registered method on a trace and wrap the result as an `Explanation`.
 
@@ -305,6 +338,9 @@ def explain(
             `default_row(trace)`. Ignored by attribution-only methods (no matrix).
         model: the `AttentionModel`, for methods that re-run it (leave-one-out, value zeroing,
             integrated gradients).
+        check_collapse: note (and warn, once per run) when the saliency row collapses on one
+            token (`attnflow.methods.diagnostics.collapse_note`, naming the method); False for a
+            caller that checks the rows it reads itself (a generation: each step's row).
         **options: options of the method (see its ``MethodSpec.options``). Options the method
             does not declare raise ValueError; options given as None mean "the default".
 
@@ -330,7 +366,7 @@ def explain(
             found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
             scores, extras = split(found)
             row_scores = np.asarray(scores, dtype=np.float64).reshape(n)  # [1, n]: the one row computed
-            return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras, model)
+            return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras, model, check_collapse)
     found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     found, extras = split(found)
     result = np.asarray(found, dtype=np.float64)
@@ -345,11 +381,17 @@ def explain(
             raise ValueError(f"method {method!r} returned shape {result.shape}; expected [query, key] = ({n}, {n})")
         row = parse_row(default_row(trace) if row is None else row)
         matrix, scores = result, saliency_row(result, row)
-    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras, model)
+    return _explanation(trace, spec, chosen, row, matrix, scores, head_matrices, notes, extras, model, check_collapse)
 
 
 def explain_traces(
-    traces: Sequence[Trace], method: str, row: Row | None = None, model: ModelLike | None = None, **options: Any
+    traces: Sequence[Trace],
+    method: str,
+    row: Row | None = None,
+    model: ModelLike | None = None,
+    *,
+    check_collapse: bool = True,
+    **options: Any,
 ) -> list[Explanation]:
     """`explain` for each of ``traces``; a method with a batch form (``MethodSpec.batch``: the LRP
     rules, leave-one-out) runs once over all of them instead of once per trace. A warning the
@@ -357,12 +399,25 @@ def explain_traces(
     spec = get_method(method)
     batch = spec.batch
     if batch is None or len(traces) < 2:
-        return [explain(trace, method=method, row=row, model=model, **options) for trace in traces]
+        return [
+            explain(trace, method=method, row=row, model=model, check_collapse=check_collapse, **options)
+            for trace in traces
+        ]
     chosen = method_options(spec, options)
     results, notes = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
     return [
         _explanation(
-            trace, spec, chosen, None, None, _token_scores(spec, scores, trace.n_tokens), None, notes, extras, model
+            trace,
+            spec,
+            chosen,
+            None,
+            None,
+            _token_scores(spec, scores, trace.n_tokens),
+            None,
+            notes,
+            extras,
+            model,
+            check_collapse,
         )
         for trace, (scores, extras) in zip(traces, map(split, results), strict=True)
     ]
@@ -387,11 +442,12 @@ def _explanation(
     notes: list[str],
     extras: dict[str, Any],
     model: ModelLike | None = None,
+    check_collapse: bool = True,
 ) -> Explanation:
     image = trace.meta.get("image")
     collapse = (
         None
-        if spec.scores_only
+        if spec.scores_only or not check_collapse
         else collapse_note(
             scores,
             list(trace.tokens),
@@ -400,8 +456,9 @@ def _explanation(
             family=getattr(model, "adapter", None),
         )
     )
-    if collapse:
-        warnings.warn(collapse, ExplanationWarning, stacklevel=3)  # on the console too, like the method's notes
+    if collapse:  # on the console too (once per run, `attnflow.errors.once_per_run`), naming the method
+        collapse = f"{spec.name}: {collapse}"
+        warn_once(collapse, about=spec.name, stacklevel=3)
     return Explanation(
         tokens=list(trace.tokens),
         matrix=matrix,

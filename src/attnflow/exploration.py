@@ -43,7 +43,7 @@ from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, available_methods, call_method, check_family, get_method
 from attnflow.methods.saliency import Row, saliency_row
 from attnflow.methods.similarity import context_similarity
-from attnflow.methods.summary import subject, summarize
+from attnflow.methods.summary import baseline_prefix, subject, summarize
 from attnflow.model_like import ModelLike
 from attnflow.staging import staged_output
 from attnflow.trace import Trace
@@ -435,7 +435,8 @@ def _add_summaries(view: MethodView, trace: Trace, row: Row) -> None:
     explained = subject(None if view.matrices is None else row, trace.tokens, trace.target)
 
     def sentence(scores: np.ndarray) -> str:
-        return summarize(trace.tokens, scores, explained, trace.special_mask, trace.text, trace.offsets)
+        found = summarize(trace.tokens, scores, explained, trace.special_mask, trace.text, trace.offsets)
+        return baseline_prefix(view.name) + found
 
     if view.matrices is None:
         assert view.scores is not None  # an attribution-only view holds its scores

@@ -39,7 +39,7 @@ import numpy as np
 from attnflow.capture.texts import check_texts
 from attnflow.errors import ExplanationWarning, InputError
 from attnflow.explanation import explain, explain_traces
-from attnflow.methods.registry import MethodSpec, available_methods, check_family, get_method, method_options
+from attnflow.methods.registry import AUTO, MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.model_like import ModelLike
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -89,6 +89,8 @@ class GenerationExplanation:
         notes: warnings the method raised (e.g. an integrated-gradients completeness error).
         contrast: the token every step's target was explained against (target methods explain
             log p(t_k) − log p(contrast)), or None.
+        chosen_by: why ``--method auto`` showed this explanation (its mean comprehensiveness over
+            the steps against the other candidates'), or None.
     """
 
     model: str
@@ -108,6 +110,7 @@ class GenerationExplanation:
     step_extras: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     contrast: str | None = None
+    chosen_by: str | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64)
@@ -185,6 +188,8 @@ class GenerationExplanation:
             data["faithfulness"] = self.faithfulness
         if self.notes:
             data["notes"] = list(self.notes)
+        if self.chosen_by is not None:
+            data["chosen_by"] = self.chosen_by
         return data
 
     def to_html(self) -> str:
@@ -271,6 +276,45 @@ def explain_generation(
     sequence = prepare_continuation(model, prompt, max_new_tokens=max_new_tokens, continuation=continuation)
     explanations = explain_continuation(model, sequence, per_method, faithfulness, steps_per_pass, contrast)
     return explanations[0] if isinstance(method, str) else explanations
+
+
+def plan_generation(model: ModelLike, methods: Sequence[str] | None, options: Mapping[str, Any] | None = None) -> Any:
+    """What `attnflow explain PROMPT --generate N` (and the server's ``/api/generate``) computes:
+    `attnflow.evaluate.per_input.plan_methods`'s plan (``methods`` None: ``auto``, whose candidates
+    are target methods, so each explains generations; the user's ``options`` shared out among the
+    methods), every method checked to explain generations on this model's family before anything
+    runs."""
+    from attnflow.evaluate.per_input import plan_methods
+
+    plan = plan_methods(model, methods, dict(options or {}))
+    for name in plan.per_method:
+        check_generation_method(model, name)
+    return plan
+
+
+def explain_planned_generation(
+    model: ModelLike,
+    sequence: Continuation,
+    plan: Any,
+    faithfulness: bool = False,
+    steps_per_pass: int = DEFAULT_STEPS_PER_PASS,
+    contrast: int | str | None = None,
+) -> list[GenerationExplanation]:
+    """Every method of ``plan`` (`plan_generation`) on the continuation ``sequence``
+    (`explain_continuation`), ``auto`` resolved: one explanation per method asked for, auto's
+    choice in its place with its ``chosen_by``, each explanation once. ``auto`` computes every candidate's per-step
+    faithfulness to choose (so every method gets it then)."""
+    from attnflow.evaluate.per_input import choose_by_step_aopc
+
+    computed = explain_continuation(
+        model, sequence, plan.per_method, faithfulness or bool(plan.candidates), steps_per_pass, contrast
+    )
+    by_name = {explanation.method: explanation for explanation in computed}
+    if plan.candidates:
+        chosen, chosen_by = choose_by_step_aopc([by_name[name] for name in plan.candidates])
+        chosen.chosen_by = chosen_by
+        by_name[AUTO] = chosen
+    return list({id(by_name[name]): by_name[name] for name in plan.requested}.values())
 
 
 def check_generation_method(model: ModelLike, name: str) -> MethodSpec:
@@ -444,13 +488,15 @@ def _explain_whole_sequence(
     needs = frozenset().union(*(get_method(name).needs for name in names))
     whole = sequence_trace(model, sequence, needs)
     for name in names:
-        explained = explain(whole, method=name, row="last", model=model, **per_method[name])
+        # the whole sequence's last row is no step's: each step's row is checked for a collapse instead
+        explained = explain(whole, method=name, row="last", model=model, check_collapse=False, **per_method[name])
         matrix = explained.matrix  # [query, key]: a text's explanation always has its matrix
         assert matrix is not None
         for step in range(n):
             rows[name][step, : p + step] = matrix[p + step - 1, : p + step]
         notes[name] += explained.notes
         used[name] = explained.options
+        say_step_notes(name, [[] for _ in range(n)], rows[name], sequence, model, notes[name])
 
 
 def _explain_each_step(
@@ -480,17 +526,50 @@ def _explain_each_step(
         for name in names:
             with warnings.catch_warnings():  # each step's notes are kept, and said once per kind below
                 warnings.simplefilter("ignore", ExplanationWarning)
-                explained_steps = explain_traces(traces, method=name, row="last", model=model, **per_method[name])
+                explained_steps = explain_traces(
+                    traces, method=name, row="last", model=model, check_collapse=False, **per_method[name]
+                )
             for step, explained in zip(steps, explained_steps, strict=True):
                 rows[name][step, : p + step] = explained.scores
                 extras[name][step] = explained.extras
                 step_notes[name][step] = explained.notes
                 used[name] = explained.options
     for name in names:
-        for note in condensed_notes(step_notes[name]):
-            warnings.warn(f"{name}: {note}", ExplanationWarning, stacklevel=3)
-            notes[name].append(note)
+        say_step_notes(name, step_notes[name], rows[name], sequence, model, notes[name])
     return log_probs
+
+
+def say_step_notes(
+    name: str,
+    step_notes: list[list[str]],
+    rows: np.ndarray,
+    sequence: Continuation,
+    model: ModelLike,
+    notes: list[str],
+) -> None:
+    """One rule for every method: each step's row ``rows [step, source]`` (the method's scores for
+    t_k over its sources) is checked for a collapse on one token (`collapse_note`, as `explain`
+    checks a text's saliency row), added to that step's notes ``step_notes``; then each kind of
+    note is said once for the run (`condensed_notes`: its first step and the steps it concerns,
+    naming the method) and appended to ``notes``."""
+    from attnflow.errors import warn_once
+    from attnflow.methods.diagnostics import collapse_note
+
+    p = sequence.n_prompt
+    sources = token_strings(model, sequence.ids)[:-1]
+    for step, kept in enumerate(step_notes):
+        collapse = collapse_note(
+            rows[step, : p + step],
+            sources[: p + step],
+            own=p + step - 1,
+            special_mask=sequence.special[: p + step],
+            family=getattr(model, "adapter", None),
+        )
+        if collapse:
+            kept.append(collapse)
+    for note in condensed_notes(step_notes):
+        warn_once(f"{name}: {note}", ExplanationWarning, about=name, stacklevel=3)
+        notes.append(note)
 
 
 def condensed_notes(step_notes: Sequence[Sequence[str]]) -> list[str]:

@@ -15,7 +15,7 @@ import torch
 from attnflow.capture.loading import load_as
 from attnflow.capture.model import CaptureModel, TargetFunction
 from attnflow.errors import InputError
-from attnflow.methods.registry import MethodSpec, check_family, get_method, method_options
+from attnflow.methods.registry import AUTO, MethodSpec, check_family, get_method, method_names, method_options
 from attnflow.trace import Trace
 
 
@@ -90,7 +90,10 @@ class AttentionModel(CaptureModel):
     ) -> Any:
         """Capture what ``method`` needs, run it and wrap the result: the front door.
 
-        Returns one `Explanation` for a text, a list for a list of texts. ``target`` /
+        Returns one `Explanation` for a text, a list for a list of texts. ``method``: a registered
+        method, or ``"auto"`` (as `attnflow explain --method auto`): per text, the one-pass target
+        method whose map is the most comprehensive on it, its ``chosen_by`` saying why (needs a
+        target: a classifier, a causal LM, or a sentence encoder given ``target_text``). ``target`` /
         ``target_text`` choose what a target-dependent method explains (default: the predicted
         class or the argmax next token; see `attnflow.targets`), ``contrast`` a class or token to
         explain the target against (logit(target) − logit(contrast)); ``row`` the saliency row of
@@ -98,13 +101,18 @@ class AttentionModel(CaptureModel):
 
             model = attnflow.load("minilm-sentiment")
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
+            model.explain("The movie was terrible, but the acting was great.", method="auto").chosen_by
         """
-        from attnflow.explanation import explain_traces
+        from attnflow.explanation import _AUTO, explain_traces
 
         single = isinstance(texts, str)
-        method_options(get_method(method), options)  # bad options fail before any forward pass
+        method_names([method], also=(AUTO,))  # an unknown name fails naming what there is, auto included
+        # bad options fail before any forward pass; auto plans its candidates (each gets its options)
+        plan = _AUTO["plan"](self, [AUTO], options, target_text) if method == AUTO else None
+        if plan is None:
+            method_options(get_method(method), options)
         traces = self.trace_for(
-            [method],
+            [method] if plan is None else list(plan.per_method),
             texts,
             target=target,
             target_text=target_text,
@@ -112,9 +120,11 @@ class AttentionModel(CaptureModel):
             max_length=max_length,
             contrast=contrast,
         )
-        explanations = explain_traces(
-            traces, method=method, row=self.default_row if row is None else row, model=self, **options
-        )
+        if plan is not None:
+            explanations = [_AUTO["explain"](self, trace, plan, row)[0] for trace in traces]
+        else:
+            row = self.default_row if row is None else row
+            explanations = explain_traces(traces, method=method, row=row, model=self, **options)
         return explanations[0] if single else explanations
 
     def trace_for(

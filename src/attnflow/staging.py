@@ -10,7 +10,8 @@ no free space and is atomic on one file system).
   mixes two runs; the user's other files are kept. The check is made again at the final rename,
   so a run that finishes after another one wrote the same folder fails instead of replacing it.
 - `check_output(out, owned, overwrite)`: the same refusal, and whether ``out`` can be written at
-  all, before any work (before a model loads).
+  all, before any work (before a model loads); `check_writable(out)`: the second check alone (runs
+  that checkpoint into ``out`` and decide themselves what an earlier run's files mean).
 - `building(target)`: a folder built from scratch (a model cache) that replaces ``target`` whole.
 - `atomic_file(path)`: one file (a checkpoint, a report).
 - `folder_lock(out)`: hold ``out`` for one run: a second run (another process) into the same
@@ -54,6 +55,14 @@ def check_output(out: Path, owned: Callable[[str], bool], overwrite: bool) -> No
     and ``overwrite`` is False, or when ``out`` cannot be created or written."""
     out = Path(out)
     refuse_occupied(out, owned, overwrite)
+    check_writable(out)
+
+
+def check_writable(out: Path) -> None:
+    """Fail now, before any work, when the output folder ``out`` cannot be created or written
+    (`OutputError`, one line: a read-only file system, no permission; NotADirectoryError: a file
+    is in the way)."""
+    out = Path(out)
     existing = next(folder for folder in (out, *out.parents) if folder.exists() or folder == folder.parent)
     if not existing.is_dir():
         raise NotADirectoryError(f"cannot write {out}: {existing} is a file, not a folder")

@@ -77,8 +77,8 @@ def test_word_means_and_intervals_match_numpy():
         assert (signed < 0).any()  # the positive part matters in this case
         assert row["examples"] == values.size
         assert row["mean"] == pytest.approx(values.mean()) and row["signed_mean"] == pytest.approx(signed.mean())
-        half = 1.959964 * values.std(ddof=1) / math.sqrt(values.size)
-        assert row["ci"] == pytest.approx([values.mean() - half, values.mean() + half])
+        factor = math.exp(1.959964 * values.std(ddof=1) / math.sqrt(values.size) / values.mean())  # log scale
+        assert row["ci"] == pytest.approx([values.mean() / factor, values.mean() * factor])
         assert row["share"] == pytest.approx(values.sum() / stats.examples[0])
     assert [row["mean"] for row in ranked] == sorted((row["mean"] for row in ranked), reverse=True)
 
@@ -139,3 +139,33 @@ def test_the_term_audit_counts_reliance_against_the_prediction_too():
     assert rows["pivot"]["mean"] == pytest.approx(0.4) and rows["pivot"]["percentile"] == 100.0
     total = sum(sums[4] for sums in merged.values())
     assert rows["pivot"]["share"] == pytest.approx(16.0 / total)
+
+
+def test_a_non_negative_mean_gets_an_interval_above_zero_and_one_text_none():
+    """Mostly zeros and one large value: mean ± 1.96 se would go below 0; the interval of the log of
+    the mean (delta method) stays inside the support. One text: no interval at all."""
+    values = np.array([0.0, 0.0, 0.0, 0.0, 1.0])
+    mean, low, high = analysis.mean_interval(values.sum(), (values**2).sum(), values.size, non_negative=True)
+    se = values.std(ddof=1) / math.sqrt(values.size)
+    assert mean - 1.959964 * se < 0 < low  # the normal interval would leave the support
+    assert (low, high) == pytest.approx((mean * math.exp(-1.959964 * se / mean), mean * math.exp(1.959964 * se / mean)))
+    assert analysis.mean_interval(0.0, 0.0, 4, non_negative=True) == (0.0, 0.0, 0.0)  # all zero: nothing uncertain
+    assert analysis.mean_interval(0.3, 0.09, 1, non_negative=True) == (0.3, None, None)
+    signed = np.array([-0.5, 0.1, 0.2])  # a signed mean (Δp of the swaps) keeps the normal interval
+    _, low, high = analysis.mean_interval(signed.sum(), (signed**2).sum(), signed.size)
+    half = 1.959964 * signed.std(ddof=1) / math.sqrt(signed.size)
+    assert (low, high) == pytest.approx((signed.mean() - half, signed.mean() + half))
+
+
+def test_words_and_terms_in_one_text_say_they_have_no_interval():
+    from attnflow.dataset_audit.report import build_report
+
+    stats = AuditStats(2)
+    stats.update(ExampleResult(0, "a rare film", 1, 0.9, 1, {"rare": (1, 0.4), "film": (1, 0.2)}, [], [], [], []))
+    results = analysis.analyse(stats, ["neg", "pos"], min_count=1, terms=["rare"])
+    (term,) = results["terms"]["terms"]
+    assert term["ci"] == [None, None]
+    run = {"model": "m", "method": "attnlrp", "data": "d.csv", "split": "all", "labels": ["neg", "pos"]}
+    run.update(samples=1, min_count=1, engine="local", elapsed_s=1.0, swap=[])
+    page = build_report({"run": run, **results})
+    assert "n = 1: no interval" in page and "n/a" not in page

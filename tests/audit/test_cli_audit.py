@@ -203,3 +203,18 @@ def test_terms_and_swaps_follow_the_word_rules(planted_model, tmp_path, caplog):
     assert rows["he"]["examples"] == 3 and rows["her"]["examples"] == 1 and not results["terms"]["missing"]
     messages = " ".join(record.getMessage() for record in caplog.records)
     assert "'her' has several partners (his, him)" in messages and "1 texts not swapped" in messages
+
+
+def test_a_read_only_out_is_one_line_before_the_model_loads(planted_task, read_only_folder, tmp_path, capsys):
+    path, *_ = planted_task
+    out = read_only_folder / "out"
+    assert run_cli("--model", str(tmp_path / "no-such-model"), "--task", str(path), "--out", str(out)) == 2
+    error = one_error_line(capsys)  # before the model loads: the missing model is never reached
+    assert error.startswith(f"attnflow: error: cannot write {out}: EROFS: Read-only file system"), error
+
+
+def test_quiet_has_its_short_flag(planted_model, planted_task, tmp_path, capsys):
+    path, *_ = planted_task
+    command = ["audit", "--model", str(planted_model), "--task", str(path), "--samples", "8", "--device", "cpu"]
+    assert main([*command, "--out", str(tmp_path / "out"), "-q"]) == 0
+    assert capsys.readouterr().err == ""

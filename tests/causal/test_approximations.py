@@ -4,6 +4,7 @@ explicit loop over dropped layers, RelP against the AttnLRP rules' own backward.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from causal_texts import CLEAN, CORRUPT
 
@@ -137,3 +138,25 @@ def test_relp_is_the_attnlrp_backward_at_the_site(tiny_patch_models):
     np.testing.assert_allclose(relp[0], expected, rtol=1e-5, atol=1e-8)
     plain = estimate("atp", runner, patched, ("residual",))["residual"]
     assert not np.allclose(relp[0], plain[0], rtol=1e-3)  # the rules change the backward
+
+
+def test_atp_ig_at_the_embeddings_is_complete_along_its_path(tiny_model_path):
+    """Integrated gradients are complete: at the stream entering the first layer (the word
+    embeddings plus GPT-2's positions) the estimates sum over positions to m(source) − m(base), up
+    to the midpoint rule's error; AtP (the gradient at the base alone) does not."""
+    from attnflow.causal.approximations import _integrated
+
+    model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
+    model.model.double()
+    runner, corrupt, source, base, patched = setup(model)
+    clean_ids = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    path = BaseRun(corrupt, None, source, 1, BaseRun(clean_ids, None, {}, 1).embeddings(runner))
+    with torch.no_grad():
+        difference = float(runner.forward(clean_ids, 1)[0][0] - runner.forward(corrupt, 1)[0][0])
+    integrated = _integrated(runner, path, ("residual",), steps=64)["residual"][0].sum()
+    atp = estimate("atp", runner, patched, ("residual",))["residual"][0].sum()
+    assert abs(difference) > 1e-3
+    assert integrated == pytest.approx(difference, rel=1e-3)
+    assert abs(atp - difference) > 10 * abs(integrated - difference)
+    three = estimate("atp-ig", runner, path, SITE_KINDS)  # the default: IG_STEPS midpoints, every kind
+    assert set(three) == set(SITE_KINDS) and all(np.isfinite(values).all() for values in three.values())

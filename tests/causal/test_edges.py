@@ -96,7 +96,6 @@ def test_patch_edges_prints_top_edges_and_saves_every_score(
         "eap",
         "--out",
         str(out),
-        "--quiet",
         "--device",
         "cpu",
     ]
@@ -107,7 +106,8 @@ def test_patch_edges_prints_top_edges_and_saves_every_score(
     assert set(saved["faithfulness"]) == {"10", "50", "200", "1000"}
     printed = capsys.readouterr().out
     up, down = expected.top_edges(1)[0]
-    assert f"{expected.upstream[up]:>8} -> {expected.downstream[down]:<8}" in printed.splitlines()[0]
-    assert main([*arguments, "--model", str(tiny_classifier_path("bert"))]) == 2  # a post-norm classifier
+    edge = f"{expected.upstream[up]:>8} -> {expected.downstream[down]:<8}"
+    assert edge in printed.splitlines()[1]  # under the header
+    assert main([*arguments, "--overwrite", "--quiet", "--model", str(tiny_classifier_path("bert"))]) == 2  # post-norm
     error = capsys.readouterr().err.strip()
     assert "pre-norm" in error and "\n" not in error

@@ -61,7 +61,8 @@ def test_restoring_the_predicting_residual_gives_effect_one(tiny_patch_models, f
     result = patch(model, CLEAN, CORRUPT, sites="residual", methods="exact", progress=False)
     residual = result.effects["exact"]["residual"]
     assert residual.shape == (model.n_layers + 1, len(result.tokens))
-    assert residual[model.n_layers, predicting] == pytest.approx(1.0, abs=1e-5)  # batched passes
+    # batched passes: float32 rounding of other rows (relative to the small tiny-model difference m_clean − m_corrupt)
+    assert residual[model.n_layers, predicting] == pytest.approx(1.0, abs=1e-4)
     if model.target_kind == "next_token":  # a decoder's other positions cannot reach the prediction
         assert np.all(residual[model.n_layers, :predicting] == 0.0)
 

@@ -116,7 +116,7 @@ def test_patch_versus_prints_and_saves_the_pairs_table(tiny_patch_models, tiny_m
     out = tmp_path / "out"
     code = main(
         ["patch", CLEAN, "--corrupt", CORRUPT, "--model", str(tiny_model_path("llama")), "--versus", "rollout,flow",
-         "--out", str(out), "--quiet", "--device", "cpu"]
+         "--out", str(out), "--device", "cpu"]
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out

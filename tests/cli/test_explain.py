@@ -327,7 +327,9 @@ def test_missing_model_folder(tmp_path, capsys):
 @needs_minilm
 def test_long_text_is_truncated_with_a_warning(tmp_path, capsys, caplog):
     with caplog.at_level(logging.WARNING):
-        result = run_in_process(capsys, "word " * 700, "--max-length", "16", "--out", str(tmp_path), "--json", "-q")
+        long_text = "The movie was terrible, but the acting was great. " * 120  # 1,440 tokens, not one word repeated:
+        # on a text of one repeated word no map beats random rankings, and auto says so too
+        result = run_in_process(capsys, long_text, "--max-length", "16", "--out", str(tmp_path), "--json", "-q")
     assert result.returncode == 0 and not result.stderr
     assert len(json.loads(result.stdout)["tokens"]) == 16
     warnings = [record.getMessage() for record in caplog.records]
@@ -601,3 +603,47 @@ def test_file_on_minilm_equals_one_by_one(tmp_path, minilm, monkeypatch):
         alone = attnflow.explain(minilm.trace(text)[0])
         assert data["tokens"] == alone.tokens
         np.testing.assert_allclose(data["matrix"], alone.matrix, atol=1e-5)  # padding in the batch changes nothing
+
+
+def test_a_next_token_target_is_named_without_doubled_spaces(capsys):
+    """The label of a byte-level next token starts with its space (' Paris'): shown as 'Paris'."""
+    from types import SimpleNamespace
+
+    from attnflow.cli.explain import _print_summary
+    from attnflow.explanation import Explanation
+
+    paris = {"kind": "next_token", "index": 7, "label": " Paris", "value": -0.5, "probability": 0.6}
+    explanation = Explanation(
+        tokens=["The", "Ġcapital", "Ġis"], matrix=None, scores=[0.5, -0.2, 0.1], method="gim", options={},
+        row=None, text="The capital is", target=paris, prediction=paris, signed=True,
+    )  # fmt: skip
+    _print_summary(SimpleNamespace(target=None), [explanation])
+    printed = capsys.readouterr().out
+    assert "gim for 'Paris': The +0.5" in printed and "  " not in printed, printed
+
+
+def test_a_collapse_warning_names_its_method_and_is_said_once_per_run(fake_model, tmp_path, capsys, monkeypatch):
+    """Three texts, two methods, every row on the first word: one warning per method, then how many
+    more times it came; each explanation keeps its own note."""
+    trace = fake_model.trace
+
+    def sinking(texts, **kwargs):
+        traces = trace(texts, **kwargs)
+        for sunk in traces:
+            sunk.attentions[:] = 0.0
+            sunk.attentions[..., 1] = 1.0  # the first word, after [CLS]
+        return traces
+
+    monkeypatch.setattr(fake_model, "trace", sinking)
+    source = tmp_path / "texts.txt"
+    source.write_text("a good film\nthe dull plot\nsome fine acting\n")
+    assert run_cli("--file", str(source), "--method", "rollout,raw", "--out", str(tmp_path / "out"), "-q") == 0
+    said = [line.removeprefix("attnflow: WARNING: ") for line in capsys.readouterr().err.splitlines()]
+    assert len(said) == 4, said
+    for method in ("rollout", "raw"):
+        first, count = [line for line in said if line.startswith(f"{method}: ")]
+        assert "of the relevance is on one token" in first
+        assert count == f"{method}: the warning above came 2 more times in this run (each explanation keeps its note)"
+    for number in ("001", "002", "003"):
+        notes = json.loads((tmp_path / "out" / number / "rollout" / "explanation.json").read_text())["notes"]
+        assert len(notes) == 1 and notes[0].startswith("rollout: ")

@@ -125,6 +125,28 @@ def test_generate_defaults_to_the_candidate_with_the_highest_step_comprehensiven
     assert chosen["faithfulness"]["mean_aopc"] == pytest.approx(every[chosen["method"]])
 
 
+def test_the_python_front_door_takes_auto_as_the_command_line_does(classifier_path, capsys):
+    import numpy as np
+
+    import attnflow
+
+    model = attnflow.load(str(classifier_path), device="cpu", progress=False)
+    shown = _explain_json(capsys, "--model", str(classifier_path))  # the command line's auto
+    chosen = model.explain(TEXT, method="auto")
+    assert chosen.method == shown["method"] and chosen.chosen_by == shown["chosen_by"]
+    np.testing.assert_allclose(chosen.scores, shown["scores"], rtol=1e-5, atol=1e-7)
+    several = model.explain([TEXT, "a fine film"], method="auto")
+    assert len(several) == 2 and all(e.method in CANDIDATES and e.chosen_by for e in several)
+    with pytest.raises(ValueError, match=r"unknown method 'nope'; available: .*\bor auto\b"):
+        model.explain(TEXT, method="nope")
+
+
+def test_unknown_method_lists_name_auto_where_it_is_taken(capsys):
+    with pytest.raises(SystemExit):  # argparse's own one-line error
+        main(["explain", TEXT, "--method", "nope", "--json", "--quiet"])
+    assert "or auto" in capsys.readouterr().err
+
+
 def test_no_faithfulness_skips_the_badges_and_auto_says_it_chose_without_them(classifier_path, tmp_path, capsys):
     shown = _explain_json(capsys, "--model", str(classifier_path), "--method", "auto,rollout", "--no-faithfulness")
     assert [e.get("faithfulness") for e in shown] == [None, None]

@@ -269,3 +269,18 @@ def test_compare_checks_the_tokenizers_from_their_files_before_loading(tiny_mode
     assert len(error) == 1 and "tokenize the text differently" in error[0]
     assert "first difference at token 2: 'movie' vs 'm'" in error[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_each_summary_line_names_what_its_own_model_explains():
+    """Two classifiers with different heads explain their own predictions: B's line names B's class."""
+    from attnflow.comparison import Comparison
+
+    comparison = Comparison(
+        tokens=["[CLS]", "a", "b", "[SEP]"], special_mask=np.array([1, 0, 0, 1], dtype=bool), offsets=None,
+        text="a b", model_a="A", model_b="B", method="attnlrp", row=None, scores_a=np.array([0.0, 1.0, 0.5, 0.0]),
+        scores_b=np.array([0.0, 0.2, 1.0, 0.0]), spearman=-1.0, k=1, overlap=0.0,
+        subject="the class negative", subject_b="the class Film",
+    )  # fmt: skip
+    summary_a, summary_b = comparison.summaries()
+    assert summary_a.endswith("for the class negative (special tokens: 0 %)")
+    assert summary_b.endswith("for the class Film (special tokens: 0 %)")

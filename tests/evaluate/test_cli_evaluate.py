@@ -121,6 +121,9 @@ def test_samples_above_the_file_size_are_capped_with_a_warning(capsys, tmp_path,
     assert any("--samples 50 is more than the 2" in record.getMessage() for record in caplog.records)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["run"]["samples"] == 2 and results["run"]["split"] == "all rows of the file"
+    table = (tmp_path / "out" / "results.md").read_text(encoding="utf-8")
+    assert "comprehensiveness ↑" in table and "NAOPC comp." not in table  # no --bounds: no NAOPC columns
+    assert "NAOPC (normalised AOPC) was not computed" in table
 
 
 def test_file_labels_map_to_the_model_classes(tmp_path):

@@ -269,3 +269,26 @@ def test_a_long_review_costs_a_bounded_number_of_perturbed_inputs(minilm_sentime
     assert 48 < m <= 80 and chosen.faithfulness["bounds"]["search"] == "singles"
     assert sum(scored) <= (m + 4 * len(BINS) + 1) + rankings * (2 * len(BINS) + 1)
     assert 0.0 <= chosen.faithfulness["naopc_comprehensiveness"] <= 1.0
+
+
+@pytest.mark.parametrize("best, warned", [(0.902, "no better than"), (0.93, "barely above"), (1.5, None)])
+def test_auto_warns_when_its_choice_is_not_clearly_better_than_random(best, warned):
+    """qwen2.5-0.5b on ' Paris' vs ' Rome': auto chose a map at 0.902 where random rankings reach
+    0.905; the choice must say that no candidate is a map to trust there."""
+    from types import SimpleNamespace
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.evaluate.per_input import choose_most_comprehensive
+
+    def candidate(method, value):
+        record = {"aopc_comprehensiveness": value, "random": {"aopc_comprehensiveness": 0.905}, "bins": [0.1]}
+        return SimpleNamespace(method=method, faithfulness={**record, "target": "Paris"}, notes=[], chosen_by=None)
+
+    candidates = [candidate("gim", best - 0.05), candidate("attnlrp", best)]
+    if warned is None:
+        chosen = choose_most_comprehensive(candidates)
+        assert chosen.notes == []
+    else:
+        with pytest.warns(ExplanationWarning, match=warned):
+            chosen = choose_most_comprehensive(candidates)
+        assert chosen.method == "attnlrp" and f"is {warned} random rankings on this input" in chosen.notes[0]

@@ -423,6 +423,43 @@ def test_random_is_seeded(tiny_bert):
     assert first.shape == (trace.n_tokens,)
 
 
+def test_random_differs_between_inputs_of_the_same_length(tiny_bert):
+    """Seeded by the input too: two texts of the same length get independent scores (a seed alone
+    made `random` one fixed positional ranking, the same for every input of a length)."""
+    one, two = tiny_bert.trace(["the movie was bad", "a film is very"], needs=("attentions",))
+    assert one.n_tokens == two.n_tokens
+    assert not np.array_equal(attnflow.random(one), attnflow.random(two))
+    np.testing.assert_array_equal(attnflow.random(one), attnflow.random(tiny_bert.trace("the movie was bad")[0]))
+
+
+def test_random_rankings_are_uniform_so_its_expected_aopc_is_the_mean_over_permutations(tiny_bert):
+    """Over seeds, `random`'s ranking of 4 content tokens is each of the 24 orders equally often, and
+    the mean AOPC of a drop that is not additive equals the exact mean over all 24 permutations."""
+    from itertools import permutations
+
+    from attnflow.evaluate.metrics import content_ranking, top_count
+
+    trace = tiny_bert.trace("the cat sat on", needs=("attentions",))[0]
+    special = np.asarray(trace.special_mask, dtype=bool)
+    content = np.flatnonzero(~special)
+    assert len(content) == 4
+    weights = np.random.default_rng(1).normal(size=trace.n_tokens)
+    counts = [top_count(k, 4) for k in (0.25, 0.5, 0.75)]
+
+    def aopc(order):  # a drop with an interaction between the first two content tokens
+        return np.mean([weights[order[:c]].sum() + 2.0 * (set(content[:2]) <= set(order[:c])) for c in counts])
+
+    exact = np.mean([aopc(np.array(order)) for order in permutations(content)])
+    seen: dict[tuple, int] = {}
+    values = []
+    for seed in range(2400):
+        order = content_ranking(attnflow.random(trace, seed=seed), special)
+        seen[tuple(order)] = seen.get(tuple(order), 0) + 1
+        values.append(aopc(order))
+    assert len(seen) == 24 and min(seen.values()) > 60  # 100 expected each
+    assert np.mean(values) == pytest.approx(exact, abs=3 * np.std(values) / np.sqrt(len(values)))
+
+
 def test_methods_refuse_a_trace_without_what_they_need(tiny_bert):
     trace = tiny_bert.trace(TEXT, needs=("attentions",))[0]
     for method in ("norm", "alti", "grad_rollout", "gradient"):

@@ -56,6 +56,11 @@ def close(a, b, tolerance: float = 1e-8) -> None:
         assert a == b
 
 
+def file_content(answer: dict) -> dict:
+    """An answered explanation without the strings the page shows (``display_*``): the file's JSON."""
+    return {key: value for key, value in answer.items() if not key.startswith("display_")}
+
+
 def cli_json(capsys, *argv: str):
     capsys.readouterr()
     assert main(["explain", *argv, "--json", "--quiet"]) == 0
@@ -71,7 +76,7 @@ def test_explain_answers_what_the_cli_prints(client, tiny_folders, capsys):
         capsys, TEXT, "--model", str(tiny_folders["tiny-a"]), "--method", "auto,rollout", "--discard-ratio", "0.2"
     )
     for answer, expected in zip(served, printed, strict=True):
-        close({**expected, "model": "tiny-a"}, answer)
+        close({**expected, "model": "tiny-a"}, file_content(answer))
     assert served[0]["chosen_by"].startswith("--method auto chose") and "faithfulness" in served[1]
 
 
@@ -151,7 +156,7 @@ def test_compare_and_generate_answer_the_library_numbers(client, tiny_loader):
     sequence = prepare_continuation(model, "the cat sat", max_new_tokens=3)
     library = explain_continuation(model, sequence, {"rollout": {}, "gradient": {}})
     for answer, explanation in zip(served, library, strict=True):
-        close({**explanation.to_dict(), "model": "tiny-gpt2"}, answer)
+        close({**explanation.to_dict(), "model": "tiny-gpt2"}, file_content(answer))
     one_line_error(client.post("/api/generate", json={**body, "generate": 1000}), 413)
 
 
@@ -443,6 +448,33 @@ def test_cancelling_stops_an_expensive_method_between_two_forward_passes(client)
     model = client.app.state.pool.model_if_loaded("tiny-a")
     assert not model.model._forward_pre_hooks  # no hook left behind
     assert_valid_request_succeeds(client)
+
+
+def test_generate_takes_auto_and_defaults_to_it_as_the_command_line_does(client, tiny_folders, capsys):
+    prompt = "the cat sat"
+    argv = ["explain", prompt, "--model", str(tiny_folders["tiny-gpt2"]), "--generate", "2", "--json", "--quiet"]
+    assert main([*argv, "--device", "cpu"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    body = {"text": prompt, "model": "tiny-gpt2", "generate": 2}
+    for asked in ({"methods": ["auto"]}, {}):
+        response = client.post("/api/generate", json={**body, **asked})
+        assert response.status_code == 200, response.text
+        (served,) = response.json()["explanations"]
+        assert served["method"] == shown["method"] and served["chosen_by"] == shown["chosen_by"]
+        close(shown["matrix"], served["matrix"])
+    message = one_line_error(client.post("/api/generate", json={**body, "methods": ["nope"]}), 400)
+    assert "unknown method 'nope'" in message and "or auto" in message
+
+
+def test_answers_carry_the_tokens_as_a_reader_sees_them(client):
+    from attnflow.tokens import display_token
+
+    (explained,) = explain(client, methods=["rollout"]).json()["explanations"]
+    assert explained["display_tokens"] == [display_token(token) for token in explained["tokens"]]
+    body = {"text": "the cat sat", "model": "tiny-gpt2", "methods": ["rollout"], "generate": 2}
+    (generated,) = client.post("/api/generate", json=body).json()["explanations"]
+    assert generated["display_sources"] == [display_token(token) for token in generated["sources"]]
+    assert generated["display_generated"] == [display_token(token) for token in generated["generated"]]
 
 
 def test_faithfulness_false_skips_the_badges(client):

@@ -71,7 +71,7 @@ def test_typed_text_and_chosen_methods_show_the_api_scores_and_switch_without_re
             assert page.get_attribute("body", "data-method") == explanation["method"]
             read = "spans => spans.map(s => [s.textContent, Number(s.dataset.score), s.style.backgroundColor])"
             spans = page.eval_on_selector_all("#tokens .tok", read)
-            assert [text for text, _, _ in spans] == explanation["tokens"]  # as text: the <img> is not an element
+            assert [text for text, _, _ in spans] == explanation["display_tokens"]  # text: the <img> is no element
             assert [score for _, score, _ in spans] == explanation["scores"]  # exactly the JSON's numbers
             top = max(range(len(spans)), key=lambda i: abs(spans[i][1]) * (not explanation["special_mask"][i]))
             assert spans[top][2].endswith(", 0.85)")  # the strongest content token gets the full colour
@@ -107,4 +107,75 @@ def test_typed_text_and_chosen_methods_show_the_api_scores_and_switch_without_re
         page.click("#history li:first-child button")  # the session's first answer again, from memory
         assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == len(answer["explanations"][0]["tokens"])
         assert len(explains) == 2 and errors == [], (explains, errors)
+        browser.close()
+
+
+def _open(playwright, server):
+    """A page of the app, ready; the errors it reports go to the returned list."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(server + "/")
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    return browser, page, errors
+
+
+@needs_chromium
+def test_generating_keeps_auto_and_shows_tokens_as_a_reader_sees_them(server):
+    with playwright_api.sync_playwright() as playwright:
+        browser, page, errors = _open(playwright, server)
+        page.select_option("#model", "tiny-gpt2")
+        page.fill("#text", "the cat sat")
+        page.fill("#generate", "2")
+        assert page.is_checked("#methods input[value='auto']")
+        with page.expect_request("**/api/generate") as asked, page.expect_response("**/api/generate") as answered:
+            page.click("#run")
+        assert "auto" in asked.value.post_data_json["methods"]
+        answer = answered.value.json()
+        page.wait_for_selector("body[data-busy='0'] #steps table", timeout=60_000)
+        chosen = answer["explanations"][0]
+        assert chosen["chosen_by"] and page.text_content("#view-method option") == "auto → " + chosen["method"]
+        read = "rows => rows.map(r => [r.cells[1].textContent, Array.from(r.cells[3].children, s => s.textContent)])"
+        rows = page.eval_on_selector_all("#steps tr:not(:first-child)", read)
+        assert [token for token, _ in rows] == chosen["display_generated"]
+        for step, (_, sources) in enumerate(rows):
+            assert sources == chosen["display_sources"][: len(chosen["matrix"][step])]
+        assert errors == []
+        browser.close()
+
+
+@needs_chromium
+def test_a_history_entry_and_the_explorer_link_belong_to_the_result_shown(server):
+    first, second = "the movie was great", "the acting was terrible"
+    with playwright_api.sync_playwright() as playwright:
+        browser, page, errors = _open(playwright, server)
+        page.fill("#text", first)
+        page.click("#run")
+        page.wait_for_selector("#history li:nth-child(1)", timeout=60_000)
+        held: list = []
+        page.route("**/api/explore", lambda route: held.append(route))  # the explorer answers late
+        page.click("#explore")
+        page.wait_for_function("() => true")  # let the request reach the route
+        while not held:
+            page.wait_for_timeout(50)
+        page.select_option("#model", "tiny-b")
+        page.fill("#text", second)
+        page.click("#run")
+        page.wait_for_selector("#history li:nth-child(2)", timeout=60_000)
+        page.wait_for_selector("body[data-busy='0']")
+        with page.expect_response("**/api/explore"):
+            held[0].continue_()
+        page.wait_for_timeout(200)
+        assert page.is_hidden("#explorer-link")  # built for the first text: not beside the second result
+        assert second in page.text_content("#result-source") and "tiny-b" in page.text_content("#result-source")
+
+        page.click("#history li:first-child button")  # the first result again, under its own text and model
+        assert page.input_value("#text") == first and page.input_value("#model") == "tiny-a"
+        assert first in page.text_content("#result-source") and "tiny-a" in page.text_content("#result-source")
+        assert page.is_visible("#explorer-link")  # its explorer, built meanwhile
+        page.click("#history li:nth-child(2) button")
+        assert page.input_value("#text") == second and page.is_hidden("#explorer-link")
+        assert errors == []
         browser.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 TEXT = "The movie was terrible, but the acting was great."
 
@@ -25,7 +26,8 @@ def test_minilm_sentiment_answers_the_library_numbers_with_faithfulness(minilm_s
     records = input_faithfulness(minilm_sentiment, trace, [e.scores for e in library])
     for answer, explanation, record in zip(served, library, records, strict=True):
         np.testing.assert_allclose(answer["scores"], explanation.scores, atol=1e-6)
-        assert answer["faithfulness"]["probability"] == record["probability"]
+        # the same forward passes, in batches of other rankings once the random ones are kept: float32 digits
+        assert answer["faithfulness"]["probability"] == pytest.approx(record["probability"], abs=1e-6)
         np.testing.assert_allclose(answer["faithfulness"]["comprehensiveness"], record["comprehensiveness"], atol=1e-6)
         assert (answer.get("target") or answer["prediction"])["label"] == trace.target.label
     assert served[0]["signed"] and not served[1].get("signed", False)

@@ -130,7 +130,27 @@ def test_the_file_index_shows_each_texts_prediction():
         return {"kind": "class", "index": 0, "label": label, "value": 1.0, "probability": probability}
 
     page = index_html([("001", explanation("good", predicted("positive", 0.91))), ("002", explanation("bad", None))])
-    assert "<thead><tr><th>#</th><th>text</th><th>prediction</th><th>top tokens</th>" in page
+    assert "<thead><tr><th>#</th><th>text</th><th>prediction</th><th>method</th><th>top tokens" in page
     assert '<td class="text">good</td><td>positive (p = 0.91)</td>' in page
     assert '<td class="text">bad</td><td></td>' in page  # no prediction for this one
     assert "<th>prediction</th>" not in index_html([("001", explanation("good", None))])
+
+
+def test_the_file_index_names_each_rows_method_and_gives_signed_scores_their_sign():
+    from attnflow.viz.index import index_html
+
+    def explanation(method, scores, signed):
+        return Explanation(
+            tokens=["good", "bad", "film"], matrix=None, scores=scores, method=method, options={}, row=None,
+            text="good bad film", signed=signed, chosen_by=f"--method auto chose {method}: ...",
+        )  # fmt: skip
+
+    page = index_html([("001", explanation("gradient", [0.1, 0.5, 0.2], False)),
+                       ("002", explanation("attnlrp", [-0.6, 0.8, 0.1], True))])  # fmt: skip
+    assert "<th>method</th>" in page
+    first, second = (page[page.index(f'href="{n}/explanation.html"') :].split("</tr>")[0] for n in ("001", "002"))
+    assert "auto → gradient" in first and "auto → attnlrp" in second
+    assert "bad 0.500" in first and "+" not in first.split("<td>")[-2]  # unsigned: no sign
+    assert "bad +0.800" in second and "good −0.600" in second  # signed: for and against, with their signs
+    meta = page[: page.index("<thead>")]
+    assert "auto (gradient, attnlrp)" in meta and "attnlrp</td>" not in meta.replace("auto (gradient, attnlrp)", "")

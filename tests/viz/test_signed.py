@@ -97,7 +97,7 @@ def test_png_bars_are_blue_below_zero_and_orange_above():
 def test_a_badge_barely_above_random_is_not_green():
     """Random rankings' comprehensiveness is 0.1: 0.12 is barely above (amber), 0.09 below (red),
     0.25 clearly above (the plain, green badge); the class and the hover text say which."""
-    from attnflow.viz.page import faithfulness_level
+    from attnflow.explanation import faithfulness_level
 
     for comprehensiveness, level in (
         (0.09, "weak"),

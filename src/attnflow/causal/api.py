@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from attnflow.causal.labels import FINAL_ROW_NOTE, layer_label, strongest_sites
 from attnflow.causal.sites import (
     SITE_KINDS,
     SweepOptions,
@@ -37,7 +38,7 @@ from attnflow.model_like import ModelLike
 if TYPE_CHECKING:
     from attnflow.causal.patching import BaseRun, PatchRunner
 
-METHODS = ("exact", "atp", "atp*", "relp")
+METHODS = ("exact", "atp", "atp*", "relp", "atp-ig")
 DIRECTIONS = ("denoising", "noising")
 NOISE_SCALE = 3.0  # ROME: noise std = 3 × the std of the embedding matrix
 
@@ -133,13 +134,17 @@ class PatchResult:
         ]
         for method, effects in self.effects.items():
             for kind, values in effects.items():
-                layer, index = np.unravel_index(int(np.nanargmax(np.abs(values))), values.shape)
+                layer, index = strongest_sites(kind, values, 1)[0]
                 where = (
                     f"token {index} {display_token(self.tokens[index])!r}"
                     if site_kind(kind).column == "position"
                     else f"head {index}"
                 )
-                lines.append(f"{method:>5} {kind:<8} strongest: layer {layer}, {where}: {values[layer, index]:+.3f}")
+                lines.append(
+                    f"{method:>5} {kind:<8} strongest: {layer_label(kind, layer)}, {where}: {values[layer, index]:+.3f}"
+                )
+        if any("residual" in effects for effects in self.effects.values()):
+            lines.append(f"(residual: {FINAL_ROW_NOTE}; emb: entering layer 0, Ln: leaving layer n)")
         for method, kinds in self.correlations.items():
             agreement = ", ".join(
                 f"{kind} r={values['pearson']:.2f} rho={values['spearman']:.2f}" for kind, values in kinds.items()
@@ -147,6 +152,24 @@ class PatchResult:
             lines.append(f"{method} vs exact: {agreement}")
         lines.append("seconds: " + ", ".join(f"{name} {value:.2f}" for name, value in self.seconds.items()))
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        """One line (the arrays are for `to_dict` and the report): the model, the metric on both
+        inputs, the methods and each site kind's shape."""
+        methods = ", ".join(self.effects)
+        shapes = ", ".join(
+            f"{kind} {list(values.shape)}" for kind, values in next(iter(self.effects.values()), {}).items()
+        )
+        return (
+            f"PatchResult(model={self.model!r}, {self.direction}, {self.metric}: clean {self.clean_metric:.4g}, "
+            f"corrupted {self.corrupt_metric:.4g}; {methods}; {shapes})"
+        )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the inputs, the metric and the strongest sites (`save` writes the heatmaps)."""
+        from attnflow.causal.report import report_fragment
+
+        return report_fragment(self)
 
     def save(self, out: str | Path) -> Path:
         """Write ``patch.json`` (every number) and ``patch.html`` (the report) into ``out``."""
@@ -198,8 +221,8 @@ def patch(
 ) -> PatchResult:
     """Patch every site of the kinds ``sites`` (`attnflow.causal.sites.ALL_KINDS`; default the
     activation kinds `SITE_KINDS`) between ``clean`` and its corruption, by each of ``methods``
-    (``exact``, ``atp``, ``atp*``, ``relp``; the approximations do not estimate the knockout, and
-    are left out of a sweep of knockouts only).
+    (``exact``, ``atp``, ``atp*``, ``relp``, ``atp-ig``; the approximations do not estimate the
+    knockout, and are left out of a sweep of knockouts only).
 
     Args:
         model: an `AttentionModel` whose family has patching sites: a classifier or a causal LM.
@@ -388,11 +411,15 @@ class _Sweep:
                 f"the corruption does not change the metric ({self.metric.describe()} = {m_clean:.4g} on both): "
                 "nothing to restore; choose a corruption that changes the prediction"
             )
+        clean_run = BaseRun(clean_ids, None, {}, 1)
+        corrupt_run = BaseRun(corruption.ids, corruption.noise, {}, corruption.rows)
         if self.direction == "denoising":
-            base = BaseRun(corruption.ids, corruption.noise, stacked(clean_recorded), corruption.rows)
+            source = clean_run.embeddings(runner)
+            base = BaseRun(corruption.ids, corruption.noise, stacked(clean_recorded), corruption.rows, source)
             m_base, sign = m_corrupt, 1.0
         else:
-            base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows)
+            source = corrupt_run.embeddings(runner)
+            base = BaseRun(clean_ids, None, stacked(corrupt_recorded), corruption.rows, source)
             m_base, sign = m_clean, -1.0
         # An intervention (knockout) runs on the clean input whatever the direction: its effect
         # reads like noising, (m_clean − m_intervened) / (m_clean − m_corrupted).

@@ -9,7 +9,13 @@ Each estimates Δm(site) = m(base run with the site set to its source value) −
   compares with signed effects. (The paper's other fix, recomputing the attention softmax for
   patched queries and keys, concerns query and key sites, which a sweep of outputs does not have.)
 - ``relp`` (arXiv 2508.21258): (a_source − a_base) · ∂̃m/∂a with ∂̃ the AttnLRP rules' backward
-  (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient.
+  (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient;
+- ``atp-ig`` (integrated gradients along the path between the two runs, as EAP-IG does for edges,
+  Hanna et al. 2024): (a_source − a_base) · the mean of ∂m/∂a over `IG_STEPS` runs whose word
+  embeddings lie on the straight line from the base run's to the source run's, at the midpoints
+  α = (k + ½) / `IG_STEPS`; one forward and one backward pass of `IG_STEPS` × samples rows. AtP
+  reads the gradient at the base run only (α = 0), where a saturated softmax or a non-linearity
+  the patch crosses hides the effect.
 
 Arrays per site kind as in `attnflow.causal.sites`; each is averaged over the base run's samples.
 Each kind's row in the site table says how its products are summed per site (``dot``); a kind
@@ -27,7 +33,8 @@ import torch
 from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 from attnflow.causal.sites import site_kind
 
-APPROXIMATIONS = ("atp", "atp*", "relp")
+APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
+IG_STEPS = 3  # points of the path `atp-ig` averages the gradient over
 
 
 def estimate(
@@ -39,6 +46,8 @@ def estimate(
     kinds = estimable(kinds)
     if method == "atp*":
         return _graddrop(runner, base, kinds, head_position)
+    if method == "atp-ig":
+        return _integrated(runner, base, kinds, head_position)
     rules = None
     if method == "relp":
         from attnflow.methods.model.lrp import RULES, backward_rules
@@ -126,3 +135,34 @@ def _graddrop(
         sign = np.sign(_dot(kind, source, plain_activations[kind], plain[kind], runner.n_heads, head_position))
         estimates[kind] = (sign * magnitude).mean(axis=0)
     return estimates
+
+
+def _integrated(
+    runner: PatchRunner, base: BaseRun, kinds: tuple[str, ...], head_position: int | None = None, steps: int = IG_STEPS
+) -> dict[str, np.ndarray]:
+    """AtP with the gradient averaged along the path from the base run's word embeddings to the
+    source run's (`IG_STEPS` midpoints, one batch of ``steps × samples`` rows), times the difference
+    of the activations between the two runs."""
+    if base.source_embeddings is None:
+        raise ValueError("atp-ig needs the source run's word embeddings (BaseRun.source_embeddings)")
+    samples = base.samples
+    start = base.embeddings(runner)  # [1 or samples, token, d_model]
+    offset = (base.source_embeddings.to(start.device, start.dtype) - start).expand(samples, -1, -1)
+    alphas = (torch.arange(steps, dtype=start.dtype, device=start.device) + 0.5) / steps  # [step]
+    base_noise = torch.zeros_like(offset) if base.noise is None else base.noise.to(start.device, start.dtype)
+    noise = (base_noise[None] + alphas[:, None, None, None] * offset[None]).reshape(steps * samples, *offset.shape[1:])
+    gradients, _ = _gradients(runner, base.input_ids, noise, steps * samples)
+    with torch.no_grad():
+        _, recorded = runner.forward(base.input_ids, samples, noise=base.noise, record=True)
+    activations = stacked(recorded)
+    return {
+        kind: _dot(
+            kind,
+            base.source[kind],
+            activations[kind],
+            gradients[kind].reshape(steps, samples, *gradients[kind].shape[1:]).mean(dim=0),
+            runner.n_heads,
+            head_position,
+        ).mean(axis=0)
+        for kind in kinds
+    }

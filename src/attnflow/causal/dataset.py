@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -68,6 +68,7 @@ def patch_file(
     resume: bool = False,
     overwrite: bool = False,
     engine: EngineOptions | None = None,
+    owned: Callable[[str], bool] = OUTPUTS.__contains__,
     **options: Any,
 ) -> dict[str, Any]:
     """Patch every pair of ``path`` (`read_pairs`) with ``options`` (`attnflow.causal.patch`'s
@@ -75,16 +76,16 @@ def patch_file(
     configuration), into folder ``out``; returns the summary (also written there).
 
     ``model``: a loaded model, or a name (loaded only by the local engine: Ray's actors load their
-    own). ``out`` holding an earlier run: ``resume`` continues it, ``overwrite`` starts again. The
-    pairs file must not be one of the files the run writes in ``out``.
+    own). ``out`` holding an earlier run (an entry ``owned`` claims, the checkpoint included):
+    ``resume`` continues it, ``overwrite`` deletes those entries and starts again. The pairs file must
+    not be one of the files the run writes in ``out``.
     """
     path, out = Path(path), Path(out)
     pairs = read_pairs(path)
-    owned = set(OUTPUTS) | {CHECKPOINT}
-    if out.resolve() == path.resolve().parent and path.name in owned:
+    if out.resolve() == path.resolve().parent and (path.name == CHECKPOINT or owned(path.name)):
         raise InputError(
-            f"--file {path} is named like a file this run writes in --out {out} ({', '.join(sorted(owned))}): "
-            "rename it or choose another --out"
+            f"--file {path} is named like a file this run writes in --out {out} ({', '.join((*OUTPUTS, CHECKPOINT))}"
+            "): rename it or choose another --out"
         )
     engine = engine or EngineOptions(quiet=not options.get("progress", True))
     options = {**options, "progress": False}  # the engine's bar counts the pairs
@@ -94,7 +95,7 @@ def patch_file(
         **{key: value for key, value in options.items() if key not in ("batch_size", "progress")},
     }
     with RunFolder(
-        out, kind="patch", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
+        out, kind="patch", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
         resume=resume, overwrite=overwrite,
     ) as folder:  # fmt: skip
         folder.check(fields)  # before the model loads
@@ -162,7 +163,8 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Means and 95 % intervals over pairs of each method's effects per site kind (position kinds
     aligned on the last position), each approximation's correlation with exact patching (the mean
-    over pairs and over every site of every pair pooled) and the seconds per method."""
+    over pairs and over every site of every pair pooled), the seconds per method, and the pairs
+    themselves (``pair_list``: texts, metric and its value on both inputs)."""
     results = [row for row in rows if "error" not in row]
     failed = [
         {"index": row["index"], "clean_text": row["clean_text"], "error": row["error"]}
@@ -171,6 +173,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     summary: dict[str, Any] = {
         "pairs": len(results),
+        "pair_list": [
+            {
+                "index": row["index"],
+                "clean_text": row["clean_text"],
+                "corrupt_text": row["corrupt_text"],
+                "noise_words": row["noise_words"],
+                "metric": row["metric"],
+                "clean_metric": row["clean_metric"],
+                "corrupt_metric": row["corrupt_metric"],
+            }
+            for row in results
+        ],
         "failed": failed,
         "effects": {},
         "correlations": {},

@@ -97,12 +97,22 @@ class Patches:
 class BaseRun:
     """The run a sweep patches: ``input_ids [1, token]``, ``noise [samples, token, d_model]`` (None:
     no noise), the ``source`` activations patched in (`stacked`; 1 sample or a divisor of
-    ``samples``) and the number of ``samples`` (rows) each site is averaged over."""
+    ``samples``) and the number of ``samples`` (rows) each site is averaged over;
+    ``source_embeddings [1 or samples, token, d_model]``: the word embeddings (noise included) of
+    the run the source activations come from, the far end of the path ``atp-ig`` integrates along
+    (None: not known)."""
 
     input_ids: torch.Tensor
     noise: torch.Tensor | None
     source: dict[str, torch.Tensor]
     samples: int
+    source_embeddings: torch.Tensor | None = None
+
+    def embeddings(self, runner: "PatchRunner") -> torch.Tensor:
+        """``[samples or 1, token, d_model]`` this run's word embeddings, its noise included."""
+        with torch.no_grad():
+            embedded = runner.modules.embeddings(self.input_ids.to(runner.model.device))  # [1, token, d_model]
+        return embedded if self.noise is None else embedded + self.noise.to(embedded.device, embedded.dtype)
 
 
 class PatchRunner:

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.causal.labels import layer_label
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
@@ -193,5 +194,5 @@ def format_table(table: dict[str, dict[str, Any]]) -> str:
             cells.append(
                 "–" if not np.isfinite(mean) else f"{mean:+.2f} ± {se:.2f}" if np.isfinite(se) else f"{mean:+.2f}"
             )
-        lines.append("| " + " | ".join(["emb" if row == 0 else f"L{row - 1}", *cells]) + " |")
+        lines.append("| " + " | ".join([layer_label("residual", row), *cells]) + " |")
     return "\n".join(lines)

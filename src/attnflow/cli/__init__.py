@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, routes, serve
-from attnflow.errors import AttnflowError
+from attnflow.errors import AttnflowError, once_per_run
 
 SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, routes, serve)
 
@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings(), _holding(args):
             warnings.showwarning = _show_warning
-            return int(args.handler(args) or 0)
+            with once_per_run():  # a collapse warning is said once per command, not per text or step
+                return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("attnflow: interrupted", file=sys.stderr)
         if argv is None:  # the program is ending: another Ctrl-C while it shuts down is ignored, not a traceback

@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--batch-size", type=int, default=16, metavar="N", help="texts per traced pass (default: 16)")
     add_run_arguments(run, checkpoint_every=10)
     run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
 
 

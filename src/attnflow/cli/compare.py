@@ -20,7 +20,8 @@ from attnflow.staging import check_output
 
 EPILOG = """\
 examples:
-  attnflow compare "The movie was terrible, but the acting was great." --model minilm --model minilm-sentiment
+  attnflow compare "The movie was terrible, but the acting was great." --model minilm-sentiment \
+      --model minilm-topics --method attnlrp
   attnflow compare "A cat sat on the mat." --model minilm-sentiment --model minilm-topics --method raw --top-k 3 --json
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
@@ -322,7 +322,7 @@ def _print_summary(trace: Trace, explanations: list[Explanation]) -> None:
         if explanation.chosen_by:
             print(explanation.chosen_by)
         if explanation.signed:
-            label = explanation.target["label"] if explanation.target else "the target"
+            label = _target_label(explanation.target)
             evidence = ", ".join(f"{display_token(t)} {s:+.3g}" for _, t, s in explanation.top(5) if s > 0)
             against = ", ".join(f"{display_token(t)} −{-s:.3g}" for _, t, s in explanation.against(3))
             print(f"{explanation.method} for {label}: {evidence or '-'} … against: {against or '-'}")
@@ -334,6 +334,16 @@ def _print_summary(trace: Trace, explanations: list[Explanation]) -> None:
         if explanation.faithfulness is not None:
             badge = faithfulness_badge(explanation.faithfulness)
             print(f"{explanation.method} faithfulness on this input: {badge}")
+
+
+def _target_label(target: dict[str, Any] | None) -> str:
+    """A class as it is named (negative), a next token as a reader sees it, quoted ('Paris', not
+    the label's own leading space)."""
+    if target is None:
+        return "the target"
+    if target["kind"] == "next_token":
+        return f"'{display_token(target['label'])}'"
+    return str(target["label"])
 
 
 def _methods(text: str) -> list[str]:

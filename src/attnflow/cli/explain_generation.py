@@ -58,14 +58,12 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     quiet)`` loads the model, ``say`` reports progress. Default method: auto, the one-pass target
     method whose top sources' removal drops p(t_k) most over the steps (per-step faithfulness of
     every candidate is computed to choose it)."""
-    from attnflow.cli.common import given_method_options, options_per_method
+    from attnflow.cli.common import given_method_options
     from attnflow.cli.outputs import prepare_output
-    from attnflow.evaluate.per_input import AUTO, auto_methods, choose_by_step_aopc, with_candidates
     from attnflow.generation import (
         DEFAULT_STEPS_PER_PASS,
-        check_generation_method,
-        explain_continuation,
-        generation_methods,
+        explain_planned_generation,
+        plan_generation,
         prepare_continuation,
     )
 
@@ -73,34 +71,19 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     out = prepare_output(args)
     say(f"loading {args.model} …")
     model = load(args.model, args.device, args.quiet)
-    requested = args.method or [AUTO]
-    per_method = options_per_method(
-        with_candidates(requested, model.adapter, among=generation_methods(), target_kind=model.target_kind),
-        given_method_options(args),
-    )
-    for name in per_method:
-        check_generation_method(model, name)
-    candidates = (
-        [name for name in auto_methods(model.adapter, model.target_kind) if name in per_method]
-        if AUTO in requested
-        else []
-    )
+    plan = plan_generation(model, args.method, given_method_options(args))
     say("generating …" if args.generate is not None else "tokenizing the continuation …")
     sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)
-    say(f"explaining {sequence.n_steps} tokens with {', '.join(per_method)} …")
-    computed = explain_continuation(
+    say(f"explaining {sequence.n_steps} tokens with {', '.join(plan.per_method)} …")
+    explanations = explain_planned_generation(
         model,
         sequence,
-        per_method,
-        args.faithfulness is True or bool(candidates),  # auto chooses by the per-step faithfulness
+        plan,
+        args.faithfulness is True,  # auto computes it anyway: it chooses by the per-step faithfulness
         args.steps_per_pass or DEFAULT_STEPS_PER_PASS,
         contrast=getattr(args, "contrast", None),
     )
-    by_name = {explanation.method: explanation for explanation in computed}
-    chosen_by = None
-    if candidates:
-        by_name[AUTO], chosen_by = choose_by_step_aopc([by_name[name] for name in candidates])
-    explanations = list({id(by_name[name]): by_name[name] for name in requested}.values())
+    chosen_by = next((explanation.chosen_by for explanation in explanations if explanation.chosen_by), None)
     paths = _save(out, explanations, chosen_by, args.overwrite) if out is not None else {}
     if args.json:
         data = [explanation.to_dict() for explanation in explanations]

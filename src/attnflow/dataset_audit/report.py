@@ -30,16 +30,18 @@ pre { background: #f5f5f7; padding: .4rem .6rem; white-space: pre-wrap; word-bre
 
 
 def words_figure(rows: Sequence[Mapping[str, Any]], value: str, title: str, interval: str | None = None) -> Figure:
-    """Horizontal bars of ``row[value]`` per word (best at the top), with ``row[interval]`` as error bars."""
+    """Horizontal bars of ``row[value]`` per word (best at the top), with ``row[interval]`` as error bars
+    (none for a word without an interval: one text)."""
     figure = Figure(figsize=(5.2, 0.26 * len(rows) + 0.9), layout="constrained")
     axes = figure.add_subplot()
     words = [str(row["word"]) for row in rows][::-1]
     values = [float(row[value]) for row in rows][::-1]
     errors = None
     if interval is not None:
+        bounds = [(v, v) if None in row[interval] else row[interval] for v, row in zip(values, rows[::-1], strict=True)]
         errors = [
-            [v - float(row[interval][0]) for v, row in zip(values, rows[::-1], strict=True)],
-            [float(row[interval][1]) - v for v, row in zip(values, rows[::-1], strict=True)],
+            [v - float(low) for v, (low, _) in zip(values, bounds, strict=True)],
+            [float(high) - v for v, (_, high) in zip(values, bounds, strict=True)],
         ]
     axes.barh(range(len(words)), values, xerr=errors, color="#d9480f", ecolor="#555", capsize=2)
     axes.set_yticks(range(len(words)), words, fontsize=8)
@@ -258,6 +260,6 @@ def explain_command(record: Mapping[str, Any], run: Mapping[str, Any]) -> str:
 
 def _interval(bounds: Sequence[float | None], percent: bool = False) -> str:
     if bounds[0] is None or bounds[1] is None:
-        return "n/a"
+        return "n = 1: no interval"
     scale, unit = (100.0, " %") if percent else (1.0, "")
     return f"[{scale * bounds[0]:.3g}, {scale * bounds[1]:.3g}]{unit}"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
-from attnflow.evaluate.bounds import EXACT_LIMIT, normalised_aopc, search_bounds, search_cost
+from attnflow.evaluate.bounds import EXACT_LIMIT, AopcBounds, normalised_aopc, search_bounds, search_cost
 from attnflow.evaluate.metrics import aopc, content_ranking, top_count
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.methods.registry import AUTO
@@ -129,16 +129,7 @@ def input_faithfulness(
     p_full = curve[:, 0]  # [ranking], all the same input
     comprehensiveness, sufficiency = aopc(p_full, without)[0], aopc(p_full, only)[0]  # [ranking, bin]
     search = budget.bounds_search(len(content), len(example.ids), bins)
-    bounds_key = ("bounds", search, *key[:-2])  # the bounds depend on the input, its target, replace and bins
-    bounds = _kept(model, bounds_key)
-    if bounds is None:
-        # a scorer of their own: their numbers never depend on which rankings were scored beside them
-        bounds_scorer = ClassifierScorer(model)
-        p_input = float(target_values(bounds_scorer, [(example.ids, example)])[0])
-        bounds = search_bounds(
-            bounds_scorer, [replace_p_full(example, p_input)], tuple(bins), replace, mask_id, search, beam_width=1
-        )[0]
-        _keep(model, bounds_key, bounds)
+    bounds = _input_bounds(model, example, ("bounds", search, *key[:-2]), bins, replace, search)
 
     def figures(comprehensive: np.ndarray, sufficient: np.ndarray) -> dict[str, Any]:
         return {
@@ -157,21 +148,44 @@ def input_faithfulness(
         }
         _keep(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
-    bounds_record = bounds.to_dict()
-    if bounds.search == "none":
-        bounds_record["note"] = (
-            f"NAOPC not computed: the bounds of {len(content)} content tokens would score more than the "
-            f"per-input budget of {budget.bounds_tokens:,} tokens"
-        )
     shared = {
         "target": target.label,
         "quantity": f"p({target.label})" + ("" if contrast is None else f" − p({contrast_label})"),
         "probability": float(p_full[0]),
         "replace": replace,
         "bins": list(bins),
-        "bounds": bounds_record,
+        "bounds": _bounds_record(bounds, len(content), budget),
     }
     return [{**shared, **figures(comprehensiveness[i], sufficiency[i]), "random": chance} for i in range(len(scores))]
+
+
+def _bounds_record(bounds: AopcBounds, m: int, budget: FaithfulnessBudget) -> dict[str, Any]:
+    """The bounds as the record shows them, with why there are none when none was searched."""
+    record = bounds.to_dict()
+    if bounds.search == "none":
+        record["note"] = (
+            f"NAOPC not computed: the bounds of {m} content tokens would score more than the per-input "
+            f"budget of {budget.bounds_tokens:,} tokens"
+        )
+    return record
+
+
+def _input_bounds(
+    model: ModelLike, example: Example, key: tuple, bins: Sequence[float], replace: str, search: str
+) -> AopcBounds:
+    """The AOPC bounds of one input by ``search`` (a beam of width 1 where it is ``"beam"``), kept per
+    model under ``key`` (they depend on the input, its target, ``replace``, ``bins`` and the search)."""
+    bounds = _kept(model, key)
+    if bounds is None:
+        # a scorer of their own: their numbers never depend on which rankings were scored beside them
+        scorer = ClassifierScorer(model)
+        p_input = float(target_values(scorer, [(example.ids, example)])[0])
+        mask_id = mask_token_id(model)
+        bounds = search_bounds(
+            scorer, [replace_p_full(example, p_input)], tuple(bins), replace, mask_id, search, beam_width=1
+        )[0]
+        _keep(model, key, bounds)
+    return bounds
 
 
 def replace_p_full(example: Example, p_full: float) -> Example:
@@ -360,6 +374,7 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         )
         return first
     best = max(scored, key=lambda e: e.faithfulness["aopc_comprehensiveness"])
+    _warn_if_no_better_than_random(best)
     others = ", ".join(f"{e.method} {e.faithfulness['aopc_comprehensiveness']:.3f}" for e in scored if e is not best)
     bins = "/".join(f"{100 * k:g}" for k in best.faithfulness["bins"])
     best.chosen_by = (
@@ -370,6 +385,32 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
         + f"; random rankings {best.faithfulness['random']['aopc_comprehensiveness']:.3f})"
     )
     return best
+
+
+def _warn_if_no_better_than_random(chosen: Any) -> None:
+    """A note (and an `ExplanationWarning`) on auto's choice when even the best candidate's
+    comprehensiveness is not clearly above random rankings' on this input
+    (`attnflow.explanation.faithfulness_level`): no candidate is a map to trust there."""
+    import warnings
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.explanation import faithfulness_level
+
+    level = faithfulness_level(chosen.faithfulness)
+    if level == "clear":
+        return
+    mine, chance = (
+        chosen.faithfulness["aopc_comprehensiveness"],
+        chosen.faithfulness["random"]["aopc_comprehensiveness"],
+    )
+    how = "no better than" if level == "weak" else "barely above"
+    note = (
+        f"auto's choice, {chosen.method}, is {how} random rankings on this input (comprehensiveness {mine:.3f} "
+        f"against their {chance:.3f}): none of its candidates finds the tokens this prediction depends on; "
+        "do not read this map as the reason"
+    )
+    chosen.notes.append(note)
+    warnings.warn(note, ExplanationWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)

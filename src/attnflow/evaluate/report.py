@@ -33,7 +33,8 @@ def ordered_methods(results: dict[str, Any]) -> list[str]:
 
 
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table (mean ± standard error over samples)."""
+    """Header and rows of the results table (mean ± standard error over samples); the NAOPC columns
+    only when the run computed the bounds."""
     header = [
         "method",
         "comprehensiveness ↑",
@@ -66,6 +67,9 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _pm(summary["seconds_per_sample"], 2),
             ]
         )
+    if not results["run"].get("bounds_search"):  # no bounds searched: no NAOPC to show
+        keep = [i for i, column in enumerate(header) if not column.startswith("NAOPC")]
+        header, rows = [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
     return header, rows
 
 

@@ -17,6 +17,8 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
 - ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
   target, < 0 against it), ``requires`` (what a model family must provide, names from
   `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
+- ``baseline``: the scores are a reference every method must beat (``random``), not an explanation:
+  the summary sentence says so;
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
   several traces at once, ``batch(model, traces, **options)`` → per trace its ``scores [key]`` or
   a `attnflow.methods.extras.Scored` (scores and extras, as the single form may return), for
@@ -105,6 +107,7 @@ class MethodSpec:
     per_head: bool = False
     cost: Cost = "one_pass"
     batch: Callable[..., Sequence[Any]] | None = None
+    baseline: bool = False
 
     @property
     def uses_target(self) -> bool:
@@ -171,6 +174,7 @@ def register(
     per_head: bool = False,
     cost: Cost = "one_pass",
     batch: Callable[..., Sequence[Any]] | None = None,
+    baseline: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
 
@@ -227,6 +231,7 @@ def register(
             per_head=per_head,
             cost=cost,
             batch=batch,
+            baseline=baseline,
         )
         return function
 
@@ -276,12 +281,14 @@ def available_methods() -> list[str]:
 
 def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list[str]:
     """``"a,b"`` (or a list of names) -> the registered names, in order, without repeats; a name
-    neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones."""
+    neither registered nor in ``also`` (e.g. ``"auto"``) is a ValueError naming the available ones,
+    ``also`` included."""
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
     unknown = [name for name in names if name not in _registered() and name not in also]
     if not names or unknown:
         named = ", ".join(map(repr, unknown)) or repr(methods)
-        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}")
+        also_taken = f"; or {', '.join(also)}" if also else ""
+        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}{also_taken}")
     return list(dict.fromkeys(names))
 
 

@@ -8,13 +8,15 @@
   attention block, composed over layers.
 - `gradient`, `grad_x_input`: ‖∂y/∂e_j‖₂ and ‖∂y/∂e_j ⊙ e_j‖₂ on the word embeddings
   (``signed=True``: Σ_d e_j ∂y/∂e_j).
-- `random`: seeded uniform scores, the floor every benchmark compares with.
+- `random`: uniform scores seeded by the seed and the input, the floor every benchmark compares with.
 
 Arrays are float64 numpy. Shapes: attentions ``[layer, head, query, key]``, values
 ``[layer, token, head, d_head]``, output weights ``[layer, head, d_head, d_model]``.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 
@@ -230,7 +232,15 @@ def grad_x_input(trace: Trace, signed: bool = False) -> np.ndarray:
     takes="trace",
     options=(options.SEED,),
     scores_only=True,
+    baseline=True,
 )
 def random(trace: Trace, seed: int = 0) -> np.ndarray:
-    """``[token]`` uniform [0, 1) scores from ``numpy.random.default_rng(seed)``."""
-    return np.random.default_rng(seed).random(trace.n_tokens)
+    """``[token]`` uniform [0, 1) scores from a generator seeded with ``seed`` and the input itself
+    (its token ids; an image, whose patches have none, by its attention weights): the same input
+    gives the same scores, two inputs of the same length give independent ones (a seed alone would
+    give every input of a length one fixed ranking of its positions — a positional baseline, not a
+    random one)."""
+    ids = np.asarray(trace.token_ids, dtype=np.int64)
+    content = ids if (ids >= 0).any() else np.round(np.asarray(trace.attentions, dtype=np.float32), 4)
+    digest = zlib.crc32(np.ascontiguousarray(content).tobytes())
+    return np.random.default_rng([seed, digest]).random(trace.n_tokens)

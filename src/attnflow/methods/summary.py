@@ -129,9 +129,22 @@ def explanation_subject(explanation: Any) -> str:
     return subject(explanation.row, explanation.tokens, getattr(explanation, "target", None))
 
 
+def baseline_prefix(method: str) -> str:
+    """What a summary sentence starts with: ``"random scores (a baseline, not a finding): "`` for a
+    baseline method (`MethodSpec.baseline`), else nothing."""
+    from attnflow.methods.registry import get_method
+
+    try:
+        baseline = get_method(method).baseline
+    except ValueError:  # an explanation read back from a file of a method not registered here
+        baseline = False
+    return f"{method} scores (a baseline, not a finding): " if baseline else ""
+
+
 def explanation_summary(explanation: Any, max_words: int = 3) -> str:
-    """`summarize` applied to an Explanation (its scores, special tokens, text and offsets)."""
-    return summarize(
+    """`summarize` applied to an Explanation (its scores, special tokens, text and offsets); for a
+    baseline method (``random``) the sentence says it is one (`baseline_prefix`)."""
+    return baseline_prefix(explanation.method) + summarize(
         explanation.tokens,
         explanation.scores,
         explanation_subject(explanation),

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnflow.errors import InputError
-from attnflow.staging import atomic_file, check_output, folder_lock, is_scratch
+from attnflow.staging import atomic_file, check_writable, folder_lock, is_scratch
 
 _STATE_PREFIX = "state/"
 
@@ -108,7 +108,7 @@ class RunFolder:
                 f"{out} holds an earlier run ({', '.join(earlier[:3])}); pass --resume to continue the run saved "
                 "there, or --overwrite to start again"
             )
-        check_output(out, self.owned, overwrite=True)  # can the folder be written at all?
+        check_writable(out)  # a read-only folder fails now, not at the first checkpoint after the work
         if self.overwrite:
             for name in earlier:
                 entry = out / name

@@ -112,7 +112,9 @@ class GenerateRequest(BaseModel):
 
     text: str = Field(description="the prompt")
     model: str | None = None
-    methods: list[str] | None = Field(None, description="registered methods (default: rollout)")
+    methods: list[str] | None = Field(
+        None, description="registered methods, or auto (default: auto, as `attnflow explain --generate`)"
+    )
     options: dict[str, Any] = Field(default_factory=dict)
     generate: int | None = Field(None, ge=1, description="greedily generate this many tokens")
     continuation: str | None = Field(None, description="explain this continuation instead (teacher-forced)")
@@ -319,7 +321,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             max_length=body.max_length,
         )
         service.keep(job, explanations)
-        explained = [explanation.to_dict() for explanation in explanations]
+        explained = [work.answer_record(explanation) for explanation in explanations]
         return {"id": job.id, "model": model, "text": body.text, "elapsed_ms": elapsed_ms, "explanations": explained}
 
     @app.post("/api/generate", summary="explain every generated token, as `attnflow explain --generate N` does")
@@ -336,14 +338,14 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             work.generate_text,
             text=body.text,
             model=model,
-            methods=body.methods or ["rollout"],
+            methods=body.methods,
             options=body.options,
             generate=body.generate,
             continuation=body.continuation,
             faithfulness=body.faithfulness,
         )
         service.keep(job, explanations)
-        explained = [explanation.to_dict() for explanation in explanations]
+        explained = [work.answer_record(explanation) for explanation in explanations]
         return {"id": job.id, "model": model, "elapsed_ms": elapsed_ms, "explanations": explained}
 
 

@@ -94,35 +94,36 @@ def generate_text(
     *,
     text: str,
     model: str,
-    methods: Sequence[str],
+    methods: Sequence[str] | None,
     options: Mapping[str, Any],
     generate: int | None,
     continuation: str | None,
     faithfulness: bool,
 ) -> list[Any]:
     """`attnflow explain PROMPT --generate N` (or ``--continuation TEXT``): one `GenerationExplanation`
-    per method (a cancel stops before the generation or before the explanations)."""
+    per method asked for (None: auto, as the CLI), auto's choice in its place (`attnflow.generation`'s
+    `plan_generation` and `explain_planned_generation`, the CLI's code); a cancel stops before the
+    generation or before the explanations."""
     from attnflow.capture.texts import check_texts
+    from attnflow.evaluate.per_input import AUTO, with_candidates
     from attnflow.generation import (
         DEFAULT_STEPS_PER_PASS,
-        check_generation_method,
-        explain_continuation,
+        explain_planned_generation,
+        plan_generation,
         prepare_continuation,
     )
-    from attnflow.methods.registry import options_per_method
 
     check_texts(text)
     if (generate is None) == (continuation is None):
         raise InputError("give either generate (a number of new tokens) or continuation (a text), not both or none")
-    names = method_list(methods) or ["rollout"]
-    per_method = options_per_method(names, parsed_options(options, names))
+    names = method_list(methods, also=(AUTO,))
+    given = parsed_options(options, with_candidates(names or [AUTO], None))
     with pool.using(model, job) as loaded:
-        for name in per_method:
-            check_generation_method(loaded, name)
+        plan = plan_generation(loaded, names, given)
         job.step("generating" if generate is not None else "tokenizing the continuation")
         sequence = prepare_continuation(loaded, text, max_new_tokens=generate, continuation=continuation)
-        job.step(", ".join(per_method))  # all at once, as the CLI: the steps' log p come from one pass
-        return explain_continuation(loaded, sequence, per_method, faithfulness, DEFAULT_STEPS_PER_PASS)
+        job.step(", ".join(plan.per_method))  # all at once, as the CLI: the steps' log p come from one pass
+        return explain_planned_generation(loaded, sequence, plan, faithfulness, DEFAULT_STEPS_PER_PASS)
 
 
 def compare_models(
@@ -184,6 +185,21 @@ def explore_text(
             loaded, text, methods=names, target=target, target_text=target_text, max_length=max_length
         )
         return str(exploration.to_html())
+
+
+def answer_record(explanation: Any) -> dict[str, Any]:
+    """An explanation's JSON as ``/api/explain`` and ``/api/generate`` answer it: the file's content
+    (raw token strings) and the strings a reader sees (`attnflow.tokens.display_token`), which the
+    page shows: ``display_tokens``, or for a generation ``display_sources`` and ``display_generated``."""
+    from attnflow.tokens import display_token
+
+    data = explanation.to_dict()
+    if "generated" in data:
+        data["display_sources"] = [display_token(token) for token in data["sources"]]
+        data["display_generated"] = [display_token(token) for token in data["generated"]]
+    else:
+        data["display_tokens"] = [display_token(token) for token in data["tokens"]]
+    return data
 
 
 def explanation_file(explanation: Any, kind: str) -> bytes:

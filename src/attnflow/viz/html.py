@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow.explanation import LEVEL_NOTES, faithfulness_level
 from attnflow.tokens import display_token
 from attnflow.viz.page import (
     BLUE,
-    LEVEL_NOTES,
     ORANGE,
     esc,
     faithfulness_badge,
-    faithfulness_level,
     figure_img,
     image_png,
     img,

@@ -160,26 +160,6 @@ def _default_footer() -> str:
         return "Made with attnflow; renders offline, no scripts."
 
 
-CLEAR_MARGIN = 0.5  # comprehensiveness above random by half of random's (and by 0.01 of p) or more: "clear"
-LEVEL_NOTES = {
-    "clear": "",
-    "marginal": " Barely above random rankings on this input (less than 1.5 times their drop).",
-    "weak": " No better than random rankings on this input.",
-}
-
-
-def faithfulness_level(faithfulness: dict[str, Any]) -> str:
-    """``"weak"`` when the ranking's comprehensiveness is no higher than random rankings',
-    ``"marginal"`` when it exceeds theirs by less than `CLEAR_MARGIN` of it (or by less than 0.01),
-    ``"clear"`` otherwise: a map only slightly better than chance is not shown as a good one."""
-    mine, chance = faithfulness["aopc_comprehensiveness"], faithfulness["random"]["aopc_comprehensiveness"]
-    if mine <= chance:
-        return "weak"
-    if mine - chance < max(CLEAR_MARGIN * chance, 0.01):
-        return "marginal"
-    return "clear"
-
-
 def faithfulness_badge(faithfulness: dict[str, Any]) -> str:
     """``comprehensiveness 0.41, NAOPC 0.83 (random 0.12) · sufficiency 0.05, NAOPC 0.10 (random
     0.30)``: the per-input AOPC of an explanation, its normalised AOPC where the input's bounds

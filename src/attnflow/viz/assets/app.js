@@ -83,8 +83,7 @@
     if (generate > 0) {
       path = "/api/generate";
       body.generate = generate;
-      body.methods = methods.filter((name) => name !== AUTO);
-      if (!body.methods.length) body.methods = ["rollout"];
+      body.methods = methods.length ? methods : null;  // none: auto, as the command line
     } else {
       body.methods = methods.length ? methods : null;
       if ($("target").value) body.target = $("target").value;
@@ -108,7 +107,8 @@
     try {
       const answer = await api(path, body);
       const entry = { id: answer.id, kind: generate > 0 ? "generation" : "explanation", text: text,
-                      model: body.model, explanations: answer.explanations, elapsed: answer.elapsed_ms };
+                      model: body.model, generate: generate, explanations: answer.explanations,
+                      elapsed: answer.elapsed_ms, explorer: null };
       state.history.push(entry);
       addToHistory(entry, state.history.length - 1);
       show(entry, 0);
@@ -137,9 +137,11 @@
     try {
       const body = { text: entry.text, model: entry.model, methods: entry.explanations.map((e) => e.method) };
       const answer = await api("/api/explore", body);
-      $("explorer-link").href = answer.url;
-      $("explorer-link").hidden = false;
-      setStatus("the explorer is ready: open it in a new tab");
+      entry.explorer = answer.url;  // the link belongs to this entry: shown with it, never beside another
+      if (state.shown === entry) {
+        showExplorerLink(entry);
+        setStatus("the explorer is ready: open it in a new tab");
+      }
     } catch (error) {
       setStatus(error.message, true);
     } finally {
@@ -162,6 +164,12 @@
     return explanation.chosen_by ? "auto → " + explanation.method : explanation.method;
   }
 
+  function showExplorerLink(entry) {
+    $("explorer-link").hidden = !entry.explorer;
+    if (entry.explorer) $("explorer-link").href = entry.explorer;
+    else $("explorer-link").removeAttribute("href");
+  }
+
   function show(entry, view) {
     state.shown = entry;
     const select = $("view-method");
@@ -169,7 +177,13 @@
     entry.explanations.forEach((explanation, index) => option(select, String(index), label(explanation)));
     select.value = String(view);
     $("result").hidden = false;
-    $("explorer-link").hidden = true;
+    // the form shows what this result answered: its text, model and generation length
+    $("text").value = entry.text;
+    $("model").value = entry.model;
+    $("generate").value = String(entry.generate || 0);
+    $("result-source").textContent = entry.model + " · " + entry.text +
+      (entry.kind === "generation" ? " · " + entry.generate + " generated tokens" : "");
+    showExplorerLink(entry);
     $("explore").hidden = entry.kind !== "explanation";
     draw(view);
   }
@@ -240,7 +254,8 @@
     $("steps").textContent = "";
     if (entry.kind === "generation") return drawSteps(explanation);
     const special = explanation.special_mask || [];
-    explanation.tokens.forEach((token, i) => $("tokens").appendChild(tokenSpan(token, explanation.scores[i], i, special[i])));
+    const shown = explanation.display_tokens || explanation.tokens;  // as a reader sees them
+    shown.forEach((token, i) => $("tokens").appendChild(tokenSpan(token, explanation.scores[i], i, special[i])));
     paint(explanation.scores, special, !!explanation.signed);
     $("row-info").textContent = explanation.matrix
       ? "Click a token to see what it draws on (row " + explanation.row + " shown)."
@@ -273,16 +288,18 @@
       cell.textContent = title;
       head.appendChild(cell);
     }
+    const generated = explanation.display_generated || explanation.generated;  // as a reader sees them
+    const sourceTokens = explanation.display_sources || explanation.sources;
     explanation.steps.forEach((step, k) => {
       const row = table.insertRow();
       row.insertCell().textContent = String(k + 1);
-      row.insertCell().textContent = step.token;
+      row.insertCell().textContent = generated[k];
       row.insertCell().textContent = step.probability.toFixed(3);
       const sources = row.insertCell();
       const scores = explanation.matrix[k];
       const scale = scaleOf(scores, explanation.special_mask);
       scores.forEach((score, i) => {
-        const span = tokenSpan(explanation.sources[i], score, i, explanation.special_mask[i]);
+        const span = tokenSpan(sourceTokens[i], score, i, explanation.special_mask[i]);
         span.style.backgroundColor = colour(score, scale, score < 0);
         sources.appendChild(span);
       });
