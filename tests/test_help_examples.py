@@ -141,19 +141,20 @@ def example_folder(tmp_path, monkeypatch):
 
 def save_checkpoint_of(argv: list[str], monkeypatch) -> None:
     """Save the checkpoint a run of ``argv`` would write: the fields the command checks before its
-    model loads, recorded where it checks them (`RunFolder.check`), that run stopped there."""
+    model loads, recorded where its run folder opens (`RunFolder`), that run stopped there."""
     seen = []
 
-    def record(folder, fields):
-        seen.append((folder, fields))
+    def record(folder):
+        seen.append(folder)
         raise ReachedModelLoad
 
     with monkeypatch.context() as patch:
-        patch.setattr(RunFolder, "check", record)
+        patch.setattr(RunFolder, "__enter__", record)
         with pytest.raises(ReachedModelLoad):
             main(argv)
-    folder, fields = seen[0]
-    folder.save({}, {"done": 0, "batches": 0, "fingerprint": "", "fields": fields, "complete": False})
+    folder = seen[0]
+    meta = {"done": 0, "batches": 0, "fingerprint": "", "fields": folder.fields, "complete": False}
+    folder.save({}, meta)
 
 
 @pytest.mark.parametrize(

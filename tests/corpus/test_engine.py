@@ -109,7 +109,7 @@ def test_resume_with_another_configuration_is_refused(tiny_bert, txt_corpus, tmp
     run_study(tiny_options(tiny_bert, txt_corpus, samples=4), out)
     with pytest.raises(InputError, match=r"different configuration \(seq_len: 32 then, 16 now\);"):
         run_study(tiny_options(tiny_bert, txt_corpus, samples=4, seq_len=16), out, resume=True)
-    with pytest.raises(InputError, match=r"study: .*\"high\": \"top-percent:2\".*zscore:2"):
+    with pytest.raises(InputError, match=r"\(study.high: \"top-percent:2\" then, \"zscore:2\" now\)"):
         run_study(
             tiny_options(tiny_bert, txt_corpus, samples=4, statistics=StudyConfig(high="zscore:2")), out, resume=True
         )

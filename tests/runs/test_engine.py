@@ -164,3 +164,23 @@ def test_bad_engine_options_are_one_line():
         EngineOptions(engine="spark").check()
     with pytest.raises(InputError, match="--checkpoint-every must be at least 1"):
         EngineOptions(checkpoint_every=0).check()
+
+
+def test_every_dataset_command_words_the_run_options_the_same_way():
+    """--resume, --engine, --workers, --ray-address and --checkpoint-every: one wording (a --file
+    command's says so first), and each help points to docs/runs.md."""
+    from attnflow.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    worded = {}
+    for name in ("corpus", "audit", "evaluate", "patch", "explain"):
+        parser = commands[name]
+        assert "docs/runs.md" in parser.format_help(), name
+        for action in parser._actions:
+            flag = next(
+                (f for f in action.option_strings if f in ("--resume", "--engine", "--workers", "--ray-address")), None
+            )
+            if flag:
+                worded.setdefault(flag, set()).add(action.help.removeprefix("--file: "))
+    assert set(worded) == {"--resume", "--engine", "--workers", "--ray-address"}
+    assert all(len(helps) == 1 for helps in worded.values()), worded

@@ -96,9 +96,8 @@ def patch_file(
     }
     with RunFolder(
         out, kind="patch", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
-        resume=resume, overwrite=overwrite,
+        resume=resume, overwrite=overwrite, fields=fields,
     ) as folder:  # fmt: skip
-        folder.check(fields)  # before the model loads
         if isinstance(model, str) and engine.engine == "local":
             from attnflow.model import load
 

@@ -111,11 +111,9 @@ def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], sa
     }
     folder = RunFolder(
         out, kind="explain --file", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
-        resume=args.resume, overwrite=args.overwrite,
+        resume=args.resume, overwrite=args.overwrite, fields=fields,
     ) if out is not None else None  # fmt: skip
     with folder or nullcontext():
-        if folder is not None:
-            folder.check(fields)  # before the model loads
         say(f"loading {args.model} …")
         model = load(args.model, engine.driver_device, args.quiet)
         step = explain_step(model, args)

@@ -76,13 +76,11 @@ def run_study(
     """
     _check_options(options)
     engine = EngineOptions.of(options)
-    owned = OUTPUTS.__contains__
+    corpus = open_corpus(options.data, options.reading)
     with RunFolder(
-        out, kind="corpus study", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
-        resume=resume, overwrite=overwrite,
+        out, kind="corpus study", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
+        resume=resume, overwrite=overwrite, fields=option_fields(options, corpus),
     ) as folder:  # fmt: skip
-        corpus = open_corpus(options.data, options.reading)
-        folder.check(option_fields(options, corpus))  # before the model loads
         corpus.validate()
         if model is None:
             from attnflow.model import load

@@ -142,9 +142,8 @@ def run_audit(
     engine = EngineOptions.of(options)
     with RunFolder(
         out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
-        resume=resume, overwrite=overwrite,
+        resume=resume, overwrite=overwrite, fields=_option_fields(options, pairs),
     ) as folder:  # fmt: skip
-        folder.check(_option_fields(options, pairs))  # before the model loads
         if model is None:
             from attnflow.model import load
 

@@ -205,9 +205,8 @@ def evaluate(
     }
     with RunFolder(
         out, kind="evaluate", checkpoint=CHECKPOINT, owned=is_evaluate_output, state_format=CHECKPOINT_FORMAT,
-        resume=resume, overwrite=overwrite,
+        resume=resume, overwrite=overwrite, fields=config,
     ) as folder:  # fmt: skip
-        folder.check(config)  # before the model loads
         if isinstance(model, str):
             model = load(model, device=engine.driver_device)
         method_names = resolve_methods(methods, getattr(model, "adapter", None))

@@ -500,8 +500,8 @@ def run_benchmark(
     ordered = sorted(methods, key=lambda name: name != reference_method)
     with RunFolder(
         out_dir, kind="evaluate", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT, resume=resume,
+        fields=config,
     ) as folder:  # fmt: skip
-        folder.check(config or {})
         context = BenchmarkContext(model)
         examples = prepare_examples(model, context.scorer, texts, labels)
         units = benchmark_units(model, examples, ordered, options, reference_method)

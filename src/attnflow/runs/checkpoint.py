@@ -13,9 +13,9 @@ every dataset command:
   or older checkpoint is refused in one line), before any model loads.
 
 `RunFolder.check` compares a configuration with the one the checkpoint was written with and
-refuses, in one line that names each differing field, to continue it under another. A command
-calls it as soon as it knows some fields (the options, before any model loads) and again with all
-of them (what it derived from the model and the data). `RunFolder.save` writes the checkpoint
+refuses, in one line that names each differing field, to continue it under another: on entry with
+the ``fields`` a command knows before any model loads (its options), and again, in the run engine,
+with all of them (what it derived from the model and the data). `RunFolder.save` writes the checkpoint
 through a temporary file renamed into place: ``.npz`` for array states (the meta as JSON bytes),
 ``.json`` otherwise. `versions` is what each run records about its software.
 """
@@ -48,6 +48,8 @@ class RunFolder:
         owned: whether an entry of ``out`` is this command's (an earlier run's output).
         state_format: the version of the checkpoint's layout; another one is refused.
         resume / overwrite: ``--resume`` / ``--overwrite``.
+        fields: the configuration's fields known before any model loads: a checkpoint written under
+            others is refused on entry (`check`).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class RunFolder:
         state_format: int,
         resume: bool = False,
         overwrite: bool = False,
+        fields: dict[str, Any] | None = None,
     ) -> None:
         if resume and overwrite:
             raise InputError(
@@ -68,7 +71,7 @@ class RunFolder:
         self.out = Path(out)
         self.kind, self.checkpoint, self.state_format = kind, self.out / checkpoint, state_format
         self.owned = lambda name: name == checkpoint or owned(name)
-        self.resume, self.overwrite = resume, overwrite
+        self.resume, self.overwrite, self.fields = resume, overwrite, fields or {}
         self.saved: dict[str, Any] | None = None  # the checkpoint's meta, once read
         self.state: Any = None  # the checkpoint's state, once read
         self._stack = ExitStack()
@@ -115,6 +118,7 @@ class RunFolder:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
         if self.resume:
             self.saved, self.state = self._read()
+            self.check(self.fields)
 
     def _read(self) -> tuple[dict[str, Any], Any]:
         return read_checkpoint(self.checkpoint, self.kind, self.state_format)
