@@ -180,12 +180,11 @@ def run(job: Job, folder: RunFolder | None, options: EngineOptions, context: Any
         done, batches = folder.done, int(folder.saved.get("batches", 0))
         elapsed_before = float(folder.saved.get("elapsed_s", 0.0))
         log.info("resuming %s after %d %ss", folder.out, done, job.unit)
-    backend = _backend(job.step, result, options, context)
-    every = options.checkpoint_every or backend.default_checkpoint_every
+    backend: LocalBackend | RayBackend | None = None  # started with the first batch: a finished run starts none
     started = time.perf_counter()
 
     def collect(complete: bool = False) -> Any:
-        collected = backend.collect()
+        collected = backend.collect() if backend is not None else result
         if job.absorb is not None:
             job.absorb(collected)
         if folder is not None:
@@ -200,10 +199,11 @@ def run(job: Job, folder: RunFolder | None, options: EngineOptions, context: Any
             for batch in job.batches(done):
                 if job.label is not None:
                     bar.set_postfix_str(job.label(batch), refresh=False)
+                backend = backend or _backend(job.step, result, options, context)
                 backend.process(batch)
                 done, batches = done + len(batch), batches + 1
                 bar.update(len(batch))
-                if stop.is_set() or batches % every == 0:
+                if stop.is_set() or batches % (options.checkpoint_every or backend.default_checkpoint_every) == 0:
                     collect()
                 if stop.is_set():
                     saved = "checkpoint saved" if folder is not None else "nothing saved"
@@ -214,7 +214,8 @@ def run(job: Job, folder: RunFolder | None, options: EngineOptions, context: Any
             result = collect(complete=True)
     finally:
         bar.close()
-        backend.close()
+        if backend is not None:
+            backend.close()
     return Finished(result, done, elapsed_before + time.perf_counter() - started, fingerprint)
 
 
