@@ -53,7 +53,7 @@ def test_contrast_on_a_classifier_is_the_difference_of_the_class_maps(tiny_class
     expected = signed_scores(model, text, target=1) - signed_scores(model, text, target=0)
     np.testing.assert_allclose(contrast.scores, expected, atol=1e-5)
     names = model.model.config.id2label
-    assert f"{names[1]} rather than {names[0]}" in attnflow.targets.Target(**contrast.target).describe()
+    assert f"{names[1]} rather than {names[0]}" in attnflow.targets.ResolvedTarget(**contrast.target).describe()
 
 
 def test_contrast_errors_are_one_clear_line(tiny_llama):

@@ -91,8 +91,8 @@ def test_raw_method_and_row_index():
 @pytest.mark.parametrize(
     "method, options, message",
     [
-        ("raw", {"top_k": 2}, "does not take --top-k \\(top_k\\)"),
-        ("rollout", {"layer": 1}, "does not take --layer \\(layer\\)"),
+        ("raw", {"top_k": 2}, "does not take top_k;"),  # the library names its parameters, not flags
+        ("rollout", {"layer": 1}, "does not take layer;"),
         ("rollout", {"bogus": 1, "top_k": 2}, "does not take bogus"),
         ("nope", {}, "unknown method 'nope'"),
     ],

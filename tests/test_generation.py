@@ -167,7 +167,7 @@ def test_bad_input_is_one_clear_line(decoder, tiny_model_path):
         attnflow.explain_generation(decoder, PROMPT, max_new_tokens=0)
     with pytest.raises(InputError, match=r"exceed .* context of 60 tokens \(at most 56 new tokens\)"):
         attnflow.explain_generation(decoder, PROMPT, max_new_tokens=61)
-    with pytest.raises(InputError, match=r"either --generate N .* or --continuation"):
+    with pytest.raises(InputError, match=r"either max_new_tokens .* or continuation"):  # the command line: --generate
         attnflow.explain_generation(decoder, PROMPT, max_new_tokens=2, continuation="good")
     with pytest.raises(InputError, match=r"does not explain generated tokens; methods that do: .*grad_rollout"):
         attnflow.explain_generation(decoder, PROMPT, max_new_tokens=2, method="random")

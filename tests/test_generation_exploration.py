@@ -136,7 +136,7 @@ def test_hostile_tokens_reach_the_page_as_data_only():
 
 
 def test_bad_input_is_one_line(decoder, tiny_model_path):
-    with pytest.raises(InputError, match=r"either --generate N .* or --continuation"):
+    with pytest.raises(InputError, match=r"either max_new_tokens .* or continuation"):
         explore_generation(decoder, PROMPT)
     with pytest.raises(InputError, match="does not explain generated tokens; methods that do"):
         explore_generation(decoder, PROMPT, max_new_tokens=2, methods=["random"])

@@ -261,3 +261,59 @@ def test_the_routes_math_reads_no_model():
     assert not {name: found for name, found in reached.items() if found}
     below = [name for name in graph if subpackage(name) in ("attnflow.capture", "attnflow.methods", MODEL_METHODS)]
     assert not [name for name in below if any(n.startswith("attnflow.routes") for n in nx.descendants(graph, name))]
+
+
+def test_the_methods_do_not_reach_up_to_evaluate():
+    """evaluate sits above the methods (it runs them all); no method, pure or model-running, imports
+    it, even lazily: what both need (inputs rebuilt from ids with tokens removed or masked) lives in
+    attnflow.methods.deletion, below both."""
+    graph = import_graph()
+    assert graph.has_edge("attnflow.evaluate.deletion", "attnflow.methods.deletion")  # the oracle sees the arrow down
+    assert graph.has_edge("attnflow.methods.model.perturbation", "attnflow.methods.deletion")
+    methods = [name for name in graph if subpackage(name) in ("attnflow.methods", MODEL_METHODS)]
+    up = {name: sorted(n for n in nx.descendants(graph, name) if n.startswith("attnflow.evaluate")) for name in methods}
+    assert not {name: found for name, found in up.items() if found}
+
+
+def _classes_deriving(tree: ast.Module, base: str) -> set[str]:
+    """Top-level classes of ``tree`` that derive (directly or through one another) from ``base``."""
+    found = {base}
+    changed = True
+    while changed:
+        changed = False
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name not in found:
+                if any(isinstance(b, ast.Name) and b.id in found for b in node.bases):
+                    found.add(node.name)
+                    changed = True
+    return found - {base}
+
+
+def test_every_rule_objective_and_module_kind_is_reachable():
+    """AST checks that nothing is declared and then left out: every `Rule` class of the rule module is
+    exported by attnflow.methods.model (users compose rule sets from it) and used by a rule set of the
+    table or exported; every module kind has a finder in `rule_modules` (or is the softmax, applied
+    inside the attention modules); every objective class is registered under a kind of `TARGET_KINDS`."""
+    import attnflow.methods.model as model_methods
+    from attnflow.methods.model.lrp import MODULE_KINDS
+    from attnflow.targets import OBJECTIVES, TARGET_KINDS
+
+    lrp_path = SOURCE / "methods" / "model" / "lrp.py"
+    lrp_tree = ast.parse(lrp_path.read_text(encoding="utf-8"))
+    rules = _classes_deriving(lrp_tree, "Rule")
+    assert {"ConstantNorm", "Scale", "Identity", "TemperedSoftmax"} <= rules  # the oracle sees the classes
+    assert rules <= set(model_methods.__all__)
+    finder = next(n for n in lrp_tree.body if isinstance(n, ast.FunctionDef) and n.name == "rule_modules")
+    named = {n.value for n in ast.walk(finder) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert set(MODULE_KINDS) - {"softmax"} <= named
+    targets_tree = ast.parse((SOURCE / "targets.py").read_text(encoding="utf-8"))
+    registered = {
+        node.name: decorator.args[0].value
+        for node in targets_tree.body
+        if isinstance(node, ast.ClassDef)
+        for decorator in node.decorator_list
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "register_objective"
+    }
+    assert set(registered.values()) == set(TARGET_KINDS) == set(OBJECTIVES)
+    concrete = {name for name in _classes_deriving(targets_tree, "Objective") if not name.startswith("_")}
+    assert concrete == set(registered)  # every public objective class is reachable through its kind

@@ -76,9 +76,8 @@ def test_toy_method_runs_from_the_cli_with_its_flag(tiny_model_path, capsys):
 
 def test_an_option_of_another_method_is_one_line(toy_method, capsys):
     assert main(["explain", "hello", "--model", "tiny", "--method", "toy_power", "--steps", "4"]) == 2
-    assert (
-        "method 'toy_power' does not take --steps (n_steps); it takes: --toy-power (power)" in capsys.readouterr().err
-    )
+    # the library names the parameters (n_steps, power); the command line spells them as its flags
+    assert "method 'toy_power' does not take --steps; it takes: --toy-power" in capsys.readouterr().err
     assert method_options(toy_method, {"power": 2.0, "unused": None}) == {"power": 2.0}
 
 

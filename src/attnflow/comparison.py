@@ -198,7 +198,7 @@ def compare(
     row: Row | None = None,
     k: int = 5,
     max_length: int | None = None,
-    target: int | str | None = None,
+    target: Any = None,
     target_text: str | None = None,
 ) -> Comparison:
     """Saliency of ``text`` under two models with the same tokenizer, and their agreement.
@@ -208,15 +208,20 @@ def compare(
         method: a registered method; each model runs it through its front door, ``model.explain``.
         row: saliency row for both (None: model A's default; ignored by attribution-only methods).
         k: size of the top-k overlap (at most the number of content tokens).
-        target / target_text: what target-dependent methods explain (the same for both models).
+        target: what target-dependent methods explain, the same for both models (a
+            `attnflow.targets.Target`, or a class or token for short; ``target_text``: the deprecated
+            spelling of ``Target(text=...)``).
     """
+    from attnflow.targets import legacy_target
+
+    wanted = legacy_target(target, target_text, None, "compare")
     if not text or not text.strip():
         raise InputError("the text to compare is empty")
     model_a, model_b = (_loaded(model) for model in (model_a, model_b))
     vocabularies_match = check_same_tokenization(model_a, model_b, text, max_length)
     row = parse_row(row) if row is not None else model_a.default_row  # one row for both
     explanation_a, explanation_b = (
-        model.explain(text, method=method, row=row, target=target, target_text=target_text, max_length=max_length)
+        model.explain(text, method=method, row=row, target=wanted, max_length=max_length)
         for model in (model_a, model_b)
     )
     special = np.asarray(explanation_a.special_mask, dtype=bool)
@@ -224,7 +229,9 @@ def compare(
     if content.size < 1:
         raise InputError("the text has no content tokens to compare")
     if isinstance(k, bool) or int(k) != k or not 1 <= k <= content.size:
-        raise InputError(f"k must be an integer in [1, {content.size}] (the number of content tokens), got {k}")
+        raise InputError(
+            f"{{k}} must be an integer in [1, {content.size}] (the number of content tokens), got {k}", parameter="k"
+        )
     scores_a, scores_b = explanation_a.scores, explanation_b.scores
     return Comparison(
         tokens=list(explanation_a.tokens),

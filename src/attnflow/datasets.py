@@ -145,7 +145,7 @@ def next_token_windows(tokenizer: Any, window: int = DEFAULT_WINDOW, seed: int =
     by at least one more token. Windows whose decoded text does not tokenise back to the same ids
     (the benchmark re-tokenises texts) are left out, as are texts shorter than ``window + 1``."""
     if window < 1:
-        raise InputError(f"--window must be at least 1 token, got {window}")
+        raise InputError(f"{{window}} must be at least 1 token, got {window}", parameter="window")
     rng = np.random.default_rng(seed)
     texts, next_ids = [], []
     for task in TASKS.values():
@@ -161,7 +161,7 @@ def next_token_windows(tokenizer: Any, window: int = DEFAULT_WINDOW, seed: int =
             texts.append(text)
             next_ids.append(ids[start + window])
     if not texts:
-        raise InputError(f"no held-out text has {window + 1} tokens; choose a shorter --window")
+        raise InputError(f"no held-out text has {window + 1} tokens; choose a shorter {{window}}", parameter="window")
     return TextWindows(f"{NEXT_TOKEN_TASK} ({window} tokens)", tuple(texts), np.asarray(next_ids, dtype=np.int64))
 
 
@@ -199,7 +199,9 @@ def load_labelled_file(
     if missing:
         found = ", ".join(map(str, rows[0])) or "none"
         raise InputError(
-            f"{path} has no column {', '.join(map(repr, missing))} (columns: {found}); use --text-column/--label-column"
+            f"{path} has no column {', '.join(map(repr, missing))} (columns: {found}); "
+            "use {text_column}/{label_column}",
+            parameter=("text_column", "label_column"),
         )
     index_of = {name.lower(): index for index, name in enumerate(label_names)}
     texts, labels = [], []

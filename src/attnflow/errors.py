@@ -1,5 +1,11 @@
 """Errors a user can fix; the CLI prints them as one line, without a traceback. Warnings about
-what an explanation shows, and saying one of them once per run (`warn_once`, `once_per_run`)."""
+what an explanation shows, and saying one of them once per run (`warn_once`, `once_per_run`).
+
+A message that names one of the library's parameters writes it as ``{name}`` (``"give {samples} >= 1"``)
+and lists it in ``parameters``: ``str(error)`` spells it as the parameter itself (what a Python caller
+passed), and each front end respells it once, in one place, as its own spelling of that parameter
+(`AttnflowError.spelled`: the command line's flag, ``--samples``; the server's JSON field).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,33 @@ import re
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 
 class AttnflowError(Exception):
-    """Base class of attnflow's user-facing errors."""
+    """Base class of attnflow's user-facing errors.
+
+    ``parameters``: the library parameters the message is about, each written ``{name}`` in the
+    message (the first is ``parameter``, the one to fix)."""
+
+    def __init__(self, message: str = "", *, parameter: str | Sequence[str] | None = None) -> None:
+        names = (parameter,) if isinstance(parameter, str) else tuple(parameter or ())
+        self.template = message
+        self.parameters: tuple[str, ...] = names
+        super().__init__(self.spelled(str))
+
+    @property
+    def parameter(self) -> str | None:
+        """The parameter to fix (the first the message names), or None."""
+        return self.parameters[0] if self.parameters else None
+
+    def spelled(self, spelling: Callable[[str], str]) -> str:
+        """The message with each ``{parameter}`` written as ``spelling(parameter)`` (``str``: the
+        parameter's own name)."""
+        message = self.template
+        for name in self.parameters:
+            message = message.replace("{" + name + "}", spelling(name))
+        return message
 
 
 class ModelLoadError(AttnflowError):
@@ -27,8 +55,9 @@ class AdapterCheckError(CaptureError):
     names the row, the check and the numbers."""
 
 
-class InputError(AttnflowError):
-    """Bad input text, image or corpus."""
+class InputError(AttnflowError, ValueError):
+    """Bad input: a text, image or corpus, or a parameter's value (a ValueError too, so code that
+    validates with ValueError catches it)."""
 
 
 class OutputError(AttnflowError):
@@ -38,6 +67,12 @@ class OutputError(AttnflowError):
 class ExplanationWarning(UserWarning):
     """A warning about what an explanation shows (e.g. pruning that left only the diagonal);
     `attnflow.explain` also keeps its message in the Explanation's notes, shown on the page."""
+
+
+def spell(error: BaseException, spelling: Callable[[str], str]) -> str:
+    """One line for ``error``: an `AttnflowError`'s parameters in a front end's ``spelling``, any
+    other exception as it is."""
+    return error.spelled(spelling) if isinstance(error, AttnflowError) else str(error)
 
 
 class CollapseWarning(ExplanationWarning):

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from attnflow.errors import ExplanationWarning, warn_once
+from attnflow.errors import ExplanationWarning, InputError, warn_once
 from attnflow.methods.diagnostics import collapse_note, is_causal
 from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
@@ -95,7 +95,7 @@ class Explanation:
         head_matrices: ``[head, query, key]`` per-head matrices when the method kept heads apart
             (``head_fusion="none"``; ``matrix`` is then their mean), else None. Not saved to JSON.
         target: what a target-dependent method explained, ``{"kind", "index", "label", "value",
-            "probability"}`` (see `attnflow.targets.Target`), else None.
+            "probability"}`` (see `attnflow.targets.ResolvedTarget`), else None.
         notes: what was warned about while capturing the input (truncation, mostly unknown
             tokens, an image converted to RGB: the Trace's ``meta["notes"]``) and while computing
             this explanation (e.g. pruning that left only the diagonal); saved to JSON and shown
@@ -517,7 +517,7 @@ def _single_position(row: Row, n: int) -> int | None:
         return None
     index = (0 if row == "cls" else n - 1) if isinstance(row, str) else int(row)
     if not -n <= index < n:
-        raise ValueError(f"row index {row} is out of range for {n} tokens")
+        raise InputError(f"{{row}} index {row} is out of range for {n} tokens", parameter="row")
     return index % n
 
 

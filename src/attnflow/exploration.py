@@ -198,7 +198,7 @@ def explore(
     methods: Sequence[str] | None = None,
     row: Row | None = None,
     max_length: int | None = None,
-    target: int | str | None = None,
+    target: Any = None,
     target_text: str | None = None,
     faithfulness: bool = True,
     progress: bool = False,
@@ -208,7 +208,7 @@ def explore(
     With a model, one forward pass captures what all the methods without a target need (plus
     head outputs for the context similarity), and one more pass with a backward pass serves the
     target-dependent methods (gradient-weighted rollout, gradients, ...), whose target is
-    ``target`` / ``target_text`` (see `attnflow.targets`).
+    ``target`` (a `attnflow.targets.Target`, or a class or token for short).
 
     Args:
         source: a loaded model (`attnflow.load(...)`), a model name to load, or a `Trace`
@@ -219,7 +219,8 @@ def explore(
             without a target, are listed in ``skipped`` with the reason).
         row: default saliency row (None: the model's, see `attnflow.explanation.default_row`).
         max_length: truncate the text to this many tokens.
-        target / target_text: what target-dependent methods explain.
+        target: what target-dependent methods explain (``target_text``: the deprecated spelling of
+            ``Target(text=...)``).
         faithfulness: with a model that has a class or next-token target, each view's per-input
             faithfulness at ``row`` (its badge on the page; a few batched forward passes,
             `attnflow.evaluate.per_input.add_view_faithfulness`).
@@ -229,6 +230,9 @@ def explore(
         ValueError / attnflow errors: an unknown method, or an explicitly requested method that
         cannot run (its reason).
     """
+    from attnflow.targets import legacy_target
+
+    wanted = legacy_target(target, target_text, None, "explore")
     model = None if isinstance(source, Trace) else _model(source, text)
     skips = _Skips(strict=methods is not None)
     specs = [get_method(name) for name in _requested(methods)]
@@ -239,10 +243,10 @@ def explore(
     else:
         base = source
     if base.grid is not None:
-        raise InputError("the explorer shows text; explain images with `attnflow explain --image`")
+        raise InputError("the explorer shows text; explain images instead ({image})", parameter="image")
     traces = {spec.name: base for spec in specs}
     if model is not None:
-        specs = _trace_targets(model, str(text), specs, traces, skips, target, target_text, max_length)
+        specs = _trace_targets(model, str(text), specs, traces, skips, wanted, max_length)
     if methods is None:
         specs = _affordable(specs, base.n_tokens, skips)
     row = parse_row(row) if row is not None else default_row(base)
@@ -254,10 +258,10 @@ def explore(
             continue
         views.append(method_view(spec.name, traces[spec.name], row, model=model))
     if not views:
-        raise ValueError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skips.skipped.items()))
+        raise InputError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skips.skipped.items()))
     exploration = _exploration(base, row, views, skips.skipped)
     if faithfulness and model is not None:
-        _MEASURES["faithfulness"](model, exploration, target=target, max_length=max_length)
+        _MEASURES["faithfulness"](model, exploration, target=wanted, max_length=max_length)
     return exploration
 
 
@@ -282,7 +286,7 @@ class _Skips:
 
     def skip(self, name: str, why: str) -> None:
         if self.strict:
-            raise ValueError(f"method {name!r} cannot run here: {why}")
+            raise InputError(f"method {name!r} cannot run here: {why}")
         self.skipped[name] = why
 
 
@@ -313,8 +317,7 @@ def _trace_targets(
     specs: list[MethodSpec],
     traces: dict[str, Trace],
     skips: _Skips,
-    target: int | str | None,
-    target_text: str | None,
+    target: Any,
     max_length: int | None,
 ) -> list[MethodSpec]:
     """One more pass, with the target and a backward pass, for the target-dependent methods (their
@@ -325,7 +328,7 @@ def _trace_targets(
         return specs
     needs = frozenset().union(*(spec.needs for spec in targeted)) - {"model"}
     try:
-        with_target = model.trace([text], needs=needs, target=target, target_text=target_text, max_length=max_length)
+        with_target = model.trace([text], needs=needs, target=target, max_length=max_length)
     except (AttnflowError, ValueError) as error:
         for spec in targeted:
             skips.skip(spec.name, str(error))
@@ -392,7 +395,7 @@ def _requested(methods: Sequence[str] | None) -> list[str]:
         return available_methods()
     names = list(dict.fromkeys(methods))
     if not names:
-        raise ValueError("no methods to explore")
+        raise InputError("no methods to explore")
     for name in names:
         get_method(name)  # unknown names fail here, before any work
     return names

@@ -32,7 +32,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -42,9 +42,6 @@ from attnflow.explanation import explain, explain_traces
 from attnflow.methods.registry import AUTO, MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.model_like import ModelLike
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
-
-if TYPE_CHECKING:
-    import torch
 
 JSON_FILE = "generation.json"
 HTML_FILE = "generation.html"
@@ -336,10 +333,14 @@ def prepare_continuation(
     if model.target_kind != "next_token":
         raise InputError(
             f"{model.name} is {'an' if model.kind[0] in 'aeiou' else 'a'} {model.kind} model: explaining generated "
-            "tokens (--generate / --continuation) needs a causal LM such as smollm2"
+            "tokens ({max_new_tokens} / {continuation}) needs a causal LM such as smollm2",
+            parameter=("max_new_tokens", "continuation"),
         )
     if (max_new_tokens is None) == (continuation is None):
-        raise InputError("give either --generate N (greedy) or --continuation TEXT (teacher-forced), exactly one")
+        raise InputError(
+            "give either {max_new_tokens} (greedy) or {continuation} (teacher-forced), exactly one",
+            parameter=("max_new_tokens", "continuation"),
+        )
     check_texts(prompt)
     encoded = model.tokenizer(prompt, add_special_tokens=True, return_special_tokens_mask=True)
     ids, special = list(encoded["input_ids"]), [bool(s) for s in encoded["special_tokens_mask"]]
@@ -371,12 +372,16 @@ def prepare_continuation(
 
 def _check_new_tokens(model: ModelLike, max_new_tokens: Any, n_prompt: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise InputError(f"--generate takes the number of new tokens, at least 1; got {max_new_tokens}")
+        raise InputError(
+            f"{{max_new_tokens}} takes the number of new tokens, at least 1; got {max_new_tokens}",
+            parameter="max_new_tokens",
+        )
     room = model.max_length - n_prompt
     if max_new_tokens > room:
         raise InputError(
-            f"--generate {max_new_tokens}: the prompt's {n_prompt} tokens and {max_new_tokens} new ones exceed "
-            f"{model.name}'s context of {model.max_length} tokens (at most {max(room, 0)} new tokens)"
+            f"{{max_new_tokens}} {max_new_tokens}: the prompt's {n_prompt} tokens and {max_new_tokens} new ones exceed "
+            f"{model.name}'s context of {model.max_length} tokens (at most {max(room, 0)} new tokens)",
+            parameter="max_new_tokens",
         )
 
 
@@ -385,16 +390,16 @@ def greedy_continuation(model: ModelLike, prompt_ids: Sequence[int], max_new_tok
     cache; it stops after an end-of-sequence token, as ``transformers``' greedy ``generate`` does."""
     import torch
 
-    stop = model.model.generation_config.eos_token_id
+    stop = model.hf_model.generation_config.eos_token_id
     stop = set() if stop is None else {stop} if isinstance(stop, int) else set(stop)
     # transformers 5 names the key/value cache "cache", earlier versions "past_key_values"
-    cache_name = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+    cache_name = "cache" if "cache" in inspect.signature(model.hf_model.forward).parameters else "past_key_values"
     new: list[int] = []
     step_input = torch.as_tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     past = None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            output = model.model(input_ids=step_input, use_cache=True, **{cache_name: past})
+            output = model.hf_model(input_ids=step_input, use_cache=True, **{cache_name: past})
             past = getattr(output, cache_name)
             token = int(output.logits[0, -1].argmax())
             new.append(token)
@@ -410,7 +415,7 @@ def step_log_probs(model: ModelLike, sequence: Continuation) -> np.ndarray:
 
     sources = torch.as_tensor(sequence.sources[None], dtype=torch.long, device=model.device)
     with torch.no_grad():
-        logits = model.model(input_ids=sources).logits[0, sequence.n_prompt - 1 :]  # [N, vocab]
+        logits = model.hf_model(input_ids=sources).logits[0, sequence.n_prompt - 1 :]  # [N, vocab]
         log_probs = torch.log_softmax(logits.double(), dim=-1)
     targets = torch.as_tensor(sequence.targets, device=log_probs.device)
     return log_probs.gather(1, targets[:, None])[:, 0].cpu().numpy()
@@ -426,9 +431,9 @@ def explain_continuation(
 ) -> list[GenerationExplanation]:
     """One `GenerationExplanation` per method (``{name: options}``, options already checked);
     ``contrast``: a token every step's target is explained against (see `explain_generation`)."""
-    from attnflow.targets import Objective
+    from attnflow.targets import Target
 
-    contrast_id = None if contrast is None else Objective(model, contrast=contrast).contrast_index
+    contrast_id = None if contrast is None else Target(contrast=contrast).objective(model).contrast_index
     contrast_label = None if contrast_id is None else model.tokenizer.decode([contrast_id])
     specs = {name: get_method(name) for name in per_method}
     n, p, s = sequence.n_steps, sequence.n_prompt, len(sequence.sources)
@@ -622,13 +627,15 @@ def step_traces(
     alone), run as one batched backward over the steps."""
     import torch
 
+    from attnflow.targets import Target
+
     n_prompt = sequence.n_prompt
     width = n_prompt + max(steps)
     ids = torch.as_tensor(sequence.sources[None, :width], dtype=torch.long, device=model.device)
     objective = None
     if needs & TARGET_NEEDS:
         positions = [n_prompt + step - 1 for step in steps]  # the position that predicts t_k
-        objective = _StepsObjective(model, positions, sequence.targets[list(steps)], contrast)
+        objective = Target.steps(positions, sequence.targets[list(steps)].tolist(), contrast).objective(model)
     # name -> [1, ...], the gradient fields and "target" -> [step, ...]
     captured = model.capture_needs(
         needs, objective, separate_outputs=True, input_ids=ids, attention_mask=torch.ones_like(ids)
@@ -668,38 +675,6 @@ def token_strings(model: ModelLike, ids: np.ndarray) -> list[str]:
     return [f"<id {i}>" if token is None else token for i, token in zip(ids.tolist(), tokens, strict=True)]
 
 
-class _StepsObjective:
-    """The `Objective` of `step_traces`: one sequence, one y per step, y_i = log p(``targets[i]``)
-    at ``positions[i]`` (the logits of those positions only, where the model can skip the others);
-    with a ``contrast`` token, y_i = log p(``targets[i]``) − log p(contrast)."""
-
-    def __init__(
-        self, model: ModelLike, positions: Sequence[int], targets: np.ndarray, contrast: int | None = None
-    ) -> None:
-        import torch
-
-        from attnflow.targets import Objective
-
-        self.model = model
-        self.positions = torch.as_tensor(list(positions), device=model.device)
-        self.targets = torch.as_tensor(np.asarray(targets), device=model.device)
-        self.contrast = contrast
-        self.describe = Objective(model, contrast=contrast).describe
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.model.forward).parameters
-
-    def __call__(self, attention_mask: "torch.Tensor", **inputs: Any) -> Any:
-        import torch
-
-        if self.keeps_logits:
-            logits = self.model.model(attention_mask=attention_mask, logits_to_keep=self.positions, **inputs).logits[0]
-        else:
-            logits = self.model.model(attention_mask=attention_mask, **inputs).logits[0, self.positions]
-        log_probs = torch.log_softmax(logits, dim=-1)  # [step, vocab]
-        chosen = log_probs.gather(1, self.targets[:, None])[:, 0]  # [step]
-        y = chosen if self.contrast is None else chosen - log_probs[:, self.contrast]
-        return y, self.targets, chosen.exp()
-
-
 def step_faithfulness(model: ModelLike, explanation: GenerationExplanation, replace: str = "remove") -> dict[str, Any]:
     """Per step, p(t_k) once step k's top sources are gone, as `attnflow evaluate` measures
     comprehensiveness: the top ``ceil(f * m)`` of the m content sources removed (``replace="remove"``)
@@ -707,9 +682,9 @@ def step_faithfulness(model: ModelLike, explanation: GenerationExplanation, repl
     ``{"bins", "probability" [N], "perturbed_probability" [N, bin], "aopc" [N], "mean_aopc"}``."""
     import torch
 
-    from attnflow.evaluate.deletion import without_top
     from attnflow.evaluate.metrics import BINS, aopc, content_ranking, top_count
-    from attnflow.targets import Objective
+    from attnflow.methods.deletion import without_top
+    from attnflow.targets import Target
 
     tokenizer = model.tokenizer
     mask_id = tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.pad_token_id
@@ -729,7 +704,7 @@ def step_faithfulness(model: ModelLike, explanation: GenerationExplanation, repl
         padded[row, : len(variant)] = torch.as_tensor(variant)
         attention_mask[row, : len(variant)] = 1
     with torch.no_grad():
-        _, _, probability = Objective(model)(
+        _, _, probability = Target(kind="next_token").objective(model)(
             attention_mask.to(model.device),
             input_ids=padded.to(model.device),
             index=torch.as_tensor(targets, device=model.device),

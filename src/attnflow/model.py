@@ -1,9 +1,9 @@
 """`AttentionModel`, what `attnflow.load` returns: a `CaptureModel` plus targets and the front door.
 
 Capture (`attnflow.capture`) knows models and hooks, nothing about methods or targets; this module
-sits above it and above the method registry: ``trace(target=...)`` turns a target given by name into
-an `attnflow.targets.Objective`, and ``explain`` captures exactly what a method needs, runs it and
-wraps the result in an `Explanation`. Torch is imported with this module (load it on first use).
+sits above it and above the method registry: ``trace(target=...)`` turns a `attnflow.targets.Target`
+into its `attnflow.targets.Objective`, and ``explain`` captures exactly what a method needs, runs it
+and wraps the result in an `Explanation`. Torch is imported with this module (load it on first use).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from attnflow.capture.loading import load_as
-from attnflow.capture.model import CaptureModel, TargetFunction
+from attnflow.capture.model import CaptureModel
 from attnflow.errors import InputError
 from attnflow.methods.registry import AUTO, MethodSpec, check_family, get_method, method_names, method_options
+from attnflow.targets import Target, legacy_target
 from attnflow.trace import Trace
 
 
@@ -25,6 +26,11 @@ class AttentionModel(CaptureModel):
 
     Attributes as `CaptureModel`: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``,
     ``d_head``, ``d_model``, ``max_length``, ``default_row``, ``device``, ``target_kind``.
+
+    What a target-dependent method explains is one ``target=`` argument: a `attnflow.targets.Target`
+    (``Target(" Paris", contrast=" Rome")``, ``Target(text="a kitten")``), or a class index or name or
+    a token string or id for short, or None (the prediction). ``target_text=`` and ``contrast=`` are
+    deprecated spellings of ``Target(text=...)`` and ``Target(contrast=...)``.
     """
 
     def trace(
@@ -32,12 +38,12 @@ class AttentionModel(CaptureModel):
         texts: str | Sequence[str],
         *,
         needs: Iterable[str] | None = None,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Target | int | str | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
@@ -49,26 +55,20 @@ class AttentionModel(CaptureModel):
                 targets the forward pass stops after the last attention layer and runs without
                 autograd; ``attention_grads``/``embedding_grads`` run the whole model and one
                 backward pass from the target, ``target`` one forward pass of the whole model.
-            target / target_text: what the target is (see `attnflow.targets.Objective`): class
-                index or label name, next token, or the text a sentence encoder is compared to.
+            target: what the target is (`attnflow.targets.Target`, or a class index or label name,
+                a next token; see `attnflow.targets`).
             batch_size: texts per forward pass.
             max_length: truncate longer texts (default: the model's maximum), with a warning
                 (a text that becomes mostly unknown tokens, [UNK], is warned about too).
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
-            contrast: a class or single token: the target becomes logit(target) − logit(contrast).
         """
-
-        def objective() -> TargetFunction:
-            from attnflow.targets import Objective
-
-            return Objective(self, target=target, target_text=target_text, contrast=contrast)
-
+        wanted = legacy_target(target, target_text, contrast, "trace")
         return self.capture_texts(
             texts,
             needs=needs,
-            target_function=objective,
+            target_function=lambda: wanted.objective(self),
             batch_size=batch_size,
             max_length=max_length,
             head_outputs=head_outputs,
@@ -80,11 +80,11 @@ class AttentionModel(CaptureModel):
         texts: str | Sequence[str],
         method: str = "rollout",
         *,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Target | int | str | None = None,
         row: Any = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
         **options: Any,
     ) -> Any:
@@ -93,11 +93,12 @@ class AttentionModel(CaptureModel):
         Returns one `Explanation` for a text, a list for a list of texts. ``method``: a registered
         method, or ``"auto"`` (as `attnflow explain --method auto`): per text, the one-pass target
         method whose map is the most comprehensive on it, its ``chosen_by`` saying why (needs a
-        target: a classifier, a causal LM, or a sentence encoder given ``target_text``). ``target`` /
-        ``target_text`` choose what a target-dependent method explains (default: the predicted
-        class or the argmax next token; see `attnflow.targets`), ``contrast`` a class or token to
-        explain the target against (logit(target) − logit(contrast)); ``row`` the saliency row of
-        matrix methods; ``options`` go to the method (``attnflow explain --help`` lists them).
+        target: a classifier, a causal LM, or a sentence encoder given ``Target(text=...)``).
+        ``target`` chooses what a target-dependent method explains (a `attnflow.targets.Target`, or a
+        class or token for short; default: the predicted class or the argmax next token), ``row`` the
+        saliency row of matrix methods; ``options`` go to the method (``attnflow explain --help``
+        lists them). A method that re-runs the model and explains a target (leave-one-out, the LRP
+        rules, ...) is given the target to resolve in its own passes: no forward pass runs before it.
 
             model = attnflow.load("minilm-sentiment")
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
@@ -106,19 +107,18 @@ class AttentionModel(CaptureModel):
         from attnflow.explanation import _AUTO, explain_traces
 
         single = isinstance(texts, str)
+        wanted = legacy_target(target, target_text, contrast, "explain")
         method_names([method], also=(AUTO,))  # an unknown name fails naming what there is, auto included
         # bad options fail before any forward pass; auto plans its candidates (each gets its options)
-        plan = _AUTO["plan"](self, [AUTO], options, target_text) if method == AUTO else None
+        plan = _AUTO["plan"](self, [AUTO], options, wanted.text) if method == AUTO else None
         if plan is None:
             method_options(get_method(method), options)
         traces = self.trace_for(
             [method] if plan is None else list(plan.per_method),
             texts,
-            target=target,
-            target_text=target_text,
+            target=wanted,
             batch_size=batch_size,
             max_length=max_length,
-            contrast=contrast,
         )
         if plan is not None:
             explanations = [_AUTO["explain"](self, trace, plan, row)[0] for trace in traces]
@@ -132,35 +132,28 @@ class AttentionModel(CaptureModel):
         methods: Sequence[str],
         texts: str | Sequence[str],
         *,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Target | int | str | None = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
     ) -> list[Trace]:
         """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
         checking that each method supports this model's family and that a target is only given
-        to methods that use one."""
+        to methods that use one. When every method re-runs the model and explains a target, no
+        pass runs: the traces hold the tokens and the target to resolve (``Trace.request``)."""
+        wanted = legacy_target(target, target_text, contrast, "trace_for")
         specs = self._supported(methods)
-        if (target is not None or target_text is not None or contrast is not None) and not any(
-            spec.uses_target for spec in specs
-        ):
+        if wanted.given and not any(spec.uses_target for spec in specs):
             names = ", ".join(spec.name for spec in specs)
-            raise InputError(
-                f"{names} does not depend on a target; drop --target/--target-token/--target-text/--contrast"
-            )
+            raise InputError(f"{names} does not depend on a target; drop {{target}}", parameter="target")
+        if specs and self.kind in ("encoder", "decoder") and all(spec.takes == "model" for spec in specs):
+            if all(spec.uses_target for spec in specs):
+                return self.capture_texts(texts, batch_size=batch_size, max_length=max_length, unresolved=wanted)
         needs = frozenset().union(*(spec.needs for spec in specs))
         if self.is_classifier:
             needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
-        return self.trace(
-            texts,
-            needs=needs,
-            target=target,
-            target_text=target_text,
-            batch_size=batch_size,
-            max_length=max_length,
-            contrast=contrast,
-        )
+        return self.trace(texts, needs=needs, target=wanted, batch_size=batch_size, max_length=max_length)
 
     def _supported(self, methods: Sequence[str]) -> list[MethodSpec]:
         """The methods' registry entries, after checking that each supports this model's family."""

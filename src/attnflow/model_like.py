@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 class ModelLike(Protocol):
     """A loaded model that produces `Trace`s (`attnflow.model.AttentionModel` is one).
 
-    ``model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
-    states); ``adapter`` the family's row of the adapter table (`attnflow.capture.Adapter`, not
-    named here: capture sits below and this module must not import it).
+    ``hf_model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
+    states; ``model`` is its deprecated name); ``adapter`` the family's row of the adapter table
+    (`attnflow.capture.Adapter`, not named here: capture sits below and this module must not import it).
     """
 
     @property
@@ -31,8 +31,13 @@ class ModelLike(Protocol):
         ...
 
     @property
-    def model(self) -> torch.nn.Module:
+    def hf_model(self) -> torch.nn.Module:
         """The Hugging Face module (float32, eval mode, eager attention)."""
+        ...
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """Deprecated: ``hf_model``."""
         ...
 
     @property
@@ -116,15 +121,17 @@ class ModelLike(Protocol):
         texts: str | Sequence[str],
         *,
         needs: Iterable[str] | None = None,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Any = None,
         batch_size: int = 8,
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
     ) -> list[Trace]:
-        """One `Trace` per text with what ``needs`` names (see `attnflow.model.AttentionModel.trace`)."""
+        """One `Trace` per text with what ``needs`` names (see `attnflow.model.AttentionModel.trace`;
+        ``target``: an `attnflow.targets.Target`, or a class or token for short; ``target_text`` and
+        ``contrast``: its deprecated loose spellings)."""
         ...
 
     def trace_for(
@@ -132,13 +139,14 @@ class ModelLike(Protocol):
         methods: Sequence[str],
         texts: str | Sequence[str],
         *,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Any = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
     ) -> list[Trace]:
-        """Traces with what all of ``methods`` need, in one pass."""
+        """Traces with what all of ``methods`` need, in one pass (none when every method re-runs the
+        model: the traces then hold the tokens and the target to resolve)."""
         ...
 
     def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:
@@ -150,11 +158,11 @@ class ModelLike(Protocol):
         texts: str | Sequence[str],
         method: str = "rollout",
         *,
-        target: int | str | None = None,
-        target_text: str | None = None,
+        target: Any = None,
         row: Any = None,
         batch_size: int = 8,
         max_length: int | None = None,
+        target_text: str | None = None,
         contrast: int | str | None = None,
         **options: Any,
     ) -> Any:

@@ -39,6 +39,7 @@ CAPABILITIES = {
     "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
     "streams": "the residual stream after each attention block, value vectors and the norms information-flow "
     "routes linearise",
+    "norms": "every norm module and its form (layer or RMS), declared",
 }
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})
@@ -92,7 +93,11 @@ class Trace:
             ``{"weight": [layer, d_model], "bias": [layer, d_model], "eps": float}``, or None.
         embeddings / embedding_grads: ``[token, d_model]`` the word embeddings the model read
             and d(target)/d(embeddings), or None.
-        target: the `attnflow.targets.Target` explained (kind, index, label, value), or None.
+        target: the `attnflow.targets.ResolvedTarget` explained (kind, index, label, value), or None.
+        request: the `attnflow.targets.Target` still to resolve, for a trace captured without a
+            forward pass (``attentions`` then ``[0, 0, n, n]``: methods that re-run the model and
+            explain a target need only the tokens, and resolve the target in their own passes,
+            `resolved`); None otherwise.
         meta: free-form extras (e.g. the image path); ``meta["notes"]``: what capture warned
             about (truncation, mostly unknown tokens, RGB conversion), carried into Explanations.
     """
@@ -120,6 +125,7 @@ class Trace:
     embeddings: np.ndarray | None = None
     embedding_grads: np.ndarray | None = None
     target: Any = None
+    request: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +142,12 @@ class Trace:
                 "head_outputs must be [layer, token, head, d_head] with "
                 f"layer={self.attentions.shape[0]}, token={n}; got {tuple(self.head_outputs.shape)}"
             )
+
+    def resolved(self, target: Any) -> None:
+        """Record the target a method resolved in its own passes for a trace whose target was still
+        to resolve (``request``); a trace that already has its target keeps it."""
+        if self.target is None:
+            self.target, self.request = target, None
 
     @property
     def n_tokens(self) -> int:

@@ -9,7 +9,7 @@ import torch
 import attnflow
 from attnflow.capture import CaptureModel
 from attnflow.errors import CaptureError
-from attnflow.targets import Objective
+from attnflow.targets import Target
 
 TEXT = "the movie was terrible, but the acting was great."
 
@@ -23,7 +23,7 @@ def test_capture_traces_a_target_only_through_the_function_it_is_given(tiny_clas
     with pytest.raises(CaptureError, match="depend on a target"):
         captured.capture_texts(TEXT, needs={"target"})
 
-    below = captured.capture_texts(TEXT, needs={"target"}, target_function=lambda: Objective(captured, target=1))[0]
+    below = captured.capture_texts(TEXT, needs={"target"}, target_function=lambda: Target(1).objective(captured))[0]
     above = model.trace(TEXT, needs={"target"}, target=1)[0]
     # the oracle: the classifier's own logit of class 1, one plain forward pass
     encoded = model.tokenizer(TEXT, return_tensors="pt")

@@ -85,3 +85,28 @@ def test_a_user_row_is_checked_before_it_is_registered(tiny_loaded):
     row = dataclasses.replace(model.adapter, family="my-qwen2")
     assert set(check_adapter(row, model.model)) >= EVERY_CHECK  # the Hugging Face module itself works too
     assert model.model.training is False
+
+
+def test_a_row_declaring_the_wrong_norm_form_fails_norm_form(tiny_loaded):
+    gemma = tiny_loaded("gemma3")  # its RMS norms multiply by 1 + w (w randomised in the tiny model)
+    plain_weight = dataclasses.replace(
+        gemma.adapter, family="broken-gemma3", norms=dataclasses.replace(gemma.adapter.norms, rms_offset=0.0)
+    )
+    message = failure(plain_weight, gemma)
+    assert "fails norm_form" in message and "RMS norm scaled by 0 + w" in message
+    bert = tiny_loaded("bert")
+    rms = dataclasses.replace(
+        bert.adapter, family="broken-bert", norms=dataclasses.replace(bert.adapter.norms, form="rms")
+    )
+    assert "is not an RMS norm" in failure(rms, bert)
+
+
+def test_a_norms_pattern_that_misses_a_norm_fails_norm_form(tiny_loaded):
+    llama = tiny_loaded("llama")
+    only_inputs = dataclasses.replace(
+        llama.adapter,
+        family="broken-llama",
+        norms=dataclasses.replace(llama.adapter.norms, modules=r"input_layernorm$"),
+    )
+    message = failure(only_inputs, llama)
+    assert "fails norm_form" in message and "post_attention_layernorm" in message and "not matched" in message

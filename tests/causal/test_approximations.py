@@ -1,5 +1,6 @@
 """AtP against the finite-difference derivative of the metric along the patch, AtP* against an
-explicit loop over dropped layers, RelP against the AttnLRP rules' own backward."""
+explicit loop over dropped layers, RelP against the AttnLRP rules' own backward and, at every layer
+and site kind, against the rules written out (tests/lrp_oracle.py) with plain hooks of this test's own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from attnflow.causal.approximations import estimate
 from attnflow.causal.patching import BaseRun, PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 from attnflow.methods.model.lrp import RULES, backward_rules
+from lrp_oracle import write_out_llama_rules
 
 
 def setup(model):
@@ -138,6 +140,54 @@ def test_relp_is_the_attnlrp_backward_at_the_site(tiny_patch_models):
     np.testing.assert_allclose(relp[0], expected, rtol=1e-5, atol=1e-8)
     plain = estimate("atp", runner, patched, ("residual",))["residual"]
     assert not np.allclose(relp[0], plain[0], rtol=1e-3)  # the rules change the backward
+
+
+def test_relp_at_every_layer_is_the_attnlrp_rules_written_out(tiny_patch_models, monkeypatch):
+    """Every row of the residual, attention and MLP sweeps: (a_source − a_base) · ∂̃m/∂a with ∂̃ the
+    AttnLRP rules written out as explicit forward passes, the sites recorded by plain torch hooks."""
+    model = tiny_patch_models["llama"]
+    runner, corrupt, source, base, patched = setup(model)
+    kinds = ("residual", "attn", "mlp")
+    relp = estimate("relp", runner, patched, kinds)
+    layers = model.hf_model.model.layers
+    recorded: dict[str, list[torch.Tensor]] = {kind: [] for kind in kinds}
+
+    def keep(kind):
+        return lambda _module, _args, output: recorded[kind].append(output[0] if isinstance(output, tuple) else output)
+
+    handles = [
+        layers[0].register_forward_pre_hook(
+            lambda _module, args, kwargs: recorded["residual"].append(args[0] if args else kwargs["hidden_states"]),
+            with_kwargs=True,
+        )
+    ]
+    for layer in layers:
+        handles += [
+            layer.register_forward_hook(keep("residual")),
+            layer.self_attn.register_forward_hook(keep("attn")),
+            layer.mlp.register_forward_hook(keep("mlp")),
+        ]
+    write_out_llama_rules(monkeypatch, "attnlrp")
+    try:
+        with torch.enable_grad():
+            logits = model.hf_model(input_ids=corrupt).logits
+            tensors = [tensor for kind in kinds for tensor in recorded[kind]]
+            gradients = iter(torch.autograd.grad(runner.metric(logits).sum(), tensors))
+    finally:
+        for handle in handles:
+            handle.remove()
+        monkeypatch.undo()
+    for kind in kinds:
+        expected = np.stack(
+            [
+                ((source[kind][0, row] - base[kind][0, row]) * next(gradients)[0]).sum(dim=-1).double().numpy()
+                for row in range(len(recorded[kind]))
+            ]
+        )  # [row, position]
+        assert relp[kind].shape == expected.shape == (model.n_layers + (kind == "residual"), corrupt.shape[1])
+        np.testing.assert_allclose(relp[kind], expected, rtol=1e-4, atol=1e-7 * np.abs(expected).max())
+    plain = estimate("atp", runner, patched, kinds)
+    assert not np.allclose(relp["attn"], plain["attn"], rtol=1e-3)  # the rules change the backward at every layer
 
 
 def test_atp_ig_at_the_embeddings_is_complete_along_its_path(tiny_model_path):

@@ -25,7 +25,7 @@ def test_texts_of_different_token_lengths(tiny_patch_models):
     clean_length = len(model.tokenizer(CLEAN)["input_ids"])
     corrupt_length = len(model.tokenizer("the cat sat on a very big mat")["input_ids"])
     assert f"{clean_length} tokens" in message and f"corrupt text {corrupt_length}" in message
-    assert "--noise" in message
+    assert "(noise)" in message and error.value.parameters == ("corrupt", "noise")  # parameters, not flags
 
 
 def test_a_target_of_several_tokens(tiny_patch_models):

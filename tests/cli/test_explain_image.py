@@ -134,7 +134,7 @@ def test_a_text_given_to_a_vision_model(tmp_path, capsys):
     result = run_in_process(
         capsys, "A cat sat on the mat.", "--model", "dinov2-s", "--out", str(tmp_path / "out"), "-q"
     )
-    assert_one_line_error(result, "dinov2-s is a vision model: it explains images, not text", "--image PATH")
+    assert_one_line_error(result, "dinov2-s is a vision model: it explains images, not text", "--image")
     assert not (tmp_path / "out").exists()
 
 

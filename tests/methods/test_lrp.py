@@ -20,38 +20,13 @@ from attnflow.model import AttentionModel
 from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance
-from attnflow.targets import Objective
+from attnflow.targets import Target
 
+from lrp_oracle import activation, attention_softmax, product, write_out_llama_rules
 from tiny_models import tiny_config, tiny_vocab
 
 TEXTS = ["the movie was terrible, but the acting was great.", "a good film", "the cat sat on the mat and ran"]
 RULES = ("cp_lrp", "attnlrp", "gim")
-GIM_TEMPERATURE = 2.0
-
-
-def product(a: torch.Tensor, b: torch.Tensor, rule: str, matmul: bool = True) -> torch.Tensor:
-    """a·b; under attnlrp's and gim's uniform rule each factor receives half of the gradient."""
-    multiply = torch.matmul if matmul else torch.mul
-    if rule in ("attnlrp", "gim"):
-        return 0.5 * multiply(a, b.detach()) + 0.5 * multiply(a.detach(), b)
-    return multiply(a, b)
-
-
-def activation(x: torch.Tensor, function, rule: str) -> torch.Tensor:
-    """f(x); under attnlrp's identity rule the gradient is f(x)/x."""
-    return x * (function(x) / x).detach() if rule == "attnlrp" else function(x)
-
-
-def attention_softmax(scores: torch.Tensor, rule: str) -> torch.Tensor:
-    """softmax(scores); cp_lrp: a constant; gim: the forward value with T times the gradient of
-    softmax(scores / T) (the temperature-adjusted backward, written as a sum, not a hook)."""
-    weights = torch.softmax(scores, dim=-1)
-    if rule == "cp_lrp":
-        return weights.detach()
-    if rule == "gim":
-        tempered = torch.softmax(scores / GIM_TEMPERATURE, dim=-1)
-        return weights.detach() + GIM_TEMPERATURE * (tempered - tempered.detach())
-    return weights
 
 
 def attributed(e: torch.Tensor, word_embeddings: torch.Tensor, ids: torch.Tensor, pad: int, rule: str) -> torch.Tensor:
@@ -120,30 +95,12 @@ def test_bert_relevance_equals_the_rules_written_out(tiny_classifier_path, rule)
 def llama_oracle(model: AttentionModel, trace, rule: str, monkeypatch) -> np.ndarray:
     """``[token]`` relevance of a tiny Llama whose attention, RMS norm and MLP are replaced, in
     this test only, by the rules written out (the rest is the model's own code)."""
-    from transformers.models.llama import modeling_llama as llama
-
-    def attention(module, query, key, value, attention_mask, scaling, **_kwargs):
-        key = llama.repeat_kv(key, module.num_key_value_groups)
-        value = llama.repeat_kv(value, module.num_key_value_groups)
-        scores = product(query, key.transpose(2, 3), rule) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        weights = attention_softmax(scores, rule)
-        return product(weights, value, rule).transpose(1, 2).contiguous(), weights
-
-    def rms_norm(self, x):
-        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon).detach()
-
-    def mlp(self, x):
-        gate = activation(self.gate_proj(x), torch.nn.functional.silu, rule)  # gim: the plain SiLU
-        return self.down_proj(product(gate, self.up_proj(x), rule, matmul=False))
-
-    monkeypatch.setattr(llama, "eager_attention_forward", attention)
-    monkeypatch.setattr(llama.LlamaRMSNorm, "forward", rms_norm)
-    monkeypatch.setattr(llama.LlamaMLP, "forward", mlp)
+    write_out_llama_rules(monkeypatch, rule)
     ids = torch.as_tensor(trace.token_ids)[None]
     e = model.model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    y, _, _ = Objective(model)(torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index]))
+    y, _, _ = Target().objective(model)(
+        torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index])
+    )
     (gradient,) = torch.autograd.grad(y.sum(), e)
     monkeypatch.undo()
     word_embeddings = model.model.get_input_embeddings().weight

@@ -14,7 +14,7 @@ from test_lrp import RULES, TEXTS, activation, attention_softmax, product, sharp
 import attnflow
 from attnflow.methods.model.lrp import lrp_relevance
 from attnflow.model import AttentionModel
-from attnflow.targets import Objective
+from attnflow.targets import Target
 
 
 def family_oracle(model: AttentionModel, trace, rule: str, monkeypatch) -> np.ndarray:
@@ -55,7 +55,9 @@ def family_oracle(model: AttentionModel, trace, rule: str, monkeypatch) -> np.nd
     ids = torch.as_tensor(trace.token_ids)[None]
     embed = model.model.get_input_embeddings()
     e = embed(ids).detach().requires_grad_(True)  # what the model adds up: Gemma's scaled embedding
-    y, _, _ = Objective(model)(torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index]))
+    y, _, _ = Target().objective(model)(
+        torch.ones_like(ids), inputs_embeds=e, index=torch.as_tensor([trace.target.index])
+    )
     (gradient,) = torch.autograd.grad(y.sum(), e)
     monkeypatch.undo()
     baseline = embed(torch.full_like(ids, model.tokenizer.pad_token_id)) if rule == "gim" else torch.zeros_like(e)

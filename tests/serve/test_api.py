@@ -225,8 +225,9 @@ def test_a_non_local_bind_needs_a_token_and_requests_without_it_get_401(tiny_loa
 
     from attnflow.errors import AttnflowError
 
-    with pytest.raises(AttnflowError, match="--token"):
+    with pytest.raises(AttnflowError, match="give token") as refused:
         make_app(tiny_loader, host="0.0.0.0")
+    assert refused.value.parameter == "token"  # `attnflow serve` says --token
     with TestClient(make_app(tiny_loader, host="0.0.0.0", token="s3cret")) as client:
         assert "token" in one_line_error(explain(client, methods=["rollout"]), 401)
         one_line_error(client.get("/api/models", headers={"authorization": "Bearer wrong"}), 401)

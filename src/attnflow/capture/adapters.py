@@ -17,6 +17,7 @@ family supports it when its row `Adapter.provides` them all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from attnflow.errors import CaptureError
 
@@ -82,28 +83,50 @@ class Sites:
 
 @dataclass(frozen=True)
 class Streams:
-    """What information-flow routes (`attnflow.routes`) read besides the stack, the `Values` and the
-    `Sites` of the row (regexes like `Stack`'s; group 1 is the layer).
+    """What information-flow routes (`attnflow.routes`) read besides the stack, the `Values`, the
+    `Sites` and the `Norms` of the row (regexes like `Stack`'s; group 1 is the layer).
 
-    ``mid``: the module whose input (first positional argument or ``hidden_states``) is the residual
-    stream after the attention block, ``[batch, token, d_model]``: pre-LN families, the norm before
-    the feed-forward block; post-LN families, the feed-forward block's first module (its input is
-    the attention block's layer-normed output). ``norm``: the form of the family's norms, ``"layer"``
-    (g ⊙ (y − mean(y)) / σ(y) + β) or ``"rms"`` ((``rms_offset`` + w) ⊙ y / rms(y); Gemma's offset
-    is 1). ``ffn_norm``: post-LN families, the layer norm after the feed-forward block (its input is
-    the feed-forward output plus the stream after attention). ``final_norm``: the norm before the
-    unembedding (``get_output_embeddings()``), which the logit lens reads; None: no lens.
-    ``fused_value``: a fused query/key/value projection (GPT-2's ``c_attn``): its regex, which part
-    of its output holds the values and in how many equal parts the output splits; None: the values
-    are the output of ``Values.value``.
+    ``mid``: the module whose input (its forward's first parameter) is the residual stream after the
+    attention block, ``[batch, token, d_model]``: pre-LN families, the norm before the feed-forward
+    block; post-LN families, the feed-forward block's first module (its input is the attention
+    block's layer-normed output). ``ffn_norm``: post-LN families, the layer norm after the
+    feed-forward block (its input is the feed-forward output plus the stream after attention).
+    ``final_norm``: the norm before the unembedding (``get_output_embeddings()``), which the logit
+    lens reads; None: no lens. The values are the output of ``Values.value``, or the ``"value"``
+    part of a `Fused` projection of the row.
     """
 
     mid: str
-    norm: str  # "layer" | "rms"
-    rms_offset: float = 0.0
     ffn_norm: str | None = None
     final_norm: str | None = None
-    fused_value: tuple[str, int, int] | None = None
+
+
+NormForm = Literal["layer", "rms"]
+
+
+@dataclass(frozen=True)
+class Norms:
+    """Every norm of the family and its form, declared (the backward rules recompute each with its
+    1/σ detached; routes fold them; `check_adapter` recomputes each in this form).
+
+    ``modules``: a regex matching every norm module's name (searched, like the other patterns; no
+    layer group needed). ``form``: ``"layer"``, g ⊙ (y − mean(y)) / σ(y) + β, or ``"rms"``,
+    (``rms_offset`` + w) ⊙ y / rms(y) (Gemma's offset is 1: its norms multiply by 1 + w).
+    """
+
+    modules: str
+    form: NormForm
+    rms_offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A projection whose output is several projections side by side (GPT-2's ``c_attn``: query,
+    key and value; a fused gate-up projection: gate and up): ``module`` (regex, group 1 the layer)
+    and the ``parts`` in the order they sit along the output's last axis, equal slices of it."""
+
+    module: str
+    parts: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -119,8 +142,9 @@ class GatedMLP:
 @dataclass(frozen=True)
 class Adapter:
     """One family's row: its name, kind, the ``config.model_type`` values it covers, where its
-    attention stacks, values, patching sites, embedding norm and gated MLP live (`provides` derives
-    what methods may require of it)."""
+    attention stacks, values, patching sites, norms, embedding norm, gated MLP and fused projections
+    live, the config attribute holding its head count and how its projections store their weights
+    (`provides` derives what methods may require of it)."""
 
     family: str
     kind: str  # "encoder" | "decoder" | "vision" | "encoder-decoder"
@@ -135,6 +159,31 @@ class Adapter:
     embedding_norm: str | None = None  # regex; its input is the embedding sum (else: the word embeddings)
     gated_mlp: GatedMLP | None = None
     streams: Streams | None = None  # information-flow routes
+    norms: Norms | None = None  # every norm and its form (the backward rules, routes, the conformance suite)
+    fused: tuple[Fused, ...] = ()  # projections whose output is several side by side (GPT-2's c_attn)
+    head_count: str = "num_attention_heads"  # the config attribute with the heads per layer
+    weights_in_out: bool = False  # projections store their weight as [in, out] (GPT-2's Conv1D), not [out, in]
+
+    def heads(self, config: Any) -> int:
+        """The heads per layer: the config attribute ``head_count`` names."""
+        value = getattr(config, self.head_count, None)
+        if not isinstance(value, int) or value <= 0:
+            raise CaptureError(
+                f"{type(config).__name__} has no head count {self.head_count!r} (the {self.family} row's head_count)"
+            )
+        return value
+
+    def in_by_out(self, projection: Any) -> Any:
+        """A projection's weight as ``[in, out]``, stored as the row says (``weights_in_out``)."""
+        return projection.weight if self.weights_in_out else projection.weight.T
+
+    def fused_part(self, part: str) -> tuple[str, int, int] | None:
+        """Where a fused projection holds ``part`` (``"value"``, ``"up"``, ...): ``(its regex, the
+        part's index, the number of equal parts)``; None when no fused projection of the row has it."""
+        for fused in self.fused:
+            if part in fused.parts:
+                return fused.module, fused.parts.index(part), len(fused.parts)
+        return None
 
     @property
     def default_row(self) -> str:
@@ -166,8 +215,10 @@ class Adapter:
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
             "streams": self.streams is not None
+            and self.norms is not None
             and self.sites is not None
-            and (values is not None or self.streams.fused_value is not None),
+            and (values is not None or self.fused_part("value") is not None),
+            "norms": self.norms is not None,
         }
         return frozenset(name for name, present in provided.items() if present)
 
@@ -184,12 +235,14 @@ _BERT_SITES = Sites(
     r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.output\.dense$", r"layer\.(\d+)\.output\.dense$"
 )
 _BERT_EMBEDDING_NORM = r"embeddings\.LayerNorm$"  # its input: word + position (+ token type) embeddings
-_BERT_STREAMS = Streams(r"layer\.(\d+)\.intermediate$", "layer", ffn_norm=r"layer\.(\d+)\.output\.LayerNorm$")
+_BERT_STREAMS = Streams(r"layer\.(\d+)\.intermediate$", ffn_norm=r"layer\.(\d+)\.output\.LayerNorm$")
+_BERT_NORMS = Norms(r"LayerNorm$", "layer")  # embeddings.LayerNorm and two per layer
 _LLAMA_SITES = Sites(r"layers\.(\d+)$", r"layers\.(\d+)\.self_attn$", r"layers\.(\d+)\.mlp$")
 _VIT_LIKE = Stack(r"layers?\.(\d+)\.attention$", r"layers?\.(\d+)\.attention\.o_proj$")
 # ViT/DeiT: layers.N (layernorm_before, attention.{q,k,v,o}_proj); DINOv2: encoder.layer.N (norm1,
 # attention.{q,k,v,o}_proj, layer_scale1, norm2, mlp, layer_scale2). Both pre-LN.
 _VIT_VALUES = Values(r"layers?\.(\d+)\.attention\.v_proj$", r"layers?\.(\d+)$")
+_VIT_NORMS = Norms(r"\blayernorm(_before|_after)?$", "layer")
 
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter(
@@ -201,6 +254,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         sites=_BERT_SITES,
         embedding_norm=_BERT_EMBEDDING_NORM,
         streams=_BERT_STREAMS,
+        norms=_BERT_NORMS,
     ),
     Adapter(
         "roberta",
@@ -212,6 +266,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         sites=_BERT_SITES,
         embedding_norm=_BERT_EMBEDDING_NORM,
         streams=_BERT_STREAMS,
+        norms=_BERT_NORMS,
     ),
     Adapter(
         "distilbert",
@@ -229,9 +284,9 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"transformer\.layer\.(\d+)$", r"transformer\.layer\.(\d+)\.attention$", r"transformer\.layer\.(\d+)\.ffn$"
         ),
         embedding_norm=_BERT_EMBEDDING_NORM,
-        streams=Streams(
-            r"transformer\.layer\.(\d+)\.ffn$", "layer", ffn_norm=r"transformer\.layer\.(\d+)\.output_layer_norm$"
-        ),
+        streams=Streams(r"transformer\.layer\.(\d+)\.ffn$", ffn_norm=r"transformer\.layer\.(\d+)\.output_layer_norm$"),
+        norms=Norms(r"(LayerNorm|sa_layer_norm|output_layer_norm)$", "layer"),
+        head_count="n_heads",
     ),
     Adapter(
         "mpnet",
@@ -249,6 +304,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         sites=Sites(r"encoder\.layer\.(\d+)$", r"layer\.(\d+)\.attention\.attn$", r"layer\.(\d+)\.output\.dense$"),
         embedding_norm=_BERT_EMBEDDING_NORM,
         streams=_BERT_STREAMS,
+        norms=_BERT_NORMS,
     ),
     Adapter(
         "gpt2",
@@ -256,10 +312,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         ("gpt2",),
         Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$"),
         sites=Sites(r"\bh\.(\d+)$", r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.mlp$"),
-        # q, k and v are one Conv1D: the values are the third of its output.
-        streams=Streams(
-            r"\bh\.(\d+)\.ln_2$", "layer", final_norm=r"\bln_f$", fused_value=(r"\bh\.(\d+)\.attn\.c_attn$", 2, 3)
-        ),
+        streams=Streams(r"\bh\.(\d+)\.ln_2$", final_norm=r"\bln_f$"),
+        norms=Norms(r"\bln_(1|2|f)$", "layer"),
+        fused=(Fused(r"\bh\.(\d+)\.attn\.c_attn$", ("query", "key", "value")),),  # q, k and v are one Conv1D
+        head_count="n_head",
+        weights_in_out=True,
     ),
     Adapter(
         "llama",
@@ -274,7 +331,8 @@ ADAPTERS: tuple[Adapter, ...] = (
         ),
         sites=_LLAMA_SITES,
         gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
-        streams=Streams(r"layers\.(\d+)\.post_attention_layernorm$", "rms", final_norm=r"model\.norm$"),
+        streams=Streams(r"layers\.(\d+)\.post_attention_layernorm$", final_norm=r"model\.norm$"),
+        norms=Norms(r"(layernorm|\bnorm|\bq_norm|\bk_norm)$", "rms"),  # Qwen3 adds q and k norms
     ),
     Adapter(
         "gemma3",
@@ -295,12 +353,11 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"layers\.(\d+)\.post_feedforward_layernorm$",
         ),
         gated_mlp=GatedMLP(r"layers\.(\d+)\.mlp$"),
-        # Gemma's RMS norms multiply by (1 + w).
-        streams=Streams(
-            r"layers\.(\d+)\.pre_feedforward_layernorm$", "rms", rms_offset=1.0, final_norm=r"model\.norm$"
-        ),
+        streams=Streams(r"layers\.(\d+)\.pre_feedforward_layernorm$", final_norm=r"model\.norm$"),
+        # Four norms per layer, q and k norms, the final norm: RMS norms that multiply by (1 + w).
+        norms=Norms(r"(layernorm|\bnorm|\bq_norm|\bk_norm)$", "rms", rms_offset=1.0),
     ),
-    Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES),
+    Adapter("vit", "vision", ("vit",), _VIT_LIKE, n_prefix_tokens=1, values=_VIT_VALUES, norms=_VIT_NORMS),
     Adapter(
         "dinov2",
         "vision",
@@ -308,8 +365,11 @@ ADAPTERS: tuple[Adapter, ...] = (
         _VIT_LIKE,
         n_prefix_tokens=1,
         values=Values(_VIT_VALUES.value, _VIT_VALUES.block, output_scale=r"layers?\.(\d+)\.layer_scale1$"),
+        norms=Norms(r"(\bnorm1|\bnorm2|\blayernorm)$", "layer"),
     ),
-    Adapter("deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2, values=_VIT_VALUES),  # CLS + distillation token
+    Adapter(
+        "deit", "vision", ("deit",), _VIT_LIKE, n_prefix_tokens=2, values=_VIT_VALUES, norms=_VIT_NORMS
+    ),  # CLS + distillation token
     Adapter(
         "t5",
         "encoder-decoder",
@@ -329,6 +389,8 @@ ADAPTERS: tuple[Adapter, ...] = (
             r"decoder\.block\.(\d+)\.layer\.1\.EncDecAttention\.o$",
             -1,
         ),
+        norms=Norms(r"layer_norm$", "rms"),  # T5's "layer norm" scales by w / rms(x) and subtracts no mean
+        head_count="num_heads",
     ),
     Adapter(
         "bart",
@@ -337,6 +399,8 @@ ADAPTERS: tuple[Adapter, ...] = (
         Stack(r"encoder\.layers\.(\d+)\.self_attn$", r"encoder\.layers\.(\d+)\.self_attn\.out_proj$"),
         decoder=Stack(r"decoder\.layers\.(\d+)\.self_attn$", r"decoder\.layers\.(\d+)\.self_attn\.out_proj$"),
         cross=Stack(r"decoder\.layers\.(\d+)\.encoder_attn$", r"decoder\.layers\.(\d+)\.encoder_attn\.out_proj$"),
+        norms=Norms(r"(layer_norm|layernorm_embedding)$", "layer"),
+        head_count="encoder_attention_heads",
     ),
 )
 

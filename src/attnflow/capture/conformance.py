@@ -15,8 +15,10 @@ The checks (`CHECKS`, each named in the error it raises):
   + MLP site, and each block's input is the previous block's output;
 - ``post_norm`` (post-LN rows): the norm after the attention block reads y = block input +
   attention output and equals a layer norm recomputed from its weight, bias and eps;
-- ``norm_form``: every norm the row names (post-LN, sandwich, embedding) is a layer norm or an RMS
-  norm (scaled by w or 1 + w) recomputed from its own weights;
+- ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
+  pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
+  recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
+  by ``rms_offset`` + w);
 - ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
   with its own value through the kind's write function, changes nothing, bit for bit;
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
@@ -85,7 +87,8 @@ def _stacks(row: Adapter) -> list[tuple[str, Stack]]:
 
 
 def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
-    """(what, pattern, side, tuple index) of every tensor the checks read."""
+    """(what, pattern, side, tuple index) of every tensor the checks read (``norms``: every module
+    the pattern matches; the others: one per layer, or the first match of a pattern without a layer)."""
     points: list[tuple[str, str, Side, int]] = []
     for name, stack in _stacks(row):
         points += [
@@ -97,6 +100,8 @@ def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
         points.append(("values", values.value, "output", 0))
     for what, pattern in _named_norms(row).items():
         points += [(f"{what}.in", pattern, "input", 0), (f"{what}.out", pattern, "output", 0)]
+    if row.norms is not None:
+        points += [("norms.in", row.norms.modules, "input", 0), ("norms.out", row.norms.modules, "output", 0)]
     if sites is not None:
         points += [
             ("block.in", sites.block, "input", 0),
@@ -114,12 +119,18 @@ def _first_match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
     return [(name, module) for name, module in model.named_modules() if re.search(pattern, name)][:1]
 
 
+def _every_match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """Every module whose name ``pattern`` matches, in the model's order."""
+    regex = re.compile(pattern)
+    return [(name, module) for name, module in model.named_modules() if name and regex.search(name)]
+
+
 def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_heads: int) -> Run:
     """Run the model once, recording every tensor the checks read."""
     seen: dict[tuple[str, int], Any] = {}
     hooked: list[tuple[HookPoint, Callable]] = []
     for what, pattern, side, index in _recorded_points(row):
-        modules = _first_match(model, pattern)
+        modules = _every_match(model, pattern) if what.startswith("norms.") else _first_match(model, pattern)
         if not modules:
             raise AdapterCheckError(
                 f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
@@ -177,7 +188,7 @@ def check_attention_output(run: Run) -> None:
     projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
     for layer, (heads, added) in enumerate(zip(run.layers("stack.heads"), run.layers("attn"), strict=True)):
         projection = projections[layer]
-        weight = projection.weight if type(projection).__name__ == "Conv1D" else projection.weight.T  # [in, out]
+        weight = run.row.in_by_out(projection)  # [in, out]
         width = heads.shape[-1]
         d_head = width // run.n_heads
         per_head = [
@@ -252,17 +263,31 @@ def _named_norms(row: Adapter) -> dict[str, str]:
 
 
 def check_norm_form(run: Run) -> None:
-    """Every norm the row names is a layer norm or an RMS norm (× w or × (1 + w)) of its own weights."""
+    """Every norm of the model is named by the row's norms pattern (and so is every norm the row
+    names elsewhere), and each recomputes from its weights in the row's declared form."""
+    norms = run.row.norms
+    assert norms is not None  # the check applies to rows with norms
+    named = _every_match(run.model, norms.modules)
+    names = {name for name, _ in named}
+    missed = [name for name, module in run.model.named_modules() if _looks_like_a_norm(module) and name not in names]
     for what, pattern in _named_norms(run.row).items():
-        modules = _first_match(run.model, pattern)
-        pairs = zip(run.layers(f"{what}.in"), run.layers(f"{what}.out"), strict=True)
-        for (name, module), (read, written) in zip(modules, pairs, strict=True):
-            if not any(_equal(candidate, written) for candidate in _norm_forms(module, read)):
-                _fail(
-                    run,
-                    "norm_form",
-                    f"{name} ({type(module).__name__}) is neither a layer norm nor an RMS norm of its weights",
-                )
+        missed += [f"{name} (the row's {what})" for name, _ in _first_match(run.model, pattern) if name not in names]
+    if missed:
+        _fail(run, "norm_form", f"{', '.join(missed[:3])} not matched by the norms pattern {norms.modules!r}")
+    pairs = zip(run.layers("norms.in"), run.layers("norms.out"), strict=True)
+    for (name, module), (read, written) in zip(named, pairs, strict=True):
+        recomputed = _declared_norm(module, read, norms.form, norms.rms_offset)
+        if recomputed is None or not _equal(recomputed, written):
+            form = "a layer norm" if norms.form == "layer" else f"an RMS norm scaled by {norms.rms_offset:g} + w"
+            _fail(
+                run, "norm_form", f"{name} ({type(module).__name__}) is not {form} of its weights, as the row declares"
+            )
+
+
+def _looks_like_a_norm(module: nn.Module) -> bool:
+    """A torch layer norm, or a module class named like one (RMSNorm, T5LayerNorm): the norms a
+    row's pattern must not miss (a check only; the row's pattern is what the methods use)."""
+    return isinstance(module, nn.LayerNorm) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
 
 
 def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
@@ -270,15 +295,17 @@ def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
     return same_shape and torch.allclose(candidate, written, rtol=TOLERANCE, atol=TOLERANCE)
 
 
-def _norm_forms(module: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """The outputs a plain layer norm and the two RMS norms (× w, × (1 + w)) of ``module``'s weights give ``x``."""
+def _declared_norm(module: nn.Module, x: Any, form: str, rms_offset: float) -> torch.Tensor | None:
+    """What a norm of the declared ``form`` with ``module``'s weights gives ``x``; None when the module
+    has no weight over ``x``'s last axis (not a norm of that input)."""
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     eps = getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6))
-    if weight is None or weight.shape != x.shape[-1:]:
-        return []  # not a norm over the model width
-    layer_norm = nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    if not torch.is_tensor(x) or weight is None or weight.shape != x.shape[-1:]:
+        return None
+    if form == "layer":
+        return nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
     rms = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-    return [layer_norm, (rms * weight).to(x.dtype), (rms * (1.0 + weight.float())).to(x.dtype)]
+    return (rms * (rms_offset + weight.float())).to(x.dtype)
 
 
 def check_own_value(run: Run) -> None:
@@ -342,6 +369,10 @@ def _has_values(row: Adapter) -> bool:
     return row.values is not None
 
 
+def _has_norms(row: Adapter) -> bool:
+    return row.norms is not None
+
+
 def _has_sites(row: Adapter) -> bool:
     return row.sites is not None
 
@@ -375,7 +406,7 @@ CHECKS: tuple[Check, ...] = (
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),
     Check("post_norm", _post_norm_sites, check_post_norm),
-    Check("norm_form", _always, check_norm_form),
+    Check("norm_form", _has_norms, check_norm_form),
     Check("own_value", _has_sites, check_own_value),
     Check("knockout", _has_sites, check_knockout),
 )
@@ -386,9 +417,7 @@ def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
     a loaded attnflow model; put in eval mode and eager attention for the run, restored after) with
     a seeded random input of 2 rows × 7 tokens (or an image, or a source and a target); returns the
     names of the checks that ran. A failure raises `AdapterCheckError` naming the check."""
-    from attnflow.capture.model import _head_count
-
-    module: nn.Module = getattr(model, "model", model)
+    module: nn.Module = getattr(model, "hf_model", model)
     training = module.training
     implementation = getattr(module.config, "_attn_implementation", "eager")
     if implementation != "eager":
@@ -396,7 +425,7 @@ def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
     module.eval()
     try:
         with torch.no_grad():
-            run = record(row, module, _inputs(row, module, seed), _head_count(module.config))
+            run = record(row, module, _inputs(row, module, seed), row.heads(module.config))
             applying = [check for check in CHECKS if check.applies(row)]
             for check in applying:
                 check.run(run)

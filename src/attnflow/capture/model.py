@@ -10,6 +10,7 @@ methods or targets: the user-facing `attnflow.model.AttentionModel` (``trace(tar
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,6 @@ from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, s
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
-
-_HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
 
 
 @dataclass
@@ -56,7 +55,7 @@ class TargetFunction(Protocol):
         ...
 
     def describe(self, y: Any, index: int | None, probability: Any) -> Any:
-        """What one output's target was (a `attnflow.targets.Target`), from its numbers."""
+        """What one output's target was (a `attnflow.targets.ResolvedTarget`), from its numbers."""
         ...
 
 
@@ -66,7 +65,7 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("--device cuda was asked for, but no CUDA device is available")
+        raise ModelLoadError("{device} cuda was asked for, but no CUDA device is available", parameter="device")
     return resolved
 
 
@@ -79,8 +78,9 @@ class CaptureModel:
     """A model plus its tokenizer (or image processor) that produces `Trace`s (text, encoder-decoder
     and image capture; `attnflow.model.AttentionModel` adds targets and the ``explain`` front door).
 
-    Attributes: ``name``, ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``,
-    ``d_model``, ``max_length`` (tokens, special tokens included), ``default_row``, ``device``.
+    Attributes: ``name``, ``hf_model`` (the Hugging Face module; ``model`` is its deprecated name),
+    ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``, ``d_model``, ``max_length``
+    (tokens, special tokens included), ``default_row``, ``device``.
     """
 
     def __init__(
@@ -100,22 +100,22 @@ class CaptureModel:
                 raise CaptureError(f"{type(model).__name__} cannot switch to eager attention")
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
-        self.model = model.to(device=self.device, dtype=torch.float32).eval()
+        self.hf_model = model.to(device=self.device, dtype=torch.float32).eval()
         self.tokenizer = tokenizer
         if image_processor is None and self.adapter.kind == "vision":
             image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
         self.image_processor = image_processor
         self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
-        self.layer_names = [layer for layer, _ in find_layers(self.model, self.adapter.stack.attention)]
+        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, self.adapter.stack.attention)]
         if not self.layer_names:
             raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
         self.n_layers = len(self.layer_names)
-        self.n_heads = _head_count(config)
-        projection = find_layers(self.model, self.adapter.stack.output_projection)[0][1]
-        head_width = _input_width(projection)
-        self.d_head = head_width // self.n_heads
-        self.d_model = _output_width(projection)
+        self.n_heads = self.adapter.heads(config)
+        projection = find_layers(self.hf_model, self.adapter.stack.output_projection)[0][1]
+        in_by_out = self.adapter.in_by_out(projection)  # [head * d_head, d_model]
+        self.d_head = in_by_out.shape[0] // self.n_heads
+        self.d_model = in_by_out.shape[1]
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
         self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
@@ -127,13 +127,19 @@ class CaptureModel:
             tokenizer.padding_side = "right"
 
     @property
+    def model(self) -> nn.Module:
+        """Deprecated: the Hugging Face module is ``hf_model`` (``model.model`` read as the model itself)."""
+        warnings.warn("AttentionModel.model is deprecated: use .hf_model", DeprecationWarning, stacklevel=2)
+        return self.hf_model
+
+    @property
     def kind(self) -> str:
         return self.adapter.kind
 
     @property
     def is_classifier(self) -> bool:
         """A text classifier: its output is ``logits [batch, class]``."""
-        name = type(self.model).__name__
+        name = type(self.hf_model).__name__
         classifier = name.endswith("ForSequenceClassification") or name == "PooledClassifier"
         return self.adapter.target_kind == "class" and classifier
 
@@ -176,10 +182,9 @@ class CaptureModel:
         """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
         for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        projections = find_layers(self.model, self.adapter.stack.output_projection)
+        projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
         for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
-            weight = projection.weight.detach()
-            in_by_out = weight if _is_conv1d(projection) else weight.T  # [head * d_head, d_model]
+            in_by_out = self.adapter.in_by_out(projection).detach()  # [head * d_head, d_model]
             slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
 
@@ -188,7 +193,7 @@ class CaptureModel:
         values = self.adapter.values
         if values is None or values.output_scale is None:
             return [torch.ones(self.d_model, device=self.device)] * self.n_layers
-        scales = [module.lambda1.detach() for _, module in find_layers(self.model, values.output_scale)]
+        scales = [module.lambda1.detach() for _, module in find_layers(self.hf_model, values.output_scale)]
         if len(scales) != self.n_layers:
             raise CaptureError(
                 f"found {len(scales)} LayerScale modules for {self.n_layers} layers ({values.output_scale!r})"
@@ -205,18 +210,23 @@ class CaptureModel:
         max_length: int | None = None,
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
+        unresolved: Any = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
         The arguments are those of `attnflow.model.AttentionModel.trace` (which is this with a
-        target chosen by name), with ``target_function`` in place of ``target``, ``target_text``
-        and ``contrast``: it makes the `TargetFunction` (y) once the texts and needs are checked,
-        and is required when ``needs`` include a target or gradients.
+        target given as a `attnflow.targets.Target`), with ``target_function`` in place of
+        ``target``: it makes the `TargetFunction` (y) once the texts and needs are checked, and is
+        required when ``needs`` include a target or gradients. ``unresolved`` (a target, opaque
+        here): run no forward pass at all; the traces hold the tokens, no attentions (``[0, 0, n,
+        n]``) and ``unresolved`` as their ``request``, for methods that re-run the model and resolve
+        the target in their own passes.
         """
         if self.tokenizer is None:
             raise InputError(
                 f"{self.name} is a vision model: it explains images, not text "
-                "(--image PATH on the command line, trace_image(path) in Python)"
+                "({image} on the command line, trace_image(path) in Python)",
+                parameter="image",
             )
         texts = check_texts(texts)  # None, bytes, non-strings, empty or undecodable texts: InputError
         wanted = self._needs(needs, head_outputs)
@@ -236,7 +246,9 @@ class CaptureModel:
                 for text, goal in zip(texts, goals, strict=True)
             ]
         objective = None
-        if wanted & TARGET_NEEDS:
+        if unresolved is not None:
+            wanted = frozenset({"attentions"})
+        elif wanted & TARGET_NEEDS:
             if target_function is None:
                 raise CaptureError(
                     f"needs {sorted(wanted & TARGET_NEEDS)} depend on a target: give a target_function, or trace "
@@ -245,7 +257,8 @@ class CaptureModel:
             objective = target_function()
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
-            traces.extend(self._trace_batch(texts[start : start + batch_size], limit, wanted, objective))
+            batch = texts[start : start + batch_size]
+            traces.extend(self._trace_batch(batch, limit, wanted, objective, unresolved))
         return traces
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
@@ -270,7 +283,12 @@ class CaptureModel:
         return self.adapter.values
 
     def _trace_batch(
-        self, texts: list[str], limit: int, needs: frozenset[str], objective: TargetFunction | None
+        self,
+        texts: list[str],
+        limit: int,
+        needs: frozenset[str],
+        objective: TargetFunction | None,
+        unresolved: Any = None,
     ) -> list[Trace]:
         notes = truncation_notes(self.tokenizer, texts, limit)
         encoded = self.tokenizer(
@@ -286,13 +304,17 @@ class CaptureModel:
         if special.any():
             added = int(encoded["special_tokens_mask"][int(special.nonzero()[0, 0])].sum())
             raise InputError(
-                f"max_length {limit} leaves no token of the text, only the {added} special token(s) the model "
-                f"adds: give at least {added + 1} (--max-length)"
+                f"{{max_length}} {limit} leaves no token of the text, only the {added} special token(s) the model "
+                f"adds: give at least {added + 1}",
+                parameter="max_length",
             )
         input_ids = encoded["input_ids"].to(self.device)
         mask = encoded["attention_mask"].to(self.device)
-        # name -> [batch, ...] numpy
-        batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
+        if unresolved is not None:  # tokens only: no forward pass
+            width = input_ids.shape[1]
+            batch: dict[str, Any] = {"attentions": np.zeros((len(texts), 0, 0, width, width), np.float32)}
+        else:  # name -> [batch, ...] numpy
+            batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         unknown = unknown_notes(self.tokenizer, self.name, texts, encoded, lengths)
         for text_notes, unknown_note in zip(notes, unknown, strict=True):
@@ -315,6 +337,7 @@ class CaptureModel:
                     layer_names=list(self.layer_names),
                     meta={"default_row": self.default_row, **_notes_meta(notes[index])},
                     target=batch["target"][index] if "target" in batch else None,
+                    request=unresolved,
                     **per_sample,
                     **shared,
                 )
@@ -339,7 +362,7 @@ class CaptureModel:
     ) -> dict[str, Any]:
         """One forward pass (and one backward pass when gradients are needed) over a padded batch
         of ``inputs`` (``input_ids`` and ``attention_mask``, or ``pixel_values`` without a target);
-        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `Target` per sample.
+        returns ``{trace field: [batch, ...] numpy array}`` plus ``"target"``: one `ResolvedTarget` per sample.
 
         ``separate_outputs``: the objective gives several y for one sample (``[output]``), each
         with its own backward pass (batched over the outputs); then the gradient fields
@@ -350,17 +373,18 @@ class CaptureModel:
         with ExitStack() as hooks:
             recording = hooks.enter_context(
                 record_stack(
-                    self.model,
+                    self.hf_model,
                     self.adapter.stack,
                     head_outputs="head_outputs" in needs,
                     stop_after_last_layer=not run_whole_model,
                 )
             )
-            value_layers = find_layers(self.model, self._values_table().value) if "values" in needs else []
+            value_layers = find_layers(self.hf_model, self._values_table().value) if "values" in needs else []
             values = hooks.enter_context(record_tensors(value_layers))
-            block_layers = find_layers(self.model, self._values_table().block) if "layer_inputs" in needs else []
+            block_layers = find_layers(self.hf_model, self._values_table().block) if "layer_inputs" in needs else []
             layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
-            embedding_layer = [("embeddings", self.model.get_input_embeddings())] if "embedding_grads" in needs else []
+            embedding_module = self.hf_model.get_input_embeddings()
+            embedding_layer = [("embeddings", embedding_module)] if "embedding_grads" in needs else []
             embeddings = hooks.enter_context(record_tensors(embedding_layer))
             with torch.set_grad_enabled(bool(gradients)):
                 if objective is not None:
@@ -368,7 +392,7 @@ class CaptureModel:
                     y, index, probability = objective(mask, **inputs, output_attentions=True)
                 else:
                     try:
-                        self.model(**inputs, output_attentions=True)
+                        self.hf_model(**inputs, output_attentions=True)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
@@ -416,15 +440,15 @@ class CaptureModel:
             decoder_ids = torch.cat([start, target_ids], dim=1)
         else:
             with torch.no_grad():
-                decoder_ids = self.model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
+                decoder_ids = self.hf_model.generate(input_ids=input_ids, max_new_tokens=16, do_sample=False)
         adapter = self.adapter
         if adapter.decoder is None or adapter.cross is None:
             raise CaptureError(f"the {adapter.family} adapter names no decoder or cross-attention stack")
         with ExitStack() as hooks, torch.no_grad():
-            encoder = hooks.enter_context(record_stack(self.model, adapter.stack, head_outputs=head_outputs))
-            decoder = hooks.enter_context(record_stack(self.model, adapter.decoder, head_outputs=False))
-            cross = hooks.enter_context(record_stack(self.model, adapter.cross, head_outputs=False))
-            self.model(input_ids=input_ids, decoder_input_ids=decoder_ids, output_attentions=True)
+            encoder = hooks.enter_context(record_stack(self.hf_model, adapter.stack, head_outputs=head_outputs))
+            decoder = hooks.enter_context(record_stack(self.hf_model, adapter.decoder, head_outputs=False))
+            cross = hooks.enter_context(record_stack(self.hf_model, adapter.cross, head_outputs=False))
+            self.hf_model(input_ids=input_ids, decoder_input_ids=decoder_ids, output_attentions=True)
         return Trace(
             tokens=self.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist()),
             token_ids=encoded["input_ids"][0].numpy().astype(np.int64),
@@ -498,9 +522,9 @@ class CaptureModel:
         """Run the model with the stack's hooks and stop once its last layer is recorded: the last
         output projection, feed-forward block, pooler and head compute nothing attnflow reads."""
         stack = self.adapter.stack
-        with record_stack(self.model, stack, head_outputs=head_outputs, stop_after_last_layer=True) as recording:
+        with record_stack(self.hf_model, stack, head_outputs=head_outputs, stop_after_last_layer=True) as recording:
             try:
-                self.model(**inputs, output_attentions=True)
+                self.hf_model(**inputs, output_attentions=True)
             except StopForward:
                 pass
         return recording
@@ -519,9 +543,12 @@ class CaptureModel:
         if max_length is None:
             return self.max_length
         if int(max_length) != max_length or max_length < 2:
-            raise InputError(f"max_length must be an integer >= 2, got {max_length}")
+            raise InputError(f"{{max_length}} must be an integer >= 2, got {max_length}", parameter="max_length")
         if max_length > self.max_length:
-            raise InputError(f"max_length {max_length} exceeds the model's maximum of {self.max_length} tokens")
+            raise InputError(
+                f"{{max_length}} {max_length} exceeds the model's maximum of {self.max_length} tokens",
+                parameter="max_length",
+            )
         return int(max_length)
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
@@ -529,7 +556,7 @@ class CaptureModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            projections = find_layers(self.model, self.adapter.stack.output_projection)
+            projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
             for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
@@ -539,7 +566,7 @@ class CaptureModel:
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``
         ``[layer, d_model]`` and ``eps``."""
-        norms = [module for _, module in find_layers(self.model, self._values_table().norm or "")]
+        norms = [module for _, module in find_layers(self.hf_model, self._values_table().norm or "")]
         return {
             "weight": torch.stack([norm.weight.detach() for norm in norms]).float().cpu().numpy(),
             "bias": torch.stack([norm.bias.detach() for norm in norms]).float().cpu().numpy(),
@@ -588,26 +615,6 @@ def _stack_grads(grads: Sequence[torch.Tensor | None], weights: Sequence[torch.T
 
 def _first(batched: torch.Tensor) -> np.ndarray:
     return batched[0].float().cpu().numpy()
-
-
-def _head_count(config: Any) -> int:
-    for key in _HEAD_COUNT_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise CaptureError(f"{type(config).__name__} names no head count ({', '.join(_HEAD_COUNT_KEYS)})")
-
-
-def _is_conv1d(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D"  # GPT-2 stores its weight as [in, out]
-
-
-def _input_width(projection: nn.Module) -> int:
-    return projection.weight.shape[0] if _is_conv1d(projection) else projection.weight.shape[1]
-
-
-def _output_width(projection: nn.Module) -> int:
-    return projection.weight.shape[1] if _is_conv1d(projection) else projection.weight.shape[0]
 
 
 def _as_pair(value: Any) -> tuple[int, int]:

@@ -225,7 +225,7 @@ def mean_pooled_features(model: CaptureModel, texts: list[str], batch_size: int 
                 max_length=PROBE_MAX_LENGTH,
                 return_tensors="pt",
             ).to(model.device)
-            hidden = model.model(**encoded).last_hidden_state  # [batch, token, d_model]
+            hidden = model.hf_model(**encoded).last_hidden_state  # [batch, token, d_model]
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             features[index] = ((hidden * mask).sum(1) / mask.sum(1)).cpu().numpy()
     return features

@@ -55,10 +55,7 @@ def check_encodable(text: str, where: str = "") -> None:
         return
     code = ord(match.group())
     byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
-    raise InputError(
-        f"the text is not valid UTF-8: {byte} at character {match.start()}{where}; "
-        "save it as UTF-8 (or pass it with --file in UTF-8)"
-    )
+    raise InputError(f"the text is not valid UTF-8: {byte} at character {match.start()}{where}; save it as UTF-8")
 
 
 def unknown_share(token_ids: Sequence[int], special_mask: Sequence[bool], unknown_id: int | None) -> tuple[int, int]:
@@ -130,4 +127,4 @@ def check_row_fits(row: Any, texts: list[str], max_length: int | None) -> None:
         limit = limit if max_length is None else min(limit, max_length)
         if not -limit <= row < limit:
             which = "the text" if len(texts) == 1 else f"text {number}"
-            raise InputError(f"--row {row} is out of range: {which} has at most {limit} tokens")
+            raise InputError(f"{{row}} {row} is out of range: {which} has at most {limit} tokens", parameter="row")

@@ -34,6 +34,7 @@ from attnflow.causal.sites import (
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
+from attnflow.targets import legacy_target
 
 if TYPE_CHECKING:
     from attnflow.causal.patching import BaseRun, PatchRunner
@@ -189,12 +190,16 @@ def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
 
 
 def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
-    """``"exact,atp"`` or a sequence -> known patching methods in order, without repeats."""
+    """``"exact,atp"`` or a sequence -> known patching methods in order, without repeats; ``relp:NAME``
+    is RelP with the registered rule set NAME as its backward (``relp``: AttnLRP's)."""
+    from attnflow.causal.approximations import relp_rules
+
     names = [name.strip() for name in (methods.split(",") if isinstance(methods, str) else methods) if name.strip()]
-    unknown = [name for name in names if name not in METHODS]
+    unknown = [name for name in names if name not in METHODS and relp_rules(name) is None]
     if unknown or not names:
         raise InputError(
-            f"unknown patching method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}"
+            f"unknown patching method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)} "
+            "(relp:RULES for RelP with another registered rule set, e.g. relp:gim)"
         )
     return tuple(dict.fromkeys(names))
 
@@ -205,7 +210,7 @@ def patch(
     corrupt: str | None = None,
     *,
     noise: str | Sequence[str] | None = None,
-    target: int | str | None = None,
+    target: Any = None,
     contrast: int | str | None = None,
     sites: str | Sequence[str] = SITE_KINDS,
     methods: str | Sequence[str] = ("exact", "atp"),
@@ -229,9 +234,9 @@ def patch(
         corrupt: a counterfactual text of the same token length as ``clean``; or
         noise: words of ``clean`` (a comma-separated string or a list) whose word embeddings get
             Gaussian noise, ``samples`` seeded draws averaged.
-        target: the class (index or label) or next token (one token) the metric reads; default the
-            clean input's prediction. contrast: a second class or token; the metric is then the
-            logit difference target − contrast (else the class logit, or log p(token) for LMs).
+        target: what the metric reads, a `attnflow.targets.Target` (or a class or token, as `as_target`
+            takes them; default: the clean prediction); with its contrast (``contrast=``: deprecated)
+            the logit difference target − contrast, else the class logit or log p(token).
         direction: ``"denoising"`` (restore clean values into the corrupted run) or ``"noising"``.
         batch_size: rows per forward pass of the exact sweep (each row patches one site).
         head_position: patch each head at this position only (negative: from the end, -1 = the
@@ -246,18 +251,13 @@ def patch(
     check_sites_supported(model)
     kinds = parse_site_kinds(sites)
     chosen = parse_methods(methods)
-    if direction not in DIRECTIONS:
-        raise InputError(f"unknown direction {direction!r}; choose denoising or noising")
-    if (corrupt is None) == (noise is None):
-        raise InputError("give either a corrupt text (--corrupt) or words of the text to add noise to (--noise)")
-    if "relp" in chosen:
-        _check_relp(model)
+    _check_request(model, chosen, direction, corrupt, noise)
     clean_ids = _token_ids(model, clean, "clean")
     corruption = _corruption(model, clean, clean_ids, corrupt, noise, samples, seed)
     options = _sweep_options(
         model, clean_ids.shape[1], head_position, knockout_target, knockout_window, knockout_sources
     )
-    metric = resolve_metric(model, clean_ids, target, contrast)
+    metric = resolve_metric(model, clean_ids, legacy_target(target, None, contrast, "patch"))
     sweep = _Sweep(model, metric, kinds, direction, options, batch_size, progress)
     m_clean, m_corrupt, effects, seconds = sweep.run(chosen, clean_ids, corruption)
     tokenizer = model.tokenizer
@@ -339,7 +339,8 @@ def _corruption(
         raise InputError(
             f"the clean text is {clean_ids.shape[1]} tokens and the corrupt text {corrupt_ids.shape[1]}: "
             "patching needs the same token length; choose a counterfactual of the same length, or "
-            "corrupt the clean text with noise on some of its words (--noise WORDS)"
+            "corrupt the clean text with noise on some of its words ({noise})",
+            parameter=("corrupt", "noise"),
         )
     return _Corruption(corrupt_ids, 1, None, [])
 
@@ -472,16 +473,28 @@ class _Sweep:
         return changes
 
 
-def _check_relp(model: ModelLike) -> None:
-    from attnflow.methods.model.lrp import RULES
-    from attnflow.trace import CAPABILITIES
-
-    missing = sorted(set(RULES["attnlrp"].requires) - model.adapter.provides)
-    if missing:
+def _check_request(model: ModelLike, methods: Sequence[str], direction: str, corrupt: str | None, noise: Any) -> None:
+    """One line for a direction that does not exist, a corruption given twice or not at all, or a
+    RelP method whose rule set the family cannot run."""
+    if direction not in DIRECTIONS:
+        raise InputError(f"unknown {{direction}} {direction!r}; choose denoising or noising", parameter="direction")
+    if (corrupt is None) == (noise is None):
         raise InputError(
-            f"relp does not support the {model.adapter.family} family ({model.name}): the AttnLRP rules require "
-            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+            "give either a corrupt text ({corrupt}) or words of the text to add noise to ({noise})",
+            parameter=("corrupt", "noise"),
         )
+    _check_relp(model, methods)
+
+
+def _check_relp(model: ModelLike, methods: Sequence[str]) -> None:
+    """One line when a RelP method's rule set needs what the model's family lacks."""
+    from attnflow.causal.approximations import relp_rules
+    from attnflow.methods.model.lrp import check_rules_supported
+
+    for method in methods:
+        rules = relp_rules(method)
+        if rules is not None:
+            check_rules_supported(model, rules, f"{method} (AtP with the {rules.name} backward)")
 
 
 def _words(noise: str | Sequence[str] | None) -> list[str]:
@@ -489,7 +502,7 @@ def _words(noise: str | Sequence[str] | None) -> list[str]:
         return []
     words = [word.strip() for word in (noise.split(",") if isinstance(noise, str) else noise) if word.strip()]
     if not words:
-        raise InputError("--noise needs at least one word of the text")
+        raise InputError("{noise} needs at least one word of the text", parameter="noise")
     return words
 
 
@@ -533,7 +546,7 @@ def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: i
 
     positions = noise_positions(model, text, words)
     n_tokens = _token_ids(model, text, "clean").shape[1]
-    weight = model.model.get_input_embeddings().weight
+    weight = model.hf_model.get_input_embeddings().weight
     generator = torch.Generator().manual_seed(seed)
     noise = torch.zeros(samples, n_tokens, weight.shape[1])
     draws = torch.randn(samples, len(positions), weight.shape[1], generator=generator)
@@ -541,12 +554,14 @@ def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: i
     return noise
 
 
-def resolve_metric(model: ModelLike, clean_ids: Any, target: int | str | None, contrast: int | str | None) -> Any:
-    """The `Metric` for this model and what the user asked (default target: the clean prediction)."""
+def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contrast: int | str | None = None) -> Any:
+    """The `Metric` for this model and the `attnflow.targets.Target` asked for (``target``: a Target,
+    or a class or token as `as_target` takes it; ``contrast``: the separate field of the command line
+    and the pairs file); default target: the clean input's prediction."""
     import torch
 
     from attnflow.causal.patching import Metric
-    from attnflow.targets import Objective
+    from attnflow.targets import as_target
 
     kind = model.target_kind
     if kind not in ("class", "next_token"):
@@ -554,25 +569,15 @@ def resolve_metric(model: ModelLike, clean_ids: Any, target: int | str | None, c
             f"activation patching needs a classifier or a causal LM (a class or next-token metric); "
             f"{model.name} has {'no target' if kind is None else kind + ' targets'}"
         )
-
-    def index(value: int | str) -> int:
-        resolved = Objective(model, target=value).fixed_index
-        assert resolved is not None
-        return resolved
-
-    def label(value: int) -> str:
-        return Objective(model).labels[value] if kind == "class" else model.tokenizer.decode([value])
-
-    if target is None:
+    objective = as_target(target, contrast=contrast).objective(model)
+    chosen = objective.fixed_index
+    if chosen is None:
         with torch.no_grad():
-            logits = model.model(input_ids=clean_ids.to(model.device)).logits
+            logits = model.hf_model(input_ids=clean_ids.to(model.device)).logits
         chosen = int((logits[0, -1] if kind == "next_token" else logits[0]).argmax())
-    else:
-        chosen = index(target)
-    other = None if contrast is None else index(contrast)
-    if other == chosen:
-        raise InputError("the contrast is the target itself: choose another class or token")
-    return Metric(kind, chosen, other, label(chosen), None if other is None else label(other))
+        if objective.contrast_index == chosen:
+            raise InputError("the {contrast} is the target itself: choose another class or token", parameter="contrast")
+    return Metric.of(objective, chosen)
 
 
 class _progress_bar:

@@ -9,7 +9,8 @@ Each estimates Δm(site) = m(base run with the site set to its source value) −
   compares with signed effects. (The paper's other fix, recomputing the attention softmax for
   patched queries and keys, concerns query and key sites, which a sweep of outputs does not have.)
 - ``relp`` (arXiv 2508.21258): (a_source − a_base) · ∂̃m/∂a with ∂̃ the AttnLRP rules' backward
-  (`attnflow.methods.model.lrp`, row ``attnlrp``) instead of the gradient;
+  (`attnflow.methods.model.lrp`, rule set ``attnlrp``) instead of the gradient; ``relp:NAME`` takes
+  any registered rule set NAME instead (``relp:gim``, or one of your own: `register_rules`).
 - ``atp-ig`` (integrated gradients along the path between the two runs, as EAP-IG does for edges,
   Hanna et al. 2024): (a_source − a_base) · the mean of ∂m/∂a over `IG_STEPS` runs whose word
   embeddings lie on the straight line from the base run's to the source run's, at the midpoints
@@ -35,6 +36,19 @@ from attnflow.causal.sites import site_kind
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
 IG_STEPS = 3  # points of the path `atp-ig` averages the gradient over
+RELP_DEFAULT_RULES = "attnlrp"
+
+
+def relp_rules(method: str) -> Any:
+    """The rule set (`attnflow.methods.model.lrp.BackwardRules`) of a RelP method: ``relp`` ->
+    AttnLRP's, ``relp:NAME`` -> the registered NAME; None for a method that is not RelP or names no
+    registered rule set."""
+    from attnflow.methods.model.lrp import RULES
+
+    if method == "relp":
+        return RULES[RELP_DEFAULT_RULES]
+    prefix, _, name = method.partition(":")
+    return RULES.get(name) if prefix == "relp" and name else None
 
 
 def estimate(
@@ -49,10 +63,11 @@ def estimate(
     if method == "atp-ig":
         return _integrated(runner, base, kinds, head_position)
     rules = None
-    if method == "relp":
-        from attnflow.methods.model.lrp import RULES, backward_rules
+    rule_set = relp_rules(method)
+    if rule_set is not None:
+        from attnflow.methods.model.lrp import backward_rules
 
-        rules = backward_rules(runner.model, RULES["attnlrp"])
+        rules = backward_rules(runner.model, rule_set)
     gradients, activations = _gradients(runner, base.input_ids, base.noise, base.samples, rules)
     return {
         kind: _dot(kind, base.source[kind], activations[kind], gradients[kind], runner.n_heads, head_position).mean(

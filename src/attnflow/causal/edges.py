@@ -174,7 +174,7 @@ class EdgeGraph:
             raise InputError(f"unknown edge method {method!r}; choose from {', '.join(EDGE_METHODS)}")
         rows = 1 if method == "eap" else steps
         if rows < 1:
-            raise InputError("--steps must be at least 1")
+            raise InputError("{steps} must be at least 1", parameter="steps")
         embeddings = self.runner.modules.embeddings
         with torch.no_grad():
             towards_clean = embeddings(self.clean_ids.to(self.model.device)) - embeddings(

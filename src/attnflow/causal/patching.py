@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +31,8 @@ Recorded = dict[str, list[torch.Tensor]]
 
 @dataclass(frozen=True)
 class Metric:
-    """The scalar a patch is judged by, computed from the logits of a batch.
+    """The scalar a patch is judged by, computed from the logits of a batch: the patching view of a
+    `attnflow.targets.Objective` (`Metric.of`), read from the logits the patched runs return.
 
     ``kind``: ``"class"`` (classifier logits ``[batch, class]``) or ``"next_token"`` (LM logits
     ``[batch, token, vocab]``, read at the last position); ``target``: class index or token id;
@@ -44,6 +45,14 @@ class Metric:
     contrast: int | None = None
     label: str = ""
     contrast_label: str | None = None
+
+    @classmethod
+    def of(cls, objective: Any, index: int) -> Metric:
+        """The metric of a class or next-token `attnflow.targets.Objective` for class or token ``index``
+        (the objective's contrast, if any, and the names of both)."""
+        contrast = objective.contrast_index
+        contrast_label = None if contrast is None else objective.label_of(contrast)
+        return cls(objective.kind, index, contrast, objective.label_of(index), contrast_label)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """``[batch]`` metric values."""
@@ -148,7 +157,7 @@ class PatchRunner:
         ids = input_ids.to(self.model.device).expand(batch, -1)
         recorded: Recorded = {kind: [] for kind in SITE_KINDS} if record else {}
         with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}):
-            logits = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            logits = self.model.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return self.metric(logits), recorded
 
     @contextmanager

@@ -128,9 +128,9 @@ class SiteModules:
         for row in SITE_TABLE:
             pattern = row.pattern(model.adapter)
             self.by_kind[row.name] = (
-                [] if pattern is None else [module for _, module in find_layers(model.model, pattern)]
+                [] if pattern is None else [module for _, module in find_layers(model.hf_model, pattern)]
             )
-        self.embeddings = model.model.get_input_embeddings()
+        self.embeddings = model.hf_model.get_input_embeddings()
         self.n_heads = model.n_heads
         counts = {name: len(modules) for name, modules in self.by_kind.items()}
         if set(counts.values()) != {model.n_layers}:

@@ -13,6 +13,19 @@ from attnflow.methods.registry import Option, available_methods, get_method, met
 from attnflow.methods.registry import options_per_method as options_per_method  # the subcommands' import
 
 DEFAULT_MODEL = "minilm-sentiment"
+# The library's parameters that the command line spells otherwise than ``--`` + the parameter with
+# dashes (``samples`` -> ``--samples``) or a method option's own flag: the one place errors' parameters
+# become flags (`flag`).
+FLAGS = {
+    "max_new_tokens": "--generate",
+    "k": "--top-k",
+    "method": "--method",
+    "methods": "--methods",
+    "model_a": "--model",
+    "model_b": "--model",
+    "target": "--target/--target-token",
+    "path": "--file",
+}
 _DEST = "method_option_"  # argparse destination prefix of the method options (they never clash with other flags)
 
 
@@ -30,6 +43,14 @@ def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 positive_int = argument_type(method_option_parsers.positive_int)
+
+
+def flag(parameter: str) -> str:
+    """How the command line spells a library parameter an error names (`attnflow.errors`): `FLAGS`,
+    a method option's declared flag, else ``--`` + the parameter with dashes."""
+    from attnflow.methods.registry import option_flags
+
+    return FLAGS.get(parameter) or option_flags().get(parameter) or "--" + parameter.replace("_", "-")
 
 
 def parse_methods(text: str, also: tuple[str, ...] = ()) -> list[str]:
@@ -111,6 +132,16 @@ def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -
         "causal LMs: the next token (default: the prediction)",
     )
     parser.add_argument("--target-text", metavar="TEXT", help="sentence encoders: explain the similarity to this text")
+
+
+def target_of(args: argparse.Namespace) -> Any:
+    """The `attnflow.targets.Target` the target flags ask for (``--target`` or ``--target-token``,
+    ``--target-text``, ``--contrast``, where the subcommand has them): the one place they join."""
+    from attnflow.targets import as_target
+
+    label = getattr(args, "target", None)
+    label = getattr(args, "target_token", None) if label is None else label
+    return as_target(label, text=getattr(args, "target_text", None), contrast=getattr(args, "contrast", None))
 
 
 def load_model(name: str, device: str, quiet: bool) -> Any:

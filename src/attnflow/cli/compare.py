@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from attnflow.capture.texts import check_row_fits
-from attnflow.cli.common import Progress, add_text_options, load_model, positive_int
+from attnflow.cli.common import Progress, add_text_options, load_model, positive_int, target_of
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods
 from attnflow.staging import check_output
@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
         row=args.row,
         k=args.top_k,
         max_length=args.max_length,
-        target=args.target,
-        target_text=args.target_text,
+        target=target_of(args),
     )
     paths = comparison.save(out, overwrite=args.overwrite)
     if args.json:

@@ -28,6 +28,7 @@ from attnflow.cli.common import (
     parse_methods,
     parse_row,
     positive_int,
+    target_of,
 )
 from attnflow.cli.outputs import TRACE_FILE, output_folder, prepare_output, write_explanations
 from attnflow.errors import InputError
@@ -296,15 +297,7 @@ def _trace(model: ModelLike, methods: list[str], args: argparse.Namespace, say: 
         say(f"tracing {args.image} …")
         return model.trace_image_for(methods, args.image)
     say("tracing …")
-    target = args.target if args.target is not None else args.target_token
-    return model.trace_for(
-        methods,
-        [args.text],
-        target=target,
-        target_text=args.target_text,
-        max_length=args.max_length,
-        contrast=args.contrast,
-    )[0]
+    return model.trace_for(methods, [args.text], target=target_of(args), max_length=args.max_length)[0]
 
 
 def _print_summary(trace: Trace, explanations: list[Explanation]) -> None:

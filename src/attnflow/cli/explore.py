@@ -15,7 +15,15 @@ from typing import Any
 
 from attnflow.capture.texts import check_row_fits
 from attnflow.cli import explain_generation
-from attnflow.cli.common import DEFAULT_MODEL, Progress, add_text_options, load_model, method_table, parse_methods
+from attnflow.cli.common import (
+    DEFAULT_MODEL,
+    Progress,
+    add_text_options,
+    load_model,
+    method_table,
+    parse_methods,
+    target_of,
+)
 from attnflow.errors import InputError
 from attnflow.methods.registry import available_methods, get_method
 from attnflow.staging import check_output
@@ -101,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
         methods=args.methods,
         row=args.row,
         max_length=args.max_length,
-        target=args.target,
-        target_text=args.target_text,
+        target=target_of(args),
         progress=not args.quiet,
     )
     path = exploration.save(out, overwrite=args.overwrite)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, mask_token_id, perturbation_probabilities
 from attnflow.evaluate.bounds import EXACT_LIMIT, AopcBounds, normalised_aopc, search_bounds, search_cost
 from attnflow.evaluate.metrics import aopc, content_ranking, top_count
@@ -364,7 +365,7 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
     scored = [e for e in candidates if e.faithfulness is not None]
     if not scored:
         if not candidates:
-            raise ValueError("--method auto has no candidate method for this model")
+            raise InputError("{method} auto has no candidate method for this model", parameter="method")
         first = candidates[0]
         why = next((note for note in first.notes if note.startswith("faithfulness not computed")), None)
         first.chosen_by = (
@@ -433,7 +434,6 @@ def plan_methods(
     """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
     rollout otherwise) with the user's ``options`` (name -> value; each method gets its share,
     `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
-    from attnflow.errors import InputError
     from attnflow.methods.registry import options_per_method
 
     has = not image and has_target(model, target_text)

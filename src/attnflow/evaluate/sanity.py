@@ -30,7 +30,7 @@ def randomisation_stages(model: ModelLike) -> list[tuple[str, str]]:
     A block is the numbered ancestor of each attention layer the model's adapter names
     (``encoder.layer.3.attention.self`` -> ``encoder.layer.3``: attention and feed-forward).
     """
-    names = dict(model.model.named_modules())
+    names = dict(model.hf_model.named_modules())
     head = next((name for name in HEAD_NAMES if name in names), None)
     if head is None:
         raise InputError(f"model {model.name!r}: no classifier head module ({', '.join(HEAD_NAMES)}) to randomise")
@@ -77,7 +77,7 @@ def cascade(model: ModelLike, seed: int = 0, layers: int | None = None) -> Itera
     from attnflow.model import AttentionModel
 
     stages = randomisation_stages(model)
-    module = copy.deepcopy(model.model).cpu()
+    module = copy.deepcopy(model.hf_model).cpu()
     parts = dict(module.named_modules())
     head = parts[stages[0][1]]
     embeddings = module.get_input_embeddings() if hasattr(module, "get_input_embeddings") else None

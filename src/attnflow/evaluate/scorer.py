@@ -28,14 +28,14 @@ def check_classifier(model: ModelLike) -> list[str]:
         raise InputError(f"model {model.name!r} has no tokenizer; the faithfulness benchmark needs text input")
     encoded = model.tokenizer(["a"], return_tensors="pt").to(model.device)
     with torch.inference_mode():
-        output = model.model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
+        output = model.hf_model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
     logits = getattr(output, "logits", None)
     if logits is None or logits.ndim != 2:
         raise InputError(
             f"model {model.name!r} has no classifier head (its output has no [batch, class] logits); "
             "evaluate a classifier such as minilm-sentiment or minilm-topics"
         )
-    id2label = getattr(model.model.config, "id2label", None) or {}
+    id2label = getattr(model.hf_model.config, "id2label", None) or {}
     if len(id2label) != logits.shape[1]:
         return [f"class {index}" for index in range(logits.shape[1])]
     return [str(id2label[index]) for index in range(logits.shape[1])]
@@ -102,7 +102,7 @@ class ClassifierScorer:
         the output layer applied to those positions only (not to ``[batch, token, vocabulary]``)."""
         import torch
 
-        network = self.model.model
+        network = self.model.hf_model
         if self.model.target_kind != "next_token":
             return network(input_ids=input_ids, attention_mask=attention_mask).logits
         hidden = network.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -12,14 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.errors import InputError
+
 
 def _pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(a, dtype=np.float64).reshape(-1)
     b = np.asarray(b, dtype=np.float64).reshape(-1)
     if a.shape != b.shape:
-        raise ValueError(f"score vectors differ in length: {a.size} and {b.size}")
+        raise InputError(f"score vectors differ in length: {a.size} and {b.size}")
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
-        raise ValueError("scores contain NaN or infinite values")
+        raise InputError("scores contain NaN or infinite values")
     return a, b
 
 
@@ -44,5 +46,5 @@ def top_k_overlap(a: Any, b: Any, k: int) -> float:
     """|top_k(a) ∩ top_k(b)| / k for ``1 <= k <= len(a)``."""
     a, b = _pair(a, b)
     if isinstance(k, bool) or int(k) != k or not 1 <= k <= a.size:
-        raise ValueError(f"k must be an integer in [1, {a.size}], got {k}")
+        raise InputError(f"k must be an integer in [1, {a.size}], got {k}")
     return len(set(top_k(a, k).tolist()) & set(top_k(b, k).tolist())) / k

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.methods.transforms import normalise_rows
 
 DIFFUSION_THRESHOLD = 0.9
@@ -37,11 +38,11 @@ def row_distributions(matrices: Any) -> np.ndarray:
     """``[..., query, key]`` non-negative matrices with every row divided by its sum (zero rows stay 0)."""
     array = np.asarray(matrices, dtype=np.float64)
     if array.ndim < 2 or array.shape[-1] != array.shape[-2]:
-        raise ValueError(f"expected square [..., query, key] matrices, got shape {array.shape}")
+        raise InputError(f"expected square [..., query, key] matrices, got shape {array.shape}")
     if not np.all(np.isfinite(array)):
-        raise ValueError("matrices contain NaN or infinite values")
+        raise InputError("matrices contain NaN or infinite values")
     if np.any(array < 0):
-        raise ValueError("row diagnostics need non-negative matrices (a distribution per row)")
+        raise InputError("row diagnostics need non-negative matrices (a distribution per row)")
     return normalise_rows(array)  # an all-zero row stays 0
 
 
@@ -163,7 +164,7 @@ def layer_diagnostics(
         `LayerDiagnostics` whose fields have the leading shape ``[...]`` of ``matrices``.
     """
     if not 0.0 < diffusion <= 1.0 or not 0.0 < collapse <= 1.0:
-        raise ValueError(f"thresholds must lie in (0, 1], got diffusion={diffusion}, collapse={collapse}")
+        raise InputError(f"thresholds must lie in (0, 1], got diffusion={diffusion}, collapse={collapse}")
     p = row_distributions(matrices)
     n = p.shape[-1]
     live = p.sum(axis=-1) > 0  # [..., query]: rows that hold any mass

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import HeadFusion, Residual, fuse_heads, normalise_rows, validate_attentions
 
@@ -49,11 +50,11 @@ def encoder_decoder_rollout(
     decoder_layers = rollout(decoder_attentions, head_fusion=head_fusion, residual=residual, layerwise=True)
     cross = np.asarray(cross_attentions, dtype=np.float64)
     if cross.ndim != 4 or cross.shape[0] != decoder_layers.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"cross_attentions must be [layer, head, dec, enc] with {decoder_layers.shape[0]} layers, got {cross.shape}"
         )
     if cross.shape[2:] != (decoder_layers.shape[-1], encoder.shape[-1]):
-        raise ValueError(
+        raise InputError(
             f"cross_attentions maps are {cross.shape[2:]}, expected (dec, enc) = "
             f"({decoder_layers.shape[-1]}, {encoder.shape[-1]})"
         )

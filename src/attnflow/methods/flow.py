@@ -15,6 +15,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.methods import options
 from attnflow.methods.flow_kernels import SCALE, max_flows
 from attnflow.methods.registry import register
@@ -83,7 +84,7 @@ def attention_flow(
         practice).
     """
     if not isinstance(normalize, (bool, np.bool_)):
-        raise ValueError(f"normalize must be True or False, got {normalize!r}")
+        raise InputError(f"normalize must be True or False, got {normalize!r}")
     head_fusion = choose_fusion(head_fusion, weights)
     per_head = isinstance(head_fusion, str) and head_fusion == "none"
     layers = prepare_layers(attentions, head_fusion=head_fusion, residual=residual)  # [..., layer, (head,) q, k]
@@ -108,7 +109,7 @@ def _check_layer(layer: Any, n_layers: int) -> int:
     if layer is None:
         return n_layers
     if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)) or not 1 <= layer <= n_layers:
-        raise ValueError(
+        raise InputError(
             f"layer must be an integer in [1, {n_layers}] (flows from the outputs of that many layers), got {layer!r}"
         )
     return int(layer)
@@ -119,9 +120,9 @@ def _check_rows(rows: Rows, n: int) -> np.ndarray:
         return np.arange(n, dtype=np.int64)
     picked = np.atleast_1d(np.asarray(rows))
     if picked.ndim != 1 or (picked.size and not np.issubdtype(picked.dtype, np.integer)):
-        raise ValueError(f"rows must be an int or a 1-D sequence of ints, got {rows!r}")
+        raise InputError(f"rows must be an int or a 1-D sequence of ints, got {rows!r}")
     if np.any((picked < -n) | (picked >= n)):
-        raise ValueError(f"rows must lie in [-{n}, {n - 1}] for {n} tokens, got {picked.tolist()}")
+        raise InputError(f"rows must lie in [-{n}, {n - 1}] for {n} tokens, got {picked.tolist()}")
     return np.where(picked < 0, picked + n, picked).astype(np.int64)
 
 
@@ -129,7 +130,7 @@ def _check_n_jobs(n_jobs: Any) -> int:
     if n_jobs is None:
         return 1
     if isinstance(n_jobs, (bool, np.bool_)) or not isinstance(n_jobs, (int, np.integer)) or n_jobs == 0 or n_jobs < -1:
-        raise ValueError(f"n_jobs must be a positive integer, -1 (all cores) or None, got {n_jobs!r}")
+        raise InputError(f"n_jobs must be a positive integer, -1 (all cores) or None, got {n_jobs!r}")
     if n_jobs == -1:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return int(n_jobs)

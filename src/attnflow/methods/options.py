@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnflow.errors import InputError
 from attnflow.methods.registry import Option
 
 
@@ -16,9 +17,9 @@ def number(text: str, kind: type, expected: str | None = None) -> Any:
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"expected {expected or kind.__name__}, got {text!r}") from None
+        raise InputError(f"expected {expected or kind.__name__}, got {text!r}") from None
     if kind is float and value != value:
-        raise ValueError(f"expected a number, got {text!r}")
+        raise InputError(f"expected a number, got {text!r}")
     return value
 
 
@@ -26,7 +27,7 @@ def positive_int(text: str) -> int:
     """Command-line text -> an integer >= 1 (ValueError with a message otherwise)."""
     value = number(text, int)
     if value < 1:
-        raise ValueError(f"must be a positive integer, got {text}")
+        raise InputError(f"must be a positive integer, got {text}")
     return value
 
 
@@ -34,7 +35,7 @@ def non_negative_int(text: str) -> int:
     """Command-line text -> an integer >= 0."""
     value = number(text, int)
     if value < 0:
-        raise ValueError(f"must be an integer >= 0, got {text}")
+        raise InputError(f"must be an integer >= 0, got {text}")
     return value
 
 
@@ -42,7 +43,7 @@ def ratio(text: str) -> float:
     """Command-line text -> a number in [0, 1)."""
     value = number(text, float)
     if not 0.0 <= value < 1.0:
-        raise ValueError(f"must lie in [0, 1), got {text}")
+        raise InputError(f"must lie in [0, 1), got {text}")
     return value
 
 
@@ -52,7 +53,7 @@ def residual(text: str) -> str | float:
         return text
     value = number(text, float, "half, renorm, none, norm or a number in [0, 1]")
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"a residual weight must lie in [0, 1], got {text}")
+        raise InputError(f"a residual weight must lie in [0, 1], got {text}")
     return value
 
 
@@ -60,7 +61,7 @@ def head_weights(text: str) -> list[float]:
     """Command-line ``"w1,w2,..."`` -> non-negative head weights, not all zero."""
     weights = [number(part.strip(), float, "comma-separated numbers") for part in text.split(",") if part.strip()]
     if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"need non-negative head weights, not all zero, got {text!r}")
+        raise InputError(f"need non-negative head weights, not all zero, got {text!r}")
     return weights
 
 

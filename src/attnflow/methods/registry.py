@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
+from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, NEEDS, TARGET_NEEDS
 
@@ -184,36 +185,36 @@ def register(
     """
     unknown = set(needs) - set(NEEDS)
     if unknown:
-        raise ValueError(f"method {name!r} needs unknown names {sorted(unknown)}; known: {', '.join(NEEDS)}")
+        raise InputError(f"method {name!r} needs unknown names {sorted(unknown)}; known: {', '.join(NEEDS)}")
     unknown = set(requires) - set(CAPABILITIES)
     if unknown:
-        raise ValueError(f"method {name!r} requires unknown {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
+        raise InputError(f"method {name!r} requires unknown {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     if takes not in ("attentions", "trace", "model"):
-        raise ValueError(f"method {name!r}: takes must be 'attentions', 'trace' or 'model', got {takes!r}")
+        raise InputError(f"method {name!r}: takes must be 'attentions', 'trace' or 'model', got {takes!r}")
     if (takes == "model") != ("model" in needs):
-        raise ValueError(f"method {name!r}: takes='model' and needs 'model' go together")
+        raise InputError(f"method {name!r}: takes='model' and needs 'model' go together")
     if cost not in COSTS:
-        raise ValueError(f"method {name!r}: cost must be one of {COSTS}, got {cost!r}")
+        raise InputError(f"method {name!r}: cost must be one of {COSTS}, got {cost!r}")
     if per_head and "head_fusion" not in {option.name for option in options}:
-        raise ValueError(f"method {name!r}: per_head needs a head_fusion option")
+        raise InputError(f"method {name!r}: per_head needs a head_fusion option")
     if batch is not None and not (takes == "model" and scores_only):
-        raise ValueError(f"method {name!r}: a batch form is for takes='model' methods with scores_only")
+        raise InputError(f"method {name!r}: a batch form is for takes='model' methods with scores_only")
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         if name in _METHODS:
-            raise ValueError(f"method {name!r} is registered twice")
+            raise InputError(f"method {name!r} is registered twice")
         parameters = inspect.signature(function).parameters
         keywords = [option.name for option in options] + [
             flag for flag, on in (("rows", rows), ("layerwise", layerwise)) if on
         ]
         missing = [k for k in keywords if k not in parameters or parameters[k].default is inspect.Parameter.empty]
         if missing:
-            raise ValueError(f"method {name!r} declares {', '.join(missing)} but its function has no such keyword")
+            raise InputError(f"method {name!r} declares {', '.join(missing)} but its function has no such keyword")
         if batch is not None:
             batch_parameters = inspect.signature(batch).parameters
             missing = [k for k in keywords if k not in batch_parameters]
             if missing:
-                raise ValueError(f"method {name!r}: its batch form lacks the keyword(s) {', '.join(missing)}")
+                raise InputError(f"method {name!r}: its batch form lacks the keyword(s) {', '.join(missing)}")
         defaults = {option.name: parameters[option.name].default for option in options}
         _METHODS[name] = MethodSpec(
             name=name,
@@ -271,7 +272,7 @@ def get_method(name: str) -> MethodSpec:
     try:
         return _registered()[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(available_methods())}") from None
+        raise InputError(f"unknown method {name!r}; available: {', '.join(available_methods())}") from None
 
 
 def available_methods() -> list[str]:
@@ -288,7 +289,7 @@ def method_names(methods: str | Sequence[str], also: Sequence[str] = ()) -> list
     if not names or unknown:
         named = ", ".join(map(repr, unknown)) or repr(methods)
         also_taken = f"; or {', '.join(also)}" if also else ""
-        raise ValueError(f"unknown method {named}; available: {', '.join(available_methods())}{also_taken}")
+        raise InputError(f"unknown method {named}; available: {', '.join(available_methods())}{also_taken}")
     return list(dict.fromkeys(names))
 
 
@@ -300,7 +301,7 @@ def methods_for(family: Family) -> list[str]:
 def check_family(spec: MethodSpec, family: Family) -> None:
     """One clear line when ``spec`` requires what ``family`` does not provide, naming the methods it supports."""
     if not spec.supports(family):
-        raise ValueError(
+        raise InputError(
             f"method {spec.name!r} does not support the {family.family} family: it requires "
             f"{'; '.join(spec.missing(family))}; methods for {family.family}: {', '.join(methods_for(family))}"
         )
@@ -308,12 +309,15 @@ def check_family(spec: MethodSpec, family: Family) -> None:
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any]) -> dict[str, Any]:
     """The options to pass to ``spec.function``: None values dropped (the default applies), anything
-    the method does not declare rejected with a ValueError that names the flags it takes."""
+    the method does not declare rejected with an InputError that names the options it takes."""
     chosen = {name: value for name, value in options.items() if value is not None}
     unknown = [name for name in chosen if name not in spec.option_names]
     if unknown:
-        takes = ", ".join(spelled(option.name) for option in spec.options) or "no options"
-        raise ValueError(f"method {spec.name!r} does not take {', '.join(map(spelled, unknown))}; it takes: {takes}")
+        takes = ", ".join(_placeholder(name) for name in spec.option_names) or "no options"
+        raise InputError(
+            f"method {spec.name!r} does not take {', '.join(map(_placeholder, unknown))}; it takes: {takes}",
+            parameter=(*unknown, *spec.option_names),
+        )
     return chosen
 
 
@@ -324,19 +328,25 @@ def options_per_method(methods: Sequence[str], given: Mapping[str, Any]) -> dict
     if len(specs) == 1:
         return {specs[0].name: method_options(specs[0], given)}
     taken = {name for spec in specs for name in spec.option_names}
-    unused = [spelled(name) for name in given if name not in taken]
+    unused = [name for name in given if name not in taken]
     if unused:
-        raise ValueError(f"none of the methods {', '.join(methods)} takes {', '.join(unused)}")
+        raise InputError(
+            f"none of the methods {', '.join(methods)} takes {', '.join(map(_placeholder, unused))}", parameter=unused
+        )
     return {
         spec.name: method_options(spec, {name: value for name, value in given.items() if name in spec.option_names})
         for spec in specs
     }
 
 
-def spelled(name: str) -> str:
-    """An option as messages name it: its command-line flag and keyword, e.g. ``--steps (n_steps)``."""
-    flags = {option.name: option.flag for spec in _registered().values() for option in spec.options}
-    return f"{flags[name]} ({name})" if name in flags else name
+def _placeholder(name: str) -> str:
+    """An option in an error message: ``{name}``, which each front end spells (`attnflow.errors`)."""
+    return "{" + name + "}"
+
+
+def option_flags() -> dict[str, str]:
+    """Every declared method option's command-line flag, by option name (``n_steps`` -> ``--steps``)."""
+    return {option.name: option.flag for spec in _registered().values() for option in spec.options}
 
 
 def call_method(spec: MethodSpec, trace: Any, model: ModelLike | None = None, **options: Any) -> Any:
@@ -344,7 +354,7 @@ def call_method(spec: MethodSpec, trace: Any, model: ModelLike | None = None, **
     function as given (validate them first with `method_options`)."""
     if spec.takes == "model":
         if model is None:
-            raise ValueError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
+            raise InputError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
         return spec.function(model, trace, **options)
     return spec.function(trace if spec.takes == "trace" else trace.attentions, **options)
 

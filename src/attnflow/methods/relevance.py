@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.rollout import rollout
@@ -54,7 +55,7 @@ def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False
     attentions = np.asarray(trace.attentions, dtype=np.float64)
     n_layers = attentions.shape[0]
     if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
-        raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
+        raise InputError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
     weighted = np.maximum(
         np.asarray(trace.captured("attention_grads", method="grad_rollout"), dtype=np.float64) * attentions, 0.0
     ).mean(axis=1)  # [layer, q, k]
@@ -102,7 +103,7 @@ def norm(trace: Trace, layer: int = -1, layerwise: bool = False) -> np.ndarray:
     """``[query, key]`` the row-normalised N of one layer (``layerwise``: ``[layer, query, key]``)."""
     n_layers = trace.n_layers
     if not -n_layers <= layer < n_layers:
-        raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
+        raise InputError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
     matrices = normalise_rows(norm_matrices(trace))
     return matrices if layerwise else matrices[layer]
 

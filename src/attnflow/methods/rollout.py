@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.methods import options
 from attnflow.methods.registry import register
 from attnflow.methods.transforms import (
@@ -88,7 +89,7 @@ def rollout(
     layer_axis = 1 if batched else 0
     n_layers = layers.shape[layer_axis]
     if isinstance(start_layer, bool) or int(start_layer) != start_layer or not 0 <= start_layer < n_layers:
-        raise ValueError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
+        raise InputError(f"start_layer must be an integer in [0, {n_layers - 1}], got {start_layer}")
     layers = np.moveaxis(layers, layer_axis, 0)  # [layer, (batch,) (head,) q, k]
     n = layers.shape[-1]
     joint = np.broadcast_to(np.eye(n), layers.shape[1:]).copy()
@@ -129,5 +130,5 @@ def raw_attention(
         return fuse_heads(array, head_fusion)
     n_layers = array.shape[-4]
     if not -n_layers <= layer < n_layers:
-        raise ValueError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
+        raise InputError(f"layer must lie in [-{n_layers}, {n_layers - 1}], got {layer}")
     return fuse_heads(np.take(array, layer, axis=-4), head_fusion)

@@ -6,6 +6,8 @@ from typing import Union
 
 import numpy as np
 
+from attnflow.errors import InputError
+
 Row = Union[str, int]
 ROWS = ("cls", "mean", "last")
 
@@ -23,7 +25,7 @@ def saliency_row(matrix: np.ndarray, row: Row = "cls") -> np.ndarray:
         return matrix.mean(axis=-2)
     index = {"cls": 0, "last": n - 1}[row] if isinstance(row, str) else row
     if not -n <= index < n:
-        raise ValueError(f"row index {row} is out of range for {n} tokens")
+        raise InputError(f"row index {row} is out of range for {n} tokens")
     return matrix[..., index, :]
 
 
@@ -35,9 +37,9 @@ def parse_row(row: Row) -> Row:
         try:
             return int(row)
         except ValueError:
-            raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
+            raise InputError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}") from None
     if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
-        raise ValueError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
+        raise InputError(f"row must be one of {', '.join(ROWS)} or a token index, got {row!r}")
     return int(row)
 
 
@@ -48,7 +50,7 @@ def to_patch_grid(scores: np.ndarray, grid: tuple[int, int], n_prefix_tokens: in
     rows, cols = grid
     patches = scores[..., n_prefix_tokens:]
     if patches.shape[-1] != rows * cols:
-        raise ValueError(
+        raise InputError(
             f"{patches.shape[-1]} patch scores after {n_prefix_tokens} prefix tokens do not fill a {rows}x{cols} grid"
         )
     return patches.reshape((*patches.shape[:-1], rows, cols))

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from attnflow.errors import InputError
+
 Space = Literal["head", "projected"]
 SPACES = ("head", "projected")
 
@@ -50,18 +52,18 @@ def context_similarity(
             not fit together.
     """
     if space not in SPACES:
-        raise ValueError(f"space must be one of {SPACES}, got {space!r}")
+        raise InputError(f"space must be one of {SPACES}, got {space!r}")
     head_outputs = head_outputs_or_trace
     if hasattr(head_outputs_or_trace, "attentions") and hasattr(head_outputs_or_trace, "tokens"):
         trace = head_outputs_or_trace
         if trace.head_outputs is None:
-            raise ValueError("the trace has no head_outputs; capture them to compute context similarity")
+            raise InputError("the trace has no head_outputs; capture them to compute context similarity")
         head_outputs = trace.head_outputs
         if output_weights is None:
             output_weights = trace.output_weights
     if head_outputs is None or head_outputs.ndim not in (4, 5):
         shape = None if head_outputs is None else tuple(head_outputs.shape)
-        raise ValueError(
+        raise InputError(
             "head_outputs must be [layer, token, head, d_head] or "
             f"[batch, layer, token, head, d_head]; got shape {shape}"
         )
@@ -73,10 +75,10 @@ def context_similarity(
 def _check_output_weights(head_shape: tuple[int, ...], weights_shape: tuple[int, ...] | None) -> None:
     """``head_shape`` is ``[..., layer, token, head, d_head]``; W_O must be ``[layer, head, d_head, d_model]``."""
     if weights_shape is None:
-        raise ValueError('space="projected" needs output_weights [layer, head, d_head, d_model]')
+        raise InputError('space="projected" needs output_weights [layer, head, d_head, d_model]')
     n_layers, _, n_heads, d_head = head_shape[-4:]
     if len(weights_shape) != 4 or tuple(weights_shape[:3]) != (n_layers, n_heads, d_head):
-        raise ValueError(
+        raise InputError(
             f"output_weights must be [layer={n_layers}, head={n_heads}, d_head={d_head}, d_model]; "
             f"got {tuple(weights_shape)}"
         )

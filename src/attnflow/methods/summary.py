@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.tokens import display_token
 
 _ROW_SUBJECTS = {"mean": "the mean-pooled output (all rows averaged)"}
@@ -68,7 +69,7 @@ def summarize(
     """The summary sentence for ``[token]`` scores explaining ``subject`` (e.g. "the class negative")."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
     if scores.size != len(tokens):
-        raise ValueError(f"{scores.size} scores for {len(tokens)} tokens")
+        raise InputError(f"{scores.size} scores for {len(tokens)} tokens")
     positive = np.clip(np.nan_to_num(scores, nan=0.0), 0.0, None)
     total = float(positive.sum())
     if total <= 0:
@@ -111,7 +112,7 @@ def subject(row: Any, tokens: Sequence[str], target: Any = None) -> str:
     predicted class or the one --target names, so not called "the prediction",
     "the next token 'Paris'", "the similarity to 'a good film'"), else the saliency row, else
     "the output" (attribution-only scores without a target). ``target`` is a
-    `attnflow.targets.Target` or its dict."""
+    `attnflow.targets.ResolvedTarget` or its dict."""
     if target is not None:
         read = target.get if isinstance(target, dict) else lambda key: getattr(target, key, None)
         kind, label = read("kind"), read("label")

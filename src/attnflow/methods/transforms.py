@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
-from attnflow.errors import ExplanationWarning
+from attnflow.errors import ExplanationWarning, InputError
 
 HeadFusion = Union[str, Sequence[float], np.ndarray]
 Residual = Union[str, float]
@@ -51,14 +51,14 @@ def validate_attentions(
     """
     array = np.asarray(attentions)
     if array.ndim not in (4, 5):
-        raise ValueError(
+        raise InputError(
             "attentions must be [layer, head, query, key] or [batch, layer, head, query, key]; "
             f"got an array of shape {array.shape}"
         )
     if square and array.shape[-1] != array.shape[-2]:
-        raise ValueError(f"attention maps must be square (query == key), got {array.shape[-2:]}")
+        raise InputError(f"attention maps must be square (query == key), got {array.shape[-2:]}")
     if array.shape[-1] == 0 or array.shape[-3] == 0 or array.shape[-4] == 0:
-        raise ValueError(f"attentions have an empty axis: shape {array.shape}")
+        raise InputError(f"attentions have an empty axis: shape {array.shape}")
     array = array.astype(np.float64, copy=False)
     # Two passes instead of one per check: the minimum is NaN with a NaN, -inf or negative with a
     # negative weight, and a +inf makes its row's sum infinite.
@@ -66,14 +66,14 @@ def validate_attentions(
     row_sums = array.sum(axis=-1)
     if not np.isfinite(smallest) or not np.all(np.isfinite(row_sums)):
         if not np.all(np.isfinite(array)):
-            raise ValueError("attentions contain NaN or infinite values")
-        raise ValueError("attention rows sum to infinity (weights too large for float64)")
+            raise InputError("attentions contain NaN or infinite values")
+        raise InputError("attention rows sum to infinity (weights too large for float64)")
     if smallest < 0:
-        raise ValueError(f"attentions contain negative weights (min {smallest:.3g})")
+        raise InputError(f"attentions contain negative weights (min {smallest:.3g})")
     if row_stochastic:
         worst = np.abs(row_sums - 1.0).max()
         if worst > atol:
-            raise ValueError(
+            raise InputError(
                 f"attention rows must sum to 1 (softmax weights); the worst row sums to "
                 f"{1.0 + float(worst):.4g} off by {worst:.3g}. Pass residual='renorm' or "
                 "normalise the rows if the input is not a softmax."
@@ -87,7 +87,7 @@ def choose_fusion(head_fusion: HeadFusion, weights: Any) -> HeadFusion:
     if weights is None:
         return head_fusion
     if not (isinstance(head_fusion, str) and head_fusion == "mean"):
-        raise ValueError("give either head weights or a head fusion, not both")
+        raise InputError("give either head weights or a head fusion, not both")
     return [float(w) for w in np.asarray(weights, dtype=np.float64).reshape(-1)]
 
 
@@ -107,13 +107,13 @@ def fuse_heads(attentions: np.ndarray, head_fusion: HeadFusion = "mean") -> np.n
             return normalise_rows(fused)
         if head_fusion == "none":
             return attentions
-        raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {HEAD_FUSIONS} or weights")
+        raise InputError(f"unknown head_fusion {head_fusion!r}; choose one of {HEAD_FUSIONS} or weights")
     weights = np.asarray(head_fusion, dtype=np.float64).reshape(-1)
     n_heads = attentions.shape[-3]
     if weights.shape[0] != n_heads:
-        raise ValueError(f"head weights have {weights.shape[0]} entries but attentions have {n_heads} heads")
+        raise InputError(f"head weights have {weights.shape[0]} entries but attentions have {n_heads} heads")
     if np.any(weights < 0) or not np.all(np.isfinite(weights)) or weights.sum() <= 0:
-        raise ValueError("head weights must be finite, non-negative and not all zero")
+        raise InputError("head weights must be finite, non-negative and not all zero")
     weights = weights / weights.sum()
     return np.einsum("...hqk,h->...qk", attentions, weights)
 
@@ -134,12 +134,12 @@ def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndar
             return normalise_rows(mixed)
         if residual == "none":
             return attentions
-        raise ValueError(f"unknown residual {residual!r}; choose one of {RESIDUALS} or a float in [0, 1]")
+        raise InputError(f"unknown residual {residual!r}; choose one of {RESIDUALS} or a float in [0, 1]")
     if isinstance(residual, bool) or not isinstance(residual, (int, float, np.floating)):
-        raise ValueError(f"residual must be one of {RESIDUALS} or a float in [0, 1], got {residual!r}")
+        raise InputError(f"residual must be one of {RESIDUALS} or a float in [0, 1], got {residual!r}")
     alpha = float(residual)
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"residual weight alpha must lie in [0, 1], got {alpha}")
+        raise InputError(f"residual weight alpha must lie in [0, 1], got {alpha}")
     return alpha * attentions + (1.0 - alpha) * identity
 
 
@@ -193,9 +193,9 @@ def check_pruning(
             or not isinstance(value, (int, float, np.integer, np.floating))
             or not 0.0 <= value < 1.0
         ):
-            raise ValueError(f"{name} must lie in [0, 1) (a share of a row that sums to 1), got {value!r}")
+            raise InputError(f"{name} must lie in [0, 1) (a share of a row that sums to 1), got {value!r}")
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer, got {top_k}")
+        raise InputError(f"top_k must be a positive integer, got {top_k}")
 
 
 def normalise_rows(matrices: np.ndarray) -> np.ndarray:
@@ -247,7 +247,7 @@ def prepare_layers(
     ``head_fusion="none"``), float64, every row summing to 1.
     """
     if prune_on not in PRUNE_PLACES:
-        raise ValueError(f"prune_on must be one of {', '.join(PRUNE_PLACES)}, got {prune_on!r}")
+        raise InputError(f"prune_on must be one of {', '.join(PRUNE_PLACES)}, got {prune_on!r}")
     check_pruning(threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
     array = validate_attentions(attentions, row_stochastic=row_stochastic and residual != "renorm")
     fused = fuse_heads(array, head_fusion)

@@ -206,9 +206,9 @@ def _targets(model: ModelLike, lens: Lens | None, top: torch.Tensor, target: Any
     defaults to the prediction); empty for models without a language-model head."""
     if lens is None:
         return _Tokens()
-    from attnflow.targets import Objective
+    from attnflow.targets import as_target
 
-    objective = Objective(model, target=target, contrast=contrast)
+    objective = as_target(target, contrast=contrast).objective(model)
     logits = lens.logits(top[None])[0]
     probabilities = logits.softmax(dim=-1)
     predicted = int(logits.argmax())

@@ -2,7 +2,7 @@
 
 Where each tensor lives comes from the family's adapter row: the blocks and what each
 feed-forward block adds from `Sites`, the stream after each attention block from `Streams.mid`,
-the values from `Values.value` (or a slice of `Streams.fused_value`), the attention weights and
+the values from `Values.value` (or its part of a `Fused` projection), the attention weights and
 the output projections from the `Stack`. The pass stops once the last block has run: the
 unembedding, a pooler or a head compute nothing routes read (the logit lens applies the final
 norm and the unembedding itself). This module holds all of routes' hook code, and the reading of
@@ -135,7 +135,9 @@ def check_supported(model: ModelLike) -> None:
         missing.append(f"streams ({CAPABILITIES['streams']})")
     if adapter.sites is None:
         missing.append(f"sites ({CAPABILITIES['sites']})")
-    if adapter.values is None and (adapter.streams is None or adapter.streams.fused_value is None):
+    if adapter.norms is None:
+        missing.append(f"norms ({CAPABILITIES['norms']})")
+    if adapter.values is None and adapter.fused_part("value") is None:
         missing.append("values (where the value vectors are)")
     raise InputError(
         f"information-flow routes do not support the {adapter.family} family ({model.name}): "
@@ -194,9 +196,9 @@ def _stop(_output: Any) -> None:
 
 def _value_location(model: ModelLike) -> tuple[str, int, int]:
     """The module whose output holds the values, which part of it and in how many parts it splits."""
-    streams, values = model.adapter.streams, model.adapter.values
-    if streams.fused_value is not None:
-        return streams.fused_value
+    fused, values = model.adapter.fused_part("value"), model.adapter.values
+    if fused is not None:
+        return fused
     return values.value, 0, 1
 
 
@@ -219,7 +221,7 @@ def read_weights(model: ModelLike) -> Weights:
         attention_norm=attention_norm,
         attention_norm_first=first,
         ffn_norm=_layer_norms(model, streams.ffn_norm) if streams.ffn_norm else None,
-        final_norm=None if final_module is None else norm_of([final_module], streams.norm, streams.rms_offset),
+        final_norm=None if final_module is None else _norm_of_row(model, [final_module]),
         final_norm_module=final_module,
         unembedding=unembedding if isinstance(unembedding, nn.Module) else None,
         softcap=float(softcap) if softcap else None,
@@ -230,8 +232,13 @@ def _layer_norms(model: ModelLike, pattern: str) -> Norm:
     modules = [module for _, module in find_layers(model.model, pattern)]
     if len(modules) != model.n_layers:
         raise CaptureError(f"{model.name}: found {len(modules)} norms for {model.n_layers} layers ({pattern!r})")
-    streams = model.adapter.streams
-    return norm_of(modules, streams.norm, streams.rms_offset)
+    return _norm_of_row(model, modules)
+
+
+def _norm_of_row(model: ModelLike, modules: list[nn.Module]) -> Norm:
+    """`norm_of` in the form the adapter row declares (`Norms`)."""
+    norms = model.adapter.norms
+    return norm_of(modules, norms.form, norms.rms_offset)
 
 
 def norm_of(modules: list[nn.Module], kind: str, rms_offset: float) -> Norm:

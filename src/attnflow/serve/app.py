@@ -5,10 +5,12 @@ thread, on models held by the `ModelPool` (one thread per model at a time). Ever
 `Job`; the route waits for its worker and stops it (at the next step) when the client cancels it
 (``POST /api/cancel/{id}``), disconnects, or passes the time limit, answering with one line.
 
-Every error is one JSON line, ``{"error": "..."}``, with its status: 400 bad input, 401 no or wrong
-token, 403 a model path outside ``--allow-path``, 404 unknown model, method or result, 409
-cancelled, 413 body or text too long, 415 not JSON, 422 a field of the wrong type, 500 a method
-that raised (the server keeps serving), 504 over the time limit.
+Every error is one JSON line, ``{"error": "..."}``, with its status: 400 bad input (an attnflow error
+the user can fix; a parameter it names is spelled as the request's JSON field, `JSON_FIELDS`), 401 no
+or wrong token, 403 a model path outside ``--allow-path``, 404 unknown model, method or result, 409
+cancelled, 413 body or text too long, 415 not JSON, 422 a field of the wrong type, 500 anything else
+(one line for the client, the traceback in the server's log; the server keeps serving), 504 over the
+time limit.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from attnflow.errors import AttnflowError, ModelLoadError
+from attnflow.errors import AttnflowError, ModelLoadError, spell
 from attnflow.serve import work
 from attnflow.serve.pool import Cancelled, Job, ModelPool, ModelRefused, PathRefused
 
@@ -70,8 +72,9 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.host not in LOCAL_HOSTS and not self.token:
             raise AttnflowError(
-                f"binding to {self.host} exposes the server beyond this machine: give --token SECRET "
-                "(requests without it get 401), or bind to 127.0.0.1"
+                f"binding to {self.host} exposes the server beyond this machine: give {{token}} "
+                "(requests without it get 401), or bind to 127.0.0.1",
+                parameter="token",
             )
 
 
@@ -97,6 +100,9 @@ class ExplainRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict, description="method options, e.g. {'discard_ratio': 0.5}")
     target: str | None = Field(None, description="classifiers: a class index or label; causal LMs: the next token")
     target_text: str | None = Field(None, description="sentence encoders: explain the similarity to this text")
+    contrast: str | None = Field(
+        None, description="a second class or token: explain logit(target) - logit(contrast) ('A rather than B')"
+    )
     row: str | int | None = Field(None, description="saliency row: cls, mean, last or a token index")
     max_length: int | None = Field(None, ge=1, description="truncate the text to this many tokens")
     faithfulness: bool = Field(
@@ -118,6 +124,7 @@ class GenerateRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     generate: int | None = Field(None, ge=1, description="greedily generate this many tokens")
     continuation: str | None = Field(None, description="explain this continuation instead (teacher-forced)")
+    contrast: str | None = Field(None, description="a single token: explain each generated token rather than it")
     faithfulness: bool = Field(False, description="per step: p(t_k) after removing its top sources")
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
@@ -130,6 +137,7 @@ class ExploreRequest(BaseModel):
     methods: list[str] | None = Field(None, description="registered methods (default: every one the model supports)")
     target: str | None = None
     target_text: str | None = None
+    contrast: str | None = None
     max_length: int | None = Field(None, ge=1)
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
@@ -144,6 +152,7 @@ class CompareRequest(BaseModel):
     top_k: int = Field(5, ge=1)
     target: str | None = None
     target_text: str | None = None
+    contrast: str | None = None
     max_length: int | None = Field(None, ge=1)
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
@@ -316,6 +325,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             options=body.options,
             target=body.target,
             target_text=body.target_text,
+            contrast=body.contrast,
             row=body.row,
             faithfulness=body.faithfulness,
             max_length=body.max_length,
@@ -343,6 +353,7 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
             generate=body.generate,
             continuation=body.continuation,
             faithfulness=body.faithfulness,
+            contrast=body.contrast,
         )
         service.keep(job, explanations)
         explained = [work.answer_record(explanation) for explanation in explanations]
@@ -366,6 +377,7 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
             top_k=body.top_k,
             target=body.target,
             target_text=body.target_text,
+            contrast=body.contrast,
             max_length=body.max_length,
         )
         return {"id": job.id, "elapsed_ms": elapsed_ms, "comparison": comparison.to_dict()}
@@ -382,6 +394,7 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
             methods=body.methods,
             target=body.target,
             target_text=body.target_text,
+            contrast=body.contrast,
             max_length=body.max_length,
         )
         service.keep_page(job, page)
@@ -461,8 +474,26 @@ def _add_guards(app: FastAPI, config: ServeConfig) -> None:
         return _error(answer.status, str(answer))
 
 
+# The library's parameters as the request bodies name them, where the two differ (every other
+# parameter is its own field): the one place the server spells the parameters errors name.
+JSON_FIELDS = {
+    "max_new_tokens": "generate",
+    "k": "top_k",
+    "method": "methods",
+    "model_a": "models",
+    "model_b": "models",
+    "image": "an image (which this server does not explain)",
+}
+
+
+def json_field(parameter: str) -> str:
+    """How a request body spells a library parameter (`JSON_FIELDS`, else the parameter itself)."""
+    return JSON_FIELDS.get(parameter, parameter)
+
+
 def _answer(error: Exception) -> ServeError:
-    """The status and line an exception answers with (a 500 also goes to the server's log)."""
+    """The status and line an exception answers with: bad input 400 (its parameters spelled as the
+    JSON fields), anything unexpected 500 (also logged, with its traceback)."""
     if isinstance(error, ServeError):
         return error
     if isinstance(error, Cancelled):
@@ -470,9 +501,9 @@ def _answer(error: Exception) -> ServeError:
     if isinstance(error, ModelRefused):
         return ServeError(403 if isinstance(error, PathRefused) else 404, str(error))
     if isinstance(error, ModelLoadError):
-        return ServeError(404, str(error))
-    if isinstance(error, (AttnflowError, ValueError)):
-        return ServeError(400, str(error))
+        return ServeError(404, spell(error, json_field))
+    if isinstance(error, AttnflowError):
+        return ServeError(400, spell(error, json_field))
     LOG.error("a request failed", exc_info=error)
     return ServeError(500, f"the request failed ({type(error).__name__}: {error}); the server keeps serving")
 

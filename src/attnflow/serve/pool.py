@@ -161,7 +161,10 @@ class ModelPool:
         if not looks_like_path:
             raise ModelRefused(f"unknown model {name!r}; this server offers: {', '.join(sorted(self.known))}")
         if self.allow_path is None:
-            raise PathRefused(f"model paths are refused ({name!r}): start the server with --allow-path DIR")
+            raise PathRefused(
+                f"model paths are refused ({name!r}): start the server with {{allow_path}} (a folder)",
+                parameter="allow_path",
+            )
         path = Path(name).expanduser().resolve()
         if not path.is_relative_to(self.allow_path):
             raise PathRefused(f"model path {name!r} is outside the allowed folder {self.allow_path}")
@@ -234,7 +237,7 @@ def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
 
     from attnflow.capture.hook_points import HookPoint, hooks
 
-    network = getattr(model, "model", None)
+    network = getattr(model, "hf_model", None)
     if not isinstance(network, torch.nn.Module):  # not a torch network: steps alone are checked
         yield
         return

@@ -2,7 +2,8 @@
 
 `explain_text` is `attnflow explain TEXT`'s flow (`attnflow.evaluate.per_input.plan_methods` and
 `explain_planned`: the same methods, options, faithfulness and ``auto`` choice, so the numbers
-equal the CLI's); `generate_text` is `attnflow explain TEXT --generate N`'s
+equal the CLI's); a body's ``target``, ``target_text`` and ``contrast`` become one
+`attnflow.targets.Target` here (`request_target`); `generate_text` is `attnflow explain TEXT --generate N`'s
 (`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`).
 Each takes the request's `Job` and checks it between steps: a cancelled request stops at the next
 method boundary.
@@ -54,6 +55,13 @@ def parsed_options(options: Mapping[str, Any], methods: Sequence[str]) -> dict[s
     return parsed
 
 
+def request_target(target: str | None, target_text: str | None, contrast: str | None = None) -> Any:
+    """A body's ``target``, ``target_text`` and ``contrast`` fields as one `attnflow.targets.Target`."""
+    from attnflow.targets import as_target
+
+    return as_target(target, text=target_text, contrast=contrast)
+
+
 def explain_text(
     pool: ModelPool,
     job: Job,
@@ -67,6 +75,7 @@ def explain_text(
     row: str | int | None,
     max_length: int | None,
     faithfulness: bool = True,
+    contrast: str | None = None,
 ) -> list[Any]:
     """`attnflow explain TEXT --model M --method ...`: one `Explanation` per method asked for
     (``faithfulness=False``: ``--no-faithfulness``)."""
@@ -82,9 +91,8 @@ def explain_text(
         job.step("planning")
         plan = plan_methods(loaded, names, given, target_text)
         job.step("tracing")
-        trace = loaded.trace_for(
-            list(plan.per_method), [text], target=target, target_text=target_text, max_length=max_length
-        )[0]
+        wanted = request_target(target, target_text, contrast)
+        trace = loaded.trace_for(list(plan.per_method), [text], target=wanted, max_length=max_length)[0]
         return explain_planned(loaded, trace, plan, parsed_row, job.step, faithfulness)
 
 
@@ -99,6 +107,7 @@ def generate_text(
     generate: int | None,
     continuation: str | None,
     faithfulness: bool,
+    contrast: str | None = None,
 ) -> list[Any]:
     """`attnflow explain PROMPT --generate N` (or ``--continuation TEXT``): one `GenerationExplanation`
     per method asked for (None: auto, as the CLI), auto's choice in its place (`attnflow.generation`'s
@@ -123,7 +132,7 @@ def generate_text(
         job.step("generating" if generate is not None else "tokenizing the continuation")
         sequence = prepare_continuation(loaded, text, max_new_tokens=generate, continuation=continuation)
         job.step(", ".join(plan.per_method))  # all at once, as the CLI: the steps' log p come from one pass
-        return explain_planned_generation(loaded, sequence, plan, faithfulness, DEFAULT_STEPS_PER_PASS)
+        return explain_planned_generation(loaded, sequence, plan, faithfulness, DEFAULT_STEPS_PER_PASS, contrast)
 
 
 def compare_models(
@@ -138,6 +147,7 @@ def compare_models(
     target: str | None,
     target_text: str | None,
     max_length: int | None,
+    contrast: str | None = None,
 ) -> Any:
     """`attnflow compare TEXT --model A --model B --method M`: the `Comparison`."""
     from attnflow.capture.texts import check_texts
@@ -157,8 +167,7 @@ def compare_models(
             row=_row(row),
             k=top_k,
             max_length=max_length,
-            target=target,
-            target_text=target_text,
+            target=request_target(target, target_text, contrast),
         )
 
 
@@ -172,6 +181,7 @@ def explore_text(
     target: str | None,
     target_text: str | None,
     max_length: int | None,
+    contrast: str | None = None,
 ) -> str:
     """`attnflow explore TEXT`: the explorer's page (every layer and head of each method), as HTML."""
     from attnflow.capture.texts import check_texts
@@ -181,9 +191,8 @@ def explore_text(
     names = method_list(methods)
     with pool.using(model, job) as loaded:
         job.step("exploring")
-        exploration = explore(
-            loaded, text, methods=names, target=target, target_text=target_text, max_length=max_length
-        )
+        wanted = request_target(target, target_text, contrast)
+        exploration = explore(loaded, text, methods=names, target=wanted, max_length=max_length)
         return str(exploration.to_html())
 
 

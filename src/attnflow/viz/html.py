@@ -322,9 +322,9 @@ def target_words(explanation: "Explanation", field: str = "target") -> str | Non
     described = getattr(explanation, field)
     if described is None:
         return None
-    from attnflow.targets import Target
+    from attnflow.targets import ResolvedTarget
 
-    return Target(**described).describe()
+    return ResolvedTarget(**described).describe()
 
 
 def _subtitle(explanation: "Explanation") -> str:

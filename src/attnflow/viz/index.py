@@ -25,7 +25,7 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
     chose it for that text). Top tokens of signed methods carry their sign (+ for the target,
     − against it); those of non-negative ones (relevance, norms) none. With a model that predicts
     (a classifier, a causal LM), a column shows each text's prediction."""
-    from attnflow.targets import Target
+    from attnflow.targets import ResolvedTarget
 
     predicts = any(explanation.prediction for _, explanation in entries)
     rows = []
@@ -36,7 +36,7 @@ def index_html(entries: Sequence[tuple[str, "Explanation"]], source: str = "") -
             if explanation.notes
             else ""
         )
-        prediction = Target(**explanation.prediction).describe() if explanation.prediction else ""
+        prediction = ResolvedTarget(**explanation.prediction).describe() if explanation.prediction else ""
         rows.append(
             f'<tr><td class="num"><a href="{esc(folder)}/explanation.html">{esc(folder)}</a></td>'
             f'<td class="text">{esc(text)}</td>'

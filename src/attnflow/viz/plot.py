@@ -208,9 +208,9 @@ def _title(explanation: "Explanation") -> str:
     model = f"{explanation.model}: " if explanation.model else ""
     target = ""
     if explanation.target is not None:
-        from attnflow.targets import Target
+        from attnflow.targets import ResolvedTarget
 
-        target = f" — explains {Target(**explanation.target).describe()}"
+        target = f" — explains {ResolvedTarget(**explanation.target).describe()}"
     title = f"{model}{explanation.method}{target}"
     if explanation.faithfulness is not None:
         title += f"\nfaithfulness on this input: {faithfulness_badge(explanation.faithfulness)}"

@@ -1,29 +1,41 @@
-"""Backward-rule methods for transformers — `cp_lrp`, `attnlrp` and `gim` — as rows of one table.
+"""Backward-rule methods for transformers — `cp_lrp`, `attnlrp` and `gim` — as rule sets (zennit's composites).
 
 Each is gradient × input (or × (input − baseline)) on a modified backward pass: one forward and one
-backward pass of the model, during which temporary forward hooks (removed on exit, also when the
-forward pass raises) leave every forward value as it is and change how the gradient flows through a
-few places. A `BackwardRules` row says what changes where; the relevance of token j is
-R_j = Σ_d (e_{j,d} − b_{j,d}) · ∂̃y/∂e_{j,d} at the embedding sum e (the input of the embedding norm
-for BERT-like families, the word embeddings otherwise: RoPE adds no position embedding), with b = 0
-or the embedding of the pad token at every position.
+backward pass of the model, during which temporary hooks (removed on exit, also when the forward pass
+raises) leave every forward value as it is and change how the gradient flows through a few kinds of
+module. A rule set (`BackwardRules`) maps a **module kind** (`MODULE_KINDS`) to a **rule** (a small
+`Rule` object); one engine (`backward_rules`) finds each kind's modules in the family's adapter row
+and applies the rule there. The relevance of token j is R_j = Σ_d (e_{j,d} − b_{j,d}) · ∂̃y/∂e_{j,d}
+at the embedding sum e (the input of the embedding norm for BERT-like families, the word embeddings
+otherwise: RoPE adds no position embedding), with b = 0 or the embedding of the pad token at every
+position (``baseline``).
 
-The rule fields and the hook point each uses (``∂̃``: the modified gradient):
+The module kinds and where the engine finds them (``∂̃``: the modified gradient):
 
-- ``norms_constant``: every layer norm and RMS norm's 1/σ is a constant (the norm's output is
-  recomputed from its input with σ detached, so the norm is linear) — a forward hook on each norm;
-- ``query_key`` / ``value``: ∂̃ × factor at the query and key / value projections' outputs (0 stops
-  it) — forward hooks on the projections named by the family's adapter row;
-- ``identity_activations``: element-wise activations (GELU, SiLU, tanh, ...) pass relevance on
-  unchanged, ∂̃ × f(x)/x — a forward hook on each activation module;
-- ``gated_operands``: ∂̃ × factor at each operand of a gated MLP's product down(act(gate(x)) · up(x))
-  (the up projection's output and the activation's) — forward hooks on the family's gated MLP;
-- ``softmax_temperature`` T: the attention softmax keeps its forward value, and its backward is
+- ``norm``: every norm the adapter row declares (`attnflow.capture.adapters.Norms`: a pattern and
+  the form, layer or RMS with its offset);
+- ``activation``: the element-wise activation modules (GELU, SiLU, tanh, ...: transformers' ``ACT2FN``);
+- ``query_key`` / ``value``: the query and key / the value projections of the row's `Values`;
+- ``gated_product``: both operands of a gated MLP's product down(act(gate(x)) · up(x)), the up
+  projection's output and the activation's (the row's `GatedMLP`);
+- ``softmax``: every softmax called inside the row's attention modules, however it is called
+  (``torch.nn.functional.softmax``, ``torch.softmax``, ``Tensor.softmax``: a torch-function mode
+  sees all three).
+
+The rules:
+
+- `ConstantNorm`: 1/σ (1/rms) is a constant — the norm's output recomputed from its input, in the
+  form the row declares, with σ detached, so the norm is linear;
+- `Scale` (factor): ∂̃ × factor at the module's output (0 stops the gradient);
+- `Identity`: an activation passes relevance on unchanged, ∂̃ × f(x)/x;
+- `TemperedSoftmax` (T): the softmax keeps its forward value, and its backward is
   s_T ⊙ (g − ⟨g, s_T⟩) with s_T = softmax(x / T) (GIM's temperature-adjusted gradient; T = 1 is the
-  plain gradient) — the softmax called inside the family's attention modules;
-- ``baseline``: ``"zero"`` (gradient × input) or ``"pad"`` (× (input − the pad token's embedding)).
+  plain gradient).
 
-The rows (Ali et al. 2022; Achtibat et al. 2024; Edin et al. 2025):
+Several rules on one module compose: a gated MLP's activation under ``activation`` = `Identity` and
+``gated_product`` = `Scale` (½) passes ½ · f(x)/x.
+
+The rule sets (Ali et al. 2022; Achtibat et al. 2024; Edin et al. 2025):
 
 - ``cp_lrp``: norms constant; A constant where it multiplies V (Q and K reach the output only
   through A, so the gradient is stopped at the query and key projections);
@@ -38,23 +50,24 @@ Conservation: y = Σ_j R_j + Σ_b b · ∂̃y/∂b (relevance absorbed by the bi
 not conserve (``cp_lrp``: non-linear activations and gated products; ``attnlrp``: the softmax
 rule's absorbed term; ``gim``: its softmax backward and activations; all: a non-linear target such
 as a log-probability or a cosine; a baseline other than zero). `Relevance` reports Σ_j R_j / y and
-the biases' share. A new rule-based method is one more row, registered with `register_rules`.
+the biases' share. A new rule set is one `BackwardRules` value, registered with `register_rules`:
+it is then a method (``attnflow explain --method NAME``, ``evaluate --methods NAME``), runnable by
+name in `lrp_relevance` and as RelP's backward in activation patching (``relp:NAME``).
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 
 from attnflow.errors import CaptureError, InputError
 from attnflow.methods.extras import Scored
-from attnflow.methods.registry import register
+from attnflow.methods.registry import register, unregister
 from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, Trace
 
@@ -63,57 +76,156 @@ if TYPE_CHECKING:
 
 NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely
 
+# The module kinds a rule can be keyed by, in the order their rules apply to one module's output
+# (a module's bias is read between the value-replacing rules and the scaling ones).
+MODULE_KINDS = {
+    "norm": "every norm the adapter row declares (Norms)",
+    "activation": "element-wise activation modules (GELU, SiLU, tanh, ...)",
+    "query_key": "the query and key projections (Values.query, Values.key)",
+    "value": "the value projections (Values.value)",
+    "gated_product": "both operands of a gated MLP's product: the up projection's and the activation's outputs",
+    "softmax": "every softmax called inside the attention modules",
+}
+_VALUE_KINDS = ("norm", "activation")  # rules that recompute the output (before a bias is read)
+
+
+class Rule:
+    """One backward rule: how the gradient passes a module of the kinds in ``kinds``; the forward
+    value never changes. `apply` returns the module's output rebuilt so that autograd takes the
+    rule's path (``x``: the module's first input; ``norms``: the row's `Norms`)."""
+
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def active(self) -> bool:
+        """False when the rule is the plain gradient (nothing to hook)."""
+        return True
+
+    def apply(self, module: Any, x: Any, output: Any, norms: Any, /) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ConstantNorm(Rule):
+    """1/σ (1/rms) detached: the output recomputed from the input in the form the row declares."""
+
+    kinds: ClassVar[tuple[str, ...]] = ("norm",)
+
+    def apply(self, module: Any, x: Any, output: Any, norms: Any, /) -> Any:
+        return _constant_scale_norm(module, x, output, norms.form, norms.rms_offset)
+
+
+@dataclass(frozen=True)
+class Scale(Rule):
+    """∂̃ × ``factor`` at the module's output (0: the gradient stops there)."""
+
+    factor: float
+    kinds: ClassVar[tuple[str, ...]] = ("query_key", "value", "gated_product", "activation")
+
+    @property
+    def active(self) -> bool:
+        return self.factor != 1
+
+    def apply(self, _module: Any, _x: Any, output: Any, _norms: Any, /) -> Any:
+        scale_gradient, _, _ = _rule_functions()
+        return output.detach() if self.factor == 0 else scale_gradient.apply(output, self.factor)
+
+
+@dataclass(frozen=True)
+class Identity(Rule):
+    """An activation passes relevance on unchanged: the gradient reaches x times f(x)/x."""
+
+    kinds: ClassVar[tuple[str, ...]] = ("activation",)
+
+    def apply(self, _module: Any, x: Any, output: Any, _norms: Any, /) -> Any:
+        _, identity_rule, _ = _rule_functions()
+        return identity_rule.apply(x, output)
+
+
+@dataclass(frozen=True)
+class TemperedSoftmax(Rule):
+    """The softmax's backward s_T ⊙ (g − ⟨g, s_T⟩), s_T = softmax(x / ``temperature``)."""
+
+    temperature: float
+    kinds: ClassVar[tuple[str, ...]] = ("softmax",)
+
+    @property
+    def active(self) -> bool:
+        return self.temperature != 1
+
 
 @dataclass(frozen=True)
 class BackwardRules:
-    """One row of the rule table: how a method's backward pass differs from the plain gradient
-    (each field and the hook point it uses: the module docstring). Forward values never change."""
+    """A rule set: ``rules`` maps module kinds (`MODULE_KINDS`) to `Rule` objects (a kind left out
+    keeps its plain gradient); ``baseline``: ``"zero"`` (gradient × input) or ``"pad"`` (× (input −
+    the pad token's embedding)). Forward values never change."""
 
     name: str
     summary: str
-    norms_constant: bool = True
-    query_key: float = 1.0
-    value: float = 1.0
-    identity_activations: bool = False
-    gated_operands: float = 1.0
-    softmax_temperature: float = 1.0
+    rules: Mapping[str, Rule] = field(default_factory=dict)
     baseline: Literal["zero", "pad"] = "zero"
+
+    def __post_init__(self) -> None:
+        for kind, rule in self.rules.items():
+            if kind not in MODULE_KINDS:
+                raise ValueError(
+                    f"rule set {self.name!r}: unknown module kind {kind!r}; known: {', '.join(MODULE_KINDS)}"
+                )
+            if kind not in rule.kinds:
+                raise ValueError(f"rule set {self.name!r}: {type(rule).__name__} does not apply to {kind!r} modules")
+        if self.baseline not in ("zero", "pad"):
+            raise ValueError(f"rule set {self.name!r}: baseline must be 'zero' or 'pad', got {self.baseline!r}")
+
+    def rule(self, kind: str) -> Rule | None:
+        """The active rule for ``kind``, or None (the plain gradient)."""
+        rule = self.rules.get(kind)
+        return rule if rule is not None and rule.active else None
 
     @property
     def requires(self) -> tuple[str, ...]:
-        """What a model family must provide (`attnflow.trace.CAPABILITIES`): a target, and the
-        query, key and value projections when the row scales their gradients."""
-        scaled = self.query_key != 1 or self.value != 1
-        return ("text_target", "query_key") if scaled else ("text_target",)
+        """What a model family must provide (`attnflow.trace.CAPABILITIES`): a target; the query, key
+        and value projections when a rule changes their gradients; declared norms for a norm rule."""
+        needed = ["text_target"]
+        if self.rule("query_key") or self.rule("value"):
+            needed.append("query_key")
+        if self.rule("norm"):
+            needed.append("norms")
+        return tuple(needed)
 
 
 RULE_TABLE: tuple[BackwardRules, ...] = (
     BackwardRules(
         "cp_lrp",
         "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
-        query_key=0.0,
+        {"norm": ConstantNorm(), "query_key": Scale(0.0)},
     ),
     BackwardRules(
         "attnlrp",
         "AttnLRP (Achtibat et al. 2024): gradient x input at the embedding sum, with LRP rules for norms, "
         "activations, softmax and products",
-        query_key=0.25,
-        value=0.5,
-        identity_activations=True,
-        gated_operands=0.5,
+        {
+            "norm": ConstantNorm(),
+            "query_key": Scale(0.25),
+            "value": Scale(0.5),
+            "activation": Identity(),
+            "gated_product": Scale(0.5),
+        },
     ),
     BackwardRules(
         "gim",
         "GIM (Edin et al. 2025): gradient x (embedding - pad embedding) with frozen norms, a temperature-2 "
         "softmax backward and halved products",
-        query_key=0.25,
-        value=0.5,
-        gated_operands=0.5,
-        softmax_temperature=2.0,
+        {
+            "norm": ConstantNorm(),
+            "query_key": Scale(0.25),
+            "value": Scale(0.5),
+            "gated_product": Scale(0.5),
+            "softmax": TemperedSoftmax(2.0),
+        },
         baseline="pad",
     ),
 )
-RULES = {rules.name: rules for rules in RULE_TABLE}
+RULES: dict[str, BackwardRules] = {}  # every registered rule set by name (the table's and `register_rules`')
 
 
 @dataclass(frozen=True)
@@ -151,8 +263,10 @@ def _share(part: float, whole: float) -> float:
 
 
 def register_rules(rules: BackwardRules) -> None:
-    """Register a rule row as a method (one forward and one backward pass, a signed score per
-    token, a batch form that explains many traces in one padded pass)."""
+    """Register a rule set by its name: a method (one forward and one backward pass, a signed score
+    per token, a batch form that explains many traces in one padded pass; ``attnflow explain
+    --method NAME``, ``evaluate --methods NAME``, the docs' table of methods), a name `lrp_relevance`
+    takes, and RelP's backward in activation patching (``relp:NAME``). `unregister_rules` undoes it."""
 
     def explain_one(model: ModelLike, trace: Trace) -> Scored:
         (relevance,) = lrp_relevance(model, [trace], rules)
@@ -173,30 +287,49 @@ def register_rules(rules: BackwardRules) -> None:
         cost="backward",
         batch=explain_batch,
     )(explain_one)
+    RULES[rules.name] = rules
+
+
+def unregister_rules(name: str) -> None:
+    """Remove a rule set registered with `register_rules` (its method and its name)."""
+    unregister(name)
+    RULES.pop(name, None)
 
 
 for _rules in RULE_TABLE:
     register_rules(_rules)
 
 
+def rules_named(rules: BackwardRules | str) -> BackwardRules:
+    """A registered rule set by name (a `BackwardRules` is returned as it is); ValueError naming the
+    registered ones otherwise."""
+    if isinstance(rules, BackwardRules):
+        return rules
+    if rules not in RULES:
+        raise InputError(f"unknown backward rules {rules!r}; choose one of {', '.join(RULES)}")
+    return RULES[rules]
+
+
+def check_rules_supported(model: ModelLike, rules: BackwardRules, what: str | None = None) -> None:
+    """One line naming what ``model``'s family lacks for ``rules`` (an InputError), else nothing."""
+    missing = sorted(set(rules.requires) - model.adapter.provides)
+    if missing:
+        raise InputError(
+            f"{what or rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
+            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+        )
+
+
 def lrp_relevance(model: ModelLike, traces: Sequence[Trace], rules: BackwardRules | str) -> list[Relevance]:
-    """Relevance by the backward rules ``rules`` (a `RULE_TABLE` row or its name) for each trace,
+    """Relevance by the rule set ``rules`` (a `BackwardRules` or a registered name) for each trace,
     explaining its ``target``; traces with the same kind of target are explained together, in one
     padded forward and one backward pass."""
     from attnflow.targets import same_objective_groups
 
-    if isinstance(rules, str):
-        if rules not in RULES:
-            raise ValueError(f"unknown backward rules {rules!r}; choose one of {', '.join(RULES)}")
-        rules = RULES[rules]
-    missing = sorted(set(rules.requires) - model.adapter.provides)
-    if missing:
-        raise InputError(
-            f"{rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
-            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
-        )
+    rules = rules_named(rules)
+    check_rules_supported(model, rules)
     results: list[Relevance | None] = [None] * len(traces)
-    for members in same_objective_groups([trace.target for trace in traces]):
+    for members in same_objective_groups(traces):
         batch = _explain_batch(model, [traces[i] for i in members], rules)
         for position, relevance in zip(members, batch, strict=True):
             results[position] = relevance
@@ -204,12 +337,13 @@ def lrp_relevance(model: ModelLike, traces: Sequence[Trace], rules: BackwardRule
 
 
 def _explain_batch(model: ModelLike, traces: list[Trace], rules: BackwardRules) -> list[Relevance]:
-    """One padded forward and backward pass for traces whose targets share one objective."""
+    """One padded forward and backward pass for traces whose targets share one objective; a target
+    still to resolve (``Trace.request``) is resolved in this same forward pass and recorded."""
     import torch
 
-    from attnflow.targets import Objective
+    from attnflow.targets import objective_of
 
-    objective = Objective.for_target(model, traces[0].target)  # outside the hooks (similarity runs the model)
+    objective = objective_of(model, traces[0])  # outside the hooks (similarity runs the model)
     lengths = [trace.n_tokens for trace in traces]
     input_ids = torch.full((len(traces), max(lengths)), model.tokenizer.pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -217,10 +351,16 @@ def _explain_batch(model: ModelLike, traces: list[Trace], rules: BackwardRules) 
         input_ids[row, : trace.n_tokens] = torch.as_tensor(np.asarray(trace.token_ids))
         attention_mask[row, : trace.n_tokens] = 1
     index = None
-    if traces[0].target.index is not None:
+    if traces[0].target is not None and traces[0].target.index is not None:
         index = torch.as_tensor([trace.target.index for trace in traces], device=model.device)
     with backward_rules(model, rules) as recording, torch.enable_grad():
-        y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=index)
+        y, found, probability = objective(
+            attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=index
+        )
+    for row, trace in enumerate(traces):
+        if trace.target is None:
+            p = None if probability is None else float(probability[row].detach())
+            trace.resolved(objective.describe(float(y[row].detach()), None if found is None else int(found[row]), p))
     embedding_sum = recording.embedding_sum
     if embedding_sum is None:
         raise CaptureError(f"{model.name}: the forward pass never reached the embedding sum")
@@ -245,72 +385,91 @@ def _attributed(model: ModelLike, rules: BackwardRules, embedding_sum: Any, inpu
 
     if rules.baseline == "zero":
         return embedding_sum.detach()
-    embeddings = model.model.get_input_embeddings()
+    embeddings = model.hf_model.get_input_embeddings()
     return (embeddings(input_ids) - embeddings(torch.full_like(input_ids, model.tokenizer.pad_token_id))).detach()
 
 
 @dataclass
 class RuleRecording:
     """What the rules' hooks saw in one forward pass: the embedding sum ``[batch, token, d_model]``
-    (a leaf that requires grad) and, for every module with a bias, ``(bias, output)`` (the output
-    as the modified backward pass reaches the bias)."""
+    (a leaf that requires grad), for every module with a bias ``(bias, output)`` (the output as the
+    modified backward pass reaches the bias), and how many softmax calls inside the attention
+    modules were given the ``softmax`` rule (``tempered_softmax``)."""
 
     embedding_sum: Any = None
     biased_outputs: list[tuple[Any, Any]] = field(default_factory=list)
+    tempered_softmax: int = 0
 
 
-def lrp_rules(model: ModelLike, rule: str) -> Any:
-    """`backward_rules` for a `RULE_TABLE` row named ``rule``."""
-    return backward_rules(model, RULES[rule])
+def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple[str, Rule]]]:
+    """Every module a rule of ``rules`` applies to, with its ``(kind, rule)`` pairs in `MODULE_KINDS`
+    order (the softmax rule, which applies inside the attention modules, is not among them)."""
+    from attnflow.capture.hooks import find_layers
+
+    hf_model, adapter = model.hf_model, model.adapter
+
+    def modules_of(pattern: str | None) -> list[Any]:
+        return [] if pattern is None else [module for _, module in find_layers(hf_model, pattern)]
+
+    found: dict[str, list[Any]] = {kind: [] for kind in MODULE_KINDS}
+    norms = adapter.norms
+    if rules.rule("norm") is not None:
+        if norms is None:
+            raise CaptureError(f"the {adapter.family} row declares no norms: the norm rule cannot find them")
+        found["norm"] = _matching(hf_model, norms.modules)
+    found["activation"] = [module for module in hf_model.modules() if isinstance(module, _elementwise())]
+    values = adapter.values
+    if values is not None:
+        found["query_key"] = modules_of(values.query) + modules_of(values.key)
+        found["value"] = modules_of(values.value)
+    if adapter.gated_mlp is not None:
+        gated = adapter.gated_mlp
+        for mlp in modules_of(gated.module):
+            found["gated_product"] += [getattr(mlp, gated.up), getattr(mlp, gated.activation)]
+    applied: dict[Any, list[tuple[str, Rule]]] = {}
+    for kind, modules in found.items():
+        rule = rules.rule(kind)
+        if rule is not None:
+            for module in modules:
+                applied.setdefault(module, []).append((kind, rule))
+    return applied
+
+
+def _matching(hf_model: Any, pattern: str) -> list[Any]:
+    """Every module whose name ``pattern`` matches (no layer group needed)."""
+    import re
+
+    regex = re.compile(pattern)
+    return [module for name, module in hf_model.named_modules() if name and regex.search(name)]
 
 
 @contextmanager
 def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecording]:
-    """Forward hooks that apply ``rules`` to the forward passes run inside the block (the module
-    docstring lists each hook point); removed on exit, also when the block raises."""
+    """Hooks that apply ``rules`` to the forward passes run inside the block (the module docstring
+    lists each module kind and where it is found); removed on exit, also when the block raises."""
+    import re
+
     import torch
 
     from attnflow.capture.hook_points import HookPoint, hooks
     from attnflow.capture.hooks import find_layers
 
-    def modules_of(pattern: str | None) -> list[Any]:
-        return [] if pattern is None else [module for _, module in find_layers(model.model, pattern)]
-
-    adapter = model.adapter
-    modules = dict(model.model.named_modules())
-    norms = {module for module in modules.values() if _is_norm(module)} if rules.norms_constant else set()
-    activations: dict[Any, float] = {}  # activation module -> factor of its identity rule
-    gradient_factors: dict[Any, float] = {}
-    values = adapter.values
-    if values is not None:
-        gradient_factors.update(dict.fromkeys(modules_of(values.query) + modules_of(values.key), rules.query_key))
-        gradient_factors.update(dict.fromkeys(modules_of(values.value), rules.value))
-    if rules.identity_activations:
-        activations.update(dict.fromkeys((m for m in modules.values() if isinstance(m, _elementwise())), 1.0))
-    if adapter.gated_mlp is not None and rules.gated_operands != 1:
-        for mlp in modules_of(adapter.gated_mlp.module):
-            activation = getattr(mlp, adapter.gated_mlp.activation)
-            gradient_factors[getattr(mlp, adapter.gated_mlp.up)] = rules.gated_operands
-            if activation in activations:
-                activations[activation] = rules.gated_operands
-            else:
-                gradient_factors[activation] = rules.gated_operands
-    gradient_factors = {module: factor for module, factor in gradient_factors.items() if factor != 1}
+    adapter, hf_model = model.adapter, model.hf_model
+    applied = rule_modules(model, rules)
     recording = RuleRecording()
-    scale_gradient, identity_rule, _ = _rule_functions()
 
-    def rules_at(module: Any) -> Any:
+    def rules_at(module: Any, chain: list[tuple[str, Rule]]) -> Any:
+        value_rules = [rule for kind, rule in chain if kind in _VALUE_KINDS]
+        scale_rules = [rule for kind, rule in chain if kind not in _VALUE_KINDS]
+        bias = getattr(module, "bias", None)
+
         def apply_rules(output: Any, x: Any) -> Any:
-            if module in norms:
-                output = _constant_scale_norm(module, x, output)
-            if module in activations:
-                output = identity_rule.apply(x, output, activations[module])
-            bias = getattr(module, "bias", None)
+            for rule in value_rules:
+                output = rule.apply(module, x, output, adapter.norms)
             if isinstance(bias, torch.Tensor):
                 recording.biased_outputs.append((bias.detach(), output))
-            if module in gradient_factors:
-                factor = gradient_factors[module]
-                output = output.detach() if factor == 0 else scale_gradient.apply(output, factor)
+            for rule in scale_rules:
+                output = rule.apply(module, x, output, adapter.norms)
             return output
 
         return apply_rules
@@ -320,85 +479,99 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         return recording.embedding_sum
 
     embedding_norm = next(
-        (m for name, m in modules.items() if adapter.embedding_norm and re.search(adapter.embedding_norm, name)),
+        (
+            m
+            for name, m in hf_model.named_modules()
+            if adapter.embedding_norm and re.search(adapter.embedding_norm, name)
+        ),
         None,
     )
     hooked: list[tuple[HookPoint, Any]] = [
         (HookPoint(embedding_norm, "input"), take_embedding_sum)
         if embedding_norm is not None
-        else (HookPoint(model.model.get_input_embeddings(), "output"), take_embedding_sum)
+        else (HookPoint(hf_model.get_input_embeddings(), "output"), take_embedding_sum)
     ]
-    changed = norms | set(activations) | set(gradient_factors)
-    changed |= {m for m in modules.values() if isinstance(m, torch.nn.Linear) and m.bias is not None}
-    hooked += [(HookPoint(module, "output", with_input=True), rules_at(module)) for module in changed]
+    biased = [m for m in hf_model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    hooked += [
+        (HookPoint(module, "output", with_input=True), rules_at(module, applied.get(module, [])))
+        for module in dict.fromkeys([*applied, *biased])
+    ]
+    softmax = rules.rule("softmax")
     with ExitStack() as stack:
-        if rules.softmax_temperature != 1:
-            hooked += _tempered_softmax_inside(modules_of(adapter.stack.attention), rules.softmax_temperature)
-            stack.callback(_SoftmaxPatch().remove)
+        if isinstance(softmax, TemperedSoftmax):
+            attention = [module for _, module in find_layers(hf_model, adapter.stack.attention)]
+            hooked += _inside(attention)
+            stack.enter_context(_TemperedSoftmaxMode(softmax.temperature, recording))
         stack.enter_context(hooks(hooked))
         yield recording
 
 
-_SOFTMAX = threading.local()  # .temperature: the softmax backward's T while an attention module runs here
+_INSIDE = threading.local()  # .depth: how many attention modules are running in this thread
 
 
-def _tempered_softmax_inside(attention_modules: list[Any], temperature: float) -> list[tuple[HookPoint, Any]]:
-    """Hooks that give every softmax called inside ``attention_modules`` (in this thread) the
-    temperature-``temperature`` backward, while a `_SoftmaxPatch` is alive."""
+def _inside(attention_modules: list[Any]) -> list[tuple[HookPoint, Any]]:
+    """Hooks that count, in this thread, the attention modules whose forward is running."""
     from attnflow.capture.hook_points import HookPoint
 
     def enter(_args: tuple, _kwargs: dict) -> None:
-        _SOFTMAX.temperature = temperature
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
 
     def leave(_output: Any) -> None:
-        _SOFTMAX.temperature = None
+        _INSIDE.depth = max(0, getattr(_INSIDE, "depth", 0) - 1)
 
     return [(HookPoint(module, "call"), enter) for module in attention_modules] + [
         (HookPoint(module, "output"), leave) for module in attention_modules
     ]
 
 
-class _SoftmaxPatch:
-    """``torch.nn.functional.softmax`` routed through `_softmax` while at least one patch is alive
-    (counted, so concurrent rule blocks in several threads restore it once)."""
+class _TemperedSoftmaxMode:
+    """A torch-function mode (this thread, while the block runs) giving every softmax called inside an
+    attention module — ``torch.nn.functional.softmax``, ``torch.softmax`` or ``Tensor.softmax`` — the
+    tempered backward; every other call runs as it is."""
 
-    _lock = threading.Lock()
-    _alive = 0
-    _original: Any = None
+    def __init__(self, temperature: float, recording: RuleRecording) -> None:
+        import torch
+        from torch.overrides import TorchFunctionMode
 
-    def __init__(self) -> None:
-        import torch.nn.functional as functional
+        functions = {torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
 
-        with _SoftmaxPatch._lock:
-            if _SoftmaxPatch._alive == 0:
-                _SoftmaxPatch._original = functional.softmax
-                functional.softmax = _softmax
-            _SoftmaxPatch._alive += 1
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+                kwargs = kwargs or {}
+                output = func(*args, **kwargs)
+                if func not in functions or not getattr(_INSIDE, "depth", 0):
+                    return output
+                x = args[0]
+                if not isinstance(x, torch.Tensor) or not x.requires_grad:
+                    return output
+                dim, dtype = _softmax_arguments(func, args, kwargs, x)
+                recording.tempered_softmax += 1
+                _, _, tempered = _rule_functions()
+                return tempered.apply(x if dtype is None else x.to(dtype), output, dim, temperature)
 
-    def remove(self) -> None:
-        import torch.nn.functional as functional
+        self.mode = Mode()
 
-        with _SoftmaxPatch._lock:
-            _SoftmaxPatch._alive -= 1
-            if _SoftmaxPatch._alive == 0:
-                functional.softmax = _SoftmaxPatch._original
-        _SOFTMAX.temperature = None
+    def __enter__(self) -> None:
+        _INSIDE.depth = 0
+        self.mode.__enter__()
 
-
-def _softmax(input: Any, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Any:
-    """`torch.nn.functional.softmax` whose backward is tempered inside a patched attention module."""
-    temperature = getattr(_SOFTMAX, "temperature", None)
-    output = _SoftmaxPatch._original(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
-    if temperature is None or not input.requires_grad:
-        return output
-    _, _, tempered = _rule_functions()
-    return tempered.apply(input if dtype is None else input.to(dtype), output, dim, temperature)
+    def __exit__(self, *exc: Any) -> None:
+        self.mode.__exit__(*exc)
+        _INSIDE.depth = 0
 
 
-def _is_norm(module: Any) -> bool:
+def _softmax_arguments(func: Any, args: tuple, kwargs: dict, x: Any) -> tuple[int, Any]:
+    """``(dim, dtype)`` of a softmax call, however it was spelled (F.softmax(x, dim, _stacklevel,
+    dtype), torch.softmax(x, dim, dtype), x.softmax(dim, dtype)); F.softmax's legacy implicit dim as
+    torch picks it."""
     import torch
 
-    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
+    dtype_at = 3 if func is torch.nn.functional.softmax else 2
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dtype = kwargs.get("dtype", args[dtype_at] if len(args) > dtype_at else None)
+    if dim is None:
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    return int(dim), dtype
 
 
 @cache
@@ -409,26 +582,37 @@ def _elementwise() -> tuple[type, ...]:
     return tuple({entry if isinstance(entry, type) else entry[0] for entry in ACT2CLS.values()})
 
 
-def _constant_scale_norm(module: Any, x: Any, output: Any) -> Any:
-    """The norm's output recomputed from its input ``x [..., d_model]`` with 1/σ detached; it must
-    equal the module's own ``output`` (a norm of another form is refused). RMS norms scale by
-    ``weight`` or, in Gemma's form, by ``1 + weight``: whichever reproduces the output."""
+def _constant_scale_norm(module: Any, x: Any, output: Any, form: str, rms_offset: float) -> Any:
+    """The norm's output recomputed from its input ``x [..., d]`` with 1/σ detached, in the form the
+    adapter row declares: ``"layer"`` (centred, scaled by w, shifted by b) or ``"rms"`` (scaled by
+    ``rms_offset`` + w: Gemma's 1 + w). It must equal the module's own ``output`` (a CaptureError
+    naming the declared form otherwise)."""
     import torch
 
-    if isinstance(module, torch.nn.LayerNorm):
+    eps = getattr(module, "eps", None)
+    eps = getattr(module, "variance_epsilon", None) if eps is None else eps
+    weight: Any = getattr(module, "weight", None)
+    bias: Any = getattr(module, "bias", None)
+    if form == "layer":
         centred = x - x.mean(dim=-1, keepdim=True)
-        normed = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + module.eps).detach()
-        recomputed = normed if module.weight is None else normed * module.weight
-        candidates = [recomputed if module.bias is None else recomputed + module.bias]
-    else:  # RMSNorm: x / sqrt(mean(x²) + eps) · weight (or · (1 + weight))
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        normed = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
+        recomputed = normed if weight is None else normed * weight
+        recomputed = recomputed if bias is None else recomputed + bias
+    else:  # RMS: x / sqrt(mean(x²) + eps) · (rms_offset + w)
+        if weight is None:
+            raise CaptureError(f"{type(module).__name__} has no weight: not the RMS norm its adapter row declares")
         wide = x.float()
         normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
-        candidates = [module.weight * normed.to(x.dtype), (normed * (1.0 + module.weight.float())).to(x.dtype)]
-    for recomputed in candidates:
-        if torch.allclose(recomputed, output, rtol=NORM_CHECK_TOLERANCE, atol=NORM_CHECK_TOLERANCE):
-            return recomputed
-    raise CaptureError(f"{type(module).__name__} is not a plain layer/RMS norm: the backward rules cannot linearise it")
+        if rms_offset == 0:
+            recomputed = weight * normed.to(x.dtype)
+        else:
+            recomputed = (normed * (rms_offset + weight.float())).to(x.dtype)
+    if not torch.allclose(recomputed, output, rtol=NORM_CHECK_TOLERANCE, atol=NORM_CHECK_TOLERANCE):
+        raise CaptureError(
+            f"{type(module).__name__} is not the {form} norm its adapter row declares: the backward rules cannot "
+            "linearise it (check the row with attnflow.capture.check_adapter)"
+        )
+    return recomputed
 
 
 @cache
@@ -450,21 +634,20 @@ def _rule_functions() -> tuple[Any, Any, Any]:
             return gradient * ctx.factor, None
 
     class IdentityRule(torch.autograd.Function):
-        """Forward: ``output`` = f(x); backward: the gradient reaches ``x`` times ``factor`` · f(x)/x
-        (0 where x = 0, which contributes nothing), so x · ∂̃ = factor · f(x) · ∂̃y/∂f(x)."""
+        """Forward: ``output`` = f(x); backward: the gradient reaches ``x`` times f(x)/x (0 where
+        x = 0, which contributes nothing), so x · ∂̃ = f(x) · ∂̃y/∂f(x)."""
 
         @staticmethod
-        def forward(ctx: Any, x: torch.Tensor, output: torch.Tensor, factor: float) -> torch.Tensor:
+        def forward(ctx: Any, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
             ctx.save_for_backward(x, output)
-            ctx.factor = factor
             return output.view_as(output)
 
         @staticmethod
-        def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
             x, output = ctx.saved_tensors
             zero = x == 0
             ratio = torch.where(zero, torch.zeros_like(x), output / torch.where(zero, torch.ones_like(x), x))
-            return gradient * ratio * ctx.factor, None, None
+            return gradient * ratio, None
 
     class TemperedSoftmax(torch.autograd.Function):
         """Forward: ``output`` = softmax(x) as computed; backward: s_T ⊙ (g − ⟨g, s_T⟩) along

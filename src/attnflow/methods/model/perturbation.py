@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.errors import ExplanationWarning
+from attnflow.errors import ExplanationWarning, InputError
 from attnflow.methods import options
 from attnflow.methods.registry import Option, register
 from attnflow.methods.relevance import GRADIENTS, POST_LN
@@ -26,31 +26,24 @@ from attnflow.trace import Trace
 COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
 
 
-def _objective(model: ModelLike, trace: Trace) -> Any:
-    from attnflow.targets import Objective
-
-    if trace.target is None:
-        raise ValueError("this method needs the trace's target: use model.explain(text, method=...)")
-    return Objective.for_target(model, trace.target)
-
-
 def _leave_one_out(model: ModelLike, traces: Sequence[Trace], batch_size: int) -> list[np.ndarray]:
     """`leave_one_out` of each trace; the variants of all traces that share an objective are
     scored together (the method's batch form: one batched set of forward passes)."""
     from attnflow.targets import same_objective_groups
 
     results: list[np.ndarray] = [np.empty(0)] * len(traces)
-    for members in same_objective_groups([trace.target for trace in traces]):
+    for members in same_objective_groups(traces):
         variants: list[tuple[int, ...]] = []
-        indices: list[int | None] = []
-        spans = []  # per member: (first variant, content positions)
-        for i in members:
+        owners: list[int] = []
+        spans = []  # per member: (its unaltered input's position, content positions)
+        for k, i in enumerate(members):
             ids = tuple(int(token) for token in traces[i].token_ids)
             content = np.flatnonzero(~np.asarray(traces[i].special_mask))
             spans.append((len(variants), content))
             variants += [ids] + [ids[:j] + ids[j + 1 :] for j in content]
-            indices += [traces[i].target.index] * (1 + len(content))
-        values = target_values(model, traces[members[0]], variants, batch_size=batch_size, indices=indices)
+            owners += [k] * (1 + len(content))
+        group = [traces[i] for i in members]
+        values = target_values(model, group, variants, batch_size, owners, [first for first, _ in spans])
         for i, (first, content) in zip(members, spans, strict=True):
             scores = np.zeros(traces[i].n_tokens)
             scores[content] = values[first] - values[first + 1 : first + 1 + len(content)]
@@ -87,24 +80,33 @@ def leave_one_out(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
 
 def target_values(
     model: ModelLike,
-    trace: Trace,
+    traces: Trace | Sequence[Trace],
     sequences: Sequence[Sequence[int]],
     batch_size: int = 32,
-    indices: Sequence[int | None] | None = None,
+    owners: Sequence[int] | None = None,
+    unaltered: Sequence[int] = (0,),
 ) -> np.ndarray:
-    """``[sequence]`` y of the trace's target (the class or token resolved on the unaltered input;
-    ``indices``: one class or token per sequence instead, for sequences of several traces that share
-    the trace's kind of target) for token-id sequences of any lengths: right-padded, sorted by
-    length into batches of at most ``batch_size`` sequences, one forward pass per batch without
-    gradients."""
+    """``[sequence]`` y for token-id sequences of any lengths, each scored for the target of its trace
+    (``traces``: one, or several that share one objective, `attnflow.targets.same_objective_groups`;
+    ``owners[i]``: the trace of sequence i, default the first): right-padded, sorted by length into
+    batches of at most ``batch_size`` sequences, one forward pass per batch without gradients.
+
+    A trace's resolved target fixes the class or token its sequences are scored for. A trace whose
+    target is still to resolve (``Trace.request``) takes the `attnflow.targets.Target`'s own, or what
+    its unaltered input (``sequences[unaltered[k]]`` for trace k) predicts, read from this same pass;
+    the resolved target is recorded in the trace (no pass of its own)."""
     import torch
 
-    objective = _objective(model, trace)
-    index = trace.target.index
-    per_sequence = [index] * len(sequences) if indices is None else list(indices)
+    from attnflow.targets import objective_of
+
+    group = [traces] if isinstance(traces, Trace) else list(traces)
+    owner = np.zeros(len(sequences), dtype=np.int64) if owners is None else np.asarray(owners, dtype=np.int64)
+    objective = objective_of(model, group[0])
+    resolved = group[0].target is not None
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     lengths = [len(sequence) for sequence in sequences]
     values = np.zeros(len(sequences))
+    gathered: list[tuple[np.ndarray, Any]] = []  # targets still to resolve: (batch positions, choices)
     order = np.argsort(lengths, kind="stable")
     with torch.no_grad():
         for start in range(0, len(order), max(1, batch_size)):
@@ -115,10 +117,38 @@ def target_values(
             for row, i in enumerate(batch):
                 input_ids[row, : lengths[i]] = torch.as_tensor(sequences[i], dtype=torch.long)
                 attention_mask[row, : lengths[i]] = 1
-            fixed = None if index is None else torch.as_tensor([per_sequence[i] for i in batch], device=model.device)
-            y, _, _ = objective(attention_mask.to(model.device), input_ids=input_ids.to(model.device), index=fixed)
-            values[batch] = y.double().cpu().numpy()
+            choices = objective.choices(attention_mask.to(model.device), input_ids=input_ids.to(model.device))
+            if resolved:
+                indices = [group[k].target.index for k in owner[batch]]
+                fixed = None if indices[0] is None else torch.as_tensor(indices, device=model.device)
+                values[batch] = objective.pick(choices, fixed)[0].double().cpu().numpy()
+            else:
+                gathered.append((batch, choices.cpu()))  # [batch, choice]
+    if gathered:
+        values = _resolve(objective, group, gathered, owner, unaltered)
     return values
+
+
+def _resolve(
+    objective: Any,
+    traces: list[Trace],
+    gathered: list[tuple[np.ndarray, Any]],
+    owner: np.ndarray,
+    unaltered: Sequence[int],
+) -> np.ndarray:
+    """``[sequence]`` y once each trace's class or token is known from its unaltered input's choices
+    (``gathered``: per batch, its sequence positions and ``[batch, choice]``); each trace's resolved
+    target recorded in it."""
+    import torch
+
+    positions = np.concatenate([batch for batch, _ in gathered])
+    choices = torch.cat([chosen for _, chosen in gathered])[np.argsort(positions)]  # [sequence, choice]
+    y, index, probability = objective.pick(choices[list(unaltered)])  # the unaltered inputs' own targets
+    for k, trace in enumerate(traces):
+        p = None if probability is None else float(probability[k])
+        trace.resolved(objective.describe(float(y[k]), None if index is None else int(index[k]), p))
+    per_sequence = None if index is None else index[torch.as_tensor(owner)]
+    return objective.pick(choices, per_sequence)[0].double().numpy()
 
 
 MAX_EVALS = Option(
@@ -164,10 +194,13 @@ def shap(
     coalitions of one order is raised to it, with a warning. Every coalition is scored once, by
     `target_values`, in batches of ``batch_size``.
     """
-    from attnflow.evaluate.deletion import REPLACE_MODES, perturb
+    from attnflow.methods.deletion import REPLACE_MODES, perturb
 
     if replace not in REPLACE_MODES:
-        raise ValueError(f"unknown replacement {replace!r}; choose one of {', '.join(REPLACE_MODES)}")
+        raise InputError(
+            f"unknown replacement {replace!r} ({{replace}}); choose one of {', '.join(REPLACE_MODES)}",
+            parameter="replace",
+        )
     ids = tuple(int(i) for i in trace.token_ids)
     content = np.flatnonzero(~np.asarray(trace.special_mask))
     m = len(content)
@@ -196,7 +229,8 @@ def shap(
         model.tokenizer.mask_token_id if model.tokenizer.mask_token_id is not None else model.tokenizer.pad_token_id
     )
     variants = [perturb(ids, content[~row], replace, mask_id) for row in unique]
-    y = target_values(model, trace, variants, batch_size=batch_size)[slots.reshape(-1)]  # [coalition]
+    # unique rows sort with every token present last: the unaltered input
+    y = target_values(model, trace, variants, batch_size, unaltered=[len(unique) - 1])[slots.reshape(-1)]
     if exact:
         sizes = present.sum(axis=1)
         weights = np.array([math.factorial(s) * math.factorial(m - s - 1) / math.factorial(m) for s in range(m)])
@@ -235,7 +269,7 @@ def integrated_gradients(
         warnings.warn(
             f"integrated gradients: completeness error {abs(delta):.3g} is "
             f"{100 * abs(delta) / max(abs(difference), 1e-12):.0f} % of y(x) - y(baseline) = {difference:.3g} "
-            f"with {n_steps} steps; raise --steps",
+            f"with {n_steps} steps; raise n_steps (--steps)",
             ExplanationWarning,
             stacklevel=2,
         )
@@ -253,19 +287,31 @@ def integrated_gradient_attributions(
     import torch
     from captum.attr import LayerIntegratedGradients
 
+    from attnflow.targets import objective_of
+
     if isinstance(n_steps, bool) or int(n_steps) != n_steps or n_steps < 1:
-        raise ValueError(f"n_steps must be a positive integer, got {n_steps}")
-    objective = _objective(model, trace)
+        raise InputError(f"{{n_steps}} must be a positive integer, got {n_steps}", parameter="n_steps")
+    objective = objective_of(model, trace)
     input_ids = torch.as_tensor(np.asarray(trace.token_ids), dtype=torch.long, device=model.device)[None]
     baseline = input_ids.clone()
     baseline[0, torch.as_tensor(~np.asarray(trace.special_mask))] = model.tokenizer.pad_token_id
+    if trace.target is None:  # still to resolve: the input's own prediction, from one pass without gradients
+        with torch.no_grad():
+            y, found, probability = objective(torch.ones_like(input_ids), input_ids=input_ids)
+        trace.resolved(
+            objective.describe(
+                float(y[0]),
+                None if found is None else int(found[0]),
+                None if probability is None else float(probability[0]),
+            )
+        )
     index = trace.target.index
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
         fixed = None if index is None else torch.full((len(ids),), index, device=ids.device)
         return objective(torch.ones_like(ids), input_ids=ids, index=fixed)[0]
 
-    integrated = LayerIntegratedGradients(forward, model.model.get_input_embeddings())
+    integrated = LayerIntegratedGradients(forward, model.hf_model.get_input_embeddings())
     attributions, delta = integrated.attribute(
         input_ids,
         baselines=baseline,
@@ -300,11 +346,11 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
     from attnflow.capture.hook_points import HookPoint, hooks, output_tensor
     from attnflow.capture.hooks import find_layers, record_calls, record_tensors
 
-    blocks = find_layers(model.model, model.adapter.values.block)
-    value_projections = find_layers(model.model, model.adapter.values.value)
+    blocks = find_layers(model.hf_model, model.adapter.values.block)
+    value_projections = find_layers(model.hf_model, model.adapter.values.value)
     input_ids = torch.as_tensor(np.asarray(trace.token_ids), dtype=torch.long, device=model.device)[None]
     with record_calls(blocks) as calls, record_tensors(blocks) as outputs, torch.no_grad():
-        model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        model.hf_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
     n = trace.n_tokens
     matrices = np.zeros((len(blocks), n, n))
     for layer, ((name, block), (_, value_projection)) in enumerate(zip(blocks, value_projections, strict=True)):
