@@ -160,7 +160,7 @@ class TextBatch:
 def explain_step(model: ModelLike, args: argparse.Namespace) -> "ExplainStep":
     """What every text gets (`ExplainStep`), resolved on ``model``: the methods (auto's candidates
     when asked for), their options, the row and the target."""
-    from attnflow.cli.common import given_method_options, options_per_method
+    from attnflow.cli.common import given_method_options, options_per_method, target_of
     from attnflow.evaluate.per_input import (
         AUTO,
         auto_methods,
@@ -189,9 +189,7 @@ def explain_step(model: ModelLike, args: argparse.Namespace) -> "ExplainStep":
         requested=list(requested),
         candidates=candidates,
         row=args.row if args.row is not None else getattr(model, "default_row", None),
-        target=args.target if args.target is not None else args.target_token,
-        target_text=args.target_text,
-        contrast=args.contrast,
+        target=target_of(args),
         max_length=args.max_length,
         batch_size=args.batch_size,
         faithfulness=args.faithfulness is not False,
@@ -211,9 +209,7 @@ class ExplainStep:
     requested: list[str]
     candidates: list[str]
     row: Any
-    target: Any
-    target_text: str | None
-    contrast: Any
+    target: Any  # an attnflow.targets.Target
     max_length: int | None
     batch_size: int
     faithfulness: bool
@@ -235,10 +231,8 @@ class ExplainStep:
             list(self.per_method),
             list(batch.texts),
             target=self.target,
-            target_text=self.target_text,
             max_length=self.max_length,
             batch_size=self.batch_size,
-            contrast=self.contrast,
         )
         # [method][text]: a method with a batch form (the LRP rules) runs once for the batch
         per_trace = [
