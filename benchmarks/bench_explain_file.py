@@ -57,8 +57,8 @@ def attnflow_cli(model, path: Path, out: Path | None) -> float:
     from attnflow.cli import explain as explain_command
     from attnflow.cli import main
 
-    original = explain_command._load
-    explain_command._load = lambda *args: model
+    original = explain_command.load_model
+    explain_command.load_model = lambda *args: model
     arguments = ["explain", "--file", str(path), "--quiet", "--batch-size", str(BATCH), "--device", "cpu"]
     arguments += ["--json"] if out is None else ["--out", str(out), "--overwrite"]
     try:
@@ -67,7 +67,7 @@ def attnflow_cli(model, path: Path, out: Path | None) -> float:
             assert main(arguments) == 0
         return time.perf_counter() - start
     finally:
-        explain_command._load = original
+        explain_command.load_model = original
 
 
 def main() -> None:

@@ -34,6 +34,8 @@ from attnflow.causal.api import resolve_metric
 from attnflow.causal.dataset import CHECKPOINT, patch_file, read_pairs, summarise
 from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
+from attnflow.runs.checkpoint import read_checkpoint
+from attnflow.runs.engine import EngineOptions
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
 PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl"}
@@ -86,7 +88,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.summary_only:
-        rows = [json.loads(line) for line in (args.out / CHECKPOINT).read_text().splitlines() if line.strip()]
+        rows = sorted(read_checkpoint(args.out / CHECKPOINT)[1]["rows"].values(), key=lambda row: row["index"])
         print_table(summarise(rows), json.loads((args.out / "loop.json").read_text()))
         return
     model = attnflow.load("smollm2", device="cpu")
@@ -100,8 +102,8 @@ def main() -> None:
         model,
         pairs_file,
         args.out,
-        resume=True,
-        on_pair=print,
+        resume=(args.out / CHECKPOINT).exists(),
+        engine=EngineOptions(),  # its progress bar counts the pairs
         sites=SITE_KINDS,
         methods=("exact", *APPROXIMATIONS),
         batch_size=args.batch_size,

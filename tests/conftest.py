@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,34 @@ def dinov2():
     import attnflow
 
     return attnflow.load("dinov2-s", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def _ray_session():
+    """Ray, shut down at the end of the session if a test left a runtime up."""
+    ray = pytest.importorskip("ray")
+    yield ray
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_runtime(_ray_session):
+    """A private local Ray runtime shared by the session's Ray tests: started on first use (again
+    after a test that shut it down, like the cluster tests), 4 logical CPUs (4 actors at once), no
+    dashboard. The run engine uses a runtime it finds running and leaves it up, so each run starts
+    only its actors. Its workers import attnflow from where this process does."""
+    ray = _ray_session
+    if not ray.is_initialized():
+        from attnflow.runs.actors import LOCAL_OBJECT_STORE_BYTES
+
+        source = os.pathsep.join(sys.path)
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            runtime_env={"env_vars": {"PYTHONPATH": source, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}},
+        )
+    return ray

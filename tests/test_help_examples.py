@@ -1,7 +1,7 @@
 """Every example in every `--help` runs: each `attnflow ...` line of every command's epilog (found
 by walking the real parser, so a new command's examples are tested without a new line here) is
 run with `attnflow.cli.main` in a folder holding the files the examples name, until it would load
-a model or unpack one (the costly step, replaced here by a stop). What must pass is everything
+a model, unpack one or start Ray actors (the costly steps, replaced here by a stop). What must pass is everything
 before it: the argument parsing and the command's own checks of its options, files and output
 folder. An example that stops there or ends with status 0 passes; one line of error fails it.
 """
@@ -17,8 +17,7 @@ import shlex
 import pytest
 
 from attnflow.cli import build_parser, main
-from attnflow.corpus.engine import CHECKPOINT as CORPUS_CHECKPOINT
-from attnflow.dataset_audit.engine import CHECKPOINT as AUDIT_CHECKPOINT
+from attnflow.runs.checkpoint import RunFolder
 
 
 class ReachedModelLoad(BaseException):
@@ -109,6 +108,7 @@ def example_folder(tmp_path, monkeypatch):
 
     import attnflow.model
     from attnflow.capture import loading
+    from attnflow.runs import actors
 
     Image.new("RGB", (32, 24), (200, 80, 20)).save(tmp_path / "photo.jpg")
     (tmp_path / "review.txt").write_text("A fine, moving film.\n", encoding="utf-8")
@@ -125,6 +125,7 @@ def example_folder(tmp_path, monkeypatch):
         raise ReachedModelLoad
 
     monkeypatch.setattr(attnflow.model, "load", stop)
+    monkeypatch.setattr(actors.ActorPool, "__init__", stop)  # --engine ray: its actors would load the model
     try:  # `attnflow serve`: starting the server is the stop
         import uvicorn
 
@@ -138,6 +139,24 @@ def example_folder(tmp_path, monkeypatch):
     return tmp_path
 
 
+def save_checkpoint_of(argv: list[str], monkeypatch) -> None:
+    """Save the checkpoint a run of ``argv`` would write: the fields the command checks before its
+    model loads, recorded where its run folder opens (`RunFolder`), that run stopped there."""
+    seen = []
+
+    def record(folder):
+        seen.append(folder)
+        raise ReachedModelLoad
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunFolder, "__enter__", record)
+        with pytest.raises(ReachedModelLoad):
+            main(argv)
+    folder = seen[0]
+    meta = {"done": 0, "batches": 0, "fingerprint": "", "fields": folder.fields, "complete": False}
+    folder.save({}, meta)
+
+
 @pytest.mark.parametrize(
     "command, line",
     [pytest.param(*example, marks=[pytest.mark.slow] if example[0] == REDRAWS else []) for example in EXAMPLES],
@@ -148,11 +167,8 @@ def test_every_help_example_runs(example_folder, monkeypatch, capsys, request, c
     if command == REDRAWS:  # it reads what `attnflow corpus --out out/study` wrote
         (example_folder / "out").mkdir()
         (example_folder / "out" / "study").symlink_to(request.getfixturevalue("study_folder"))
-    if "--resume" in argv:  # it continues the run saved in --out (a checkpoint, read after the model loads)
-        checkpoint = CORPUS_CHECKPOINT if command == "attnflow corpus" else AUDIT_CHECKPOINT
-        saved = example_folder / argv[argv.index("--out") + 1]
-        saved.mkdir(parents=True)
-        (saved / checkpoint).write_bytes(b"")
+    if "--resume" in argv:  # it continues the run saved in --out: a checkpoint of the same options
+        save_checkpoint_of([word for word in argv if word != "--resume"], monkeypatch)
     if stdin_file is not None:
         piped = (example_folder / stdin_file).read_bytes()
         monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(piped), encoding="utf-8"))

@@ -126,28 +126,40 @@ def test_explanation_does_not_import_its_views():
     assert not any(target.startswith("attnflow.viz") for target in import_graph().successors("attnflow.explanation"))
 
 
-def test_the_engines_share_the_batch_step_without_importing_each_other():
+DATASET_COMMANDS = {
+    "attnflow.corpus.engine": "corpus",
+    "attnflow.dataset_audit.engine": "audit",
+    "attnflow.evaluate.benchmark": "evaluate",
+    "attnflow.causal.dataset": "patch --file",
+    "attnflow.cli.explain_file": "explain --file",
+}
+
+
+def test_every_dataset_command_runs_on_the_one_run_engine():
+    """Each dataset command reaches the run engine and its checkpoint; none keeps a loop of its own
+    (the signal handling and the actors are reached only through the engine)."""
     graph = import_graph()
-    assert not graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.engine")
-    assert graph.has_edge("attnflow.corpus.ray_engine", "attnflow.corpus.study")
-    assert graph.has_edge("attnflow.corpus.engine", "attnflow.corpus.study")
+    for module in DATASET_COMMANDS:
+        assert graph.has_edge(module, "attnflow.runs.engine"), module
+        assert graph.has_edge(module, "attnflow.runs.checkpoint"), module
+        assert not graph.has_edge(module, "attnflow.runs.signals"), module
+        assert not graph.has_edge(module, "attnflow.runs.actors"), module
 
 
-def test_the_audit_and_the_corpus_study_share_runs_without_importing_each_other():
-    """Both stream checkpointed runs with the machinery of attnflow.runs; neither reaches the other."""
+def test_the_commands_share_runs_without_importing_each_other():
+    """The audit and the corpus study stream with the machinery of attnflow.runs; neither reaches
+    the other, and attnflow.runs reaches no command."""
     graph = import_graph()
 
     def reached(package: str) -> set[str]:
         modules = [name for name in graph if name == package or name.startswith(package + ".")]
         return {target for name in modules for target in nx.descendants(graph, name)}
 
-    assert "attnflow.runs.checkpoint" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
-    assert "attnflow.runs.actors" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
+    assert "attnflow.runs.engine" in reached("attnflow.dataset_audit") & reached("attnflow.corpus")
     assert not {name for name in reached("attnflow.dataset_audit") if name.startswith("attnflow.corpus")}
     assert not {name for name in reached("attnflow.corpus") if name.startswith("attnflow.dataset_audit")}
-    assert not {
-        name for name in reached("attnflow.runs") if name.startswith(("attnflow.corpus", "attnflow.dataset_audit"))
-    }
+    commands = ("attnflow.corpus", "attnflow.dataset_audit", "attnflow.evaluate", "attnflow.causal", "attnflow.cli")
+    assert not {name for name in reached("attnflow.runs") if name.startswith(commands)}
 
 
 def test_no_family_branches_outside_capture():

@@ -89,8 +89,11 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
     assert "has no classifier head: attnlrp explains a target class" in line
 
 
-def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(planted_model, planted_task, tmp_path):
-    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
+def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(
+    planted_model, planted_task, tmp_path, capsys
+):
+    """Only the killed run is a process of its own; the whole run and the resume run in-process.
+    A resume with another option is refused first, in one line that names it (exit status 2)."""
     path, *_ = planted_task
     arguments = [
         "--model", str(planted_model), "--task", str(path), "--swap", "he:she", "--batch-size", "4",
@@ -100,7 +103,11 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(p
     killed = tmp_path / "killed"
     command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "audit"]
     # the killed process computes with this process's thread count: the same sums in the same order
-    environment = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONPATH": os.pathsep.join(sys.path)}
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     process = subprocess.Popen(
         [*command, *arguments, "--device", "cpu", "--quiet", "--out", str(killed)], env=environment
     )
@@ -110,8 +117,11 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(p
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
     saved = json.loads((killed / "checkpoint.json").read_text())
-    assert not saved["complete"] and 0 < saved["examples"] < 300
+    assert not saved["complete"] and 0 < saved["done"] < 300
     assert not (killed / "results.json").exists() and not (killed / "report.html").exists()
+    capsys.readouterr()
+    assert run_cli(*arguments, "--seed", "1", "--out", str(killed), "--resume") == 2
+    assert "different configuration (seed: 0 then, 1 now);" in one_error_line(capsys)
     assert run_cli(*arguments, "--out", str(killed), "--resume") == 0
     assert not [entry.name for entry in killed.iterdir() if ".tmp-" in entry.name]
     first, second = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", killed))
@@ -124,10 +134,10 @@ def test_resume_refuses_another_configuration(planted_model, planted_task, tmp_p
     out = str(tmp_path / "out")
     assert run_cli("--model", str(planted_model), "--task", str(path), "--samples", "20", "--out", out) == 0
     assert run_cli("--model", str(planted_model), "--task", str(path), "--samples", "30", "--out", out) == 2
-    assert "exists and is not empty; pass --resume" in one_error_line(capsys)
+    assert "holds an earlier run (checkpoint.json, report.html, results.json); pass --resume" in one_error_line(capsys)
     code = run_cli("--model", str(planted_model), "--task", str(path), "--samples", "30", "--out", out, "--resume")
     assert code == 2
-    assert "was written with a different configuration" in one_error_line(capsys)
+    assert "was written with a different configuration (samples: 20 then, 30 now);" in one_error_line(capsys)
 
 
 def test_a_damaged_checkpoint_is_one_line(planted_model, planted_task, tmp_path, capsys):
@@ -156,13 +166,13 @@ def test_a_second_audit_into_a_folder_in_use_refuses_at_once(planted_model, plan
 
 
 def test_a_checkpoint_of_the_earlier_format_is_refused(planted_model, planted_task, tmp_path, capsys):
-    """Format 2 kept no positive parts: resuming it would rank words from missing sums."""
+    """Format 3 was written before the run engine kept every checkpoint (another layout)."""
     path, *_ = planted_task
-    saved = {"format": 2, "examples": 16, "elapsed_s": 1.0, "stats": {"n_classes": 2}}
+    saved = {"format": 3, "examples": 16, "elapsed_s": 1.0, "stats": {"n_classes": 2}}
     (tmp_path / "checkpoint.json").write_text(json.dumps(saved), encoding="utf-8")
     code = run_cli("--model", str(planted_model), "--task", str(path), "--out", str(tmp_path), "--resume")
     assert code == 2
-    assert "checkpoint format 2 is not 3" in one_error_line(capsys)
+    assert "checkpoint format 3 is not 4" in one_error_line(capsys)
 
 
 def test_terms_and_swaps_follow_the_word_rules(planted_model, tmp_path, caplog):

@@ -118,7 +118,9 @@ def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_
     the uninterrupted run's numbers exactly."""
     path, *_ = planted_task
     options = dict(task=str(path), terms=TERMS, swap="he:she", device="cpu", quiet=True)
-    process, calls = engine.LocalBackend.process, []
+    from attnflow.runs.engine import LocalBackend
+
+    process, calls = LocalBackend.process, []
 
     def dies_at_the_eighth_batch(backend, batch):
         calls.append(batch.first)
@@ -127,11 +129,11 @@ def test_an_interrupted_run_resumes_to_identical_numbers(planted_model, planted_
         process(backend, batch)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine.LocalBackend, "process", dies_at_the_eighth_batch)
+        patch.setattr(LocalBackend, "process", dies_at_the_eighth_batch)
         with pytest.raises(KeyboardInterrupt):
             attnflow.audit(str(planted_model), tmp_path, checkpoint_every=3, **options)
     saved = json.loads((tmp_path / engine.CHECKPOINT).read_text())
-    assert saved["examples"] == 6 * 16 and not (tmp_path / engine.RESULTS).exists()
+    assert saved["done"] == 6 * 16 and not (tmp_path / engine.RESULTS).exists()
     resumed = attnflow.audit(str(planted_model), tmp_path, resume=True, checkpoint_every=3, **options)
     uninterrupted, _ = planted_audits()
     assert without_run(resumed) == without_run(uninterrupted)

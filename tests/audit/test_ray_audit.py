@@ -6,9 +6,9 @@ import pytest
 from planted import BIASED
 
 import attnflow
-from attnflow.dataset_audit import ray_engine
+from attnflow.runs.engine import RayBackend
 
-pytest.importorskip("ray")
+pytestmark = pytest.mark.usefixtures("ray_runtime")  # the session's local Ray runtime (tests/conftest.py)
 
 
 def test_ray_with_a_killed_actor_matches_the_local_engine(planted_model, planted_task, tmp_path, monkeypatch):
@@ -16,7 +16,7 @@ def test_ray_with_a_killed_actor_matches_the_local_engine(planted_model, planted
     options = dict(task=str(path), samples=48, terms=[BIASED, "cat"], swap="he:she", device="cpu", quiet=True)
     options.update(batch_size=8, checkpoint_every=3)
     local = attnflow.audit(str(planted_model), tmp_path / "local", **options)
-    process, killed = ray_engine.AuditRayBackend.process, []
+    process, killed = RayBackend.process, []
 
     def process_then_kill(backend, batch):
         process(backend, batch)
@@ -24,7 +24,7 @@ def test_ray_with_a_killed_actor_matches_the_local_engine(planted_model, planted
             killed.append(backend.actors[0])
             backend.ray.kill(backend.actors[0])
 
-    monkeypatch.setattr(ray_engine.AuditRayBackend, "process", process_then_kill)
+    monkeypatch.setattr(RayBackend, "process", process_then_kill)
     distributed = attnflow.audit(str(planted_model), tmp_path / "ray", engine="ray", workers=2, **options)
     assert killed and distributed["run"]["engine"] == "ray"
     local.pop("run"), distributed.pop("run")

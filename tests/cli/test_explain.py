@@ -514,7 +514,7 @@ def test_file_explains_every_text_with_one_load(fake_model, tmp_path, capsys, ki
     assert run_cli("--file", str(source), *extra, "--out", str(out), "--batch-size", "2", "-q") == 0
     assert len(fake_model.loads) == 1
     assert [call[1] for call in fake_model.calls] == [tuple(TEXTS[:2]), tuple(TEXTS[2:])]  # batches of 2
-    assert sorted(p.name for p in out.iterdir()) == ["001", "002", "003", "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["001", "002", "003", "checkpoint.json", "index.html"]
     for number, text in enumerate(TEXTS, start=1):
         data = json.loads((out / f"{number:03d}" / "explanation.json").read_text())
         assert data["text"] == text
@@ -543,7 +543,7 @@ def test_file_rerun_needs_overwrite_and_replaces_every_folder(fake_model, tmp_pa
     assert "--overwrite" in capsys.readouterr().err
     source.write_text("Only one text now.\n")
     assert run_cli("--file", str(source), "--out", str(out), "-q", "--overwrite") == 0
-    assert sorted(p.name for p in out.iterdir()) == ["001", "index.html"]  # 002, 003 of the old run are gone
+    assert sorted(p.name for p in out.iterdir()) == ["001", "checkpoint.json", "index.html"]  # 002, 003 are gone
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnflow.corpus.engine import CHECKPOINT, StudyOptions, load_checkpoint, rebuild_report, run_study
+from attnflow.corpus.engine import CHECKPOINT, StudyOptions, rebuild_report, run_study
 from attnflow.corpus.stats import StudyConfig
 from attnflow.errors import InputError
+from attnflow.runs.checkpoint import read_checkpoint
 
 from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
@@ -68,21 +69,23 @@ def test_batch_size_does_not_change_the_statistics(tiny_bert, txt_corpus, tmp_pa
 
 
 def test_output_folder_rules(tiny_bert, txt_corpus, tmp_path):
+    """The run engine's one rule (attnflow.runs.checkpoint.RunFolder): the user's files never stop a
+    run nor are touched; an earlier study is continued with --resume or replaced with --overwrite."""
     out = tmp_path / "study"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     options = tiny_options(tiny_bert, txt_corpus, samples=4)
-    with pytest.raises(InputError, match="exists and is not empty; pass --resume .* or --overwrite"):
-        run_study(options, out)
     with pytest.raises(InputError, match=f"--resume: .* has no {CHECKPOINT}"):
         run_study(options, out, resume=True)
     with pytest.raises(InputError, match="either --resume .* or --overwrite"):
         run_study(options, out, resume=True, overwrite=True)
+    run_study(options, out)
+    with pytest.raises(
+        InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass --resume .* or --overwrite"
+    ):
+        run_study(options, out)
     run_study(options, out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite deletes only attnflow's files
-    (out / "stray.txt").write_text("x")
-    with pytest.raises(InputError, match="not empty"):
-        run_study(options, out)
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match="is not a folder"):
         run_study(options, tmp_path / "file")
@@ -104,11 +107,9 @@ def test_seq_len_above_the_model_maximum_is_refused(tiny_bert, txt_corpus, tmp_p
 def test_resume_with_another_configuration_is_refused(tiny_bert, txt_corpus, tmp_path):
     out = tmp_path / "study"
     run_study(tiny_options(tiny_bert, txt_corpus, samples=4), out)
-    with pytest.raises(
-        InputError, match=r"different configuration \(seq_len: 32 then, 16 now.*stride: 30 then, 14 now"
-    ):
+    with pytest.raises(InputError, match=r"different configuration \(seq_len: 32 then, 16 now\);"):
         run_study(tiny_options(tiny_bert, txt_corpus, samples=4, seq_len=16), out, resume=True)
-    with pytest.raises(InputError, match=r"study: .*\"high\": \"top-percent:2\".*zscore:2"):
+    with pytest.raises(InputError, match=r"\(study.high: \"top-percent:2\" then, \"zscore:2\" now\)"):
         run_study(
             tiny_options(tiny_bert, txt_corpus, samples=4, statistics=StudyConfig(high="zscore:2")), out, resume=True
         )
@@ -141,8 +142,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_
     with pytest.raises(KeyboardInterrupt):
         run_study(options, tmp_path / "cut", model=model)
     assert model.calls == 3  # stopped after the batch in progress
-    _, meta = load_checkpoint(tmp_path / "cut" / CHECKPOINT)
-    assert meta["windows"] == 12 and not meta["complete"]
+    meta, _ = read_checkpoint(tmp_path / "cut" / CHECKPOINT)
+    assert meta["done"] == 12 and not meta["complete"]
     assert not (tmp_path / "cut" / "summary.json").exists()
     summary = run_study(options, tmp_path / "cut", resume=True)
     assert summary["samples"] == 24
@@ -172,8 +173,9 @@ sys.exit(main())
 """
 
 
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
-    """Only the killed run is a process of its own; the whole run and the resume run in-process."""
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path, capsys):
+    """Only the killed run is a process of its own; the whole run and the resume run in-process.
+    A resume with another option is refused first, in one line that names it (exit status 2)."""
     from attnflow.cli import main
 
     def arguments(out: Path) -> list[str]:
@@ -189,10 +191,18 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus
         [sys.executable, "-c", KILLED_CLI, *arguments(cut)], env=env, capture_output=True, timeout=600
     )
     assert killed.returncode == -signal.SIGKILL
-    _, meta = load_checkpoint(cut / CHECKPOINT)
-    assert meta["windows"] == 12 and not meta["complete"]  # the checkpoint after batch 6 of 2 windows each
+    meta, _ = read_checkpoint(cut / CHECKPOINT)
+    assert meta["done"] == 12 and not meta["complete"]  # the checkpoint after batch 6 of 2 windows each
     assert not (cut / "summary.json").exists()
 
+    changed = [*arguments(cut), "--resume"]
+    changed[changed.index("24")] = "20"  # --samples
+    capsys.readouterr()
+    assert main(changed) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"attnflow: error: --resume: {cut / CHECKPOINT} was written with a different configuration (samples: 24 "
+        "then, 20 now); rerun with the original options, or use --overwrite to start again"
+    ]
     assert main([*arguments(cut), "--resume"]) == 0
     assert_same_arrays(load_npz(tmp_path / "whole" / "stats.npz"), load_npz(cut / "stats.npz"))
     assert json.loads((cut / "summary.json").read_text())["samples"] == 24
@@ -223,13 +233,16 @@ def test_study_options_declare_the_statistics_and_reading_options_once():
 @pytest.mark.parametrize("state, words", [("missing", "does not exist"), ("empty", "is empty")])
 def test_resume_without_a_run_to_continue_is_refused(tmp_path, state, words):
     from attnflow.corpus.engine import OUTPUTS
-    from attnflow.runs.checkpoint import prepare_out_dir
+    from attnflow.runs.checkpoint import RunFolder
 
     out = tmp_path / "out"
     if state == "empty":
         out.mkdir()
+    folder = RunFolder(
+        out, kind="corpus study", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=2, resume=True
+    )
     with pytest.raises(InputError, match=f"--resume: .*out {words}, so there is no run to continue"):
-        prepare_out_dir(out, resume=True, overwrite=False, checkpoint=CHECKPOINT, outputs=OUTPUTS)
+        folder.__enter__()
 
 
 def test_report_of_a_missing_folder_says_so(tmp_path, capsys):

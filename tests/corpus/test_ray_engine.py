@@ -9,26 +9,7 @@ from attnflow.corpus.engine import run_study
 
 from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_runtime():
-    """One private local Ray runtime for this module's studies (the engine uses a runtime it finds
-    running and leaves it up), shut down after them: one start instead of one per test."""
-    from attnflow.runs.actors import LOCAL_OBJECT_STORE_BYTES
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_runtime")  # the session's local Ray runtime (tests/conftest.py)
 
 
 def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
@@ -48,11 +29,11 @@ def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
 def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_corpus, tmp_path, monkeypatch):
     """`ray.kill` of an actor mid-study (after a checkpoint, with batches accumulated and in flight):
     the statistics still equal the local engine's, no window lost or counted twice."""
-    from attnflow.corpus import ray_engine
+    from attnflow.runs.engine import RayBackend
 
     options = dict(samples=30, stride=20, batch_size=2, checkpoint_every=3)
     local = run_study(tiny_options(tiny_bert, txt_corpus, **options), tmp_path / "local")
-    process_batch, killed = ray_engine.RayBackend.process, []
+    process_batch, killed = RayBackend.process, []
 
     def process_then_kill(backend, batch):
         process_batch(backend, batch)
@@ -60,7 +41,7 @@ def test_a_killed_actor_is_replaced_and_its_batches_recomputed(tiny_bert, txt_co
             killed.append(backend.actors[0])
             backend.ray.kill(backend.actors[0])
 
-    monkeypatch.setattr(ray_engine.RayBackend, "process", process_then_kill)
+    monkeypatch.setattr(RayBackend, "process", process_then_kill)
     distributed = run_study(tiny_options(tiny_bert, txt_corpus, **options, engine="ray", workers=2), tmp_path / "ray")
     assert killed and distributed["samples"] == local["samples"] == 30
     assert_same_arrays(

@@ -10,6 +10,7 @@ from functools import partial
 import numpy as np
 import pytest
 
+from attnflow.errors import InputError
 from attnflow.evaluate.benchmark import BenchmarkOptions, run_benchmark
 from attnflow.evaluate.deletion import without_top
 from attnflow.evaluate.report import write_report
@@ -142,7 +143,7 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
     again = run_fake_methods(key_model, out, resume=True, attribute_fn=counting)
     assert calls == []
     assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
-    with pytest.raises(ValueError, match="different run"):
+    with pytest.raises(InputError, match=r"different configuration \(method_order: .*; run.options.replace: \"remove\""):
         run_benchmark(
             key_model,
             KEY_TEXTS,
@@ -168,30 +169,39 @@ def test_a_finished_run_resumed_explains_nothing_not_even_the_reference(key_mode
     assert again["methods"] == json.loads(json.dumps(first["methods"]))
 
 
-def test_an_interrupted_bounds_search_resumes_from_the_next_example(results, key_model, monkeypatch):
+def test_an_interrupted_bounds_search_resumes_from_the_next_chunk(results, key_model, tmp_path, monkeypatch):
+    """Ctrl-C during the second chunk's bounds search: the run stops after that chunk, its
+    checkpoint kept; resumed, it searches only the chunks after it and ends with the bounds of the
+    uninterrupted run."""
+    import os
+    import signal
+
     from attnflow.evaluate import benchmark
 
-    run, out = results
-    path = out / benchmark.BOUNDS_FILE
-    whole = json.loads(path.read_text())
+    whole = json.loads((results[1] / benchmark.BOUNDS_FILE).read_text())
     assert len(whole) == len(KEY_TEXTS)
-    path.write_text(json.dumps(whole[:2]))  # as the file is after the second example
     searched = []
     search = benchmark.search_bounds
 
     def counting(scorer, examples, *args):
-        searched.extend(example.text for example in examples)
+        searched.append([example.text for example in examples])
+        if len(searched) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C during the second chunk
         return search(scorer, examples, *args)
 
     monkeypatch.setattr(benchmark, "search_bounds", counting)
-    again = run_fake_methods(key_model, out, resume=True)
-    assert searched == list(KEY_TEXTS[2:])
-    resumed = json.loads(path.read_text())
-    assert resumed[:2] == whole[:2] and [b["search"] for b in resumed] == [b["search"] for b in whole]
+    with pytest.raises(KeyboardInterrupt):
+        run_fake_methods(key_model, tmp_path)
+    assert not (tmp_path / benchmark.BOUNDS_FILE).exists() and (tmp_path / benchmark.CHECKPOINT).exists()
+    searched.clear()
+    again = run_fake_methods(key_model, tmp_path, resume=True)
+    assert searched == [list(KEY_TEXTS[6:])]  # chunks of 3: the third and last one
+    resumed = json.loads((tmp_path / benchmark.BOUNDS_FILE).read_text())
+    assert [b["search"] for b in resumed] == [b["search"] for b in whole]
     for metric in ("comprehensiveness", "sufficiency"):  # the same search, up to float32 noise of other batches
         np.testing.assert_allclose([b[metric] for b in resumed], [b[metric] for b in whole], atol=1e-6)
     naopc = again["methods"]["key_first"]["naopc_comprehensiveness"]["mean"]
-    assert naopc == pytest.approx(run["methods"]["key_first"]["naopc_comprehensiveness"]["mean"], abs=1e-6)
+    assert naopc == pytest.approx(results[0]["methods"]["key_first"]["naopc_comprehensiveness"]["mean"], abs=1e-6)
 
 
 def test_cascade_randomises_head_then_layers_top_down_cumulatively(key_model):
@@ -240,10 +250,10 @@ def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale
     run(["random", "raw"])
     assert {p.name for p in (out / "methods").iterdir()} == {"random.json", "raw.json"}
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(InputError, match="holds an earlier run .*--overwrite"):
         run(["random"])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(InputError, match="not both"):
         run(["random"], overwrite=True, resume=True)
     results = run(["random"], overwrite=True)
     assert set(results["methods"]) == {"random"}
@@ -342,7 +352,7 @@ def test_the_plan_is_printed_first_and_names_the_method_that_dominates(key_model
     dominant = next(line for line in err.splitlines() if "most of the time goes to" in line)
     share = re.match(r"attnflow: most of the time goes to slow (\d+) % ", dominant)
     assert share and int(share.group(1)) >= 50, dominant  # 200 ms an example against a few
-    assert f"/{2 * len(texts)} [" in err  # the bar counts examples: 5 per method
+    assert f"/{explanations} [" in err  # the bar counts the plan's explanations
 
 
 def test_samples_not_given_take_a_smaller_set_whole_without_a_warning(caplog):

@@ -1,6 +1,9 @@
-"""Patching over a file of prompt pairs: each pair's result is appended to a checkpoint
-(``pairs.jsonl``, one line per pair, so an interrupted run continues with ``resume``), then the
-effects are averaged with 95 % confidence intervals (``summary.json``, ``summary.html``).
+"""Patching over a file of prompt pairs, on the run engine (`attnflow.runs.engine`): each pair is
+one work item (`PairStep`: `attnflow.causal.patch` on it, its result a row), checkpointed in
+``checkpoint.json`` with the options that decide the numbers (a resume under other options is
+refused, naming them), in this process or on model replicas as Ray actors. At the end every pair's
+row is written to ``pairs.jsonl`` (one line per pair, in file order) and the effects are averaged
+with 95 % confidence intervals (``summary.json``, ``summary.html``).
 
 A pairs file is JSON lines: ``{"clean": ..., "corrupt": ...}`` or ``{"clean": ..., "noise":
 "word,word"}``, with optional ``"target"`` and ``"contrast"``. Position arrays of prompts of
@@ -13,8 +16,9 @@ the table of site kinds says; heads are aligned on their first column).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -22,9 +26,16 @@ from attnflow.causal.api import correlation, patch
 from attnflow.causal.sites import site_kind
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.runs.checkpoint import RunFolder, digest
+from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
 
-CHECKPOINT = "pairs.jsonl"
+CHECKPOINT = "checkpoint.json"
+CHECKPOINT_FORMAT = 1
+ROWS = "pairs.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_HTML = "summary.html"
+OUTPUTS = (ROWS, SUMMARY_JSON, SUMMARY_HTML)
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 
 
@@ -50,27 +61,75 @@ def read_pairs(path: Path) -> list[dict[str, Any]]:
 
 
 def patch_file(
-    model: ModelLike,
+    model: ModelLike | str,
     path: Path,
     out: Path,
     *,
     resume: bool = False,
-    on_pair: Callable[[str], None] | None = None,
+    overwrite: bool = False,
+    engine: EngineOptions | None = None,
+    owned: Callable[[str], bool] = OUTPUTS.__contains__,
     **options: Any,
 ) -> dict[str, Any]:
     """Patch every pair of ``path`` (`read_pairs`) with ``options`` (`attnflow.causal.patch`'s
-    keywords), checkpointing into ``out``; ``on_pair(line)`` after each pair. Returns the summary
-    (also written to ``out``)."""
-    pairs = read_pairs(Path(path))
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint = out / CHECKPOINT
-    if checkpoint.exists() and not resume:
-        raise InputError(f"{checkpoint} holds an earlier run: pass --resume to continue it, or choose another --out")
-    done = {row["index"]: row for row in _checkpointed(checkpoint)}
-    with open(checkpoint, "a", encoding="utf-8") as handle:
-        for index, pair in enumerate(pairs):
-            if index in done:
-                continue
+    keywords; ``batch_size`` and ``progress`` aside, every one is part of the checkpoint's
+    configuration), into folder ``out``; returns the summary (also written there).
+
+    ``model``: a loaded model, or a name (loaded only by the local engine: Ray's actors load their
+    own). ``out`` holding an earlier run (an entry ``owned`` claims, the checkpoint included):
+    ``resume`` continues it, ``overwrite`` deletes those entries and starts again. The pairs file must
+    not be one of the files the run writes in ``out``.
+    """
+    path, out = Path(path), Path(out)
+    pairs = read_pairs(path)
+    if out.resolve() == path.resolve().parent and (path.name == CHECKPOINT or owned(path.name)):
+        raise InputError(
+            f"--file {path} is named like a file this run writes in --out {out} ({', '.join((*OUTPUTS, CHECKPOINT))}"
+            "): rename it or choose another --out"
+        )
+    engine = engine or EngineOptions(quiet=not options.get("progress", True))
+    options = {**options, "progress": False}  # the engine's bar counts the pairs
+    fields = {
+        "model": model if isinstance(model, str) else model.name,
+        "pairs": digest(pairs),
+        **{key: value for key, value in options.items() if key not in ("batch_size", "progress")},
+    }
+    with RunFolder(
+        out, kind="patch", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
+        resume=resume, overwrite=overwrite, fields=fields,
+    ) as folder:  # fmt: skip
+        if isinstance(model, str) and engine.engine == "local":
+            from attnflow.model import load
+
+            model = load(model, device=engine.device, progress=not engine.quiet)
+        one_pair_a_batch = [[(index, pair)] for index, pair in enumerate(pairs)]
+        step = PairStep(fields["model"], options)
+        job = Job("patch", "pair", len(pairs), fields, step, Rows(), lambda start: one_pair_a_batch[start:])
+        rows = run(job, folder, engine, context=None if isinstance(model, str) else model).result.rows
+        done = [rows[str(index)] for index in range(len(pairs))]
+        summary = summarise(done)
+        write_outputs(folder.out, done, summary)
+    return summary
+
+
+@dataclass(frozen=True)
+class PairStep:
+    """`patch --file`'s `attnflow.runs.engine.Step`: a model replica, one row per pair (its
+    `attnflow.causal.patch` result, or the reason it was left out)."""
+
+    model: str
+    options: dict[str, Any]
+
+    def load(self, device: str) -> ModelLike:
+        from attnflow.model import load
+
+        return load(self.model, device=device)
+
+    def empty(self, model: ModelLike) -> Rows:  # noqa: ARG002 - the Step protocol
+        return Rows()
+
+    def run(self, model: ModelLike, rows: Rows, batch: list[tuple[int, dict[str, Any]]]) -> Rows:
+        for index, pair in batch:
             try:
                 result = patch(
                     model,
@@ -79,35 +138,25 @@ def patch_file(
                     noise=pair.get("noise"),
                     target=pair.get("target"),
                     contrast=pair.get("contrast"),
-                    **options,
+                    **self.options,
                 )
                 row = {"index": index, **result.to_dict()}
             except InputError as error:
                 row = {"index": index, "clean_text": pair["clean"], "error": str(error)}
-            handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            done[index] = row
-            if on_pair is not None:
-                on_pair(f"pair {index + 1}/{len(pairs)}: {row.get('error') or row['metric']}")
-    summary = summarise([done[index] for index in sorted(done)])
-    with atomic_file(out / "summary.json") as file:
-        file.write(json.dumps(summary, indent=1).encode("utf-8"))
+            rows.rows[str(index)] = row
+        return rows
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    """``pairs.jsonl`` (every pair's row), ``summary.json`` and ``summary.html``, each atomically."""
     from attnflow.causal.report import summary_html
 
-    with atomic_file(out / "summary.html") as file:
+    with atomic_file(out / ROWS) as file:
+        file.write("".join(json.dumps(row) + "\n" for row in rows).encode("utf-8"))
+    with atomic_file(out / SUMMARY_JSON) as file:
+        file.write(json.dumps(summary, indent=1).encode("utf-8"))
+    with atomic_file(out / SUMMARY_HTML) as file:
         file.write(summary_html(summary).encode("utf-8"))
-    return summary
-
-
-def _checkpointed(checkpoint: Path) -> Iterator[dict[str, Any]]:
-    if not checkpoint.exists():
-        return
-    with open(checkpoint, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by an interruption: that pair runs again
-                continue
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnflow.cli.common import RUNS_NOTE, add_run_arguments
+
 EPILOG = """\
 examples:
   attnflow audit --model minilm-sentiment --task rotten-tomatoes --samples 2000 --out out/audit
@@ -25,8 +27,7 @@ attnlrp, cp_lrp, grad_x_input ...) the positive part of each text's signed word 
 contrast tables (words that separate the classes, error words) use the same positive parts.
 
 output folder: results.json (every number), report.html (tables, bar charts, the error gallery;
-offline) and checkpoint.json (for --resume). Ctrl-C saves a checkpoint after the current batch.
-Definitions of every number: docs/audit.md.
+offline) and checkpoint.json (for --resume). Definitions of every number: docs/audit.md.
 """
 
 
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "that separate the classes, its errors, the relevance of a term list against words of matched "
             "frequency, and counterfactual word swaps. Streamed, checkpointed and resumable."
         ),
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + RUNS_NOTE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     data = parser.add_argument_group("model and data")
@@ -75,15 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     run = parser.add_argument_group("run")
     run.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
-    run.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    run.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
-    run.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default) or ray")
-    run.add_argument("--workers", type=int, metavar="W", help="torch threads (local) or model replicas (ray)")
-    run.add_argument("--ray-address", metavar="ADDR", help="a running Ray cluster (default: a private local one)")
     run.add_argument("--batch-size", type=int, default=16, metavar="N", help="texts per traced pass (default: 16)")
-    run.add_argument(
-        "--checkpoint-every", type=int, default=10, metavar="N", help="batches between checkpoints (default: 10)"
-    )
+    add_run_arguments(run, checkpoint_every=10)
     run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)

@@ -1,5 +1,6 @@
 """What several subcommands share: the default model, loading with progress lines, argument types,
-and the method flags, which are derived from the methods' declarations (`MethodSpec.options`)."""
+the method flags, which are derived from the methods' declarations (`MethodSpec.options`), and the
+options of the run engine every dataset command takes (`add_run_arguments`, `engine_options`)."""
 
 from __future__ import annotations
 
@@ -146,6 +147,14 @@ def target_of(args: argparse.Namespace) -> Any:
 
 def load_model(name: str, device: str, quiet: bool) -> Any:
     """`attnflow.load` with transformers' own logging silenced under ``--quiet``."""
+    quiet_loading(quiet)
+    from attnflow.model import load
+
+    return load(name, device=device, progress=not quiet)
+
+
+def quiet_loading(quiet: bool) -> None:
+    """Under ``--quiet``, silence transformers' own logging and progress bars (for every load after)."""
     if quiet:
         try:
             from transformers.utils import logging as hf_logging
@@ -154,9 +163,6 @@ def load_model(name: str, device: str, quiet: bool) -> Any:
             hf_logging.disable_progress_bar()
         except ImportError:  # pragma: no cover - transformers is a dependency
             pass
-    from attnflow.model import load
-
-    return load(name, device=device, progress=not quiet)
 
 
 class Progress:
@@ -168,3 +174,70 @@ class Progress:
     def __call__(self, message: str) -> None:
         if not self.quiet:
             print(f"attnflow: {message}", file=sys.stderr, flush=True)
+
+
+RUNS_NOTE = """\
+runs (docs/runs.md): checkpointed as they go; Ctrl-C or SIGTERM stops after the batch in progress
+and keeps the checkpoint; the same command with --resume continues it (a changed option is refused,
+named); --engine ray runs the batches on model replicas as Ray actors and gives the local numbers.
+"""
+
+
+def add_run_arguments(
+    group: argparse._ActionsContainer, *, checkpoint_every: int | None = None, overwrite: bool = True, scope: str = ""
+) -> None:
+    """The run engine's options, worded the same for every dataset command (docs/runs.md):
+    --resume and --overwrite (one of them; without ``overwrite``: --resume only, the command has
+    its own --overwrite), --checkpoint-every (``checkpoint_every``: its default, None: the
+    engine's), --engine, --workers, --ray-address. ``scope``: prefixed to each help (``"--file: "``)."""
+    again = group.add_mutually_exclusive_group() if overwrite else group
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"{scope}continue the run checkpointed in --out (same options: a changed one is refused, named)",
+    )
+    if overwrite:
+        again.add_argument(
+            "--overwrite", action="store_true", help=f"{scope}delete the earlier run's files in --out and start again"
+        )
+    default = f"{checkpoint_every}" if checkpoint_every else "1 locally, 2 per actor on Ray"
+    group.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        default=checkpoint_every,
+        metavar="K",
+        help=f"{scope}batches between checkpoints (default: {default})",
+    )
+    group.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help=f"{scope}local: this process (default); ray: model replicas as Ray actors, results merged here",
+    )
+    group.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help=f"{scope}local: torch threads; ray: model replicas (default: torch's choice / 2 on a private Ray "
+        "runtime, one per CPU of a cluster)",
+    )
+    group.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help=f"{scope}a running Ray cluster to join (e.g. auto; token authentication: set RAY_AUTH_MODE=token and "
+        "RAY_AUTH_TOKEN); default: a private local Ray runtime",
+    )
+
+
+def engine_options(args: argparse.Namespace) -> Any:
+    """The `attnflow.runs.engine.EngineOptions` of a command's parsed `add_run_arguments`."""
+    from attnflow.runs.engine import EngineOptions
+
+    return EngineOptions(
+        engine=args.engine,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        device=args.device,
+        checkpoint_every=args.checkpoint_every,
+        quiet=args.quiet,
+    )

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from attnflow.cli.common import RUNS_NOTE, add_run_arguments
+
 CORPUS_EPILOG = """\
 examples:
   attnflow corpus --samples 2000 --out out/study           # minilm on 2,000 windows of the wiki text
@@ -24,8 +26,7 @@ S < seq_len-2). Sentences come from pysbd on the raw text. The wiki corpus gives
 128-token windows; 20,000 need --stride 50.
 
 output folder: summary.json (every scalar, per layer and head), stats.npz (arrays), heads.csv
-(one row per head), report.html (figures, offline) and checkpoint.npz (for --resume). Ctrl-C saves
-a checkpoint after the current batch.
+(one row per head), report.html (figures, offline) and checkpoint.npz (for --resume).
 """
 
 REPORT_EPILOG = """\
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "attention and outputs, and accumulate per-layer and per-head statistics (distance, "
             "sentence, repetition, anchor tokens, signal/noise, attention targets), streamed and resumable."
         ),
-        epilog=CORPUS_EPILOG,
+        epilog=CORPUS_EPILOG + "\n" + RUNS_NOTE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_study_arguments(parser.add_argument_group("what to study"))
@@ -113,36 +114,12 @@ def _add_reading_arguments(reading: argparse._ArgumentGroup) -> None:
 def _add_running_arguments(running: argparse._ArgumentGroup) -> None:
     """The output folder, resuming, batches, checkpoints, engine, device and output."""
     running.add_argument(
-        "--out", required=True, metavar="DIR", help="output folder (refused if not empty, unless --resume/--overwrite)"
+        "--out", required=True, metavar="DIR", help="output folder (an earlier run there: --resume or --overwrite)"
     )
-    again = running.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true", help="continue the run checkpointed in DIR (same options)")
-    again.add_argument("--overwrite", action="store_true", help="delete attnflow's files in DIR and start again")
     running.add_argument(
         "--batch-size", type=int, default=16, metavar="B", help="windows per forward pass (default: 16)"
     )
-    running.add_argument(
-        "--checkpoint-every", type=int, default=20, metavar="K", help="batches between checkpoints (default: 20)"
-    )
-    running.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help="local: this process; ray: model replicas as Ray actors",
-    )
-    running.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="Ray cluster to join (e.g. auto); default: a private local Ray runtime",
-    )
-    running.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="local: torch threads; ray: model replicas (default: torch's choice / 2 locally, one per cluster CPU)",
-    )
+    add_run_arguments(running, checkpoint_every=20)
     running.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)"
     )

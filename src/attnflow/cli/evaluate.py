@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnflow.cli.common import RUNS_NOTE, add_run_arguments, engine_options
 from attnflow.datasets import DEFAULT_WINDOW
 from attnflow.evaluate.bounds import BEAM_WIDTH, BOUND_SEARCHES, EXACT_LIMIT
 from attnflow.evaluate.metrics import BINS
@@ -31,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--out out/smollm2\n"
             "  attnflow evaluate --model minilm-topics --samples 100 --bounds levels --out out/naopc\n"
             "  attnflow evaluate --model minilm-sentiment --task reviews.csv "
-            "--text-column review --label-column stars --out out/mine"
+            "--text-column review --label-column stars --out out/mine\n"
+            "  attnflow evaluate --samples 50 --methods rollout,alti --engine ray --workers 4 --out out/eval\n\n"
+            + RUNS_NOTE
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -122,31 +125,21 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The output folder, resuming or replacing it, the device and the progress bar."""
+    """The output folder, the run engine's options (resume, engines), the device and the progress bar."""
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --out (same run only): keep the AOPC bounds searched so far and the finished methods",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the results already in --out (they stay until the new run has finished)",
-    )
+    add_run_arguments(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnflow.evaluate.api import check_out, check_task_name, evaluate, resolve_methods
+    from attnflow.evaluate.api import check_task_name, evaluate, resolve_methods
     from attnflow.evaluate.benchmark import BenchmarkOptions
 
     resolve_methods(args.methods)  # unknown names fail before the model loads
     check_task_name(args.task)
     if args.sanity_samples < 0:
         raise ValueError("--sanity-samples must be 0 or more")
-    check_out(args.out, args.overwrite, args.resume)
     options = BenchmarkOptions(
         replace=args.replace,
         sanity_samples=args.sanity_samples,
@@ -155,11 +148,8 @@ def run(args: argparse.Namespace) -> int:
         beam_width=args.beam_width,
         sanity_layers=args.sanity_layers,
     )
-    from attnflow.model import load
-
-    model = load(args.model, device=args.device)
     results = evaluate(
-        model,
+        args.model,
         args.task,
         args.methods,
         args.samples,
@@ -171,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         text_column=args.text_column,
         label_column=args.label_column,
         window=args.window,
+        engine=engine_options(args),
     )
     print(
         f"{len(results['methods'])} methods on {results['run']['samples']} samples: {args.out / 'results.md'}, "

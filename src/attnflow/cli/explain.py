@@ -17,8 +17,10 @@ from attnflow.capture.texts import check_row_fits, check_texts
 from attnflow.cli import explain_generation
 from attnflow.cli.common import (
     DEFAULT_MODEL,
+    RUNS_NOTE,
     Progress,
     add_method_options,
+    add_run_arguments,
     given_method_options,
     load_model,
     method_table,
@@ -38,7 +40,8 @@ from attnflow.trace import Trace
 if TYPE_CHECKING:
     from attnflow.explanation import Explanation
 
-EPILOG = """\
+EPILOG = (
+    """\
 examples:
   attnflow explain "The movie was terrible, but the acting was great." --out out/movie
   attnflow explain "The movie was terrible, but the acting was great." --method rollout,alti --out out/both
@@ -54,6 +57,7 @@ examples:
   attnflow explain --image photo.jpg --model dinov2-s --out out/photo
   attnflow explain --image photo.jpg --model dinov2-s --method flow --save-trace
   attnflow explain --file reviews.jsonl --text-field review --out out/reviews   # one folder per text + index.html
+  attnflow explain --file reviews.jsonl --text-field review --out out/reviews --resume   # after Ctrl-C or a crash
   cat sentences.txt | attnflow explain --file - --json --quiet > explanations.jsonl
 
 Images (--image): any file Pillow reads; grayscale, RGBA and palette images are converted to
@@ -77,7 +81,10 @@ matrix), explanation.html (open it in any browser, works offline), explanation.p
 image, explanation_overlay.png (the saliency over the image). With several methods (--method a,b)
 each goes to DIR/METHOD/ and DIR/comparison.html shows them side by side.
 A folder that already holds an explanation is only replaced with --overwrite.
-"""
+
+With --file, """
+    + RUNS_NOTE
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -217,6 +224,7 @@ def _add_output_arguments(output: argparse._ArgumentGroup) -> None:
         "Its cost is bounded anyway: NAOPC bounds from the tightest search that fits a budget (none beyond 93 "
         "content tokens), no faithfulness over 256 content tokens",
     )
+    add_run_arguments(output, overwrite=False, scope="--file: ")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -229,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
         from attnflow.cli.explain_file import run_file
 
         return run_file(args, load_model, Progress(args.quiet))
+    if args.resume or args.engine != "local" or args.checkpoint_every is not None:
+        raise InputError("--resume, --engine and --checkpoint-every are for a --file run of many texts")
     if explain_generation.wants_generation(args):
         return explain_generation.run_generation(args, load_model, Progress(args.quiet))
     _check_input(args)

@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attnflow.cli.common import Progress, load_model, positive_int
+from attnflow.cli.common import (
+    RUNS_NOTE,
+    Progress,
+    add_run_arguments,
+    engine_options,
+    load_model,
+    positive_int,
+    quiet_loading,
+)
 from attnflow.errors import InputError
 
 DEFAULTS: dict[str, Any] = {
@@ -66,8 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             '  attnflow patch "The Eiffel Tower is in" --noise "Eiffel Tower" --model smollm2 --sites knockout \\\n'
             "      --knockout-window 9 --method exact --out out/knockout\n"
             "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
+            "--out out/pairs\n"
+            "  attnflow patch --file pairs.jsonl --model smollm2 --sites heads --method exact,atp,relp "
             "--out out/pairs --resume\n"
-            'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line'
+            "  attnflow patch --file pairs.jsonl --model smollm2 --engine ray --workers 4 --out out/pairs-ray\n\n"
+            'pairs.jsonl: one {"clean": ..., "corrupt": ... | "noise": ..., "target": ..., "contrast": ...} a line;\n'
+            "--out receives pairs.jsonl (every pair's numbers), summary.json, summary.html and checkpoint.json.\n\n"
+            + RUNS_NOTE.replace("runs (", "--file runs (")
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -155,13 +168,14 @@ def _add_knockout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """A file of pairs, resuming it, the output folder, the device and the progress bar."""
+    """A file of pairs, the output folder, --overwrite, the run engine's options for a --file run,
+    the device and the progress bar."""
     parser.add_argument("--file", type=Path, metavar="PAIRS.jsonl", help="patch every prompt pair of a file")
-    parser.add_argument("--resume", action="store_true", help="with --file: continue the run checkpointed in --out")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an earlier run's files in --out (other files are kept)"
     )
+    add_run_arguments(parser.add_argument_group("runs of a --file (docs/runs.md)"), overwrite=False, scope="--file: ")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
     )
@@ -190,15 +204,18 @@ def _add_other_analyses(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check the flags and the output folder (before the model loads), then run the chosen analysis."""
+    """Check the flags and the output folder (before the model loads), then run the chosen analysis
+    (a --file run on the run engine, whose run folder checks --out before the model loads)."""
     mode = _mode(args)
     _check_flags(args, mode)
-    _check_out(args, mode)
-    say = Progress(args.quiet)
-    say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
-    run_mode = {"file": run_file, "versus": run_versus, "edges": run_edges, "sweep": run_sweep}[mode]
-    paths = run_mode(args, model, say)
+    if mode == "file":
+        paths = run_file(args)
+    else:
+        _check_out(args)
+        say = Progress(args.quiet)
+        say(f"loading {args.model} …")
+        model = load_model(args.model, args.device, args.quiet)
+        paths = {"versus": run_versus, "edges": run_edges, "sweep": run_sweep}[mode](args, model, say)
     print(" ".join(str(path) for path in paths))
     return 0
 
@@ -220,9 +237,10 @@ def _mode(args: argparse.Namespace) -> str:
 _KNOCKOUT = ("knockout_target", "knockout_window", "knockout_sources")  # read only with --sites knockout
 # What each analysis reads besides the model, the device, --out and --quiet: a flag outside its
 # set would be ignored, so it is refused instead (one line, before the model loads).
+_RUNS = ("resume", "checkpoint_every", "engine", "workers", "ray_address")  # the run engine's: --file only
 _READS = {
-    "file": {"file", "resume", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position"}
-    | set(_KNOCKOUT),
+    "file": {"file", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position"}
+    | {*_KNOCKOUT, *_RUNS},
     "versus": {"text", "corrupt", "target", "contrast", "versus", "batch_size"},
     "edges": {"text", "corrupt", "target", "contrast", "edges", "steps"},
     "sweep": {"text", "corrupt", "noise", "target", "contrast", "sites", "method", "direction", "samples", "seed"}
@@ -243,6 +261,10 @@ _FLAGS = {
     "head_position": "--head-position",
     "file": "--file",
     "resume": "--resume",
+    "checkpoint_every": "--checkpoint-every",
+    "engine": "--engine",
+    "workers": "--workers",
+    "ray_address": "--ray-address",
     "versus": "--versus",
     "edges": "--edges",
     "steps": "--steps",
@@ -260,7 +282,11 @@ _WHAT = {
 
 def _check_flags(args: argparse.Namespace, mode: str) -> None:
     """One line for a flag the chosen analysis would ignore, and for what it lacks."""
-    given = [dest for dest in _FLAGS if getattr(args, dest) is not None and getattr(args, dest) is not False]
+    given = [
+        dest
+        for dest in _FLAGS
+        if getattr(args, dest) not in (None, False) and (dest, args.engine) != ("engine", "local")
+    ]
     ignored = [dest for dest in given if dest not in _READS[mode]]
     why = ""
     if mode == "sweep" and args.noise is None and {"samples", "seed"} & set(given):
@@ -286,22 +312,12 @@ def _check_flags(args: argparse.Namespace, mode: str) -> None:
         raise InputError("give --corrupt TEXT (same token length) or --noise WORDS")
 
 
-def _check_out(args: argparse.Namespace, mode: str) -> None:
-    """An earlier run's files in ``--out`` need --overwrite (a --file run's: --resume or --overwrite),
-    and ``--out`` must be writable: checked before the model loads."""
-    from attnflow.staging import check_writable, owned_entries, refuse_occupied
+def _check_out(args: argparse.Namespace) -> None:
+    """An earlier run's files in ``--out`` need --overwrite, and ``--out`` must be writable: checked
+    before the model loads (a --file run's folder: `attnflow.runs.checkpoint.RunFolder`)."""
+    from attnflow.staging import check_writable, refuse_occupied
 
-    if args.resume and args.overwrite:
-        raise InputError("give either --resume (continue the run in --out) or --overwrite (start again), not both")
-    if mode == "file" and not (args.resume or args.overwrite):
-        earlier = owned_entries(args.out, owned)
-        if earlier:
-            raise InputError(
-                f"{args.out} already holds an earlier run's output ({earlier[0]}); pass --resume to continue a "
-                "--file run, --overwrite to start again, or choose another folder"
-            )
-    if not args.resume:
-        refuse_occupied(args.out, owned, args.overwrite)
+    refuse_occupied(args.out, owned, args.overwrite)
     check_writable(args.out)
 
 
@@ -339,21 +355,22 @@ def _positions(text: str | None) -> list[int] | None:
         raise ValueError(f"--knockout-sources takes comma-separated token positions, got {text!r}") from None
 
 
-def run_file(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]:
-    """``--file``: every pair patched into ``--out`` (checkpointed; ``--resume`` continues it)."""
-    from attnflow.causal.dataset import CHECKPOINT, patch_file
+def run_file(args: argparse.Namespace) -> list[Path]:
+    """``--file``: every pair patched into ``--out`` on the run engine (checkpointed, ``--resume``,
+    ``--engine ray``: docs/runs.md); an earlier run's files of any analysis need --resume or --overwrite."""
+    from attnflow.causal.dataset import ROWS, patch_file
 
-    options = _sweep_options(args)
-    if args.overwrite:  # a checkpointed run starts again: the earlier run's files go first
-        for name in OUTPUT_FILES:
-            (args.out / name).unlink(missing_ok=True)
-    summary = patch_file(model, args.file, args.out, resume=args.resume, on_pair=say, **options)
+    quiet_loading(args.quiet)
+    summary = patch_file(
+        args.model, args.file, args.out, resume=args.resume, overwrite=args.overwrite, engine=engine_options(args),
+        owned=owned, **_sweep_options(args),
+    )  # fmt: skip
     if not args.quiet:
         for method, kinds in summary["correlations"].items():
             agreement = ", ".join(f"{kind} r={values['pooled_pearson']:.2f}" for kind, values in kinds.items())
             print(f"{method} vs exact (pooled): {agreement}")
         print(f"{summary['pairs']} pairs ({len(summary['failed'])} left out)")
-    return [args.out / "summary.html", args.out / "summary.json", args.out / CHECKPOINT]
+    return [args.out / "summary.html", args.out / "summary.json", args.out / ROWS]
 
 
 def run_sweep(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]:

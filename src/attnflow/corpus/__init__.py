@@ -1,5 +1,6 @@
-"""The corpus study: windowing, mergeable statistics, the local and Ray engines (what it shares with
-the audit — readers, checkpoints, stop signals, Ray actors — lives in `attnflow.runs`).
+"""The corpus study: windowing, mergeable statistics, its step and job on the run engine (what it
+shares with every dataset command — the engine, readers, checkpoints, Ray actors — lives in
+`attnflow.runs`).
 
 from attnflow.corpus import StudyOptions, run_study
 summary = run_study(StudyOptions(model="minilm", data="wiki", samples=200), "out/study")

@@ -1,12 +1,12 @@
-"""What every engine of the corpus study shares: the options, the empty accumulator, the batch step.
-
-`attnflow.corpus.engine` (the run, the local backend) and `attnflow.corpus.ray_engine` (model
-replicas as Ray actors) both import this module and not each other.
+"""The corpus study's options and its step (`StudyStep`: the model loaded, an empty accumulator,
+one batch of windows into it), which the run engine (`attnflow.runs.engine`) runs in this process
+or in model replicas as Ray actors; `attnflow.corpus.engine` builds the job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnflow.corpus.stats import StudyConfig, StudyStats
 from attnflow.corpus.windows import WindowBatch, marker_token_ids
@@ -67,3 +67,22 @@ def new_stats(model: ModelLike, options: StudyOptions) -> StudyStats:
         punctuation_ids=punctuation,
         vocab_size=len(model.tokenizer),
     )
+
+
+@dataclass(frozen=True)
+class StudyStep:
+    """The study's `attnflow.runs.engine.Step`: a model replica, its `StudyStats`, a batch of windows."""
+
+    options: StudyOptions
+
+    def load(self, device: str) -> Any:
+        from attnflow.model import load
+
+        return load(self.options.model, device=device)
+
+    def empty(self, model: ModelLike) -> StudyStats:
+        return new_stats(model, self.options)
+
+    def run(self, model: ModelLike, stats: StudyStats, batch: WindowBatch) -> StudyStats:
+        process_batch(model, stats, batch)
+        return stats

@@ -1,18 +1,17 @@
-"""The audit run: examples → batches → explanations → words → `AuditStats`, checkpointed.
+"""The audit run: examples → batches → explanations → words → `AuditStats`, on the run engine.
 
-`run_audit` drives one audit into one output folder, streamed like the corpus study
-(`attnflow.corpus.engine`)::
+`run_audit` builds the audit's job and runs it (`attnflow.runs.engine.run`) into one output folder::
 
-    examples ──batches──> backend.process ──> model.explain + counterfactual scoring
+    examples ──batches──> AuditStep ──> model.explain + counterfactual scoring
              ──> word_relevance ──> AuditStats.update       every K batches: checkpoint.json (atomic)
     at the end: results.json, report.html (atomic)
 
-`LocalBackend` runs the model here; `attnflow.dataset_audit.ray_engine.AuditRayBackend` runs replicas
-as Ray actors (each with its own `AuditStats`, merged here). The checkpoint holds the state,
-the number of examples consumed and a fingerprint of what decides the accumulated numbers
-(model, data, samples, seed, method, swap pairs); ``resume=True`` continues after the consumed
-examples on the same batch boundaries, so a resumed local run ends with identical numbers. Term
-lists and ``min_count`` only shape the final analysis and may change between runs.
+The engine runs the step in this process or in model replicas as Ray actors (each with its own
+`AuditStats`, merged on the driver). The checkpoint holds the state, the number of examples
+consumed and the fields of what decides the accumulated numbers (model, data, samples, seed,
+method, swap pairs); ``resume=True`` continues after the consumed examples on the same batch
+boundaries, so a resumed local run ends with identical numbers. Term lists and ``min_count`` only
+shape the final analysis and may change between runs.
 """
 
 from __future__ import annotations
@@ -22,22 +21,20 @@ import json
 import logging
 import math
 import os
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator
 
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
-from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch
-from attnflow.dataset_audit.words import SwapTable, ambiguous_words, parse_swaps, parse_terms, swap_table
+from attnflow.dataset_audit.step import AuditOptions, AuditStep, Batch, with_scorer
+from attnflow.dataset_audit.words import ambiguous_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
-from attnflow.runs.checkpoint import check_same_config, digest, prepare_out_dir, versions
+from attnflow.runs.checkpoint import RunFolder, versions
+from attnflow.runs.engine import EngineOptions, Job, run
 from attnflow.runs.options import check_counts
-from attnflow.runs.signals import stop_requests
-from attnflow.staging import atomic_file, folder_lock
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -45,42 +42,8 @@ CHECKPOINT = "checkpoint.json"
 RESULTS = "results.json"
 REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
-CHECKPOINT_FORMAT = 3  # 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts
-
-
-class Backend(Protocol):
-    def process(self, batch: Batch) -> None: ...
-
-    def collect(self) -> AuditStats: ...
-
-    def close(self) -> None: ...
-
-
-class LocalBackend:
-    """The model in this process, one batch at a time."""
-
-    def __init__(self, model: ModelLike, stats: AuditStats, method: str, swaps: SwapTable, threads: int | None):
-        import torch
-
-        from attnflow.evaluate.scorer import ClassifierScorer
-
-        self.model, self.stats, self.method, self.swaps = model, stats, method, swaps
-        self.scorer = ClassifierScorer(model)
-        self._threads = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(int(threads))
-
-    def process(self, batch: Batch) -> None:
-        for result in audit_batch(self.model, self.method, batch, self.swaps, self.scorer):
-            self.stats.update(result)
-
-    def collect(self) -> AuditStats:
-        return self.stats
-
-    def close(self) -> None:
-        import torch
-
-        torch.set_num_threads(self._threads)
+# 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts; 4: the run engine's layout
+CHECKPOINT_FORMAT = 4
 
 
 # -- the data ----------------------------------------------------------------------------------
@@ -164,13 +127,6 @@ def run_audit(
         KeyboardInterrupt: after Ctrl-C / SIGTERM, once a checkpoint is saved.
         OutputError: another run holds ``out`` (`attnflow.staging.folder_lock`).
     """
-    with folder_lock(Path(out)):
-        return _run_audit(options, Path(out), resume=resume, overwrite=overwrite, model=model)
-
-
-def _run_audit(
-    options: AuditOptions, out: Path, *, resume: bool, overwrite: bool, model: ModelLike | None
-) -> dict[str, Any]:
     from attnflow.methods.registry import get_method
 
     _check_options(options)
@@ -183,57 +139,40 @@ def _run_audit(
             word,
             ", ".join(partners),
         )
-    out = Path(out)
-    checkpoint = prepare_out_dir(out, resume=resume, overwrite=overwrite, checkpoint=CHECKPOINT, outputs=OUTPUTS)
-    if model is None:
-        from attnflow.model import load
+    engine = EngineOptions.of(options)
+    with RunFolder(
+        out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
+        resume=resume, overwrite=overwrite, fields=_option_fields(options, pairs),
+    ) as folder:  # fmt: skip
+        if model is None:
+            from attnflow.model import load
 
-        model = load(options.model, device="cpu" if options.engine == "ray" else options.device)
-    label_names = check_model(model, options.method)
-    data = load_data(options, model, label_names)
-    fields = _fingerprint_fields(options, model, data, pairs)
-    fingerprint = digest(fields)
-
-    stats, consumed, elapsed_before = AuditStats(len(label_names)), 0, 0.0
-    if checkpoint is not None:
-        meta = _load_checkpoint(checkpoint)
-        check_same_config(checkpoint, meta, fields, fingerprint)
-        stats = AuditStats.from_state_dict(meta["stats"])
-        consumed, elapsed_before = int(meta["examples"]), float(meta["elapsed_s"])
-        log.info("resuming %s after %d examples", out, consumed)
-
-    backend = _backend(options, model, stats, swap_table(pairs))
-    progress = _progress(options, len(data.texts), consumed)
-    started = time.perf_counter()
-    batches_done = consumed // options.batch_size
-
-    def save(complete: bool = False) -> None:
-        elapsed = elapsed_before + time.perf_counter() - started
-        _save(out / CHECKPOINT, stats, consumed, fields, fingerprint, elapsed, complete)
-
-    try:
-        with stop_requests() as stop:
-            for first in range(consumed, len(data.texts), options.batch_size):
-                last = min(first + options.batch_size, len(data.texts))
-                labels = None if data.labels is None else data.labels[first:last]
-                backend.process(Batch(first, data.texts[first:last], labels))
-                consumed, batches_done = last, batches_done + 1
-                progress.update(last - first)
-                if stop.is_set() or batches_done % options.checkpoint_every == 0:
-                    stats = backend.collect()
-                    save()
-                if stop.is_set():
-                    log.warning("stopped: checkpoint saved after %d examples; rerun with --resume", consumed)
-                    raise KeyboardInterrupt
-            stats = backend.collect()
-    finally:
-        progress.close()
-        backend.close()
-    save(complete=True)
-    elapsed = elapsed_before + time.perf_counter() - started
-    results = build_results(options, model, data, label_names, stats, terms, pairs, fingerprint, elapsed)
-    write_outputs(out, results)
+            model = load(options.model, device=engine.driver_device)
+        label_names = check_model(model, options.method)
+        data = load_data(options, model, label_names)
+        finished = run(_job(options, model, data, label_names, pairs), folder, engine, context=with_scorer(model))
+        results = build_results(
+            options, model, data, label_names, finished.result, terms, pairs, finished.fingerprint, finished.elapsed_s
+        )
+        write_outputs(folder.out, results)
     return results
+
+
+def _job(options: AuditOptions, model: ModelLike, data: AuditData, label_names: list[str], pairs: list) -> Job:
+    def batches(start: int) -> Iterator[Batch]:
+        for first in range(start, len(data.texts), options.batch_size):
+            last = min(first + options.batch_size, len(data.texts))
+            yield Batch(first, data.texts[first:last], None if data.labels is None else data.labels[first:last])
+
+    return Job(
+        name=f"audit ({options.method})",
+        unit="text",
+        total=len(data.texts),
+        fields=_fingerprint_fields(options, model, data, pairs),
+        step=AuditStep(options, len(label_names), swap_table(pairs)),
+        result=AuditStats(len(label_names)),
+        batches=batches,
+    )
 
 
 def _check_options(options: AuditOptions) -> None:
@@ -252,27 +191,19 @@ def _check_options(options: AuditOptions) -> None:
         raise InputError(f"--file {options.file}: give an existing .txt, .jsonl, .csv or .parquet file")
 
 
-def _backend(options: AuditOptions, model: ModelLike, stats: AuditStats, swaps: SwapTable) -> Backend:
-    if options.engine == "ray":
-        from attnflow.dataset_audit.ray_engine import AuditRayBackend
-
-        return AuditRayBackend(options, stats, swaps)
-    return LocalBackend(model, stats, options.method, swaps, options.workers)
-
-
-def _progress(options: AuditOptions, total: int, initial: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        unit="text",
-        desc=f"audit ({options.method})",
-        file=sys.stderr,
-        disable=options.quiet,
-        dynamic_ncols=True,
-        smoothing=0.1,
-    )
+def _option_fields(options: AuditOptions, pairs: list) -> dict[str, Any]:
+    """The fields of the configuration known before the model loads."""
+    return {
+        "model": options.model,
+        "task": options.task,
+        "file": None if options.file is None else str(Path(options.file).expanduser().resolve()),
+        "text_column": options.text_column,
+        "label_column": options.label_column,
+        "samples": options.samples,
+        "seed": options.seed,
+        "method": options.method,
+        "swap": [list(pair) for pair in pairs],
+    }
 
 
 def _fingerprint_fields(options: AuditOptions, model: ModelLike, data: AuditData, pairs: list) -> dict[str, Any]:
@@ -280,44 +211,12 @@ def _fingerprint_fields(options: AuditOptions, model: ModelLike, data: AuditData
     size, engine, workers, device)."""
     content = hashlib.sha256(json.dumps([data.texts, data.labels]).encode("utf-8")).hexdigest()[:16]
     return {
-        "model": options.model,
+        **_option_fields(options, pairs),
         "model_shape": [model.n_layers, model.n_heads, model.d_head],
         "data": data.name,
         "data_sha256": content,
         "examples": len(data.texts),
-        "method": options.method,
-        "swap": [list(pair) for pair in pairs],
     }
-
-
-def _save(path: Path, stats: AuditStats, examples: int, fields: dict, fingerprint: str, elapsed: float, complete: bool):
-    meta = {
-        "format": CHECKPOINT_FORMAT,
-        "examples": examples,
-        "fingerprint": fingerprint,
-        "fields": fields,
-        "elapsed_s": elapsed,
-        "complete": complete,
-        "stats": stats.state_dict(),
-    }
-    with atomic_file(path) as handle:
-        handle.write(json.dumps(meta).encode("utf-8"))
-
-
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        missing = [key for key in ("stats", "examples", "elapsed_s") if key not in meta]
-    except (OSError, ValueError, TypeError) as error:
-        missing = [str(error)]
-    if missing:
-        raise InputError(f"{path}: not a readable audit checkpoint ({missing[0]}); use --overwrite to start again")
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(
-            f"{path}: checkpoint format {meta.get('format')} is not {CHECKPOINT_FORMAT} (written by another version "
-            "of attnflow); use --overwrite to start again"
-        )
-    return meta
 
 
 def build_results(

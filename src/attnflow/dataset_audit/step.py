@@ -1,7 +1,6 @@
-"""What every engine of the audit shares: the options, a batch, and the batch step.
-
-`attnflow.dataset_audit.engine` (the run, the local backend) and `attnflow.dataset_audit.ray_engine` (model
-replicas as Ray actors) both import this module and not each other.
+"""The audit's options, a batch, and its step (`AuditStep`: a model replica, its `AuditStats`, one
+batch of texts explained into them), which the run engine (`attnflow.runs.engine`) runs in this
+process or in model replicas as Ray actors; `attnflow.dataset_audit.engine` builds the job.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from attnflow.dataset_audit.stats import ExampleResult
+from attnflow.dataset_audit.stats import AuditStats, ExampleResult
 from attnflow.dataset_audit.words import SwapTable, swap_text, word_relevance
 from attnflow.errors import ExplanationWarning
 from attnflow.model_like import ModelLike
@@ -59,6 +58,40 @@ class Batch:
     first: int
     texts: tuple[str, ...]
     labels: tuple[int, ...] | None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class AuditStep:
+    """The audit's `attnflow.runs.engine.Step`: a model replica and its scorer, an `AuditStats`,
+    a batch of texts explained with ``options.method`` (`audit_batch`)."""
+
+    options: AuditOptions
+    n_classes: int
+    swaps: SwapTable
+
+    def load(self, device: str) -> tuple[ModelLike, Any]:
+        from attnflow.model import load
+
+        return with_scorer(load(self.options.model, device=device))
+
+    def empty(self, context: Any) -> AuditStats:  # noqa: ARG002 - the Step protocol
+        return AuditStats(self.n_classes)
+
+    def run(self, context: tuple[ModelLike, Any], stats: AuditStats, batch: Batch) -> AuditStats:
+        model, scorer = context
+        for result in audit_batch(model, self.options.method, batch, self.swaps, scorer):
+            stats.update(result)
+        return stats
+
+
+def with_scorer(model: ModelLike) -> tuple[ModelLike, Any]:
+    """The step's context: the model and its batched classifier scorer (for the counterfactuals)."""
+    from attnflow.evaluate.scorer import ClassifierScorer
+
+    return model, ClassifierScorer(model)
 
 
 def audit_batch(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import nullcontext
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -13,11 +13,21 @@ import numpy as np
 
 from attnflow.datasets import DEFAULT_WINDOW, NEXT_TOKEN_TASK
 from attnflow.errors import InputError
-from attnflow.evaluate.benchmark import BOUNDS_FILE, METHODS_DIR, RUN_FILE, BenchmarkOptions, run_benchmark
+from attnflow.evaluate.benchmark import (
+    BOUNDS_FILE,
+    CHECKPOINT,
+    CHECKPOINT_FORMAT,
+    METHODS_DIR,
+    RUN_FILE,
+    BenchmarkOptions,
+    run_benchmark,
+)
 from attnflow.evaluate.report import BARS_PNG, CURVES_PNG, RESULTS_HTML, RESULTS_MD
 from attnflow.evaluate.scorer import check_classifier
 from attnflow.model_like import ModelLike
-from attnflow.staging import check_output, owned_entries, staged_output
+from attnflow.runs.checkpoint import RunFolder
+from attnflow.runs.engine import EngineOptions
+from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +38,6 @@ OUTPUT_NAMES = (RESULTS_JSON, RUN_FILE, BOUNDS_FILE, METHODS_DIR, RESULTS_MD, RE
 def is_evaluate_output(name: str) -> bool:
     """Whether a folder entry is something `evaluate` writes."""
     return name in OUTPUT_NAMES
-
-
-def check_out(out: str | Path, overwrite: bool, resume: bool) -> None:
-    """Before the model loads: a folder holding an earlier run's results is only continued with
-    ``resume`` or replaced with ``overwrite`` (one of them), and ``out`` must be writable."""
-    if overwrite and resume:
-        raise ValueError("give either --resume (continue the run in --out) or --overwrite (replace it), not both")
-    check_output(Path(out), is_evaluate_output, overwrite or resume)
 
 
 DEFAULT_SAMPLES = 500  # evaluate's examples when --samples is not given (fewer when the data has fewer)
@@ -170,6 +172,8 @@ def evaluate(
     figures: bool = True,
     overwrite: bool = False,
     window: int = DEFAULT_WINDOW,
+    *,
+    engine: EngineOptions | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
 
@@ -180,33 +184,44 @@ def evaluate(
     (`attnflow.datasets.next_token_windows`), the target the model's top-1 next token, deletion
     removing context tokens. Returns the results dictionary (as in ``results.json``).
 
-    ``out`` holding an earlier run's results: ``resume`` continues it in place (its finished
-    methods are kept when the run is the same); ``overwrite`` runs in a temporary folder and
-    replaces all of them at the end (until then ``out`` keeps the earlier results; nothing stale
-    is left); neither raises FileExistsError. A new folder is written as the run goes, so that an
-    interrupted run can be resumed.
+    The run is checkpointed in ``out`` as it goes (`attnflow.runs.engine`; ``engine``: local by
+    default, or Ray actors, and the device a model named by ``model`` loads on). ``out`` holding an
+    earlier run: ``resume`` continues it (the same run only: a changed option is refused, naming it,
+    before the model loads), ``overwrite`` deletes its results first; neither raises InputError.
     """
     from attnflow.evaluate.report import write_report
     from attnflow.model import load
 
     options = options or BenchmarkOptions()
-    out = Path(out)
-    check_out(out, overwrite, resume)
-    if isinstance(model, str):
-        model = load(model)
-    method_names = resolve_methods(methods, getattr(model, "adapter", None))
-    if task == NEXT_TOKEN_TASK:
-        texts, labels, run_info = next_token_task(model, window, samples, options.seed)
-    else:
-        texts, labels, run_info = classification_task(model, task, samples, options.seed, text_column, label_column)
-    run_info["methods"] = method_names
-    began = time.perf_counter()
-    replacing = overwrite and bool(owned_entries(out, is_evaluate_output))
-    with staged_output(out, is_evaluate_output, overwrite=True) if replacing else nullcontext(out) as folder:
+    engine = engine or EngineOptions(quiet=not progress)
+    config = {
+        "model": model if isinstance(model, str) else model.name,
+        "task": task,
+        "methods": methods if isinstance(methods, str) else list(methods),
+        "samples": samples,
+        "window": window if task == NEXT_TOKEN_TASK else None,
+        "columns": [text_column, label_column] if task not in (None, NEXT_TOKEN_TASK) else None,
+        "options": asdict(options),
+    }
+    with RunFolder(
+        out, kind="evaluate", checkpoint=CHECKPOINT, owned=is_evaluate_output, state_format=CHECKPOINT_FORMAT,
+        resume=resume, overwrite=overwrite, fields=config,
+    ) as folder:  # fmt: skip
+        if isinstance(model, str):
+            model = load(model, device=engine.driver_device)
+        method_names = resolve_methods(methods, getattr(model, "adapter", None))
+        if task == NEXT_TOKEN_TASK:
+            texts, labels, run_info = next_token_task(model, window, samples, options.seed)
+        else:
+            texts, labels, run_info = classification_task(model, task, samples, options.seed, text_column, label_column)
+        run_info["methods"] = method_names
+        began = time.perf_counter()
         results = run_benchmark(
-            model, texts, labels, method_names, options, folder, run_info, resume=resume, progress=progress
-        )
+            model, texts, labels, method_names, options, folder.out, run_info, resume=resume, progress=progress,
+            engine=engine, config=config,
+        )  # fmt: skip
         results["run"]["wall_seconds"] = time.perf_counter() - began
-        (folder / RESULTS_JSON).write_text(json.dumps(results, indent=2), encoding="utf-8")
-        write_report(results, folder, figures=figures)
+        with atomic_file(folder.out / RESULTS_JSON) as handle:
+            handle.write(json.dumps(results, indent=2).encode("utf-8"))
+        write_report(results, folder.out, figures=figures)
     return results

@@ -1,10 +1,16 @@
-"""The benchmark loop: every method, the same examples, the same perturbations, batched.
+"""The benchmark: every method, the same examples, the same perturbations, batched, on the run engine.
 
-For each method, examples are explained in chunks (one front-door call per chunk and target
-class); all perturbed variants of a chunk (comprehensiveness and sufficiency bins, deletion-curve
-points, for every example in the chunk) are deduplicated and scored in one batched forward pass.
-Per-method results (per-sample values included) are written to ``DIR/methods/<method>.json`` as
-soon as a method finishes, so ``resume=True`` skips what is done.
+The work is a list of units (`Unit`), each one batch of the run engine (`attnflow.runs.engine`):
+each example chunk's AOPC bounds (with ``--bounds``), the agreement reference's scores of each chunk
+(when it is not itself evaluated), and for each method each chunk's metrics (one front-door call per
+chunk and target class; all perturbed variants of the chunk — comprehensiveness and sufficiency bins,
+deletion-curve points — deduplicated and scored in one batched forward pass) and the sanity
+check's re-explanations at each randomisation stage. `BenchmarkStep` computes a unit into a row of
+`attnflow.runs.engine.Rows`, in this process or in model replicas as Ray actors; the engine
+checkpoints the rows (``DIR/checkpoint.json``), so ``resume=True`` computes only the units not yet
+done. At the end the rows are assembled into one `MethodRecord` per method (agreement and sanity
+correlations computed from the stored scores), summarised, and written to ``DIR/methods/<method>.json``,
+``DIR/bounds.json`` and ``DIR/run.json``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -28,13 +34,14 @@ from attnflow.evaluate.bounds import (
     AopcBounds,
     normalised_aopc,
     search_bounds,
-    search_cost,
 )
 from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
-from attnflow.evaluate.sanity import FLAG_RHO, cascade, shown_stages
+from attnflow.evaluate.sanity import FLAG_RHO, cascade, randomisation_stages, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.model_like import ModelLike
+from attnflow.runs.checkpoint import RunFolder, digest
+from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,8 @@ REFERENCE_METHOD = "leave_one_out"
 METHODS_DIR = "methods"
 RUN_FILE = "run.json"
 BOUNDS_FILE = "bounds.json"
+CHECKPOINT = "checkpoint.json"
+CHECKPOINT_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,37 @@ def content_agreement(
     ]
 
 
+def score_chunk(
+    context: "BenchmarkContext",
+    chunk: Sequence[Example],
+    method: str,
+    options: BenchmarkOptions,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+) -> dict[str, Any]:
+    """One chunk of one method: its scores and, per example, AOPC comprehensiveness and
+    sufficiency per bin and the deletion curve (the fields of `MethodRecord`; ``seconds``: the
+    explaining time per example)."""
+    began = time.perf_counter()
+    scores = attribute_fn(context.model, [e.text for e in chunk], method, [e.target for e in chunk])
+    seconds = (time.perf_counter() - began) / len(chunk)
+    for example, example_scores in zip(chunk, scores, strict=False):
+        if example_scores.shape != (len(example.ids),):
+            raise ValueError(
+                f"method {method!r} gave {example_scores.shape} scores "
+                f"for {len(example.ids)} tokens of {example.text[:40]!r}"
+            )
+    rankings = [content_ranking(s, e.special_mask) for s, e in zip(scores, chunk, strict=False)]
+    without, only, curve = perturbation_probabilities(context.scorer, chunk, rankings, options, context.mask_id)
+    p_full = np.array([e.p_full for e in chunk])
+    return {
+        "comprehensiveness": aopc(p_full, without)[0].tolist(),
+        "sufficiency": aopc(p_full, only)[0].tolist(),
+        "curve": curve.tolist(),
+        "scores": [np.asarray(s).tolist() for s in scores],
+        "seconds": [seconds],
+    }
+
+
 def evaluate_method(
     model: ModelLike,
     scorer: ClassifierScorer,
@@ -184,144 +224,177 @@ def evaluate_method(
     method: str,
     options: BenchmarkOptions,
     reference: Sequence[np.ndarray] | None = None,
-    advance: Callable[[int], None] = lambda _n: None,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
-    stage: Callable[[str], None] = lambda _label: None,
 ) -> MethodRecord:
-    """All metrics of one method on ``examples`` (see `MethodRecord`). ``advance(n)``: n more
-    examples explained and scored; ``stage(label)``: a sanity stage begins."""
-    record = MethodRecord()
-    mask_id = mask_token_id(model)
-    for start in range(0, len(examples), options.chunk_size):
-        chunk = examples[start : start + options.chunk_size]
-        began = time.perf_counter()
-        scores = attribute_fn(model, [e.text for e in chunk], method, [e.target for e in chunk])
-        record.seconds.append((time.perf_counter() - began) / len(chunk))
-        for example, example_scores in zip(chunk, scores, strict=False):
-            if example_scores.shape != (len(example.ids),):
-                raise ValueError(
-                    f"method {method!r} gave {example_scores.shape} scores "
-                    f"for {len(example.ids)} tokens of {example.text[:40]!r}"
-                )
-        rankings = [content_ranking(s, e.special_mask) for s, e in zip(scores, chunk, strict=False)]
-        without, only, curve = perturbation_probabilities(scorer, chunk, rankings, options, mask_id)
-        p_full = np.array([e.p_full for e in chunk])
-        record.comprehensiveness += aopc(p_full, without)[0].tolist()
-        record.sufficiency += aopc(p_full, only)[0].tolist()
-        record.curve += curve.tolist()
-        record.scores += [s.tolist() for s in scores]
-        advance(len(chunk))
-    original = [np.asarray(s) for s in record.scores]
-    if reference is not None:
-        record.agreement = content_agreement(original, reference, examples)
-    sanity_examples = list(examples[: options.sanity_samples])
-    if sanity_examples:
-        for label, randomised in cascade(model, seed=options.seed, layers=options.sanity_layers):
-            stage(label)
-            rerun = attribute_fn(
-                randomised, [e.text for e in sanity_examples], method, [e.target for e in sanity_examples]
-            )
-            record.sanity[label] = content_agreement(rerun, original, sanity_examples)
-    return record
+    """All metrics of one method on ``examples`` (see `MethodRecord`), in this process: the
+    benchmark's units of that method, one after the other."""
+    step, context = BenchmarkStep(model.name, options, attribute_fn), BenchmarkContext(model, scorer)
+    rows = Rows()
+    for unit in method_units(model, examples, method, options):
+        rows = step.run(context, rows, unit)
+    return method_record(rows.rows, examples, method, options, reference, sanity_labels(model, options))
 
 
-@dataclass
-class Plan:
-    """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
-    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages; and, when
-    timed, the estimate: ``seconds`` per method (one timed explanation of one example × its
-    explanations), ``perturbation_seconds`` (every method's perturbed inputs) and ``bounds_seconds``
-    per bounds search (what each would add; ``bounds`` is the one asked for)."""
+# ----- the work: units, their step, the records assembled from their rows --------------------
 
-    examples: int
-    methods: list[str]
-    sanity_examples: int
-    stages: int
-    bounds: str = "none"
-    seconds: dict[str, float] | None = None
-    perturbation_seconds: float = 0.0
-    bounds_seconds: dict[str, float] = field(default_factory=dict)
+
+@dataclass(frozen=True)
+class Unit:
+    """One batch of the benchmark's run: ``kind`` ``bounds`` (the chunk's AOPC bounds),
+    ``reference`` (the agreement reference's scores of the chunk), ``method`` (the chunk's
+    metrics) or ``sanity`` (the sanity examples explained again at randomisation stage ``stage``);
+    ``start``: the index of the chunk's first example. Its length (for the engine and the progress
+    bar) is the examples it explains or searches."""
+
+    kind: str
+    start: int
+    examples: tuple[Example, ...]
+    method: str | None = None
+    stage: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.examples)
 
     @property
-    def explanations_per_method(self) -> int:
-        return self.examples + self.sanity_examples * self.stages
+    def key(self) -> str:
+        """The unit's row in `Rows`: ``kind/method/stage or start``."""
+        return "/".join(str(part) for part in (self.kind, self.method, self.stage or self.start) if part is not None)
 
-    def describe(self) -> list[str]:
-        """The plan in a few lines: the sizes, the estimate, and what dominates it."""
-        lines = [
-            f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
-            f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
-            "explanations"
-        ]
-        if self.seconds is None:
-            return lines
-        explaining = sum(self.seconds.values())
-        bounds = self.bounds_seconds.get(self.bounds, 0.0)
-        total = explaining + self.perturbation_seconds + bounds
-        parts = [f"explanations {_duration(explaining)}", f"perturbed inputs {_duration(self.perturbation_seconds)}"]
-        if self.bounds not in ("none",):
-            parts.append(f"NAOPC bounds ({self.bounds}) {_duration(bounds)}")
-        lines.append(f"estimate: {_duration(total)} ({', '.join(parts)}; one example timed per method)")
-        ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
-        heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
-        if len(self.methods) > 1 and heavy:
-            shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
-            lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
-        others = [f"{search} {_duration(t)}" for search, t in self.bounds_seconds.items() if search != self.bounds]
-        if self.bounds == "none":
-            lines.append("NAOPC: not computed; --bounds adds it, at about: " + ", ".join(others))
-        elif bounds > 0.5 * total:
-            lines.append(f"the NAOPC bounds are most of it; other --bounds: {', '.join(others)}")
-        return lines
+    def describe(self) -> str:
+        """What the progress bar shows while the unit runs."""
+        return {
+            "bounds": "AOPC bounds",
+            "reference": f"{self.method} (agreement reference)",
+            "method": str(self.method),
+            "sanity": f"{self.method} sanity: {self.stage}",
+        }[self.kind]
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"~{seconds:.0f} s"
-    if seconds < 5400:
-        return f"~{seconds / 60:.0f} min"
-    return f"~{seconds / 3600:.1f} h"
+def chunks(examples: Sequence[Example], options: BenchmarkOptions) -> list[tuple[int, tuple[Example, ...]]]:
+    """``(start, examples)`` of every chunk of ``options.chunk_size`` examples."""
+    size = options.chunk_size
+    return [(start, tuple(examples[start : start + size])) for start in range(0, len(examples), size)]
 
 
-def plan_run(
+def sanity_labels(model: ModelLike, options: BenchmarkOptions) -> list[str]:
+    """The labels of the randomisation stages the sanity check re-explains (none without samples)."""
+    if options.sanity_samples < 1:
+        return []
+    stages = randomisation_stages(model)
+    return [stages[number][0] for number in shown_stages(len(stages), options.sanity_layers)]
+
+
+def method_units(model: ModelLike, examples: Sequence[Example], method: str, options: BenchmarkOptions) -> list[Unit]:
+    """One method's units: its chunks, then the sanity examples at each stage."""
+    units = [Unit("method", start, chunk, method) for start, chunk in chunks(examples, options)]
+    sanity = tuple(examples[: options.sanity_samples])
+    if sanity:
+        units += [Unit("sanity", 0, sanity, method, label) for label in sanity_labels(model, options)]
+    return units
+
+
+def benchmark_units(
     model: ModelLike,
-    scorer: ClassifierScorer,
     examples: Sequence[Example],
     methods: Sequence[str],
     options: BenchmarkOptions,
-    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
-    timed: bool = True,
-) -> Plan:
-    """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
-    once with each method (its explanations × that time), and score a few unaltered examples to
-    price a perturbed input per token (the perturbations' and each bounds search's estimate)."""
-    from attnflow.evaluate.sanity import randomisation_stages
-
-    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0, options.bounds)
-    if plan.sanity_examples:
-        plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
-    if not timed or not examples:
-        return plan
-    plan.seconds = {}
+    reference_method: str | None,
+) -> list[Unit]:
+    """Every unit of a run, in the order they run: the bounds, the agreement reference (when it
+    is not one of ``methods``), then each method's units (`method_units`)."""
+    units = []
+    if options.bounds != "none":
+        units += [Unit("bounds", start, chunk) for start, chunk in chunks(examples, options)]
+    if reference_method is not None and reference_method not in methods and methods:
+        units += [Unit("reference", start, chunk, reference_method) for start, chunk in chunks(examples, options)]
     for method in methods:
-        began = time.perf_counter()
-        attribute_fn(model, [examples[0].text], method, [examples[0].target])
-        plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
-    timed_examples = examples[:16]
-    began = time.perf_counter()
-    ClassifierScorer(model, scorer.max_batch_tokens).probabilities([e.ids for e in timed_examples])
-    per_token = (time.perf_counter() - began) / sum(len(e.ids) for e in timed_examples)
-    lengths = [len(e.ids) for e in examples]
-    per_ranking = 2 * len(options.bins) + options.curve_points - 1  # curve point 0 is the input itself
-    plan.perturbation_seconds = per_token * sum(lengths) * per_ranking * len(methods)
-    for search in BOUND_SEARCHES[1:]:
-        priced = 0.0
-        for example, length in zip(examples, lengths, strict=True):
-            m = int(np.sum(~example.special_mask))
-            counts = [top_count(k, m) for k in options.bins]
-            priced += length * search_cost(m, counts, search, options.exact_limit, options.beam_width)
-        plan.bounds_seconds[search] = per_token * priced
-    return plan
+        units += method_units(model, examples, method, options)
+    return units
+
+
+class BenchmarkContext:
+    """A worker's model, its scorer and mask token, and the sanity check's randomised copies (the
+    live cascade: consecutive stages of one method randomise one copy step by step)."""
+
+    def __init__(self, model: ModelLike, scorer: ClassifierScorer | None = None) -> None:
+        self.model = model
+        self.scorer = scorer or ClassifierScorer(model)
+        self.mask_id = mask_token_id(model)
+        self._cascade: Iterator[tuple[str, Any]] | None = None
+        self._passed: list[str] = []  # the stages of the live cascade so far, its current one last
+        self._current: Any = None
+
+    def randomised(self, label: str, options: BenchmarkOptions) -> Any:
+        """The model with stage ``label`` and every stage before it randomised (`cascade`)."""
+        if self._cascade is None or label in self._passed[:-1]:
+            self._cascade = cascade(self.model, seed=options.seed, layers=options.sanity_layers)
+            self._passed, self._current = [], None
+        while not self._passed or self._passed[-1] != label:
+            stage, self._current = next(self._cascade)
+            self._passed.append(stage)
+        return self._current
+
+
+@dataclass(frozen=True)
+class BenchmarkStep:
+    """The benchmark's `attnflow.runs.engine.Step`: a unit into its row (see `Unit`). ``model``:
+    the name each Ray actor loads; ``attribute_fn``: where scores come from (`attribute`)."""
+
+    model: str
+    options: BenchmarkOptions
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute
+
+    def load(self, device: str) -> BenchmarkContext:
+        from attnflow.model import load
+
+        return BenchmarkContext(load(self.model, device=device))
+
+    def empty(self, context: BenchmarkContext) -> Rows:  # noqa: ARG002 - the Step protocol
+        return Rows()
+
+    def run(self, context: BenchmarkContext, rows: Rows, unit: Unit) -> Rows:
+        rows.rows[unit.key] = self._row(context, unit)
+        return rows
+
+    def _row(self, context: BenchmarkContext, unit: Unit) -> Any:
+        options, examples = self.options, list(unit.examples)
+        if unit.kind == "bounds":
+            found = search_bounds(
+                context.scorer, examples, options.bins, options.replace, context.mask_id, options.bounds,
+                options.exact_limit, options.beam_width,
+            )  # fmt: skip
+            return [bounds.to_dict() for bounds in found]
+        if unit.kind == "method":
+            return score_chunk(context, examples, str(unit.method), options, self.attribute_fn)
+        model = context.model if unit.stage is None else context.randomised(unit.stage, options)
+        scores = self.attribute_fn(model, [e.text for e in examples], unit.method, [e.target for e in examples])
+        return [np.asarray(s).tolist() for s in scores]
+
+
+def method_record(
+    rows: dict[str, Any],
+    examples: Sequence[Example],
+    method: str,
+    options: BenchmarkOptions,
+    reference: Sequence[np.ndarray] | None,
+    labels: Sequence[str],
+) -> MethodRecord:
+    """The `MethodRecord` of ``method`` from the rows of its units: the chunks' values in order,
+    the agreement with ``reference`` (scores per example; None: none), the sanity correlations at
+    the stages ``labels``."""
+    record = MethodRecord()
+    for start, _ in chunks(examples, options):
+        chunk = rows[Unit("method", start, (), method).key]
+        for name in ("comprehensiveness", "sufficiency", "curve", "scores", "seconds"):
+            getattr(record, name).extend(chunk[name])
+    original = [np.asarray(s) for s in record.scores]
+    if reference is not None:
+        record.agreement = content_agreement(original, reference, examples)
+    sanity = list(examples[: options.sanity_samples])
+    for label in labels if sanity else []:
+        rerun = rows[Unit("sanity", 0, (), method, label).key]
+        record.sanity[label] = content_agreement([np.asarray(s) for s in rerun], original, sanity)
+    return record
 
 
 def summarise(
@@ -389,63 +462,9 @@ def mask_token_id(model: ModelLike) -> int | None:
     return tokenizer.mask_token_id if tokenizer.mask_token_id is not None else tokenizer.pad_token_id
 
 
-def example_bounds(
-    scorer: ClassifierScorer,
-    examples: Sequence[Example],
-    options: BenchmarkOptions,
-    mask_id: int | None,
-    path: Path,
-    resume: bool,
-    progress: bool,
-) -> list[AopcBounds]:
-    """Each example's AOPC bounds (`attnflow.evaluate.bounds.search_bounds`, ``options.bounds``),
-    searched ``options.chunk_size`` examples at a time (one batched forward per search step) and
-    written to ``path`` after every chunk; with ``resume`` the examples already in ``path`` are read
-    back and the search goes on from the next one. Nothing is written with ``bounds="none"``."""
-    from tqdm.auto import tqdm
-
-    if options.bounds == "none":
-        return []
-    bounds: list[AopcBounds] = []
-    if resume and path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        bounds = [AopcBounds.from_dict(entry) for entry in saved[: len(examples)]]
-    rest = examples[len(bounds) :]
-    with tqdm(total=len(rest), desc="AOPC bounds", unit="sample", disable=not progress or not rest) as bar:
-        for start in range(0, len(rest), options.chunk_size):
-            chunk = rest[start : start + options.chunk_size]
-            bounds += search_bounds(
-                scorer,
-                chunk,
-                options.bins,
-                options.replace,
-                mask_id,
-                options.bounds,
-                options.exact_limit,
-                options.beam_width,
-            )
-            with atomic_file(path) as handle:
-                handle.write(json.dumps([b.to_dict() for b in bounds]).encode("utf-8"))
-            bar.update(len(chunk))
-    return bounds
-
-
-def _finished_record(path: Path) -> MethodRecord | None:
-    try:
-        return MethodRecord(**json.loads(path.read_text(encoding="utf-8"))["record"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _record_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
-    """Write ``DIR/run.json``; with ``resume``, first refuse a folder that holds another run."""
-    run_path = out_dir / RUN_FILE
-    if resume and run_path.exists():
-        previous = json.loads(run_path.read_text(encoding="utf-8"))
-        if previous != json.loads(json.dumps(run)):
-            raise ValueError(f"--resume: {run_path} describes a different run (model, task, samples or options differ)")
-    (out_dir / METHODS_DIR).mkdir(parents=True, exist_ok=True)
-    run_path.write_text(json.dumps(run, indent=2), encoding="utf-8")
+def is_benchmark_output(name: str) -> bool:
+    """Whether a folder entry is something `run_benchmark` writes (its checkpoint aside)."""
+    return name in (RUN_FILE, BOUNDS_FILE, METHODS_DIR)
 
 
 def run_benchmark(
@@ -460,70 +479,124 @@ def run_benchmark(
     progress: bool = True,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
     reference_method: str | None = REFERENCE_METHOD,
+    *,
+    engine: EngineOptions | None = None,
+    config: dict[str, Any] | None = None,
+    owned: Callable[[str], bool] = is_benchmark_output,
 ) -> dict[str, Any]:
-    """Evaluate ``methods`` on the given texts; returns (and writes ``DIR/methods/*.json``) the
-    results: ``{"run": run_info + options, "methods": {name: summary}}``.
+    """Evaluate ``methods`` on the given texts; returns (and writes ``DIR/methods/*.json``,
+    ``DIR/bounds.json``, ``DIR/run.json``) the results: ``{"run": run_info + options, "methods":
+    {name: summary}}``.
 
-    ``reference_method`` (leave-one-out) is run first, as a method when it is in ``methods`` and
-    only for its scores otherwise (then only when some method still has to run); None skips the
-    agreement column. With ``resume``, the bounds already searched and the methods whose file
-    exists for the same run (same ``run_info`` and options) are read instead of recomputed.
+    ``reference_method`` (leave-one-out) gives the agreement column: its scores are those of the
+    method when it is in ``methods``, else computed for that purpose; None skips the column. The
+    units run on the run engine (``engine``: local by default, quiet without ``progress``); with
+    ``resume`` the run checkpointed in ``out_dir`` continues (the same run only: ``run_info``,
+    options, methods, examples and ``config``, the caller's own fields, are checked), computing
+    only the units not yet done. ``owned``: the entries of ``out_dir`` an earlier run left there.
     """
-    from tqdm.auto import tqdm
-
-    out_dir = Path(out_dir)
-    method_dir = out_dir / METHODS_DIR
-    run = {**run_info, "agreement_reference": reference_method, "options": asdict(options)}
-    _record_run(out_dir, run, resume)
-
-    scorer = ClassifierScorer(model)
-    examples = prepare_examples(model, scorer, texts, labels)
+    engine = engine or EngineOptions(quiet=not progress)
+    run_record = {**run_info, "agreement_reference": reference_method, "options": asdict(options)}
     ordered = sorted(methods, key=lambda name: name != reference_method)
-    if progress:  # before any work: what the run will cost
-        to_run = [m for m in ordered if not (resume and _finished_record(method_dir / f"{m}.json") is not None)]
-        for line in plan_run(model, scorer, examples, to_run, options, attribute_fn).describe():
-            print(f"attnflow: {line}", file=sys.stderr, flush=True)
-    bounds = example_bounds(scorer, examples, options, mask_token_id(model), out_dir / BOUNDS_FILE, resume, progress)
+    with RunFolder(
+        out_dir, kind="evaluate", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT, resume=resume,
+        fields=config,
+    ) as folder:  # fmt: skip
+        context = BenchmarkContext(model)
+        examples = prepare_examples(model, context.scorer, texts, labels)
+        units = benchmark_units(model, examples, ordered, options, reference_method)
+        if progress:  # before any work: what the run will cost
+            _print_plan(model, context, examples, units, folder.done, options, attribute_fn)
+        job = Job(
+            name="evaluate",
+            unit="example",
+            total=sum(map(len, units)),
+            fields={
+                **(config or {}),
+                "run": run_record,
+                "method_order": ordered,
+                "examples": digest([list(texts), np.asarray(labels).tolist()]),
+            },
+            step=BenchmarkStep(model.name, options, attribute_fn),
+            result=Rows(),
+            batches=lambda start: _units_from(units, start),
+            label=Unit.describe,
+        )
+        rows = run(job, folder, engine, context=context).result.rows
+        summaries, bounds = _summaries(model, rows, examples, ordered, options, reference_method)
+        _write_records(folder.out, run_record, bounds, summaries)
+    result_run = dict(run_record)
     if bounds:
-        run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
-    reference: list[np.ndarray] | None = None
-    # counts examples (each method's pass over them); the sanity stages show in the bar's postfix
-    bar = tqdm(total=len(examples) * len(ordered), desc="evaluate", unit="example", disable=not progress)
-    summaries: dict[str, Any] = {}
-    try:
-        for method in ordered:
-            bar.set_description(method)
-            path = method_dir / f"{method}.json"
-            record = _finished_record(path) if resume else None
-            if record is None and reference is None and reference_method not in (None, *ordered):
-                # only for the agreement column of methods still to run (a resumed run may have none)
-                bar.set_postfix_str(f"{reference_method} (agreement reference)")
-                targets = [e.target for e in examples]
-                reference = attribute_fn(model, [e.text for e in examples], reference_method, targets)
-            if record is None:
-                bar.set_postfix_str("")
-                record = evaluate_method(
-                    model,
-                    scorer,
-                    examples,
-                    method,
-                    options,
-                    reference,
-                    bar.update,
-                    attribute_fn,
-                    stage=lambda label: bar.set_postfix_str(f"sanity: {label}"),
-                )
-                summary = summarise(record, options, bounds or None)
-                path.write_text(json.dumps({"summary": summary, "record": asdict(record)}), encoding="utf-8")
-            else:
-                bar.update(len(examples))
-                summary = summarise(record, options, bounds or None)
-            if method == reference_method:
-                reference = [np.asarray(s) for s in record.scores]
-            summaries[method] = summary
-    finally:
-        bar.close()
+        result_run["bounds_search"] = dict(sorted(Counter(b.search for b in bounds).items()))
     predictions = np.array([e.target for e in examples])
-    run["accuracy_on_samples"] = float(np.mean(predictions == np.array([e.label for e in examples])))
-    run["mean_content_tokens"] = float(np.mean([np.sum(~e.special_mask) for e in examples]))
-    return {"run": run, "methods": summaries}
+    result_run["accuracy_on_samples"] = float(np.mean(predictions == np.array([e.label for e in examples])))
+    result_run["mean_content_tokens"] = float(np.mean([np.sum(~e.special_mask) for e in examples]))
+    return {"run": result_run, "methods": {name: summary for name, (summary, _) in summaries.items()}}
+
+
+def _units_from(units: Sequence[Unit], start: int) -> Iterator[Unit]:
+    """The units after the first ``start`` examples' worth (a checkpoint falls between units)."""
+    done = 0
+    for unit in units:
+        if done >= start:
+            yield unit
+        done += len(unit)
+
+
+def _print_plan(
+    model: ModelLike,
+    context: BenchmarkContext,
+    examples: Sequence[Example],
+    units: Sequence[Unit],
+    done: int,
+    options: BenchmarkOptions,
+    attribute_fn: Callable[..., list[np.ndarray]],
+) -> None:
+    """The plan of the methods with work left (`attnflow.evaluate.plan`), on stderr."""
+    from attnflow.evaluate.plan import plan_run
+
+    left = {unit.method for unit in _units_from(units, done) if unit.kind in ("method", "sanity")}
+    to_run = [name for name in dict.fromkeys(str(u.method) for u in units if u.kind == "method") if name in left]
+    for line in plan_run(model, context.scorer, examples, to_run, options, attribute_fn).describe():
+        print(f"attnflow: {line}", file=sys.stderr, flush=True)
+
+
+def _summaries(
+    model: ModelLike,
+    rows: dict[str, Any],
+    examples: Sequence[Example],
+    methods: Sequence[str],
+    options: BenchmarkOptions,
+    reference_method: str | None,
+) -> tuple[dict[str, tuple[dict[str, Any], MethodRecord]], list[AopcBounds]]:
+    """``({method: (summary, record)}, bounds)`` from the rows of every unit."""
+    parts = chunks(examples, options)
+    bounds = [
+        AopcBounds.from_dict(b) for start, _ in parts if options.bounds != "none" for b in rows[f"bounds/{start}"]
+    ]
+    reference = None
+    if reference_method is not None and reference_method not in methods and methods:
+        scores = [s for start, _ in parts for s in rows[Unit("reference", start, (), reference_method).key]]
+        reference = [np.asarray(s) for s in scores]
+    labels = sanity_labels(model, options)
+    summaries = {}
+    for method in methods:
+        record = method_record(rows, examples, method, options, reference, labels)
+        summaries[method] = summarise(record, options, bounds or None), record
+        if method == reference_method:
+            reference = [np.asarray(s) for s in record.scores]
+    return summaries, bounds
+
+
+def _write_records(
+    out: Path, run_record: dict[str, Any], bounds: list[AopcBounds], summaries: dict[str, tuple[dict, MethodRecord]]
+) -> None:
+    """``run.json``, ``bounds.json`` (with bounds) and ``methods/<method>.json``, each atomically."""
+    with atomic_file(out / RUN_FILE) as handle:
+        handle.write(json.dumps(run_record, indent=2).encode("utf-8"))
+    if bounds:
+        with atomic_file(out / BOUNDS_FILE) as handle:
+            handle.write(json.dumps([b.to_dict() for b in bounds]).encode("utf-8"))
+    for method, (summary, record) in summaries.items():
+        with atomic_file(out / METHODS_DIR / f"{method}.json") as handle:
+            handle.write(json.dumps({"summary": summary, "record": asdict(record)}).encode("utf-8"))

@@ -1,9 +1,10 @@
-"""What every streamed, checkpointed run shares (the corpus study in `attnflow.corpus`, the audit
-in `attnflow.dataset_audit`): the documents it reads (`readers`), its output folder, fingerprint and
-checkpoint checks (`checkpoint`), the validation of its counts (`options`), Ctrl-C / SIGTERM as a
-request to stop after the batch in progress (`signals`), and model replicas as Ray actors with
-fault recovery (`actors`).
+"""The one run engine of every dataset command (the corpus study, the audit, `evaluate`, `patch
+--file`, `explain --file`; docs/runs.md) and what it is made of: `engine` (a command is a `Job`:
+work items in batches, a picklable step, a mergeable result, the fields of its fingerprint; `run`
+drives it locally or on Ray), `checkpoint` (`RunFolder`: the output folder, its lock, the atomic
+checkpoint and the configuration check), `signals` (Ctrl-C / SIGTERM as a request to stop after
+the batch in progress), `actors` (model replicas as Ray actors with fault recovery), `options`
+(the validation of a run's counts) and `readers` (the documents a run reads).
 
-Each run keeps its own state, checkpoint format and outputs; the packages that run them import
-from here and never from each other.
+The commands import from here and never from each other; nothing here imports a command.
 """

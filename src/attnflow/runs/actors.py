@@ -1,5 +1,5 @@
 """Model replicas as Ray actors that each accumulate what they are given (`ActorPool`), for the
-``--engine ray`` of every streamed run.
+``--engine ray`` of the run engine (`attnflow.runs.engine.RayBackend`).
 
 Without ``ray_address`` a private local Ray runtime is started (``ray.init(address="local")``: it
 never joins somebody else's cluster) with ``workers`` CPUs (default 2) and no dashboard; it is shut

@@ -8,7 +8,7 @@ from attnflow.errors import InputError
 
 
 def check_counts(required: Sequence[tuple[str, Any]], optional: Sequence[tuple[str, Any]], engine: str) -> None:
-    """One line for a bad option of a streamed run (the corpus study, the audit): each of
+    """One line for a bad option of a run (`attnflow.runs.engine`, the corpus study, the audit): each of
     ``required`` (flag, value) a positive integer, each of ``optional`` None or at least 1, and
     ``engine`` local or ray."""
     for name, value in required:

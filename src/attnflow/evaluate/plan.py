@@ -1,0 +1,122 @@
+"""The plan of a benchmark run, printed before any work: its sizes and, timed on one example per
+method, its estimate (explanations, perturbed inputs, each ``--bounds`` search) and what dominates it.
+
+It reads the benchmark's examples and options (`attnflow.evaluate.benchmark.Example`,
+`BenchmarkOptions`) without importing that module, which imports this one."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from attnflow.evaluate.attribute import attribute
+from attnflow.evaluate.bounds import BOUND_SEARCHES, search_cost
+from attnflow.evaluate.metrics import top_count
+from attnflow.evaluate.sanity import shown_stages
+from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.model_like import ModelLike
+
+Example = Any  # attnflow.evaluate.benchmark.Example
+BenchmarkOptions = Any  # attnflow.evaluate.benchmark.BenchmarkOptions
+
+
+@dataclass
+class Plan:
+    """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
+    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages; and, when
+    timed, the estimate: ``seconds`` per method (one timed explanation of one example × its
+    explanations), ``perturbation_seconds`` (every method's perturbed inputs) and ``bounds_seconds``
+    per bounds search (what each would add; ``bounds`` is the one asked for)."""
+
+    examples: int
+    methods: list[str]
+    sanity_examples: int
+    stages: int
+    bounds: str = "none"
+    seconds: dict[str, float] | None = None
+    perturbation_seconds: float = 0.0
+    bounds_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def explanations_per_method(self) -> int:
+        return self.examples + self.sanity_examples * self.stages
+
+    def describe(self) -> list[str]:
+        """The plan in a few lines: the sizes, the estimate, and what dominates it."""
+        lines = [
+            f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
+            f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
+            "explanations"
+        ]
+        if self.seconds is None:
+            return lines
+        explaining = sum(self.seconds.values())
+        bounds = self.bounds_seconds.get(self.bounds, 0.0)
+        total = explaining + self.perturbation_seconds + bounds
+        parts = [f"explanations {_duration(explaining)}", f"perturbed inputs {_duration(self.perturbation_seconds)}"]
+        if self.bounds not in ("none",):
+            parts.append(f"NAOPC bounds ({self.bounds}) {_duration(bounds)}")
+        lines.append(f"estimate: {_duration(total)} ({', '.join(parts)}; one example timed per method)")
+        ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
+        heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
+        if len(self.methods) > 1 and heavy:
+            shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
+            lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+        others = [f"{search} {_duration(t)}" for search, t in self.bounds_seconds.items() if search != self.bounds]
+        if self.bounds == "none":
+            lines.append("NAOPC: not computed; --bounds adds it, at about: " + ", ".join(others))
+        elif bounds > 0.5 * total:
+            lines.append(f"the NAOPC bounds are most of it; other --bounds: {', '.join(others)}")
+        return lines
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"~{seconds:.0f} s"
+    if seconds < 5400:
+        return f"~{seconds / 60:.0f} min"
+    return f"~{seconds / 3600:.1f} h"
+
+
+def plan_run(
+    model: ModelLike,
+    scorer: ClassifierScorer,
+    examples: Sequence[Example],
+    methods: Sequence[str],
+    options: BenchmarkOptions,
+    attribute_fn: Callable[..., list[np.ndarray]] = attribute,
+    timed: bool = True,
+) -> Plan:
+    """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
+    once with each method (its explanations × that time), and score a few unaltered examples to
+    price a perturbed input per token (the perturbations' and each bounds search's estimate)."""
+    from attnflow.evaluate.sanity import randomisation_stages
+
+    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0, options.bounds)
+    if plan.sanity_examples:
+        plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
+    if not timed or not examples:
+        return plan
+    plan.seconds = {}
+    for method in methods:
+        began = time.perf_counter()
+        attribute_fn(model, [examples[0].text], method, [examples[0].target])
+        plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+    timed_examples = examples[:16]
+    began = time.perf_counter()
+    ClassifierScorer(model, scorer.max_batch_tokens).probabilities([e.ids for e in timed_examples])
+    per_token = (time.perf_counter() - began) / sum(len(e.ids) for e in timed_examples)
+    lengths = [len(e.ids) for e in examples]
+    per_ranking = 2 * len(options.bins) + options.curve_points - 1  # curve point 0 is the input itself
+    plan.perturbation_seconds = per_token * sum(lengths) * per_ranking * len(methods)
+    for search in BOUND_SEARCHES[1:]:
+        priced = 0.0
+        for example, length in zip(examples, lengths, strict=True):
+            m = int(np.sum(~example.special_mask))
+            counts = [top_count(k, m) for k in options.bins]
+            priced += length * search_cost(m, counts, search, options.exact_limit, options.beam_width)
+        plan.bounds_seconds[search] = per_token * priced
+    return plan

@@ -1,0 +1,51 @@
+"""What the tests of the run engine share: the texts and prompt pairs they run on, and the
+comparison of two runs' numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TEXTS = ["the cat sat on the mat", "the dog ran to the cat", "hello world this is a story", "we ran", "a good film"]
+TIMES = ("seconds", "seconds_per_sample", "wall_seconds", "elapsed_s")  # the clock's, not the model's
+
+
+def assert_same_json(first, second) -> None:
+    """Equal structures, floats within float32 noise (the other process's batches)."""
+    if isinstance(first, dict):
+        assert first.keys() == second.keys()
+        for key in first:
+            if key not in TIMES:
+                assert_same_json(first[key], second[key])
+    elif (
+        isinstance(first, list)
+        and first
+        and isinstance(first[0], (int, float, list))
+        and not isinstance(first[0], bool)
+    ):
+        np.testing.assert_allclose(
+            np.asarray(first, dtype=float), np.asarray(second, dtype=float), rtol=1e-5, atol=1e-7
+        )
+    elif isinstance(first, list):
+        assert len(first) == len(second)
+        for a, b in zip(first, second, strict=True):
+            assert_same_json(a, b)
+    elif isinstance(first, float):
+        assert first == pytest.approx(second, rel=1e-5, abs=1e-7, nan_ok=True)
+    else:
+        assert first == second
+
+
+def write_pairs(path: Path) -> Path:
+    rows = [
+        {"clean": "the cat sat on the mat", "corrupt": "the dog sat on the mat"},
+        {"clean": "the dog ran", "noise": "dog"},
+        {"clean": "hello world this is", "corrupt": "hello there this is"},
+        {"clean": "the cat sat", "corrupt": "the cat sat on the mat"},  # of another length: left out
+        {"clean": "we ran to the cat", "noise": "ran"},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
