@@ -130,11 +130,14 @@ def example_folder(tmp_path, monkeypatch):
         import uvicorn
 
         monkeypatch.setattr(uvicorn, "run", stop)
+        monkeypatch.setattr(uvicorn.Server, "run", stop)  # `attnflow serve` runs its own Server subclass
     except ImportError:  # without the serve extra, `attnflow serve` stops with its one-line error
         pass
     for alias, model in loading.EMBEDDED.items():
         if model.install is not None:
             monkeypatch.setitem(loading.EMBEDDED, alias, dataclasses.replace(model, install=stop))
+    (tmp_path / ".attnflow-token").write_text("0123456789abcdef0123456789abcdef\n", encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path))  # `attnflow serve --token-file ~/.attnflow-token`
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
