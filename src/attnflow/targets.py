@@ -355,6 +355,11 @@ class _TokenObjective(_ChoiceObjective):
 
     log_probabilities = True
 
+    @property
+    def keeps_logits(self) -> bool:
+        """Whether the model computes the logits of chosen positions only (``logits_to_keep``)."""
+        return "logits_to_keep" in inspect.signature(self.model.hf_model.forward).parameters
+
     def _index(self, value: int | str, role: str) -> int:
         tokenizer = self.model.tokenizer
         parameter = "target" if role == "target" else "contrast"
@@ -377,13 +382,27 @@ class _TokenObjective(_ChoiceObjective):
 
 @register_objective("next_token")
 class NextTokenObjective(_TokenObjective):
-    """A causal LM's log p(next token = t | text) at the last real position (right padding)."""
+    """A causal LM's log p(next token = t | text) at the last real position (right padding). Where
+    the model can, it computes the logits of those positions only (a batch of equal lengths: one
+    position, not ``[batch, token, vocabulary]``)."""
 
-    def read(self, outputs: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+    def choices(
+        self,
+        attention_mask: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **model_kwargs: Any,
+    ) -> torch.Tensor:
         import torch
 
         last = attention_mask.sum(dim=1) - 1  # [batch] last real position (right padding)
-        return torch.log_softmax(outputs.logits[torch.arange(len(last)), last], dim=-1)  # [batch, vocab]
+        kept = torch.unique(last)  # [positions] sorted
+        if self.keeps_logits:
+            model_kwargs = {"logits_to_keep": kept, **model_kwargs}
+        inputs = {"input_ids": input_ids, "inputs_embeds": inputs_embeds, **model_kwargs}
+        logits = self.model.hf_model(attention_mask=attention_mask, **inputs).logits  # [batch, kept or token, vocab]
+        column = torch.searchsorted(kept, last) if self.keeps_logits else last
+        return torch.log_softmax(logits[torch.arange(len(last)), column], dim=-1)  # [batch, vocab]
 
 
 @register_objective("steps")
@@ -399,7 +418,6 @@ class StepsObjective(_TokenObjective):
         self.target = target
         self.positions = torch.as_tensor(list(target.positions), device=model.device)
         self.tokens = torch.as_tensor(list(target.tokens), device=model.device)
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.hf_model.forward).parameters
 
     def forward_options(self) -> dict[str, Any]:
         return {"logits_to_keep": self.positions} if self.keeps_logits else {}

@@ -279,11 +279,11 @@ def test_the_report_states_the_sanity_samples_run_and_what_each_mark_means(key_m
         attribute_fn=dispatch,
         reference_method="occlusion",
     )
-    assert results["run"]["options"]["sanity_samples"] == 32
+    assert results["run"]["options"]["sanity_samples"] == 8
     assert {stage["n"] for stage in results["methods"]["random"]["sanity"]["stages"]} == {3}
     paths = write_report(results, tmp_path, figures=False)
     table = paths["markdown"].read_text(encoding="utf-8")
-    assert "Sanity check: 3 samples" in table and "Sanity check: 32" not in table
+    assert "Sanity check: 3 samples" in table and "Sanity check: 8" not in table
     main_table = table.split("\n\n")[2].splitlines()  # title, description, table
     assert main_table[0].startswith("| method |")
     column = main_table[0].split(" | ").index("sanity ρ (all random)")

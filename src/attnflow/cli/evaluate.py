@@ -49,24 +49,27 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="minilm-sentiment",
-        help="a classifier: minilm-sentiment (default), minilm-topics, mpnet-sentiment, or a path",
+        help="a classifier: minilm-sentiment (default), minilm-topics, mpnet-sentiment, or a path; or a causal "
+        "LM (smollm2, gemma3-270m, qwen2.5-0.5b, ...) with --task next-token or next-token-probes",
     )
     parser.add_argument(
         "--task",
         default=None,
         help=(
             "rotten-tomatoes, wiki-topics (their held-out 20 %%) or "
-            "a CSV/JSONL file; default: the classifier's own task. next-token (causal LMs such as smollm2): "
-            "one window of --window tokens per held-out text of both, the target the model's top-1 next token, "
-            "deletion removing context tokens"
+            "a CSV/JSONL file; default: the classifier's own task. Causal LMs (such as smollm2): next-token, "
+            "one window of --window tokens per held-out text of both; next-token-probes, prompts of about "
+            "--window tokens whose answer depends on one earlier token (a word to copy, a factual subject; "
+            "those the model answers are kept, and the table adds how often each map ranks that token "
+            "first). The target is the model's top-1 next token, deletion removes context tokens"
         ),
     )
     parser.add_argument(
         "--window",
         type=int,
         default=DEFAULT_WINDOW,
-        help=f"--task next-token: context tokens per window (default {DEFAULT_WINDOW}; up to "
-        f"{EXACT_LIMIT} the NAOPC bounds of --bounds are exact)",
+        help=f"--task next-token(-probes): context tokens per window (default {DEFAULT_WINDOW}: enough that "
+        f"random rankings fall well below the best ones; up to {EXACT_LIMIT} the NAOPC bounds of --bounds are exact)",
     )
     parser.add_argument("--text-column", default="text", help="text column of a task file (default: text)")
     parser.add_argument(
@@ -74,7 +77,13 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
         default="label",
         help="label column of a task file: the model's class names or indices (default: label)",
     )
-    parser.add_argument("--methods", default="all", help="comma-separated method names, or all (default)")
+    parser.add_argument(
+        "--methods",
+        default="default",
+        help="comma-separated method names; default: the candidates of explain's --method auto for this model "
+        "(the one-pass target methods; for causal LMs those the measured table keeps), rollout, leave_one_out "
+        "and random; all: every method the model supports",
+    )
     parser.add_argument(
         "--samples", type=int, help="held-out examples to evaluate (default 500, or all of a smaller set)"
     )
@@ -85,15 +94,15 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sanity-samples",
         type=int,
-        default=32,
-        help="examples re-explained at each randomisation stage (default 32; 0 skips the sanity check)",
+        default=8,
+        help="examples re-explained at each randomisation stage (default 8; 0 skips the sanity check)",
     )
     parser.add_argument(
         "--sanity-layers",
         type=int,
-        default=None,
+        default=3,
         help="layer stages of the sanity check re-explained, evenly spaced, the last (every layer random) "
-        "always (default: all; every layer is randomised either way)",
+        "always (default 3; 0: all of them; every layer is randomised either way)",
     )
     parser.add_argument(
         "--bounds",
@@ -146,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         bounds=args.bounds,
         beam_width=args.beam_width,
-        sanity_layers=args.sanity_layers,
+        sanity_layers=args.sanity_layers or None,
     )
     results = evaluate(
         args.model,

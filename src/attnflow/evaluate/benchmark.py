@@ -78,13 +78,13 @@ class BenchmarkOptions:
     replace: str = "remove"
     bins: tuple[float, ...] = BINS
     curve_points: int = 11
-    sanity_samples: int = 32
+    sanity_samples: int = 8
     chunk_size: int = 16
     seed: int = 0
     bounds: str = "none"
     exact_limit: int = EXACT_LIMIT
     beam_width: int = BEAM_WIDTH
-    sanity_layers: int | None = None
+    sanity_layers: int | None = 3
 
     def __post_init__(self) -> None:
         if self.replace not in REPLACE_MODES:
@@ -95,7 +95,7 @@ class BenchmarkOptions:
             raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
         if self.bounds not in BOUND_SEARCHES:
             raise ValueError(f"--bounds must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}")
-        if self.sanity_layers is not None and self.sanity_layers < 1:
+        if self.sanity_layers is not None and self.sanity_layers < 1:  # the CLI's 0 (all) arrives as None
             raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
 
 

@@ -90,3 +90,14 @@ def mean_se(values: Sequence[float] | np.ndarray) -> tuple[Any, Any]:
     if array.ndim == 1:
         return float(mean), float(se)
     return mean, se
+
+
+def key_rank(scores: np.ndarray, special_mask: np.ndarray, key_mask: np.ndarray) -> int:
+    """The 1-based rank, among the content tokens ranked by ``scores`` (`content_ranking`), of the
+    first token of ``key_mask [token]`` (the token the answer depends on, in a probe): 1 when the
+    map ranks it first."""
+    ranking = content_ranking(np.asarray(scores), np.asarray(special_mask, dtype=bool))
+    hits = np.flatnonzero(np.asarray(key_mask, dtype=bool)[ranking])
+    if not len(hits):
+        raise ValueError("no content token lies in the key span")
+    return int(hits[0]) + 1

@@ -67,6 +67,11 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _pm(summary["seconds_per_sample"], 2),
             ]
         )
+    if any("key" in summary for summary in results["methods"].values()):  # probes: how often the key ranks first
+        header.insert(-3, "key ranked first ↑")
+        for name, row in zip(ordered_methods(results), rows, strict=True):
+            key = results["methods"][name].get("key")
+            row.insert(-3, "–" if key is None else f"{key['first']:.2f} ± {key['first_se']:.2f}")
     if not results["run"].get("bounds_search"):  # no bounds searched: no NAOPC to show
         keep = [i for i, column in enumerate(header) if not column.startswith("NAOPC")]
         header, rows = [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
