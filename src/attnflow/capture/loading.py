@@ -630,7 +630,7 @@ def _gguf_progress(enabled: bool) -> Iterator[None]:
     def checked(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
         if iterable is None:  # a bar updated by hand: no tensors to step through
             return bar(*args, **kwargs)
-        return _checked(bar(iterable, *args, **kwargs))
+        return _CheckedBar(bar(iterable, *args, **kwargs))
 
     gguf_utils.tqdm = checked
     try:
@@ -639,10 +639,20 @@ def _gguf_progress(enabled: bool) -> Iterator[None]:
         gguf_utils.tqdm = original
 
 
-def _checked(items: Iterator[Any]) -> Iterator[Any]:
-    for item in items:
-        checkpoint()
-        yield item
+class _CheckedBar:
+    """A progress bar whose iteration passes a `checkpoint` before each item; everything else is the
+    bar's own (``disable``, ``update``, ``close``...)."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self._bar:
+            checkpoint()
+            yield item
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bar, name)
 
 
 def _mean_pooled(source: ModelSource) -> bool:

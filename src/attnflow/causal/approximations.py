@@ -153,13 +153,18 @@ def _graddrop(
 
 
 def _integrated(
-    runner: PatchRunner, base: BaseRun, kinds: tuple[str, ...], head_position: int | None = None, steps: int = IG_STEPS
+    runner: PatchRunner,
+    base: BaseRun,
+    kinds: tuple[str, ...],
+    head_position: int | None = None,
+    steps: int | None = None,
 ) -> dict[str, np.ndarray]:
     """AtP with the gradient averaged along the path from the base run's word embeddings to the
     source run's (`IG_STEPS` midpoints, one batch of ``steps × samples`` rows), times the difference
     of the activations between the two runs."""
     if base.source_embeddings is None:
         raise ValueError("atp-ig needs the source run's word embeddings (BaseRun.source_embeddings)")
+    steps = steps or IG_STEPS
     samples = base.samples
     start = base.embeddings(runner)  # [1 or samples, token, d_model]
     offset = (base.source_embeddings.to(start.device, start.dtype) - start).expand(samples, -1, -1)
