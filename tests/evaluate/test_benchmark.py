@@ -365,3 +365,20 @@ def test_samples_not_given_take_a_smaller_set_whole_without_a_warning(caplog):
         assert len(select_samples(300, 500, seed=0)) == 300
     assert "--samples 500 is more than the 300 held-out examples" in caplog.text
     assert len(select_samples(1000, None, seed=0)) == 500
+
+
+def test_the_sanity_check_leaves_expensive_methods_out_unless_asked(key_model):
+    from attnflow.evaluate.benchmark import method_units, sanity_checked
+    from attnflow.methods.registry import get_method
+
+    assert get_method("leave_one_out").cost == "expensive" and get_method("attnlrp").cost != "expensive"
+    default, every = BenchmarkOptions(sanity_samples=2), BenchmarkOptions(sanity_samples=2, sanity_all=True)
+    assert not sanity_checked("leave_one_out", default) and sanity_checked("leave_one_out", every)
+    assert sanity_checked("attnlrp", default) and sanity_checked("key_first", default)  # not registered: checked
+    examples = KEY_TEXTS[:3]  # the units only slice them
+    kinds = {
+        name: {unit.kind for unit in method_units(key_model, examples, name, default)}
+        for name in ("leave_one_out", "attnlrp")
+    }
+    assert kinds == {"leave_one_out": {"method"}, "attnlrp": {"method", "sanity"}}
+    assert {unit.kind for unit in method_units(key_model, examples, "leave_one_out", every)} == {"method", "sanity"}

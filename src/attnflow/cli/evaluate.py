@@ -105,6 +105,13 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
         "always (default 3; 0: all of them; every layer is randomised either way)",
     )
     parser.add_argument(
+        "--sanity-all-methods",
+        action="store_true",
+        help="the sanity check re-explains the expensive methods too (leave_one_out, shap, integrated_gradients, "
+        "value_zeroing, flow); by default they are left out of it: re-explaining them at every stage costs most "
+        "of a run",
+    )
+    parser.add_argument(
         "--bounds",
         choices=BOUND_SEARCHES,
         default="none",
@@ -156,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         bounds=args.bounds,
         beam_width=args.beam_width,
         sanity_layers=args.sanity_layers or None,
+        sanity_all=args.sanity_all_methods,
     )
     results = evaluate(
         args.model,

@@ -73,6 +73,7 @@ class BenchmarkOptions:
         beam_width: prefixes the beam search keeps.
         sanity_layers: layer stages of the sanity cascade that are re-explained (evenly spaced,
             the last one — every layer random — always); None: all of them.
+        sanity_all: the sanity check re-explains the expensive methods too (`sanity_checked`).
     """
 
     replace: str = "remove"
@@ -85,6 +86,7 @@ class BenchmarkOptions:
     exact_limit: int = EXACT_LIMIT
     beam_width: int = BEAM_WIDTH
     sanity_layers: int | None = 3
+    sanity_all: bool = False
 
     def __post_init__(self) -> None:
         if self.replace not in REPLACE_MODES:
@@ -284,10 +286,20 @@ def sanity_labels(model: ModelLike, options: BenchmarkOptions) -> list[str]:
     return [stages[number][0] for number in shown_stages(len(stages), options.sanity_layers)]
 
 
+def sanity_checked(method: str, options: BenchmarkOptions) -> bool:
+    """Whether the sanity check re-explains ``method``: every method with ``options.sanity_all``,
+    else every one but those declared ``cost="expensive"`` (leave-one-out, SHAP, integrated
+    gradients, value zeroing, attention flow: re-explaining them at each stage costs most of a run,
+    and the perturbation methods read the model's outputs, so randomising it changes them anyway)."""
+    from attnflow.methods.registry import available_methods, get_method
+
+    return options.sanity_all or method not in available_methods() or get_method(method).cost != "expensive"
+
+
 def method_units(model: ModelLike, examples: Sequence[Example], method: str, options: BenchmarkOptions) -> list[Unit]:
-    """One method's units: its chunks, then the sanity examples at each stage."""
+    """One method's units: its chunks, then the sanity examples at each stage (`sanity_checked`)."""
     units = [Unit("method", start, chunk, method) for start, chunk in chunks(examples, options)]
-    sanity = tuple(examples[: options.sanity_samples])
+    sanity = tuple(examples[: options.sanity_samples]) if sanity_checked(method, options) else ()
     if sanity:
         units += [Unit("sanity", 0, sanity, method, label) for label in sanity_labels(model, options)]
     return units
@@ -390,7 +402,7 @@ def method_record(
     original = [np.asarray(s) for s in record.scores]
     if reference is not None:
         record.agreement = content_agreement(original, reference, examples)
-    sanity = list(examples[: options.sanity_samples])
+    sanity = list(examples[: options.sanity_samples]) if sanity_checked(method, options) else []
     for label in labels if sanity else []:
         rerun = rows[Unit("sanity", 0, (), method, label).key]
         record.sanity[label] = content_agreement([np.asarray(s) for s in rerun], original, sanity)

@@ -138,6 +138,12 @@ def describe(results: dict[str, Any]) -> str:
                 else ""
             )
             + "; flagged when the mean Spearman ρ after the last stage is ≥ 0.5."
+            + (
+                " – in the sanity column: an expensive method (leave-one-out, SHAP, integrated gradients, value "
+                "zeroing, flow), not re-explained unless asked (--sanity-all-methods)."
+                if any(summary["sanity"] is None for summary in results["methods"].values())
+                else ""
+            )
             if sanity_samples
             else "No sanity check (--sanity-samples 0)."
         ),
