@@ -75,6 +75,12 @@ def spell(error: BaseException, spelling: Callable[[str], str]) -> str:
     return error.spelled(spelling) if isinstance(error, AttnflowError) else str(error)
 
 
+class PrecisionWarning(ExplanationWarning):
+    """A method whose maps are untrustworthy in 16 bits (its declaration's ``low_precision``) ran
+    on a model loaded in bfloat16 or float16 (said by one rule, `attnflow.explanation`, naming the
+    method and why)."""
+
+
 class CollapseWarning(ExplanationWarning):
     """A saliency row collapsed on one token (the attention sink on the first one): said for every
     method by one rule (`attnflow.methods.diagnostics.collapse_note`), naming the method."""

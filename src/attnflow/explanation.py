@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from attnflow.errors import ExplanationWarning, InputError, warn_once
+from attnflow.errors import ExplanationWarning, InputError, PrecisionWarning, warn_once
 from attnflow.methods.diagnostics import collapse_note, is_causal
 from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
@@ -459,6 +459,10 @@ def _explanation(
     if collapse:  # on the console too (once per run, `attnflow.errors.once_per_run`), naming the method
         collapse = f"{spec.name}: {collapse}"
         warn_once(collapse, about=spec.name, stacklevel=3)
+    precision = low_precision_note(spec, trace.meta.get("dtype"))
+    if precision:
+        warn_once(precision, PrecisionWarning, about=spec.name, stacklevel=3)
+        notes = [*notes, precision]
     return Explanation(
         tokens=list(trace.tokens),
         matrix=matrix,
@@ -480,6 +484,18 @@ def _explanation(
         notes=[*trace.meta.get("notes", ()), *notes, *([collapse] if collapse else [])],
         extras=extras,
         signed=spec.signed or bool(chosen.get("signed")),
+    )
+
+
+def low_precision_note(spec: MethodSpec, dtype: str | None) -> str | None:
+    """The warning for ``spec`` on a model that ran in ``dtype`` (a trace's ``meta["dtype"]``: None
+    or ``"float32"`` for full precision), when its declaration flags it as untrustworthy in 16 bits
+    (``MethodSpec.low_precision``); None otherwise."""
+    if not dtype or dtype == "float32" or not spec.low_precision:
+        return None
+    return (
+        f"{spec.name} on a model loaded in {dtype}: {spec.low_precision}; do not trust this map, load the model in "
+        "float32 for it (docs/precision.md)"
     )
 
 

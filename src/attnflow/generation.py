@@ -659,7 +659,7 @@ def step_traces(
                 text=model.tokenizer.decode(sequence.sources[:n].tolist()),
                 model_name=model.name,
                 layer_names=list(model.layer_names),
-                meta={"default_row": "last"},
+                meta={"default_row": "last", **model.precision_meta()},
                 target=captured["target"][i] if "target" in captured else None,
                 **per_step,
                 **shared,

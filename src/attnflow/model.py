@@ -45,6 +45,7 @@ class AttentionModel(CaptureModel):
         targets: str | Sequence[str] | None = None,
         target_text: str | None = None,
         contrast: int | str | None = None,
+        fuse_heads: str | None = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
@@ -63,6 +64,10 @@ class AttentionModel(CaptureModel):
             head_outputs: the default needs include head outputs (ignored when ``needs`` is given).
             targets: encoder-decoder models: decoder texts (teacher-forced); without them the
                 decoder side is the model's own greedy continuation (at most 16 tokens).
+            fuse_heads: ``"mean"``: the memory-lean capture for methods that read only the heads'
+                mean (rollout, raw, flow with ``head_fusion="mean"``): each layer is reduced to
+                ``[1, n, n]`` inside its hook, so that no layer's ``[head, n, n]`` weights outlive it
+                (``attentions [layer, 1, n, n]``, ``meta["fused_heads"]``; no gradients).
         """
         wanted = legacy_target(target, target_text, contrast, "trace")
         return self.capture_texts(
@@ -73,6 +78,7 @@ class AttentionModel(CaptureModel):
             max_length=max_length,
             head_outputs=head_outputs,
             targets=targets,
+            fuse_heads=fuse_heads,
         )
 
     def explain(
@@ -99,6 +105,9 @@ class AttentionModel(CaptureModel):
         saliency row of matrix methods; ``options`` go to the method (``attnflow explain --help``
         lists them). A method that re-runs the model and explains a target (leave-one-out, the LRP
         rules, ...) is given the target to resolve in its own passes: no forward pass runs before it.
+        A method that reads only the heads' mean of each layer (rollout, raw and flow with the
+        default ``head_fusion="mean"``) gets the memory-lean capture (``trace(fuse_heads="mean")``):
+        the same map, without every layer's ``[head, n, n]`` weights held at once.
 
             model = attnflow.load("minilm-sentiment")
             model.explain("The movie was terrible, but the acting was great.", method="alti").top(3)
@@ -113,12 +122,14 @@ class AttentionModel(CaptureModel):
         plan = _AUTO["plan"](self, [AUTO], options, wanted.text) if method == AUTO else None
         if plan is None:
             method_options(get_method(method), options)
+        lean = plan is None and self.kind in ("encoder", "decoder") and reads_head_mean(get_method(method), options)
         traces = self.trace_for(
             [method] if plan is None else list(plan.per_method),
             texts,
             target=wanted,
             batch_size=batch_size,
             max_length=max_length,
+            fuse_heads="mean" if lean else None,
         )
         if plan is not None:
             explanations = [_AUTO["explain"](self, trace, plan, row)[0] for trace in traces]
@@ -137,11 +148,13 @@ class AttentionModel(CaptureModel):
         max_length: int | None = None,
         target_text: str | None = None,
         contrast: int | str | None = None,
+        fuse_heads: str | None = None,
     ) -> list[Trace]:
         """Trace ``texts`` capturing what all of ``methods`` need (one pass for all of them), after
         checking that each method supports this model's family and that a target is only given
         to methods that use one. When every method re-runs the model and explains a target, no
-        pass runs: the traces hold the tokens and the target to resolve (``Trace.request``)."""
+        pass runs: the traces hold the tokens and the target to resolve (``Trace.request``).
+        ``fuse_heads``: as in `trace` (for methods that read only the heads' mean)."""
         wanted = legacy_target(target, target_text, contrast, "trace_for")
         specs = self._supported(methods)
         if wanted.given and not any(spec.uses_target for spec in specs):
@@ -153,7 +166,9 @@ class AttentionModel(CaptureModel):
         needs = frozenset().union(*(spec.needs for spec in specs))
         if self.is_classifier:
             needs |= {"target"}  # one whole forward pass more: every explanation shows the prediction
-        return self.trace(texts, needs=needs, target=wanted, batch_size=batch_size, max_length=max_length)
+        return self.trace(
+            texts, needs=needs, target=wanted, batch_size=batch_size, max_length=max_length, fuse_heads=fuse_heads
+        )
 
     def _supported(self, methods: Sequence[str]) -> list[MethodSpec]:
         """The methods' registry entries, after checking that each supports this model's family."""
@@ -168,16 +183,33 @@ class AttentionModel(CaptureModel):
         return self.trace_image(image, needs=frozenset().union(*(spec.needs for spec in self._supported(methods))))
 
 
+def reads_head_mean(spec: MethodSpec, options: dict[str, Any]) -> bool:
+    """Whether ``spec`` run with ``options`` reads nothing of the attention weights but each layer's
+    mean over the heads: a method on the weights alone whose ``head_fusion`` is ``"mean"`` without
+    per-head ``weights`` (rollout, raw, flow by default), so the head-fused capture gives its map."""
+    if spec.takes != "attentions" or "head_fusion" not in spec.option_names:
+        return False
+    chosen = {**spec.defaults, **{name: value for name, value in options.items() if value is not None}}
+    return (
+        isinstance(chosen.get("head_fusion"), str) and chosen["head_fusion"] == "mean" and chosen.get("weights") is None
+    )
+
+
 def load(
     name: str = "minilm",
     device: str | torch.device | None = "auto",
     trust_remote_code: bool = False,
     progress: bool = True,
+    dtype: str | torch.dtype = "float32",
 ) -> AttentionModel:
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
     ``qwen2.5-0.5b``, ...), local folder or hub id, as an `AttentionModel`: `attnflow.capture.load`
     (eager attention forced, unknown families refused before anything loads, weight caches for
     slow sources; ``progress=False`` hides the progress bar of slow first loads) with targets and
-    ``explain`` on top.
+    ``explain`` on top. ``dtype``: ``float32`` (default), ``bfloat16`` or ``float16``, the precision
+    of the weights and of every pass (docs/precision.md: how far each method's maps move; methods
+    flagged as untrustworthy in 16 bits warn).
     """
-    return load_as(AttentionModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress)
+    return load_as(
+        AttentionModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress, dtype=dtype
+    )

@@ -32,7 +32,7 @@ class ModelLike(Protocol):
 
     @property
     def hf_model(self) -> torch.nn.Module:
-        """The Hugging Face module (float32, eval mode, eager attention)."""
+        """The Hugging Face module (in ``dtype``, eval mode, eager attention)."""
         ...
 
     @property
@@ -58,6 +58,16 @@ class ModelLike(Protocol):
     @property
     def device(self) -> torch.device:
         """Where it runs."""
+        ...
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision of its weights and passes (float32 unless loaded with ``dtype=``)."""
+        ...
+
+    def precision_meta(self) -> dict[str, str]:
+        """What a `Trace` of this model records of its precision in ``meta``: ``{"dtype": name}``
+        for a 16-bit model, nothing for float32."""
         ...
 
     @property
@@ -184,3 +194,9 @@ class ModelLike(Protocol):
     def shared_fields(self, needs: frozenset[str]) -> dict[str, Any]:
         """Trace fields that come from the weights (output weights, layer norms)."""
         ...
+
+
+def model_dtype(model: Any) -> str:
+    """The precision ``model`` runs in, by name (``"float32"``, ``"bfloat16"``, ``"float16"``):
+    what a dataset command's checkpoint records; float32 for a stand-in that names none."""
+    return str(getattr(model, "dtype", "float32")).removeprefix("torch.")

@@ -46,15 +46,18 @@ GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})
 TARGET_NEEDS = GRADIENT_NEEDS | {"target"}
 
 
-def crop_field(name: str, array: np.ndarray, n: int) -> np.ndarray:
+def crop_field(name: str, array: np.ndarray, n: int, copy: bool = True) -> np.ndarray:
     """One sample's captured array (field ``name``) cut to its first ``n`` tokens: ``[layer, head,
     n, n]`` maps, ``[layer, n, ...]`` per-layer token arrays, ``[n, d_model]`` embeddings. A copy,
-    so a Trace never keeps the batch alive."""
+    so a Trace never keeps the batch alive; ``copy=False`` (a batch of one sample, which the trace
+    may keep): a view."""
     if name in ("attentions", "attention_grads"):
-        return array[:, :, :n, :n].copy()
-    if name in ("embeddings", "embedding_grads"):
-        return array[:n].copy()
-    return array[:, :n].copy()
+        cropped = array[:, :, :n, :n]
+    elif name in ("embeddings", "embedding_grads"):
+        cropped = array[:n]
+    else:
+        cropped = array[:, :n]
+    return cropped.copy() if copy else cropped
 
 
 @dataclass
@@ -67,7 +70,10 @@ class Trace:
         offsets: ``[n, 2]`` character spans ``(start, end)`` into ``text``; ``(0, 0)`` for special
             tokens and image patches.
         special_mask: ``[n]`` bool, True for special tokens ([CLS], [SEP], <s>, BOS, ...).
-        attentions: ``[layer, head, query, key]`` float32 softmax weights; rows sum to 1.
+        attentions: ``[layer, head, query, key]`` float32 softmax weights; rows sum to 1 (a model
+            run in 16 bits: each row divided by its float32 sum). A head-fused capture
+            (``fuse_heads="mean"``, ``meta["fused_heads"]``) holds the heads' mean, ``[layer, 1,
+            query, key]``.
         head_outputs: ``[layer, token, head, d_head]`` float32 per-head attention outputs
             softmax(QK^T/sqrt(d))V, taken at the input of the output projection; or None.
         text: the raw input text ("" for images).
@@ -99,7 +105,9 @@ class Trace:
             explain a target need only the tokens, and resolve the target in their own passes,
             `resolved`); None otherwise.
         meta: free-form extras (e.g. the image path); ``meta["notes"]``: what capture warned
-            about (truncation, mostly unknown tokens, RGB conversion), carried into Explanations.
+            about (truncation, mostly unknown tokens, RGB conversion), carried into Explanations;
+            ``meta["dtype"]``: the precision of a model run in 16 bits (``"bfloat16"``); absent for
+            float32.
     """
 
     tokens: list[str]

@@ -23,9 +23,9 @@ def loads(monkeypatch, tiny_model_path, capsys):
     names: list[str] = []
     real = patch_command.load_model
 
-    def load(name, device, quiet):
+    def load(name, device, quiet, dtype="float32"):
         names.append(name)
-        return real(name, device, quiet)
+        return real(name, device, quiet, dtype)
 
     monkeypatch.setattr(patch_command, "load_model", load)
     return names

@@ -80,7 +80,7 @@ def fake_model(monkeypatch):
     model = FakeModel()
     loads = []
 
-    def load(name, device, quiet):
+    def load(name, device, quiet, dtype="float32"):
         loads.append((name, device))
         return model
 

@@ -34,7 +34,7 @@ def grace_hopper() -> Path:
 def with_dinov2(dinov2, monkeypatch):
     loads = []
 
-    def load(name, device, quiet):
+    def load(name, device, quiet, dtype="float32"):
         loads.append(name)
         return dinov2
 

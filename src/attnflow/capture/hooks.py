@@ -22,6 +22,15 @@ class StopForward(Exception):
     the rest of the forward pass (last output projection, feed-forward, pooler, head) is skipped."""
 
 
+class MissingWeights(CaptureError):
+    """An attention module returned no weights (some families compute them only when the forward
+    pass is called with ``output_attentions=True``)."""
+
+
+# Head fusions a recording can apply inside its hook, layer by layer (`record_stack`'s ``fuse_heads``).
+HOOK_FUSIONS = ("mean",)
+
+
 def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
     """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
     regex = re.compile(pattern)
@@ -51,7 +60,8 @@ class StackRecording:
     """What one forward pass left in the hooks of one stack (one entry per layer, by name)."""
 
     layer_names: list[str]
-    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, head, query, key]
+    # name -> [batch, head, query, key] ([batch, 1, query, key] float32 when the heads are fused in the hook)
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
     head_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [batch, token, head * d_head]
 
     def layer_weights(self) -> list[torch.Tensor]:
@@ -82,7 +92,12 @@ class StackRecording:
 
 @contextmanager
 def record_stack(
-    model: nn.Module, stack: Stack, *, head_outputs: bool = True, stop_after_last_layer: bool = False
+    model: nn.Module,
+    stack: Stack,
+    *,
+    head_outputs: bool = True,
+    stop_after_last_layer: bool = False,
+    fuse_heads: str | None = None,
 ) -> Iterator[StackRecording]:
     """Record attention weights (the attention modules' outputs) and head outputs (the output
     projections' inputs) of every layer of ``stack`` during the forward passes run inside the block.
@@ -90,7 +105,13 @@ def record_stack(
 
     ``stop_after_last_layer``: once the last layer is recorded, raise `StopForward` so that the
     caller skips the rest of the forward pass (it must catch it; the model's outputs are lost).
+    ``fuse_heads`` (``"mean"``, `HOOK_FUSIONS`): keep, per layer, only the heads' mean ``[batch, 1,
+    query, key]`` in float32, computed inside the hook: the layer's ``[batch, head, query, key]``
+    weights are then free once the layer is done (unless the forward pass keeps them itself: call
+    it without ``output_attentions`` where the family returns its weights anyway).
     """
+    if fuse_heads is not None and fuse_heads not in HOOK_FUSIONS:
+        raise CaptureError(f"heads can be fused in the hook by {', '.join(HOOK_FUSIONS)}, not {fuse_heads!r}")
     attention_layers = find_layers(model, stack.attention)
     if not attention_layers:
         raise CaptureError(
@@ -107,7 +128,7 @@ def record_stack(
     hooked: list[tuple[HookPoint, Callable]] = [
         (
             HookPoint(module, "output", index=stack.weights_index, name=name),
-            _weights_hook(recording, name, stop, type(module).__name__),
+            _weights_hook(recording, name, stop, type(module).__name__, fuse_heads),
         )
         for name, module in attention_layers
     ]
@@ -138,14 +159,16 @@ def _stop_when_complete(recording: StackRecording, last: str, head_outputs: bool
     return stop
 
 
-def _weights_hook(recording: StackRecording, name: str, stop: Callable[[], None], module_type: str) -> Callable:
+def _weights_hook(
+    recording: StackRecording, name: str, stop: Callable[[], None], module_type: str, fuse_heads: str | None = None
+) -> Callable:
     def hook(weights: Any) -> None:
         if weights is None or not torch.is_tensor(weights) or weights.dim() != 4:
-            raise CaptureError(
+            raise MissingWeights(
                 f"{module_type} at {name} returned no attention weights; attnflow needs "
                 "eager attention (attn_implementation='eager') and a model that returns its weights"
             )
-        recording.weights[name] = weights
+        recording.weights[name] = weights if fuse_heads is None else head_mean(weights.detach())
         stop()
 
     return hook
@@ -157,6 +180,27 @@ def _input_hook(recording: StackRecording, name: str, stop: Callable[[], None]) 
         stop()
 
     return hook
+
+
+def head_mean(weights: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, query, key]`` softmax weights -> the heads' mean ``[batch, 1, query, key]``,
+    accumulated in float32 without a float32 copy of every head; a 16-bit model's rows are divided
+    by their sums (`float_weights`), so that they sum to 1."""
+    fused = weights.mean(dim=1, keepdim=True, dtype=torch.float32)
+    if weights.dtype == torch.float32:
+        return fused
+    return fused / fused.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def float_weights(weights: torch.Tensor) -> torch.Tensor:
+    """Softmax weights ``[..., query, key]`` in float32. A 16-bit model's rows (each weight rounded
+    to 8 or 11 significant bits) sum to 1 only within a few 0.1 % (bfloat16): they are divided by
+    their float32 sums, so every captured row sums to 1 as the methods expect; float32 weights are
+    returned as they are."""
+    if weights.dtype == torch.float32:
+        return weights
+    wide = weights.detach().float()
+    return wide / wide.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 @contextmanager

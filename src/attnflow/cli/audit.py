@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.common import RUNS_NOTE, add_run_arguments
+from attnflow.cli.common import RUNS_NOTE, add_loading_arguments, add_run_arguments
 
 EPILOG = """\
 examples:
@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
     run.add_argument("--batch-size", type=int, default=16, metavar="N", help="texts per traced pass (default: 16)")
     add_run_arguments(run, checkpoint_every=10)
-    run.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    add_loading_arguments(run, devices=None, device_help="cpu, cuda or auto (default)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
 
@@ -107,6 +107,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         workers=args.workers,
         ray_address=args.ray_address,
         device=args.device,
+        dtype=args.dtype,
         quiet=args.quiet,
     )
     results = run_audit(options, args.out, resume=args.resume, overwrite=args.overwrite)

@@ -115,15 +115,41 @@ def given_method_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_loading_arguments(
+    group: argparse._ActionsContainer,
+    *,
+    devices: tuple[str, ...] | None = DEVICES,
+    device_help: str = "auto: a GPU when present (default: auto)",
+) -> None:
+    """--device and --dtype: where and in what precision the model runs (every command that loads
+    one takes both, from here). ``devices=None``: any torch device name (mps, cuda:1, ...)."""
+    group.add_argument("--device", choices=devices, default="auto", help=device_help)
+    add_dtype_argument(group)
+
+
+def add_dtype_argument(group: argparse._ActionsContainer) -> None:
+    """--dtype: the precision the models load and run in (`attnflow.load`'s ``dtype``)."""
+    from attnflow.capture.loading import DEFAULT_DTYPE, DTYPES
+
+    group.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=DEFAULT_DTYPE,
+        help="the precision of the weights and passes (default: float32); bfloat16/float16 halve the memory, and "
+        "methods whose maps are untrustworthy in 16 bits warn (docs/precision.md)",
+    )
+
+
 def add_text_options(parser: argparse.ArgumentParser, row_help: str, out: str) -> None:
-    """--row, --max-length, --device, --out and --quiet (shared by explore and compare)."""
+    """--row, --max-length, --device, --dtype, --out and --quiet (shared by explore and compare)."""
     parser.add_argument("--row", type=parse_row, metavar="cls|mean|last|N", help=row_help)
     parser.add_argument(
         "--max-length", "--max-tokens", type=positive_int, metavar="N", help="truncate the text to N tokens"
     )
-    parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
-    )
+    add_loading_arguments(parser)
     parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or report lines")
     parser.add_argument(
@@ -145,12 +171,12 @@ def target_of(args: argparse.Namespace) -> Any:
     return as_target(label, text=getattr(args, "target_text", None), contrast=getattr(args, "contrast", None))
 
 
-def load_model(name: str, device: str, quiet: bool) -> Any:
+def load_model(name: str, device: str, quiet: bool, dtype: str = "float32") -> Any:
     """`attnflow.load` with transformers' own logging silenced under ``--quiet``."""
     quiet_loading(quiet)
     from attnflow.model import load
 
-    return load(name, device=device, progress=not quiet)
+    return load(name, device=device, progress=not quiet, dtype=dtype)
 
 
 def quiet_loading(quiet: bool) -> None:

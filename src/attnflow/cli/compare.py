@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     models = []
     for name in args.model:
         say(f"loading {name} …")
-        models.append(load_model(name, args.device, args.quiet))
+        models.append(load_model(name, args.device, args.quiet, args.dtype))
     comparison = compare(
         models[0],
         models[1],

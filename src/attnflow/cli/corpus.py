@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnflow.cli.common import RUNS_NOTE, add_run_arguments
+from attnflow.cli.common import RUNS_NOTE, add_loading_arguments, add_run_arguments
 
 CORPUS_EPILOG = """\
 examples:
@@ -120,9 +120,7 @@ def _add_running_arguments(running: argparse._ArgumentGroup) -> None:
         "--batch-size", type=int, default=16, metavar="B", help="windows per forward pass (default: 16)"
     )
     add_run_arguments(running, checkpoint_every=20)
-    running.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default)"
-    )
+    add_loading_arguments(running, device_help="auto: a GPU when present (default)")
     running.add_argument("--quiet", action="store_true", help="no progress bar")
     running.add_argument("--json", action="store_true", help="print the summary's layer table as JSON on stdout")
 
@@ -159,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             text_field=args.text_field, text_column=args.text_column, txt_docs=args.txt_docs, skip_bad=args.skip_bad
         ),
         device=args.device,
+        dtype=args.dtype,
         engine=args.engine,
         workers=args.workers,
         ray_address=args.ray_address,

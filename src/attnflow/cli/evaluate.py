@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.common import RUNS_NOTE, add_run_arguments, engine_options
+from attnflow.cli.common import RUNS_NOTE, add_loading_arguments, add_run_arguments, engine_options
 from attnflow.datasets import DEFAULT_WINDOW
 from attnflow.evaluate.bounds import BEAM_WIDTH, BOUND_SEARCHES, EXACT_LIMIT
 from attnflow.evaluate.metrics import BINS
@@ -144,7 +144,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The output folder, the run engine's options (resume, engines), the device and the progress bar."""
     parser.add_argument("--out", required=True, type=Path, help="output folder")
     add_run_arguments(parser)
-    parser.add_argument("--device", default="auto", help="cpu, cuda, mps or auto (default)")
+    add_loading_arguments(parser, devices=None, device_help="cpu, cuda, mps or auto (default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -179,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         label_column=args.label_column,
         window=args.window,
         engine=engine_options(args),
+        dtype=args.dtype,
     )
     print(
         f"{len(results['methods'])} methods on {results['run']['samples']} samples: {args.out / 'results.md'}, "

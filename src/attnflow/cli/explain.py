@@ -19,6 +19,7 @@ from attnflow.cli.common import (
     DEFAULT_MODEL,
     RUNS_NOTE,
     Progress,
+    add_loading_arguments,
     add_method_options,
     add_run_arguments,
     given_method_options,
@@ -157,9 +158,7 @@ def _add_source_arguments(source: argparse._ArgumentGroup) -> None:
         metavar="N",
         help="truncate the text to N tokens (default: the model's maximum)",
     )
-    source.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
-    )
+    add_loading_arguments(source)
 
 
 def _add_method_arguments(method: argparse._ArgumentGroup) -> None:
@@ -246,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
+    model = load_model(args.model, args.device, args.quiet, args.dtype)
     plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
     trace = _trace(model, list(plan.per_method), args, say)
     faithfulness = args.faithfulness is not False

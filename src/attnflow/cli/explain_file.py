@@ -86,9 +86,9 @@ CHECKPOINT = "checkpoint.json"
 CHECKPOINT_FORMAT = 1
 
 
-def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], say: Callable[[str], None]) -> int:
+def run_file(args: argparse.Namespace, load: Callable[..., Any], say: Callable[[str], None]) -> int:
     """The --file variant of `attnflow explain` (see the module docstring): ``load(model, device,
-    quiet)`` loads the model, ``say`` reports progress. Without --method: auto where the model has a
+    quiet, dtype)`` loads the model, ``say`` reports progress. Without --method: auto where the model has a
     target (each text gets the most comprehensive one-pass target method on it), rollout otherwise."""
     from attnflow.cli.common import engine_options, given_method_options
     from attnflow.cli.outputs import output_folder, owned
@@ -103,6 +103,7 @@ def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], sa
     engine = engine_options(args)
     fields = {
         "model": args.model,
+        "dtype": args.dtype,
         "texts": digest(texts),
         "method": args.method,
         "method_options": given_method_options(args),
@@ -115,7 +116,7 @@ def run_file(args: argparse.Namespace, load: Callable[[str, str, bool], Any], sa
     ) if out is not None else None  # fmt: skip
     with folder or nullcontext():
         say(f"loading {args.model} …")
-        model = load(args.model, engine.driver_device, args.quiet)
+        model = load(args.model, engine.driver_device, args.quiet, args.dtype)
         step = explain_step(model, args)
         written = Written(out, max(3, len(str(len(texts)))), args.json)
         job = Job(
@@ -185,6 +186,7 @@ def explain_step(model: ModelLike, args: argparse.Namespace) -> "ExplainStep":
     )
     return ExplainStep(
         model=args.model,
+        dtype=args.dtype,
         per_method=per_method,
         requested=list(requested),
         candidates=candidates,
@@ -205,6 +207,7 @@ class ExplainStep:
     comprehensive of its ``candidates`` on that text); one traced pass per batch."""
 
     model: str
+    dtype: str
     per_method: dict[str, dict[str, Any]]
     requested: list[str]
     candidates: list[str]
@@ -218,7 +221,7 @@ class ExplainStep:
     def load(self, device: str) -> ModelLike:
         from attnflow.model import load
 
-        return load(self.model, device=device)
+        return load(self.model, device=device, dtype=self.dtype)
 
     def empty(self, model: ModelLike) -> Rows:  # noqa: ARG002 - the Step protocol
         return Rows()

@@ -53,9 +53,9 @@ def wants_generation(args: argparse.Namespace) -> bool:
     return args.generate is not None or args.continuation is not None
 
 
-def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], Any], say: Callable[[str], None]) -> int:
+def run_generation(args: argparse.Namespace, load: Callable[..., Any], say: Callable[[str], None]) -> int:
     """The generation variant of `attnflow explain` (see the module docstring): ``load(model, device,
-    quiet)`` loads the model, ``say`` reports progress. Default method: auto, the one-pass target
+    quiet, dtype)`` loads the model, ``say`` reports progress. Default method: auto, the one-pass target
     method whose top sources' removal drops p(t_k) most over the steps (per-step faithfulness of
     every candidate is computed to choose it)."""
     from attnflow.cli.common import given_method_options
@@ -70,7 +70,7 @@ def run_generation(args: argparse.Namespace, load: Callable[[str, str, bool], An
     check_arguments(args)
     out = prepare_output(args)
     say(f"loading {args.model} …")
-    model = load(args.model, args.device, args.quiet)
+    model = load(args.model, args.device, args.quiet, args.dtype)
     plan = plan_generation(model, args.method, given_method_options(args))
     say("generating …" if args.generate is not None else "tokenizing the continuation …")
     sequence = prepare_continuation(model, args.text, max_new_tokens=args.generate, continuation=args.continuation)

@@ -160,4 +160,4 @@ def _checked_output_and_model(args: argparse.Namespace) -> tuple[Path, Any, Prog
     check_output(out, is_explorer_file, args.overwrite)
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
-    return out, load_model(args.model, args.device, args.quiet), say
+    return out, load_model(args.model, args.device, args.quiet, args.dtype), say

@@ -10,6 +10,7 @@ from typing import Any
 from attnflow.cli.common import (
     RUNS_NOTE,
     Progress,
+    add_loading_arguments,
     add_run_arguments,
     engine_options,
     load_model,
@@ -176,9 +177,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace an earlier run's files in --out (other files are kept)"
     )
     add_run_arguments(parser.add_argument_group("runs of a --file (docs/runs.md)"), overwrite=False, scope="--file: ")
-    parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
-    )
+    add_loading_arguments(parser)
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="no progress lines, bar or summary: only the paths written"
     )
@@ -214,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         _check_out(args)
         say = Progress(args.quiet)
         say(f"loading {args.model} …")
-        model = load_model(args.model, args.device, args.quiet)
+        model = load_model(args.model, args.device, args.quiet, args.dtype)
         paths = {"versus": run_versus, "edges": run_edges, "sweep": run_sweep}[mode](args, model, say)
     print(" ".join(str(path) for path in paths))
     return 0
@@ -363,7 +362,7 @@ def run_file(args: argparse.Namespace) -> list[Path]:
     quiet_loading(args.quiet)
     summary = patch_file(
         args.model, args.file, args.out, resume=args.resume, overwrite=args.overwrite, engine=engine_options(args),
-        owned=owned, **_sweep_options(args),
+        dtype=args.dtype, owned=owned, **_sweep_options(args),
     )  # fmt: skip
     if not args.quiet:
         for method, kinds in summary["correlations"].items():

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from attnflow.cli.common import Progress, load_model
+from attnflow.cli.common import Progress, add_loading_arguments, load_model
 from attnflow.errors import InputError
 
 EPILOG = """\
@@ -74,9 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print routes.json on stdout (the summary on stderr)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress or summary lines")
     parser.add_argument("--overwrite", action="store_true", help="replace a routes.json already in DIR")
-    parser.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: a GPU when present (default: auto)"
-    )
+    add_loading_arguments(parser)
     parser.set_defaults(handler=run, output_folder=lambda args: args.out)
 
 
@@ -94,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out, is_routes_file, args.overwrite)
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
-    model = load_model(args.model, args.device, args.quiet)
+    model = load_model(args.model, args.device, args.quiet, args.dtype)
     say("building the routes …")
     from attnflow.flow_routes.api import routes  # torch: after the checks
 

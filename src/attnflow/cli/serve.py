@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from attnflow.cli.common import DEFAULT_MODEL, positive_int
+from attnflow.cli.common import DEFAULT_MODEL, add_dtype_argument, positive_int
 from attnflow.errors import InputError
 
 GRACE_S = 2.0  # after the server has stopped: how long its threads may take to reach a check
@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-text", type=positive_int, default=5000, metavar="CHARS", help="longest text accepted (default: 5000)"
     )
     parser.add_argument("--preload", action="store_true", help="load the first model before accepting requests")
+    add_dtype_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -123,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         max_models=args.max_models,
         max_rss_mb=args.max_memory,
         allow_any_model=args.allow_any_model,
+        dtype=args.dtype,
     )
     app = create_app(pool, config)
     at_once = {number: signal.signal(number, _at_once) for number in (signal.SIGINT, signal.SIGTERM)}

@@ -67,7 +67,7 @@ def run_study(
         out: the output folder; one holding an earlier study is refused unless ``resume``
             (continue its checkpoint) or ``overwrite`` (delete attnflow's files there first).
         model: an already loaded `attnflow.AttentionModel` (local engine only); default:
-            ``attnflow.load(options.model, device=options.device)``.
+            ``attnflow.load(options.model, device=options.device, dtype=options.dtype)``.
 
     Raises:
         InputError: bad options, corpus or output folder; a checkpoint of another configuration.
@@ -85,7 +85,8 @@ def run_study(
         if model is None:
             from attnflow.model import load
 
-            model = load(options.model, device=engine.driver_device)  # Ray: replicas load their own copy
+            # Ray: replicas load their own copy
+            model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         if options.seq_len > model.max_length:
             raise InputError(
                 f"--seq-len {options.seq_len} exceeds the maximum of {options.model} ({model.max_length} tokens)"
@@ -133,6 +134,7 @@ def option_fields(options: StudyOptions, corpus: Corpus) -> dict[str, Any]:
     """The fields of the configuration known before the model loads (see `fingerprint_fields`)."""
     return {
         "model": options.model,
+        "dtype": options.dtype,
         "corpus": corpus.identity(),
         "seq_len": options.seq_len,
         "stride": options.stride,
@@ -184,6 +186,7 @@ def build_summary(
             "engine": options.engine,
             "workers": options.workers,
             "device": options.device,
+            "dtype": options.dtype,
         },
         "corpus": {
             **corpus.info(),

@@ -22,6 +22,7 @@ class StudyOptions:
     special tokens (disjoint windows). ``statistics``: what is counted (`StudyConfig`);
     ``reading``: how the corpus file is read (`ReadOptions`). ``workers``: torch threads for the
     local engine, model replicas (actors) for Ray. ``checkpoint_every``: batches between checkpoints.
+    ``dtype``: the model's precision (``float32``, ``bfloat16``, ``float16``; `attnflow.load`).
     """
 
     model: str = "minilm"
@@ -33,6 +34,7 @@ class StudyOptions:
     statistics: StudyConfig = field(default_factory=StudyConfig)
     reading: ReadOptions = field(default_factory=ReadOptions)
     device: str = "auto"
+    dtype: str = "float32"
     engine: str = "local"
     workers: int | None = None
     ray_address: str | None = None
@@ -78,7 +80,7 @@ class StudyStep:
     def load(self, device: str) -> Any:
         from attnflow.model import load
 
-        return load(self.options.model, device=device)
+        return load(self.options.model, device=device, dtype=self.options.dtype)
 
     def empty(self, model: ModelLike) -> StudyStats:
         return new_stats(model, self.options)

@@ -147,7 +147,7 @@ def run_audit(
         if model is None:
             from attnflow.model import load
 
-            model = load(options.model, device=engine.driver_device)
+            model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         label_names = check_model(model, options.method)
         data = load_data(options, model, label_names)
         finished = run(_job(options, model, data, label_names, pairs), folder, engine, context=with_scorer(model))
@@ -195,6 +195,7 @@ def _option_fields(options: AuditOptions, pairs: list) -> dict[str, Any]:
     """The fields of the configuration known before the model loads."""
     return {
         "model": options.model,
+        "dtype": options.dtype,
         "task": options.task,
         "file": None if options.file is None else str(Path(options.file).expanduser().resolve()),
         "text_column": options.text_column,

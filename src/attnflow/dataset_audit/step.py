@@ -28,7 +28,8 @@ class AuditOptions:
     path (``text_column``, ``label_column``); ``file``: unlabelled texts (.txt/.jsonl/.csv/.parquet);
     neither: the classifier's own task. ``samples``: examples drawn with ``seed`` (None: all).
     ``terms``/``swap``: a comma-separated list, a file, or a list (``swap`` pairs as ``a:b``).
-    ``workers``: torch threads (local) or model replicas (ray).
+    ``workers``: torch threads (local) or model replicas (ray). ``dtype``: the model's precision
+    (``float32``, ``bfloat16``, ``float16``; `attnflow.load`).
     """
 
     model: str = "minilm-sentiment"
@@ -48,6 +49,7 @@ class AuditOptions:
     workers: int | None = None
     ray_address: str | None = None
     device: str = "auto"
+    dtype: str = "float32"
     quiet: bool = False
 
 
@@ -75,7 +77,7 @@ class AuditStep:
     def load(self, device: str) -> tuple[ModelLike, Any]:
         from attnflow.model import load
 
-        return with_scorer(load(self.options.model, device=device))
+        return with_scorer(load(self.options.model, device=device, dtype=self.options.dtype))
 
     def empty(self, context: Any) -> AuditStats:  # noqa: ARG002 - the Step protocol
         return AuditStats(self.n_classes)

@@ -24,7 +24,7 @@ from attnflow.evaluate.benchmark import (
 )
 from attnflow.evaluate.report import BARS_PNG, CURVES_PNG, RESULTS_HTML, RESULTS_MD
 from attnflow.evaluate.scorer import check_classifier
-from attnflow.model_like import ModelLike
+from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder
 from attnflow.runs.engine import EngineOptions
 from attnflow.staging import atomic_file
@@ -243,6 +243,7 @@ def evaluate(
     window: int = DEFAULT_WINDOW,
     *,
     engine: EngineOptions | None = None,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Run the benchmark and write ``results.json``, ``results.md``, figures and ``results.html``.
 
@@ -260,6 +261,8 @@ def evaluate(
     default, or Ray actors, and the device a model named by ``model`` loads on). ``out`` holding an
     earlier run: ``resume`` continues it (the same run only: a changed option is refused, naming it,
     before the model loads), ``overwrite`` deletes its results first; neither raises InputError.
+    ``dtype``: the precision a model named by ``model`` loads in (`attnflow.load`; a loaded model
+    keeps its own).
     """
     from attnflow.evaluate.report import write_report
     from attnflow.model import load
@@ -268,6 +271,7 @@ def evaluate(
     engine = engine or EngineOptions(quiet=not progress)
     config = {
         "model": model if isinstance(model, str) else model.name,
+        "dtype": dtype if isinstance(model, str) else model_dtype(model),
         "task": task,
         "methods": methods if isinstance(methods, str) else list(methods),
         "samples": samples,
@@ -280,7 +284,7 @@ def evaluate(
         resume=resume, overwrite=overwrite, fields=config,
     ) as folder:  # fmt: skip
         if isinstance(model, str):
-            model = load(model, device=engine.driver_device)
+            model = load(model, device=engine.driver_device, dtype=dtype)
         method_names = resolve_methods(methods, getattr(model, "adapter", None), model.target_kind)
         keys = None
         if task in NEXT_TOKEN_TASKS:

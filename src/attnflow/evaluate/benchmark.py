@@ -39,7 +39,7 @@ from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
 from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, randomisation_stages, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
-from attnflow.model_like import ModelLike
+from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
@@ -355,11 +355,12 @@ class BenchmarkStep:
     model: str
     options: BenchmarkOptions
     attribute_fn: Callable[..., list[np.ndarray]] = attribute
+    dtype: str = "float32"
 
     def load(self, device: str) -> BenchmarkContext:
         from attnflow.model import load
 
-        return BenchmarkContext(load(self.model, device=device))
+        return BenchmarkContext(load(self.model, device=device, dtype=self.dtype))
 
     def empty(self, context: BenchmarkContext) -> Rows:  # noqa: ARG002 - the Step protocol
         return Rows()
@@ -529,7 +530,7 @@ def run_benchmark(
                 "method_order": ordered,
                 "examples": digest([list(texts), np.asarray(labels).tolist()]),
             },
-            step=BenchmarkStep(model.name, options, attribute_fn),
+            step=BenchmarkStep(model.name, options, attribute_fn, model_dtype(model)),
             result=Rows(),
             batches=lambda start: _units_from(units, start),
             label=Unit.describe,

@@ -21,7 +21,14 @@ from torch import nn
 
 from attnflow.capture import hook_points
 from attnflow.capture.hook_points import HookPoint
-from attnflow.capture.hooks import StopForward, find_layers, record_stack, record_tensors, stack_recorded
+from attnflow.capture.hooks import (
+    StopForward,
+    find_layers,
+    float_weights,
+    record_stack,
+    record_tensors,
+    stack_recorded,
+)
 from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
@@ -183,7 +190,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     return Recording(
         inputs=torch.cat([first, stack_recorded(outputs["blocks"], located["blocks"])[0]]).float(),
         mids=stack_recorded(mids, located["mids"])[0].float(),
-        attentions=attention.stacked_weights()[0].float(),
+        attentions=float_weights(attention.stacked_weights()[0]),
         values=values.reshape(*values.shape[:2], -1, model.d_head).float(),
         attention_outputs=stack_recorded(outputs["attention_outputs"], located["attention_outputs"])[0].float(),
         ffn_outputs=stack_recorded(outputs["ffn_outputs"], located["ffn_outputs"])[0].float(),

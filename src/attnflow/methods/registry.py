@@ -19,6 +19,9 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
   `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
 - ``baseline``: the scores are a reference every method must beat (``random``), not an explanation:
   the summary sentence says so;
+- ``low_precision`` (optional): why the method's maps cannot be trusted when the model runs in 16
+  bits (``attnflow.load(name, dtype="bfloat16")``, ``--dtype``), measured against float32
+  (docs/precision.md); an explanation of such a model by such a method warns and keeps the note;
 - ``batch`` (optional, ``takes="model"`` and ``scores_only`` methods): the same method over
   several traces at once, ``batch(model, traces, **options)`` → per trace its ``scores [key]`` or
   a `attnflow.methods.extras.Scored` (scores and extras, as the single form may return), for
@@ -109,6 +112,7 @@ class MethodSpec:
     cost: Cost = "one_pass"
     batch: Callable[..., Sequence[Any]] | None = None
     baseline: bool = False
+    low_precision: str = ""  # why its maps are untrustworthy in bfloat16/float16 ("": they agree with float32)
 
     @property
     def uses_target(self) -> bool:
@@ -176,6 +180,7 @@ def register(
     cost: Cost = "one_pass",
     batch: Callable[..., Sequence[Any]] | None = None,
     baseline: bool = False,
+    low_precision: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: declare ``function`` as the method ``name`` (fields: `MethodSpec`).
 
@@ -233,6 +238,7 @@ def register(
             cost=cost,
             batch=batch,
             baseline=baseline,
+            low_precision=low_precision,
         )
         return function
 

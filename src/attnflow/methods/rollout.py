@@ -93,13 +93,14 @@ def rollout(
     layers = np.moveaxis(layers, layer_axis, 0)  # [layer, (batch,) (head,) q, k]
     n = layers.shape[-1]
     joint = np.broadcast_to(np.eye(n), layers.shape[1:]).copy()
-    history = []
+    history = []  # kept only when asked for: at 2,048 tokens each R is 32 MiB a layer
     for layer in layers[start_layer:]:
         joint = layer @ joint  # R⁽ˡ⁾ = Ã⁽ˡ⁾ R⁽ˡ⁻¹⁾
-        history.append(joint)
+        if layerwise:
+            history.append(joint)
     if aggregate_heads and fusion == "none":
         history = [h.mean(axis=-3) for h in history]
-        joint = history[-1]
+        joint = joint.mean(axis=-3)
     if layerwise:
         stacked = np.stack(history)  # [layer, (batch,) ..., q, k]
         return np.moveaxis(stacked, 0, 1) if batched else stacked

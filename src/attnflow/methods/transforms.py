@@ -128,7 +128,9 @@ def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndar
     identity = np.eye(n, dtype=attentions.dtype)
     if isinstance(residual, str):
         if residual == "half":
-            return 0.5 * (attentions + identity)
+            mixed = attentions + identity
+            mixed *= 0.5  # in place: one temporary of the maps' size, not two
+            return mixed
         if residual == "renorm":
             mixed = attentions + identity
             return normalise_rows(mixed)
@@ -140,7 +142,9 @@ def add_residual(attentions: np.ndarray, residual: Residual = "half") -> np.ndar
     alpha = float(residual)
     if not 0.0 <= alpha <= 1.0:
         raise InputError(f"residual weight alpha must lie in [0, 1], got {alpha}")
-    return alpha * attentions + (1.0 - alpha) * identity
+    mixed = alpha * attentions
+    mixed += (1.0 - alpha) * identity
+    return mixed
 
 
 def prune_rows(
@@ -250,7 +254,9 @@ def prepare_layers(
         raise InputError(f"prune_on must be one of {', '.join(PRUNE_PLACES)}, got {prune_on!r}")
     check_pruning(threshold=threshold, top_k=top_k, discard_ratio=discard_ratio)
     array = validate_attentions(attentions, row_stochastic=row_stochastic and residual != "renorm")
+    batched = array.ndim == 5
     fused = fuse_heads(array, head_fusion)
+    del array  # the float64 copy of every head: not held beside the fused maps (long inputs)
     pruning: dict[str, Any] = {"threshold": threshold, "top_k": top_k, "discard_ratio": discard_ratio}
     if all(value is None for value in pruning.values()):
         return add_residual(fused, residual)
@@ -259,7 +265,7 @@ def prepare_layers(
     else:
         layers = prune_rows(add_residual(fused, residual), **pruning)
     heads_kept = isinstance(head_fusion, str) and head_fusion == "none"
-    collapsed = diagonal_only_layers(layers, batched=array.ndim == 5, heads_kept=heads_kept)
+    collapsed = diagonal_only_layers(layers, batched=batched, heads_kept=heads_kept)
     if layers.shape[-1] > 1 and collapsed.any():
         chosen = ", ".join(f"{name}={value}" for name, value in pruning.items() if value is not None)
         warnings.warn(

@@ -38,6 +38,11 @@ from attnflow.staging import atomic_file, check_writable, folder_lock, is_scratc
 _STATE_PREFIX = "state/"
 
 
+# Configuration fields added after checkpoints were first written, with the value every run had
+# before: a checkpoint without one was written under it (``dtype``: models ran in float32).
+ADDED_FIELDS: dict[str, Any] = {"dtype": "float32"}
+
+
 class RunFolder:
     """The output folder of one run and its checkpoint (see the module doc).
 
@@ -129,7 +134,7 @@ class RunFolder:
         nothing to check for a new run."""
         if self.saved is None:
             return
-        before = _leaves(self.saved["fields"])
+        before = _leaves({**ADDED_FIELDS, **self.saved["fields"]})
         now = _leaves(json.loads(json.dumps({key: fields[key] for key in fields})))  # tuples as lists
         before = {key: value for key, value in before.items() if key.split(".")[0] in fields}
         changes = [

@@ -18,6 +18,7 @@ integrated gradients), and releases its model.
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -136,6 +137,7 @@ class ModelPool:
         known: the other names that may be asked for, with ``allow_any_model`` (default: the
             embedded aliases, `attnflow.capture.loading`).
         allow_any_model: also load the ``known`` names that are not offered (``--allow-any-model``).
+        dtype: the precision the default loader loads every model in (``--dtype``; `attnflow.load`).
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class ModelPool:
         loader: Callable[[str], Any] | None = None,
         known: Sequence[str] | None = None,
         allow_any_model: bool = False,
+        dtype: str = "float32",
     ) -> None:
         if not models:
             raise ValueError("a model pool needs at least one model")
@@ -162,7 +165,7 @@ class ModelPool:
         self.allow_path = Path(allow_path).expanduser().resolve() if allow_path is not None else None
         self.max_models = max_models
         self.max_rss_mb = max_rss_mb
-        self._loader = loader or _load
+        self._loader = loader or functools.partial(_load, dtype=dtype)
         self._guard = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
@@ -300,7 +303,7 @@ def resident_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def _load(name: str) -> Any:
+def _load(name: str, dtype: str = "float32") -> Any:
     from attnflow.model import load
 
-    return load(name, progress=False)
+    return load(name, progress=False, dtype=dtype)

@@ -74,7 +74,7 @@ from attnflow.trace import CAPABILITIES, Trace
 if TYPE_CHECKING:
     from attnflow.capture.hook_points import HookPoint
 
-NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely
+NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely (float32)
 
 # The module kinds a rule can be keyed by, in the order their rules apply to one module's output
 # (a module's bias is read between the value-replacing rules and the scaling ones).
@@ -593,11 +593,12 @@ def _constant_scale_norm(module: Any, x: Any, output: Any, form: str, rms_offset
     eps = getattr(module, "variance_epsilon", None) if eps is None else eps
     weight: Any = getattr(module, "weight", None)
     bias: Any = getattr(module, "bias", None)
-    if form == "layer":
-        centred = x - x.mean(dim=-1, keepdim=True)
+    if form == "layer":  # in float32 at least, as the module computes it; rounded to x's precision
+        wide = x.float()
+        centred = wide - wide.mean(dim=-1, keepdim=True)
         normed = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
-        recomputed = normed if weight is None else normed * weight
-        recomputed = recomputed if bias is None else recomputed + bias
+        normed = normed if weight is None else normed * weight.float()
+        recomputed = (normed if bias is None else normed + bias.float()).to(x.dtype)
     else:  # RMS: x / sqrt(mean(x²) + eps) · (rms_offset + w)
         if weight is None:
             raise CaptureError(f"{type(module).__name__} has no weight: not the RMS norm its adapter row declares")
@@ -607,7 +608,9 @@ def _constant_scale_norm(module: Any, x: Any, output: Any, form: str, rms_offset
             recomputed = weight * normed.to(x.dtype)
         else:
             recomputed = (normed * (rms_offset + weight.float())).to(x.dtype)
-    if not torch.allclose(recomputed, output, rtol=NORM_CHECK_TOLERANCE, atol=NORM_CHECK_TOLERANCE):
+    # a 16-bit model's norm output is rounded to its precision: two rounding steps apart at most
+    tolerance = max(NORM_CHECK_TOLERANCE, 2 * torch.finfo(output.dtype).eps)
+    if not torch.allclose(recomputed, output, rtol=tolerance, atol=tolerance):
         raise CaptureError(
             f"{type(module).__name__} is not the {form} norm its adapter row declares: the backward rules cannot "
             "linearise it (check the row with attnflow.capture.check_adapter)"

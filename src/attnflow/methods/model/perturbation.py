@@ -254,6 +254,8 @@ def shap(
     requires=GRADIENTS,
     scores_only=True,
     cost="expensive",
+    low_precision="its path integral sums a gradient per step, each taken on interpolated embeddings rounded to "
+    "16 bits, and drifts furthest of all methods from float32's map (smollm2: Spearman 0.87, top-5 overlap 0.75)",
 )
 def integrated_gradients(
     model: ModelLike, trace: Trace, n_steps: int = 32, internal_batch_size: int = 16, signed: bool = False
