@@ -154,9 +154,11 @@ class ModelLike(Protocol):
         max_length: int | None = None,
         target_text: str | None = None,
         contrast: int | str | None = None,
+        fuse_heads: str | None = None,
     ) -> list[Trace]:
         """Traces with what all of ``methods`` need, in one pass (none when every method re-runs the
-        model: the traces then hold the tokens and the target to resolve)."""
+        model: the traces then hold the tokens and the target to resolve); ``fuse_heads="mean"``:
+        only each layer's head mean (the memory-lean capture of `attnflow.model.AttentionModel.trace`)."""
         ...
 
     def trace_image_for(self, methods: Sequence[str], image: Any) -> Trace:

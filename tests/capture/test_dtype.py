@@ -93,10 +93,8 @@ def test_declared_flags_warn(tiny_classifier_path):
 
 
 def test_cli_dtype(tiny_model_path, capsys, flagged_method):
-    code = main(
-        ["explain", TEXT, "--model", str(tiny_model_path("bert")), "--method", flagged_method, "--dtype", "bfloat16"]
-        + ["--json", "--quiet"]
-    )
+    model = str(tiny_model_path("bert"))
+    code = main(["explain", TEXT, "--model", model, "--method", flagged_method, "--dtype", "bfloat16", "--json", "-q"])
     assert code == 0
     payload = json.loads(capsys.readouterr().out)
     assert any("loaded in bfloat16" in note for note in payload["notes"])
@@ -108,7 +106,7 @@ def test_resume_in_another_precision_is_refused(tmp_path):
     from attnflow.errors import InputError
     from attnflow.runs.checkpoint import RunFolder
 
-    folder = RunFolder(tmp_path, kind="test", checkpoint="checkpoint.json", owned=lambda name: False, state_format=1)
+    folder = RunFolder(tmp_path, kind="test", checkpoint="checkpoint.json", owned=lambda _: False, state_format=1)
     folder.saved = {"fields": {"model": "m"}}  # written before --dtype existed: float32
     folder.check({"model": "m", "dtype": "float32"})
     with pytest.raises(InputError, match='dtype: "float32" then, "bfloat16" now'):

@@ -10,8 +10,8 @@ import pytest
 
 import attnflow
 from attnflow.errors import CaptureError
-from attnflow.model import reads_head_mean
 from attnflow.methods.registry import get_method
+from attnflow.model import reads_head_mean
 
 TEXTS = ["the movie was terrible but the acting was great", "a cat sat on the mat"]
 
@@ -73,3 +73,25 @@ def test_no_gradients_through_fused_heads(tiny_classifier_path):
     model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
     with pytest.raises(CaptureError, match="need every head"):
         model.trace(TEXTS[0], needs=("attention_grads",), fuse_heads="mean")
+
+
+def test_cli_explain_uses_the_lean_capture_unless_the_trace_is_saved(tiny_model_path, monkeypatch, tmp_path, capsys):
+    """`attnflow explain --method rollout,raw` captures head means; with --save-trace, every head."""
+    from attnflow.cli import main
+    from attnflow.model import AttentionModel
+
+    asked = []
+    trace_for = AttentionModel.trace_for
+
+    def spy(self, *args, **kwargs):
+        asked.append(kwargs.get("fuse_heads"))
+        return trace_for(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionModel, "trace_for", spy)
+    model = str(tiny_model_path("llama"))
+    assert main(["explain", TEXTS[0], "--model", model, "--method", "rollout,raw", "--json", "--quiet"]) == 0
+    assert asked[-1] == "mean"
+    saving = ["--save-trace", "--out", str(tmp_path / "out")]
+    assert main(["explain", TEXTS[0], "--model", model, "--method", "rollout", *saving]) == 0
+    assert asked[-1] is None  # a saved trace keeps every head
+    capsys.readouterr()

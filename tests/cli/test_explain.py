@@ -50,7 +50,9 @@ class FakeModel:
         self.calls.append(("trace", tuple(texts), max_length))
         return [self._trace(["[CLS]", *text.split()[: (max_length or 512) - 2], "[SEP]"], text=text) for text in texts]
 
-    def trace_for(self, methods, texts, target=None, target_text=None, contrast=None, max_length=None, batch_size=8):
+    def trace_for(
+        self, methods, texts, target=None, target_text=None, contrast=None, max_length=None, batch_size=8, fuse_heads=None
+    ):
         return self.trace(texts, max_length=max_length, batch_size=batch_size)
 
     def trace_image_for(self, methods, path):

@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet, args.dtype)
     plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
-    trace = _trace(model, list(plan.per_method), args, say)
+    trace = _trace(model, plan.per_method, args, say)
     faithfulness = args.faithfulness is not False
     explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"), faithfulness)
 
@@ -290,13 +290,24 @@ def _check_input(args: argparse.Namespace) -> None:
         options_per_method(with_candidates(args.method, None), given_method_options(args))
 
 
-def _trace(model: ModelLike, methods: list[str], args: argparse.Namespace, say: Progress) -> Trace:
-    """The trace of the image or the text, holding what ``methods`` need (with the target the options name)."""
+def _trace(model: ModelLike, per_method: dict[str, dict[str, Any]], args: argparse.Namespace, say: Progress) -> Trace:
+    """The trace of the image or the text, holding what the methods need (with the target the options
+    name); only each layer's head mean when every method reads nothing else and no --save-trace keeps
+    the trace (the memory-lean capture: `attnflow.model.reads_head_mean`)."""
+    from attnflow.methods.registry import get_method
+    from attnflow.model import reads_head_mean
+
+    methods = list(per_method)
     if args.image is not None:
         say(f"tracing {args.image} …")
         return model.trace_image_for(methods, args.image)
     say("tracing …")
-    return model.trace_for(methods, [args.text], target=target_of(args), max_length=args.max_length)[0]
+    lean = model.kind in ("encoder", "decoder") and not args.save_trace
+    lean = lean and all(reads_head_mean(get_method(name), options) for name, options in per_method.items())
+    fuse_heads = "mean" if lean else None
+    return model.trace_for(
+        methods, [args.text], target=target_of(args), max_length=args.max_length, fuse_heads=fuse_heads
+    )[0]
 
 
 def _print_summary(trace: Trace, explanations: list[Explanation]) -> None:
