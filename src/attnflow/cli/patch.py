@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(3x the std of the embeddings) on the embeddings of chosen words (--noise, seeded, --samples "
             "draws averaged). The metric: a classifier's class logit, a causal LM's log p(next token), or "
             "with --contrast the logit difference target - contrast. The approximations (atp, atp*, "
-            "relp) come with their Pearson and Spearman correlation with exact patching. Writes "
+            "relp, atp-ig) come with their Pearson and Spearman correlation with exact patching. Writes "
             "patch.json (every number) and patch.html (heatmaps) into --out."
         ),
         epilog=(
@@ -115,8 +115,8 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sites", metavar="KINDS", help=f"comma-separated site kinds (default: {default}). {kinds}")
     parser.add_argument(
         "--method",
-        help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward) "
-        f"(default: {DEFAULTS['method']})",
+        help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward), atp-ig (AtP with the "
+        f"gradient integrated along the path between the two runs) (default: {DEFAULTS['method']})",
     )
     parser.add_argument(
         "--direction",
