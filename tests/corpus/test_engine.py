@@ -133,6 +133,7 @@ class InterruptAfter:
         return self._model.capture_batch(*args, **kwargs)
 
 
+@pytest.mark.slow  # the engine's Ctrl-C: tests/runs/test_run_engine.py; this is the corpus study's own
 def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
     from attnflow.capture import load
 

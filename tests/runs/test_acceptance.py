@@ -137,6 +137,7 @@ def test_patch_file_refuses_its_own_files_and_a_checkpoint_it_cannot_read(llama,
     assert (cut / "checkpoint.json").read_bytes() == damaged
 
 
+@pytest.mark.slow  # it writes every text's figures three times; evaluate and patch --file run by default
 def test_explain_file_killed_and_resumed(llama, tmp_path, capsys):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")

@@ -71,8 +71,8 @@ def local_and_on_actors(llama: str, folder: Path, command: str) -> tuple[Any, An
 
 
 @pytest.mark.parametrize(
-    "command", [pytest.param("evaluate", marks=SLOW), "patch --file", pytest.param("explain --file", marks=SLOW)]
-)
+    "command", [pytest.param(command, marks=SLOW) for command in RUNS]
+)  # the default set's real Ray run: tests/corpus/test_ray_engine.py (the same engine, an actor killed)
 @pytest.mark.usefixtures("ray_runtime")
 def test_four_ray_actors_give_the_local_numbers(llama, tmp_path, command):
     assert_same_json(*local_and_on_actors(llama, tmp_path, command))
