@@ -41,6 +41,15 @@ class AttnflowError(Exception):
             message = message.replace("{" + name + "}", spelling(name))
         return message
 
+    def renamed(self, names: dict[str, str]) -> "AttnflowError":
+        """The same error (its class, its message) naming the parameters in ``names`` as their new
+        names: a function that reads its input through another one's (whose parameters are
+        named otherwise) says what its own caller passed."""
+        template = self.template
+        for old, new in names.items():
+            template = template.replace("{" + old + "}", "{" + new + "}")
+        return type(self)(template, parameter=[names.get(name, name) for name in self.parameters])
+
 
 class ModelLoadError(AttnflowError):
     """A model name, path or file could not be resolved or loaded."""
@@ -62,6 +71,11 @@ class InputError(AttnflowError, ValueError):
 
 class OutputError(AttnflowError):
     """An output folder could not be written (read-only file system, full disk, no permission)."""
+
+
+class OccupiedError(AttnflowError, FileExistsError):
+    """An output folder holds an earlier run's output, and ``overwrite`` was not given (a
+    FileExistsError too)."""
 
 
 class ExplanationWarning(UserWarning):

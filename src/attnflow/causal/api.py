@@ -554,10 +554,9 @@ def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: i
     return noise
 
 
-def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contrast: int | str | None = None) -> Any:
+def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None) -> Any:
     """The `Metric` for this model and the `attnflow.targets.Target` asked for (``target``: a Target,
-    or a class or token as `as_target` takes it; ``contrast``: the separate field of the command line
-    and the pairs file); default target: the clean input's prediction."""
+    or a class or token as `as_target` takes it); default target: the clean input's prediction."""
     import torch
 
     from attnflow.causal.patching import Metric
@@ -569,7 +568,7 @@ def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contras
             f"activation patching needs a classifier or a causal LM (a class or next-token metric); "
             f"{model.name} has {'no target' if kind is None else kind + ' targets'}"
         )
-    objective = as_target(target, contrast=contrast).objective(model)
+    objective = as_target(target).objective(model)
     chosen = objective.fixed_index
     if chosen is None:
         with torch.no_grad():
