@@ -83,6 +83,12 @@ class ExplanationWarning(UserWarning):
     `attnflow.explain` also keeps its message in the Explanation's notes, shown on the page."""
 
 
+class PatchingWarning(UserWarning):
+    """A patching run whose metric does not read as what the clean text predicts: the clean text
+    prefers the contrast, or the corruption does not lower the metric (`attnflow.patch` runs on, and
+    says so in one line)."""
+
+
 def spell(error: BaseException, spelling: Callable[[str], str]) -> str:
     """One line for ``error``: an `AttnflowError`'s parameters in a front end's ``spelling``, any
     other exception as it is."""

@@ -90,7 +90,7 @@ class EdgeGraph:
         target: Target | int | str | None = None,
         contrast: int | str | None = None,
     ) -> None:
-        from attnflow.causal.api import _token_ids, resolve_metric
+        from attnflow.causal.api import _token_ids, resolve_metric, warn_if_unreadable
         from attnflow.causal.patching import PatchRunner
 
         self.model = model
@@ -119,6 +119,7 @@ class EdgeGraph:
         self.difference = float(self.clean_metric) - float(self.corrupt_metric)
         if abs(self.difference) < 1e-6:
             raise InputError("the corruption does not change the metric: nothing to attribute to edges")
+        warn_if_unreadable(self.runner.metric, float(self.clean_metric), float(self.corrupt_metric))
 
     def _valid_edges(self) -> np.ndarray:
         """``[upstream, downstream]``: whether u is computed before v reads the stream."""
