@@ -250,7 +250,7 @@ def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale
     run(["random", "raw"])
     assert {p.name for p in (out / "methods").iterdir()} == {"random.json", "raw.json"}
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    with pytest.raises(InputError, match="holds an earlier run .*--overwrite"):
+    with pytest.raises(InputError, match="holds an earlier run .*or overwrite to start again"):
         run(["random"])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     with pytest.raises(InputError, match="not both"):

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 import attnflow
+from attnflow.targets import Target
 
 TEXT = "The capital of France is"
 
 
 def test_the_capital_of_france(smollm2, tmp_path):
-    routes = attnflow.routes(smollm2, TEXT, target=" Paris", contrast=" Rome")
+    routes = attnflow.routes(smollm2, TEXT, target=Target(" Paris", contrast=" Rome"))
     graph, n_tokens = routes.graph, len(routes.tokens)
     assert graph.heads.shape == (30, 9, n_tokens, n_tokens)
     np.testing.assert_allclose(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from attnflow.cli.common import (
+    BATCH_SIZE,
     RUNS_NOTE,
     Progress,
     add_run_arguments,
@@ -15,6 +16,7 @@ from attnflow.cli.common import (
     load_model,
     positive_int,
     quiet_loading,
+    target_of,
 )
 from attnflow.errors import InputError
 
@@ -88,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_sweep_arguments(parser)
     _add_run_arguments(parser)
     _add_other_analyses(parser)
-    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out, parameter_flags=BATCH_SIZE)
 
 
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -380,9 +382,7 @@ def run_sweep(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]
 
     options = _sweep_options(args)
     say(f"patching with {', '.join(options['methods'])} …")
-    result = patch(
-        model, args.text, args.corrupt, noise=args.noise, target=args.target, contrast=args.contrast, **options
-    )
+    result = patch(model, args.text, args.corrupt, noise=args.noise, target=target_of(args), **options)
     with staged_output(args.out, owned, args.overwrite) as scratch:
         result.save(scratch)
     if not args.quiet:
@@ -405,8 +405,7 @@ def run_versus(args: argparse.Namespace, model: Any, say: Progress) -> list[Path
         model,
         args.text,
         args.corrupt,
-        target=args.target,
-        contrast=args.contrast,
+        target=target_of(args),
         methods=methods,
         batch_size=args.batch_size or DEFAULTS["batch_size"],
         progress=not args.quiet,
@@ -433,9 +432,7 @@ def run_edges(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]
     steps = args.steps or DEFAULTS["steps"]
     how = f"{args.edges}, {steps} steps" if args.edges == "eap-ig" else args.edges
     say(f"scoring every edge ({how}), then patching the top-k circuits …")
-    result = edge_scores(
-        model, args.text, args.corrupt, target=args.target, contrast=args.contrast, method=args.edges, steps=steps
-    )
+    result = edge_scores(model, args.text, args.corrupt, target=target_of(args), method=args.edges, steps=steps)
     with staged_output(args.out, owned, args.overwrite) as scratch:
         (scratch / "edges.json").write_text(json.dumps(result.to_dict()), encoding="utf-8")
         (scratch / "edges.html").write_text(edges_html(result, model.name), encoding="utf-8")

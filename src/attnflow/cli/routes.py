@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
 
-from attnflow.cli.common import Progress, load_model
+from attnflow.cli.common import Progress, load_model, target_of
 from attnflow.errors import InputError
 
 EPILOG = """\
@@ -32,8 +30,6 @@ Writes DIR/routes.json (the whole graph before the threshold, the route, the len
 route through positions and layers, a threshold slider, each node's lens and each edge's heads, offline)
 and routes.png; definitions in docs/routes.md.
 """
-T = TypeVar("T")
-_PARAMETER = re.compile(r"^(position|threshold|target|contrast|norm|lens) ")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("the text is empty")
     if args.out is None and not args.json:
         raise InputError("give --out DIR (routes.json is written there) or --json (printed on stdout)")
-    _as_flags(check_threshold, args.threshold)
+    check_threshold(args.threshold)
     if args.out is not None:
         check_output(args.out, is_routes_file, args.overwrite)
     say = Progress(args.quiet)
@@ -98,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     say("building the routes …")
     from attnflow.flow_routes.api import routes  # torch: after the checks
 
-    options = {name: getattr(args, name) for name in ("position", "threshold", "target", "contrast", "norm", "lens")}
-    result = _as_flags(routes, model, args.text, **options)
+    options = {name: getattr(args, name) for name in ("position", "threshold", "norm", "lens")}
+    result = routes(model, args.text, target=target_of(args), **options)  # errors name their flags (cli.main)
     path = result.save(args.out, overwrite=args.overwrite) if args.out is not None else None
     if args.json:
         result.write_json(sys.stdout)
@@ -110,11 +106,3 @@ def run(args: argparse.Namespace) -> int:
         seconds = ", ".join(f"{name} {value:.2f}" for name, value in result.seconds.items())
         print(f"seconds: {seconds}" + (f"\n{path}" if path is not None else ""), file=report)
     return 0
-
-
-def _as_flags(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call ``function``; an error that names a parameter (``threshold must ...``) names its flag."""
-    try:
-        return function(*args, **kwargs)
-    except (InputError, ValueError) as error:
-        raise type(error)(_PARAMETER.sub(r"--\1 ", str(error), count=1)) from None

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.evaluate.attribute import attribute
 from attnflow.evaluate.bounds import (
     BEAM_WIDTH,
@@ -94,11 +95,15 @@ class BenchmarkOptions:
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
         if self.beam_width < 1:
-            raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
+            raise InputError(f"{{beam_width}} must be at least 1, got {self.beam_width}", parameter="beam_width")
         if self.bounds not in BOUND_SEARCHES:
-            raise ValueError(f"--bounds must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}")
+            raise InputError(
+                f"{{bounds}} must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}", parameter="bounds"
+            )
         if self.sanity_layers is not None and self.sanity_layers < 1:  # the CLI's 0 (all) arrives as None
-            raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
+            raise InputError(
+                f"{{sanity_layers}} must be at least 1, got {self.sanity_layers}", parameter="sanity_layers"
+            )
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from attnflow.model_like import ModelLike
 
 if TYPE_CHECKING:
     from attnflow.methods.registry import Family
+    from attnflow.targets import Target
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
@@ -279,24 +280,33 @@ def add_view_faithfulness(
 # ----- --method auto ------------------------------------------------------------------------------
 
 
-def has_target(model: ModelLike, target_text: str | None = None) -> bool:
+def has_target(model: ModelLike, target: Target | None = None) -> bool:
     """Whether the model's output gives target methods something to explain on a text: a class,
-    a next token, or (a sentence encoder given ``target_text``) a similarity."""
+    a next token, or (a sentence encoder given ``target``, a `attnflow.targets.Target` with a text)
+    a similarity."""
     if model.target_kind in ("next_token", "class"):
         return True
-    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
+    text = None if target is None else target.text
+    return model.target_kind == "similarity" and text is not None and model.default_row == "mean"
 
 
-def no_target_message(model: ModelLike, image: bool) -> str:
-    """Why --method auto cannot run on this model (or on an image), and what to do instead."""
+def no_target_error(model: ModelLike, image: bool) -> InputError:
+    """Why ``method="auto"`` cannot run on this model (or on an image), and what to do instead."""
     if image:
-        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
-    if model.target_kind == "similarity" and model.default_row == "mean":
-        return (
-            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
-            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        return InputError(
+            "{method} auto compares target methods, and images have no target: choose a method such as rollout",
+            parameter="method",
         )
-    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+    if model.target_kind == "similarity" and model.default_row == "mean":
+        return InputError(
+            f"{{method}} auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give {target_text} (it explains the similarity to that text), or choose a method such as rollout",
+            parameter=("method", "target_text"),
+        )
+    return InputError(
+        f"{{method}} auto compares target methods, and {model.name} has no target: choose a method such as rollout",
+        parameter="method",
+    )
 
 
 def default_methods(target: bool) -> list[str]:
@@ -428,7 +438,7 @@ def plan_methods(
     model: ModelLike,
     methods: Sequence[str] | None,
     options: Mapping[str, Any],
-    target_text: str | None = None,
+    target: Target | None = None,
     image: bool = False,
 ) -> Plan:
     """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
@@ -436,10 +446,10 @@ def plan_methods(
     `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
     from attnflow.methods.registry import options_per_method
 
-    has = not image and has_target(model, target_text)
+    has = not image and has_target(model, target)
     requested = list(methods) if methods else default_methods(has)
     if AUTO in requested and not has:
-        raise InputError(no_target_message(model, image))
+        raise no_target_error(model, image)
     family = model.adapter if AUTO in requested else None
     candidates = auto_methods(family, model.target_kind) if AUTO in requested else []
     per_method = options_per_method(with_candidates(requested, family, target_kind=model.target_kind), dict(options))

