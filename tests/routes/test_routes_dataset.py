@@ -116,6 +116,18 @@ def test_the_attention_scores_equal_loops_over_the_models_attention(tiny_loaded,
     for score in head_roles.SCORES:
         expected = np.stack([found[score] for found in oracle])
         assert_mean_and_se(summary["domains"][0]["heads"][score], expected)
+    domain = summary["domains"][0]
+    mean = np.asarray(domain["heads"]["importance"]["mean"])
+    roles: dict[str, list[tuple[int, int]]] = {}
+    for layer, head in np.ndindex(mean.shape):
+        scores = {score: domain["heads"][score]["mean"][layer][head] for score in head_roles.SCORES}
+        roles.setdefault(head_roles.role_of(scores), []).append((layer, head))
+    for role, listed in domain["by_role"].items():
+        assert len(listed) == min(5, len(roles[role])) and not role.startswith("mixed")
+        for entry in listed:
+            assert (entry["layer"], entry["head"]) in roles[role]
+            assert entry["rank"] == 1 + int((mean > mean[entry["layer"], entry["head"]]).sum())
+    assert set(domain["by_role"]) == {role for role in roles if not role.startswith("mixed")}
     chance = summary["domains"][0]["chance"]
     n_tokens = [len(model.tokenizer(text)["input_ids"]) for text in texts]
     even = np.mean([np.mean([1 / (i + 1) for i in range(2, n)]) for n in n_tokens])  # causal: i + 1 keys

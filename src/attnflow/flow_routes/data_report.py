@@ -18,7 +18,8 @@ from attnflow.viz.page import esc, figure_img, page, section
 Z95 = 1.959963984540054
 CSS = (
     "figure.heatmap { margin: 1rem 0; } pre.prompt { background: #f5f5f7; padding: .4rem .6rem; "
-    "white-space: pre-wrap; font-size: .8rem; max-height: 10rem; overflow: auto; } td.role { white-space: nowrap; }"
+    "white-space: pre-wrap; font-size: .8rem; max-height: 10rem; overflow: auto; } "
+    "td.role, td.num { white-space: nowrap; }"
 )
 
 
@@ -28,6 +29,7 @@ def report_html(summary: dict[str, Any]) -> str:
     body = [section("How to read this page", _reading(summary))]
     for domain in domains:
         body.append(section(f"{domain['name']}: the top heads", _heads_table(domain), f"heads-{domain['name']}"))
+    body.append(section("Heads by their measured role", _roles(domains), "roles"))
     body.append(section("Mean importance of every head", _heatmaps(domains), "heatmaps"))
     body.append(section("Feed-forward blocks", _ffn(domains), "ffn"))
     for difference in summary.get("differences", []):
@@ -114,6 +116,31 @@ def _heads_table(domain: dict[str, Any]) -> str:
         else ""
     )
     return f'{note}<table class="heads"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _roles(domains: list[dict[str, Any]]) -> str:
+    """Per domain, the heads each role names (the largest shares first) and how they rank by importance."""
+    parts = [
+        "<p>Every head named by one role (not the mixed ones), the largest share of that kind first, with "
+        "its mean importance and its rank among all heads by importance (1: the most important).</p>"
+    ]
+    for domain in domains:
+        rows = []
+        for role, listed in domain.get("by_role", {}).items():
+            for entry in listed:
+                rows.append(
+                    f'<tr data-role="{esc(role)}" data-layer="{entry["layer"]}" data-head="{entry["head"]}">'
+                    f"<td>{esc(role)}</td><td>{head_name(entry['layer'], entry['head'])}</td>"
+                    + _cell(entry["score"])
+                    + _cell(entry["importance"])
+                    + f'<td class="num">{entry["rank"]}</td></tr>'
+                )
+        header = "<tr><th>role</th><th>head</th><th>share</th><th>importance</th><th>rank</th></tr>"
+        parts.append(
+            f"<h3>{esc(domain['name'])}</h3>"
+            f'<table class="roles"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+        )
+    return "\n".join(parts)
 
 
 def _heatmaps(domains: list[dict[str, Any]]) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 
 from attnflow.errors import InputError
 from attnflow.flow_routes.graph import DEFAULT_THRESHOLD, check_threshold
-from attnflow.flow_routes.head_roles import SCORES, attention_scores, chance, continues_word, role_of
+from attnflow.flow_routes.head_roles import NAMES, SCORES, attention_scores, chance, continues_word, role_of
 from attnflow.model_like import ModelLike
 from attnflow.runs.checkpoint import RunFolder, digest, versions
 from attnflow.runs.engine import EngineOptions, Job, run
@@ -44,6 +44,7 @@ TOP_HEADS = 12  # heads listed per domain, the most important first
 TOP_FFN = 5
 TOP_DIFFERENCES = 10
 EXAMPLES = 5  # prompts of each domain shown in the report
+BY_ROLE = 5  # heads listed per measured role
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,7 @@ def routes_over_data(
 
 HEAD_QUANTITIES = {"importance": "heads", "importance_full": "heads_full", **{name: name for name in SCORES}}
 FFN_QUANTITIES = {"importance": "ffn", "importance_full": "ffn_full"}
+ROLE_SCORES = {name: score for score, name in NAMES.items()}  # a role's name -> the share that names it
 
 
 def summarise(
@@ -375,7 +377,8 @@ def _examples(prompts: list[tuple[int, int, str]], domain: int) -> list[str]:
 def domain_summary(moments: Moments, name: str, info: dict[str, Any], examples: list[str]) -> dict[str, Any]:
     """One domain's numbers (`summarise`): ``heads`` and ``ffn`` (each quantity's ``mean``, ``se``
     and ``count``), ``chance`` (each attention score under evenly spread attention), the mean
-    ``tokens`` per prompt, ``top_heads`` (with their measured ``role``) and ``top_ffn``."""
+    ``tokens`` per prompt, ``top_heads`` (with their measured ``role``), ``top_ffn`` and
+    ``by_role`` (`_by_role`)."""
     heads = {name: moments.statistic(key) for name, key in HEAD_QUANTITIES.items()}
     ffn = {name: moments.statistic(key) for name, key in FFN_QUANTITIES.items()}
     chances = {score: moments.statistic(f"chance.{score}") for score in SCORES}
@@ -389,6 +392,7 @@ def domain_summary(moments: Moments, name: str, info: dict[str, Any], examples: 
         "chance": {score: None if value is None else float(value["mean"]) for score, value in chances.items()},
         "top_heads": _top_heads(heads),
         "top_ffn": _top_ffn(ffn),
+        "by_role": _by_role(heads),
         "heads": {key: _plain(value) for key, value in heads.items()},
         "ffn": {key: _plain(value) for key, value in ffn.items()},
     }
@@ -409,6 +413,31 @@ def _top_heads(heads: dict[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
         entry["role"] = role_of({score: entry[score] for score in SCORES})
         listed.append(entry)
     return listed
+
+
+def _by_role(heads: dict[str, dict[str, Any] | None]) -> dict[str, list[dict[str, Any]]]:
+    """Every head named by a role (`attnflow.flow_routes.head_roles.role_of`; not the mixed ones):
+    per role, the `BY_ROLE` heads with the largest share of that kind, each with its ``score``,
+    ``importance`` and importance ``rank`` among all heads (1: the most important)."""
+    importance = heads["importance"]
+    if importance is None:
+        return {}
+    means = {score: None if (value := heads[score]) is None else value["mean"] for score in SCORES}
+    order = np.argsort(-importance["mean"], axis=None, kind="stable")
+    rank = np.empty(order.size, dtype=int)
+    rank[order] = np.arange(1, order.size + 1)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for flat in range(order.size):
+        layer, head = (int(n) for n in np.unravel_index(flat, importance["mean"].shape))
+        scores = {score: None if value is None else _number(value[layer, head]) for score, value in means.items()}
+        role = role_of(scores)
+        if role not in ROLE_SCORES:
+            continue
+        found.setdefault(role, []).append(
+            {"layer": layer, "head": head, "score": scores[ROLE_SCORES[role]]}
+            | {"importance": _number(importance["mean"][layer, head]), "rank": int(rank[flat])}
+        )
+    return {role: sorted(listed, key=lambda entry: -entry["score"])[:BY_ROLE] for role, listed in found.items()}
 
 
 def _top_ffn(ffn: dict[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
