@@ -117,8 +117,8 @@ def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
         help="cut each text after the last whole word among its first N tokens (default: the whole text)",
     )
     group.add_argument("--batch-size", type=positive_int, metavar="B", help="prompts per batch of the run (default: 8)")
-    group.add_argument("--text-field", help="JSONL field holding the text (default: text)")
-    group.add_argument("--text-column", help="CSV/Parquet column holding the text (default: text)")
+    group.add_argument("--text-field", metavar="FIELD", help="JSONL field holding the text (default: text)")
+    group.add_argument("--text-column", metavar="COLUMN", help="CSV/Parquet column holding the text (default: text)")
     group.add_argument("--skip-bad", action="store_true", help="count and skip bad JSONL lines instead of stopping")
     add_run_arguments(group, overwrite=False, scope="--file/--data: ")
 
