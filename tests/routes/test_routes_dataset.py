@@ -57,8 +57,8 @@ def test_the_means_equal_a_loop_over_single_prompt_routes(tiny_loaded, tmp_path)
     sources = [str(write_lines(tmp_path / "wiki.txt", WIKI_LIKE)), str(write_lines(tmp_path / "code.txt", CODE_LIKE))]
     summary = routes_over_data(model, sources, tmp_path / "out", batch_size=2, engine=EngineOptions(quiet=True))
     names = {"heads": "importance", "heads_full": "importance_full"}
-    for domain, texts in zip(summary["domains"], (WIKI_LIKE, CODE_LIKE), strict=True):
-        looped = loop_over_routes(model, texts)
+    loops = [loop_over_routes(model, texts) for texts in (WIKI_LIKE, CODE_LIKE)]
+    for domain, looped in zip(summary["domains"], loops, strict=True):
         for key, name in names.items():
             assert_mean_and_se(domain["heads"][name], looped[key])
         assert_mean_and_se(domain["ffn"]["importance"], looped["ffn"])
@@ -67,7 +67,7 @@ def test_the_means_equal_a_loop_over_single_prompt_routes(tiny_loaded, tmp_path)
         assert (top["layer"], top["head"]) == np.unravel_index(
             looped["heads"].mean(0).argmax(), looped["heads"].shape[1:]
         )
-    pooled = loop_over_routes(model, WIKI_LIKE + CODE_LIKE)
+    pooled = {key: np.concatenate([looped[key] for looped in loops]) for key in loops[0]}
     assert_mean_and_se(summary["all"]["heads"]["importance"], pooled["heads"])
     assert summary["prompts"] == 7 and summary["all"]["prompts"] == 7
     difference = summary["differences"][0]
