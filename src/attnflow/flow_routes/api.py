@@ -32,6 +32,7 @@ from attnflow.flow_routes.forward import (
 )
 from attnflow.flow_routes.graph import (
     DEFAULT_THRESHOLD,
+    Composition,
     Direct,
     Edge,
     Graph,
@@ -158,6 +159,44 @@ def prediction_importance(
     recording = record(model, input_ids)
     graph, _, _ = _build(recording, read_weights(model), len(tokens) - 1, norm, _Fields(), None)
     return compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs
+
+
+@dataclass
+class RouteImportance:
+    """What `route_importance` returns for one prediction (``L`` layers, ``H`` heads, ``T`` tokens):
+    the ``tokens`` and ``token_ids [T]``; ``importance`` and ``importance_full``, the same
+    `Composition` as `Routes.importance` and `Routes.importance_full` (heads ``[L, H]``,
+    feed-forward blocks ``[L, T]``, nodes); ``attentions [L, H, T, T]`` ``[layer, head, query,
+    key]``, the attention weights of the same forward pass (float32)."""
+
+    tokens: list[str]
+    token_ids: np.ndarray
+    importance: Composition
+    importance_full: Composition
+    attentions: np.ndarray
+
+
+def route_importance(
+    model: ModelLike, text: str, threshold: float = DEFAULT_THRESHOLD, *, norm: int = 1
+) -> RouteImportance:
+    """The importance of every node, head and feed-forward block for the prediction at the last
+    position of ``text``, with the route at ``threshold`` and with every edge — exactly
+    `routes(model, text, threshold=threshold, norm=norm)`'s ``importance`` and
+    ``importance_full`` — and the attention weights of the same forward pass, without the route's
+    edges, reach, lens and descriptions: what `attnflow routes --data` adds up over a dataset."""
+    threshold = check_threshold(threshold)
+    _check_options(model, norm, "none", 1, 1)
+    input_ids, tokens = _tokenise(model, text)
+    recording = record(model, input_ids)
+    position = len(tokens) - 1
+    graph, _, _ = _build(recording, read_weights(model), position, norm, _Fields(), None)
+    return RouteImportance(
+        tokens=tokens,
+        token_ids=input_ids[0].numpy(),
+        importance=compose(graph, position, threshold),
+        importance_full=compose(graph, position, 0.0),
+        attentions=recording.attentions.cpu().numpy(),
+    )
 
 
 def _top(final: torch.Tensor, row: Any, p: int) -> int | np.ndarray:
