@@ -347,10 +347,11 @@ def choose_by_step_aopc(candidates: Sequence[Any]) -> tuple[Any, str]:
 # that beat `random` on a normalised AOPC there, best NAOPC comprehensiveness first. A kind without
 # a table keeps every one-pass target method as a candidate.
 MEASURED_RANKING: dict[str, tuple[str, ...]] = {
-    # smollm2, --task next-token --window 5, 200 windows: NAOPC sufficiency gim 0.449, attnlrp 0.408
-    # vs random 0.620 (grad_x_input 0.686, grad_rollout 0.628 do not beat it); no one-pass method
-    # beats random's NAOPC comprehensiveness (0.931; gim 0.829, attnlrp 0.802)
-    "next_token": ("gim", "attnlrp"),
+    # smollm2, --task next-token (32-token windows), 60 windows, --bounds singles: NAOPC comprehensiveness
+    # attnlrp 0.928, gim 0.902 (grad_x_input 0.787, grad_rollout 0.786, cp_lrp 0.723; random 0.546),
+    # sufficiency attnlrp 0.308, gim 0.418 (random 0.858); --task next-token-probes, 39 probes: the
+    # key token ranked first by attnlrp 0.79, gim 0.59 (grad_x_input 0.56, random 0)
+    "next_token": ("attnlrp", "gim"),
 }
 
 
