@@ -88,6 +88,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.summary_only:
+        if (args.out / "bench.json").exists():  # a finished run keeps its summary, not its checkpoint
+            finished = json.loads((args.out / "bench.json").read_text())
+            print_table(finished["summary"], finished["loop"])
+            return
         rows = sorted(read_checkpoint(args.out / CHECKPOINT)[1]["rows"].values(), key=lambda row: row["index"])
         print_table(summarise(rows), json.loads((args.out / "loop.json").read_text()))
         return

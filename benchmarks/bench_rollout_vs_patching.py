@@ -40,6 +40,7 @@ from attnflow.causal.versus import (
     layer_predictions,
     spearman_table,
 )
+from attnflow.targets import as_target
 
 PAIRS = {"smollm2": "factual.jsonl", "minilm-sentiment": "sentiment_swaps.jsonl"}
 
@@ -182,9 +183,8 @@ def main() -> None:
     started = time.perf_counter()
     add_missing_methods(model, comparisons, pairs, log)
     for number, pair in enumerate(pairs[len(comparisons) :], start=len(comparisons) + 1):
-        comparison = compare_with_patching(
-            model, pair["clean"], pair["corrupt"], target=pair.get("target"), contrast=pair.get("contrast")
-        )
+        target = as_target(pair.get("target"), contrast=pair.get("contrast"))  # the pairs file's two fields
+        comparison = compare_with_patching(model, pair["clean"], pair["corrupt"], target=target)
         with log.open("a") as handle:
             handle.write(json.dumps(comparison.to_dict()) + "\n")
         comparisons.append(comparison)

@@ -33,6 +33,7 @@ import numpy as np
 import attnflow
 from attnflow.causal.dataset import read_pairs
 from attnflow.methods.agreement import spearman
+from attnflow.targets import Target
 
 PREDICTORS = ("carried", "route", "weight")
 
@@ -67,8 +68,7 @@ def one_pair(model, pair: dict, windows: list[int]) -> dict:
             model,
             pair["clean"],
             pair["corrupt"],
-            target=pair["target"],
-            contrast=pair["contrast"],
+            target=Target(pair["target"], contrast=pair["contrast"]),
             sites="knockout",
             methods="exact",
             knockout_window=window,

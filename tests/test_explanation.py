@@ -268,7 +268,7 @@ def test_save_replaces_an_explanation_only_with_overwrite(tmp_path):
     first.save(tmp_path)
     (tmp_path / "explanation_overlay.png").write_bytes(b"an old image run's overlay")
     second = explain(random_trace(n=5, seed=2, text="second"))
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(FileExistsError, match="pass overwrite to replace it"):
         second.save(tmp_path)
     assert Explanation.load(tmp_path).text == "first"
     second.save(tmp_path, overwrite=True)

@@ -23,7 +23,7 @@ def names(folder: Path) -> set[str]:
 
 def test_a_folder_written_meanwhile_is_refused_at_the_final_rename(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(FileExistsError, match="pass overwrite to replace it"):
         with staged_output(out, owned) as scratch:
             (scratch / "result.json").write_text("second run")
             out.mkdir()  # another run finished first

@@ -127,3 +127,42 @@ def test_the_steps_objective_is_a_registered_kind(tiny_model_path):
     expected = torch.stack([log_probs[2, ids[0, 3]], log_probs[3, ids[0, 4]]])
     torch.testing.assert_close(y.detach(), expected, rtol=1e-5, atol=1e-6)
     assert objective.describe(float(y[0].detach()), int(index[0]), float(probability[0].detach())).kind == "next_token"
+
+
+def test_routes_edges_and_versus_take_the_target_and_their_contrast_is_a_deprecated_spelling(tiny_model_path):
+    """`attnflow.routes`, `edge_scores`, `EdgeGraph` and `compare_with_patching` read one ``target=``
+    (its contrast inside); their loose ``contrast=`` still works, with a DeprecationWarning."""
+    from attnflow.causal import compare_with_patching, edge_scores
+    from attnflow.causal.edges import EdgeGraph
+
+    llama = attnflow.load(str(tiny_model_path("llama")), device="cpu")
+    clean, corrupt, spec = "the cat sat on the", "the dog sat on the", Target(40, contrast=41)
+    calls = {
+        "routes": lambda **target: attnflow.routes(llama, clean, **target).direct.total,
+        "edge_scores": lambda **target: (
+            edge_scores(llama, clean, corrupt, method="eap", circuit_sizes=(), **target).scores
+        ),
+        "EdgeGraph": lambda **target: EdgeGraph(llama, clean, corrupt, **target).difference,
+        "compare_with_patching": lambda **target: (
+            compare_with_patching(llama, clean, corrupt, methods=("rollout",), **target).effects
+        ),
+    }
+    for name, call in calls.items():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "(?s).*contrast= are deprecated", DeprecationWarning)
+            one = call(target=spec)
+        with pytest.warns(DeprecationWarning, match=f"{name}: target_text= and contrast= are deprecated"):
+            loose = call(target=40, contrast=41)
+        np.testing.assert_array_equal(np.asarray(one), np.asarray(loose), err_msg=name)
+
+
+def test_whether_auto_has_a_target_reads_the_target_spec():
+    from types import SimpleNamespace
+
+    from attnflow.evaluate.per_input import has_target
+
+    encoder = SimpleNamespace(target_kind="similarity", default_row="mean")
+    assert (
+        has_target(encoder, Target(text="a kitten")) and not has_target(encoder, Target()) and not has_target(encoder)
+    )
+    assert has_target(SimpleNamespace(target_kind="class", default_row="cls"))

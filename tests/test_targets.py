@@ -181,16 +181,12 @@ def test_batched_relevance_equals_one_by_one(minilm_sentiment):
         )
 
 
-def test_cli_explains_the_classifier_by_default(tmp_path):
+def test_cli_explains_the_classifier_by_default(tmp_path, capsys):
+    from attnflow.cli import main
+
     out = tmp_path / "both"
-    result = subprocess.run(
-        [str(SCRIPT), "explain", SENTENCE, "--method", "rollout,alti,grad_rollout", "--out", str(out), "--save-trace"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "prediction: negative (p = 0." in result.stdout
+    assert main(["explain", SENTENCE, "--method", "rollout,alti,grad_rollout", "--out", str(out), "--save-trace"]) == 0
+    assert "prediction: negative (p = 0." in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"rollout", "alti", "grad_rollout", "comparison.html", "trace.npz"}
     data = json.loads((out / "grad_rollout" / "explanation.json").read_text())
     assert data["model"] == "minilm-sentiment" and data["target"]["label"] == "negative"

@@ -73,10 +73,10 @@ def _connect_views() -> None:
 
     from attnflow.explanation import _AUTO
 
-    def auto_plan(model, methods, options, target_text):
+    def auto_plan(model, methods, options, target):
         from attnflow.evaluate.per_input import plan_methods
 
-        return plan_methods(model, methods, options, target_text)
+        return plan_methods(model, methods, options, target)
 
     def auto_explain(model, trace, plan, row):
         from attnflow.evaluate.per_input import explain_planned

@@ -204,7 +204,7 @@ def next_token_probes(tokenizer: Any, context: int = 32, seed: int = SPLIT_SEED)
 
     Every answer is a single token of ``tokenizer`` (probes whose answer is not are left out)."""
     if context < 8:
-        raise InputError(f"--window must be at least 8 tokens for the probes, got {context}")
+        raise InputError(f"{{context}} must be at least 8 tokens for the probes, got {context}", parameter="context")
     rng = np.random.default_rng(seed)
     data = wiki_topics()
     fillers = [data.texts[i] for i in data.split()[1]]

@@ -41,6 +41,15 @@ class AttnflowError(Exception):
             message = message.replace("{" + name + "}", spelling(name))
         return message
 
+    def renamed(self, names: dict[str, str]) -> "AttnflowError":
+        """The same error (its class, its message) naming the parameters in ``names`` as their new
+        names: a function that reads its input through another one's (whose parameters are
+        named otherwise) says what its own caller passed."""
+        template = self.template
+        for old, new in names.items():
+            template = template.replace("{" + old + "}", "{" + new + "}")
+        return type(self)(template, parameter=[names.get(name, name) for name in self.parameters])
+
 
 class ModelLoadError(AttnflowError):
     """A model name, path or file could not be resolved or loaded."""
@@ -64,9 +73,20 @@ class OutputError(AttnflowError):
     """An output folder could not be written (read-only file system, full disk, no permission)."""
 
 
+class OccupiedError(AttnflowError, FileExistsError):
+    """An output folder holds an earlier run's output, and ``overwrite`` was not given (a
+    FileExistsError too)."""
+
+
 class ExplanationWarning(UserWarning):
     """A warning about what an explanation shows (e.g. pruning that left only the diagonal);
     `attnflow.explain` also keeps its message in the Explanation's notes, shown on the page."""
+
+
+class PatchingWarning(UserWarning):
+    """A patching run whose metric does not read as what the clean text predicts: the clean text
+    prefers the contrast, or the corruption does not lower the metric (`attnflow.patch` runs on, and
+    says so in one line)."""
 
 
 def spell(error: BaseException, spelling: Callable[[str], str]) -> str:

@@ -119,7 +119,7 @@ class AttentionModel(CaptureModel):
         wanted = legacy_target(target, target_text, contrast, "explain")
         method_names([method], also=(AUTO,))  # an unknown name fails naming what there is, auto included
         # bad options fail before any forward pass; auto plans its candidates (each gets its options)
-        plan = _AUTO["plan"](self, [AUTO], options, wanted.text) if method == AUTO else None
+        plan = _AUTO["plan"](self, [AUTO], options, wanted) if method == AUTO else None
         if plan is None:
             method_options(get_method(method), options)
         lean = plan is None and self.kind in ("encoder", "decoder") and reads_head_mean(get_method(method), options)

@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from attnflow.errors import OutputError
+from attnflow.errors import OccupiedError, OutputError
 
 try:
     import fcntl
@@ -80,13 +80,14 @@ def check_writable(out: Path) -> None:
 
 
 def refuse_occupied(out: Path, owned: Callable[[str], bool], overwrite: bool) -> None:
-    """FileExistsError when ``out`` holds entries ``owned`` says are an earlier run's output and
-    ``overwrite`` is False; NotADirectoryError when ``out`` is a file."""
+    """`OccupiedError` (a FileExistsError) when ``out`` holds entries ``owned`` says are an earlier
+    run's output and ``overwrite`` is False; NotADirectoryError when ``out`` is a file."""
     previous = owned_entries(out, owned)
     if previous and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds an earlier run's output ({previous[0]}); pass --overwrite (overwrite=True) to "
-            "replace it, or choose another folder"
+        raise OccupiedError(
+            f"{out} already holds an earlier run's output ({previous[0]}); pass {{overwrite}} to replace it, "
+            "or choose another folder",
+            parameter="overwrite",
         )
 
 

@@ -8,7 +8,9 @@ from planted import BIASED
 import attnflow
 from attnflow.runs.engine import RayBackend
 
-pytestmark = pytest.mark.usefixtures("ray_runtime")  # the session's local Ray runtime (tests/conftest.py)
+# The session's local Ray runtime (tests/conftest.py). Slow: the run engine's actor replacement is
+# tested in the default set by tests/corpus/test_ray_engine.py; this is the audit's own run of it.
+pytestmark = [pytest.mark.usefixtures("ray_runtime"), pytest.mark.slow]
 
 
 def test_ray_with_a_killed_actor_matches_the_local_engine(planted_model, planted_task, tmp_path, monkeypatch):

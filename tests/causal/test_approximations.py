@@ -21,7 +21,7 @@ from lrp_oracle import write_out_llama_rules
 def setup(model):
     clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
-    runner = PatchRunner(model, resolve_metric(model, clean, None, None))
+    runner = PatchRunner(model, resolve_metric(model, clean))
     with torch.no_grad():
         source = stacked(runner.forward(clean, 1, record=True)[1])
         base = stacked(runner.forward(corrupt, 1, record=True)[1])

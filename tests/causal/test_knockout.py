@@ -165,7 +165,7 @@ def test_patch_reports_the_normalised_change_of_the_metric(tiny_patch_models, fa
 def result_metric(model):
     from attnflow.causal.api import resolve_metric
 
-    return resolve_metric(model, ids_of(model), None, None)
+    return resolve_metric(model, ids_of(model))
 
 
 def test_knockout_sources_target_and_a_query_left_nothing(tiny_patch_models):

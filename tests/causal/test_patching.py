@@ -20,7 +20,7 @@ FAMILIES = ("llama", "gpt2", "bert")
 def runner_and_ids(model):
     clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
-    return PatchRunner(model, resolve_metric(model, clean, None, None)), clean, corrupt
+    return PatchRunner(model, resolve_metric(model, clean)), clean, corrupt
 
 
 def logits_of(model, ids):

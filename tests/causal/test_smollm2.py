@@ -16,6 +16,7 @@ from attnflow.causal.api import resolve_metric
 from attnflow.causal.dataset import read_pairs
 from attnflow.causal.patching import Patches, PatchRunner, site_value, stacked
 from attnflow.causal.sites import Site
+from attnflow.targets import Target
 
 PAIRS = read_pairs(Path(str(files("attnflow.causal") / "data" / "factual.jsonl")))
 
@@ -31,7 +32,7 @@ def test_the_factual_pairs_hold_on_smollm2(smollm2):
     pair = PAIRS[2]  # restoring the last layer's residual at the last position gives effect 1
     clean = tokenizer(pair["clean"], return_tensors="pt")["input_ids"]
     corrupt = tokenizer(pair["corrupt"], return_tensors="pt")["input_ids"]
-    runner = PatchRunner(smollm2, resolve_metric(smollm2, clean, pair["target"], pair["contrast"]))
+    runner = PatchRunner(smollm2, resolve_metric(smollm2, clean, Target(pair["target"], contrast=pair["contrast"])))
     final = Site("residual", smollm2.n_layers, clean.shape[1] - 1)
     with torch.no_grad():
         clean_metric, recorded = runner.forward(clean, 1, record=True)

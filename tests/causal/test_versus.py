@@ -27,7 +27,7 @@ def effects_by_loop(model, clean_text, corrupt_text):
     """``[L + 1, token]`` denoising effects, one forward pass per residual site."""
     clean = model.tokenizer(clean_text, return_tensors="pt")["input_ids"]
     corrupt = model.tokenizer(corrupt_text, return_tensors="pt")["input_ids"]
-    runner = PatchRunner(model, resolve_metric(model, clean, None, None))
+    runner = PatchRunner(model, resolve_metric(model, clean))
     with torch.no_grad():
         m_clean, recorded = runner.forward(clean, 1, record=True)
         m_corrupt, _ = runner.forward(corrupt, 1)

@@ -73,7 +73,7 @@ def test_auto_on_a_sentence_encoder_names_target_text(minilm, monkeypatch, capsy
     monkeypatch.setattr(explain_command, "load_model", lambda *_args: minilm)
     assert main(["explain", TEXT, "--method", "auto", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "give --target-text TEXT" in err[0]
+    assert len(err) == 1 and "give --target-text (it explains the similarity" in err[0]
 
 
 def test_the_console_shows_signed_evidence_for_and_against_and_the_badge(classifier_path, tmp_path, capsys):

@@ -75,13 +75,13 @@ def test_output_folder_rules(tiny_bert, txt_corpus, tmp_path):
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     options = tiny_options(tiny_bert, txt_corpus, samples=4)
-    with pytest.raises(InputError, match=f"--resume: .* has no {CHECKPOINT}"):
+    with pytest.raises(InputError, match=f"^resume: .* has no {CHECKPOINT}"):
         run_study(options, out, resume=True)
-    with pytest.raises(InputError, match="either --resume .* or --overwrite"):
+    with pytest.raises(InputError, match="either resume .* or overwrite"):
         run_study(options, out, resume=True, overwrite=True)
     run_study(options, out)
     with pytest.raises(
-        InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass --resume .* or --overwrite"
+        InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass resume .* or overwrite "
     ):
         run_study(options, out)
     run_study(options, out, overwrite=True)
@@ -100,7 +100,7 @@ def test_bad_input_writes_nothing(tiny_bert, tmp_path):
 
 
 def test_seq_len_above_the_model_maximum_is_refused(tiny_bert, txt_corpus, tmp_path):
-    with pytest.raises(InputError, match=r"--seq-len 61 exceeds the maximum of .* \(60 tokens\)"):
+    with pytest.raises(InputError, match=r"^seq_len 61 exceeds the maximum of .* \(60 tokens\)"):
         run_study(tiny_options(tiny_bert, txt_corpus, seq_len=61), tmp_path / "out")
 
 
@@ -133,6 +133,7 @@ class InterruptAfter:
         return self._model.capture_batch(*args, **kwargs)
 
 
+@pytest.mark.slow  # the engine's Ctrl-C: tests/runs/test_run_engine.py; this is the corpus study's own
 def test_ctrl_c_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path):
     from attnflow.capture import load
 
@@ -241,7 +242,7 @@ def test_resume_without_a_run_to_continue_is_refused(tmp_path, state, words):
     folder = RunFolder(
         out, kind="corpus study", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=2, resume=True
     )
-    with pytest.raises(InputError, match=f"--resume: .*out {words}, so there is no run to continue"):
+    with pytest.raises(InputError, match=f"^resume: .*out {words}, so there is no run to continue"):
         folder.__enter__()
 
 

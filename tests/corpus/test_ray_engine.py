@@ -12,6 +12,7 @@ from corpus_helpers import assert_same_arrays, load_npz, tiny_options
 pytestmark = pytest.mark.usefixtures("ray_runtime")  # the session's local Ray runtime (tests/conftest.py)
 
 
+@pytest.mark.slow  # the killed-actor test below compares with the local engine too
 def test_ray_engine_matches_the_local_engine(tiny_bert, txt_corpus, tmp_path):
     options = dict(samples=30, stride=20, checkpoint_every=3)
     local = run_study(tiny_options(tiny_bert, txt_corpus, **options), tmp_path / "local")

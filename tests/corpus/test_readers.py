@@ -44,7 +44,7 @@ def test_jsonl_reads_the_chosen_field(tmp_path):
 
 def test_jsonl_malformed_line_reports_its_number(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "ok."}, {"text": "ok."}, '{"text": "broken'])
-    with pytest.raises(InputError, match=r"d\.jsonl line 3: malformed JSON.*--skip-bad"):
+    with pytest.raises(InputError, match=r"d\.jsonl line 3: malformed JSON.*\(use skip_bad to skip bad lines\)"):
         open_corpus(str(path)).validate()
 
 
@@ -59,7 +59,7 @@ def test_jsonl_skip_bad_counts_and_skips(tmp_path):
 @pytest.mark.parametrize(
     "record, message",
     [
-        ({"body": "x"}, r"line 1: no field 'text' \(fields: body\); choose the text with --text-field"),
+        ({"body": "x"}, r"line 1: no field 'text' \(fields: body\); choose the text with text_field"),
         ({"text": ["x"]}, r"line 1: field 'text' is a list, not a string"),
         ([1, 2], r"line 1: expected a JSON object, got list"),
     ],
@@ -90,7 +90,7 @@ def test_csv_missing_column_lists_the_columns(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("id,review\n1,x\n", encoding="utf-8")
     with pytest.raises(
-        InputError, match=r"no column 'text' \(columns: id, review\); choose the text with --text-column"
+        InputError, match=r"no column 'text' \(columns: id, review\); choose the text with text_column"
     ):
         open_corpus(str(path)).validate()
 
@@ -124,7 +124,7 @@ def test_unknown_type_missing_file_and_folder(tmp_path):
         open_corpus(str(tmp_path / "nope.txt"))
     with pytest.raises(InputError, match="is a folder"):
         open_corpus(str(tmp_path))
-    with pytest.raises(InputError, match="--txt-docs"):
+    with pytest.raises(InputError, match="^txt_docs must be one of"):
         open_corpus("wiki", ReadOptions(txt_docs="sentence"))
 
 

@@ -102,7 +102,7 @@ def test_shortfall_suggests_a_stride(tiny_tokenizer):
 def test_too_little_text_and_bad_options(tiny_tokenizer):
     with pytest.raises(InputError, match="fewer than one window needs"):
         list(WindowStream(["the cat."], tiny_tokenizer, seq_len=32))
-    with pytest.raises(InputError, match="--stride must be at least 1"):
+    with pytest.raises(InputError, match="^stride must be at least 1"):
         WindowStream(DOCS, tiny_tokenizer, stride=0)
     with pytest.raises(InputError, match="no room for text"):
         WindowStream(DOCS, tiny_tokenizer, seq_len=2)
@@ -138,7 +138,7 @@ def test_batched_stacks_consecutive_windows(tiny_tokenizer):
     assert [b.first for b in batches] == [0, 3, 6]
     np.testing.assert_array_equal(batches[1].token_ids[2], windows[5].token_ids)
     assert batches[0].token_ids.shape == (3, 16) and batches[0].sentence_ids.dtype == np.int64
-    with pytest.raises(InputError, match="--batch-size"):
+    with pytest.raises(InputError, match="^batch_size must be at least 1"):
         next(batched(iter(windows), 0))
 
 

@@ -250,7 +250,7 @@ def test_an_earlier_run_is_replaced_only_with_overwrite_and_leaves_nothing_stale
     run(["random", "raw"])
     assert {p.name for p in (out / "methods").iterdir()} == {"random.json", "raw.json"}
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    with pytest.raises(InputError, match="holds an earlier run .*--overwrite"):
+    with pytest.raises(InputError, match="holds an earlier run .*or overwrite to start again"):
         run(["random"])
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     with pytest.raises(InputError, match="not both"):
@@ -345,7 +345,7 @@ def test_the_plan_is_printed_first_and_names_the_method_that_dominates(key_model
     stages = 1 + key_model.n_layers
     explanations = 2 * (len(texts) + 2 * stages)
     assert (
-        f"attnflow: plan: {len(texts)} examples × 2 methods, and 2 examples × {stages} sanity stages per method: "
+        f"attnflow: plan: {len(texts)} examples × 2 methods, and 2 examples × {stages} sanity stages for each method: "
         f"{explanations:,} explanations"
     ) in err
     assert "attnflow: estimate: ~" in err
@@ -353,6 +353,26 @@ def test_the_plan_is_printed_first_and_names_the_method_that_dominates(key_model
     share = re.match(r"attnflow: most of the time goes to slow (\d+) % ", dominant)
     assert share and int(share.group(1)) >= 50, dominant  # 200 ms an example against a few
     assert f"/{explanations} [" in err  # the bar counts the plan's explanations
+
+
+def test_the_plan_counts_the_agreement_reference_and_the_methods_the_sanity_check_leaves_out(key_model):
+    """The explanations still to run, counted from the run's units: leave_one_out (expensive) once
+    per example, attnlrp also at every sanity stage, the agreement reference once per example."""
+    from attnflow.evaluate.benchmark import benchmark_units, explanations_left
+    from attnflow.evaluate.plan import plan_run
+
+    options = BenchmarkOptions(sanity_samples=2, chunk_size=3)
+    examples = KEY_TEXTS[:5]  # the units only slice them
+    units = benchmark_units(key_model, examples, ["attnlrp", "leave_one_out"], options, "occlusion")
+    stages = 1 + key_model.n_layers
+    left = explanations_left(units, 0)
+    assert left == {"occlusion (agreement reference)": 5, "attnlrp": 5 + 2 * stages, "leave_one_out": 5}
+    assert explanations_left(units, 5) == {"attnlrp": 5 + 2 * stages, "leave_one_out": 5}  # the reference done
+    plan = plan_run(key_model, None, examples, ["attnlrp", "leave_one_out"], left, options, timed=False)
+    assert plan.describe() == [
+        "plan: 5 examples × 2 methods, occlusion (agreement reference), and 2 examples × "
+        f"{stages} sanity stages for 1 of them: {sum(left.values()):,} explanations"
+    ]
 
 
 def test_samples_not_given_take_a_smaller_set_whole_without_a_warning(caplog):

@@ -11,6 +11,7 @@ from routes_oracle import layer_norm, numpy64, oracle, rms_norm
 
 import attnflow
 from attnflow.errors import InputError
+from attnflow.targets import Target
 
 DECODERS = ("llama", "qwen2", "gemma3", "gpt2")
 TEXT = "the cat sat on the mat"
@@ -73,7 +74,7 @@ def test_direct_effects_by_hand_and_their_sum_is_the_logit_difference(family, ti
     with torch.no_grad():
         logits = model.model(input_ids=input_ids).logits[0, -1].double()
     target, contrast = (int(i) for i in logits.argsort(descending=True)[:2])
-    routes = attnflow.routes(model, TEXT, target=target, contrast=contrast)
+    routes = attnflow.routes(model, TEXT, target=Target(target, contrast=contrast))
     assert routes.direct.total == pytest.approx(float(logits[target] - logits[contrast]), abs=1e-4)
     layers, _ = oracle(family, model, TEXT)
     final = layers[-1].out  # [T, d] the stream leaving the last layer, by the oracle
@@ -101,7 +102,7 @@ def test_each_edge_through_a_block_by_hand(family, tiny_loaded):
     with torch.no_grad():
         logits = model.model(input_ids=input_ids).logits[0, -1]
     target, contrast = (int(i) for i in logits.argsort(descending=True)[:2])
-    routes = attnflow.routes(model, TEXT, threshold=0.01, target=target, contrast=contrast, top_k=3)
+    routes = attnflow.routes(model, TEXT, threshold=0.01, target=Target(target, contrast=contrast), top_k=3)
     layers, _ = oracle(family, model, TEXT)
     final = layers[-1].out
     unembedding = numpy64(model.model.get_output_embeddings().weight)  # [V, d]

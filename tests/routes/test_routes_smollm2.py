@@ -1,21 +1,25 @@
 """Routes on the real smollm2: "The capital of France is" builds its whole graph, every block's
 shares sum to 1, the lens at the top node is the model's own prediction, the contrastive route's
 direct effects add up to the model's own logit difference, the edge "France" → "is" at layer 23
-is carried by head 4 and raises " Paris" over " Rome", and the route is saved with its page."""
+is carried by head 4 and raises " Paris" over " Rome", and the route is saved with its page; routes
+over a file of three prompts average the single-prompt routes."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
 import attnflow
+from attnflow.targets import Target
 
 TEXT = "The capital of France is"
 
 
 def test_the_capital_of_france(smollm2, tmp_path):
-    routes = attnflow.routes(smollm2, TEXT, target=" Paris", contrast=" Rome")
+    routes = attnflow.routes(smollm2, TEXT, target=Target(" Paris", contrast=" Rome"))
     graph, n_tokens = routes.graph, len(routes.tokens)
     assert graph.heads.shape == (30, 9, n_tokens, n_tokens)
     np.testing.assert_allclose(
@@ -41,3 +45,29 @@ def test_the_capital_of_france(smollm2, tmp_path):
     assert edge.effects["contrast_effect"] > 1 and " France" in [t["token"] for t in edge.effects["promotes"]]
     routes.save(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["routes.html", "routes.json", "routes.png"]
+
+
+PROMPTS = ["The capital of France is", "import numpy as np\nimport pandas as", "She opened the door and"]
+
+
+def test_routes_over_three_prompts(smollm2, tmp_path):
+    """Routes over a file of three prompts (JSON lines: one holds a newline): each head's mean
+    importance is the mean of the three single-prompt routes; the top heads have measured roles,
+    the four attention shares sum to 1, and the page is written."""
+    from attnflow.flow_routes.dataset import routes_over_data
+    from attnflow.runs.engine import EngineOptions
+
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in PROMPTS), encoding="utf-8")
+    summary = routes_over_data(smollm2, [str(source)], tmp_path / "out", engine=EngineOptions(quiet=True))
+    domain = summary["domains"][0]
+    looped = np.stack([attnflow.routes(smollm2, text, lens="none").importance.heads for text in PROMPTS])
+    np.testing.assert_allclose(domain["heads"]["importance"]["mean"], looped.mean(0), rtol=1e-9, atol=1e-12)
+    assert summary["n_layers"] == 30 and summary["n_heads"] == 9 and domain["prompts"] == 3
+    top = domain["top_heads"][0]
+    assert (top["layer"], top["head"]) == np.unravel_index(looped.mean(0).argmax(), (30, 9))
+    assert all(entry["role"] for entry in domain["top_heads"]) and domain["chance"]["first_token"] > 0
+    shares = np.array([domain["heads"][name]["mean"] for name in ("first_token", "previous_token", "self")])
+    shares = np.concatenate([shares, [domain["heads"]["elsewhere"]["mean"]]])
+    np.testing.assert_allclose(shares.sum(0), 1, atol=1e-6)
+    assert (tmp_path / "out" / "report.html").stat().st_size > 10_000

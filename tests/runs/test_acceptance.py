@@ -1,5 +1,6 @@
 """Every dataset command on the run engine, from the command line, on a tiny Llama: killed with
-SIGKILL mid-run and resumed, it gives the numbers of an uninterrupted run; a resume with a changed
+SIGKILL mid-run and resumed, it gives the numbers of an uninterrupted run (routes over a dataset
+included); a resume with a changed
 option is refused in one line that names it (exit status 2). `patch --file` also refuses a pairs
 file named like a file it writes, and never continues a checkpoint it cannot read.
 
@@ -137,6 +138,7 @@ def test_patch_file_refuses_its_own_files_and_a_checkpoint_it_cannot_read(llama,
     assert (cut / "checkpoint.json").read_bytes() == damaged
 
 
+@pytest.mark.slow  # it writes every text's figures three times; evaluate and patch --file run by default
 def test_explain_file_killed_and_resumed(llama, tmp_path, capsys):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -158,3 +160,25 @@ def test_explain_file_killed_and_resumed(llama, tmp_path, capsys):
                      for run in ("whole", "cut")]  # fmt: skip
             assert_same_json(*saved)
     assert (tmp_path / "whole" / "index.html").read_text() == (cut / "index.html").read_text()
+
+
+def test_routes_data_killed_and_resumed(llama, tmp_path, capsys):
+    wiki_like, code_like = tmp_path / "wiki.txt", tmp_path / "code.txt"
+    wiki_like.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    code_like.write_text("def zebra ( a ) : return a\nthe cat is a good cat\n", encoding="utf-8")
+    argv = ["routes", "--data", f"{wiki_like},{code_like}", "--model", llama, "--batch-size", "2",
+            "--device", "cpu", "--quiet"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    cut = tmp_path / "cut"
+    killed_run([*argv, "--out", str(cut)], "attnflow.flow_routes.dataset:add_prompt", kill_at=5)  # in batch 3
+    meta, state = read_checkpoint(cut / "checkpoint.npz")
+    assert meta["done"] == 4 and not meta["complete"] and state["0/heads|count"] == 4
+    assert not [name for name in ("summary.json", "report.html", "prompts.jsonl") if (cut / name).exists()]
+    refused_naming(
+        capsys, [*argv, "--threshold", "0.1", "--out", str(cut), "--resume"], "threshold: 0.04 then, 0.1 now"
+    )
+    assert main([*argv, "--out", str(cut), "--resume"]) == 0
+    whole, resumed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
+    assert_same_json(whole, resumed)
+    assert whole["domains"][0]["heads"] == resumed["domains"][0]["heads"]  # the same sums in the same order
+    assert (tmp_path / "whole" / "prompts.jsonl").read_text() == (cut / "prompts.jsonl").read_text()

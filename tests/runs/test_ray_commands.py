@@ -2,7 +2,7 @@
 actors, results merged here, the numbers of the local run.
 
 On the session's private local Ray runtime, with 4 actors: patch --file in the default set,
-evaluate and explain --file in the slow set (each actor imports torch and loads its replica: tens
+evaluate, explain --file and routes --data in the slow set (each actor imports torch and loads its replica: tens
 of CPU seconds a run). Their fast equivalents run the same engine path with the actors in this
 process (`InProcessActors`: the step pickled to each worker, batches dealt round-robin, results
 taken as pickled states and merged, as Ray does). The corpus study's and the audit's Ray tests:
@@ -53,7 +53,16 @@ def explain_run(llama: str, folder: Path) -> tuple[list[str], Callable[[Path], A
     return argv, saved
 
 
-RUNS = {"evaluate": evaluate_run, "patch --file": patch_run, "explain --file": explain_run}
+def routes_run(llama: str, folder: Path) -> tuple[list[str], Callable[[Path], Any]]:
+    wiki_like, code_like = folder / "wiki.txt", folder / "code.txt"
+    wiki_like.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    code_like.write_text("def zebra ( a ) : return a\nthe cat is a good cat\n", encoding="utf-8")
+    argv = ["routes", "--data", f"{wiki_like},{code_like}", "--model", llama, "--batch-size", "2",
+            "--device", "cpu", "--quiet"]  # fmt: skip
+    return argv, lambda out: json.loads((out / "summary.json").read_text())
+
+
+RUNS = {"evaluate": evaluate_run, "patch --file": patch_run, "explain --file": explain_run, "routes --data": routes_run}
 SLOW = pytest.mark.slow  # a real Ray run of 4 actors: tens of CPU seconds
 
 
@@ -71,8 +80,8 @@ def local_and_on_actors(llama: str, folder: Path, command: str) -> tuple[Any, An
 
 
 @pytest.mark.parametrize(
-    "command", [pytest.param("evaluate", marks=SLOW), "patch --file", pytest.param("explain --file", marks=SLOW)]
-)
+    "command", [pytest.param(command, marks=SLOW) for command in RUNS]
+)  # the default set's real Ray run: tests/corpus/test_ray_engine.py (the same engine, an actor killed)
 @pytest.mark.usefixtures("ray_runtime")
 def test_four_ray_actors_give_the_local_numbers(llama, tmp_path, command):
     assert_same_json(*local_and_on_actors(llama, tmp_path, command))
@@ -104,7 +113,7 @@ class InProcessActors:
         torch.set_num_threads(self.threads)
 
 
-@pytest.mark.parametrize("command", ["evaluate", "explain --file"])
+@pytest.mark.parametrize("command", ["evaluate", "explain --file", "routes --data"])
 def test_actors_merged_as_ray_merges_them_give_the_local_numbers(llama, tmp_path, monkeypatch, command):
     """The fast equivalent of the slow Ray runs above: the same path, the actors in this process."""
     monkeypatch.setattr(engine, "RayBackend", InProcessActors)

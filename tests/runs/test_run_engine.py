@@ -115,7 +115,7 @@ def test_a_changed_configuration_is_refused_naming_each_field(tmp_path):
     with pytest.raises(InputError) as refused, folder(tmp_path, resume=True) as held:
         run(job(fields=changed), held, EngineOptions(quiet=True), context={"batches": []})
     message = str(refused.value)
-    assert "\n" not in message and message.startswith(f"--resume: {tmp_path / 'checkpoint.json'} was written with")
+    assert "\n" not in message and message.startswith(f"resume: {tmp_path / 'checkpoint.json'} was written with")
     assert "(options.extra: null then, true now; power: 2 then, 3 now)" in message
     with folder(tmp_path, resume=True) as held:  # a check of some fields only (before a model loads)
         held.check({"power": 2})
@@ -155,7 +155,7 @@ def test_the_output_folder_rule(tmp_path):
         (out / "out.txt").write_text("an output")
     assert sorted(entry.name for entry in out.iterdir()) == ["checkpoint.json", "notes.txt", "out.txt"]
     with (
-        pytest.raises(InputError, match=r"holds an earlier run \(checkpoint.json, out.txt\); pass --resume"),
+        pytest.raises(InputError, match=r"holds an earlier run \(checkpoint.json, out.txt\); pass resume to continue"),
         folder(out),
     ):
         pass
@@ -164,9 +164,9 @@ def test_the_output_folder_rule(tmp_path):
 
 
 def test_bad_engine_options_are_one_line():
-    with pytest.raises(InputError, match="--engine must be local or ray"):
+    with pytest.raises(InputError, match="^engine must be local or ray"):
         EngineOptions(engine="spark").check()
-    with pytest.raises(InputError, match="--checkpoint-every must be at least 1"):
+    with pytest.raises(InputError, match="^checkpoint_every must be at least 1"):
         EngineOptions(checkpoint_every=0).check()
 
 

@@ -31,7 +31,7 @@ from attnflow.causal.sites import (
     site_kind,
     sweep_shape,
 )
-from attnflow.errors import InputError
+from attnflow.errors import InputError, PatchingWarning, warn_once
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
 from attnflow.targets import legacy_target
@@ -412,6 +412,7 @@ class _Sweep:
                 f"the corruption does not change the metric ({self.metric.describe()} = {m_clean:.4g} on both): "
                 "nothing to restore; choose a corruption that changes the prediction"
             )
+        warn_if_unreadable(self.metric, m_clean, m_corrupt)
         clean_run = BaseRun(clean_ids, None, {}, 1)
         corrupt_run = BaseRun(corruption.ids, corruption.noise, {}, corruption.rows)
         if self.direction == "denoising":
@@ -554,10 +555,9 @@ def noise_on_words(model: ModelLike, text: str, words: Sequence[str], samples: i
     return noise
 
 
-def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contrast: int | str | None = None) -> Any:
+def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None) -> Any:
     """The `Metric` for this model and the `attnflow.targets.Target` asked for (``target``: a Target,
-    or a class or token as `as_target` takes it; ``contrast``: the separate field of the command line
-    and the pairs file); default target: the clean input's prediction."""
+    or a class or token as `as_target` takes it); default target: the clean input's prediction."""
     import torch
 
     from attnflow.causal.patching import Metric
@@ -569,7 +569,7 @@ def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contras
             f"activation patching needs a classifier or a causal LM (a class or next-token metric); "
             f"{model.name} has {'no target' if kind is None else kind + ' targets'}"
         )
-    objective = as_target(target, contrast=contrast).objective(model)
+    objective = as_target(target).objective(model)
     chosen = objective.fixed_index
     if chosen is None:
         with torch.no_grad():
@@ -578,6 +578,28 @@ def resolve_metric(model: ModelLike, clean_ids: Any, target: Any = None, contras
         if objective.contrast_index == chosen:
             raise InputError("the {contrast} is the target itself: choose another class or token", parameter="contrast")
     return Metric.of(objective, chosen)
+
+
+def warn_if_unreadable(metric: Any, m_clean: float, m_corrupt: float) -> None:
+    """One `PatchingWarning` line (said once per run of many pairs, `attnflow.errors.warn_once`) when
+    the metric does not read as what the clean text predicts: the clean text itself prefers the
+    contrast (logit(target) − logit(contrast) < 0 on it), or the corruption does not lower the metric
+    (m_clean ≤ m_corrupt). The effects are still computed, normalised by m_clean − m_corrupt."""
+    name = metric.describe()
+    problems = []
+    if metric.contrast is not None and m_clean < 0:
+        problems.append(
+            f"the clean text prefers the contrast ({name} = {m_clean:.4g} on it): the effects measure a "
+            "preference the clean text does not have; swap the target and the contrast"
+        )
+    if m_clean <= m_corrupt:
+        problems.append(
+            f"the corruption does not lower the metric ({name} = {m_clean:.4g} on the clean text, "
+            f"{m_corrupt:.4g} corrupted): the effects say what restores a lower value, not what carries the "
+            "target; choose a target the clean text prefers, or swap the texts"
+        )
+    if problems:
+        warn_once("; and ".join(problems), PatchingWarning, about="patch", stacklevel=3)
 
 
 class _progress_bar:

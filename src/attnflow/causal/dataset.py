@@ -29,6 +29,7 @@ from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
+from attnflow.targets import as_target
 
 CHECKPOINT = "checkpoint.json"
 CHECKPOINT_FORMAT = 1
@@ -86,8 +87,9 @@ def patch_file(
     pairs = read_pairs(path)
     if out.resolve() == path.resolve().parent and (path.name == CHECKPOINT or owned(path.name)):
         raise InputError(
-            f"--file {path} is named like a file this run writes in --out {out} ({', '.join((*OUTPUTS, CHECKPOINT))}"
-            "): rename it or choose another --out"
+            f"{{path}} {path} is named like a file this run writes in {{out}} {out} "
+            f"({', '.join((*OUTPUTS, CHECKPOINT))}): rename it or choose another {{out}}",
+            parameter=("path", "out"),
         )
     engine = engine or EngineOptions(quiet=not options.get("progress", True))
     options = {**options, "progress": False}  # the engine's bar counts the pairs
@@ -140,8 +142,7 @@ class PairStep:
                     pair["clean"],
                     pair.get("corrupt"),
                     noise=pair.get("noise"),
-                    target=pair.get("target"),
-                    contrast=pair.get("contrast"),
+                    target=as_target(pair.get("target"), contrast=pair.get("contrast")),  # the file's two fields
                     **self.options,
                 )
                 row = {"index": index, **result.to_dict()}

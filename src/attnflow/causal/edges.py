@@ -41,6 +41,7 @@ import torch
 from attnflow.capture.hook_points import HookPoint, hooks
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.targets import Target, legacy_target
 
 EDGE_METHODS = ("eap", "eap-ig")
 TOLERANCE = 1e-3  # relative error allowed in the residual decomposition check
@@ -81,8 +82,15 @@ class EdgeGraph:
     """The component graph of one model and one clean/corrupted pair: activations of both runs,
     edge scores and circuit runs."""
 
-    def __init__(self, model: ModelLike, clean: str, corrupt: str, target: Any = None, contrast: Any = None) -> None:
-        from attnflow.causal.api import _token_ids, resolve_metric
+    def __init__(
+        self,
+        model: ModelLike,
+        clean: str,
+        corrupt: str,
+        target: Target | int | str | None = None,
+        contrast: int | str | None = None,
+    ) -> None:
+        from attnflow.causal.api import _token_ids, resolve_metric, warn_if_unreadable
         from attnflow.causal.patching import PatchRunner
 
         self.model = model
@@ -93,7 +101,8 @@ class EdgeGraph:
                 f"the clean text is {self.clean_ids.shape[1]} tokens and the corrupt text "
                 f"{self.corrupt_ids.shape[1]}: edges need the same token length"
             )
-        self.runner = PatchRunner(model, resolve_metric(model, self.clean_ids, target, contrast))
+        wanted = legacy_target(target, None, contrast, "EdgeGraph")  # contrast=: deprecated, inside the Target
+        self.runner = PatchRunner(model, resolve_metric(model, self.clean_ids, wanted))
         self.n_layers, self.n_heads = model.n_layers, model.n_heads
         self.upstream = ["emb"] + [
             name
@@ -110,6 +119,7 @@ class EdgeGraph:
         self.difference = float(self.clean_metric) - float(self.corrupt_metric)
         if abs(self.difference) < 1e-6:
             raise InputError("the corruption does not change the metric: nothing to attribute to edges")
+        warn_if_unreadable(self.runner.metric, float(self.clean_metric), float(self.corrupt_metric))
 
     def _valid_edges(self) -> np.ndarray:
         """``[upstream, downstream]``: whether u is computed before v reads the stream."""
@@ -278,15 +288,17 @@ def edge_scores(
     clean: str,
     corrupt: str,
     *,
-    target: Any = None,
-    contrast: Any = None,
+    target: Target | int | str | None = None,
+    contrast: int | str | None = None,
     method: str = "eap-ig",
     steps: int = 5,
     circuit_sizes: Sequence[int] = (10, 50, 200, 1000),
 ) -> EdgeScores:
     """EAP or EAP-IG scores of every edge of ``model`` on one pair, with the faithfulness of the
-    top-k circuit for each k in ``circuit_sizes`` (module docstring)."""
-    graph = EdgeGraph(model, clean, corrupt, target, contrast)
+    top-k circuit for each k in ``circuit_sizes`` (module docstring). ``target``: what the metric
+    reads, as in `attnflow.patch` (a `attnflow.targets.Target`, its contrast included; or a class or
+    token for short); ``contrast``: deprecated, the contrast inside the ``target``."""
+    graph = EdgeGraph(model, clean, corrupt, legacy_target(target, None, contrast, "edge_scores"))
     result = graph.scores(method, steps)
     for k in circuit_sizes:
         result.faithfulness[int(k)] = graph.faithfulness(result.top_edges(int(k)))

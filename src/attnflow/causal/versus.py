@@ -37,6 +37,7 @@ from attnflow.causal.labels import layer_label
 from attnflow.errors import InputError
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
+from attnflow.targets import Target, legacy_target
 
 VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim", "routes")
 # The registered method each prediction runs (``rollout_above`` is rollout with a start layer).
@@ -102,32 +103,33 @@ def compare_with_patching(
     clean: str,
     corrupt: str,
     *,
-    target: int | str | None = None,
+    target: Target | int | str | None = None,
     contrast: int | str | None = None,
     methods: str | Sequence[str] = VERSUS_METHODS,
     batch_size: int = 32,
     progress: bool = False,
 ) -> LayerComparison:
     """Exact residual patching (denoising) of ``clean``/``corrupt`` and every method's per-layer
-    prediction on ``clean`` (module docstring). ``target``/``contrast`` define the patching metric
-    as in `attnflow.patch`; the target-dependent methods explain ``target`` (default: the clean
-    prediction)."""
+    prediction on ``clean`` (module docstring). ``target`` (a `attnflow.targets.Target`, or a class
+    or token for short) defines the patching metric as in `attnflow.patch`, its contrast included;
+    the target-dependent methods explain its class or token (default: the clean prediction).
+    ``contrast``: deprecated, the contrast inside the ``target``."""
     from attnflow.causal.api import patch
 
+    wanted = legacy_target(target, None, contrast, "compare_with_patching")
     chosen = parse_versus_methods(methods)
     result = patch(
         model,
         clean,
         corrupt,
-        target=target,
-        contrast=contrast,
+        target=wanted,
         sites="residual",
         methods="exact",
         batch_size=batch_size,
         progress=progress,
     )
     effects = np.asarray(result.effects["exact"]["residual"], dtype=np.float64)  # [L + 1, token]
-    predictions = layer_predictions(model, clean, chosen, target=target)
+    predictions = layer_predictions(model, clean, chosen, target=wanted.label)
     return LayerComparison(clean, corrupt, result.tokens, model.default_row, effects, predictions)
 
 

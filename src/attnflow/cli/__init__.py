@@ -3,7 +3,7 @@
 Errors the user can fix (bad text, unknown model, missing file, bad corpus) are raised as
 `attnflow.errors.AttnflowError` subclasses, ValueError or FileNotFoundError and printed as one
 line, ``attnflow: error: ...``, with exit status 2, never as a traceback; the library parameters an
-error names are printed as their flags (`attnflow.cli.common.flag`).
+error names are printed as the subcommand's flags (`attnflow.cli.common.spelling`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, routes, serve
-from attnflow.cli.common import flag
+from attnflow.cli.common import spelling
 from attnflow.errors import AttnflowError, once_per_run, spell
 
 SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, routes, serve)
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 130
     except (AttnflowError, ValueError, OSError) as error:  # OSError: unreadable input, no such file, ...
-        print(f"attnflow: error: {spell(error, flag)}", file=sys.stderr)  # the parameters it names as flags
+        print(f"attnflow: error: {spell(error, spelling(args))}", file=sys.stderr)  # its parameters as flags
         return 2
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnflow.cli.common import RUNS_NOTE, add_loading_arguments, add_run_arguments
+from attnflow.cli.common import BATCH_SIZE, RUNS_NOTE, add_loading_arguments, add_run_arguments
 
 EPILOG = """\
 examples:
@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_run_arguments(run, checkpoint_every=10)
     add_loading_arguments(run, devices=None, device_help="cpu, cuda or auto (default)")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out)
+    parser.set_defaults(handler=run_audit_command, output_folder=lambda args: args.out, parameter_flags=BATCH_SIZE)
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

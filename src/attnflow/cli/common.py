@@ -15,7 +15,7 @@ from attnflow.methods.registry import options_per_method as options_per_method  
 DEFAULT_MODEL = "minilm-sentiment"
 # The library's parameters that the command line spells otherwise than ``--`` + the parameter with
 # dashes (``samples`` -> ``--samples``) or a method option's own flag: the one place errors' parameters
-# become flags (`flag`).
+# become flags (`flag`; a subcommand whose flag differs sets ``parameter_flags``, `spelling`).
 FLAGS = {
     "max_new_tokens": "--generate",
     "k": "--top-k",
@@ -23,10 +23,13 @@ FLAGS = {
     "methods": "--methods",
     "model_a": "--model",
     "model_b": "--model",
-    "target": "--target/--target-token",
+    "models": "--model",  # `attnflow serve`'s offered models (a ModelPool's models)
+    "target": "--target",
     "path": "--file",
     "token": "a token (--token-file PATH or ATTNFLOW_TOKEN)",  # `attnflow serve`'s; --token shows it in `ps`
 }
+# A command whose --batch-size is the library's batch_size (not a method option's --perturbation-batch).
+BATCH_SIZE = {"batch_size": "--batch-size"}
 _DEST = "method_option_"  # argparse destination prefix of the method options (they never clash with other flags)
 
 
@@ -52,6 +55,13 @@ def flag(parameter: str) -> str:
     from attnflow.methods.registry import option_flags
 
     return FLAGS.get(parameter) or option_flags().get(parameter) or "--" + parameter.replace("_", "-")
+
+
+def spelling(args: argparse.Namespace) -> Callable[[str], str]:
+    """How this subcommand spells the parameters an error names: its own ``parameter_flags``
+    (``parser.set_defaults(parameter_flags={...})``, where its flags differ from the others'), else `flag`."""
+    own: dict[str, str] = getattr(args, "parameter_flags", None) or {}
+    return lambda parameter: own.get(parameter) or flag(parameter)
 
 
 def parse_methods(text: str, also: tuple[str, ...] = ()) -> list[str]:

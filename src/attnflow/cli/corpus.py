@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnflow.cli.common import RUNS_NOTE, add_loading_arguments, add_run_arguments
+from attnflow.cli.common import BATCH_SIZE, RUNS_NOTE, add_loading_arguments, add_run_arguments
 
 CORPUS_EPILOG = """\
 examples:
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_study_arguments(parser.add_argument_group("what to study"))
     _add_reading_arguments(parser.add_argument_group("reading the corpus"))
     _add_running_arguments(parser.add_argument_group("running"))
-    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out))
+    parser.set_defaults(handler=run, output_folder=lambda args: Path(args.out), parameter_flags=BATCH_SIZE)
     _register_report(subparsers)
 
 

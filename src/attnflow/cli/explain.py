@@ -110,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_target_arguments(target)
     explain_generation.add_arguments(parser)
     _add_output_arguments(parser.add_argument_group("output"))
-    parser.set_defaults(handler=run, output_folder=output_folder)
+    # a target: --target for classifiers, --target-token for causal LMs
+    parser.set_defaults(handler=run, output_folder=output_folder, parameter_flags={"target": "--target/--target-token"})
 
 
 def _add_source_arguments(source: argparse._ArgumentGroup) -> None:
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     say = Progress(args.quiet)
     say(f"loading {args.model} …")
     model = load_model(args.model, args.device, args.quiet, args.dtype)
-    plan = plan_methods(model, args.method, given_method_options(args), args.target_text, args.image is not None)
+    plan = plan_methods(model, args.method, given_method_options(args), target_of(args), args.image is not None)
     trace = _trace(model, plan.per_method, args, say)
     faithfulness = args.faithfulness is not False
     explanations = explain_planned(model, trace, plan, args.row, lambda step: say(f"{step} …"), faithfulness)

@@ -167,14 +167,14 @@ def explain_step(model: ModelLike, args: argparse.Namespace) -> "ExplainStep":
         auto_methods,
         default_methods,
         has_target,
-        no_target_message,
+        no_target_error,
         with_candidates,
     )
 
-    targeted = has_target(model, args.target_text)
+    targeted = has_target(model, target_of(args))
     requested = args.method or default_methods(targeted)
     if AUTO in requested and not targeted:
-        raise InputError(no_target_message(model, image=False))
+        raise no_target_error(model, image=False)
     family = model.adapter if AUTO in requested else None
     per_method = options_per_method(
         with_candidates(requested, family, target_kind=model.target_kind), given_method_options(args)

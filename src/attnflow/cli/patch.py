@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from attnflow.cli.common import (
+    BATCH_SIZE,
     RUNS_NOTE,
     Progress,
     add_loading_arguments,
@@ -16,6 +17,7 @@ from attnflow.cli.common import (
     load_model,
     positive_int,
     quiet_loading,
+    target_of,
 )
 from attnflow.errors import InputError
 
@@ -64,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(3x the std of the embeddings) on the embeddings of chosen words (--noise, seeded, --samples "
             "draws averaged). The metric: a classifier's class logit, a causal LM's log p(next token), or "
             "with --contrast the logit difference target - contrast. The approximations (atp, atp*, "
-            "relp) come with their Pearson and Spearman correlation with exact patching. Writes "
+            "relp, atp-ig) come with their Pearson and Spearman correlation with exact patching. Writes "
             "patch.json (every number) and patch.html (heatmaps) into --out."
         ),
         epilog=(
@@ -89,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_sweep_arguments(parser)
     _add_run_arguments(parser)
     _add_other_analyses(parser)
-    parser.set_defaults(handler=run, output_folder=lambda args: args.out)
+    parser.set_defaults(handler=run, output_folder=lambda args: args.out, parameter_flags=BATCH_SIZE)
 
 
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,8 +118,8 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sites", metavar="KINDS", help=f"comma-separated site kinds (default: {default}). {kinds}")
     parser.add_argument(
         "--method",
-        help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward) "
-        f"(default: {DEFAULTS['method']})",
+        help="exact, atp, atp* (AtP with GradDrop), relp (AtP with the AttnLRP backward), atp-ig (AtP with the "
+        f"gradient integrated along the path between the two runs) (default: {DEFAULTS['method']})",
     )
     parser.add_argument(
         "--direction",
@@ -379,9 +381,7 @@ def run_sweep(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]
 
     options = _sweep_options(args)
     say(f"patching with {', '.join(options['methods'])} …")
-    result = patch(
-        model, args.text, args.corrupt, noise=args.noise, target=args.target, contrast=args.contrast, **options
-    )
+    result = patch(model, args.text, args.corrupt, noise=args.noise, target=target_of(args), **options)
     with staged_output(args.out, owned, args.overwrite) as scratch:
         result.save(scratch)
     if not args.quiet:
@@ -404,8 +404,7 @@ def run_versus(args: argparse.Namespace, model: Any, say: Progress) -> list[Path
         model,
         args.text,
         args.corrupt,
-        target=args.target,
-        contrast=args.contrast,
+        target=target_of(args),
         methods=methods,
         batch_size=args.batch_size or DEFAULTS["batch_size"],
         progress=not args.quiet,
@@ -432,9 +431,7 @@ def run_edges(args: argparse.Namespace, model: Any, say: Progress) -> list[Path]
     steps = args.steps or DEFAULTS["steps"]
     how = f"{args.edges}, {steps} steps" if args.edges == "eap-ig" else args.edges
     say(f"scoring every edge ({how}), then patching the top-k circuits …")
-    result = edge_scores(
-        model, args.text, args.corrupt, target=args.target, contrast=args.contrast, method=args.edges, steps=steps
-    )
+    result = edge_scores(model, args.text, args.corrupt, target=target_of(args), method=args.edges, steps=steps)
     with staged_output(args.out, owned, args.overwrite) as scratch:
         (scratch / "edges.json").write_text(json.dumps(result.to_dict()), encoding="utf-8")
         (scratch / "edges.html").write_text(edges_html(result, model.name), encoding="utf-8")

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from attnflow.cli.common import DEFAULT_MODEL, add_dtype_argument, positive_int
+from attnflow.cli.common import DEFAULT_MODEL, add_dtype_argument, flag, positive_int
 from attnflow.errors import InputError
 
 GRACE_S = 2.0  # after the server has stopped: how long its threads may take to reach a check
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         max_text_chars=args.max_text,
         time_limit_s=args.time_limit,
         allowed_hosts=LOCAL_HOSTS if local else None,  # a local server answers no other Host (DNS rebinding)
+        operator_spelling=flag,  # a refused model's answer names this command's flags (--allow-any-model)
     )
     pool = ModelPool(
         args.model or [DEFAULT_MODEL],

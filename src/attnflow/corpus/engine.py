@@ -89,7 +89,8 @@ def run_study(
             model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         if options.seq_len > model.max_length:
             raise InputError(
-                f"--seq-len {options.seq_len} exceeds the maximum of {options.model} ({model.max_length} tokens)"
+                f"{{seq_len}} {options.seq_len} exceeds the maximum of {options.model} ({model.max_length} tokens)",
+                parameter="seq_len",
             )
         stream = WindowStream(
             corpus, model.tokenizer, seq_len=options.seq_len, stride=options.stride, samples=options.samples
@@ -121,11 +122,11 @@ def run_study(
 def _check_options(options: StudyOptions) -> None:
     check_counts(
         required=(
-            ("--batch-size", options.batch_size),
-            ("--seq-len", options.seq_len),
-            ("--checkpoint-every", options.checkpoint_every),
+            ("batch_size", options.batch_size),
+            ("seq_len", options.seq_len),
+            ("checkpoint_every", options.checkpoint_every),
         ),
-        optional=(("--samples", options.samples), ("--stride", options.stride), ("--workers", options.workers)),
+        optional=(("samples", options.samples), ("stride", options.stride), ("workers", options.workers)),
         engine=options.engine,
     )
 
@@ -241,7 +242,7 @@ def rebuild_report(out: str | os.PathLike, png_dir: str | os.PathLike | None = N
         raise InputError(f"{out}: no such folder" if not out.exists() else f"{out} is a file, not a study's folder")
     missing = [name for name in (SUMMARY, STATS) if not (out / name).is_file()]
     if missing:
-        raise InputError(f"{out}: no {' or '.join(missing)} (is this the --out folder of `attnflow corpus`?)")
+        raise InputError(f"{out}: no {' or '.join(missing)} (is this the output folder of a corpus study?)")
     summary = json.loads((out / SUMMARY).read_text(encoding="utf-8"))
     with np.load(out / STATS, allow_pickle=False) as saved:
         arrays = {name: saved[name] for name in saved.files}

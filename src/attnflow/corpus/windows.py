@@ -151,12 +151,14 @@ class WindowStream:
         self.seq_len = int(seq_len)
         self.content_len = self.seq_len - len(self.prefix) - len(self.suffix)
         if self.content_len < 1:
-            raise InputError(f"--seq-len {seq_len} leaves no room for text next to the special tokens")
+            raise InputError(
+                f"{{seq_len}} {seq_len} leaves no room for text next to the special tokens", parameter="seq_len"
+            )
         self.stride = self.content_len if stride is None else int(stride)
         if self.stride < 1:
-            raise InputError(f"--stride must be at least 1, not {stride}")
+            raise InputError(f"{{stride}} must be at least 1, not {stride}", parameter="stride")
         if samples is not None and samples < 1:
-            raise InputError(f"--samples must be at least 1, not {samples}")
+            raise InputError(f"{{samples}} must be at least 1, not {samples}", parameter="samples")
         self.samples = samples
         self.start = int(start)
         self.doc_chunk = doc_chunk
@@ -228,7 +230,8 @@ class WindowStream:
         if self.tokens_read < self.content_len:
             raise InputError(
                 f"the corpus has {self.tokens_read} wordpieces, fewer than one window needs "
-                f"({self.content_len} for --seq-len {self.seq_len}); add text or lower --seq-len"
+                f"({self.content_len} for {{seq_len}} {self.seq_len}); add text or lower {{seq_len}}",
+                parameter="seq_len",
             )
 
     def shortfall(self) -> str | None:
@@ -249,7 +252,7 @@ class WindowStream:
 def batched(windows: Iterable[Window], batch_size: int) -> Iterator[WindowBatch]:
     """Group consecutive windows into `WindowBatch`es of ``batch_size`` (the last may be smaller)."""
     if batch_size < 1:
-        raise InputError(f"--batch-size must be at least 1, not {batch_size}")
+        raise InputError(f"{{batch_size}} must be at least 1, not {batch_size}", parameter="batch_size")
     pending: list[Window] = []
     for window in windows:
         pending.append(window)

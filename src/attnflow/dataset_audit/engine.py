@@ -86,10 +86,13 @@ def read_unlabelled(file: str, text_column: str) -> list[str]:
 
     path = Path(file).expanduser()
     if not path.is_file() or path.suffix.lower() not in KINDS:
-        raise InputError(f"--file {file}: give an existing .txt, .jsonl, .csv or .parquet file")
-    texts = list(open_corpus(str(path), ReadOptions(text_field=text_column, text_column=text_column)))
+        raise InputError(f"{{file}} {file}: give an existing .txt, .jsonl, .csv or .parquet file", parameter="file")
+    try:
+        texts = list(open_corpus(str(path), ReadOptions(text_field=text_column, text_column=text_column)))
+    except InputError as error:  # the reader's parameters as the audit's own
+        raise error.renamed({"data": "file", "text_field": "text_column"}) from None
     if not texts:
-        raise InputError(f"--file {file} holds no text")
+        raise InputError(f"{{file}} {file} holds no text", parameter="file")
     check_texts(texts)  # undecodable characters: one line before any model runs
     return texts
 
@@ -178,17 +181,21 @@ def _job(options: AuditOptions, model: ModelLike, data: AuditData, label_names: 
 def _check_options(options: AuditOptions) -> None:
     check_counts(
         required=(
-            ("--batch-size", options.batch_size),
-            ("--checkpoint-every", options.checkpoint_every),
-            ("--min-count", options.min_count),
+            ("batch_size", options.batch_size),
+            ("checkpoint_every", options.checkpoint_every),
+            ("min_count", options.min_count),
         ),
-        optional=(("--samples", options.samples), ("--workers", options.workers)),
+        optional=(("samples", options.samples), ("workers", options.workers)),
         engine=options.engine,
     )
     if options.task is not None and options.file is not None:
-        raise InputError("give --task (labelled examples) or --file (unlabelled texts), not both")
+        raise InputError(
+            "give {task} (labelled examples) or {file} (unlabelled texts), not both", parameter=("task", "file")
+        )
     if options.file is not None and not Path(options.file).expanduser().is_file():
-        raise InputError(f"--file {options.file}: give an existing .txt, .jsonl, .csv or .parquet file")
+        raise InputError(
+            f"{{file}} {options.file}: give an existing .txt, .jsonl, .csv or .parquet file", parameter="file"
+        )
 
 
 def _option_fields(options: AuditOptions, pairs: list) -> dict[str, Any]:

@@ -112,33 +112,37 @@ def word_relevance(
     return words
 
 
-def check_word(word: str, what: str) -> str:
-    """The key of ``word`` (`word_key`), or one InputError line when it is not exactly one word."""
+def check_word(word: str, what: str, parameter: str | None = None) -> str:
+    """The key of ``word`` (`word_key`), or one InputError line when it is not exactly one word
+    (``what``: where it comes from, naming ``parameter`` as ``{parameter}``, `attnflow.errors`)."""
     cleaned = word.strip()
     if not WORD.fullmatch(cleaned):
-        raise InputError(f"{what} {word!r} is not one word (letters, digits, ' or - only); give single words")
+        raise InputError(
+            f"{what} {word!r} is not one word (letters, digits, ' or - only); give single words", parameter=parameter
+        )
     return word_key(cleaned)
 
 
-def _items(value: str | Sequence[str], option: str) -> list[str]:
-    """A comma-separated string, a file of such lines, or a list -> stripped non-empty items."""
+def _items(value: str | Sequence[str], parameter: str) -> list[str]:
+    """A comma-separated string, a file of such lines, or a list -> stripped non-empty items (the
+    errors name ``parameter``)."""
     if isinstance(value, str):
         path = Path(value).expanduser()
         if path.is_file():
             value = path.read_text(encoding="utf-8").replace("\n", ",")
         elif "," not in value and any(c in value for c in "/\\"):
-            raise InputError(f"{option} {value}: no such file")
+            raise InputError(f"{{{parameter}}} {value}: no such file", parameter=parameter)
         value = value.split(",")
     items = [item.strip() for item in value if item.strip()]
     if not items:
-        raise InputError(f"{option} names nothing; give a comma-separated list or a file")
+        raise InputError(f"{{{parameter}}} names nothing; give a comma-separated list or a file", parameter=parameter)
     return items
 
 
 def parse_terms(value: str | Sequence[str]) -> list[str]:
     """``--terms a,b,...`` or a file (one or more terms a line, comma-separated) -> unique word keys
     (``he's`` is the term *he*)."""
-    return list(dict.fromkeys(check_word(term, "--terms: term") for term in _items(value, "--terms")))
+    return list(dict.fromkeys(check_word(term, "{terms}: term", "terms") for term in _items(value, "terms")))
 
 
 def parse_swaps(value: str | Sequence[str]) -> list[tuple[str, str]]:
@@ -147,13 +151,13 @@ def parse_swaps(value: str | Sequence[str]) -> list[tuple[str, str]]:
     A word may be in several pairs (``her`` above); `swap_text` then reports the texts holding it
     as ambiguous instead of swapping them (`ambiguous_words` names such words up front)."""
     pairs: list[tuple[str, str]] = []
-    for item in _items(value, "--swap"):
+    for item in _items(value, "swap"):
         sides = item.split(":")
         if len(sides) != 2:
-            raise InputError(f"--swap pair {item!r} is not WORD:WORD (e.g. he:she)")
-        first, second = (check_word(side, f"--swap pair {item!r}: side") for side in sides)
+            raise InputError(f"{{swap}} pair {item!r} is not WORD:WORD (e.g. he:she)", parameter="swap")
+        first, second = (check_word(side, f"{{swap}} pair {item!r}: side", "swap") for side in sides)
         if first == second:
-            raise InputError(f"--swap pair {item!r} swaps a word with itself")
+            raise InputError(f"{{swap}} pair {item!r} swaps a word with itself", parameter="swap")
         if (first, second) not in pairs and (second, first) not in pairs:
             pairs.append((first, second))
     return pairs

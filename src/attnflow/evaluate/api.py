@@ -50,7 +50,7 @@ def select_samples(n_available: int, samples: int | None, seed: int) -> np.ndarr
     if samples is None:
         samples = min(DEFAULT_SAMPLES, n_available)
     if samples < 1:
-        raise ValueError(f"--samples must be at least 1, got {samples}")
+        raise InputError(f"{{samples}} must be at least 1, got {samples}", parameter="samples")
     if samples > n_available:
         log.warning(
             "--samples %d is more than the %d held-out examples; using all %d", samples, n_available, n_available
@@ -92,9 +92,9 @@ def check_task_name(task: str | None) -> None:
     if task is None or task in NEXT_TOKEN_TASKS or task in TASKS or Path(task).expanduser().is_file():
         return
     if Path(task).expanduser().exists():
-        raise InputError(f"--task {task}: a folder, not a CSV/JSONL file")
+        raise InputError(f"{{task}} {task}: a folder, not a CSV/JSONL file", parameter="task")
     if any(c in task for c in "/\\."):
-        raise InputError(f"--task {task}: no such file")
+        raise InputError(f"{{task}} {task}: no such file", parameter="task")
     raise InputError(
         f"unknown task {task!r}; tasks: {', '.join(TASKS)}, {', '.join(NEXT_TOKEN_TASKS)} (causal LMs), "
         "or a CSV/JSONL file path"
@@ -112,7 +112,8 @@ def load_evaluation_task(
     task = task or probe.get("task")
     if task is None:
         raise InputError(
-            f"model {model.name!r} has no default task; give --task ({', '.join(TASKS)} or a CSV/JSONL file)"
+            f"model {model.name!r} has no default task; give {{task}} ({', '.join(TASKS)} or a CSV/JSONL file)",
+            parameter="task",
         )
     if task in TASKS:
         data = load_task(task)
@@ -160,8 +161,9 @@ def next_token_task(
 
     if model.target_kind != "next_token":
         raise InputError(
-            f"--task {task} explains a causal language model's next token; {model.name} is not one "
-            "(try --model smollm2)"
+            f"{{task}} {task} explains a causal language model's next token; {model.name} is not one "
+            "(try {model} smollm2)",
+            parameter=("task", "model"),
         )
     run_info: dict[str, Any] = {"model": model.name, "task": task, "window": window, "target": "next_token"}
     if task == NEXT_TOKEN_TASK:
@@ -169,7 +171,10 @@ def next_token_task(
         data = data.subset(select_samples(len(data), samples, seed))
         split = f"one {window}-token window per held-out text (20 %) of {', '.join(TASKS)}, at a seeded offset"
         return data.texts, data.next_ids, {**run_info, "samples": len(data), "split": split}, None
-    probes = next_token_probes(model.tokenizer, window)
+    try:
+        probes = next_token_probes(model.tokenizer, window)
+    except InputError as error:  # its context is evaluate's window
+        raise error.renamed({"context": "window"}) from None
     answered = _answered(model, probes.texts, probes.next_ids)
     kept = probes.subset(np.flatnonzero(answered))
     if not len(kept):

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from attnflow.errors import InputError
 from attnflow.evaluate.attribute import attribute
 from attnflow.evaluate.bounds import (
     BEAM_WIDTH,
@@ -94,11 +95,15 @@ class BenchmarkOptions:
         if self.curve_points < 2:
             raise ValueError("the deletion curve needs at least 2 points")
         if self.beam_width < 1:
-            raise ValueError(f"--beam-width must be at least 1, got {self.beam_width}")
+            raise InputError(f"{{beam_width}} must be at least 1, got {self.beam_width}", parameter="beam_width")
         if self.bounds not in BOUND_SEARCHES:
-            raise ValueError(f"--bounds must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}")
+            raise InputError(
+                f"{{bounds}} must be one of {', '.join(BOUND_SEARCHES)}, got {self.bounds!r}", parameter="bounds"
+            )
         if self.sanity_layers is not None and self.sanity_layers < 1:  # the CLI's 0 (all) arrives as None
-            raise ValueError(f"--sanity-layers must be at least 1, got {self.sanity_layers}")
+            raise InputError(
+                f"{{sanity_layers}} must be at least 1, got {self.sanity_layers}", parameter="sanity_layers"
+            )
 
 
 @dataclass(frozen=True)
@@ -556,6 +561,17 @@ def _units_from(units: Sequence[Unit], start: int) -> Iterator[Unit]:
         done += len(unit)
 
 
+def explanations_left(units: Sequence[Unit], done: int) -> dict[str, int]:
+    """The explanations each method (and the agreement reference, ``"NAME (agreement reference)"``)
+    still has to run after the first ``done`` examples' worth of ``units``."""
+    explanations: dict[str, int] = {}
+    for unit in _units_from(units, done):
+        if unit.kind in ("reference", "method", "sanity"):
+            name = f"{unit.method} (agreement reference)" if unit.kind == "reference" else str(unit.method)
+            explanations[name] = explanations.get(name, 0) + len(unit)
+    return explanations
+
+
 def _print_plan(
     model: ModelLike,
     context: BenchmarkContext,
@@ -568,9 +584,10 @@ def _print_plan(
     """The plan of the methods with work left (`attnflow.evaluate.plan`), on stderr."""
     from attnflow.evaluate.plan import plan_run
 
-    left = {unit.method for unit in _units_from(units, done) if unit.kind in ("method", "sanity")}
-    to_run = [name for name in dict.fromkeys(str(u.method) for u in units if u.kind == "method") if name in left]
-    for line in plan_run(model, context.scorer, examples, to_run, options, attribute_fn).describe():
+    explanations = explanations_left(units, done)
+    methods = dict.fromkeys(str(unit.method) for unit in units if unit.kind == "method")
+    to_run = [name for name in methods if name in explanations]
+    for line in plan_run(model, context.scorer, examples, to_run, explanations, options, attribute_fn).describe():
         print(f"attnflow: {line}", file=sys.stderr, flush=True)
 
 

@@ -38,6 +38,7 @@ from attnflow.model_like import ModelLike
 
 if TYPE_CHECKING:
     from attnflow.methods.registry import Family
+    from attnflow.targets import Target
 
 BINS: tuple[float, ...] = (0.10, 0.20, 0.50)
 RANDOM_RANKINGS = 5
@@ -53,15 +54,16 @@ class FaithfulnessBudget:
 
     Attributes:
         bounds_tokens: the most tokens the NAOPC bounds' perturbed inputs may hold in all (a
-            perturbed input of n tokens counts n; 10,000 is about a second of minilm on two CPU
-            cores). The tightest search that fits is used — a beam of width 1, the bin-level
-            search, the single-token orders — and none when even the last does not fit; inputs of
+            perturbed input of n tokens counts n; 3,000 is about a second of minilm on one CPU
+            thread: an unseen 80-token text's request took 3.9 s with 10,000, 1.2 s with 3,000).
+            The tightest search that fits is used — a beam of width 1, the bin-level search, the
+            single-token orders — and none when even the last does not fit; inputs of
             at most 8 content tokens always get exact bounds.
         scored: m up to this: the maps' AOPC beside random rankings (6 perturbed inputs per
             ranking); beyond, no faithfulness at all (and ``auto`` chooses without it).
     """
 
-    bounds_tokens: int = 10_000
+    bounds_tokens: int = 3_000
     scored: int = 256
 
     def bounds_search(self, m: int, n_tokens: int, bins: Sequence[float] = BINS) -> str:
@@ -279,24 +281,33 @@ def add_view_faithfulness(
 # ----- --method auto ------------------------------------------------------------------------------
 
 
-def has_target(model: ModelLike, target_text: str | None = None) -> bool:
+def has_target(model: ModelLike, target: Target | None = None) -> bool:
     """Whether the model's output gives target methods something to explain on a text: a class,
-    a next token, or (a sentence encoder given ``target_text``) a similarity."""
+    a next token, or (a sentence encoder given ``target``, a `attnflow.targets.Target` with a text)
+    a similarity."""
     if model.target_kind in ("next_token", "class"):
         return True
-    return model.target_kind == "similarity" and target_text is not None and model.default_row == "mean"
+    text = None if target is None else target.text
+    return model.target_kind == "similarity" and text is not None and model.default_row == "mean"
 
 
-def no_target_message(model: ModelLike, image: bool) -> str:
-    """Why --method auto cannot run on this model (or on an image), and what to do instead."""
+def no_target_error(model: ModelLike, image: bool) -> InputError:
+    """Why ``method="auto"`` cannot run on this model (or on an image), and what to do instead."""
     if image:
-        return "--method auto compares target methods, and images have no target: choose a method such as rollout"
-    if model.target_kind == "similarity" and model.default_row == "mean":
-        return (
-            f"--method auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
-            "give --target-text TEXT (it explains the similarity to that text), or choose a method such as rollout"
+        return InputError(
+            "{method} auto compares target methods, and images have no target: choose a method such as rollout",
+            parameter="method",
         )
-    return f"--method auto compares target methods, and {model.name} has no target: choose a method such as rollout"
+    if model.target_kind == "similarity" and model.default_row == "mean":
+        return InputError(
+            f"{{method}} auto compares target methods, and {model.name} is a sentence encoder without a classifier: "
+            "give {target_text} (it explains the similarity to that text), or choose a method such as rollout",
+            parameter=("method", "target_text"),
+        )
+    return InputError(
+        f"{{method}} auto compares target methods, and {model.name} has no target: choose a method such as rollout",
+        parameter="method",
+    )
 
 
 def default_methods(target: bool) -> list[str]:
@@ -337,10 +348,11 @@ def choose_by_step_aopc(candidates: Sequence[Any]) -> tuple[Any, str]:
 # that beat `random` on a normalised AOPC there, best NAOPC comprehensiveness first. A kind without
 # a table keeps every one-pass target method as a candidate.
 MEASURED_RANKING: dict[str, tuple[str, ...]] = {
-    # smollm2, --task next-token --window 5, 200 windows: NAOPC sufficiency gim 0.449, attnlrp 0.408
-    # vs random 0.620 (grad_x_input 0.686, grad_rollout 0.628 do not beat it); no one-pass method
-    # beats random's NAOPC comprehensiveness (0.931; gim 0.829, attnlrp 0.802)
-    "next_token": ("gim", "attnlrp"),
+    # smollm2, --task next-token (32-token windows), 60 windows, --bounds singles: NAOPC comprehensiveness
+    # attnlrp 0.928, gim 0.902 (grad_x_input 0.787, grad_rollout 0.786, cp_lrp 0.723; random 0.546),
+    # sufficiency attnlrp 0.308, gim 0.418 (random 0.858); --task next-token-probes, 39 probes: the
+    # key token ranked first by attnlrp 0.79, gim 0.59 (grad_x_input 0.56, random 0)
+    "next_token": ("attnlrp", "gim"),
 }
 
 
@@ -428,7 +440,7 @@ def plan_methods(
     model: ModelLike,
     methods: Sequence[str] | None,
     options: Mapping[str, Any],
-    target_text: str | None = None,
+    target: Target | None = None,
     image: bool = False,
 ) -> Plan:
     """The `Plan` for ``methods`` (None: ``auto`` when the model has a target on this input,
@@ -436,10 +448,10 @@ def plan_methods(
     `attnflow.methods.registry.options_per_method`). InputError when ``auto`` has nothing to explain."""
     from attnflow.methods.registry import options_per_method
 
-    has = not image and has_target(model, target_text)
+    has = not image and has_target(model, target)
     requested = list(methods) if methods else default_methods(has)
     if AUTO in requested and not has:
-        raise InputError(no_target_message(model, image))
+        raise no_target_error(model, image)
     family = model.adapter if AUTO in requested else None
     candidates = auto_methods(family, model.target_kind) if AUTO in requested else []
     per_method = options_per_method(with_candidates(requested, family, target_kind=model.target_kind), dict(options))

@@ -25,14 +25,17 @@ BenchmarkOptions = Any  # attnflow.evaluate.benchmark.BenchmarkOptions
 
 @dataclass
 class Plan:
-    """What a benchmark run will compute: ``examples`` × ``methods``, each method explaining every
-    example once and ``sanity_examples`` again at each of ``stages`` randomisation stages; and, when
-    timed, the estimate: ``seconds`` per method (one timed explanation of one example × its
-    explanations), ``perturbation_seconds`` (every method's perturbed inputs) and ``bounds_seconds``
-    per bounds search (what each would add; ``bounds`` is the one asked for)."""
+    """What a benchmark run will compute: ``examples`` × ``methods``, and ``explanations`` (each
+    method's explanations still to run: every example once, ``sanity_examples`` again at each of
+    ``stages`` randomisation stages for the methods the sanity check re-explains; the agreement
+    reference, when it is not one of the methods, is a key of its own); and, when timed, the
+    estimate: ``seconds`` per entry of ``explanations`` (one timed explanation of one example × its
+    count), ``perturbation_seconds`` (every method's perturbed inputs) and ``bounds_seconds`` per
+    bounds search (what each would add; ``bounds`` is the one asked for)."""
 
     examples: int
     methods: list[str]
+    explanations: dict[str, int]
     sanity_examples: int
     stages: int
     bounds: str = "none"
@@ -40,16 +43,20 @@ class Plan:
     perturbation_seconds: float = 0.0
     bounds_seconds: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def explanations_per_method(self) -> int:
-        return self.examples + self.sanity_examples * self.stages
-
     def describe(self) -> list[str]:
         """The plan in a few lines: the sizes, the estimate, and what dominates it."""
+        checked = [name for name in self.methods if self.explanations.get(name, 0) > self.examples]
+        sanity = (
+            f"{self.sanity_examples} examples × {self.stages} sanity stages for "
+            + ("each method" if len(checked) == len(self.methods) else f"{len(checked)} of them")
+            if checked
+            else "no sanity check"
+        )
+        extra = [name for name in self.explanations if name not in self.methods]
+        reference = f", {', '.join(extra)}" if extra else ""
         lines = [
-            f"plan: {self.examples} examples × {len(self.methods)} methods, and {self.sanity_examples} examples "
-            f"× {self.stages} sanity stages per method: {self.explanations_per_method * len(self.methods):,} "
-            "explanations"
+            f"plan: {self.examples} examples × {len(self.methods)} methods{reference}, and {sanity}: "
+            f"{sum(self.explanations.values()):,} explanations"
         ]
         if self.seconds is None:
             return lines
@@ -62,7 +69,7 @@ class Plan:
         lines.append(f"estimate: {_duration(total)} ({', '.join(parts)}; one example timed per method)")
         ranked = sorted(self.seconds.items(), key=lambda item: -item[1])
         heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
-        if len(self.methods) > 1 and heavy:
+        if len(self.seconds) > 1 and heavy:
             shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
             lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
         others = [f"{search} {_duration(t)}" for search, t in self.bounds_seconds.items() if search != self.bounds]
@@ -86,25 +93,29 @@ def plan_run(
     scorer: ClassifierScorer,
     examples: Sequence[Example],
     methods: Sequence[str],
+    explanations: dict[str, int],
     options: BenchmarkOptions,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
     timed: bool = True,
 ) -> Plan:
-    """The `Plan` of evaluating ``methods`` on ``examples``; ``timed``: explain the first example
-    once with each method (its explanations × that time), and score a few unaltered examples to
+    """The `Plan` of evaluating ``methods`` on ``examples`` with ``explanations`` still to run (per
+    method, and per agreement reference: `Plan.explanations`); ``timed``: explain the first example
+    once with each of them (their explanations × that time), and score a few unaltered examples to
     price a perturbed input per token (the perturbations' and each bounds search's estimate)."""
     from attnflow.evaluate.sanity import randomisation_stages
 
-    plan = Plan(len(examples), list(methods), min(options.sanity_samples, len(examples)), 0, options.bounds)
+    sanity_examples = min(options.sanity_samples, len(examples))
+    plan = Plan(len(examples), list(methods), dict(explanations), sanity_examples, 0, options.bounds)
     if plan.sanity_examples:
         plan.stages = len(shown_stages(len(randomisation_stages(model)), options.sanity_layers))
     if not timed or not examples:
         return plan
     plan.seconds = {}
-    for method in methods:
+    for name, count in explanations.items():
+        method = name.split(" ")[0]  # "leave_one_out (agreement reference)" runs leave_one_out
         began = time.perf_counter()
         attribute_fn(model, [examples[0].text], method, [examples[0].target])
-        plan.seconds[method] = (time.perf_counter() - began) * plan.explanations_per_method
+        plan.seconds[name] = (time.perf_counter() - began) * count
     timed_examples = examples[:16]
     began = time.perf_counter()
     ClassifierScorer(model, scorer.max_batch_tokens).probabilities([e.ids for e in timed_examples])

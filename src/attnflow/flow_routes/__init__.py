@@ -6,5 +6,7 @@ contributes to the whole, from one forward pass, and the route a prediction take
 Modules: ``forward`` (the one forward pass, its hooks and the weights read), ``contributions``
 (parts, proximities, the compiled kernel), ``graph`` (extraction, importance), ``lens`` (the logit
 lens, direct effects), ``api`` (the front door), ``result`` (`Routes`, ``routes.json``; its page
-and figure come from attnflow.viz, connected by the package root).
+and figure come from attnflow.viz, connected by the package root). Over a dataset (``attnflow
+routes --file / --data``): ``dataset`` (its step and job on the run engine, the summary),
+``head_roles`` (what a head does, measured from its attention), ``data_report`` (its page).
 """

@@ -32,6 +32,7 @@ from attnflow.flow_routes.forward import (
 )
 from attnflow.flow_routes.graph import (
     DEFAULT_THRESHOLD,
+    Composition,
     Direct,
     Edge,
     Graph,
@@ -45,6 +46,7 @@ from attnflow.flow_routes.graph import (
 from attnflow.flow_routes.lens import LENS_CHUNK, Lens, promotes, readouts
 from attnflow.flow_routes.result import LENS_MODES, Routes
 from attnflow.model_like import ModelLike
+from attnflow.targets import Target, legacy_target
 
 Node = tuple[str, int, int]
 
@@ -64,7 +66,7 @@ def routes(
     text: str,
     position: int | None = None,
     threshold: float = DEFAULT_THRESHOLD,
-    target: int | str | None = None,
+    target: Target | int | str | None = None,
     contrast: int | str | None = None,
     *,
     norm: int = 1,
@@ -78,11 +80,11 @@ def routes(
         position: the top node's position (default: the last, the one predicting the next token;
             negative positions count from the end).
         threshold: τ in [0, 1): the route keeps the edges with weight > τ (0.04, Ferrando & Voita's).
-        target: the token whose logit the lens and the direct effects read (a single-token string
-            or an id; default: the model's prediction at ``position``). Models with a
-            language-model head only.
-        contrast: contrastive mode: the edges into the top position's stream are kept by their
-            share of the direct effect on logit(target) − logit(contrast).
+        target: the token whose logit the lens and the direct effects read, a `attnflow.targets.Target`
+            (or a single-token string or an id; default: the prediction at ``position``); models with a
+            language-model head only. With its contrast (``Target(" Paris", contrast=" Rome")``) the
+            edges into the top position's stream are kept by their share of the direct effect on
+            logit(target) − logit(contrast). ``contrast=``: deprecated, the contrast in the ``target``.
         norm: p of the proximity's ‖·‖_p (1, the paper's, or 2).
         lens: the nodes the logit lens reads: ``"route"`` (the route's nodes and every node of
             the top position), ``"all"`` (every node: cost grows as layers × tokens × vocabulary),
@@ -91,17 +93,18 @@ def routes(
         components: how many heads and how many feed-forward blocks, the most important, are
             described (importance, direct effect, what they promote and suppress).
     """
+    wanted = legacy_target(target, None, contrast, "routes")
     clock = _Clock()
     threshold = check_threshold(threshold)
     _check_options(model, norm, lens, top_k, components)
     input_ids, tokens = _tokenise(model, text)
     position = _position(position, len(tokens))
     weights = read_weights(model)
-    the_lens = _lens(model, weights, target, contrast)
+    the_lens = _lens(model, weights, wanted)
     recording = record(model, input_ids)
     clock.lap("forward")
     final = recording.inputs[-1]
-    tokens_read = _targets(model, the_lens, final[position], target, contrast)
+    tokens_read = _targets(model, the_lens, final[position], wanted)
     fields = _fields(the_lens, final, tokens_read.target_id, tokens_read.contrast_id)
     graph, effects, direct = _build(recording, weights, position, norm, fields, the_lens)
     clock.lap("graph")
@@ -158,6 +161,44 @@ def prediction_importance(
     return compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs
 
 
+@dataclass
+class RouteImportance:
+    """What `route_importance` returns for one prediction (``L`` layers, ``H`` heads, ``T`` tokens):
+    the ``tokens`` and ``token_ids [T]``; ``importance`` and ``importance_full``, the same
+    `Composition` as `Routes.importance` and `Routes.importance_full` (heads ``[L, H]``,
+    feed-forward blocks ``[L, T]``, nodes); ``attentions [L, H, T, T]`` ``[layer, head, query,
+    key]``, the attention weights of the same forward pass (float32)."""
+
+    tokens: list[str]
+    token_ids: np.ndarray
+    importance: Composition
+    importance_full: Composition
+    attentions: np.ndarray
+
+
+def route_importance(
+    model: ModelLike, text: str, threshold: float = DEFAULT_THRESHOLD, *, norm: int = 1
+) -> RouteImportance:
+    """The importance of every node, head and feed-forward block for the prediction at the last
+    position of ``text``, with the route at ``threshold`` and with every edge — exactly
+    `routes(model, text, threshold=threshold, norm=norm)`'s ``importance`` and
+    ``importance_full`` — and the attention weights of the same forward pass, without the route's
+    edges, reach, lens and descriptions: what `attnflow routes --data` adds up over a dataset."""
+    threshold = check_threshold(threshold)
+    _check_options(model, norm, "none", 1, 1)
+    input_ids, tokens = _tokenise(model, text)
+    recording = record(model, input_ids)
+    position = len(tokens) - 1
+    graph, _, _ = _build(recording, read_weights(model), position, norm, _Fields(), None)
+    return RouteImportance(
+        tokens=tokens,
+        token_ids=input_ids[0].numpy(),
+        importance=compose(graph, position, threshold),
+        importance_full=compose(graph, position, 0.0),
+        attentions=recording.attentions.cpu().numpy(),
+    )
+
+
 def _top(final: torch.Tensor, row: Any, p: int) -> int | np.ndarray:
     """The top node's position for a saliency row, or the top weights of a mean-pooled prediction."""
     n_tokens = final.shape[0]
@@ -184,12 +225,12 @@ class _Clock:
 def _check_options(model: ModelLike, norm: Any, lens: Any, top_k: Any, components: Any) -> None:
     check_supported(model)
     if norm not in parts.NORMS or isinstance(norm, bool):
-        raise ValueError(f"norm must be one of {parts.NORMS}, got {norm!r}")
+        raise InputError(f"{{norm}} must be one of {parts.NORMS}, got {norm!r}", parameter="norm")
     if lens not in LENS_MODES:
-        raise ValueError(f"lens must be one of {', '.join(LENS_MODES)}, got {lens!r}")
+        raise InputError(f"{{lens}} must be one of {', '.join(LENS_MODES)}, got {lens!r}", parameter="lens")
     for name, value in (("top_k", top_k), ("components", components)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise InputError(f"{{{name}}} must be an integer >= 1, got {value!r}", parameter=name)
 
 
 def _tokenise(model: ModelLike, text: Any) -> tuple[torch.Tensor, list[str]]:
@@ -217,38 +258,40 @@ def _position(position: Any, n_tokens: int) -> int:
         or not -n_tokens <= position < n_tokens
     ):
         raise InputError(
-            f"position must be an integer in [{-n_tokens}, {n_tokens - 1}] for {n_tokens} tokens, got {position!r}"
+            f"{{position}} must be an integer in [{-n_tokens}, {n_tokens - 1}] for {n_tokens} tokens, got {position!r}",
+            parameter="position",
         )
     return int(position) % n_tokens
 
 
-def _lens(model: ModelLike, weights: Weights, target: Any, contrast: Any) -> Lens | None:
+def _lens(model: ModelLike, weights: Weights, target: Target) -> Lens | None:
     """The logit lens of a model with a language-model head; None (and no target or contrast
     allowed) for the others."""
     if weights.final_norm is None or weights.final_norm_module is None or weights.unembedding is None:
-        if target is not None or contrast is not None:
+        if target.given:
             raise InputError(
                 f"{model.name} has no language-model head: its routes have no target or contrast; drop them "
-                "(--target/--contrast)"
+                "({target}, {contrast})",
+                parameter=("target", "contrast"),
             )
         return None
     return Lens(weights.final_norm_module, weights.final_norm, weights.unembedding, weights.softcap)
 
 
-def _targets(model: ModelLike, lens: Lens | None, top: torch.Tensor, target: Any, contrast: Any) -> _Tokens:
+def _targets(model: ModelLike, lens: Lens | None, top: torch.Tensor, target: Target) -> _Tokens:
     """The model's prediction at the top node and the target and contrast tokens there (the target
     defaults to the prediction); empty for models without a language-model head."""
     if lens is None:
         return _Tokens()
-    from attnflow.targets import as_target
-
-    objective = as_target(target, contrast=contrast).objective(model)
+    objective = target.objective(model)
     logits = lens.logits(top[None])[0]
     probabilities = logits.softmax(dim=-1)
     predicted = int(logits.argmax())
     target_id = predicted if objective.fixed_index is None else objective.fixed_index
     if objective.contrast_index == target_id:
-        raise InputError(f"the contrast {contrast!r} is the target itself: choose another token")
+        raise InputError(
+            f"the {{contrast}} {target.contrast!r} is the target itself: choose another token", parameter="contrast"
+        )
 
     def describe(index: int) -> dict[str, Any]:
         return {

@@ -154,7 +154,7 @@ def check_supported(model: ModelLike) -> None:
 
 def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     """One forward pass over ``input_ids [1, T]`` with every stream routes read recorded."""
-    adapter, hf_model = model.adapter, model.model
+    adapter, hf_model = model.adapter, model.hf_model
     streams, sites = adapter.streams, adapter.sites
     value_pattern, part, parts = _value_location(model)
     located = {
@@ -211,7 +211,7 @@ def _value_location(model: ModelLike) -> tuple[str, int, int]:
 
 def read_weights(model: ModelLike) -> Weights:
     """The weights routes read (see `Weights`), on the model's device."""
-    adapter, hf_model = model.adapter, model.model
+    adapter, hf_model = model.adapter, model.hf_model
     streams, values = adapter.streams, adapter.values
     shared = model.shared_fields(frozenset({"output_weights"}))
     attention_norm, first = None, False
@@ -236,7 +236,7 @@ def read_weights(model: ModelLike) -> Weights:
 
 
 def _layer_norms(model: ModelLike, pattern: str) -> Norm:
-    modules = [module for _, module in find_layers(model.model, pattern)]
+    modules = [module for _, module in find_layers(model.hf_model, pattern)]
     if len(modules) != model.n_layers:
         raise CaptureError(f"{model.name}: found {len(modules)} norms for {model.n_layers} layers ({pattern!r})")
     return _norm_of_row(model, modules)

@@ -98,9 +98,11 @@ class Composition:
 
 
 def check_threshold(threshold: Any) -> float:
-    """τ as a float in [0, 1); a ValueError that names the parameter otherwise."""
+    """τ as a float in [0, 1); an InputError (a ValueError) that names the parameter otherwise."""
+    from attnflow.errors import InputError
+
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
-        raise ValueError(f"threshold must be a number in [0, 1), got {threshold!r}")
+        raise InputError(f"{{threshold}} must be a number in [0, 1), got {threshold!r}", parameter="threshold")
     return float(threshold)
 
 

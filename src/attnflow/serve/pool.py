@@ -193,7 +193,8 @@ class ModelPool:
         if name in self.others:
             raise ModelRefused(
                 f"model {name!r} is not offered by this server (it offers: {offered}); its operator can add it "
-                "with --model, or allow every alias with --allow-any-model"
+                "with {models}, or allow every alias with {allow_any_model}",
+                parameter=("models", "allow_any_model"),
             )
         looks_like_path = "/" in name or "\\" in name or name.startswith((".", "~"))
         if not looks_like_path:

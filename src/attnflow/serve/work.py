@@ -200,9 +200,10 @@ def estimate_explain(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
     from attnflow.evaluate.per_input import has_target, plan_methods
 
     ((name, model),) = loaded
-    plan = plan_methods(model, asked.names, asked.given, asked.target_text)
+    target = asked.reading()["target"]
+    plan = plan_methods(model, asked.names, asked.given, target)
     n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
-    faithful = asked.faithfulness and has_target(model, asked.target_text)
+    faithful = asked.faithfulness and has_target(model, target)
     shape = Shape.of(model)
     costs.check(job, [(name, lambda tokens: explain_parts(plan.per_method, tokens, shape, faithful))], n, "max_length")
     return plan, explain_parts(plan.per_method, n, shape, faithful)
@@ -372,8 +373,7 @@ def routes_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> tuple[
             asked.text,
             position=asked.position,
             threshold=threshold,
-            target=asked.target,
-            contrast=asked.contrast,
+            target=request_target(asked.target, None, asked.contrast),
         )
         costs.observe(asked.model, routes_parts(len(found.tokens)), time.perf_counter() - began, job.timings())
         return found.to_dict(), routes_html(found)
