@@ -81,8 +81,9 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods",
         default="default",
         help="comma-separated method names; default: the candidates of explain's --method auto for this model "
-        "(the one-pass target methods; for causal LMs those the measured table keeps), rollout, leave_one_out "
-        "and random; all: every method the model supports",
+        "(the one-pass target methods; for causal LMs those the measured table keeps), rollout and random "
+        "(leave_one_out is explained as the agreement reference; name it for its own row); all: every method "
+        "the model supports",
     )
     parser.add_argument(
         "--samples", type=int, help="held-out examples to evaluate (default 500, or all of a smaller set)"
@@ -100,9 +101,9 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sanity-layers",
         type=int,
-        default=3,
+        default=2,
         help="layer stages of the sanity check re-explained, evenly spaced, the last (every layer random) "
-        "always (default 3; 0: all of them; every layer is randomised either way)",
+        "always (default 2; 0: all of them; every layer is randomised either way)",
     )
     parser.add_argument(
         "--sanity-all-methods",

@@ -60,8 +60,8 @@ def select_samples(n_available: int, samples: int | None, seed: int) -> np.ndarr
 
 
 NEXT_TOKEN_TASKS = (NEXT_TOKEN_TASK, NEXT_TOKEN_PROBES)  # the tasks of causal language models
-DEFAULT_METHODS = "default"  # auto's candidates, rollout, leave-one-out and random
-BASELINES = ("rollout", "leave_one_out", "random")  # the attention baseline, the reference and chance
+DEFAULT_METHODS = "default"  # auto's candidates, rollout and random (leave-one-out: the agreement reference)
+BASELINES = ("rollout", "random")  # the attention baseline and chance
 
 
 def resolve_methods(methods: str | Sequence[str], family: Any = None, target_kind: str | None = None) -> list[str]:
@@ -69,7 +69,9 @@ def resolve_methods(methods: str | Sequence[str], family: Any = None, target_kin
     names. ``"all"``: every method that ``family`` (a model's adapter row) supports (every
     registered one for None); ``"default"``: ``--method auto``'s candidates for that family and
     ``target_kind`` (`attnflow.evaluate.per_input.auto_methods`) and the `BASELINES` it supports —
-    whether auto chooses well, against attention rollout, leave-one-out and chance."""
+    whether auto chooses well, against attention rollout and chance (leave-one-out, the agreement
+    reference, is explained either way; its own metrics row costs a run's perturbations again, so
+    it is a name to add)."""
     from attnflow.evaluate.per_input import auto_methods
     from attnflow.methods.registry import available_methods, method_names, methods_for
 

@@ -86,7 +86,7 @@ class BenchmarkOptions:
     bounds: str = "none"
     exact_limit: int = EXACT_LIMIT
     beam_width: int = BEAM_WIDTH
-    sanity_layers: int | None = 3
+    sanity_layers: int | None = 2
     sanity_all: bool = False
 
     def __post_init__(self) -> None:
