@@ -129,7 +129,12 @@ def _connect_page_views() -> None:
 
         return routes_png(found)
 
-    routes_result._VIEWS.update(html=routes_page, png=routes_figure)
+    def routes_data_page(summary):
+        from attnflow.viz.routes_data import report_html
+
+        return report_html(summary)
+
+    routes_result._VIEWS.update(html=routes_page, png=routes_figure, data_html=routes_data_page)
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
     exploration._MEASURES.update(faithfulness=explorer_faithfulness)

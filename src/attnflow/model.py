@@ -122,7 +122,7 @@ class AttentionModel(CaptureModel):
         plan = _AUTO["plan"](self, [AUTO], options, wanted) if method == AUTO else None
         if plan is None:
             method_options(get_method(method), options)
-        lean = plan is None and self.kind in ("encoder", "decoder") and reads_head_mean(get_method(method), options)
+        lean = plan is None and self.fuses_heads and reads_head_mean(get_method(method), options)
         traces = self.trace_for(
             [method] if plan is None else list(plan.per_method),
             texts,

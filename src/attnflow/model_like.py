@@ -77,6 +77,11 @@ class ModelLike(Protocol):
         ...
 
     @property
+    def fuses_heads(self) -> bool:
+        """Whether a text trace can fuse the heads in the hooks (the memory-lean capture)."""
+        ...
+
+    @property
     def target_kind(self) -> str | None:
         """``"next_token"``, ``"class"``, ``"similarity"`` or None (no target)."""
         ...

@@ -40,6 +40,7 @@ class FakeModel:
     name = "fake"
     default_row = "mean"
     kind = "encoder"
+    fuses_heads = True
     target_kind = None  # a bare encoder: no target, so the default method is rollout
     is_classifier = False
 

@@ -39,10 +39,10 @@ def slow(attentions):
 if sys.argv[1] == "slow-load":
     import attnflow.serve.pool as pool
     loaded = pool._load
-    def slow_load(name):
+    def slow_load(name, **options):
         print("loading started", file=sys.stderr, flush=True)
         time.sleep(60)
-        return loaded(name)
+        return loaded(name, **options)
     pool._load = slow_load
 sys.exit(main(["serve", *sys.argv[2:]]))
 """

@@ -170,6 +170,12 @@ class CaptureModel:
     def kind(self) -> str:
         return self.adapter.kind
 
+    @property
+    def fuses_heads(self) -> bool:
+        """Whether a text trace can fuse the heads in the hooks (``fuse_heads="mean"``, the
+        memory-lean capture): every text model but the encoder-decoders."""
+        return self.kind in ("encoder", "decoder")
+
     def precision_meta(self) -> dict[str, str]:
         """A `Trace`'s ``meta`` entry for a model loaded in 16 bits (``{"dtype": "bfloat16"}``): the
         explanations of methods flagged as untrustworthy in low precision warn from it; none for float32."""

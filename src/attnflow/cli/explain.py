@@ -303,7 +303,7 @@ def _trace(model: ModelLike, per_method: dict[str, dict[str, Any]], args: argpar
         say(f"tracing {args.image} …")
         return model.trace_image_for(methods, args.image)
     say("tracing …")
-    lean = model.kind in ("encoder", "decoder") and not args.save_trace
+    lean = model.fuses_heads and not args.save_trace
     lean = lean and all(reads_head_mean(get_method(name), options) for name, options in per_method.items())
     fuse_heads = "mean" if lean else None
     return model.trace_for(

@@ -8,5 +8,5 @@ Modules: ``forward`` (the one forward pass, its hooks and the weights read), ``c
 lens, direct effects), ``api`` (the front door), ``result`` (`Routes`, ``routes.json``; its page
 and figure come from attnflow.viz, connected by the package root). Over a dataset (``attnflow
 routes --file / --data``): ``dataset`` (its step and job on the run engine, the summary),
-``head_roles`` (what a head does, measured from its attention), ``data_report`` (its page).
+``head_roles`` (what a head does, measured from its attention), its page ``attnflow.viz.routes_data``.
 """

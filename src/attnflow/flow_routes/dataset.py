@@ -10,7 +10,7 @@ sum and sum of squares per domain and quantity: a fixed-size, mergeable state), 
 ``checkpoint.npz`` with the options that decide the numbers. At the end, `summarise` turns them
 into means and standard errors over prompts per domain (and over all of them, with several
 domains), the top heads with their measured roles, and the heads whose importance differs most
-between domains: ``summary.json``, ``report.html`` (`attnflow.flow_routes.data_report`) and
+between domains: ``summary.json``, ``report.html`` (`attnflow.viz.routes_data`, connected by the package root) and
 ``prompts.jsonl`` (the prompts as run).
 """
 
@@ -517,7 +517,7 @@ def _nulls(value: Any) -> Any:
 
 
 def floats(value: Any) -> Any:
-    """`_nulls` undone: null as NaN."""
+    """A summary's numbers with its nulls (NaN written to JSON) as NaN again."""
     if isinstance(value, list):
         return [floats(item) for item in value]
     return np.nan if value is None else value
@@ -528,7 +528,7 @@ def write_outputs(
 ) -> None:
     """``summary.json``, ``report.html`` and ``prompts.jsonl`` (each prompt as run: its index,
     domain and text), each atomically."""
-    from attnflow.flow_routes.data_report import report_html
+    from attnflow.flow_routes.result import _VIEWS
 
     with atomic_file(out / PROMPTS) as handle:
         rows = ({"index": index, "domain": domains[number].name, "text": text} for index, number, text in prompts)
@@ -536,4 +536,4 @@ def write_outputs(
     with atomic_file(out / SUMMARY_JSON) as handle:
         handle.write(json.dumps(summary, indent=1, allow_nan=False).encode("utf-8"))
     with atomic_file(out / REPORT) as handle:
-        handle.write(report_html(summary).encode("utf-8"))
+        handle.write(_VIEWS["data_html"](summary).encode("utf-8"))
