@@ -89,6 +89,7 @@ def test_a_target_method_on_a_model_without_a_head(tiny_model_path, tmp_path, ca
     assert "has no classifier head: attnlrp explains a target class" in line
 
 
+@pytest.mark.slow  # the run engine's SIGKILL and resume run by default in tests/runs/test_acceptance.py
 def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(
     planted_model, planted_task, tmp_path, capsys
 ):

@@ -174,6 +174,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow  # the run engine's SIGKILL and resume run by default in tests/runs/test_acceptance.py
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_bert, txt_corpus, tmp_path, capsys):
     """Only the killed run is a process of its own; the whole run and the resume run in-process.
     A resume with another option is refused first, in one line that names it (exit status 2)."""
