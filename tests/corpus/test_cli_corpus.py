@@ -95,6 +95,7 @@ def test_the_report_line_goes_to_stdout_like_explains_wrote_lines(tiny_bert, txt
     assert "report:" not in captured.err
 
 
+@pytest.mark.slow  # the folder lock itself: tests/test_staging.py; two corpus processes here
 def test_a_second_study_into_a_folder_in_use_refuses_at_once(tiny_bert, txt_corpus, tmp_path):
     from concurrent_runs import second_run_while_first_holds
 

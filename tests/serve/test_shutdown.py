@@ -110,7 +110,12 @@ def assert_quiet(stderr: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "signals", [[signal.SIGINT], [signal.SIGTERM], [signal.SIGINT, signal.SIGINT]], ids=["ctrl-c", "sigterm", "twice"]
+    "signals",
+    [
+        pytest.param([signal.SIGINT], id="ctrl-c"),
+        pytest.param([signal.SIGTERM], id="sigterm", marks=pytest.mark.slow),  # make test-all: a server each
+        pytest.param([signal.SIGINT, signal.SIGINT], id="twice", marks=pytest.mark.slow),
+    ],
 )
 def test_a_signal_with_a_request_in_flight_answers_503_and_exits_in_5_s(tiny_classifier_path, signals):
     server, base = start(tiny_classifier_path("bert"), "serve")
