@@ -197,6 +197,9 @@ class Objective:
     prediction); ``contrast_index``: the contrast's."""
 
     kind: ClassVar[str] = ""
+    # y reads the last real token's logits of a causal LM: an edited input's shared start can come
+    # from a key/value cache (`attnflow.shared_prefix`); `choices` then takes the rest of its tokens
+    reads_last_token: ClassVar[bool] = False
 
     def __init__(self, model: ModelLike, target: Target) -> None:
         self.model = model
@@ -384,7 +387,10 @@ class _TokenObjective(_ChoiceObjective):
 class NextTokenObjective(_TokenObjective):
     """A causal LM's log p(next token = t | text) at the last real position (right padding). Where
     the model can, it computes the logits of those positions only (a batch of equal lengths: one
-    position, not ``[batch, token, vocabulary]``)."""
+    position, not ``[batch, token, vocabulary]``). With a key/value cache of k tokens in
+    ``model_kwargs``, ``attention_mask`` covers them and the input's tokens come after them."""
+
+    reads_last_token = True
 
     def choices(
         self,
@@ -395,7 +401,9 @@ class NextTokenObjective(_TokenObjective):
     ) -> torch.Tensor:
         import torch
 
-        last = attention_mask.sum(dim=1) - 1  # [batch] last real position (right padding)
+        tokens = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        cached = attention_mask.shape[1] - tokens  # a key/value cache's tokens before the input's
+        last = attention_mask.sum(dim=1) - 1 - cached  # [batch] last real position (right padding)
         kept = torch.unique(last)  # [positions] sorted
         if self.keeps_logits:
             model_kwargs = {"logits_to_keep": kept, **model_kwargs}

@@ -375,6 +375,21 @@ def test_the_plan_counts_the_agreement_reference_and_the_methods_the_sanity_chec
     ]
 
 
+def test_the_plan_advises_dropping_only_methods_the_run_was_asked_for():
+    """The agreement reference is no entry of ``--methods``: its share is named, no advice to drop it."""
+    from attnflow.evaluate.plan import Plan
+
+    reference = "leave_one_out (agreement reference)"
+    explanations = {"attnlrp": 5, "shap": 5, reference: 5}
+    plan = Plan(5, ["attnlrp", "shap"], explanations, 0, 0, seconds={"attnlrp": 1.0, "shap": 30.0, reference: 60.0})
+    dominant = next(line for line in plan.describe() if line.startswith("most of the time"))
+    assert dominant.startswith(f"most of the time goes to {reference} 66 % (~60 s), shap 33 % (~30 s)")
+    assert dominant.endswith("; --methods without shap runs faster")
+    plan.seconds = {"attnlrp": 1.0, "shap": 1.0, reference: 60.0}
+    dominant = next(line for line in plan.describe() if line.startswith("most of the time"))
+    assert "--methods" not in dominant
+
+
 def test_samples_not_given_take_a_smaller_set_whole_without_a_warning(caplog):
     from attnflow.evaluate.api import select_samples
 

@@ -123,7 +123,7 @@ class InteractingScorer:
         rng = np.random.default_rng(seed)
         self.weights = {token: w for token, w in zip(range(1, 7), rng.uniform(0, 1, size=6))}
 
-    def chosen(self, sequences, classes):
+    def chosen(self, sequences, classes, bases=None):  # noqa: ARG002 - no model, nothing cached
         p = []
         for ids in sequences:
             present = [self.weights[t] for t in ids if t in self.weights]
@@ -188,7 +188,7 @@ class CountingScorer(InteractingScorer):
         super().__init__(seed)
         self.calls = 0
 
-    def chosen(self, sequences, classes):
+    def chosen(self, sequences, classes, bases=None):  # noqa: ARG002 - no model, nothing cached
         self.calls += 1
         return super().chosen(sequences, classes)
 

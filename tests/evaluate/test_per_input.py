@@ -262,7 +262,7 @@ def test_a_long_review_costs_a_bounded_number_of_perturbed_inputs(minilm_sentime
     scored: list[int] = []
     logits = ClassifierScorer._logits
     monkeypatch.setattr(
-        ClassifierScorer, "_logits", lambda self, ids, mask: scored.append(len(ids)) or logits(self, ids, mask)
+        ClassifierScorer, "_logits", lambda self, batch: scored.append(len(batch.rows)) or logits(self, batch)
     )
     plan = per_input.plan_methods(minilm_sentiment, ["auto"], {})
     trace = minilm_sentiment.trace_for(list(plan.per_method), [REVIEW])[0]

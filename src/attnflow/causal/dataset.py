@@ -25,6 +25,7 @@ import numpy as np
 from attnflow.causal.api import correlation, patch
 from attnflow.causal.sites import site_kind
 from attnflow.errors import InputError
+from attnflow.evaluate.metrics import Z95
 from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
@@ -37,7 +38,6 @@ ROWS = "pairs.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_HTML = "summary.html"
 OUTPUTS = (ROWS, SUMMARY_JSON, SUMMARY_HTML)
-Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 
 
 def read_pairs(path: Path) -> list[dict[str, Any]]:

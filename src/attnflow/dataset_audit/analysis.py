@@ -35,8 +35,8 @@ from attnflow.dataset_audit.stats import (
     AuditStats,
     merge_words,
 )
+from attnflow.evaluate.metrics import Z95
 
-Z95 = 1.959964
 MATCHED = 50  # words of nearest frequency that form a term's chance baseline
 FLAG_PERCENTILE = 95.0  # a term above this percentile of its matched words is flagged
 TOP_WORDS = 20

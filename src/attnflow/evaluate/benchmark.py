@@ -36,8 +36,8 @@ from attnflow.evaluate.bounds import (
     normalised_aopc,
     search_bounds,
 )
-from attnflow.evaluate.deletion import REPLACE_MODES, only_top, without_top
-from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
+from attnflow.evaluate.deletion import REPLACE_MODES, metric_inputs
+from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, randomisation_stages, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.model_like import ModelLike, model_dtype
@@ -165,21 +165,14 @@ def perturbation_probabilities(
     """``p_c`` of every perturbed variant (p_c − p_contrast for a contrastive example):
     ``(without top [sample, bin], only top [sample, bin], deletion curve [sample, point])``;
     identical variants are scored once, all in one call (`target_values`)."""
-    fractions = np.linspace(0.0, 1.0, options.curve_points)
-    groups = []  # per example: (comprehensiveness variants, sufficiency variants, curve variants)
-    for example, ranking in zip(examples, rankings, strict=False):
-        m = len(ranking)
-        groups.append(
-            (
-                [without_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-                [only_top(example.ids, ranking, top_count(k, m), options.replace, mask_id) for k in options.bins],
-                [without_top(example.ids, ranking, top_count(f, m), options.replace, mask_id) for f in fractions],
-            )
-        )
-    pairs = [(variant, e) for e, g in zip(examples, groups, strict=True) for group in g for variant in group]
+    pairs = [
+        (variant, example)
+        for example, ranking in zip(examples, rankings, strict=True)
+        for variant in metric_inputs(example.ids, ranking, options.bins, options.curve_points, options.replace, mask_id)
+    ]
     values = target_values(scorer, pairs)
     n_bins = len(options.bins)
-    per_example = values.reshape(len(examples), 2 * n_bins + len(fractions))  # [sample, variant]
+    per_example = values.reshape(len(examples), 2 * n_bins + options.curve_points)  # [sample, variant]
     return per_example[:, :n_bins], per_example[:, n_bins : 2 * n_bins], per_example[:, 2 * n_bins :]
 
 
@@ -587,7 +580,10 @@ def _print_plan(
     explanations = explanations_left(units, done)
     methods = dict.fromkeys(str(unit.method) for unit in units if unit.kind == "method")
     to_run = [name for name in methods if name in explanations]
-    for line in plan_run(model, context.scorer, examples, to_run, explanations, options, attribute_fn).describe():
+    plan = plan_run(
+        model, context.scorer, examples, to_run, explanations, options, attribute_fn, mask_id=context.mask_id
+    )
+    for line in plan.describe():
         print(f"attnflow: {line}", file=sys.stderr, flush=True)
 
 

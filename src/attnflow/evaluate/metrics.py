@@ -22,6 +22,7 @@ import numpy as np
 from attnflow.methods.agreement import spearman
 
 BINS: tuple[float, ...] = (0.01, 0.05, 0.10, 0.20, 0.50)
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval: mean ± Z95 · se
 
 
 def top_count(fraction: float, n_content: int) -> int:

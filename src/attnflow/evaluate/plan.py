@@ -14,9 +14,10 @@ import numpy as np
 
 from attnflow.evaluate.attribute import attribute
 from attnflow.evaluate.bounds import BOUND_SEARCHES, search_cost
-from attnflow.evaluate.metrics import top_count
+from attnflow.evaluate.deletion import metric_inputs
+from attnflow.evaluate.metrics import content_ranking, top_count
 from attnflow.evaluate.sanity import shown_stages
-from attnflow.evaluate.scorer import ClassifierScorer
+from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.model_like import ModelLike
 
 Example = Any  # attnflow.evaluate.benchmark.Example
@@ -71,7 +72,9 @@ class Plan:
         heavy = [(name, t) for name, t in ranked[:3] if total > 0 and t / total >= 0.1]
         if len(self.seconds) > 1 and heavy:
             shares = ", ".join(f"{name} {100 * t / total:.0f} % ({_duration(t)})" for name, t in heavy)
-            lines.append(f"most of the time goes to {shares}; --methods without them runs faster")
+            droppable = [name for name, _ in heavy if name in self.methods]  # not the agreement reference
+            advice = f"; --methods without {', '.join(droppable)} runs faster" if droppable else ""
+            lines.append(f"most of the time goes to {shares}{advice}")
         others = [f"{search} {_duration(t)}" for search, t in self.bounds_seconds.items() if search != self.bounds]
         if self.bounds == "none":
             lines.append("NAOPC: not computed; --bounds adds it, at about: " + ", ".join(others))
@@ -97,11 +100,14 @@ def plan_run(
     options: BenchmarkOptions,
     attribute_fn: Callable[..., list[np.ndarray]] = attribute,
     timed: bool = True,
+    mask_id: int | None = None,
 ) -> Plan:
     """The `Plan` of evaluating ``methods`` on ``examples`` with ``explanations`` still to run (per
     method, and per agreement reference: `Plan.explanations`); ``timed``: explain the first example
-    once with each of them (their explanations × that time), and score a few unaltered examples to
-    price a perturbed input per token (the perturbations' and each bounds search's estimate)."""
+    once with each of them (their explanations × that time) and score each method's perturbed
+    inputs of it (``mask_id``: what ``replace="mask"`` puts in; the perturbations' estimate, scaled
+    by the examples' tokens), and score a few unaltered examples to price a token (each bounds
+    search's estimate)."""
     from attnflow.evaluate.sanity import randomisation_stages
 
     sanity_examples = min(options.sanity_samples, len(examples))
@@ -111,18 +117,22 @@ def plan_run(
     if not timed or not examples:
         return plan
     plan.seconds = {}
+    first, lengths = examples[0], [len(e.ids) for e in examples]
     for name, count in explanations.items():
         method = name.split(" ")[0]  # "leave_one_out (agreement reference)" runs leave_one_out
         began = time.perf_counter()
-        attribute_fn(model, [examples[0].text], method, [examples[0].target])
+        (scores,) = attribute_fn(model, [first.text], method, [first.target])
         plan.seconds[name] = (time.perf_counter() - began) * count
+        if name in methods:  # its perturbed inputs, scored by the run's scorer: the run reads them back
+            ranking = content_ranking(np.asarray(scores), first.special_mask)
+            inputs = metric_inputs(first.ids, ranking, options.bins, options.curve_points, options.replace, mask_id)
+            began = time.perf_counter()
+            target_values(scorer, [(ids, first) for ids in inputs])
+            plan.perturbation_seconds += (time.perf_counter() - began) * sum(lengths) / len(first.ids)
     timed_examples = examples[:16]
     began = time.perf_counter()
     ClassifierScorer(model, scorer.max_batch_tokens).probabilities([e.ids for e in timed_examples])
     per_token = (time.perf_counter() - began) / sum(len(e.ids) for e in timed_examples)
-    lengths = [len(e.ids) for e in examples]
-    per_ranking = 2 * len(options.bins) + options.curve_points - 1  # curve point 0 is the input itself
-    plan.perturbation_seconds = per_token * sum(lengths) * per_ranking * len(methods)
     for search in BOUND_SEARCHES[1:]:
         priced = 0.0
         for example, length in zip(examples, lengths, strict=True):

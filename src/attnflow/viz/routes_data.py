@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from attnflow.evaluate.metrics import Z95
 from attnflow.flow_routes.dataset import floats
 from attnflow.flow_routes.head_roles import SCORES, SUBWORD
 from attnflow.viz.page import esc, figure_img, page, section
 
-Z95 = 1.959963984540054
 CSS = (
     "figure.heatmap { margin: 1rem 0; } pre.prompt { background: #f5f5f7; padding: .4rem .6rem; "
     "white-space: pre-wrap; font-size: .8rem; max-height: 10rem; overflow: auto; } "

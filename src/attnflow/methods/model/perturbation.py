@@ -21,6 +21,7 @@ from attnflow.methods.relevance import GRADIENTS, POST_LN
 from attnflow.methods.rollout import rollout
 from attnflow.methods.transforms import normalise_rows
 from attnflow.model_like import ModelLike
+from attnflow.shared_prefix import forward_batches
 from attnflow.trace import Trace
 
 COMPLETENESS_TOLERANCE = 0.05  # integrated gradients: a larger relative completeness error is reported
@@ -89,7 +90,9 @@ def target_values(
     """``[sequence]`` y for token-id sequences of any lengths, each scored for the target of its trace
     (``traces``: one, or several that share one objective, `attnflow.targets.same_objective_groups`;
     ``owners[i]``: the trace of sequence i, default the first): right-padded, sorted by length into
-    batches of at most ``batch_size`` sequences, one forward pass per batch without gradients.
+    batches of at most ``batch_size`` sequences, one forward pass per batch without gradients. For a
+    causal LM's next token, each sequence's start shared with its trace's unaltered input comes from
+    that input's key/value cache (`attnflow.shared_prefix`).
 
     A trace's resolved target fixes the class or token its sequences are scored for. A trace whose
     target is still to resolve (``Trace.request``) takes the `attnflow.targets.Target`'s own, or what
@@ -103,27 +106,20 @@ def target_values(
     owner = np.zeros(len(sequences), dtype=np.int64) if owners is None else np.asarray(owners, dtype=np.int64)
     objective = objective_of(model, group[0])
     resolved = group[0].target is not None
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     lengths = [len(sequence) for sequence in sequences]
     values = np.zeros(len(sequences))
     gathered: list[tuple[np.ndarray, Any]] = []  # targets still to resolve: (batch positions, choices)
-    order = np.argsort(lengths, kind="stable")
+    rows = max(1, batch_size)
+    bases = [sequences[first] for first in unaltered] if objective.reads_last_token else None
     with torch.no_grad():
-        for start in range(0, len(order), max(1, batch_size)):
-            batch = order[start : start + max(1, batch_size)]
-            longest = max(lengths[i] for i in batch)
-            input_ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)  # [batch, token]
-            attention_mask = torch.zeros((len(batch), longest), dtype=torch.long)
-            for row, i in enumerate(batch):
-                input_ids[row, : lengths[i]] = torch.as_tensor(sequences[i], dtype=torch.long)
-                attention_mask[row, : lengths[i]] = 1
-            choices = objective.choices(attention_mask.to(model.device), input_ids=input_ids.to(model.device))
+        for batch in forward_batches(model, sequences, rows * max(lengths, default=1), rows, bases, owner):
+            choices = objective.choices(batch.attention_mask, input_ids=batch.input_ids, **batch.options)
             if resolved:
-                indices = [group[k].target.index for k in owner[batch]]
+                indices = [group[k].target.index for k in owner[batch.rows]]
                 fixed = None if indices[0] is None else torch.as_tensor(indices, device=model.device)
-                values[batch] = objective.pick(choices, fixed)[0].double().cpu().numpy()
+                values[batch.rows] = objective.pick(choices, fixed)[0].double().cpu().numpy()
             else:
-                gathered.append((batch, choices.cpu()))  # [batch, choice]
+                gathered.append((batch.rows, choices.cpu()))  # [batch, choice]
     if gathered:
         values = _resolve(objective, group, gathered, owner, unaltered)
     return values
