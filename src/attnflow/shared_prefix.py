@@ -69,7 +69,7 @@ def forward_batches(
     max_batch_tokens: int,
     max_rows: int | None = None,
     bases: Sequence[Sequence[int]] | None = None,
-    owners: Sequence[int] | None = None,
+    owners: Sequence[int] | np.ndarray | None = None,
 ) -> Iterator[ForwardBatch]:
     """Every sequence in exactly one `ForwardBatch`. With ``bases`` (the unedited inputs of a causal
     LM; ``owners[i]``: the base of sequence i, default the first), the tokens a sequence shares
@@ -101,8 +101,8 @@ def forward_batches(
                 tail = sequences[i][shared:]
                 input_ids[row, : len(tail)] = torch.as_tensor(list(tail), dtype=torch.long)
                 attention_mask[row, shared : shared + len(tail)] = 1
-            options = {}
-            if shared:
+            options: dict[str, Any] = {}
+            if shared and cache_name is not None:
                 options = {cache_name: _cropped(caches, owner[rows], int(shared)), "use_cache": True}
             yield ForwardBatch(rows, input_ids.to(model.device), attention_mask.to(model.device), options)
 

@@ -401,7 +401,9 @@ class NextTokenObjective(_TokenObjective):
     ) -> torch.Tensor:
         import torch
 
-        tokens = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        given = input_ids if input_ids is not None else inputs_embeds
+        assert given is not None, "choices needs input_ids or inputs_embeds"
+        tokens = given.shape[1]
         cached = attention_mask.shape[1] - tokens  # a key/value cache's tokens before the input's
         last = attention_mask.sum(dim=1) - 1 - cached  # [batch] last real position (right padding)
         kept = torch.unique(last)  # [positions] sorted
