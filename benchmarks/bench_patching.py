@@ -36,6 +36,7 @@ from attnflow.causal.patching import PatchRunner, exact_sweep, stacked
 from attnflow.causal.sites import SITE_KINDS, all_sites
 from attnflow.runs.checkpoint import read_checkpoint
 from attnflow.runs.engine import EngineOptions
+from attnflow.targets import Target
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
 PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl"}
@@ -52,7 +53,8 @@ def loop_against_batch(model, pair: dict, n_sites: int, batch_size: int) -> dict
     """The same ``n_sites`` sites (spread over every kind) patched in batches and one forward each."""
     clean = model.tokenizer(pair["clean"], return_tensors="pt")["input_ids"]
     corrupt = model.tokenizer(pair["corrupt"], return_tensors="pt")["input_ids"]
-    runner = PatchRunner(model, resolve_metric(model, clean, pair["target"], pair["contrast"]))
+    target = Target(pair["target"], contrast=pair["contrast"])
+    runner = PatchRunner(model, resolve_metric(model, clean, target))
     with torch.no_grad():
         source = stacked(runner.forward(clean, 1, record=True)[1])
     every = [s for kind in SITE_KINDS for s in all_sites(kind, model.n_layers, clean.shape[1], model.n_heads)]

@@ -10,7 +10,8 @@ from scipy.stats import spearmanr
 
 from attnflow.evaluate.benchmark import BenchmarkOptions, Example, perturbation_probabilities
 from attnflow.evaluate.deletion import only_top, perturb, without_top
-from attnflow.evaluate.metrics import aopc, content_ranking, deletion_auc, mean_se, rank_agreement, top_count
+from attnflow.evaluate.metrics import aopc, content_ranking, deletion_auc, rank_agreement, top_count
+from attnflow.statistics import mean_se
 
 CLS, SEP, MASK = 101, 102, 103
 A, B, C = 7, 8, 9

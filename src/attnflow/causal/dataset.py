@@ -25,11 +25,11 @@ import numpy as np
 from attnflow.causal.api import correlation, patch
 from attnflow.causal.sites import site_kind
 from attnflow.errors import InputError
-from attnflow.evaluate.metrics import Z95
 from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
+from attnflow.statistics import Z95
 from attnflow.targets import as_target
 
 CHECKPOINT = "checkpoint.json"

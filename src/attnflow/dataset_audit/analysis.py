@@ -35,7 +35,7 @@ from attnflow.dataset_audit.stats import (
     AuditStats,
     merge_words,
 )
-from attnflow.evaluate.metrics import Z95
+from attnflow.statistics import Z95
 
 MATCHED = 50  # words of nearest frequency that form a term's chance baseline
 FLAG_PERCENTILE = 95.0  # a term above this percentile of its matched words is flagged

@@ -225,7 +225,7 @@ def _add_key_ranks(results: dict[str, Any], model: ModelLike, texts: Sequence[st
     """Each method's ``key`` figures on the probes: the share of probes whose map ranks the key
     first (``first``, with its standard error) and the mean rank of the key."""
     from attnflow.evaluate.benchmark import METHODS_DIR
-    from attnflow.evaluate.metrics import mean_se
+    from attnflow.statistics import mean_se
 
     for method, summary in results["methods"].items():
         record = json.loads((out / METHODS_DIR / f"{method}.json").read_text(encoding="utf-8"))["record"]

@@ -37,13 +37,14 @@ from attnflow.evaluate.bounds import (
     search_bounds,
 )
 from attnflow.evaluate.deletion import REPLACE_MODES, metric_inputs
-from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, mean_se, rank_agreement
+from attnflow.evaluate.metrics import BINS, aopc, content_ranking, deletion_auc, rank_agreement
 from attnflow.evaluate.sanity import FLAG_RHO, cascade, randomisation_stages, shown_stages
 from attnflow.evaluate.scorer import ClassifierScorer, target_values
 from attnflow.model_like import ModelLike, model_dtype
 from attnflow.runs.checkpoint import RunFolder, digest
 from attnflow.runs.engine import EngineOptions, Job, Rows, run
 from attnflow.staging import atomic_file
+from attnflow.statistics import mean_se
 
 log = logging.getLogger(__name__)
 

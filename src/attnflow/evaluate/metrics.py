@@ -15,14 +15,12 @@ for the untouched input; every perturbed input is scored on that same class.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
 
 import numpy as np
 
 from attnflow.methods.agreement import spearman
 
 BINS: tuple[float, ...] = (0.01, 0.05, 0.10, 0.20, 0.50)
-Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval: mean ± Z95 · se
 
 
 def top_count(fraction: float, n_content: int) -> int:
@@ -74,23 +72,6 @@ def rank_agreement(a: np.ndarray, b: np.ndarray) -> float:
     if constant_a or constant_b:
         return 1.0 if constant_a and constant_b else 0.0
     return spearman(a, b)
-
-
-def mean_se(values: Sequence[float] | np.ndarray) -> tuple[Any, Any]:
-    """Mean and standard error of the mean (``std(ddof=1) / sqrt(count)``, 0 for a single sample)
-    over the first axis of ``[sample]`` or ``[sample, point]`` values. NaN samples (a quantity
-    undefined for that sample) are left out of 1-D values; 2-D values must be finite. Floats for
-    1-D values, ``[point]`` arrays for 2-D ones."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.ndim == 1:
-        array = array[~np.isnan(array)]
-    if array.shape[0] == 0:
-        raise ValueError("no samples to average")
-    mean = array.mean(axis=0)
-    se = array.std(axis=0, ddof=1) / math.sqrt(array.shape[0]) if array.shape[0] > 1 else np.zeros_like(mean)
-    if array.ndim == 1:
-        return float(mean), float(se)
-    return mean, se
 
 
 def key_rank(scores: np.ndarray, special_mask: np.ndarray, key_mask: np.ndarray) -> int:

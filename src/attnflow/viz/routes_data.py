@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from attnflow.evaluate.metrics import Z95
 from attnflow.flow_routes.dataset import floats
 from attnflow.flow_routes.head_roles import SCORES, SUBWORD
+from attnflow.statistics import Z95
 from attnflow.viz.page import esc, figure_img, page, section
 
 CSS = (
