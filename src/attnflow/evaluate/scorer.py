@@ -103,11 +103,10 @@ class ClassifierScorer:
         `chosen`, None where a sequence has none)."""
         import torch
 
-        distinct: dict[tuple[int, ...], int] = {}
+        distinct: dict[tuple[int, ...], int] = {}  # each base once; () stands for none
         owners = [distinct.setdefault(tuple(b or ()), len(distinct)) for b in bases or [None] * len(sequences)]
-        for batch in forward_batches(
-            self.model, sequences, self.max_batch_tokens, bases=list(distinct) if bases else None, owners=owners
-        ):
+        given = list(distinct) if any(distinct) else None
+        for batch in forward_batches(self.model, sequences, self.max_batch_tokens, bases=given, owners=owners):
             with torch.inference_mode():
                 logits = self._logits(batch)
             self.forwards += len(batch.rows)
