@@ -171,14 +171,20 @@ PROBE_WORDS = (
     "apple", "river", "candle", "violin", "rocket", "garden", "pencil", "mirror", "dragon", "castle",
     "ocean", "tiger", "silver", "winter", "doctor", "kitchen", "planet", "island", "forest", "bridge",
 )  # fmt: skip
+AGREEMENT_NOUNS = (
+    ("doctor", "doctors"), ("teacher", "teachers"), ("key", "keys"), ("painting", "paintings"),
+    ("bridge", "bridges"), ("river", "rivers"), ("student", "students"), ("machine", "machines"),
+    ("garden", "gardens"), ("window", "windows"),
+)  # fmt: skip
+AGREEMENT_ATTRACTORS = {" is": "the children", " are": "the old man"}  # of the other number than the subject
 
 
 @dataclass(frozen=True)
 class Probes(TextWindows):
     """`TextWindows` whose answer depends on one earlier token: ``kinds [n]`` says which probe
-    (``copy``, ``factual``), ``keys [n]`` the character span ``(start, end)`` in the text of the
-    token the answer depends on (the word to copy, the factual subject); ``next_ids`` are the
-    intended answers."""
+    (``copy``, ``factual``, ``agreement``), ``keys [n]`` the character span ``(start, end)`` in the
+    text of the token the answer depends on (the word to copy, the factual subject, the subject
+    whose number the verb takes); ``next_ids`` are the intended answers."""
 
     kinds: tuple[str, ...] = ()
     keys: tuple[tuple[int, int], ...] = ()
@@ -201,6 +207,9 @@ def next_token_probes(tokenizer: Any, context: int = 32, seed: int = SPLIT_SEED)
     - ``copy``: "The password is W. <filler> The password is" → W (20 single-token words);
     - ``factual``: "<filler> <prompt>" for the shipped factual prompts and their held-out set
       (attnflow/causal/data: "The capital of France is" → " Paris"), the subject the key;
+    - ``agreement``: "<filler> Everyone in the village agrees that the machines that the old man
+      saw near the station last winter" → " are" (" is" for "machine"): subject–verb agreement
+      across a relative clause whose noun has the other number, the subject the key;
 
     Every answer is a single token of ``tokenizer`` (probes whose answer is not are left out)."""
     if context < 8:
@@ -240,6 +249,15 @@ def next_token_probes(tokenizer: Any, context: int = 32, seed: int = SPLIT_SEED)
             text = f"{lead} {pair['clean']}"
             start, end = _differing_span(pair["clean"], pair["corrupt"])
             probes.append(("factual", text, answer, (len(lead) + 1 + start, len(lead) + 1 + end)))
+    for nouns in AGREEMENT_NOUNS:
+        for noun, verb in zip(nouns, AGREEMENT_ATTRACTORS, strict=True):
+            answer = single(verb)
+            if answer is not None:
+                head = f"Everyone in the village agrees that the {noun}"
+                tail = f" that {AGREEMENT_ATTRACTORS[verb]} saw near the station last winter"
+                lead = filler(max(1, context - size(head + tail)))
+                start = len(lead) + 1 + len(head) - len(noun)
+                probes.append(("agreement", f"{lead} {head}{tail}", answer, (start, start + len(noun))))
     order = rng.permutation(len(probes))
     chosen = [probes[i] for i in order]
     return Probes(

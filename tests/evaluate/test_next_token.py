@@ -86,12 +86,16 @@ def test_probes_depend_on_a_key_the_text_holds_and_answer_with_one_token(smollm2
 
     tokenizer = smollm2.tokenizer
     probes = next_token_probes(tokenizer, context=32)
-    assert set(probes.kinds) == {"copy", "factual"} and len(probes) == 20 + 58
+    assert set(probes.kinds) == {"copy", "factual", "agreement"} and len(probes) == 20 + 58 + 20
     for text, answer, kind, (start, end) in zip(probes.texts, probes.next_ids, probes.kinds, probes.keys, strict=True):
         key = text[start:end]
         assert 26 <= len(tokenizer(text)["input_ids"]) <= 36 and key.strip() == key and key
         if kind == "copy":  # the answer is the key word, said once at the start
             assert tokenizer.decode([int(answer)]) == " " + key and text.count(key) == 1
+        if kind == "agreement":  # the subject's number decides the verb; the clause's noun has the other
+            plural = key.endswith("s")
+            assert tokenizer.decode([int(answer)]) == (" are" if plural else " is")
+            assert text[end:].startswith(" that the old man" if plural else " that the children")
 
 
 @pytest.mark.slow  # about a minute on one CPU thread; key_ranks itself is checked below on a tiny model
