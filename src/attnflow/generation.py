@@ -26,7 +26,6 @@ Methods of neither kind (scores without a target, e.g. random) do not explain a 
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import warnings
@@ -41,6 +40,7 @@ from attnflow.errors import ExplanationWarning, InputError
 from attnflow.explanation import explain, explain_traces
 from attnflow.methods.registry import AUTO, MethodSpec, available_methods, check_family, get_method, method_options
 from attnflow.model_like import ModelLike
+from attnflow.shared_prefix import cache_argument
 from attnflow.trace import GRADIENT_NEEDS, TARGET_NEEDS, Trace, crop_field
 
 JSON_FILE = "generation.json"
@@ -392,8 +392,7 @@ def greedy_continuation(model: ModelLike, prompt_ids: Sequence[int], max_new_tok
 
     stop = model.hf_model.generation_config.eos_token_id
     stop = set() if stop is None else {stop} if isinstance(stop, int) else set(stop)
-    # transformers 5 names the key/value cache "cache", earlier versions "past_key_values"
-    cache_name = "cache" if "cache" in inspect.signature(model.hf_model.forward).parameters else "past_key_values"
+    cache_name = cache_argument(model)
     new: list[int] = []
     step_input = torch.as_tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     past = None

@@ -40,8 +40,21 @@ class ForwardBatch:
     @property
     def last(self) -> Any:
         """``[batch]`` each row's last real token, as an index into ``input_ids``."""
-        prefix = self.attention_mask.shape[1] - self.input_ids.shape[1]
-        return self.attention_mask.sum(dim=1) - 1 - prefix
+        return last_positions(self.attention_mask, self.input_ids.shape[1])
+
+
+def last_positions(attention_mask: Any, tokens: int) -> Any:
+    """``[batch]`` each right-padded row's last real token, as an index into the ``tokens`` input
+    positions of a forward whose ``attention_mask [batch, cached + tokens]`` also covers a key/value
+    cache's tokens before them."""
+    cached = attention_mask.shape[1] - tokens
+    return attention_mask.sum(dim=1) - 1 - cached
+
+
+def cache_argument(model: ModelLike) -> str:
+    """The name of the forward's key/value cache argument: ``cache`` in transformers 5,
+    ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.hf_model.forward).parameters else "past_key_values"
 
 
 def length_batches(lengths: Sequence[int], max_batch_tokens: int, max_rows: int | None = None) -> list[np.ndarray]:
@@ -118,16 +131,15 @@ def _common_length(sequence: Sequence[int], base: Sequence[int]) -> int:
 
 
 def _cache_argument(model: ModelLike) -> str | None:
-    """The forward's key/value cache argument (transformers 5: ``cache``, earlier ``past_key_values``);
-    None where a prefix cannot be reused: not a causal LM, or a cache class without per-layer data."""
+    """`cache_argument`, or None where a prefix cannot be reused: not a causal LM, or a cache class
+    without per-layer data."""
     from transformers import DynamicCache
 
     if model.target_kind != "next_token" or "ddp_cache_data" not in inspect.signature(DynamicCache).parameters:
         return None
     if not hasattr(DynamicCache(), "layers"):  # transformers before the per-layer cache
         return None
-    parameters = inspect.signature(model.hf_model.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+    return cache_argument(model)
 
 
 def _base_caches(

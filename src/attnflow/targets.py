@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.shared_prefix import last_positions
 
 if TYPE_CHECKING:
     import torch
@@ -403,9 +404,7 @@ class NextTokenObjective(_TokenObjective):
 
         given = input_ids if input_ids is not None else inputs_embeds
         assert given is not None, "choices needs input_ids or inputs_embeds"
-        tokens = given.shape[1]
-        cached = attention_mask.shape[1] - tokens  # a key/value cache's tokens before the input's
-        last = attention_mask.sum(dim=1) - 1 - cached  # [batch] last real position (right padding)
+        last = last_positions(attention_mask, given.shape[1])  # [batch] last real position (right padding)
         kept = torch.unique(last)  # [positions] sorted
         if self.keeps_logits:
             model_kwargs = {"logits_to_keep": kept, **model_kwargs}
