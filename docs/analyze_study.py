@@ -28,8 +28,8 @@ def distance_profiles(summary: dict) -> tuple[np.ndarray, np.ndarray]:
     from transformers import AutoTokenizer
 
     from attnflow.capture import resolve
-    from attnflow.runs.readers import open_corpus
     from attnflow.corpus.windows import WindowStream, batched
+    from attnflow.runs.readers import open_corpus
 
     config, corpus = summary["config"], summary["corpus"]
     tokenizer = AutoTokenizer.from_pretrained(resolve(summary["model"]["name"]).path)

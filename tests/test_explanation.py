@@ -321,8 +321,8 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
 def test_the_attention_sink_note_recommends_only_methods_the_model_supports(family, remedy):
     from types import SimpleNamespace
 
-    from attnflow.capture.adapters import ADAPTERS
     from attnflow.methods.registry import methods_for
+    from attnflow.rows.adapters import ADAPTERS
 
     adapter = next(row for row in ADAPTERS if row.family == family)
     n = 5

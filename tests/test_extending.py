@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnflow.capture import unregister_adapter
 from attnflow.methods.registry import available_methods, get_method, markdown_table, unregister
+from attnflow.rows import unregister_adapter
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 TEXT = "the movie was great but the acting"

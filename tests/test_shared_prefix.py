@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import DECODER_FAMILIES
 
 import attnflow.shared_prefix as shared_prefix
 from attnflow.evaluate.scorer import ClassifierScorer
 from attnflow.methods.deletion import perturb
 from attnflow.shared_prefix import forward_batches, length_batches
+
+from tiny_models import DECODER_FAMILIES
 
 
 def edits(base: tuple[int, ...], mask_id: int) -> list[tuple[int, ...]]:

@@ -60,7 +60,7 @@ class CaptureError(AttnflowError):
 
 
 class AdapterCheckError(CaptureError):
-    """An adapter row fails a conformance check (`attnflow.capture.check_adapter`); the message
+    """An adapter row fails a conformance check (`attnflow.rows.check_adapter`); the message
     names the row, the check and the numbers."""
 
 

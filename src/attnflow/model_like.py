@@ -22,7 +22,7 @@ class ModelLike(Protocol):
 
     ``hf_model`` is the Hugging Face module itself (its forward pass returns ``.logits`` or hidden
     states; ``model`` is its deprecated name); ``adapter`` the family's row of the adapter table
-    (`attnflow.capture.Adapter`, not named here: capture sits below and this module must not import it).
+    (`attnflow.rows.Adapter`, not named here: capture sits below and this module must not import it).
     """
 
     @property
@@ -47,7 +47,7 @@ class ModelLike(Protocol):
 
     @property
     def adapter(self) -> Any:
-        """Its family's row of the adapter table (`attnflow.capture.Adapter`)."""
+        """Its family's row of the adapter table (`attnflow.rows.Adapter`)."""
         ...
 
     @property

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import attnflow
-from attnflow.capture.hooks import find_layers
 from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.rows.adapters import find_layers
 
 from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
 

@@ -1,4 +1,4 @@
-"""The conformance suite of adapter rows (`attnflow.capture.check_adapter`): every row of the table
+"""The conformance suite of adapter rows (`attnflow.rows.check_adapter`): every row of the table
 passes on its tiny model, running the checks its row provides for; deliberately broken rows (a
 wrong head-slice pattern, a norm of the wrong place or form, an MLP site that is not the MLP) fail
 with one line naming the failed check."""
@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-import attnflow
-from attnflow.capture import ADAPTERS, AdapterCheckError, check_adapter
+import attnflow.rows
+from attnflow.rows import ADAPTERS, AdapterCheckError, check_adapter
 
 from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
 
@@ -32,7 +32,7 @@ def test_every_row_passes_on_its_tiny_model(tiny_loaded, family):
 
 def test_every_row_of_the_table_has_a_tiny_model_here():
     families = {row.family for row in ADAPTERS}
-    covered = {attnflow.capture.adapter_for(_model_type(f), "").family for f in TEXT_FAMILIES + VISION_FAMILIES}
+    covered = {attnflow.rows.adapter_for(_model_type(f), "").family for f in TEXT_FAMILIES + VISION_FAMILIES}
     assert families == covered
 
 
@@ -42,7 +42,7 @@ def _model_type(family: str) -> str:
     return tiny_config(family).model_type
 
 
-def broken(model, **changes) -> attnflow.capture.Adapter:
+def broken(model, **changes) -> attnflow.rows.Adapter:
     """The model's row with some of its parts replaced (``values``, ``sites``, ``stack``: dicts of fields)."""
     row = model.adapter
     replaced = {name: dataclasses.replace(getattr(row, name), **fields) for name, fields in changes.items()}

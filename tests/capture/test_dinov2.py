@@ -184,7 +184,9 @@ def test_install_checks_the_onnx_file_and_the_weights_and_is_atomic(tmp_path, mo
     monkeypatch.setattr(onnx_dinov2, "WEIGHTS_DIGEST", "0" * 64)
     with pytest.raises(ModelLoadError, match="digest"):
         loading.install_dinov2_s()
-    assert [p for p in tmp_path.iterdir() if p.suffix != ".lock"] == []  # nothing half-installed (the conversion lock file stays)
+    assert [
+        p for p in tmp_path.iterdir() if p.suffix != ".lock"
+    ] == []  # nothing half-installed (the conversion lock file stays)
     monkeypatch.undo()
     monkeypatch.setenv("ATTNFLOW_CACHE", str(tmp_path))
     folder = loading.install_dinov2_s()

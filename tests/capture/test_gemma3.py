@@ -12,10 +12,10 @@ import torch
 import transformers as T
 
 import attnflow
-from attnflow.capture.hooks import find_layers
 from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
 from attnflow.model import AttentionModel
+from attnflow.rows.adapters import find_layers
 
 from tiny_models import GEMMA3_WINDOW, tiny_config, tiny_vocab
 

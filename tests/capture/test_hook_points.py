@@ -1,4 +1,4 @@
-"""The one hook helper (`attnflow.capture.hook_points.hooks`): a hook function sees a tensor and
+"""The one hook helper (`attnflow.rows.hook_points.hooks`): a hook function sees a tensor and
 returns one, whatever the module's call looks like; no hook survives an exception raised in the
 block, in a hook or while registering, through any of attnflow's hooking contexts (captum's
 hook-removal test); and no other module of attnflow registers a hook or unwraps hook arguments."""
@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import attnflow
-from attnflow.capture.hook_points import HookPoint, hooks, hooks_on, output_tensor
 from attnflow.errors import CaptureError
+from attnflow.rows.hook_points import HookPoint, hooks, hooks_on, output_tensor
 
 SOURCE = Path(attnflow.__file__).parent
-HELPER = SOURCE / "capture" / "hook_points.py"
+HELPER = SOURCE / "rows" / "hook_points.py"
 TEXT = "the cat sat on the mat"
 
 
@@ -82,10 +82,11 @@ def llama(tiny_loaded):
 
 def _contexts(model):
     """Every hooking context attnflow has: ``name -> callable returning a context manager``."""
-    from attnflow.capture.hooks import find_layers, record_calls, record_stack, record_tensors
+    from attnflow.capture.hooks import record_calls, record_stack, record_tensors
     from attnflow.causal.patching import Metric, Patches, PatchRunner
     from attnflow.causal.sites import SITE_KINDS, Site
     from attnflow.methods.model.lrp import RULES, backward_rules
+    from attnflow.rows.adapters import find_layers
 
     blocks = find_layers(model.model, model.adapter.sites.block)
     runner = PatchRunner(model, Metric("next_token", 1))
@@ -184,4 +185,4 @@ def test_no_hook_is_registered_or_unwrapped_outside_the_helper():
         if path != HELPER
         for line, what in hook_offences(path.read_text(encoding="utf-8"))
     ]
-    assert not found, "hooks outside attnflow.capture.hook_points:\n" + "\n".join(found)
+    assert not found, "hooks outside attnflow.rows.hook_points:\n" + "\n".join(found)

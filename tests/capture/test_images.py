@@ -169,4 +169,3 @@ def test_a_wide_image_gets_a_note_on_what_the_crop_leaves_out(caplog):
     assert crop_note((256, 256), (16.0, 16.0, 240.0, 240.0)) is None  # dinov2's square margin (87.5 % each way)
     assert crop_note((270, 256), (23.0, 16.0, 247.0, 240.0)) is None  # 83 % vs 87.5 % kept: 0.95 of it
     assert crop_note((300, 256), (38.0, 16.0, 262.0, 240.0)) is not None  # 74.7 % vs 87.5 %: 0.85 of it
-

@@ -11,7 +11,7 @@ import torch
 import transformers as T
 
 import attnflow
-from attnflow.capture.hooks import find_layers
+from attnflow.rows.adapters import find_layers
 
 TEXT = "the movie was terrible, but the acting was great."
 PROMPT = "The capital of France is"

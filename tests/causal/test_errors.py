@@ -6,9 +6,9 @@ import pytest
 from causal_texts import CLEAN, CORRUPT
 
 import attnflow
-from attnflow.capture.adapters import ADAPTERS, register_adapter, unregister_adapter
 from attnflow.causal import patch
 from attnflow.errors import InputError
+from attnflow.rows.adapters import ADAPTERS, register_adapter, unregister_adapter
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

@@ -14,12 +14,12 @@ import torch
 from causal_texts import CLEAN, CORRUPT
 
 import attnflow
-from attnflow.capture.adapters import ADAPTERS, Stack, register_adapter, unregister_adapter
-from attnflow.capture.hooks import find_layers, record_stack
+from attnflow.capture.hooks import record_stack
 from attnflow.causal import patch
 from attnflow.causal.patching import Metric, Patches, PatchRunner
 from attnflow.causal.sites import Site
 from attnflow.errors import CaptureError, InputError
+from attnflow.rows.adapters import ADAPTERS, Stack, find_layers, register_adapter, unregister_adapter
 
 # Decoders and the BERT-like encoders; their eager attention adds the mask each module receives.
 FAMILIES = ("llama", "qwen2", "gemma3", "gpt2", "bert", "distilbert", "mpnet")

@@ -9,9 +9,9 @@ import json
 import numpy as np
 from causal_texts import CLEAN, CORRUPT
 
-from attnflow.capture.site_kinds import SITE_TABLE
 from attnflow.causal.sites import ALL_KINDS, SITE_KINDS, parse_site_kinds, sweep_shape
 from attnflow.cli import build_parser, main
+from attnflow.rows.site_kinds import SITE_TABLE
 
 
 def test_the_kinds_and_shapes_are_the_table():

@@ -52,7 +52,15 @@ class FakeModel:
         return [self._trace(["[CLS]", *text.split()[: (max_length or 512) - 2], "[SEP]"], text=text) for text in texts]
 
     def trace_for(
-        self, methods, texts, target=None, target_text=None, contrast=None, max_length=None, batch_size=8, fuse_heads=None
+        self,
+        methods,
+        texts,
+        target=None,
+        target_text=None,
+        contrast=None,
+        max_length=None,
+        batch_size=8,
+        fuse_heads=None,
     ):
         return self.trace(texts, max_length=max_length, batch_size=batch_size)
 

@@ -10,10 +10,10 @@ import shutil
 import pytest
 import torch
 
-from attnflow.capture.adapters import adapter_for
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
 from attnflow.methods.registry import available_methods, get_method
+from attnflow.rows.adapters import adapter_for
 
 TEXT = "the movie was terrible but the acting was great"
 # auto's candidates on a BERT-like model: the one-pass (one forward + one backward) target methods

@@ -80,9 +80,7 @@ def test_output_folder_rules(tiny_bert, txt_corpus, tmp_path):
     with pytest.raises(InputError, match="either resume .* or overwrite"):
         run_study(options, out, resume=True, overwrite=True)
     run_study(options, out)
-    with pytest.raises(
-        InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass resume .* or overwrite "
-    ):
+    with pytest.raises(InputError, match=r"holds an earlier run \(checkpoint.npz, .*\); pass resume .* or overwrite "):
         run_study(options, out)
     run_study(options, out, overwrite=True)
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite deletes only attnflow's files

@@ -89,9 +89,7 @@ def test_csv_column_and_quoted_newlines(tmp_path):
 def test_csv_missing_column_lists_the_columns(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("id,review\n1,x\n", encoding="utf-8")
-    with pytest.raises(
-        InputError, match=r"no column 'text' \(columns: id, review\); choose the text with text_column"
-    ):
+    with pytest.raises(InputError, match=r"no column 'text' \(columns: id, review\); choose the text with text_column"):
         open_corpus(str(path)).validate()
 
 

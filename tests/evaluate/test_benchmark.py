@@ -143,7 +143,9 @@ def test_resume_reads_finished_methods_instead_of_recomputing(results, key_model
     again = run_fake_methods(key_model, out, resume=True, attribute_fn=counting)
     assert calls == []
     assert again["methods"]["random"] == json.loads(json.dumps(run["methods"]["random"]))
-    with pytest.raises(InputError, match=r"different configuration \(method_order: .*; run.options.replace: \"remove\""):
+    with pytest.raises(
+        InputError, match=r"different configuration \(method_order: .*; run.options.replace: \"remove\""
+    ):
         run_benchmark(
             key_model,
             KEY_TEXTS,

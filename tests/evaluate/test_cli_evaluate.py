@@ -51,7 +51,9 @@ def test_small_real_run_writes_every_output(small_run):
     for summary in results["methods"].values():
         bins = [b["mean"] for b in summary["comprehensiveness"]["bins"].values()]
         assert summary["comprehensiveness"]["mean"] == pytest.approx(np.mean(bins))  # AOPC = mean over the bins
-        assert len(summary["sanity"]["stages"]) == 3  # head + 2 of minilm's 6 layer stages (the default), the last one all
+        assert (
+            len(summary["sanity"]["stages"]) == 3
+        )  # head + 2 of minilm's 6 layer stages (the default), the last one all
         assert summary["agreement_loo"] is not None and summary["seconds_per_sample"]["mean"] > 0
     # every method starts its deletion curve from the same untouched inputs
     starts = {round(s["deletion_curve"]["mean"][0], 9) for s in results["methods"].values()}

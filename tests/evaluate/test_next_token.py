@@ -125,7 +125,6 @@ def test_the_probe_benchmark_says_where_each_map_ranks_the_key(smollm2, tmp_path
     assert "key ranked first ↑" in (tmp_path / "results.md").read_text(encoding="utf-8")
 
 
-
 def test_key_ranks_map_the_key_span_to_its_tokens(tiny_llama):
     """Character spans to tokens through the tokenizer's offsets: the key "cat" of "the cat sat" is
     the token a map scoring it highest ranks first, and third when two others score higher."""

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import attnflow
-from attnflow.capture.hooks import find_layers
 from attnflow.errors import ExplanationWarning
 from attnflow.explanation import explain, explain_traces
 from attnflow.methods.model.perturbation import integrated_gradient_attributions
 from attnflow.methods.relevance import alti_layer_parts, alti_matrices, norm_matrices
+from attnflow.rows.adapters import find_layers
 
 from tiny_models import CLASSIFIER_FAMILIES
 

@@ -1,10 +1,9 @@
-"""Recording what a forward pass computes, through `attnflow.capture.hook_points.hooks` (registered
+"""Recording what a forward pass computes, through `attnflow.rows.hook_points.hooks` (registered
 inside a `with` block, removed in `finally`): attention weights and head outputs of a stack, any
 module's output or input, a layer's call arguments; and finding the modules of a layer pattern."""
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -12,9 +11,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Stack
-from attnflow.capture.hook_points import HookPoint, Side, hooks
 from attnflow.errors import CaptureError
+from attnflow.rows.adapters import Stack, find_layers, layer_index
+from attnflow.rows.hook_points import HookPoint, Side, hooks
 
 
 class StopForward(Exception):
@@ -29,30 +28,6 @@ class MissingWeights(CaptureError):
 
 # Head fusions a recording can apply inside its hook, layer by layer (`record_stack`'s ``fuse_heads``).
 HOOK_FUSIONS = ("mean",)
-
-
-def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
-    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
-    regex = re.compile(pattern)
-    found: dict[int, tuple[str, nn.Module]] = {}
-    for name, module in model.named_modules():
-        match = regex.search(name)
-        if match:
-            layer = int(match.group(1))
-            if layer in found:
-                raise CaptureError(f"two modules match layer {layer} of {pattern!r}: {found[layer][0]}, {name}")
-            found[layer] = (name, module)
-    if sorted(found) != list(range(len(found))):
-        raise CaptureError(f"layers matching {pattern!r} are not numbered 0..L-1: {sorted(found)}")
-    return [found[layer] for layer in sorted(found)]
-
-
-def layer_index(pattern: str, name: str) -> int:
-    """The layer index in a module name (the first group of ``pattern``)."""
-    match = re.search(pattern, name)
-    if match is None:
-        raise CaptureError(f"{name} does not match {pattern!r}")
-    return int(match.group(1))
 
 
 @dataclass

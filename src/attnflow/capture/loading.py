@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from attnflow.capture import weight_cache
-from attnflow.capture.adapters import adapter_for
 from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
+from attnflow.rows.adapters import adapter_for
 from attnflow.staging import building, checkpoint
 
 if TYPE_CHECKING:

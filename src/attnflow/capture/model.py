@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Adapter, Values, adapter_for
 from attnflow.capture.hooks import (
     MissingWeights,
     StopForward,
@@ -33,6 +32,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
+from attnflow.rows.adapters import Adapter, Values, adapter_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
 

@@ -242,7 +242,7 @@ def patch(
         head_position: patch each head at this position only (negative: from the end, -1 = the
             last); None: at every position.
         knockout_target, knockout_window, knockout_sources: where ``knockout`` blocks attention
-            edges (`attnflow.capture.site_kinds`; `_sweep_options`). It runs on the clean input: its
+            edges (`attnflow.rows.site_kinds`; `_sweep_options`). It runs on the clean input: its
             effect is (m_clean − m_blocked) / (m_clean − m_corrupted), in either direction.
 
     Returns:

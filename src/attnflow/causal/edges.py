@@ -38,9 +38,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from attnflow.capture.hook_points import HookPoint, hooks
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.rows.hook_points import HookPoint, hooks
 from attnflow.targets import Target, legacy_target
 
 EDGE_METHODS = ("eap", "eap-ig")

@@ -1,5 +1,5 @@
 """Exact activation patching on the Hugging Face model itself, through hooks at the hook points of
-the site table (`attnflow.capture.site_kinds`), registered by `attnflow.capture.hook_points.hooks`.
+the site table (`attnflow.rows.site_kinds`), registered by `attnflow.rows.hook_points.hooks`.
 
 `PatchRunner.forward` runs the model on a batch of copies of one input; each batch row may have
 its own embedding noise and its own patched sites (a site's activation replaced by a given value,
@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from attnflow.capture.hook_points import HookPoint, hooks
-from attnflow.capture.site_kinds import SITE_TABLE, SiteKind, Write
 from attnflow.causal.sites import SITE_KINDS, Site, SiteModules, site_kind
 from attnflow.model_like import ModelLike
+from attnflow.rows.hook_points import HookPoint, hooks
+from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
 # Recorded activations of one run, per activation kind (`SITE_KINDS`), one tensor per row of the
 # kind's sweep (row 0 of ``residual`` is the stream entering the first layer): residual/attn/mlp

@@ -1,5 +1,5 @@
 """Where activation patching reads and writes, derived from the table of site kinds
-(`attnflow.capture.site_kinds.SITE_TABLE`) and the family's adapter row.
+(`attnflow.rows.site_kinds.SITE_TABLE`) and the family's adapter row.
 
 Each kind's sweep fills an array ``[row, column]`` (``T`` tokens, ``L`` layers, ``H`` heads):
 ``residual [L + 1, T]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l),
@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from attnflow.capture.site_kinds import SITE_KIND_ROWS, SITE_TABLE, SiteKind, window_layers
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.rows.site_kinds import SITE_KIND_ROWS, SITE_TABLE, SiteKind, window_layers
 from attnflow.trace import CAPABILITIES
 
 if TYPE_CHECKING:
-    from attnflow.capture.hook_points import HookPoint
+    from attnflow.rows.hook_points import HookPoint
 
 ALL_KINDS = tuple(row.name for row in SITE_TABLE)
 SITE_KINDS = tuple(row.name for row in SITE_TABLE if row.is_activation)
@@ -121,7 +121,7 @@ class SiteModules:
     patterns; one per layer), and the hook point of each row of each kind's sweep array."""
 
     def __init__(self, model: ModelLike) -> None:
-        from attnflow.capture.hooks import find_layers
+        from attnflow.rows.adapters import find_layers
 
         check_sites_supported(model)
         self.by_kind: dict[str, list[Any]] = {}

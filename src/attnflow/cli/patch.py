@@ -111,7 +111,7 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Which sites, by which methods, in which direction; the noise draws and the batch. Their
     defaults (`DEFAULTS`) are filled in by `run`: a flag left out stays None, so a flag that the
     chosen analysis would ignore can be refused."""
-    from attnflow.capture.site_kinds import SITE_TABLE
+    from attnflow.rows.site_kinds import SITE_TABLE
 
     default = ",".join(row.name for row in SITE_TABLE if row.is_activation)
     kinds = "; ".join(f"{row.name}: {row.help}" for row in SITE_TABLE)

@@ -19,8 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnflow.capture import hook_points
-from attnflow.capture.hook_points import HookPoint
 from attnflow.capture.hooks import (
     StopForward,
     find_layers,
@@ -32,6 +30,8 @@ from attnflow.capture.hooks import (
 from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
+from attnflow.rows import hook_points
+from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
 
 

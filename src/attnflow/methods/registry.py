@@ -57,7 +57,7 @@ COSTS = ("one_pass", "backward", "expensive")
 
 
 class Family(Protocol):
-    """A model family as methods see it (`attnflow.capture.adapters.Adapter` is one)."""
+    """A model family as methods see it (`attnflow.rows.adapters.Adapter` is one)."""
 
     @property
     def family(self) -> str: ...

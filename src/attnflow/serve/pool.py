@@ -278,7 +278,7 @@ def watched_forwards(model: ModelLike, job: Job) -> Iterator[None]:
     it; raises `Cancelled` when the job was cancelled). The hook is removed on leaving, always."""
     import torch
 
-    from attnflow.capture.hook_points import HookPoint, hooks
+    from attnflow.rows.hook_points import HookPoint, hooks
 
     network = getattr(model, "hf_model", None)
     if not isinstance(network, torch.nn.Module):  # not a torch network: steps alone are checked

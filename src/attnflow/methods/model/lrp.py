@@ -12,7 +12,7 @@ position (``baseline``).
 
 The module kinds and where the engine finds them (``∂̃``: the modified gradient):
 
-- ``norm``: every norm the adapter row declares (`attnflow.capture.adapters.Norms`: a pattern and
+- ``norm``: every norm the adapter row declares (`attnflow.rows.adapters.Norms`: a pattern and
   the form, layer or RMS with its offset);
 - ``activation``: the element-wise activation modules (GELU, SiLU, tanh, ...: transformers' ``ACT2FN``);
 - ``query_key`` / ``value``: the query and key / the value projections of the row's `Values`;
@@ -72,7 +72,7 @@ from attnflow.model_like import ModelLike
 from attnflow.trace import CAPABILITIES, Trace
 
 if TYPE_CHECKING:
-    from attnflow.capture.hook_points import HookPoint
+    from attnflow.rows.hook_points import HookPoint
 
 NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own output this closely (float32)
 
@@ -404,7 +404,7 @@ class RuleRecording:
 def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple[str, Rule]]]:
     """Every module a rule of ``rules`` applies to, with its ``(kind, rule)`` pairs in `MODULE_KINDS`
     order (the softmax rule, which applies inside the attention modules, is not among them)."""
-    from attnflow.capture.hooks import find_layers
+    from attnflow.rows.adapters import find_layers
 
     hf_model, adapter = model.hf_model, model.adapter
 
@@ -451,8 +451,8 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
 
     import torch
 
-    from attnflow.capture.hook_points import HookPoint, hooks
-    from attnflow.capture.hooks import find_layers
+    from attnflow.rows.adapters import find_layers
+    from attnflow.rows.hook_points import HookPoint, hooks
 
     adapter, hf_model = model.adapter, model.hf_model
     applied = rule_modules(model, rules)
@@ -511,7 +511,7 @@ _INSIDE = threading.local()  # .depth: how many attention modules are running in
 
 def _inside(attention_modules: list[Any]) -> list[tuple[HookPoint, Any]]:
     """Hooks that count, in this thread, the attention modules whose forward is running."""
-    from attnflow.capture.hook_points import HookPoint
+    from attnflow.rows.hook_points import HookPoint
 
     def enter(_args: tuple, _kwargs: dict) -> None:
         _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
@@ -613,7 +613,7 @@ def _constant_scale_norm(module: Any, x: Any, output: Any, form: str, rms_offset
     if not torch.allclose(recomputed, output, rtol=tolerance, atol=tolerance):
         raise CaptureError(
             f"{type(module).__name__} is not the {form} norm its adapter row declares: the backward rules cannot "
-            "linearise it (check the row with attnflow.capture.check_adapter)"
+            "linearise it (check the row with attnflow.rows.check_adapter)"
         )
     return recomputed
 

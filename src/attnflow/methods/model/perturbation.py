@@ -341,8 +341,9 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
     The variants of a layer run as batches of ``batch_size``."""
     import torch
 
-    from attnflow.capture.hook_points import HookPoint, hooks, output_tensor
-    from attnflow.capture.hooks import find_layers, record_calls, record_tensors
+    from attnflow.capture.hooks import record_calls, record_tensors
+    from attnflow.rows.adapters import find_layers
+    from attnflow.rows.hook_points import HookPoint, hooks, output_tensor
 
     blocks = find_layers(model.hf_model, model.adapter.values.block)
     value_projections = find_layers(model.hf_model, model.adapter.values.value)

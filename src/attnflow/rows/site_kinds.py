@@ -33,8 +33,8 @@ from attnflow.errors import CaptureError, InputError
 if TYPE_CHECKING:
     import torch
 
-    from attnflow.capture.adapters import Adapter
-    from attnflow.capture.hook_points import HookPoint, Side
+    from attnflow.rows.adapters import Adapter
+    from attnflow.rows.hook_points import HookPoint, Side
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class SiteKind:
         (a stream: row 0 the first module's input, row l + 1 module l's output). Where the kind reads
         an argument other than the first, its write also receives the call's first input (the
         hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
-        from attnflow.capture.hook_points import HookPoint
+        from attnflow.rows.hook_points import HookPoint
 
         if self.stream:
             sides: list[tuple[Any, Side]] = [(modules[0], "input"), *((module, "output") for module in modules)]

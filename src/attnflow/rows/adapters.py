@@ -16,10 +16,14 @@ family supports it when its row `Adapter.provides` them all.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from attnflow.errors import CaptureError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -432,3 +436,27 @@ def adapter_for(model_type: str, class_name: str) -> Adapter:
         f"{class_name} (model_type {model_type!r}) is not in attnflow's adapter table; "
         f"supported model types: {', '.join(supported)}"
     )
+
+
+def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
+    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
+    regex = re.compile(pattern)
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for name, module in model.named_modules():
+        match = regex.search(name)
+        if match:
+            layer = int(match.group(1))
+            if layer in found:
+                raise CaptureError(f"two modules match layer {layer} of {pattern!r}: {found[layer][0]}, {name}")
+            found[layer] = (name, module)
+    if sorted(found) != list(range(len(found))):
+        raise CaptureError(f"layers matching {pattern!r} are not numbered 0..L-1: {sorted(found)}")
+    return [found[layer] for layer in sorted(found)]
+
+
+def layer_index(pattern: str, name: str) -> int:
+    """The layer index in a module name (the first group of ``pattern``)."""
+    match = re.search(pattern, name)
+    if match is None:
+        raise CaptureError(f"{name} does not match {pattern!r}")
+    return int(match.group(1))

@@ -36,11 +36,10 @@ from typing import Any, Callable, NoReturn
 import torch
 from torch import nn
 
-from attnflow.capture.adapters import Adapter, Stack
-from attnflow.capture.hook_points import HookPoint, Side, hooks
-from attnflow.capture.hooks import find_layers
-from attnflow.capture.site_kinds import SITE_TABLE, SiteKind, Write
 from attnflow.errors import AdapterCheckError, CaptureError
+from attnflow.rows.adapters import Adapter, Stack, find_layers
+from attnflow.rows.hook_points import HookPoint, Side, hooks
+from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
