@@ -31,7 +31,7 @@ from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
-from attnflow.rows.adapters import adapter_for
+from attnflow.rows.adapters import Adapter, auto_class, hand_row
 from attnflow.staging import building, checkpoint
 
 if TYPE_CHECKING:
@@ -539,26 +539,31 @@ def _load_source(
             f"could not load model {name!r}: not a local model folder, and loading it as a hub id "
             f"failed ({str(error).splitlines()[0]}){_did_you_mean(name)}"
         ) from None
-    adapter = adapter_for(config.model_type, type(config).__name__)
-    auto_class = getattr(transformers, adapter.auto_class)
-    if adapter.target_kind == "class" and any(
+    from attnflow.rows.infer import kind_of
+
+    adapter = hand_row(config.model_type)
+    kind = adapter.kind if adapter is not None else kind_of(config)
+    auto = getattr(transformers, auto_class(kind))
+    if kind == "encoder" and any(
         architecture.endswith("ForSequenceClassification") for architecture in (config.architectures or ())
     ):
-        auto_class = transformers.AutoModelForSequenceClassification  # keep the classifier head
+        auto = transformers.AutoModelForSequenceClassification  # keep the classifier head
     checkpoint()
     try:
         with _gguf_progress(progress):
-            model = auto_class.from_pretrained(
+            model = auto.from_pretrained(
                 source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
             )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"could not load the weights of {name!r}: {str(error).splitlines()[0]}") from None
     tokenizer = image_processor = None
-    if adapter.kind == "vision":
+    if kind == "vision":
         image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
         _check_tokenizer(tokenizer, model, source)
+    if adapter is None:
+        adapter = _inferred_row(model, kind, name, progress)
     checkpoint()
     if source.cache_to is not None and source.cache_source is not None:
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
@@ -568,6 +573,21 @@ def _load_source(
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
+
+
+def _inferred_row(model: torch.nn.Module, kind: str, name: str, progress: bool) -> Adapter:
+    """The row of a model type no hand row covers, inferred from the model and checked on it."""
+    from attnflow.rows.infer import verified_row
+
+    say = log.warning if progress else log.info
+    say(
+        "%s: no hand-written adapter row for model type %r: inferring one from the model", name, model.config.model_type
+    )
+    row = verified_row(model, kind)
+    if row.unverified:
+        say("%s: parts left out of the inferred row (the methods that need them are refused): %s",
+            name, "; ".join(row.unverified))  # fmt: skip
+    return row
 
 
 def load_tokenizer(name: str) -> Any:
@@ -632,7 +652,6 @@ def _check_local_model_type(source: ModelSource) -> None:
         raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
     if not model_type:
         raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
-    adapter_for(model_type, f"the model in {source.path}")
 
 
 @contextmanager

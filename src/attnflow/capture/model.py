@@ -32,7 +32,8 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, adapter_for
+from attnflow.rows.adapters import Adapter, Values
+from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
 
@@ -124,7 +125,7 @@ class CaptureModel:
         dtype: str | torch.dtype | None = "float32",
     ) -> None:
         config = model.config
-        self.adapter = adapter or adapter_for(config.model_type, type(model).__name__)
+        self.adapter = adapter or row_for(model)
         if getattr(config, "_attn_implementation", "eager") != "eager":
             if not hasattr(model, "set_attn_implementation"):
                 raise CaptureError(f"{type(model).__name__} cannot switch to eager attention")

@@ -148,7 +148,7 @@ def check_supported(model: ModelLike) -> None:
         missing.append("values (where the value vectors are)")
     raise InputError(
         f"information-flow routes do not support the {adapter.family} family ({model.name}): "
-        f"its adapter row has no {'; no '.join(missing)}"
+        f"its adapter row has no {'; no '.join(missing)}{adapter.note}"
     )
 
 

@@ -65,6 +65,9 @@ class Family(Protocol):
     @property
     def provides(self) -> frozenset[str]: ...
 
+    @property
+    def note(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class Option:
@@ -309,7 +312,8 @@ def check_family(spec: MethodSpec, family: Family) -> None:
     if not spec.supports(family):
         raise InputError(
             f"method {spec.name!r} does not support the {family.family} family: it requires "
-            f"{'; '.join(spec.missing(family))}; methods for {family.family}: {', '.join(methods_for(family))}"
+            f"{'; '.join(spec.missing(family))}{family.note}; methods for {family.family}: "
+            f"{', '.join(methods_for(family))}"
         )
 
 

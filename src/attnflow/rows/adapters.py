@@ -167,6 +167,8 @@ class Adapter:
     fused: tuple[Fused, ...] = ()  # projections whose output is several side by side (GPT-2's c_attn)
     head_count: str = "num_attention_heads"  # the config attribute with the heads per layer
     weights_in_out: bool = False  # projections store their weight as [in, out] (GPT-2's Conv1D), not [out, in]
+    inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
+    unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
 
     def heads(self, config: Any) -> int:
         """The heads per layer: the config attribute ``head_count`` names."""
@@ -190,6 +192,17 @@ class Adapter:
         return None
 
     @property
+    def note(self) -> str:
+        """What a refusal adds for an inferred row: the checks that failed (their parts left out) or
+        that inference did not find the part, and where to learn to write it by hand."""
+        if not self.inferred:
+            return ""
+        found = (
+            f"checks failed ({'; '.join(self.unverified)})" if self.unverified else "inference did not find the part"
+        )
+        return f" (the {self.family} row is inferred and {found}: {EXTENDING} shows how to write it by hand)"
+
+    @property
     def default_row(self) -> str:
         return "last" if self.kind in ("decoder", "encoder-decoder") else "cls"
 
@@ -197,9 +210,7 @@ class Adapter:
     def auto_class(self) -> str:
         """The ``transformers`` Auto class that loads this family with its head (an encoder folder
         whose config names a ``*ForSequenceClassification`` architecture loads with that instead)."""
-        return {"decoder": "AutoModelForCausalLM", "encoder-decoder": "AutoModelForSeq2SeqLM"}.get(
-            self.kind, "AutoModel"
-        )
+        return auto_class(self.kind)
 
     @property
     def target_kind(self) -> str | None:
@@ -226,6 +237,8 @@ class Adapter:
         }
         return frozenset(name for name, present in provided.items() if present)
 
+
+EXTENDING = "docs/extending.md, 'A model family'"  # where a user learns to write a part of a row
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
 _BERT_VALUES = Values(
@@ -409,6 +422,11 @@ ADAPTERS: tuple[Adapter, ...] = (
 )
 
 
+def auto_class(kind: str) -> str:
+    """The ``transformers`` Auto class that loads a model of ``kind`` with its head."""
+    return {"decoder": "AutoModelForCausalLM", "encoder-decoder": "AutoModelForSeq2SeqLM"}.get(kind, "AutoModel")
+
+
 _ADDED: list[Adapter] = []  # rows added at run time (`register_adapter`), searched before ADAPTERS
 
 
@@ -425,12 +443,17 @@ def unregister_adapter(family: str) -> None:
     _ADDED[:] = [row for row in _ADDED if row.family != family]
 
 
+def hand_row(model_type: str) -> Adapter | None:
+    """The row written for a ``config.model_type`` (registered ones first), or None."""
+    return next((row for row in (*_ADDED, *ADAPTERS) if model_type in row.model_types), None)
+
+
 def adapter_for(model_type: str, class_name: str) -> Adapter:
     """The table row for a ``config.model_type``; a clear error naming the class otherwise."""
+    row = hand_row(model_type)
+    if row is not None:
+        return row
     rows = (*_ADDED, *ADAPTERS)
-    for adapter in rows:
-        if model_type in adapter.model_types:
-            return adapter
     supported = sorted({t for adapter in rows for t in adapter.model_types})
     raise CaptureError(
         f"{class_name} (model_type {model_type!r}) is not in attnflow's adapter table; "

@@ -24,14 +24,15 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
   first layer gives that weight exactly 0 and leaves the row summing to 1.
 
-A failed check raises `AdapterCheckError` naming the row, the check, the layer and the numbers.
+`check_adapter` reports every check (pass, fail or n/a, `ConformanceReport`); a failure names the row,
+the check, the layer and the numbers, and by default raises `AdapterCheckError` naming every failed check.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Literal, NoReturn
 
 import torch
 from torch import nn
@@ -398,7 +399,7 @@ class Check:
     run: Callable[[Run], None]
 
 
-# Run in this order; the first failure is raised.
+# Run in this order, each on its own (a failure does not stop the next).
 CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
     Check("head_slices", _has_values, check_head_slices),
@@ -411,11 +412,58 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
-def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
-    """Run every check of `CHECKS` that applies to ``row`` on ``model`` (a Hugging Face module or
-    a loaded attnflow model; put in eval mode and eager attention for the run, restored after) with
-    a seeded random input of 2 rows × 7 tokens (or an image, or a source and a target); returns the
-    names of the checks that ran. A failure raises `AdapterCheckError` naming the check."""
+Outcome = Literal["pass", "fail", "n/a"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome on one model: ``"pass"``, ``"fail"`` (``detail`` says where and by how
+    much) or ``"n/a"`` (the row provides nothing the check reads)."""
+
+    check: str
+    outcome: Outcome
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """Every check of `CHECKS` on one row and model, in order (scikit-learn's per-check results)."""
+
+    family: str
+    results: tuple[CheckResult, ...]
+
+    @property
+    def passed(self) -> set[str]:
+        return {result.check for result in self.results if result.outcome == "pass"}
+
+    @property
+    def failed(self) -> tuple[CheckResult, ...]:
+        return tuple(result for result in self.results if result.outcome == "fail")
+
+    def outcome(self, check: str) -> Outcome:
+        return next(result.outcome for result in self.results if result.check == check)
+
+    def error(self) -> AdapterCheckError | None:
+        """One line naming every failed check (None when all passed)."""
+        if not self.failed:
+            return None
+        failures = "; ".join(f"{result.check}: {result.detail}" for result in self.failed)
+        return AdapterCheckError(f"adapter row {self.family!r} fails {failures}")
+
+    def __str__(self) -> str:
+        width = max(len(check.name) for check in CHECKS)
+        return "\n".join(
+            f"{result.check:<{width}}  {result.outcome}" + (f"  {result.detail}" if result.detail else "")
+            for result in self.results
+        )
+
+
+def check_adapter(row: Adapter, model: Any, *, seed: int = 0, strict: bool = True) -> ConformanceReport:
+    """Run every check of `CHECKS` on ``model`` (a Hugging Face module or a loaded attnflow model;
+    put in eval mode and eager attention for the run, restored after) with a seeded random input of
+    2 rows × 7 tokens (or an image, or a source and a target), each on its own: a failed check does
+    not stop the others. Returns the `ConformanceReport` (pass, fail or n/a per check); with
+    ``strict`` (the default) a failure raises `AdapterCheckError` naming every failed check."""
     module: nn.Module = getattr(model, "hf_model", model)
     training = module.training
     implementation = getattr(module.config, "_attn_implementation", "eager")
@@ -424,15 +472,42 @@ def check_adapter(row: Adapter, model: Any, *, seed: int = 0) -> list[str]:
     module.eval()
     try:
         with torch.no_grad():
-            run = record(row, module, _inputs(row, module, seed), row.heads(module.config))
-            applying = [check for check in CHECKS if check.applies(row)]
-            for check in applying:
-                check.run(run)
-        return [check.name for check in applying]
+            report = _report(row, module, seed)
     finally:
         module.train(training)
         if implementation != "eager":
             module.set_attn_implementation(implementation)
+    error = report.error()
+    if strict and error is not None:
+        raise error
+    return report
+
+
+def _report(row: Adapter, module: nn.Module, seed: int) -> ConformanceReport:
+    prefix = f"adapter row {row.family!r} fails "
+    try:
+        run: Run | None = record(row, module, _inputs(row, module, seed), row.heads(module.config))
+        unrecorded = ""
+    except (AdapterCheckError, CaptureError) as error:
+        run, unrecorded = None, str(error).removeprefix(f"adapter row {row.family!r}: ")
+    results = []
+    for check in CHECKS:
+        if not check.applies(row):
+            results.append(CheckResult(check.name, "n/a"))
+            continue
+        if run is None:
+            results.append(CheckResult(check.name, "fail", unrecorded))
+            continue
+        try:
+            check.run(run)
+        except AdapterCheckError as error:
+            detail = str(error).removeprefix(f"{prefix}{check.name}: ")
+            results.append(CheckResult(check.name, "fail", detail))
+        except (RuntimeError, ValueError, IndexError, KeyError, TypeError) as error:  # a part of the wrong shape
+            results.append(CheckResult(check.name, "fail", f"{type(error).__name__}: {str(error).splitlines()[0]}"))
+        else:
+            results.append(CheckResult(check.name, "pass"))
+    return ConformanceReport(row.family, tuple(results))
 
 
 def _inputs(row: Adapter, model: nn.Module, seed: int) -> dict[str, torch.Tensor]:

@@ -91,6 +91,15 @@ def _argument_place(point: HookPoint) -> tuple[str, int | None]:
     )
 
 
+def takes_input(module: nn.Module) -> bool:
+    """Whether ``module``'s forward has a first parameter for an ``"input"`` hook point to read."""
+    try:
+        _argument_place(HookPoint(module, "input"))
+    except CaptureError:
+        return False
+    return True
+
+
 def _read_argument(args: tuple, kwargs: dict, name: str, position: int | None) -> Any:
     if name in kwargs:
         return kwargs[name]

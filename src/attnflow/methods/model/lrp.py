@@ -317,6 +317,7 @@ def check_rules_supported(model: ModelLike, rules: BackwardRules, what: str | No
         raise InputError(
             f"{what or rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
             + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+            + model.adapter.note
         )
 
 

@@ -1,0 +1,586 @@
+"""Adapter rows inferred from a model that no hand row covers: the parts are found from the module
+tree, the config and one traced forward pass on a seeded input (which modules run, in what order,
+with what inputs and outputs), never from class names; every part is kept only where the traced
+numbers prove it (the attention weights are softmax rows, A·V per head is the output projection's
+input, the residual stream is the sum of the parts, a norm recomputes in its form).
+
+`infer_row(hf_model, kind)` returns an ordinary `Adapter`; `verified_row` then runs the conformance
+suite on it (`attnflow.rows.conformance.check_adapter`) and leaves out each part whose check fails,
+so a row right on nine counts enables what those prove and names the tenth (``Adapter.unverified``).
+`row_for` is what loading asks: the hand row of the model type, else the verified inferred row.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnflow.errors import CaptureError
+from attnflow.rows.adapters import (
+    EXTENDING,
+    Adapter,
+    GatedMLP,
+    NormForm,
+    Norms,
+    Sites,
+    Stack,
+    Streams,
+    Values,
+    hand_row,
+)
+from attnflow.rows.hook_points import HookPoint, hooks, takes_input
+
+TOLERANCE = 1e-4  # relative to the largest magnitude compared
+_OUTPUT_INDICES = (0, 1, 2)  # tuple elements recorded per call (attention modules return their weights at 1 or 2)
+_BATCH, _TOKENS = 2, 7
+
+
+# The parts of an inferred row each check proves: a failure leaves them out.
+_PROVEN_BY = {
+    "head_slices": ("values",),
+    "post_norm": ("values",),
+    "attention_output": ("sites", "streams"),
+    "residual_sum": ("sites", "streams"),
+    "own_value": ("sites", "streams"),
+    "knockout": ("sites", "streams"),
+    "norm_form": ("norms", "streams"),
+}
+
+
+class InferenceError(CaptureError):
+    """Inference found no attention stack in the model: the part it could not find is named."""
+
+
+def kind_of(config: Any, class_name: str = "") -> str:
+    """``"encoder"`` (a classifier or a plain encoder) or ``"decoder"`` (a causal LM) for a model type
+    with no hand row, from the class that loads it (``class_name`` or the config's architectures),
+    else from transformers' causal-LM table; encoder-decoder models are refused (no inference yet)."""
+    if getattr(config, "is_encoder_decoder", False):
+        raise InferenceError(
+            f"{type(config).__name__} is an encoder-decoder model: attnflow infers rows of decoder-only and "
+            f"encoder-only models; a row written by hand can map it ({EXTENDING})"
+        )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = [class_name] if class_name else list(getattr(config, "architectures", None) or ())
+    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+        return "decoder"
+    if names or getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "encoder"
+    return "decoder"
+
+
+def row_for(hf_model: nn.Module) -> Adapter:
+    """The hand row of ``hf_model``'s model type, else `verified_row` (its kind from its class)."""
+    row = hand_row(str(getattr(hf_model.config, "model_type", "")))
+    return row or verified_row(hf_model, kind_of(hf_model.config, type(hf_model).__name__))
+
+
+def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
+    """`infer_row`, checked by the conformance suite: each failed check leaves out the parts it
+    proves (and with them the capabilities that need them), recorded in ``unverified``; a model
+    whose attention weights fail their check is refused."""
+    from attnflow.rows.conformance import CHECKS, check_adapter
+
+    try:
+        row = infer_row(hf_model, kind)
+    except InferenceError as error:
+        raise InferenceError(f"{error}; a row written by hand can say where it is ({EXTENDING})") from None
+    for _ in CHECKS:
+        report = check_adapter(row, hf_model, strict=False)
+        if not report.failed:
+            return row
+        if report.outcome("attention_weights") == "fail":
+            raise InferenceError(f"{report.error()}; a row written by hand can say where they are ({EXTENDING})")
+        left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
+        failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
+        row = replace(row, unverified=row.unverified + failures, **dict.fromkeys(left_out, None))  # type: ignore[arg-type]
+    return row
+
+
+@dataclass
+class Call:
+    """One module's first call in the traced forward pass: when it started and ended (a shared
+    counter), its first input and the elements of its output."""
+
+    name: str
+    module: nn.Module
+    start: int = -1
+    end: int = -1
+    input: Any = None
+    outputs: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def output(self) -> Any:
+        return self.outputs.get(0)
+
+    def inside(self, scope: str) -> bool:
+        return self.name == scope or self.name.startswith(scope + ".")
+
+
+def _close(actual: Any, expected: Any) -> bool:
+    if not (torch.is_tensor(actual) and torch.is_tensor(expected)) or actual.shape != expected.shape:
+        return False
+    scale = max(float(expected.abs().max()), 1.0)
+    return float((actual.double() - expected.double()).abs().max()) <= TOLERANCE * scale
+
+
+def _pattern(name: str, blocks: str) -> str:
+    """A row pattern for ``name``: the block index becomes the layer group, everything else literal."""
+    if name.startswith(blocks + "."):
+        rest = name[len(blocks) + 1 :]
+        index, _, tail = rest.partition(".")
+        if index.isdigit():
+            return rf"^{re.escape(blocks)}\.(\d+)" + (rf"\.{re.escape(tail)}$" if tail else "$")
+    return rf"^{re.escape(name)}$"
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _layer_count(config: Any) -> int:
+    count = getattr(_text_config(config), "num_hidden_layers", None)
+    if not isinstance(count, int) or count <= 0:
+        raise InferenceError(f"{type(config).__name__} has no num_hidden_layers: attnflow cannot find the layer stack")
+    return count
+
+
+def _head_count(config: Any) -> tuple[str, int]:
+    """(the config attribute with the heads per layer, its value)."""
+    text = _text_config(config)
+    for attribute in ("num_attention_heads", "n_head", "num_heads", "n_heads"):
+        value = getattr(text, attribute, None)
+        if isinstance(value, int) and value > 0:
+            return attribute, value
+    raise InferenceError(f"{type(config).__name__} has no head count (num_attention_heads)")
+
+
+def _block_list(model: nn.Module, n_layers: int) -> str:
+    """The name of the ``nn.ModuleList`` of ``n_layers`` blocks of one class (the last one in the
+    module order when there are several, e.g. a vision tower before the language model)."""
+    found = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) == n_layers
+        and len({type(block) for block in module}) == 1
+        and any(True for _ in module[0].parameters())
+    ]
+    if not found:
+        raise InferenceError(
+            f"{type(model).__name__} has no nn.ModuleList of {n_layers} identical blocks (num_hidden_layers): "
+            "attnflow cannot find the layer stack"
+        )
+    return found[-1]
+
+
+def _trace(model: nn.Module, blocks: str, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
+    """Run the model once, recording the first call of every module outside the blocks, of every
+    module inside the first block, and of every block."""
+    traced: dict[str, Call] = {}
+    counter = [0]
+    watched = [
+        (name, module)
+        for name, module in model.named_modules()
+        if not name.startswith(blocks + ".") or name.startswith(f"{blocks}.0.") or _is_block(name, blocks)
+    ]
+
+    def started(call: Call) -> Any:
+        def hook(tensor: Any) -> None:
+            if call.start < 0:
+                call.start, counter[0] = counter[0], counter[0] + 1
+                call.input = tensor
+
+        return hook
+
+    def ended(call: Call, index: int) -> Any:
+        def hook(tensor: Any) -> None:
+            if index not in call.outputs:
+                call.outputs[index] = tensor
+                if index == 0:
+                    call.end, counter[0] = counter[0], counter[0] + 1
+
+        return hook
+
+    hooked = []
+    for name, module in watched:
+        if not takes_input(module):
+            continue
+        call = traced.setdefault(name, Call(name, module))
+        hooked.append((HookPoint(module, "input", name=name), started(call)))
+        hooked += [
+            (HookPoint(module, "output", index=index, name=name), ended(call, index)) for index in _OUTPUT_INDICES
+        ]
+    with hooks(hooked), torch.no_grad():
+        outputs = model(**inputs, output_attentions=True)
+    traced[""] = Call("", model, outputs={0: getattr(outputs, "logits", None)})
+    return {name: call for name, call in traced.items() if call.start >= 0 or name == ""}
+
+
+def _is_block(name: str, blocks: str) -> bool:
+    return name.startswith(blocks + ".") and name[len(blocks) + 1 :].isdigit()
+
+
+def _linear_weight(call: Call) -> torch.Tensor | None:
+    """``[in, out]`` when the call is an affine map x W + b of its 2-D weight (either storage), else None."""
+    weight = getattr(call.module, "weight", None)
+    x, y = call.input, call.output
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and torch.is_tensor(x) and torch.is_tensor(y)):
+        return None
+    if not x.is_floating_point():
+        return None
+    bias = getattr(call.module, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else 0
+    for in_by_out in (weight.T, weight):
+        if in_by_out.shape == (x.shape[-1], y.shape[-1]) and _close(y, x @ in_by_out + bias):
+            return in_by_out
+    return None
+
+
+def _softmax_weights(call: Call, n_heads: int) -> int | None:
+    """The tuple index where the call returned ``[batch, head, query, key]`` softmax rows, or None."""
+    for index, found in sorted(call.outputs.items()):
+        if (
+            index > 0
+            and torch.is_tensor(found)
+            and found.dim() == 4
+            and found.shape[:2] == (_BATCH, n_heads)
+            and found.shape[2] == found.shape[3] == _TOKENS
+            and _close(found.sum(dim=-1), torch.ones(found.shape[:-1]))
+        ):
+            return index
+    return None
+
+
+@dataclass
+class _Block:
+    """The first block's calls, with what inference has found so far."""
+
+    calls: list[Call]  # inside the block, by start
+    block: Call
+    n_heads: int
+
+    @property
+    def stream_in(self) -> torch.Tensor:
+        return self.block.input
+
+    @property
+    def stream_out(self) -> torch.Tensor:
+        out = self.block.output
+        return out
+
+    def streams(self, after: int = -1) -> list[Call]:
+        """Calls whose output has the stream's shape, started after ``after``."""
+        return [
+            call
+            for call in self.calls
+            if call.start > after and torch.is_tensor(call.output) and call.output.shape == self.stream_in.shape
+        ]
+
+
+def infer_row(hf_model: nn.Module, kind: str) -> Adapter:
+    """The adapter row of ``hf_model`` (kind ``"decoder"`` or ``"encoder"``), found from its module tree,
+    its config and one traced forward pass of a seeded ``2 × 7`` input; raises `InferenceError`
+    naming the part it could not find when there is no attention stack."""
+    with torch.no_grad():
+        return _infer_row(hf_model, kind)
+
+
+def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
+    config = hf_model.config
+    n_layers = _layer_count(config)
+    head_count, n_heads = _head_count(config)
+    blocks = _block_list(hf_model, n_layers)
+    generator = torch.Generator().manual_seed(0)
+    vocab = int(getattr(_text_config(config), "vocab_size", 100))
+    device = next(hf_model.parameters()).device
+    ids = torch.randint(4, max(5, min(vocab, 100)), (_BATCH, _TOKENS), generator=generator).to(device)
+    traced = _trace(hf_model, blocks, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    first = traced.get(f"{blocks}.0")
+    if first is None:
+        raise InferenceError(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
+    inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
+    block = _Block(inside, first, n_heads)
+    weights_call, weights_index = _attention(block)
+    scope = _scope(weights_call.name, first.name)
+    output_projection, in_by_out = _output_projection(block, scope)
+    row: dict[str, Any] = {
+        "stack": Stack(_pattern(weights_call.name, blocks), _pattern(output_projection.name, blocks), weights_index),
+        "head_count": head_count,
+        "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
+    }
+    value, query, key = _projections(block, scope, weights_call, weights_index, output_projection)
+    row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
+    values_norm = row.pop("values_norm", None)
+    output_norm = row.pop("output_norm", None)
+    if value is not None:
+        row["values"] = Values(
+            _pattern(value, blocks),
+            _pattern(first.name, blocks),
+            norm=values_norm,
+            query=None if query is None else _pattern(query, blocks),
+            key=None if key is None else _pattern(key, blocks),
+            output_norm=output_norm,
+        )
+    row["norms"] = _norms(traced, blocks)
+    row["embedding_norm"] = _embedding_norm(traced, blocks, first)
+    family = str(getattr(config, "model_type", type(hf_model).__name__))
+    return Adapter(family, kind, (family,), inferred=True, **row)
+
+
+def _attention(block: _Block) -> tuple[Call, int]:
+    """The deepest call in the block that returned softmax weights, and where in its output."""
+    found = [(call, index) for call in block.calls if (index := _softmax_weights(call, block.n_heads)) is not None]
+    if not found:
+        raise InferenceError(
+            f"no module of {block.block.name} returned [batch, {block.n_heads} heads, query, key] softmax weights "
+            "with output_attentions=True (an architecture without attention, or one whose attention does not "
+            "return its weights)"
+        )
+    return max(found, key=lambda pair: pair[0].name.count("."))
+
+
+def _scope(weights: str, block: str) -> str:
+    """The attention block: the child of the block that holds the weights module."""
+    rest = weights[len(block) + 1 :].split(".")
+    return f"{block}.{rest[0]}"
+
+
+def _output_projection(block: _Block, scope: str) -> tuple[Call, torch.Tensor]:
+    """The last affine map of the attention block onto the stream's width whose input splits into heads."""
+    d_model = block.stream_in.shape[-1]
+    candidates = [
+        (call, weight)
+        for call in block.calls
+        if call.inside(scope)
+        and (weight := _linear_weight(call)) is not None
+        and weight.shape[1] == d_model
+        and weight.shape[0] % block.n_heads == 0
+    ]
+    if not candidates:
+        raise InferenceError(f"no output projection (heads × d_head → {d_model}) found in {scope}")
+    return max(candidates, key=lambda pair: pair[0].start)
+
+
+def _per_head(values: torch.Tensor, d_head: int) -> torch.Tensor:
+    """``[batch, token, heads * d_head]`` → ``[batch, heads, token, d_head]``."""
+    batch, tokens, width = values.shape
+    return values.reshape(batch, tokens, width // d_head, d_head).transpose(1, 2)
+
+
+def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Tensor) -> bool:
+    """A·V per head (key/value heads shared by groups of query heads) is the output projection's input."""
+    n_heads = weights.shape[1]
+    if values.shape[1] == 0 or n_heads % values.shape[1]:
+        return False
+    shared = values.repeat_interleave(n_heads // values.shape[1], dim=1)  # [batch, head, token, d_head]
+    batch, tokens, width = heads.shape
+    return _close(heads, (weights @ shared).transpose(1, 2).reshape(batch, tokens, width))
+
+
+def _projections(
+    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call
+) -> tuple[str | None, str | None, str | None]:
+    """The value, query and key projections (names; None where not separate or not proven): the
+    value projection is the affine map whose output, split into heads, times the weights is the
+    output projection's input; query and key are the other two maps of the block with a head width."""
+    weights, heads = weights_call.outputs[weights_index], output_projection.input
+    d_head = heads.shape[-1] // block.n_heads
+    maps = [
+        call
+        for call in block.calls
+        if call.inside(scope)
+        and call.start < output_projection.start
+        and _linear_weight(call) is not None
+        and call.output.shape[-1] % d_head == 0
+    ]
+    value = next(
+        (call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)),
+        None,
+    )
+    if value is None:
+        return None, None, None
+    others = [
+        call
+        for call in maps
+        if call is not value and call.output.shape[-1] // d_head in (block.n_heads, value.output.shape[-1] // d_head)
+    ]
+    if len(others) != 2:
+        return value.name, None, None
+    query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
+    return value.name, query.name, key.name
+
+
+def _residual(
+    block: _Block, blocks: str, scope: str, output_projection: Call, traced: dict[str, Call], n_layers: int
+) -> dict[str, Any]:
+    """Sites, streams, the gated MLP and the norms around the blocks, from the residual sums they satisfy."""
+    found: dict[str, Any] = {}
+    x, out = block.stream_in, block.stream_out
+    streams = block.streams()
+    by_depth = sorted(streams, key=lambda call: (call.name.count("."), call.start))
+    pair = next(
+        (
+            (attention, mlp)
+            for attention in by_depth
+            if attention.start >= output_projection.start or attention.name == scope
+            for mlp in by_depth
+            if mlp.start > attention.start
+            and not mlp.inside(attention.name)
+            and _close(out, x + attention.output + mlp.output)
+        ),
+        None,
+    )
+    if pair is None:
+        return _post_norm(block, blocks, output_projection)
+    attention, mlp = pair
+    found["sites"] = Sites(
+        _pattern(block.block.name, blocks), _pattern(attention.name, blocks), _pattern(mlp.name, blocks)
+    )
+    if not attention.inside(scope):
+        found["output_norm"] = _pattern(attention.name, blocks)
+    mid = next(
+        (call for call in block.calls if call.start > attention.start and _close(call.input, x + attention.output)),
+        None,
+    )
+    final = _final_norm(traced, blocks, n_layers)
+    if mid is not None:
+        found["streams"] = Streams(_pattern(mid.name, blocks), final_norm=final)
+    feed_forward = _producer(block, mlp)
+    gated = _gated_mlp(block, feed_forward)
+    if gated is not None:
+        found["gated_mlp"] = GatedMLP(_pattern(feed_forward.name, blocks), *gated)
+    return found
+
+
+def _post_norm(block: _Block, blocks: str, output_projection: Call) -> dict[str, Any]:
+    """Sites and streams of a post-LN block (BERT's): LN1(x + attention) then LN2(LN1 + MLP) is the output."""
+    x, out = block.stream_in, block.stream_out
+    attention = min(
+        (
+            call
+            for call in block.calls
+            if call.start <= output_projection.start and _close(call.output, output_projection.output)
+        ),
+        key=lambda call: (call.name.count("."), call.start),
+        default=output_projection,
+    )
+    first = next((call for call in block.calls if _close(call.input, x + attention.output)), None)
+    if first is None or not _close(first.output, _layer_norm_of(first)):
+        return {}
+    after = block.streams(first.start)
+    pair = next(
+        (
+            (mlp, second)
+            for second in after
+            if _close(second.output, out)
+            for mlp in sorted(after, key=lambda call: (call.name.count("."), call.start))
+            if mlp.start < second.start and _close(second.input, first.output + mlp.output)
+        ),
+        None,
+    )
+    mid = next((call for call in block.calls if call.start > first.start and _close(call.input, first.output)), None)
+    if pair is None or mid is None:
+        return {}
+    mlp, second = pair
+    return {
+        "sites": Sites(*(_pattern(call.name, blocks) for call in (block.block, attention, mlp))),
+        "streams": Streams(_pattern(mid.name, blocks), ffn_norm=_pattern(second.name, blocks)),
+        "values_norm": _pattern(first.name, blocks),
+    }
+
+
+def _layer_norm_of(call: Call) -> torch.Tensor | None:
+    form = _norm_form(call)
+    return call.output if form is not None and form[0] == "layer" else None
+
+
+def _embedding_norm(traced: dict[str, Call], blocks: str, first: Call) -> str | None:
+    """The norm outside the blocks whose output the first block reads (BERT's embeddings.LayerNorm)."""
+    norms = [
+        call
+        for call in traced.values()
+        if call.name and not call.name.startswith(blocks) and _norm_form(call) and _close(call.output, first.input)
+    ]
+    return rf"^{re.escape(norms[0].name)}$" if norms else None
+
+
+def _producer(block: _Block, site: Call) -> Call:
+    """The feed-forward module behind a site: the site itself, or (a norm after the block, Gemma's
+    sandwich) the shallowest call whose output the site reads."""
+    if any(call.name.startswith(site.name + ".") and _linear_weight(call) is not None for call in block.calls):
+        return site
+    producers = [call for call in block.calls if call.start < site.start and _close(call.output, site.input)]
+    return min(producers, key=lambda call: (call.name.count("."), call.start), default=site)
+
+
+def _final_norm(traced: dict[str, Call], blocks: str, n_layers: int) -> str | None:
+    """The module outside the blocks that reads the last block's output, just before the unembedding."""
+    last = traced.get(f"{blocks}.{n_layers - 1}")
+    if last is None or not torch.is_tensor(last.output):
+        return None
+    reading = [
+        call
+        for call in traced.values()
+        if call.name
+        and not call.name.startswith(blocks)
+        and call.start > last.start
+        and _close(call.input, last.output)
+        and torch.is_tensor(call.output)
+        and call.output.shape == last.output.shape
+    ]
+    return rf"^{re.escape(reading[0].name)}$" if reading else None
+
+
+def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
+    """(up, activation) attribute names when the MLP is down(act(gate(x)) · up(x)), proven on the traced call."""
+    children = dict(mlp.module.named_children())
+    calls = {call.name[len(mlp.name) + 1 :]: call for call in block.calls if call.name.startswith(mlp.name + ".")}
+    maps = {name: call for name, call in calls.items() if name in children and _linear_weight(call) is not None}
+    for activation_name, activation in calls.items():
+        if activation_name not in children or activation_name in maps:
+            continue
+        gate = next((call for call in maps.values() if _close(activation.input, call.output)), None)
+        if gate is None:
+            continue
+        for up_name, up in maps.items():
+            if up is gate or not torch.is_tensor(activation.output) or up.output.shape != activation.output.shape:
+                continue
+            product = activation.output * up.output
+            if any(_close(call.input, product) for call in maps.values()):
+                return up_name, activation_name
+    return None
+
+
+def _norm_form(call: Call) -> tuple[NormForm, float] | None:
+    """("layer" | "rms", offset) when the call is a norm of that form over its input's last axis."""
+    x, y = call.input, call.output
+    weight = getattr(call.module, "weight", None)
+    if not (torch.is_tensor(x) and torch.is_tensor(y) and x.is_floating_point() and x.shape == y.shape):
+        return None
+    if not isinstance(weight, torch.Tensor) or weight.shape != x.shape[-1:]:
+        return None
+    bias = getattr(call.module, "bias", None)
+    eps = getattr(call.module, "eps", getattr(call.module, "variance_epsilon", 1e-6))
+    if _close(y, nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)):
+        return "layer", 0.0
+    rms = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):
+        if _close(y, rms * (offset + weight.float())):
+            return "rms", offset
+    return None
+
+
+def _norms(traced: dict[str, Call], blocks: str) -> Norms | None:
+    """Every norm of the first block and outside the blocks, when they share one form."""
+    forms = {call.name: found for call in traced.values() if call.name and (found := _norm_form(call)) is not None}
+    if len(set(forms.values())) != 1:
+        return None
+    names = sorted({_pattern(name, blocks).replace(r"(\d+)", r"\d+") for name in forms})
+    ((form, offset),) = set(forms.values())
+    return Norms("|".join(names), form, rms_offset=offset)
