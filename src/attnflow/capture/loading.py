@@ -31,7 +31,7 @@ from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
 from attnflow.capture.weight_cache import cache_dir
 from attnflow.errors import ModelLoadError
-from attnflow.rows.adapters import Adapter, auto_class, hand_row
+from attnflow.rows.adapters import EXTENDING, Adapter, auto_class, hand_row
 from attnflow.staging import building, checkpoint
 
 if TYPE_CHECKING:
@@ -641,8 +641,8 @@ def _check_tokenizer(tokenizer: Any, hf_model: torch.nn.Module, source: ModelSou
 
 
 def _check_local_model_type(source: ModelSource) -> None:
-    """A local folder whose config names a model type outside the adapter table: say so (the
-    table, the supported types), instead of a hub-id failure from transformers."""
+    """A local folder whose config names a model type neither transformers nor the adapter table
+    knows: say so, instead of a hub-id failure from transformers."""
     config_file = Path(source.path) / "config.json"
     if source.load_kwargs.get("gguf_file") or not config_file.is_file():
         return
@@ -652,6 +652,13 @@ def _check_local_model_type(source: ModelSource) -> None:
         raise ModelLoadError(f"{config_file} is not a readable JSON object ({error})") from None
     if not model_type:
         raise ModelLoadError(f"{config_file} names no model_type, so attnflow cannot tell the model's family")
+    import transformers
+
+    if hand_row(model_type) is None and model_type not in transformers.CONFIG_MAPPING:
+        raise ModelLoadError(
+            f"the model in {source.path} has model_type {model_type!r}, which transformers "
+            f"{transformers.__version__} does not know and no adapter row names ({EXTENDING})"
+        )
 
 
 @contextmanager
