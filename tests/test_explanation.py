@@ -315,7 +315,7 @@ def test_a_row_collapsed_on_the_first_token_is_noted_as_the_attention_sink():
     [
         ("llama", "a value-aware method (norm_rollout) shows"),  # alti does not support Llama's gated MLP
         ("bert", "a value-aware method (norm_rollout, alti) shows"),
-        ("gpt2", "a target method (--method auto) shows"),  # neither supports GPT-2
+        ("gpt2", "a value-aware method (norm_rollout) shows"),  # GPT-2 is pre-LN too
     ],
 )
 def test_the_attention_sink_note_recommends_only_methods_the_model_supports(family, remedy):

@@ -1,7 +1,7 @@
 """The conformance suite of adapter rows (`attnflow.rows.check_adapter`): every row of the table
 passes on its tiny model, running the checks its row provides for; deliberately broken rows (a
 wrong head-slice pattern, a norm of the wrong place or form, an MLP site that is not the MLP) fail
-with one line naming the failed check."""
+with one line naming the failed check; a fused q/k/v row declared in the wrong layout fails head_slices."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import attnflow.rows
 from attnflow.rows import ADAPTERS, AdapterCheckError, check_adapter
 
+from fused_rows import NEOX_ROW, PHI3_ROW, tiny_fused_model, with_layout
 from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
 
 EVERY_CHECK = {"attention_weights", "head_slices", "attention_output", "residual_sum", "own_value", "knockout"}
@@ -110,3 +111,21 @@ def test_a_norms_pattern_that_misses_a_norm_fails_norm_form(tiny_loaded):
     )
     message = failure(only_inputs, llama)
     assert "fails norm_form" in message and "post_attention_layernorm" in message and "not matched" in message
+
+
+@pytest.mark.parametrize(
+    ("model_type", "row", "wrong", "said"),
+    [
+        ("gpt_neox", NEOX_ROW, "side_by_side", "V the value columns of a side_by_side fused projection"),
+        ("phi3", PHI3_ROW, "per_group", "V the value columns of a per_group fused projection"),
+        ("phi3", PHI3_ROW, "per_head", "do not hold {'query': 4, 'key': 2, 'value': 2} heads laid out per_head"),
+    ],
+)
+def test_a_fused_row_passes_in_its_layout_and_fails_head_slices_in_another(model_type, row, wrong, said):
+    """GPT-NeoX's query_key_value is laid out per head, Phi-3's qkv_proj side by side with 2 kv heads
+    of 4: each row passes the whole suite; declared in another layout it reads other columns as
+    the values (or columns that cannot hold its heads) and fails head_slices, saying so."""
+    model = tiny_fused_model(model_type)
+    assert set(check_adapter(row, model)) >= EVERY_CHECK | {"norm_form"}
+    message = failure(with_layout(row, wrong), model)
+    assert "fails head_slices: layer 0" in message and said in message

@@ -8,6 +8,7 @@ row written in a test becomes a working method."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -21,6 +22,7 @@ from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance
 from attnflow.model import AttentionModel
 from attnflow.targets import Target
+from fused_rows import registered
 from lrp_oracle import activation, attention_softmax, product, write_out_llama_rules
 
 from tiny_models import tiny_config, tiny_vocab
@@ -260,12 +262,17 @@ def test_lrp_refuses_other_families_in_one_line(tiny_model_path):
     ):
         vision.trace_image_for(["attnlrp"], Image.new("RGB", (16, 16)))
     gpt2 = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
-    with pytest.raises(
-        ValueError, match=r"'cp_lrp' does not support the gpt2 family: it requires query_key \(query and"
-    ):
-        gpt2.explain("the cat sat", method="cp_lrp")
-    with pytest.raises(InputError, match=r"cp_lrp does not support the gpt2 family \(.*\): it requires query_key"):
-        lrp_relevance(gpt2, gpt2.trace("the cat sat", needs=("attentions", "target")), "cp_lrp")
+    unsplit = dataclasses.replace(gpt2.adapter, family="unsplit-gpt2", fused=())  # c_attn's parts not named
+    with registered(unsplit):
+        model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
+        with pytest.raises(
+            ValueError, match=r"'cp_lrp' does not support the unsplit-gpt2 family: it requires query_key \(query and"
+        ):
+            model.explain("the cat sat", method="cp_lrp")
+        with pytest.raises(
+            InputError, match=r"cp_lrp does not support the unsplit-gpt2 family \(.*\): it requires query_key"
+        ):
+            lrp_relevance(model, model.trace("the cat sat", needs=("attentions", "target")), "cp_lrp")
 
 
 @pytest.mark.slow

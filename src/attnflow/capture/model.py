@@ -326,6 +326,8 @@ class CaptureModel:
             )
         if wanted & {"values", "layer_inputs"}:
             self._values_table()
+        if "values" in wanted:
+            self._value_projection()
         return wanted
 
     def _values_table(self) -> Values:
@@ -333,6 +335,13 @@ class CaptureModel:
         if self.adapter.values is None:
             raise CaptureError(f"value vectors and layer inputs are not mapped for the {self.adapter.family} family")
         return self.adapter.values
+
+    def _value_projection(self) -> str:
+        """The regex of the modules whose output holds the values (`Adapter.projection`)."""
+        where = self.adapter.projection("value")
+        if where is None:
+            raise CaptureError(f"value vectors are not mapped for the {self.adapter.family} family")
+        return where[0]
 
     def _trace_batch(
         self,
@@ -473,7 +482,7 @@ class CaptureModel:
                     fuse_heads=fuse_heads,
                 )
             )
-            value_layers = find_layers(self.hf_model, self._values_table().value) if "values" in needs else []
+            value_layers = find_layers(self.hf_model, self._value_projection()) if "values" in needs else []
             values = hooks.enter_context(record_tensors(value_layers))
             block_layers = find_layers(self.hf_model, self._values_table().block) if "layer_inputs" in needs else []
             layer_inputs = hooks.enter_context(record_tensors(block_layers, inputs=True))
@@ -497,8 +506,10 @@ class CaptureModel:
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
-            stacked = stack_recorded(values, value_layers)  # [batch, layer, token, kv_head * d_head]
-            batch, layers, tokens, width = stacked.shape
+            stacked = stack_recorded(values, value_layers)  # [batch, layer, token, projection width]
+            columns = self.adapter.part_columns("value", stacked.shape[-1], self.config)
+            stacked = stacked[..., columns.to(stacked.device)]
+            batch, layers, tokens, width = stacked.shape  # width: kv_head * d_head
             per_kv_head = stacked.reshape(batch, layers, tokens, width // self.d_head, self.d_head)
             # grouped-query attention: query head h reads value head h // (heads per value head)
             captured["values"] = _numpy(per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3))

@@ -2,7 +2,7 @@
 
 Where each tensor lives comes from the family's adapter row: the blocks and what each
 feed-forward block adds from `Sites`, the stream after each attention block from `Streams.mid`,
-the values from `Values.value` (or its part of a `Fused` projection), the attention weights and
+the values from the row's value projection (or its part of a `Fused` one), the attention weights and
 the output projections from the `Stack`. The pass stops once the last block has run: the
 unembedding, a pooler or a head compute nothing routes read (the logit lens applies the final
 norm and the unembedding itself). This module holds all of routes' hook code, and the reading of
@@ -144,7 +144,7 @@ def check_supported(model: ModelLike) -> None:
         missing.append(f"sites ({CAPABILITIES['sites']})")
     if adapter.norms is None:
         missing.append(f"norms ({CAPABILITIES['norms']})")
-    if adapter.values is None and adapter.fused_part("value") is None:
+    if adapter.projection("value") is None:
         missing.append("values (where the value vectors are)")
     raise InputError(
         f"information-flow routes do not support the {adapter.family} family ({model.name}): "
@@ -156,7 +156,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     """One forward pass over ``input_ids [1, T]`` with every stream routes read recorded."""
     adapter, hf_model = model.adapter, model.hf_model
     streams, sites = adapter.streams, adapter.sites
-    value_pattern, part, parts = _value_location(model)
+    value_pattern = _value_location(model)
     located = {
         "blocks": find_layers(hf_model, sites.block),
         "mids": find_layers(hf_model, streams.mid),
@@ -184,8 +184,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         except StopForward:
             pass
     values = stack_recorded(outputs["values"], located["values"])[0]  # [L, T, width]
-    width = values.shape[-1] // parts
-    values = values[..., part * width : (part + 1) * width]
+    values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
     first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]
     return Recording(
         inputs=torch.cat([first, stack_recorded(outputs["blocks"], located["blocks"])[0]]).float(),
@@ -201,12 +200,11 @@ def _stop(_output: Any) -> None:
     raise StopForward
 
 
-def _value_location(model: ModelLike) -> tuple[str, int, int]:
-    """The module whose output holds the values, which part of it and in how many parts it splits."""
-    fused, values = model.adapter.fused_part("value"), model.adapter.values
-    if fused is not None:
-        return fused
-    return values.value, 0, 1
+def _value_location(model: ModelLike) -> str:
+    """The regex of the modules whose output holds the values (`Adapter.projection`)."""
+    where = model.adapter.projection("value")
+    assert where is not None  # check_supported refused a row without values
+    return where[0]
 
 
 def read_weights(model: ModelLike) -> Weights:

@@ -39,14 +39,16 @@ class Stack:
 class Values:
     """Where a family's value-aware methods find their parts (regexes like `Stack`'s).
 
-    ``value``: the value projection, output ``[batch, token, kv_heads * d_head]`` (bias included);
+    ``value``: the value projection, output ``[batch, token, kv_heads * d_head]`` (bias included),
+    or None where a `Fused` projection of the row holds the values (and the query and key);
     ``block``: the whole layer (its input is the residual stream entering the attention block;
     value zeroing reruns it); ``norm``: post-LN families only, the layer norm right after the
     attention block (its input is y = attention output + residual); None for pre-LN families.
     ``output_scale``: families with LayerScale (DINOv2): the module whose ``lambda1 [d_model]``
     multiplies the attention block's output before the residual; `CaptureModel.output_weights`
     folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
-    ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None.
+    ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None
+    (none, or parts of a `Fused` projection).
     ``output_norm``: a norm between the output projection and the residual addition (Gemma's
     sandwich norm, ``post_attention_layernorm``). It divides the block's output by the RMS of the
     sum over heads and tokens, so f_h(x_j) = v_j W_O^h is no longer what token j adds through head
@@ -54,7 +56,7 @@ class Values:
     although its projections are mapped for the backward rules.
     """
 
-    value: str
+    value: str | None
     block: str
     norm: str | None = None
     output_scale: str | None = None
@@ -96,8 +98,7 @@ class Streams:
     block's layer-normed output). ``ffn_norm``: post-LN families, the layer norm after the
     feed-forward block (its input is the feed-forward output plus the stream after attention).
     ``final_norm``: the norm before the unembedding (``get_output_embeddings()``), which the logit
-    lens reads; None: no lens. The values are the output of ``Values.value``, or the ``"value"``
-    part of a `Fused` projection of the row.
+    lens reads; None: no lens. The values are the ``"value"`` part of the row (`Adapter.projection`).
     """
 
     mid: str
@@ -123,14 +124,68 @@ class Norms:
     rms_offset: float = 0.0
 
 
+FusedLayout = Literal["side_by_side", "per_head", "per_group"]
+HEAD_PARTS = ("query", "key", "value")  # parts split into heads: query n_heads of them, key and value n_kv_heads
+
+
 @dataclass(frozen=True)
 class Fused:
-    """A projection whose output is several projections side by side (GPT-2's ``c_attn``: query,
-    key and value; a fused gate-up projection: gate and up): ``module`` (regex, group 1 the layer)
-    and the ``parts`` in the order they sit along the output's last axis, equal slices of it."""
+    """A projection whose output holds several projections: ``module`` (regex, group 1 the layer),
+    the ``parts`` in their order along the output's last axis, and their ``layout``.
+
+    Head parts (`HEAD_PARTS`) are ``d_head``-wide heads: a query part has n_heads of them, a key or
+    value part n_kv_heads (`Adapter.kv_heads`); other parts (a fused gate-up projection's
+    ``"gate"`` and ``"up"``) are equal slices. The output is cut into G equal groups, each holding
+    its share of every part's heads, in ``parts`` order:
+
+    - ``"side_by_side"`` (G = 1): each part whole, one after the other (GPT-2's ``c_attn``: q | k | v;
+      Phi-3's ``qkv_proj``: q of n_heads heads, then k and v of n_kv_heads each);
+    - ``"per_head"`` (G = the heads of each part, all equal): head 0's q, k, v, then head 1's, ...
+      (GPT-NeoX's and Bloom's ``query_key_value``, viewed as ``[..., head, 3 * d_head]``);
+    - ``"per_group"`` (G = n_kv_heads): per key/value group, its n_heads / n_kv_heads query heads,
+      then its key head, then its value head (Falcon's new decoder architecture).
+    """
 
     module: str
     parts: tuple[str, ...]
+    layout: FusedLayout = "side_by_side"
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("side_by_side", "per_head", "per_group"):
+            raise ValueError(f"unknown fused layout {self.layout!r}; choose side_by_side, per_head or per_group")
+        heads = [part in HEAD_PARTS for part in self.parts]
+        if len(set(self.parts)) != len(self.parts) or (any(heads) and not all(heads)):
+            raise ValueError(f"fused parts {self.parts} repeat a part or mix head parts with others")
+        if not any(heads) and self.layout != "side_by_side":
+            raise ValueError(f"fused parts {self.parts} are equal slices: their layout is side_by_side")
+
+    def columns(self, part: str, width: int, n_heads: int, n_kv_heads: int) -> Any:
+        """The output features holding ``part`` in an output ``width`` wide: a LongTensor, head-major
+        (``[heads of the part * d_head]``: head 0's d_head features, then head 1's, ...)."""
+        import torch
+
+        if part not in self.parts:
+            raise CaptureError(f"the fused projection {self.module!r} holds {self.parts}, not {part!r}")
+        if part not in HEAD_PARTS:  # equal slices, side by side
+            size, rest = divmod(width, len(self.parts))
+            if rest:
+                raise CaptureError(f"{self.module!r}: {width} features do not split into {len(self.parts)} parts")
+            start = self.parts.index(part) * size
+            return torch.arange(start, start + size)
+        heads = [n_heads if name == "query" else n_kv_heads for name in self.parts]
+        d_head, rest = divmod(width, sum(heads))
+        groups = {"side_by_side": 1, "per_head": heads[0], "per_group": n_kv_heads}[self.layout]
+        if rest or any(count % groups for count in heads) or (self.layout == "per_head" and len(set(heads)) > 1):
+            raise CaptureError(
+                f"{self.module!r}: {width} features do not hold {dict(zip(self.parts, heads, strict=True))} heads "
+                f"laid out {self.layout}"
+            )
+        per_group = [count // groups for count in heads]  # [part] heads of each part in one group
+        index = self.parts.index(part)
+        offset = sum(per_group[:index]) * d_head  # where the part starts inside a group
+        group = torch.arange(groups)[:, None] * (sum(per_group) * d_head)  # [group, 1]
+        inside = offset + torch.arange(per_group[index] * d_head)  # [heads in a group * d_head]
+        return (group + inside).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -164,11 +219,17 @@ class Adapter:
     gated_mlp: GatedMLP | None = None
     streams: Streams | None = None  # information-flow routes
     norms: Norms | None = None  # every norm and its form (the backward rules, routes, the conformance suite)
-    fused: tuple[Fused, ...] = ()  # projections whose output is several side by side (GPT-2's c_attn)
+    fused: tuple[Fused, ...] = ()  # projections whose output holds several (GPT-2's c_attn: q, k and v)
     head_count: str = "num_attention_heads"  # the config attribute with the heads per layer
     weights_in_out: bool = False  # projections store their weight as [in, out] (GPT-2's Conv1D), not [out, in]
     inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
     unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
+
+    def __post_init__(self) -> None:
+        held = [part for fused in self.fused for part in fused.parts]
+        twice = sorted({part for part in held if held.count(part) > 1 or getattr(self.values, part, None)})
+        if twice:
+            raise ValueError(f"the {self.family} row names {twice} twice (in Values or in several Fused entries)")
 
     def heads(self, config: Any) -> int:
         """The heads per layer: the config attribute ``head_count`` names."""
@@ -183,13 +244,36 @@ class Adapter:
         """A projection's weight as ``[in, out]``, stored as the row says (``weights_in_out``)."""
         return projection.weight if self.weights_in_out else projection.weight.T
 
-    def fused_part(self, part: str) -> tuple[str, int, int] | None:
-        """Where a fused projection holds ``part`` (``"value"``, ``"up"``, ...): ``(its regex, the
-        part's index, the number of equal parts)``; None when no fused projection of the row has it."""
+    def kv_heads(self, config: Any) -> int:
+        """The key/value heads per layer: ``num_key_value_heads`` where the config has it, 1 for a
+        multi-query config (``multi_query=True``), else the heads (`heads`)."""
+        value = getattr(config, "num_key_value_heads", None)
+        if isinstance(value, int) and value > 0:
+            return value
+        return 1 if getattr(config, "multi_query", False) is True else self.heads(config)
+
+    def projection(self, part: str) -> tuple[str, Fused | None] | None:
+        """Where ``part`` (``"query"``, ``"key"``, ``"value"``, ``"up"``, ...) is computed: ``(the
+        module regex, the `Fused` entry holding it)``, the entry None for a projection of its own
+        (the `Values` field of that name); None when the row names it nowhere."""
         for fused in self.fused:
             if part in fused.parts:
-                return fused.module, fused.parts.index(part), len(fused.parts)
-        return None
+                return fused.module, fused
+        own = getattr(self.values, part, None) if part in HEAD_PARTS else None
+        return None if own is None else (own, None)
+
+    def part_columns(self, part: str, width: int, config: Any) -> Any:
+        """The features of ``part`` in its projection's output ``width`` wide (`projection`), as
+        `Fused.columns` gives them (a LongTensor, head-major); every feature for a projection of its own."""
+        import torch
+
+        where = self.projection(part)
+        if where is None:
+            raise CaptureError(f"the {self.family} row names no {part} projection")
+        fused = where[1]
+        if fused is None:
+            return torch.arange(width)
+        return fused.columns(part, width, self.heads(config), self.kv_heads(config))
 
     @property
     def note(self) -> str:
@@ -224,15 +308,15 @@ class Adapter:
         values = self.values
         provided = {
             "text_target": self.target_kind is not None,
-            "values": values is not None and values.output_norm is None,
+            "values": values is not None and values.output_norm is None and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
-            "query_key": values is not None and values.query is not None and values.key is not None,
+            "query_key": all(self.projection(part) is not None for part in HEAD_PARTS),
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
             "streams": self.streams is not None
             and self.norms is not None
             and self.sites is not None
-            and (values is not None or self.fused_part("value") is not None),
+            and self.projection("value") is not None,
             "norms": self.norms is not None,
         }
         return frozenset(name for name, present in provided.items() if present)
@@ -328,6 +412,7 @@ ADAPTERS: tuple[Adapter, ...] = (
         "decoder",
         ("gpt2",),
         Stack(r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.attn\.c_proj$"),
+        values=Values(None, r"\bh\.(\d+)$"),  # q, k and v: the fused c_attn
         sites=Sites(r"\bh\.(\d+)$", r"\bh\.(\d+)\.attn$", r"\bh\.(\d+)\.mlp$"),
         streams=Streams(r"\bh\.(\d+)\.ln_2$", final_norm=r"\bln_f$"),
         norms=Norms(r"\bln_(1|2|f)$", "layer"),

@@ -8,7 +8,8 @@ The checks (`CHECKS`, each named in the error it raises):
   head, query, key]`` (rows sum to 1) at the row's ``weights_index``, one per output projection;
 - ``head_slices`` (rows with values): head h's ``d_head`` slice of the output projection's input
   ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
-  output (grouped-query heads shared);
+  output, or its value columns where a `Fused` projection holds the values (grouped-query heads
+  shared; a fused projection of the wrong layout fails here);
 - ``attention_output`` (rows with sites, no norm after the output projection): Σ_h z_h W_O^h + b_O,
   from each head's slice and the projection's own weights, is what the attention site adds;
 - ``residual_sum`` (rows with sites, no post-LN norm): block output = block input + attention site
@@ -95,9 +96,9 @@ def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
             (f"{name}.weights", stack.attention, "output", stack.weights_index),
             (f"{name}.heads", stack.output_projection, "input", 0),
         ]
-    values, sites = row.values, row.sites
-    if values is not None:
-        points.append(("values", values.value, "output", 0))
+    sites, value = row.sites, row.projection("value")
+    if value is not None:
+        points.append(("values", value[0], "output", 0))
     for what, pattern in _named_norms(row).items():
         points += [(f"{what}.in", pattern, "input", 0), (f"{what}.out", pattern, "output", 0)]
     if row.norms is not None:
@@ -167,10 +168,19 @@ def check_attention_weights(run: Run) -> None:
 
 
 def check_head_slices(run: Run) -> None:
-    """Head h's slice of the output projection's input is A_h V_h (grouped-query value heads shared)."""
-    for layer, (weights, heads, values) in enumerate(
+    """Head h's slice of the output projection's input is A_h V_h (grouped-query value heads shared),
+    V read from the value columns of a fused projection as its layout says (`Adapter.part_columns`)."""
+    value = run.row.projection("value")
+    assert value is not None  # the check applies to rows with values
+    fused = value[1]
+    where = "" if fused is None else f", V the value columns of a {fused.layout} fused projection"
+    for layer, (weights, heads, projected) in enumerate(
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
     ):
+        try:
+            values = projected[..., run.row.part_columns("value", projected.shape[-1], run.model.config)]
+        except CaptureError as error:
+            _fail(run, "head_slices", f"layer {layer}: {error}")
         batch, tokens, width = heads.shape
         d_head = width // run.n_heads
         per_kv_head = values.reshape(batch, tokens, -1, d_head).transpose(1, 2)  # [batch, kv_head, token, d_head]
@@ -179,7 +189,11 @@ def check_head_slices(run: Run) -> None:
         )  # [batch, head, token, d_head]
         expected = (weights @ shared).transpose(1, 2).reshape(batch, tokens, width)  # [batch, token, head * d_head]
         _close(
-            run, "head_slices", f"layer {layer}: the output projection's input against A·V per head", heads, expected
+            run,
+            "head_slices",
+            f"layer {layer}: the output projection's input against A·V per head{where}",
+            heads,
+            expected,
         )
 
 
@@ -366,7 +380,7 @@ def _always(_row: Adapter) -> bool:
 
 
 def _has_values(row: Adapter) -> bool:
-    return row.values is not None
+    return row.projection("value") is not None
 
 
 def _has_norms(row: Adapter) -> bool:

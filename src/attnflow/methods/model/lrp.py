@@ -402,9 +402,11 @@ class RuleRecording:
     tempered_softmax: int = 0
 
 
-def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple[str, Rule]]]:
-    """Every module a rule of ``rules`` applies to, with its ``(kind, rule)`` pairs in `MODULE_KINDS`
-    order (the softmax rule, which applies inside the attention modules, is not among them)."""
+def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple[str, Rule, str | None]]]:
+    """Every module a rule of ``rules`` applies to, with its ``(kind, rule, part)`` triples in
+    `MODULE_KINDS` order: ``part`` names the slice of a `Fused` projection's output the rule acts on
+    (``"query"``, ``"key"``, ``"value"``), None for the whole output (the softmax rule, which applies
+    inside the attention modules, is not among them)."""
     from attnflow.rows.adapters import find_layers
 
     hf_model, adapter = model.hf_model, model.adapter
@@ -412,27 +414,36 @@ def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple
     def modules_of(pattern: str | None) -> list[Any]:
         return [] if pattern is None else [module for _, module in find_layers(hf_model, pattern)]
 
-    found: dict[str, list[Any]] = {kind: [] for kind in MODULE_KINDS}
+    def projections(*parts: str) -> list[tuple[Any, str | None]]:
+        found = []
+        for part in parts:
+            where = adapter.projection(part)
+            if where is not None:
+                found += [(module, None if where[1] is None else part) for module in modules_of(where[0])]
+        return found
+
+    def whole(modules: list[Any]) -> list[tuple[Any, str | None]]:
+        return [(module, None) for module in modules]
+
+    found: dict[str, list[tuple[Any, str | None]]] = {kind: [] for kind in MODULE_KINDS}
     norms = adapter.norms
     if rules.rule("norm") is not None:
         if norms is None:
             raise CaptureError(f"the {adapter.family} row declares no norms: the norm rule cannot find them")
-        found["norm"] = _matching(hf_model, norms.modules)
-    found["activation"] = [module for module in hf_model.modules() if isinstance(module, _elementwise())]
-    values = adapter.values
-    if values is not None:
-        found["query_key"] = modules_of(values.query) + modules_of(values.key)
-        found["value"] = modules_of(values.value)
+        found["norm"] = whole(_matching(hf_model, norms.modules))
+    found["activation"] = whole([module for module in hf_model.modules() if isinstance(module, _elementwise())])
+    found["query_key"] = projections("query", "key")
+    found["value"] = projections("value")
     if adapter.gated_mlp is not None:
         gated = adapter.gated_mlp
         for mlp in modules_of(gated.module):
-            found["gated_product"] += [getattr(mlp, gated.up), getattr(mlp, gated.activation)]
-    applied: dict[Any, list[tuple[str, Rule]]] = {}
+            found["gated_product"] += whole([getattr(mlp, gated.up), getattr(mlp, gated.activation)])
+    applied: dict[Any, list[tuple[str, Rule, str | None]]] = {}
     for kind, modules in found.items():
         rule = rules.rule(kind)
         if rule is not None:
-            for module in modules:
-                applied.setdefault(module, []).append((kind, rule))
+            for module, part in modules:
+                applied.setdefault(module, []).append((kind, rule, part))
     return applied
 
 
@@ -448,8 +459,6 @@ def _matching(hf_model: Any, pattern: str) -> list[Any]:
 def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecording]:
     """Hooks that apply ``rules`` to the forward passes run inside the block (the module docstring
     lists each module kind and where it is found); removed on exit, also when the block raises."""
-    import re
-
     import torch
 
     from attnflow.rows.adapters import find_layers
@@ -459,18 +468,27 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
     applied = rule_modules(model, rules)
     recording = RuleRecording()
 
-    def rules_at(module: Any, chain: list[tuple[str, Rule]]) -> Any:
-        value_rules = [rule for kind, rule in chain if kind in _VALUE_KINDS]
-        scale_rules = [rule for kind, rule in chain if kind not in _VALUE_KINDS]
+    def rules_at(module: Any, chain: list[tuple[str, Rule, str | None]]) -> Any:
+        value_rules = [(rule, part) for kind, rule, part in chain if kind in _VALUE_KINDS]
+        scale_rules = [(rule, part) for kind, rule, part in chain if kind not in _VALUE_KINDS]
         bias = getattr(module, "bias", None)
 
+        def apply(rule: Rule, part: str | None, output: Any, x: Any) -> Any:
+            ruled = rule.apply(module, x, output, adapter.norms)
+            if part is None:
+                return ruled
+            # a fused projection: the rule's path for the part's columns, the plain one elsewhere
+            on_part = torch.zeros(output.shape[-1], dtype=torch.bool, device=output.device)
+            on_part[adapter.part_columns(part, output.shape[-1], model.config).to(output.device)] = True
+            return torch.where(on_part, ruled, output)
+
         def apply_rules(output: Any, x: Any) -> Any:
-            for rule in value_rules:
-                output = rule.apply(module, x, output, adapter.norms)
+            for rule, part in value_rules:
+                output = apply(rule, part, output, x)
             if isinstance(bias, torch.Tensor):
                 recording.biased_outputs.append((bias.detach(), output))
-            for rule in scale_rules:
-                output = rule.apply(module, x, output, adapter.norms)
+            for rule, part in scale_rules:
+                output = apply(rule, part, output, x)
             return output
 
         return apply_rules
@@ -479,20 +497,8 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         recording.embedding_sum = embedding_sum.detach().requires_grad_(True)
         return recording.embedding_sum
 
-    embedding_norm = next(
-        (
-            m
-            for name, m in hf_model.named_modules()
-            if adapter.embedding_norm and re.search(adapter.embedding_norm, name)
-        ),
-        None,
-    )
-    hooked: list[tuple[HookPoint, Any]] = [
-        (HookPoint(embedding_norm, "input"), take_embedding_sum)
-        if embedding_norm is not None
-        else (HookPoint(hf_model.get_input_embeddings(), "output"), take_embedding_sum)
-    ]
-    biased = [m for m in hf_model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None]
+    hooked: list[tuple[HookPoint, Any]] = [(_embedding_sum(model), take_embedding_sum)]
+    biased = [m for m in hf_model.modules() if _biased_projection(m)]
     hooked += [
         (HookPoint(module, "output", with_input=True), rules_at(module, applied.get(module, [])))
         for module in dict.fromkeys([*applied, *biased])
@@ -505,6 +511,34 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
             stack.enter_context(_TemperedSoftmaxMode(softmax.temperature, recording))
         stack.enter_context(hooks(hooked))
         yield recording
+
+
+def _embedding_sum(model: ModelLike) -> HookPoint:
+    """Where the embedding sum e ``[batch, token, d_model]`` is: the input of the row's embedding norm,
+    else of its first block (`Sites.block`: word + position embeddings where the family adds
+    positions, as GPT-2 does), else the word embeddings' output."""
+    import re
+
+    from attnflow.rows.adapters import find_layers
+    from attnflow.rows.hook_points import HookPoint
+
+    adapter, hf_model = model.adapter, model.hf_model
+    if adapter.embedding_norm:
+        pattern = re.compile(adapter.embedding_norm)
+        norm = next((module for name, module in hf_model.named_modules() if pattern.search(name)), None)
+        if norm is not None:
+            return HookPoint(norm, "input")
+    if adapter.sites is not None:
+        return HookPoint(find_layers(hf_model, adapter.sites.block)[0][1], "input")
+    return HookPoint(hf_model.get_input_embeddings(), "output")
+
+
+def _biased_projection(module: Any) -> bool:
+    """A projection with a bias: a 2-D weight (torch's Linear, transformers' ``[in, out]`` Conv1D)."""
+    import torch
+
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 2 and isinstance(bias, torch.Tensor)
 
 
 _INSIDE = threading.local()  # .depth: how many attention modules are running in this thread

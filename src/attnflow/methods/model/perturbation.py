@@ -345,8 +345,9 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
     from attnflow.rows.adapters import find_layers
     from attnflow.rows.hook_points import HookPoint, hooks, output_tensor
 
-    blocks = find_layers(model.hf_model, model.adapter.values.block)
-    value_projections = find_layers(model.hf_model, model.adapter.values.value)
+    adapter = model.adapter
+    blocks = find_layers(model.hf_model, adapter.values.block)
+    value_projections = find_layers(model.hf_model, adapter.projection("value")[0])
     input_ids = torch.as_tensor(np.asarray(trace.token_ids), dtype=torch.long, device=model.device)[None]
     with record_calls(blocks) as calls, record_tensors(blocks) as outputs, torch.no_grad():
         model.hf_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
@@ -361,8 +362,10 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
             )  # variant b zeroes token zeroed[b]
 
             def zero_value(output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
-                output = output.clone()
-                output[torch.arange(len(zeroed)), zeroed] = 0.0  # [variant, token, kv_head * d_head]
+                output = output.clone()  # [variant, token, width]: the values, or a fused q/k/v
+                columns = adapter.part_columns("value", output.shape[-1], model.config).to(output.device)
+                variants = torch.arange(len(zeroed), device=output.device)
+                output[variants[:, None], zeroed[:, None], columns] = 0.0
                 return output
 
             with hooks([(HookPoint(value_projection, "output"), zero_value)]), torch.no_grad():
