@@ -18,7 +18,7 @@ from attnflow.rows.infer import InferenceError, infer_row, verified_row
 from tiny_models import tiny_vocab
 
 # The built-in text families with one stack (the encoder-decoder rows, T5 and BART, are not inferred).
-INFERRED_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "llama", "qwen2", "gemma3")
+INFERRED_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3")
 
 
 def _reads(model, pattern: str | None, every: bool = False) -> list[str]:

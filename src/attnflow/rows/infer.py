@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from torch import nn
@@ -22,7 +22,10 @@ from torch import nn
 from attnflow.errors import CaptureError
 from attnflow.rows.adapters import (
     EXTENDING,
+    HEAD_PARTS,
     Adapter,
+    Fused,
+    FusedLayout,
     GatedMLP,
     NormForm,
     Norms,
@@ -314,11 +317,14 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         "head_count": head_count,
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
-    value, query, key = _projections(block, scope, weights_call, weights_index, output_projection)
+    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
-    if value is not None:
+    if fused is not None:
+        row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
+        row["values"] = Values(None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm)
+    elif value is not None:
         row["values"] = Values(
             _pattern(value, blocks),
             _pattern(first.name, blocks),
@@ -385,10 +391,11 @@ def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Te
 
 def _projections(
     block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call
-) -> tuple[str | None, str | None, str | None]:
-    """The value, query and key projections (names; None where not separate or not proven): the
-    value projection is the affine map whose output, split into heads, times the weights is the
-    output projection's input; query and key are the other two maps of the block with a head width."""
+) -> tuple[str | None, str | None, str | None, Fused | None]:
+    """The value, query and key projections (names; None where not proven), or the `Fused`
+    projection holding all three: the value is the affine map (or the fused map's value columns, in
+    the layout that works) whose output, split into heads, times the weights is the output
+    projection's input; query and key are the other two maps of the block with a head width."""
     weights, heads = weights_call.outputs[weights_index], output_projection.input
     d_head = heads.shape[-1] // block.n_heads
     maps = [
@@ -399,21 +406,34 @@ def _projections(
         and _linear_weight(call) is not None
         and call.output.shape[-1] % d_head == 0
     ]
-    value = next(
-        (call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)),
-        None,
-    )
+    value = next((call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)), None)
     if value is None:
-        return None, None, None
+        fused = next((found for call in maps if (found := _fused(call, block.n_heads, d_head, weights, heads))), None)
+        return None, None, None, fused
+    kv_width = value.output.shape[-1] // d_head
     others = [
-        call
-        for call in maps
-        if call is not value and call.output.shape[-1] // d_head in (block.n_heads, value.output.shape[-1] // d_head)
+        call for call in maps if call is not value and call.output.shape[-1] // d_head in (block.n_heads, kv_width)
     ]
     if len(others) != 2:
-        return value.name, None, None
+        return value.name, None, None, None
     query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
-    return value.name, query.name, key.name
+    return value.name, query.name, key.name, None
+
+
+def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:
+    """The layout in which ``call``'s output holds query, key and value heads, proven by A·V."""
+    kv_heads, rest = divmod(call.output.shape[-1] // d_head - n_heads, 2)
+    if rest or kv_heads <= 0 or n_heads % kv_heads:
+        return None
+    for layout in get_args(FusedLayout):
+        fused = Fused(call.name, HEAD_PARTS, layout)
+        try:
+            columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
+        except CaptureError:
+            continue
+        if _explains_heads(_per_head(call.output[..., columns], d_head), weights, heads):
+            return fused
+    return None
 
 
 def _residual(
