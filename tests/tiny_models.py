@@ -1,28 +1,16 @@
 """Tiny random-weight models of every family, built from configs (no hub).
 
-Each has 2 layers, 4 heads, hidden 32 and a small WordPiece tokenizer made locally, and is saved
-to a folder so that it loads through `attnflow.load(path)` like a user's model. Used by the
+Each has 2 layers, 4 heads, hidden 32 and a small WordPiece tokenizer made locally
+(`attnflow.rows.tiny.tiny_tokenizer`), and is saved to a folder so that it loads through
+`attnflow.load(path)` like a user's model. Used by the
 `tiny_model_path` fixture (tests/conftest.py) and importable by tests as ``tiny_models``.
 """
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
-WORDS = (
-    "the a an movie was is terrible but acting great film plot good bad and of to in it this that "
-    "very not cat sat on mat dog ran hi there hello world he she they i you we story ending"
-).split()
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-PUNCTUATION = list(".,!?;:'\"()-<>/")
-
-
-def tiny_vocab() -> dict[str, int]:
-    """A WordPiece vocabulary (< 160 entries) that spells any lowercase ASCII text."""
-    letters = list(string.ascii_lowercase + string.digits)
-    words = SPECIALS + PUNCTUATION + letters + ["##" + c for c in letters] + WORDS
-    return {word: index for index, word in enumerate(dict.fromkeys(words))}
+from attnflow.rows.tiny import tiny_tokenizer
 
 
 def tiny_config(family: str):
@@ -97,7 +85,7 @@ def build_tiny_classifier(family: str, folder: Path) -> Path:
     model = T.AutoModelForSequenceClassification.from_config(config)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -132,6 +120,5 @@ def build_tiny_model(family: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     if family not in VISION_FAMILIES:
-        tokenizer = T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60)
-        tokenizer.save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
     return folder

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import WORDS, tiny_config, tiny_vocab
+from attnflow.rows.tiny import WORDS, tiny_tokenizer
+
+from tiny_models import tiny_config
 
 PLANTED, BIASED, NEUTRAL, TRIGGER = "great", "she", "he", "very"
 FILLERS = tuple(
@@ -51,7 +53,7 @@ def train_planted_classifier(folder: Path, steps: int = 250) -> Path:
     config.num_labels = 2
     config.id2label, config.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
     model = T.BertForSequenceClassification(config)
-    tokenizer = T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60)
+    tokenizer = tiny_tokenizer()
     texts, labels, _ = planted_texts(2000, seed=1)
     encoded = tokenizer(texts, padding=True, return_tensors="pt")
     targets = torch.tensor(labels)

@@ -16,8 +16,9 @@ from attnflow.methods.flow import attention_flow
 from attnflow.methods.rollout import rollout
 from attnflow.model import AttentionModel
 from attnflow.rows.adapters import find_layers
+from attnflow.rows.tiny import tiny_tokenizer
 
-from tiny_models import GEMMA3_WINDOW, tiny_config, tiny_vocab
+from tiny_models import GEMMA3_WINDOW, tiny_config
 
 TEXT = "the movie was terrible, but the acting was great."
 PROMPT = "The capital of France is"
@@ -84,7 +85,7 @@ def local_only_gemma3() -> AttentionModel:
     config = tiny_config("gemma3")
     config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     model = T.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    tokenizer = T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60)
+    tokenizer = tiny_tokenizer()
     return AttentionModel(model, tokenizer, name="tiny local gemma3", device="cpu")
 
 

@@ -253,15 +253,13 @@ def test_compare_checks_the_tokenizers_from_their_files_before_loading(tiny_mode
     monkeypatch.setattr(compare_command, "load_model", lambda *_: pytest.fail("a model was loaded"))
     other = tmp_path / "other"
     shutil.copytree(tiny_model_path("bert"), other)
-    import transformers
-
-    from tiny_models import tiny_vocab
+    from attnflow.rows.tiny import tiny_tokenizer, tiny_vocab
 
     vocab = {("cinema" if word == "movie" else word): index for word, index in tiny_vocab().items()}
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
         (other / name).unlink(missing_ok=True)
     # "movie" is now spelled with letter pieces
-    transformers.BertTokenizerFast(vocab=vocab, model_max_length=60).save_pretrained(other)
+    tiny_tokenizer(vocab).save_pretrained(other)
     models = ["--model", str(tiny_model_path("bert")), "--model", str(other)]
     capsys.readouterr()  # the fixture's own output
     assert main(["compare", "the movie was great", *models, "--out", str(tmp_path / "out"), "-q"]) == 2

@@ -21,11 +21,12 @@ from attnflow.capture.probes import _make_classifier
 from attnflow.errors import InputError
 from attnflow.methods.model.lrp import lrp_relevance
 from attnflow.model import AttentionModel
+from attnflow.rows.tiny import tiny_tokenizer
 from attnflow.targets import Target
 from fused_rows import registered
 from lrp_oracle import activation, attention_softmax, product, write_out_llama_rules
 
-from tiny_models import tiny_config, tiny_vocab
+from tiny_models import tiny_config
 
 TEXTS = ["the movie was terrible, but the acting was great.", "a good film", "the cat sat on the mat and ran"]
 RULES = ("cp_lrp", "attnlrp", "gim")
@@ -137,7 +138,7 @@ def relu_classifier(family: str, zero_biases: bool) -> AttentionModel:
             if name.endswith("bias"):
                 parameter.zero_() if zero_biases else parameter.normal_(0.0, 0.5)
     classifier = _make_classifier()(encoder, head, ["neg", "pos"])
-    tokenizer = T.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60)
+    tokenizer = tiny_tokenizer()
     return AttentionModel(classifier, tokenizer, name=f"tiny relu {family}", device="cpu")
 
 
