@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tiny_models import VARIANT_FAMILIES
 
 import attnflow
+
+from tiny_models import VARIANT_FAMILIES
 
 
 @pytest.fixture(scope="session")

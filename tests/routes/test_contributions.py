@@ -4,15 +4,19 @@ and the decomposition identity: the parts and the bias terms add up to the model
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from routes_oracle import FAMILIES, VARIANTS, oracle
 
 import attnflow
+from attnflow.errors import CaptureError
 from attnflow.flow_routes import contributions
 from attnflow.flow_routes.api import linearised_blocks
 from attnflow.flow_routes.forward import layer_view, read_weights, record
+from attnflow.rows import register_adapter, unregister_adapter
 
 TEXT = "the cat sat on the mat, and the dog ran"
 
@@ -68,6 +72,23 @@ def test_parts_and_bias_terms_add_up_to_the_whole(family, any_loaded):
         torch.testing.assert_close(out, layer.out, atol=1e-5, rtol=1e-5)
         if index + 1 < model.n_layers or model.adapter.streams.final_norm is None:
             torch.testing.assert_close(out, hidden[index + 1][0].double(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["phi", "llama"])
+def test_a_row_declaring_the_wrong_topology_is_refused_by_the_self_check(family, any_loaded, tiny_model_path):
+    """A parallel model read as sequential (and the reverse): the parts do not add up to the
+    model's own stream, and routes stops with one line instead of returning a wrong route."""
+    row = any_loaded(family).adapter
+    flipped = dataclasses.replace(
+        row, family=f"{family}-flipped", streams=dataclasses.replace(row.streams, parallel=not row.streams.parallel)
+    )
+    register_adapter(flipped)
+    try:
+        model = attnflow.load(str(tiny_model_path(family)), device="cpu", progress=False)
+    finally:
+        unregister_adapter(flipped.family)
+    with pytest.raises(CaptureError, match="layer 0: the parts of the .* do not add up to the model's own stream"):
+        attnflow.routes(model, TEXT, lens="none")
 
 
 def test_the_second_norm_and_the_kernel_agree_with_a_direct_computation(tiny_loaded):

@@ -55,11 +55,11 @@ Node = tuple[str, int, int]
 @dataclass
 class _Fields:
     """Readout fields ``[T, d]`` (`Lens.readout_field`): of the target's logit and, in contrastive
-    mode, of logit(A) − logit(B); with the directions themselves ``[d]``."""
+    mode, of logit(A) − logit(B), with that difference's non-edge term (`Lens.shift_effect`)."""
 
     target: torch.Tensor | None = None
     contrast: torch.Tensor | None = None
-    contrast_direction: torch.Tensor | None = None
+    contrast_shift: float = 0.0
 
 
 def routes(
@@ -326,8 +326,8 @@ def _fields(lens: Lens | None, final: torch.Tensor, target: int | None, contrast
     final = final.to(PRECISION)
     fields = _Fields(target=lens.readout_field(final, lens.direction(target)))
     if contrast is not None:
-        fields.contrast_direction = lens.direction(target, contrast)
-        fields.contrast = lens.readout_field(final, fields.contrast_direction)
+        fields.contrast = lens.readout_field(final, lens.direction(target, contrast))
+        fields.contrast_shift = lens.shift_effect(target, contrast)
     return fields
 
 
@@ -370,9 +370,8 @@ def _build(
             )
     direct = None
     if contrastive is not None and fields.contrast is not None and lens is not None:
-        assert fields.contrast_direction is not None  # set with fields.contrast
         embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
-        direct = contrastive.direct(embedding, lens.shift_effect(fields.contrast_direction))
+        direct = contrastive.direct(embedding, fields.contrast_shift)
     return Graph(heads=heads, **per_position, parallel=weights.parallel), (head_effects, ffn_effects), direct
 
 
@@ -396,7 +395,10 @@ def _layer_shares(
     block, head_parts, vectors = attention
     ffn_block, ffn_part = ffn
     summed = block.residual + head_parts.sum(1) + block.bias
-    if layer.parallel:
+    if layer.parallel:  # the feed-forward block reads the stream entering the layer, and adds to the same whole
+        parts.check_whole(
+            "feed-forward block's input (the stream entering a parallel block)", index, layer.mid, layer.inputs
+        )
         parts.check_whole("parallel block", index, layer.out, summed + ffn_part)
         found = parts.attention_contributions(layer.out, block, vectors, layer.attention, p, ffn_part)
         none = torch.zeros_like(found[-1])

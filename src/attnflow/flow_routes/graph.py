@@ -76,8 +76,9 @@ class Direct:
     attention edges ``attention [L, T]`` (|Σ_h DE(h, j)| / D), each head's part ``heads [L, H, T]``
     (|DE(h, j)| / D) and the feed-forward blocks ``ffn [L]``; the signed effects (logits)
     ``head_effects [L, H, T]``, ``ffn_effects [L]``, ``embedding_effect`` (the stream entering
-    the first layer) and ``bias_effect`` (the non-edge terms: biases and the norms' shifts). All of
-    them add up to logit(A) − logit(B) at the top position (before any soft-capping)."""
+    the first layer) and ``bias_effect`` (the non-edge terms: biases, the norms' shifts, the
+    unembedding's bias). All of them add up to logit(A) − logit(B) at the top position (before any
+    soft-capping)."""
 
     attention: np.ndarray
     heads: np.ndarray
