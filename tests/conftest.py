@@ -71,6 +71,25 @@ def tiny_loaded(tiny_model_path):
 
 
 @pytest.fixture(scope="session")
+def variant_loaded(tiny_model_path):
+    """``variant_loaded(family) -> AttentionModel`` of a tiny architectural variant with no built-in
+    row (`tiny_models.VARIANT_FAMILIES`) on the CPU, loaded once per session with its test row
+    (tests/variant_rows.py) registered for the load only."""
+    import attnflow
+    from variant_rows import registered
+
+    loaded: dict[str, attnflow.AttentionModel] = {}
+
+    def get(family: str) -> attnflow.AttentionModel:
+        if family not in loaded:
+            with registered(family):
+                loaded[family] = attnflow.load(str(tiny_model_path(family)), device="cpu")
+        return loaded[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_classifier_path(tmp_path_factory):
     """``tiny_classifier_path(family) -> Path`` of a saved tiny random sequence classifier."""
     return _built_once(tmp_path_factory, "tiny-classifiers", build_tiny_classifier)

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from attnflow.rows import Adapter, Fused, Norms, Sites, Stack, Streams, Values, register_adapter, unregister_adapter
-
-from tiny_models import tiny_vocab
+from attnflow.rows.tiny import tiny_vocab
 
 NEOX_ROW = Adapter(
     "test-gpt-neox",

@@ -40,6 +40,27 @@ def tiny_config(family: str):
             max_position_embeddings=64,
             **ids,
         ),
+        # Architectural variants (rows registered by the tests: tests/variant_rows.py). Phi: parallel
+        # attention and feed-forward, one LayerNorm, partial rotary; GPT-J: parallel, no attention biases.
+        "phi": lambda: T.PhiConfig(**text, partial_rotary_factor=0.5, max_position_embeddings=64, **ids),
+        "gptj": lambda: T.GPTJConfig(
+            vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_inner=37, rotary_dim=4, n_positions=64, **ids
+        ),
+        # OLMo-2: post-norms only (x + norm(attention(x)), x + norm(mlp(x))), q/k norms over the whole projection.
+        "olmo2": lambda: T.Olmo2Config(**text, max_position_embeddings=64, **ids),
+        # Gemma 2: sandwich norms; soft-capping small enough to bite on tiny logits.
+        "gemma2": lambda: T.Gemma2Config(
+            **text,
+            num_key_value_heads=2,
+            head_dim=8,
+            query_pre_attn_scalar=8,
+            sliding_window=GEMMA3_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            attn_logit_softcapping=GEMMA2_SOFTCAP,
+            final_logit_softcapping=GEMMA2_SOFTCAP,
+            max_position_embeddings=64,
+            **ids,
+        ),
         "vit": lambda: T.ViTConfig(**vision, intermediate_size=37),
         "deit": lambda: T.DeiTConfig(**vision, intermediate_size=37),
         "dinov2": lambda: T.Dinov2Config(**vision, mlp_ratio=1),
@@ -67,6 +88,9 @@ def tiny_config(family: str):
 TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3", "t5", "bart")
 DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "gemma3")
 GEMMA3_WINDOW = 3  # tokens a local layer of the tiny Gemma 3 sees: itself and the 2 before it
+# Families with no built-in row: the tests register theirs (tests/variant_rows.py) around loading.
+VARIANT_FAMILIES = ("phi", "gptj", "olmo2", "gemma2")
+GEMMA2_SOFTCAP = 0.5  # the tiny Gemma 2's attention-logit and final-logit soft-capping
 VISION_FAMILIES = ("vit", "deit", "dinov2")
 
 
@@ -91,8 +115,8 @@ def build_tiny_classifier(family: str, folder: Path) -> Path:
 
 # Parameters that a family initialises to constants which would hide a mistake: Gemma's norms compute
 # x·(1 + w) with w = 0 (a norm read as x·w would pass), Qwen2's q/k/v biases start at 0 (a value
-# vector captured without its bias would pass).
-_RANDOMISED = {"gemma3": ("norm", "weight"), "qwen2": ("_proj", "bias")}
+# vector captured without its bias would pass); the variants: every 1-D parameter (norms, biases).
+_RANDOMISED = {"gemma3": ("norm", "weight"), "qwen2": ("_proj", "bias"), **dict.fromkeys(VARIANT_FAMILIES, ("", ""))}
 
 
 def _randomise_constants(family: str, model) -> None:
@@ -103,7 +127,7 @@ def _randomise_constants(family: str, model) -> None:
     part, kind = _RANDOMISED[family]
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if part in name and name.endswith(kind):
+            if part in name and name.endswith(kind) and parameter.dim() == 1:
                 parameter.add_(0.3 * torch.randn_like(parameter))
 
 
@@ -113,9 +137,10 @@ def build_tiny_model(family: str, folder: Path) -> Path:
 
     torch.manual_seed(0)
     config = tiny_config(family)
-    auto = dict.fromkeys(DECODER_FAMILIES, T.AutoModelForCausalLM)
+    auto = dict.fromkeys(DECODER_FAMILIES + VARIANT_FAMILIES, T.AutoModelForCausalLM)
     auto |= dict.fromkeys(("t5", "bart"), T.AutoModelForSeq2SeqLM)
-    model = auto.get(family, T.AutoModel).from_config(config)
+    eager = {"attn_implementation": "eager"} if family in VARIANT_FAMILIES else {}
+    model = auto.get(family, T.AutoModel).from_config(config, **eager)
     _randomise_constants(family, model)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

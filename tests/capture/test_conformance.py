@@ -13,9 +13,11 @@ import attnflow.rows
 from attnflow.rows import ADAPTERS, AdapterCheckError, check_adapter
 
 from fused_rows import NEOX_ROW, PHI3_ROW, tiny_fused_model, with_layout
-from tiny_models import TEXT_FAMILIES, VISION_FAMILIES
+from tiny_models import TEXT_FAMILIES, VARIANT_FAMILIES, VISION_FAMILIES
 
-EVERY_CHECK = {"attention_weights", "head_slices", "attention_output", "residual_sum", "own_value", "knockout"}
+EVERY_CHECK = {
+    "attention_weights", "head_slices", "attention_output", "residual_sum", "ffn_input", "own_value", "knockout"
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES + VISION_FAMILIES)
@@ -31,6 +33,25 @@ def test_every_row_passes_on_its_tiny_model(tiny_loaded, family):
         assert "post_norm" in ran and "residual_sum" not in ran
 
 
+@pytest.mark.parametrize("family", VARIANT_FAMILIES)
+def test_the_variant_rows_pass_on_their_tiny_models(variant_loaded, family):
+    """Parallel blocks (Phi, GPT-J), post-norms (OLMo-2), sandwich norms (Gemma 2): every check; the
+    attention site of a post- or sandwich-norm row is its norm's output, not the projection's."""
+    model = variant_loaded(family)
+    ran = set(check_adapter(model.adapter, model))
+    assert ran | {"attention_output"} >= EVERY_CHECK | {"norm_form"}
+    assert ("attention_output" in ran) == model.adapter.streams.parallel
+
+
+def test_a_row_declaring_the_wrong_topology_fails_ffn_input(variant_loaded, tiny_loaded):
+    phi = variant_loaded("phi")  # parallel: its feed-forward block reads the block input
+    message = failure(broken(phi, streams={"parallel": False}), phi)
+    assert "fails ffn_input: layer 0" in message and "declares a sequential block" in message
+    llama = tiny_loaded("llama")  # sequential: its feed-forward block reads input + attention
+    message = failure(broken(llama, streams={"parallel": True}), llama)
+    assert "fails ffn_input: layer 0" in message and "declares a parallel block" in message
+
+
 def test_every_row_of_the_table_has_a_tiny_model_here():
     families = {row.family for row in ADAPTERS}
     covered = {attnflow.rows.adapter_for(_model_type(f), "").family for f in TEXT_FAMILIES + VISION_FAMILIES}
@@ -44,7 +65,7 @@ def _model_type(family: str) -> str:
 
 
 def broken(model, **changes) -> attnflow.rows.Adapter:
-    """The model's row with some of its parts replaced (``values``, ``sites``, ``stack``: dicts of fields)."""
+    """The model's row with some of its parts replaced (``values``, ``sites``, ``stack``, ``streams``: dicts of fields)."""
     row = model.adapter
     replaced = {name: dataclasses.replace(getattr(row, name), **fields) for name, fields in changes.items()}
     return dataclasses.replace(row, family=f"broken-{row.family}", **replaced)

@@ -6,6 +6,8 @@ import pytest
 
 import attnflow
 
+from tiny_models import VARIANT_FAMILIES
+
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_path):
@@ -18,3 +20,10 @@ def tiny_loaded(tiny_model_path):
         return loaded[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def any_loaded(tiny_loaded, variant_loaded):
+    """``any_loaded(family)``: a tiny model with a built-in row (`tiny_loaded`) or an architectural
+    variant whose row the tests register (`variant_loaded`)."""
+    return lambda family: (variant_loaded if family in VARIANT_FAMILIES else tiny_loaded)(family)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 FAMILIES = ("llama", "qwen2", "gemma3", "gpt2", "bert", "roberta", "electra", "distilbert", "mpnet")
+VARIANTS = ("phi", "gptj", "olmo2", "gemma2")  # rows registered by the tests (tests/variant_rows.py)
 
 
 def numpy64(tensor: torch.Tensor) -> np.ndarray:
@@ -42,7 +43,8 @@ class LayerSpec:
     W_O per head ``[H, d_head, d]`` and its bias, where the attention norm acts (``"pre"``: none
     after the block; ``"sandwich"``: RMS norm on the block's output; ``"post"``: layer norm on
     residual + output) with its parameters, and the feed-forward block: ``ffn(mid)`` what it adds
-    before any post-LN, and the post-LN parameters."""
+    before any post-LN, and the post-LN parameters. ``parallel``: the feed-forward block reads x
+    too and both updates add to it at once (one whole: x + attention + ffn(x))."""
 
     values: np.ndarray
     output_weights: np.ndarray
@@ -51,6 +53,7 @@ class LayerSpec:
     attention_norm: tuple | None
     ffn: Callable[[np.ndarray], np.ndarray]
     ffn_norm: tuple | None
+    parallel: bool = False
 
 
 def _ln(module) -> tuple:
@@ -60,19 +63,29 @@ def _ln(module) -> tuple:
 def layer_spec(family: str, model: torch.nn.Module, layer: int, x: np.ndarray, n_heads: int) -> LayerSpec:
     """Read one layer of a tiny model of ``family`` from its modules' weights."""
     d = x.shape[-1]
-    if family in ("llama", "qwen2", "gemma3"):
+    if family in ("phi", "gptj"):
+        return _parallel_spec(family, model, layer, x, n_heads)
+    if family in ("llama", "qwen2", "gemma3", "gemma2", "olmo2"):
         block = model.model.layers[layer]
-        offset = 1.0 if family == "gemma3" else 0.0
-        eps = getattr(block.input_layernorm, "variance_epsilon", getattr(block.input_layernorm, "eps", None))
+        offset = 1.0 if family in ("gemma3", "gemma2") else 0.0
+        norm_module = block.post_attention_layernorm
+        eps = getattr(norm_module, "variance_epsilon", getattr(norm_module, "eps", None))
 
         def rms(module, y):
             return rms_norm(y, numpy64(module.weight) + offset, eps)
 
         attention = block.self_attn
         bias = 0.0 if attention.v_proj.bias is None else numpy64(attention.v_proj.bias)
-        values = rms(block.input_layernorm, x) @ numpy64(attention.v_proj.weight).T + bias
+        read = x if family == "olmo2" else rms(block.input_layernorm, x)  # OLMo-2: no pre-norm
+        values = read @ numpy64(attention.v_proj.weight).T + bias
         output_weights = numpy64(attention.o_proj.weight).T
-        if family == "gemma3":
+        if family == "olmo2":
+            norm, where = (numpy64(block.post_attention_layernorm.weight), np.zeros(d), eps), "sandwich"
+
+            def ffn(mid):
+                return rms(block.post_feedforward_layernorm, module_call(block.mlp, mid))
+
+        elif family in ("gemma3", "gemma2"):
             norm = (numpy64(block.post_attention_layernorm.weight) + 1.0, np.zeros(d), eps)
 
             def ffn(mid):
@@ -102,6 +115,25 @@ def layer_spec(family: str, model: torch.nn.Module, layer: int, x: np.ndarray, n
             lambda mid: module_call(block.mlp, layer_norm(mid, *ln_2)), None,
         )  # fmt: skip
     return _encoder_spec(family, model, layer, x, n_heads)
+
+
+def _parallel_spec(family: str, model: torch.nn.Module, layer: int, x: np.ndarray, n_heads: int) -> LayerSpec:
+    """Phi (``model.layers``: ``input_layernorm``, ``self_attn.dense``) and GPT-J (``transformer.h``:
+    ``ln_1``, ``attn.out_proj``, no biases): one LayerNorm read by both updates."""
+    if family == "phi":
+        block = model.model.layers[layer]
+        norm, attention, output = _ln(block.input_layernorm), block.self_attn, block.self_attn.dense
+    else:
+        block = model.transformer.h[layer]
+        norm, attention, output = _ln(block.ln_1), block.attn, block.attn.out_proj
+    read = layer_norm(x, *norm)
+    value_bias = 0.0 if attention.v_proj.bias is None else numpy64(attention.v_proj.bias)
+    values = read @ numpy64(attention.v_proj.weight).T + value_bias
+    output_bias = np.zeros(x.shape[-1]) if output.bias is None else numpy64(output.bias)
+    return LayerSpec(
+        _heads(values, x.shape[-1] // n_heads), _split(numpy64(output.weight).T, n_heads), output_bias,
+        "pre", None, lambda stream: module_call(block.mlp, layer_norm(stream, *norm)), None, parallel=True,
+    )  # fmt: skip
 
 
 def _encoder_spec(family: str, model: torch.nn.Module, layer: int, x: np.ndarray, n_heads: int) -> LayerSpec:
@@ -156,7 +188,7 @@ class OracleLayer:
     ffn: np.ndarray
     ffn_residual: np.ndarray
     ffn_bias: np.ndarray
-    mid: np.ndarray  # [T, d] the stream after attention, from the oracle's own sum
+    mid: np.ndarray  # [T, d] the stream after attention (parallel: the block's whole), from the oracle's own sum
     out: np.ndarray  # [T, d] the stream after the feed-forward block
     head_outputs: np.ndarray  # [T, H, d] each head's part summed over sources, as it reaches mid
     edge_parts: np.ndarray | None = None  # [T, T, H, d] query, source, head: each part as it reaches mid
@@ -182,25 +214,37 @@ def oracle_layer(spec: LayerSpec, x: np.ndarray, attention: np.ndarray) -> Oracl
 
     shift = 0.0 if spec.where != "post" else spec.attention_norm[1]
     heads = np.zeros((n_heads, n_tokens, n_tokens))
-    residual, bias = np.zeros(n_tokens), np.zeros(n_tokens)
+    residual, bias, through_ffn = np.zeros(n_tokens), np.zeros(n_tokens), np.zeros(n_tokens)
     mid = np.zeros_like(x)
     head_outputs = np.zeros((n_tokens, n_heads, x.shape[1]))
     edge_parts = np.zeros((n_tokens, n_tokens, n_heads, x.shape[1]))
+    ffn_of_x = spec.ffn(x) if spec.parallel else np.zeros_like(x)  # parallel: a part of the same whole
     for i in range(n_tokens):
         the_residual = x[i] if spec.where != "post" else as_reaching(x[i], i)
         the_bias = as_reaching(np.broadcast_to(spec.output_bias, x[i].shape).copy(), i) + shift
         parts = {(j, h): as_reaching(attention[h, i, j] * vector[j, h], i) for j, h in pairs}
-        mid[i] = the_residual + sum(parts.values()) + the_bias
+        mid[i] = the_residual + sum(parts.values()) + the_bias + ffn_of_x[i]
         for (j, h), part in parts.items():
             heads[h, i, j] = proximity(mid[i], part)
             head_outputs[i, h] += part
             edge_parts[i, j, h] = part
         residual[i], bias[i] = proximity(mid[i], the_residual), proximity(mid[i], the_bias)
-        total = residual[i] + heads[:, i].sum() + bias[i]
+        through_ffn[i] = proximity(mid[i], ffn_of_x[i]) if spec.parallel else 0.0
+        total = residual[i] + heads[:, i].sum() + bias[i] + through_ffn[i]
         heads[:, i] /= total
         residual[i] /= total
         bias[i] /= total
-    return _ffn(spec, OracleLayer(heads, residual, bias, None, None, None, mid, None, head_outputs, edge_parts))
+        through_ffn[i] /= total
+    layer = OracleLayer(heads, residual, bias, None, None, None, mid, None, head_outputs, edge_parts)
+    if spec.parallel:  # one whole, the stream leaving the block: no feed-forward residual or bias part
+        layer.ffn, layer.ffn_residual, layer.ffn_bias, layer.out = (
+            through_ffn,
+            np.zeros(n_tokens),
+            np.zeros(n_tokens),
+            mid,
+        )
+        return layer
+    return _ffn(spec, layer)
 
 
 def _ffn(spec: LayerSpec, layer: OracleLayer) -> OracleLayer:

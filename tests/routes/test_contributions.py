@@ -4,23 +4,28 @@ and the decomposition identity: the parts and the bias terms add up to the model
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
-from routes_oracle import FAMILIES, oracle
+from routes_oracle import FAMILIES, VARIANTS, oracle
 
 import attnflow
+from attnflow.errors import CaptureError
 from attnflow.flow_routes import contributions
 from attnflow.flow_routes.api import linearised_blocks
 from attnflow.flow_routes.forward import layer_view, read_weights, record
+from attnflow.rows import register_adapter, unregister_adapter
 
 TEXT = "the cat sat on the mat, and the dog ran"
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_contributions_match_an_explicit_loop(family, tiny_loaded):
-    model = tiny_loaded(family)
+@pytest.mark.parametrize("family", FAMILIES + VARIANTS)
+def test_contributions_match_an_explicit_loop(family, any_loaded):
+    model = any_loaded(family)
     routes = attnflow.routes(model, TEXT, lens="none")
+    assert routes.graph.parallel == (family in ("phi", "gptj"))
     layers, hidden = oracle(family, model, TEXT)
     graph = routes.graph
     for layer, expected in enumerate(layers):
@@ -32,15 +37,20 @@ def test_contributions_match_an_explicit_loop(family, tiny_loaded):
             np.testing.assert_allclose(expected.out, hidden[layer + 1], atol=1e-4)  # the oracle is the model
     assert graph.heads.shape == (model.n_layers, model.n_heads, len(routes.tokens), len(routes.tokens))
     shares = graph.attention_residual + graph.heads.sum(axis=(1, 3)) + graph.attention_bias
-    np.testing.assert_allclose(shares, 1.0, atol=1e-5)
-    np.testing.assert_allclose(graph.ffn + graph.ffn_residual + graph.ffn_bias, 1.0, atol=1e-5)
+    if graph.parallel:  # one whole per position, the feed-forward output among its parts
+        np.testing.assert_allclose(shares + graph.ffn, 1.0, atol=1e-5)
+        assert not graph.ffn_residual.any() and not graph.ffn_bias.any()
+    else:
+        np.testing.assert_allclose(shares, 1.0, atol=1e-5)
+        np.testing.assert_allclose(graph.ffn + graph.ffn_residual + graph.ffn_bias, 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_parts_and_bias_terms_add_up_to_the_whole(family, tiny_loaded):
-    """Both blocks, every layer: residual + every (head, source) part + the bias terms = the
-    model's own stream, the parts built one (query, source, head) at a time from the recording."""
-    model = tiny_loaded(family)
+@pytest.mark.parametrize("family", FAMILIES + VARIANTS)
+def test_parts_and_bias_terms_add_up_to_the_whole(family, any_loaded):
+    """Both blocks (a parallel block: its one whole), every layer: residual + every (head, source)
+    part + the bias terms (+ a parallel block's feed-forward output) = the model's own stream, the
+    parts built one (query, source, head) at a time from the recording."""
+    model = any_loaded(family)
     input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
     recording, weights = record(model, input_ids), read_weights(model)
     with torch.no_grad():
@@ -53,11 +63,32 @@ def test_parts_and_bias_terms_add_up_to_the_whole(family, tiny_loaded):
         scale = torch.ones_like(block.residual) if block.scale is None else block.scale
         every_part = torch.einsum("hij,id,jhd->ijhd", layer.attention, scale, vectors)  # [query, key, head, d]
         whole = block.residual + every_part.sum(dim=(1, 2)) + block.bias
-        torch.testing.assert_close(whole, layer.mid, atol=1e-5, rtol=1e-5)
-        ffn_whole = ffn_block.residual + ffn_block.part(layer.ffn_output) + ffn_block.bias
-        torch.testing.assert_close(ffn_whole, layer.out, atol=1e-5, rtol=1e-5)
+        if layer.parallel:  # one whole: the feed-forward block read the same stream
+            torch.testing.assert_close(layer.mid, layer.inputs)
+            out = whole + ffn_block.part(layer.ffn_output)
+        else:
+            torch.testing.assert_close(whole, layer.mid, atol=1e-5, rtol=1e-5)
+            out = ffn_block.residual + ffn_block.part(layer.ffn_output) + ffn_block.bias
+        torch.testing.assert_close(out, layer.out, atol=1e-5, rtol=1e-5)
         if index + 1 < model.n_layers or model.adapter.streams.final_norm is None:
-            torch.testing.assert_close(ffn_whole, hidden[index + 1][0].double(), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out, hidden[index + 1][0].double(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["phi", "llama"])
+def test_a_row_declaring_the_wrong_topology_is_refused_by_the_self_check(family, any_loaded, tiny_model_path):
+    """A parallel model read as sequential (and the reverse): the parts do not add up to the
+    model's own stream, and routes stops with one line instead of returning a wrong route."""
+    row = any_loaded(family).adapter
+    flipped = dataclasses.replace(
+        row, family=f"{family}-flipped", streams=dataclasses.replace(row.streams, parallel=not row.streams.parallel)
+    )
+    register_adapter(flipped)
+    try:
+        model = attnflow.load(str(tiny_model_path(family)), device="cpu", progress=False)
+    finally:
+        unregister_adapter(flipped.family)
+    with pytest.raises(CaptureError, match="layer 0: the parts of the .* do not add up to the model's own stream"):
+        attnflow.routes(model, TEXT, lens="none")
 
 
 def test_the_second_norm_and_the_kernel_agree_with_a_direct_computation(tiny_loaded):

@@ -69,12 +69,20 @@ def path_sums(graph: Graph, position: int, threshold: float) -> tuple[np.ndarray
         inputs[layer, i] += carried
         if layer == 0:
             return
+        if graph.parallel:  # the edges into ("in", layer, i) leave the stream entering layer - 1
+            if graph.ffn[layer - 1, i] > threshold:
+                down_from_input(layer - 1, i, carried * graph.ffn[layer - 1, i])
+            down_through_attention(layer - 1, i, carried)
+            return
         for weight in (graph.ffn[layer - 1, i], graph.ffn_residual[layer - 1, i]):
             if weight > threshold:
                 down_from_mid(layer - 1, i, carried * weight)
 
     def down_from_mid(layer: int, i: int, carried: float) -> None:
         mids[layer, i] += carried
+        down_through_attention(layer, i, carried)
+
+    def down_through_attention(layer: int, i: int, carried: float) -> None:
         if graph.attention_residual[layer, i] > threshold:
             down_from_input(layer, i, carried * graph.attention_residual[layer, i])
         for j in range(n_tokens):
@@ -85,20 +93,26 @@ def path_sums(graph: Graph, position: int, threshold: float) -> tuple[np.ndarray
     return inputs, mids
 
 
-def random_graph(rng: np.random.Generator, n_layers: int, n_heads: int, n_tokens: int) -> Graph:
-    """A causal graph with random shares (each whole's sum to 1)."""
+def random_graph(rng: np.random.Generator, n_layers: int, n_heads: int, n_tokens: int, parallel: bool = False) -> Graph:
+    """A causal graph with random shares (each whole's sum to 1; parallel: one whole per layer and
+    position, the feed-forward share among its parts)."""
     heads = rng.random((n_layers, n_heads, n_tokens, n_tokens)) * np.tril(np.ones((n_tokens, n_tokens)))
     residual, ffn = rng.random((n_layers, n_tokens)), rng.random((n_layers, n_tokens))
+    zeros = np.zeros((n_layers, n_tokens))
+    if parallel:
+        total = residual + heads.sum(axis=(1, 3)) + ffn
+        heads, residual, ffn = heads / total[:, None, :, None], residual / total, ffn / total
+        return Graph(heads, residual, zeros, ffn, zeros, zeros, parallel=True)
     total = residual + heads.sum(axis=(1, 3))
     heads, residual = heads / total[:, None, :, None], residual / total
-    zeros = np.zeros((n_layers, n_tokens))
     return Graph(heads, residual, zeros, ffn, 1 - ffn, zeros)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("threshold", [0.0, 0.04, 0.1])
-def test_importance_is_the_sum_over_paths(threshold):
+def test_importance_is_the_sum_over_paths(threshold, parallel):
     n_tokens = 4
-    graph = random_graph(np.random.default_rng(0), n_layers=3, n_heads=2, n_tokens=n_tokens)
+    graph = random_graph(np.random.default_rng(0), n_layers=3, n_heads=2, n_tokens=n_tokens, parallel=parallel)
     for position in range(n_tokens):
         found = compose(graph, position, threshold)
         inputs, mids = path_sums(graph, position, threshold)
@@ -108,6 +122,10 @@ def test_importance_is_the_sum_over_paths(threshold):
             *(("in", layer, i) for layer, i in np.argwhere(inputs > 0)),
             *(("mid", layer, i) for layer, i in np.argwhere(mids > 0)),
         }
+        assert not parallel or not mids.any()  # a parallel block has no stream between its updates
+        for edge in kept_edges(graph, found, position, threshold):  # every edge joins two nodes of the route
+            for stream, layer, i in (edge.source, edge.target):
+                assert (inputs if stream == "in" else mids)[layer, i] > 0, edge
 
 
 def test_contrastive_mode_weights_the_top_stream_by_direct_effects():
@@ -158,11 +176,12 @@ def test_top_weights_compose_linearly():
         compose(graph, np.ones(3), 0.0)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("contrastive", [False, True])
-def test_reach_gives_the_route_at_every_higher_threshold(contrastive):
+def test_reach_gives_the_route_at_every_higher_threshold(contrastive, parallel):
     rng = np.random.default_rng(5)
     n_layers, n_heads, n_tokens, position = 3, 2, 5, 4
-    graph = random_graph(rng, n_layers, n_heads, n_tokens)
+    graph = random_graph(rng, n_layers, n_heads, n_tokens, parallel)
     direct = None
     if contrastive:
         shares = rng.random((n_layers, n_heads, n_tokens)) * 0.2

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from routes_oracle import layer_norm, numpy64, oracle, rms_norm
+from routes_oracle import VARIANTS, layer_norm, numpy64, oracle, rms_norm
 
 import attnflow
 from attnflow.errors import InputError
@@ -17,14 +17,34 @@ DECODERS = ("llama", "qwen2", "gemma3", "gpt2")
 TEXT = "the cat sat on the mat"
 
 
+LAYER_NORMED = ("gpt2", "gptj", "phi")  # the final norm is a layer norm (the others: RMS)
+
+
+def _final(family: str, model):
+    """The final norm module of a tiny decoder."""
+    if family in ("gpt2", "gptj"):
+        return model.model.transformer.ln_f
+    return model.model.model.final_layernorm if family == "phi" else model.model.model.norm
+
+
 def final_norm(family: str, model, vectors: np.ndarray) -> np.ndarray:
     """The final norm by hand, from its weights."""
-    if family == "gpt2":
-        norm = model.model.transformer.ln_f
+    norm = _final(family, model)
+    if family in LAYER_NORMED:
         return layer_norm(vectors, numpy64(norm.weight), numpy64(norm.bias), norm.eps)
-    norm = model.model.model.norm
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    return rms_norm(vectors, numpy64(norm.weight) + (1.0 if family == "gemma3" else 0.0), eps)
+    return rms_norm(vectors, _final_gain(family, model), _eps(family, model))
+
+
+def unembedded(model, vectors: np.ndarray) -> np.ndarray:
+    """W_U · x + b (Phi's language-model head has a bias b; the others none), by hand."""
+    head = model.model.get_output_embeddings()
+    return vectors @ numpy64(head.weight).T + (0.0 if head.bias is None else numpy64(head.bias))
+
+
+def capped(model, logits: np.ndarray) -> np.ndarray:
+    """The model's final soft-capping c·tanh(z / c) (Gemma 2), by hand; the logits as they are without one."""
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else cap * np.tanh(logits / cap)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -32,19 +52,25 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-@pytest.mark.parametrize("family", DECODERS)
-def test_the_lens_is_the_unembedding_of_the_final_norm(family, tiny_loaded):
-    model = tiny_loaded(family)
+@pytest.mark.parametrize("family", DECODERS + VARIANTS)
+def test_the_lens_is_the_unembedding_of_the_final_norm(family, any_loaded):
+    """W_U · final_norm(x), soft-capped where the model caps its logits (Gemma 2), at every node
+    (parallel blocks have no mid node)."""
+    model = any_loaded(family)
     routes = attnflow.routes(model, TEXT, lens="all", top_k=3)
     layers, hidden = oracle(family, model, TEXT)
     unembedding = numpy64(model.model.get_output_embeddings().weight)  # [V, d]
     vectors = {("in", layer, i): hidden[layer][i] for layer in range(model.n_layers) for i in range(len(routes.tokens))}
-    vectors |= {
-        ("mid", layer, i): layers[layer].mid[i] for layer in range(model.n_layers) for i in range(len(routes.tokens))
-    }
+    if not routes.graph.parallel:
+        vectors |= {
+            ("mid", layer, i): layers[layer].mid[i]
+            for layer in range(model.n_layers)
+            for i in range(len(routes.tokens))
+        }
+    assert set(routes.lens) == set(vectors) | {("in", model.n_layers, i) for i in range(len(routes.tokens))}
     target = routes.target["id"]
     for node, vector in vectors.items():
-        logits = unembedding @ final_norm(family, model, vector)
+        logits = capped(model, unembedded(model, final_norm(family, model, vector)))
         readout = routes.lens[node]
         assert readout["target"]["logit"] == pytest.approx(logits[target], abs=1e-4)
         assert readout["target"]["probability"] == pytest.approx(softmax(logits)[target], abs=1e-5)
@@ -52,9 +78,9 @@ def test_the_lens_is_the_unembedding_of_the_final_norm(family, tiny_loaded):
         assert [token["id"] for token in readout["top"]] == list(np.argsort(-logits)[:3])
 
 
-@pytest.mark.parametrize("family", DECODERS)
-def test_the_top_node_reads_the_models_own_logits(family, tiny_loaded):
-    model = tiny_loaded(family)
+@pytest.mark.parametrize("family", DECODERS + VARIANTS)
+def test_the_top_node_reads_the_models_own_logits(family, any_loaded):
+    model = any_loaded(family)
     routes = attnflow.routes(model, TEXT)
     input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -135,13 +161,31 @@ def test_each_edge_through_a_block_by_hand(family, tiny_loaded):
 
 
 def _eps(family: str, model) -> float:
-    norm = model.model.transformer.ln_f if family == "gpt2" else model.model.model.norm
+    norm = _final(family, model)
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0)))
 
 
 def _final_gain(family: str, model) -> np.ndarray:
-    norm = model.model.transformer.ln_f if family == "gpt2" else model.model.model.norm
-    return numpy64(norm.weight) + (1.0 if family == "gemma3" else 0.0)
+    return numpy64(_final(family, model).weight) + (1.0 if family in ("gemma3", "gemma2") else 0.0)
+
+
+@pytest.mark.parametrize("family", VARIANTS)
+def test_direct_effects_add_up_to_the_logit_difference_before_soft_capping(family, variant_loaded):
+    """Along the top stream every part's direct effect (a parallel block's feed-forward output
+    among them) sums to the difference of W_U · final_norm(x): the model's own logits, except
+    where it soft-caps them (Gemma 2), which the direct effects, linear in the parts, leave out."""
+    model = variant_loaded(family)
+    layers, _ = oracle(family, model, TEXT)
+    uncapped = unembedded(model, final_norm(family, model, layers[-1].out[-1]))
+    input_ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = model.model(input_ids=input_ids).logits[0, -1].double().numpy()
+    np.testing.assert_allclose(capped(model, uncapped), logits, atol=1e-5)  # the model's logits by hand
+    target, contrast = (int(i) for i in np.argsort(-logits)[:2])
+    routes = attnflow.routes(model, TEXT, target=Target(target, contrast=contrast))
+    assert routes.direct.total == pytest.approx(uncapped[target] - uncapped[contrast], abs=1e-5)
+    if family == "gemma2":  # the tiny model's cap bites: its logits are not the uncapped ones
+        assert np.abs(logits - uncapped).max() > 1e-2
 
 
 def test_encoders_have_routes_without_a_lens(tiny_loaded):

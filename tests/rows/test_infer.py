@@ -14,8 +14,7 @@ import torch
 
 from attnflow.rows.adapters import find_layers
 from attnflow.rows.infer import InferenceError, infer_row, verified_row
-
-from tiny_models import tiny_vocab
+from attnflow.rows.tiny import tiny_vocab
 
 # The built-in text families with one stack (the encoder-decoder rows, T5 and BART, are not inferred).
 INFERRED_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3")

@@ -2,7 +2,7 @@
 from one forward pass (definitions: docs/routes.md).
 
 One forward pass records every residual stream (`attnflow.flow_routes.forward`); each layer's two
-blocks are split into their parts and every part's contribution to its whole is measured
+blocks (a parallel block: one) are split into their parts and every part's contribution to its whole is measured
 (`attnflow.flow_routes.contributions`), checking on the way that the parts add up to the model's own
 streams; the route is extracted top-down and every node gets its importance
 (`attnflow.flow_routes.graph`); the logit lens reads the route's nodes and the direct effects of the
@@ -36,6 +36,7 @@ from attnflow.flow_routes.graph import (
     Direct,
     Edge,
     Graph,
+    attention_wholes,
     check_threshold,
     compose,
     kept_edges,
@@ -54,11 +55,11 @@ Node = tuple[str, int, int]
 @dataclass
 class _Fields:
     """Readout fields ``[T, d]`` (`Lens.readout_field`): of the target's logit and, in contrastive
-    mode, of logit(A) − logit(B); with the directions themselves ``[d]``."""
+    mode, of logit(A) − logit(B), with that difference's non-edge term (`Lens.shift_effect`)."""
 
     target: torch.Tensor | None = None
     contrast: torch.Tensor | None = None
-    contrast_direction: torch.Tensor | None = None
+    contrast_shift: float = 0.0
 
 
 def routes(
@@ -325,8 +326,8 @@ def _fields(lens: Lens | None, final: torch.Tensor, target: int | None, contrast
     final = final.to(PRECISION)
     fields = _Fields(target=lens.readout_field(final, lens.direction(target)))
     if contrast is not None:
-        fields.contrast_direction = lens.direction(target, contrast)
-        fields.contrast = lens.readout_field(final, fields.contrast_direction)
+        fields.contrast = lens.readout_field(final, lens.direction(target, contrast))
+        fields.contrast_shift = lens.shift_effect(target, contrast)
     return fields
 
 
@@ -354,14 +355,11 @@ def _build(
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
         head_parts = block.part(parts.head_outputs(layer.attention, layer.values, layer.output_weights))  # [T, H, d]
-        parts.check_whole("attention block", index, layer.mid, block.residual + head_parts.sum(1) + block.bias)
         vectors = parts.head_vectors(layer.values, layer.output_weights)  # [T, H, d]
-        shares = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
         ffn_part = ffn_block.part(layer.ffn_output)
-        parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
-        ffn_shares = parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
+        shares = _layer_shares(layer, index, (block, head_parts, vectors), (ffn_block, ffn_part), p)
         heads[index] = shares[0].cpu().numpy()
-        for name, value in zip(_PER_POSITION, (*shares[1:], *ffn_shares), strict=True):
+        for name, value in zip(_PER_POSITION, shares[1:], strict=True):
             per_position[name][index] = value.cpu().numpy()
         if head_effects is not None and ffn_effects is not None and fields.target is not None:
             head_effects[index] = torch.einsum("ihd,id->hi", head_parts, fields.target).cpu().numpy()
@@ -372,13 +370,43 @@ def _build(
             )
     direct = None
     if contrastive is not None and fields.contrast is not None and lens is not None:
-        assert fields.contrast_direction is not None  # set with fields.contrast
         embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
-        direct = contrastive.direct(embedding, lens.shift_effect(fields.contrast_direction))
-    return Graph(heads=heads, **per_position), (head_effects, ffn_effects), direct
+        direct = contrastive.direct(embedding, fields.contrast_shift)
+    return Graph(heads=heads, **per_position, parallel=weights.parallel), (head_effects, ffn_effects), direct
 
 
 _PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
+
+
+def _layer_shares(
+    layer: Layer,
+    index: int,
+    attention: tuple[parts.Linearised, torch.Tensor, torch.Tensor],
+    ffn: tuple[parts.Linearised, torch.Tensor],
+    p: int,
+) -> tuple[torch.Tensor, ...]:
+    """One layer's normalised shares, ``heads [H, T, T]`` then the `_PER_POSITION` arrays ``[T]``,
+    each whole checked against the model's own stream. ``attention``: the linearised block, its
+    heads' parts ``[T, H, d]`` as they reach the whole and f_h(j) ``[T, H, d]``; ``ffn``: the
+    linearised feed-forward block and its part ``[T, d]``. A sequential block has two wholes (the
+    streams after each update); a parallel one has one, the stream leaving it, of which the
+    feed-forward output is a part beside the residual, the heads and the bias term (its
+    ``ffn_residual`` and ``ffn_bias`` shares are 0: no such parts)."""
+    block, head_parts, vectors = attention
+    ffn_block, ffn_part = ffn
+    summed = block.residual + head_parts.sum(1) + block.bias
+    if layer.parallel:  # the feed-forward block reads the stream entering the layer, and adds to the same whole
+        parts.check_whole(
+            "feed-forward block's input (the stream entering a parallel block)", index, layer.mid, layer.inputs
+        )
+        parts.check_whole("parallel block", index, layer.out, summed + ffn_part)
+        found = parts.attention_contributions(layer.out, block, vectors, layer.attention, p, ffn_part)
+        none = torch.zeros_like(found[-1])
+        return *found, none, none
+    parts.check_whole("attention block", index, layer.mid, summed)
+    heads, residual, bias, _ = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
+    parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
+    return heads, residual, bias, *parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
 
 
 class _ContrastiveSums:
@@ -437,12 +465,13 @@ def _lens_readouts(
     if mode == "none":
         return {}
     n_layers, n_tokens = recording.n_layers, len(result.tokens)
+    mid_layers = range(0 if result.graph.parallel else n_layers)  # parallel blocks: no stream between updates
     if mode == "all":
         chosen = [("in", layer, i) for layer in range(n_layers + 1) for i in range(n_tokens)]
-        chosen += [("mid", layer, i) for layer in range(n_layers) for i in range(n_tokens)]
+        chosen += [("mid", layer, i) for layer in mid_layers for i in range(n_tokens)]
     else:
         column = [("in", layer, result.position) for layer in range(n_layers + 1)]
-        column += [("mid", layer, result.position) for layer in range(n_layers)]
+        column += [("mid", layer, result.position) for layer in mid_layers]
         chosen = list(dict.fromkeys([*column, *(node for node, _ in result.nodes)]))
     streams = {"in": recording.inputs, "mid": recording.mids}
     vectors = torch.stack([streams[stream][layer, i] for stream, layer, i in chosen])
@@ -565,7 +594,7 @@ def _head_position(result: Routes, layer: int, head: int) -> int:
     """The query position where a head carries the most importance on the route."""
     weights = layer_weights(result.graph, layer, result.position, result.direct)
     kept = np.where(weights["attention"] > result.threshold, weights["heads"][head], 0.0)  # [query, key]
-    return int(np.argmax(result.importance.mids[layer] * kept.sum(axis=1)))
+    return int(np.argmax(attention_wholes(result.graph, result.importance, layer) * kept.sum(axis=1)))
 
 
 def _layer_parts(recording: Recording, weights: Weights, index: int, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:

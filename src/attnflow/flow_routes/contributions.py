@@ -9,6 +9,10 @@ that whole (they sum to 1). Two wholes per layer l and position i:
 - the stream after the feed-forward block, whose parts are the stream before it, the block's
   output and (post-LN families) the norm's shift β.
 
+A parallel block (`attnflow.rows.Streams.parallel`: attention and feed-forward both read the
+stream x entering the layer) has one whole, the stream leaving it: its parts are x, every (head,
+source) part, the bias term and the feed-forward output.
+
 A norm that reads a sum of parts is linearised with its statistic fixed at its value on this input
 (`Linearised`): each part p becomes c_i ⊙ p (RMS norms, c_i = gain / rms(y_i)) or c_i ⊙ (p −
 mean(p)) (layer norms, c_i = gain / σ(y_i)), so the parts and the bias terms add up to the whole
@@ -169,16 +173,24 @@ def normalise(*proximities: torch.Tensor) -> list[torch.Tensor]:
 
 
 def attention_contributions(
-    whole: torch.Tensor, block: Linearised, vectors: torch.Tensor, attention: torch.Tensor, p: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    whole: torch.Tensor,
+    block: Linearised,
+    vectors: torch.Tensor,
+    attention: torch.Tensor,
+    p: int,
+    ffn: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's attention-block contributions, normalised: ``heads [H, T, T]`` ``[head, query,
-    key]``, ``residual [T]`` and ``bias [T]``. ``whole [T, d]``: the stream after the block;
-    ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``."""
+    key]``, ``residual [T]``, ``bias [T]`` and ``ffn [T]``. ``whole [T, d]``: the stream after the
+    block; ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``. ``ffn [T, d]``:
+    a parallel block's feed-forward output, one more part of the same whole (None: a sequential
+    block, whose ``ffn`` share is 0)."""
     heads = head_proximities(whole, block, vectors, attention, p)  # [T, H, T]
     residual = proximity(whole, block.residual, p)
     bias = proximity(whole, block.bias, p)
-    residual, heads, bias = normalise(residual, heads, bias)
-    return heads.permute(1, 0, 2), residual, bias
+    through_ffn = torch.zeros_like(residual) if ffn is None else proximity(whole, ffn, p)
+    residual, heads, bias, through_ffn = normalise(residual, heads, bias, through_ffn)
+    return heads.permute(1, 0, 2), residual, bias, through_ffn
 
 
 def ffn_contributions(

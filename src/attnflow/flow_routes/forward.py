@@ -1,7 +1,7 @@
 """The one forward pass information-flow routes read, recorded through hooks removed in ``finally``.
 
 Where each tensor lives comes from the family's adapter row: the blocks and what each
-feed-forward block adds from `Sites`, the stream after each attention block from `Streams.mid`,
+feed-forward block adds from `Sites`, the stream each feed-forward block reads from `Streams.mid`,
 the values from the row's value projection (or its part of a `Fused` one), the attention weights and
 the output projections from the `Stack`. The pass stops once the last block has run: the
 unembedding, a pooler or a head compute nothing routes read (the logit lens applies the final
@@ -40,7 +40,8 @@ class Recording:
     """One text's residual streams, float32 on the model's device (``T`` tokens, ``d`` = d_model).
 
     ``inputs [L + 1, T, d]``: the stream entering each layer; row L is the stream leaving the last
-    layer (what the final norm reads). ``mids [L, T, d]``: the stream after each attention block.
+    layer (what the final norm reads). ``mids [L, T, d]``: the stream each feed-forward block reads
+    (`Streams.mid`): after the attention block; in a parallel block, the one entering the layer.
     ``attentions [L, H, T, T]`` ``[layer, head, query, key]``. ``values [L, T, KV, d_head]``: the
     value vectors of the KV heads, value bias included (query head h reads KV head
     h // (H / KV)). ``attention_outputs [L, T, d]``: the attention output projection's output,
@@ -66,10 +67,11 @@ PRECISION = torch.float64  # of the per-layer arithmetic (a proximity is a diffe
 
 @dataclass
 class Layer:
-    """One layer's tensors, in `PRECISION`: ``inputs`` the stream entering it, ``mid`` after its
-    attention block, ``out`` leaving it (``[T, d]`` each), ``attention [H, T, T]``, ``values [T,
-    KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]`` (see `Recording`),
-    ``output_weights [H, d_head, d]``, ``output_bias [d]`` and its norms (see `Weights`)."""
+    """One layer's tensors, in `PRECISION`: ``inputs`` the stream entering it, ``mid`` the one its
+    feed-forward block reads, ``out`` leaving it (``[T, d]`` each), ``attention [H, T, T]``,
+    ``values [T, KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]`` (see
+    `Recording`), ``output_weights [H, d_head, d]``, ``output_bias [d]``, its norms and whether the
+    block is ``parallel`` (see `Weights`)."""
 
     inputs: torch.Tensor
     mid: torch.Tensor
@@ -83,6 +85,7 @@ class Layer:
     attention_norm: Norm | None
     attention_norm_first: bool
     ffn_norm: Norm | None
+    parallel: bool
 
 
 def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
@@ -104,6 +107,7 @@ def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
         attention_norm=None if weights.attention_norm is None else weights.attention_norm.layer(index, PRECISION),
         attention_norm_first=weights.attention_norm_first,
         ffn_norm=None if weights.ffn_norm is None else weights.ffn_norm.layer(index, PRECISION),
+        parallel=weights.parallel,
     )
 
 
@@ -117,7 +121,8 @@ class Weights:
     ``ffn_norm``: post-LN families, the layer norm after each feed-forward block. Norm parameters
     are ``[L, d]``. ``final_norm`` ``[d]`` and ``unembedding`` (``W_U [vocabulary, d]``) for the
     logit lens, None where the model has no language-model head; ``softcap``: the model's final
-    logit soft-capping c (logits = c tanh(z / c)), or None.
+    logit soft-capping c (logits = c tanh(z / c)), or None. ``parallel``: the row's blocks are
+    parallel (`Streams.parallel`: one whole per layer, no stream between the two updates).
     """
 
     output_weights: torch.Tensor
@@ -129,6 +134,7 @@ class Weights:
     final_norm_module: nn.Module | None
     unembedding: nn.Module | None
     softcap: float | None
+    parallel: bool
 
 
 def check_supported(model: ModelLike) -> None:
@@ -230,6 +236,7 @@ def read_weights(model: ModelLike) -> Weights:
         final_norm_module=final_module,
         unembedding=unembedding if isinstance(unembedding, nn.Module) else None,
         softcap=float(softcap) if softcap else None,
+        parallel=streams.parallel,
     )
 
 

@@ -10,6 +10,11 @@ i)``, the stream after layer l's attention block. Edges carry the contributions 
 - feed-forward ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn[l, i]``;
 - feed-forward residual ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn_residual[l, i]``.
 
+A parallel block (`Graph.parallel`) has no ``mid`` node: its one whole is ``("in", l + 1, i)``,
+and its edges are attention ``("in", l, j) -> ("in", l + 1, i)``, attention residual and
+feed-forward ``("in", l, i) -> ("in", l + 1, i)`` (the feed-forward block reads the stream
+entering the layer); ``ffn_residual`` and ``ffn_bias`` are 0.
+
 Extraction: from the top node at the chosen position, go down keeping every edge with weight > τ
 that leaves a node already reached; the route is the subgraph reached. Importance: 1 at the top; a
 node's importance is Σ over its kept edges to reached nodes above of importance(above) × weight.
@@ -34,7 +39,9 @@ class Graph:
     ``heads [L, H, T, T]`` ``[layer, head, query, key]``, ``attention_residual``,
     ``attention_bias``, ``ffn``, ``ffn_residual``, ``ffn_bias``: ``[L, T]``. For each layer and
     position, the attention block's shares (residual + Σ heads + bias) sum to 1, and so do the
-    feed-forward block's (ffn + residual + bias), except for a whole no part comes near (all 0)."""
+    feed-forward block's (ffn + residual + bias), except for a whole no part comes near (all 0).
+    ``parallel``: every block is parallel (one whole per position: attention residual + Σ heads +
+    attention bias + ffn sum to 1; no ``mid`` nodes)."""
 
     heads: np.ndarray
     attention_residual: np.ndarray
@@ -42,6 +49,7 @@ class Graph:
     ffn: np.ndarray
     ffn_residual: np.ndarray
     ffn_bias: np.ndarray
+    parallel: bool = False
     _attention: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -68,8 +76,9 @@ class Direct:
     attention edges ``attention [L, T]`` (|Σ_h DE(h, j)| / D), each head's part ``heads [L, H, T]``
     (|DE(h, j)| / D) and the feed-forward blocks ``ffn [L]``; the signed effects (logits)
     ``head_effects [L, H, T]``, ``ffn_effects [L]``, ``embedding_effect`` (the stream entering
-    the first layer) and ``bias_effect`` (the non-edge terms: biases and the norms' shifts). All of
-    them add up to logit(A) − logit(B) at the top position (before any soft-capping)."""
+    the first layer) and ``bias_effect`` (the non-edge terms: biases, the norms' shifts, the
+    unembedding's bias). All of them add up to logit(A) − logit(B) at the top position (before any
+    soft-capping)."""
 
     attention: np.ndarray
     heads: np.ndarray
@@ -130,12 +139,16 @@ def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: 
         weights = layer_weights(graph, layer, position, direct)
         kept = {name: np.where(value > threshold, value, 0.0) for name, value in weights.items()}
         ffn[layer] = inputs[layer + 1] * kept["ffn"]
-        mids[layer] = ffn[layer] + inputs[layer + 1] * kept["ffn_residual"]
-        if direct is not None:
-            mids[layer, position] = 1.0
+        if graph.parallel:  # one whole, the stream leaving the block; the feed-forward edge leaves ("in", l, i)
+            whole, through_ffn = inputs[layer + 1], ffn[layer]
+        else:
+            mids[layer] = ffn[layer] + inputs[layer + 1] * kept["ffn_residual"]
+            if direct is not None:
+                mids[layer, position] = 1.0
+            whole, through_ffn = mids[layer], np.zeros(n_tokens)
         mask = kept["attention"] > 0  # [query, key]
-        heads[layer] = np.einsum("i,hij->h", mids[layer], np.where(mask, weights["heads"], 0.0))
-        inputs[layer] = mids[layer] * kept["attention_residual"] + mids[layer] @ kept["attention"]
+        heads[layer] = np.einsum("i,hij->h", whole, np.where(mask, weights["heads"], 0.0))
+        inputs[layer] = whole * kept["attention_residual"] + whole @ kept["attention"] + through_ffn
         if direct is not None:
             inputs[layer, position] = 1.0
     return Composition(inputs, mids, heads, ffn)
@@ -164,14 +177,26 @@ def reach(graph: Graph, position: int, direct: Direct | None = None) -> Reach:
     inputs[n_layers, position] = 1.0
     for layer in reversed(range(n_layers)):
         weights = layer_weights(graph, layer, position, direct)
-        mids[layer] = np.minimum(np.maximum(weights["ffn"], weights["ffn_residual"]), inputs[layer + 1])
-        if direct is not None:
-            mids[layer, position] = 1.0
-        through_attention = np.minimum(weights["attention"], mids[layer][:, None]).max(axis=0)  # over queries
-        inputs[layer] = np.maximum(np.minimum(weights["attention_residual"], mids[layer]), through_attention)
+        if graph.parallel:  # one whole, the stream leaving the block; the feed-forward edge leaves ("in", l, i)
+            whole, through_ffn = inputs[layer + 1], np.minimum(weights["ffn"], inputs[layer + 1])
+        else:
+            mids[layer] = np.minimum(np.maximum(weights["ffn"], weights["ffn_residual"]), inputs[layer + 1])
+            if direct is not None:
+                mids[layer, position] = 1.0
+            whole, through_ffn = mids[layer], np.zeros(n_tokens)
+        through_attention = np.minimum(weights["attention"], whole[:, None]).max(axis=0)  # over queries
+        inputs[layer] = np.maximum.reduce(
+            [np.minimum(weights["attention_residual"], whole), through_attention, through_ffn]
+        )
         if direct is not None:
             inputs[layer, position] = 1.0
     return Reach(inputs, mids)
+
+
+def attention_wholes(graph: Graph, composition: Composition | Reach, layer: int) -> np.ndarray:
+    """``[T]`` the nodes that layer ``layer``'s attention edges lead to, as ``composition`` holds
+    them: the ``mid`` nodes, or (a parallel block) the nodes leaving the layer."""
+    return composition.inputs[layer + 1] if graph.parallel else composition.mids[layer]
 
 
 def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None) -> dict[str, np.ndarray]:
@@ -240,29 +265,25 @@ def kept_edges(
     reached = reach(graph, position, direct) if reached is None else reached
     for layer in range(graph.n_layers):
         weights = layer_weights(graph, layer, position, direct)
-        above, mid = composition.inputs[layer + 1], composition.mids[layer]
+        above, whole = composition.inputs[layer + 1], attention_wholes(graph, composition, layer)
+        # a parallel block has no mid node: its edges join the streams entering and leaving the layer
+        upper, feeds = (("in", layer + 1), ("in", layer)) if graph.parallel else (("mid", layer), ("mid", layer))
         for i in map(int, np.flatnonzero(above > 0)):
             for kind in ("ffn", "ffn_residual"):
                 weight = float(weights[kind][i])
                 if weight > threshold:
-                    edges.append(
-                        Edge(kind, layer, ("mid", layer, i), ("in", layer + 1, i), weight, float(above[i] * weight))
-                    )
-        for i in map(int, np.flatnonzero(mid > 0)):
+                    edges.append(Edge(kind, layer, (*feeds, i), ("in", layer + 1, i), weight, float(above[i] * weight)))
+        for i in map(int, np.flatnonzero(whole > 0)):
             weight = float(weights["attention_residual"][i])
             if weight > threshold:
                 edges.append(
-                    Edge(
-                        "attention_residual", layer, ("in", layer, i), ("mid", layer, i), weight, float(mid[i] * weight)
-                    )
+                    Edge("attention_residual", layer, ("in", layer, i), (*upper, i), weight, float(whole[i] * weight))
                 )
             for j in map(int, np.flatnonzero(weights["attention"][i] > threshold)):
                 weight = float(weights["attention"][i, j])
                 shares = [float(share) for share in weights["heads"][:, i, j]]
                 edges.append(
-                    Edge(
-                        "attention", layer, ("in", layer, j), ("mid", layer, i), weight, float(mid[i] * weight), shares
-                    )
+                    Edge("attention", layer, ("in", layer, j), (*upper, i), weight, float(whole[i] * weight), shares)
                 )
     for edge in edges:
         stream, layer, i = edge.target

@@ -9,9 +9,12 @@
   i: DE(q) = W_U (s_i ⊙ q), s_i = gain / rms(x_i) (RMS norms) or gain / σ(x_i) after
   subtracting q's mean (layer norms). Along one position's stream the direct effects of every part
   (the embedding, every head's part from every source, every bias term, every feed-forward output)
-  plus the final norm's shift add up to the logits, before soft-capping and without the
-  unembedding's bias. For one token t the effect is a dot product with the *readout field*
-  G_i = s_i ⊙ W_U[t] (centred for layer norms): DE_t(q) = G_i · q (`readout_field`).
+  plus the final norm's shift and the unembedding's bias (Phi's) add up to the logits before
+  soft-capping. Gemma 2's final soft-capping c·tanh(z / c) is applied by the lens where it reads
+  logits (`Lens.logits`: at the top node, the model's own logits) but not to direct effects, which
+  are linear in the parts: they add up to z, the logits before the cap. For one token t the
+  effect is a dot product with the *readout field* G_i = s_i ⊙ W_U[t] (centred for layer norms):
+  DE_t(q) = G_i · q (`readout_field`).
 """
 
 from __future__ import annotations
@@ -66,9 +69,14 @@ class Lens:
         field = self.norm.scale(final) * direction
         return centre(field) if self.norm.centres else field
 
-    def shift_effect(self, direction: torch.Tensor) -> float:
-        """The final norm's shift β along ``direction``: the non-edge term of every position."""
-        return float(self.norm.shift.to(direction.dtype) @ direction)
+    def shift_effect(self, token: int, contrast: int) -> float:
+        """The non-edge term of logit(token) − logit(contrast) at every position: the final norm's
+        shift β along W_U[token] − W_U[contrast], plus the unembedding's bias difference (Phi's
+        language-model head has a bias)."""
+        direction = self.direction(token, contrast)
+        bias = getattr(self.unembedding, "bias", None)
+        offset = 0.0 if bias is None else float(bias[token].detach() - bias[contrast].detach())
+        return float(self.norm.shift.to(direction.dtype) @ direction) + offset
 
     @torch.no_grad()
     def token_effects(self, part: torch.Tensor, final: torch.Tensor) -> torch.Tensor:

@@ -129,6 +129,7 @@ class Routes:
             "position": self.position,
             "threshold": self.threshold,
             "norm": self.norm,
+            "parallel": self.graph.parallel,
             "prediction": _significant(self.prediction),
             "target": _significant(self.target),
             "contrast": _significant(self.contrast),

@@ -49,8 +49,8 @@ class Values:
     folds it into W_O and its bias, so f_h(x_j) is what the block adds to the residual stream.
     ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None
     (none, or parts of a `Fused` projection).
-    ``output_norm``: a norm between the output projection and the residual addition (Gemma's
-    sandwich norm, ``post_attention_layernorm``). It divides the block's output by the RMS of the
+    ``output_norm``: a norm between the output projection and the residual addition (Gemma 2/3's
+    sandwich norm, OLMo-2's post-norm: ``post_attention_layernorm``). It divides the block's output by the RMS of the
     sum over heads and tokens, so f_h(x_j) = v_j W_O^h is no longer what token j adds through head
     h: such a family does not provide the ``values`` capability (value-aware methods are refused),
     although its projections are mapped for the backward rules.
@@ -78,7 +78,8 @@ class Sites:
     leaving it. ``attention`` / ``mlp``: the modules whose output (first element of a tuple)
     ``[batch, token, d_model]`` is what the attention block / the MLP adds to the residual stream
     (for post-LN families, before the norm that follows the addition; for sandwich-norm families
-    such as Gemma, the output of the norm that follows the block). One head's output is its
+    such as Gemma and post-norm ones such as OLMo-2, the output of the norm that follows the
+    block). One head's output is its
     ``d_head`` slice of the input of the stack's ``output_projection``.
     """
 
@@ -92,18 +93,31 @@ class Streams:
     """What information-flow routes (`attnflow.routes`) read besides the stack, the `Values`, the
     `Sites` and the `Norms` of the row (regexes like `Stack`'s; group 1 is the layer).
 
-    ``mid``: the module whose input (its forward's first parameter) is the residual stream after the
-    attention block, ``[batch, token, d_model]``: pre-LN families, the norm before the feed-forward
-    block; post-LN families, the feed-forward block's first module (its input is the attention
-    block's layer-normed output). ``ffn_norm``: post-LN families, the layer norm after the
-    feed-forward block (its input is the feed-forward output plus the stream after attention).
-    ``final_norm``: the norm before the unembedding (``get_output_embeddings()``), which the logit
-    lens reads; None: no lens. The values are the ``"value"`` part of the row (`Adapter.projection`).
+    ``mid``: the module whose input (its forward's first parameter) is the residual stream the
+    feed-forward block reads, ``[batch, token, d_model]``: in a sequential block, the stream after
+    the attention block (pre-LN and sandwich families: the norm before the feed-forward block;
+    OLMo-2, which has no pre-norms: the feed-forward block itself; post-LN families: the
+    feed-forward block's first module, whose input is the attention block's layer-normed output);
+    in a parallel block, the stream entering the block. ``ffn_norm``: post-LN families, the layer
+    norm after the feed-forward block (its input is the feed-forward output plus the stream after
+    attention). ``final_norm``: the norm before the unembedding (``get_output_embeddings()``), which
+    the logit lens reads; None: no lens. The values are the ``"value"`` part of the row
+    (`Adapter.projection`).
+
+    ``parallel``: the block's topology. False (sequential): stream x → mid = x + attention update →
+    mid + feed-forward update(mid). True (parallel attention and feed-forward: GPT-J, GPT-NeoX with
+    ``use_parallel_residual``, Phi, Falcon, Cohere): both read the block's input x, block output =
+    x + attention update(x) + feed-forward update(x), with no stream between them; routes then make
+    the block one whole whose parts are x, every (source, head) term, the bias terms and the
+    feed-forward output. A parallel block takes no norm reading a sum (no post-LN ``Values.norm``,
+    no ``ffn_norm``); norms on each update alone (``Values.output_norm``, a ``Sites.mlp`` that is
+    the norm after the feed-forward block) are allowed.
     """
 
     mid: str
     ffn_norm: str | None = None
     final_norm: str | None = None
+    parallel: bool = False
 
 
 NormForm = Literal["layer", "rms"]

@@ -16,6 +16,10 @@ The checks (`CHECKS`, each named in the error it raises):
   + MLP site, and each block's input is the previous block's output;
 - ``post_norm`` (post-LN rows): the norm after the attention block reads y = block input +
   attention output and equals a layer norm recomputed from its weight, bias and eps;
+- ``ffn_input`` (rows with streams and sites): the feed-forward block reads the stream the row's
+  topology says (`Streams.mid`'s input): block input + attention site in a sequential block, the
+  block input itself in a parallel one (`Streams.parallel`), the post-LN norm's output in a
+  post-LN block;
 - ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
@@ -103,6 +107,8 @@ def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
         points += [(f"{what}.in", pattern, "input", 0), (f"{what}.out", pattern, "output", 0)]
     if row.norms is not None:
         points += [("norms.in", row.norms.modules, "input", 0), ("norms.out", row.norms.modules, "output", 0)]
+    if row.streams is not None:
+        points.append(("mid.in", row.streams.mid, "input", 0))
     if sites is not None:
         points += [
             ("block.in", sites.block, "input", 0),
@@ -265,6 +271,24 @@ def check_post_norm(run: Run) -> None:
         )
 
 
+def check_ffn_input(run: Run) -> None:
+    """`Streams.mid`'s input is block input + attention site (sequential), the block input
+    (parallel) or the post-LN norm's output."""
+    streams, values = run.row.streams, run.row.values
+    assert streams is not None  # the check applies to rows with streams
+    post_norm = values is not None and values.norm is not None
+    for layer, (read, before, attention) in enumerate(
+        zip(run.layers("mid.in"), run.layers("block.in"), run.layers("attn"), strict=True)
+    ):
+        if post_norm:
+            expected, what = run.layers("norm.out")[layer], "the post-LN norm's output"
+        elif streams.parallel:
+            expected, what = before, "the block input (the row declares a parallel block)"
+        else:
+            expected, what = before + attention, "block input + attention (the row declares a sequential block)"
+        _close(run, "ffn_input", f"layer {layer}: the feed-forward block's input against {what}", read, expected)
+
+
 def _named_norms(row: Adapter) -> dict[str, str]:
     """``{what: pattern}`` of the norms the row names."""
     values = row.values
@@ -400,6 +424,10 @@ def _pre_norm_sites(row: Adapter) -> bool:
     return row.sites is not None and (row.values is None or row.values.norm is None)
 
 
+def _streams_and_sites(row: Adapter) -> bool:
+    return row.streams is not None and row.sites is not None
+
+
 def _post_norm_sites(row: Adapter) -> bool:
     return row.sites is not None and row.values is not None and row.values.norm is not None
 
@@ -420,6 +448,7 @@ CHECKS: tuple[Check, ...] = (
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),
     Check("post_norm", _post_norm_sites, check_post_norm),
+    Check("ffn_input", _streams_and_sites, check_ffn_input),
     Check("norm_form", _has_norms, check_norm_form),
     Check("own_value", _has_sites, check_own_value),
     Check("knockout", _has_sites, check_knockout),

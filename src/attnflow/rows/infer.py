@@ -471,6 +471,10 @@ def _residual(
     final = _final_norm(traced, blocks, n_layers)
     if mid is not None:
         found["streams"] = Streams(_pattern(mid.name, blocks), final_norm=final)
+    else:  # parallel attention and feed-forward: no module reads the stream between them; both read x
+        entering = next((call for call in block.calls if _close(call.input, x)), None)
+        if entering is not None:
+            found["streams"] = Streams(_pattern(entering.name, blocks), final_norm=final, parallel=True)
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
