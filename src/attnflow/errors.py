@@ -64,6 +64,11 @@ class AdapterCheckError(CaptureError):
     names the row, the check and the numbers."""
 
 
+class InferenceError(CaptureError):
+    """No adapter row could be inferred for a model (`attnflow.rows.infer`): the message names the
+    part inference could not find and where to learn to write it by hand."""
+
+
 class InputError(AttnflowError, ValueError):
     """Bad input: a text, image or corpus, or a parameter's value (a ValueError too, so code that
     validates with ValueError catches it)."""

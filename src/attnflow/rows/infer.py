@@ -19,7 +19,7 @@ from typing import Any, get_args
 import torch
 from torch import nn
 
-from attnflow.errors import CaptureError
+from attnflow.errors import CaptureError, InferenceError
 from attnflow.rows.adapters import (
     EXTENDING,
     HEAD_PARTS,
@@ -52,10 +52,6 @@ _PROVEN_BY = {
     "knockout": ("sites", "streams"),
     "norm_form": ("norms", "streams"),
 }
-
-
-class InferenceError(CaptureError):
-    """Inference found no attention stack in the model: the part it could not find is named."""
 
 
 def kind_of(config: Any, class_name: str = "") -> str:
