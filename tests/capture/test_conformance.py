@@ -147,6 +147,6 @@ def test_a_fused_row_passes_in_its_layout_and_fails_head_slices_in_another(model
     of 4: each row passes the whole suite; declared in another layout it reads other columns as
     the values (or columns that cannot hold its heads) and fails head_slices, saying so."""
     model = tiny_fused_model(model_type)
-    assert check_adapter(row, model).passed >= EVERY_CHECK | {"norm_form"}
+    assert check_adapter(row, model).passed >= (EVERY_CHECK - {"ffn_input"}) | {"norm_form"}  # no streams in these rows
     message = failure(with_layout(row, wrong), model)
     assert "fails head_slices: layer 0" in message and said in message
