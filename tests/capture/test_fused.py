@@ -6,6 +6,7 @@ explicit loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 
 import numpy as np
@@ -50,6 +51,19 @@ def test_a_layout_that_cannot_hold_the_heads_is_refused():
         Fused("gate_up", ("gate", "up"), "per_head")
     with pytest.raises(attnflow.errors.CaptureError, match="do not hold"):
         Fused("qkv", QKV, "per_head").columns("value", 32, 4, 2)  # 4 query heads but 2 kv heads
+
+
+def test_the_key_value_heads_and_a_part_named_twice():
+    from types import SimpleNamespace
+
+    from attnflow.rows import ADAPTERS, Values
+
+    gpt2 = next(row for row in ADAPTERS if row.family == "gpt2")
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4)) == 4  # no key/value head count: every head has its own
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4, num_key_value_heads=2)) == 2
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4, multi_query=True)) == 1  # GPT-BigCode's multi-query attention
+    with pytest.raises(ValueError, match=r"names \['value'\] twice"):
+        dataclasses.replace(gpt2, values=Values(r"h\.(\d+)\.attn\.v$", r"h\.(\d+)$"))
 
 
 def _randomised(model: attnflow.AttentionModel) -> attnflow.AttentionModel:
