@@ -6,6 +6,7 @@ explicit loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 
 import numpy as np
@@ -50,6 +51,19 @@ def test_a_layout_that_cannot_hold_the_heads_is_refused():
         Fused("gate_up", ("gate", "up"), "per_head")
     with pytest.raises(attnflow.errors.CaptureError, match="do not hold"):
         Fused("qkv", QKV, "per_head").columns("value", 32, 4, 2)  # 4 query heads but 2 kv heads
+
+
+def test_the_key_value_heads_and_a_part_named_twice():
+    from types import SimpleNamespace
+
+    from attnflow.rows import ADAPTERS, Values
+
+    gpt2 = next(row for row in ADAPTERS if row.family == "gpt2")
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4)) == 4  # no key/value head count: every head has its own
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4, num_key_value_heads=2)) == 2
+    assert gpt2.kv_heads(SimpleNamespace(n_head=4, multi_query=True)) == 1  # GPT-BigCode's multi-query attention
+    with pytest.raises(ValueError, match=r"names \['value'\] twice"):
+        dataclasses.replace(gpt2, values=Values(r"h\.(\d+)\.attn\.v$", r"h\.(\d+)$"))
 
 
 def _randomised(model: attnflow.AttentionModel) -> attnflow.AttentionModel:
@@ -119,3 +133,48 @@ def test_fused_values_and_norms_equal_the_weights_sliced_by_hand(family, row, ti
                 np.testing.assert_allclose(matrices[layer], np.array(expected), rtol=1e-4, atol=1e-6)
         explanation = model.explain(TEXT, method="norm")
         np.testing.assert_allclose(explanation.matrix, matrices[-1] / matrices[-1].sum(-1, keepdims=True), atol=1e-6)
+
+
+def test_value_zeroing_zeroes_only_the_value_columns_of_a_fused_projection(tiny_model_path):
+    """Each rerun of value zeroing (called directly: GPT-2, pre-LN, is not offered it) against full
+    forward passes with token j's value columns of ``c_attn``, sliced by hand (the last third), zeroed."""
+    from attnflow.methods.model.perturbation import value_zeroing
+
+    model = _randomised(attnflow.load(str(tiny_model_path("gpt2")), device="cpu"))
+    model.hf_model.config.use_cache = False  # a layer rerun on a batch of variants would update the cache
+    trace = model.trace(TEXT, needs=("attentions",))[0]
+    ids = torch.as_tensor(trace.token_ids)[None]
+    n, d_model = trace.n_tokens, model.d_model
+    blocks = model.hf_model.transformer.h
+
+    def block_output(layer: int, zeroed: int | None = None) -> torch.Tensor:
+        recorded = {}
+
+        def zero(_module, _inputs, output):
+            output = output.clone()
+            output[:, zeroed, 2 * d_model :] = 0.0  # [batch, token, q | k | v]
+            return output
+
+        def keep(_module, _inputs, output):
+            recorded["out"] = output[0] if isinstance(output, tuple) else output
+
+        handles = [blocks[layer].register_forward_hook(keep)]
+        if zeroed is not None:
+            handles.append(blocks[layer].attn.c_attn.register_forward_hook(zero))
+        try:
+            with torch.no_grad():
+                model.hf_model(input_ids=ids)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return recorded["out"][0].double()
+
+    expected = []
+    for layer in range(trace.n_layers):
+        original = block_output(layer)
+        matrix = np.zeros((n, n))
+        for j in range(n):
+            cosine = torch.nn.functional.cosine_similarity(original, block_output(layer, j), dim=-1)
+            matrix[:, j] = (1 - cosine).clamp(min=0).numpy()
+        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(value_zeroing(model, trace, batch_size=3), expected[1] @ expected[0], atol=1e-6)

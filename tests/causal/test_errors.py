@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from causal_texts import CLEAN, CORRUPT
 
@@ -53,10 +55,16 @@ def test_a_family_without_sites(tiny_model_path):
     assert "sans-sites family" in one_line(error)
 
 
-def test_relp_on_a_family_without_query_and_key_projections(tiny_patch_models):
-    with pytest.raises(InputError) as error:
-        patch(tiny_patch_models["gpt2"], CLEAN, CORRUPT, methods="exact,relp", progress=False)
-    assert "gpt2 family" in one_line(error) and "query_key" in str(error.value)
+def test_relp_on_a_family_without_query_and_key_projections(tiny_model_path):
+    gpt2 = next(row for row in ADAPTERS if row.family == "gpt2")
+    register_adapter(dataclasses.replace(gpt2, family="unsplit-gpt2", fused=()))  # c_attn's q, k, v not named
+    try:
+        model = attnflow.load(str(tiny_model_path("gpt2")), device="cpu")
+        with pytest.raises(InputError) as error:
+            patch(model, CLEAN, CORRUPT, methods="exact,relp", progress=False)
+    finally:
+        unregister_adapter("unsplit-gpt2")
+    assert "unsplit-gpt2 family" in one_line(error) and "query_key" in str(error.value)
 
 
 def test_a_corruption_that_changes_nothing(tiny_patch_models):

@@ -152,6 +152,8 @@ def test_relevance_equals_the_rules_written_out(tiny_model_path, tmp_path, famil
             expected = family_oracle(model, trace, rule, monkeypatch)
             np.testing.assert_allclose(relevance.scores, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
             assert relevance.target_value == pytest.approx(trace.target.value, rel=1e-5)
+            front_door = model.explain(TEXTS[1], method=rule)  # the same relevance through model.explain
+            np.testing.assert_allclose(front_door.scores, expected, rtol=1e-4, atol=1e-6 * np.abs(expected).max())
             results[rule] = relevance
     assert not np.allclose(results["attnlrp"].scores, results["gim"].scores)  # the rows differ on this family
     # q, k and v biases (Qwen2's; GPT-2's and GPT-NeoX's fused ones) absorb relevance

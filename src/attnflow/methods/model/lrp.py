@@ -6,16 +6,18 @@ raises) leave every forward value as it is and change how the gradient flows thr
 module. A rule set (`BackwardRules`) maps a **module kind** (`MODULE_KINDS`) to a **rule** (a small
 `Rule` object); one engine (`backward_rules`) finds each kind's modules in the family's adapter row
 and applies the rule there. The relevance of token j is R_j = Σ_d (e_{j,d} − b_{j,d}) · ∂̃y/∂e_{j,d}
-at the embedding sum e (the input of the embedding norm for BERT-like families, the word embeddings
-otherwise: RoPE adds no position embedding), with b = 0 or the embedding of the pad token at every
-position (``baseline``).
+at the embedding sum e (the input of the row's embedding norm, else of its first block: GPT-2's word
++ position embeddings, the word embeddings of RoPE families), with b = 0 or the embedding of the pad
+token at every position (``baseline``).
 
 The module kinds and where the engine finds them (``∂̃``: the modified gradient):
 
 - ``norm``: every norm the adapter row declares (`attnflow.rows.adapters.Norms`: a pattern and
   the form, layer or RMS with its offset);
 - ``activation``: the element-wise activation modules (GELU, SiLU, tanh, ...: transformers' ``ACT2FN``);
-- ``query_key`` / ``value``: the query and key / the value projections of the row's `Values`;
+- ``query_key`` / ``value``: the query and key / the value projections of the row (`Adapter.projection`):
+  the row's `Values`, or their columns of a `Fused` projection (the rule acts on those columns of
+  its output, the others keep the plain gradient);
 - ``gated_product``: both operands of a gated MLP's product down(act(gate(x)) · up(x)), the up
   projection's output and the activation's (the row's `GatedMLP`);
 - ``softmax``: every softmax called inside the row's attention modules, however it is called
@@ -81,8 +83,8 @@ NORM_CHECK_TOLERANCE = 1e-4  # a recomputed norm must match the module's own out
 MODULE_KINDS = {
     "norm": "every norm the adapter row declares (Norms)",
     "activation": "element-wise activation modules (GELU, SiLU, tanh, ...)",
-    "query_key": "the query and key projections (Values.query, Values.key)",
-    "value": "the value projections (Values.value)",
+    "query_key": "the query and key projections (Values.query, Values.key, or their columns of a Fused one)",
+    "value": "the value projections (Values.value, or their columns of a Fused one)",
     "gated_product": "both operands of a gated MLP's product: the up projection's and the activation's outputs",
     "softmax": "every softmax called inside the attention modules",
 }
