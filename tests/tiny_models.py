@@ -61,6 +61,18 @@ def tiny_config(family: str):
             max_position_embeddings=64,
             **ids,
         ),
+        # GPT-OSS: attention sinks (a learned logit per head in the softmax), a mixture of experts.
+        "gpt_oss": lambda: T.GptOssConfig(
+            **(text | {"intermediate_size": 32}),
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=GEMMA3_WINDOW,
+            max_position_embeddings=64,
+            **ids,
+        ),
         "vit": lambda: T.ViTConfig(**vision, intermediate_size=37),
         "deit": lambda: T.DeiTConfig(**vision, intermediate_size=37),
         "dinov2": lambda: T.Dinov2Config(**vision, mlp_ratio=1),
@@ -89,7 +101,7 @@ TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "l
 DECODER_FAMILIES = ("gpt2", "llama", "qwen2", "gemma3")
 GEMMA3_WINDOW = 3  # tokens a local layer of the tiny Gemma 3 sees: itself and the 2 before it
 # Families with no built-in row: the tests register theirs (tests/variant_rows.py) around loading.
-VARIANT_FAMILIES = ("phi", "gptj", "olmo2", "gemma2")
+VARIANT_FAMILIES = ("phi", "gptj", "olmo2", "gemma2", "gpt_oss")
 GEMMA2_SOFTCAP = 0.5  # the tiny Gemma 2's attention-logit and final-logit soft-capping
 VISION_FAMILIES = ("vit", "deit", "dinov2")
 

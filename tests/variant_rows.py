@@ -4,7 +4,8 @@
 Phi and GPT-J: parallel attention and feed-forward (`Streams.parallel`), both reading the block's
 input through one LayerNorm. OLMo-2: post-norms only, each update normed before the residual
 addition (`Values.output_norm`, `Sites` at the norms). Gemma 2: Gemma 3's row (sandwich norms) for
-``model_type`` ``gemma2``.
+``model_type`` ``gemma2``. GPT-OSS: Llama's layout with attention sinks (`Stack.sinks`) and a
+mixture of experts as its feed-forward block (read whole, as the `Sites.mlp` output).
 """
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ ROWS: dict[str, Adapter] = {
         gated_mlp=GatedMLP(rf"{_LAYER}\.mlp$"),
         streams=Streams(rf"{_LAYER}\.mlp$", final_norm=r"model\.norm$"),  # no pre-norm: the MLP reads the stream
         norms=Norms(r"(layernorm|\bnorm|\bq_norm|\bk_norm)$", "rms"),
+    ),
+    "gpt_oss": Adapter(
+        "gpt_oss-variant",
+        "decoder",
+        ("gpt_oss",),
+        dataclasses.replace(_ATTENTION, sinks=True),
+        values=_projections(_LAYER, "self_attn"),
+        sites=Sites(rf"{_LAYER}$", rf"{_LAYER}\.self_attn$", rf"{_LAYER}\.mlp$"),
+        streams=Streams(rf"{_LAYER}\.post_attention_layernorm$", final_norm=r"model\.norm$"),
+        norms=Norms(r"(layernorm|\bnorm)$", "rms"),
     ),
     "gemma2": dataclasses.replace(
         next(row for row in ADAPTERS if row.family == "gemma3"), family="gemma2-variant", model_types=("gemma2",)

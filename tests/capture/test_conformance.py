@@ -35,12 +35,23 @@ def test_every_row_passes_on_its_tiny_model(tiny_loaded, family):
 
 @pytest.mark.parametrize("family", VARIANT_FAMILIES)
 def test_the_variant_rows_pass_on_their_tiny_models(variant_loaded, family):
-    """Parallel blocks (Phi, GPT-J), post-norms (OLMo-2), sandwich norms (Gemma 2): every check; the
-    attention site of a post- or sandwich-norm row is its norm's output, not the projection's."""
+    """Parallel blocks (Phi, GPT-J), post-norms (OLMo-2), sandwich norms (Gemma 2), attention sinks
+    (GPT-OSS): every check; the attention site of a post- or sandwich-norm row is its norm's
+    output, not the projection's."""
     model = variant_loaded(family)
     ran = check_adapter(model.adapter, model).passed
     assert ran | {"attention_output"} >= EVERY_CHECK | {"norm_form"}
-    assert ("attention_output" in ran) == model.adapter.streams.parallel
+    assert ("attention_output" in ran) == (model.adapter.values.output_norm is None)
+
+
+def test_attention_sinks_are_declared_in_the_stack(variant_loaded):
+    """GPT-OSS's rows of weights sum to less than 1 (the sink takes the rest): a stack without
+    ``sinks`` fails attention_weights, one with it passes and its knockout too."""
+    model = variant_loaded("gpt_oss")
+    sums = model.trace("the cat sat on the mat")[0].attentions.sum(axis=-1)  # [layer, head, query]
+    assert sums.max() < 1 - 1e-3
+    message = failure(broken(model, stack={"sinks": False}), model)
+    assert "fails attention_weights: stack layer 0 row sums" in message
 
 
 def test_a_row_declaring_the_wrong_topology_fails_ffn_input(variant_loaded, tiny_loaded):

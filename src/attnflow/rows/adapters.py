@@ -28,11 +28,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Stack:
-    """One stack of attention layers: encoder self-, decoder self- or cross-attention."""
+    """One stack of attention layers: encoder self-, decoder self- or cross-attention.
+
+    ``sinks``: the softmax has a learned sink logit per head beside the keys (GPT-OSS), with no
+    value: a row of the returned weights sums to 1 minus the sink's share (< 1). Value-weighted
+    sums and routes' parts stay exact (the sink adds a zero vector); what reads the weights as
+    row-stochastic (rollout, flow) does not hold for such a stack. False: rows sum to 1.
+    """
 
     attention: str  # regex; module output[weights_index] is [batch, head, query, key]
     output_projection: str  # regex; module input is [batch, token, head * d_head]
     weights_index: int = 1
+    sinks: bool = False
 
 
 @dataclass(frozen=True)

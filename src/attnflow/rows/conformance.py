@@ -5,7 +5,8 @@ the identities attnflow's methods rely on, wherever the row provides what a chec
 The checks (`CHECKS`, each named in the error it raises):
 
 - ``attention_weights``: every attention module of every stack returns softmax weights ``[batch,
-  head, query, key]`` (rows sum to 1) at the row's ``weights_index``, one per output projection;
+  head, query, key]`` (rows sum to 1; a stack with ``sinks``: every weight ≥ 0, rows sum to at
+  most 1) at the row's ``weights_index``, one per output projection;
 - ``head_slices`` (rows with values): head h's ``d_head`` slice of the output projection's input
   ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
   output, or its value columns where a `Fused` projection holds the values (grouped-query heads
@@ -27,7 +28,7 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
   with its own value through the kind's write function, changes nothing, bit for bit;
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
-  first layer gives that weight exactly 0 and leaves the row summing to 1.
+  first layer gives that weight exactly 0 and leaves the row summing to 1 (with sinks: at most 1).
 
 `check_adapter` reports every check (pass, fail or n/a, `ConformanceReport`); a failure names the row,
 the check, the layer and the numbers, and by default raises `AdapterCheckError` naming every failed check.
@@ -153,7 +154,7 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
 def check_attention_weights(run: Run) -> None:
     """Every stack's attention modules return ``[batch, head, query, key]`` softmax weights, one
     per output projection."""
-    for name, _ in _stacks(run.row):
+    for name, stack in _stacks(run.row):
         weights, heads = run.layers(f"{name}.weights"), run.layers(f"{name}.heads")
         if len(weights) != len(heads):
             _fail(
@@ -164,13 +165,17 @@ def check_attention_weights(run: Run) -> None:
                 shape = list(found.shape) if torch.is_tensor(found) else type(found).__name__
                 _fail(run, "attention_weights", f"{name} layer {layer} returned {shape} at its weights index, "
                       f"not [batch, {run.n_heads} heads, query, key]")  # fmt: skip
-            _close(
-                run,
-                "attention_weights",
-                f"{name} layer {layer} row sums",
-                found.sum(dim=-1),
-                torch.ones(()).expand(found.shape[:-1]),
-            )
+            sums = _row_sums(stack, found)
+            _close(run, "attention_weights", f"{name} layer {layer} row sums", sums, torch.ones(()).expand(sums.shape))
+
+
+def _row_sums(stack: Stack, weights: torch.Tensor) -> torch.Tensor:
+    """``[...]`` each row's sum of ``weights [..., key]``, to be 1; with sinks, a row of
+    non-negative weights summing to at most 1 counts as 1 (the sink takes the rest)."""
+    sums = weights.sum(dim=-1)
+    if not stack.sinks:
+        return sums
+    return sums.clamp(min=1.0) if bool((weights >= 0).all()) else torch.full_like(sums, -1.0)
 
 
 def check_head_slices(run: Run) -> None:
@@ -373,7 +378,8 @@ def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
 
 
 def check_knockout(run: Run) -> None:
-    """Blocking the edge from key 0 to the last query in layer 0 gives that weight exactly 0, the row summing to 1."""
+    """Blocking the edge from key 0 to the last query in layer 0 gives that weight exactly 0, the row
+    summing to 1 (with sinks: at most 1)."""
     kind = next(row for row in SITE_TABLE if row.name == "knockout")
     pattern = kind.pattern(run.row)
     modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
@@ -396,7 +402,9 @@ def check_knockout(run: Run) -> None:
             "knockout",
             f"the blocked weight A[{query}, 0] of layer 0 is {float(row[..., 0].abs().max()):.3g}, not 0",
         )
-    _close(run, "knockout", "layer 0: the blocked row's sum", row.sum(dim=-1), torch.ones_like(row[..., 0]))
+    _close(
+        run, "knockout", "layer 0: the blocked row's sum", _row_sums(run.row.stack, row), torch.ones_like(row[..., 0])
+    )
 
 
 def _always(_row: Adapter) -> bool:
