@@ -105,8 +105,9 @@ def conformance(model: Any) -> str:
 
 
 def forward_attentions(folder: Path, model_type: str, task: str) -> int:
-    """The number of attention tensors a forward pass of the tiny model in ``folder`` returns with
-    ``output_attentions=True`` on a [2, 7] input (first token [CLS], last [SEP], like the tokenizer's)."""
+    """The number of attention tensors (self-, encoder, decoder, cross-attention) a forward pass of the
+    tiny model in ``folder`` returns with ``output_attentions=True`` on a [2, 7] input (first token
+    [CLS], last [SEP], like the tokenizer's)."""
     import torch
 
     from attnflow.rows.tiny import model_class
@@ -116,7 +117,8 @@ def forward_attentions(folder: Path, model_type: str, task: str) -> int:
     ids[:, 0], ids[:, -1] = 2, 3
     with torch.no_grad():
         output = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
-    return sum(weights is not None for weights in getattr(output, "attentions", None) or ())
+    stacks = [value for name, value in output.items() if name.endswith("attentions") and value is not None]
+    return sum(weights is not None for stack in stacks for weights in stack)
 
 
 def _first_of(model: Any, names: Sequence[str]) -> str:

@@ -117,7 +117,7 @@ _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
     (r"head_?dim$|^d_kv$|^d_head$|head_size$|lora_rank$", _at_most(HEAD_DIM)),
     (r"(moe|expert).*(intermediate_size|ffn_dim|hidden_dim)", _at_most(EXPERT_FFN)),
     (
-        r"hidden_size$|^(d_model|n_embd|dim|embed_dim|embedding_dim|embedding_size|model_dim|word_embed_proj_dim)$",
+        r"hidden_size$|bottleneck_size$|^(d_model|n_embd|dim|embed_dim|embedding_dim|embedding_size|model_dim|word_embed_proj_dim)$",
         _at_most(HIDDEN),
     ),
     (r"intermediate_size$|ffn_dim$|^d_ff$|^n_inner$|ffn_hidden_size$|^hidden_dim$|^mlp_dim$", _at_most(FFN)),
@@ -159,12 +159,12 @@ _DERIVED: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 def _tiny_size(name: str, value: int, defaults: dict[str, Any]) -> int:
     """``value``'s tiny size. An unnamed width equal to the hidden size stays equal to it; a head width
-    equal to the rotary width stays equal to it (MLA's ``head_dim``); key/value heads as many as the
-    query heads stay as many (multi-head attention, MLA)."""
+    equal to the rotary width stays equal to it (MLA's ``head_dim``); multi-head latent attention
+    (a ``kv_lora_rank``) keeps a key/value head per query head."""
     rope_dims = {size for field, size in defaults.items() if re.search(_ROPE_FIELDS, field)}
     if re.search(r"head_dim$", name) and value in rope_dims:
         return ROPE_DIM
-    if re.search(_KV_HEADS_FIELDS, name) and value == defaults.get("num_attention_heads"):
+    if re.search(_KV_HEADS_FIELDS, name) and "kv_lora_rank" in defaults:
         return HEADS
     for pattern, size in _SIZES:
         if re.search(pattern, name):
@@ -246,6 +246,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "n_output_layers": 1,
         "layer_types": ["sliding_attention", "full_attention"],
     },
+    # no grouped-query attention: as many key/value heads as query heads
+    "esmc": {"num_key_value_heads": HEADS},
     # a nested [[kinds, repeats]] pattern: one global layer, one local
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # one layer per stack; num_hidden_layers counts each stack's layer once per cycle (2 · (3 + 1))
