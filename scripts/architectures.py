@@ -85,15 +85,19 @@ def one_line(error: BaseException) -> str:
 
 def group_of(model_type: str, task: str) -> str:
     """``classifier`` for sequence classification; for a causal LM ``encoder`` where the family is an
-    encoder (it has a masked-LM class) or an encoder-decoder, else ``decoder``."""
+    encoder (it has a masked-LM class) or an encoder-decoder (a sequence-to-sequence class, or a config
+    class that says so), else ``decoder``."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
 
     if task == "sequence-classification":
         return "classifier"
-    config = transformers.CONFIG_MAPPING[model_type]()
-    encoder = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or config.is_encoder_decoder
-    return "encoder" if encoder else "decoder"
+    families = (MODEL_FOR_MASKED_LM_MAPPING_NAMES, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    encoder = any(model_type in names for names in families)
+    return "encoder" if encoder or transformers.CONFIG_MAPPING[model_type].is_encoder_decoder is True else "decoder"
 
 
 def conformance(model: Any) -> str:
@@ -105,9 +109,10 @@ def conformance(model: Any) -> str:
 
 
 def forward_attentions(folder: Path, model_type: str, task: str) -> int:
-    """The number of attention tensors (self-, encoder, decoder, cross-attention) a forward pass of the
-    tiny model in ``folder`` returns with ``output_attentions=True`` on a [2, 7] input (first token
-    [CLS], last [SEP], like the tokenizer's)."""
+    """The number of attention weight tensors ``[batch, head, query, key]`` (self-, encoder, decoder,
+    cross-attention) a forward pass of the tiny model in ``folder`` returns with ``output_attentions=True``
+    on a [2, 7] input (first token [CLS], last [SEP], like the tokenizer's); what RWKV returns under
+    that name, ``[batch, token, channel]``, is not counted."""
     import torch
 
     from attnflow.rows.tiny import model_class
@@ -118,7 +123,11 @@ def forward_attentions(folder: Path, model_type: str, task: str) -> int:
     with torch.no_grad():
         output = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
     stacks = [value for name, value in output.items() if name.endswith("attentions") and value is not None]
-    return sum(weights is not None for stack in stacks for weights in stack)
+    return sum(_is_attention(weights) for stack in stacks for weights in stack)
+
+
+def _is_attention(weights: Any) -> bool:
+    return weights is not None and weights.dim() == 4 and weights.shape[0] == N_BATCH and weights.shape[2] == N_TOKENS
 
 
 def _first_of(model: Any, names: Sequence[str]) -> str:
@@ -196,7 +205,7 @@ def probe(model_type: str, task: str, folder: Path | str, steps: Sequence[str] =
         if step == "forward" and result.steps[step].ok:
             result.attention = not result.steps[step].detail.startswith("0 ")
             if not result.attention:
-                result.steps[step] = Outcome(None, "refused: no attention weights returned")
+                result.steps[step] = Outcome(None, "refused: no attention weights over the input tokens returned")
         if step in CHAIN and not result.steps[step].ok:
             break  # the capabilities need a built, attending, loaded model
     result.seconds = round(time.perf_counter() - start, 2)
@@ -290,10 +299,17 @@ def _mark(result: dict[str, Any], step: str) -> str:
     return "✓" if out["ok"] else "✗"
 
 
+def _clause(reason: str) -> str:
+    """A reason up to its first "; " (what follows lists alternatives: supported types, methods)."""
+    return reason.split("; ")[0]
+
+
 def _reasons(result: dict[str, Any]) -> str:
     """Each failed or refused step with its reason (the steps not run after a failure left out)."""
-    failed = [f"{STEPS[step]}: {out['reason']}" for step, out in result["steps"].items() if out["ok"] is not True]
-    return "; ".join(failed).replace("|", "\\|")
+    failed = [
+        f"{STEPS[step]}: {_clause(out['reason'])}" for step, out in result["steps"].items() if out["ok"] is not True
+    ]
+    return "; ".join(failed).replace("|", "\\|").replace("`", "'")  # no table cell or code span broken
 
 
 def _with_attention(results: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
@@ -338,10 +354,12 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         total = counts["architectures"]
         cells = [f"{n} ({100 * n / total:.0f} %)" for n in counts["passed"].values()]
         lines.append(f"| {GROUPS[group]} | {total} | " + " | ".join(cells) + " |")
-    refused = [r for r in results if r["attention"] is False]
+    refused = sorted({r["model_type"] for r in results if r["attention"] is False})
     if refused:
-        names = ", ".join(sorted({r["model_type"] for r in refused}))
-        lines += ["", f"Refused, no attention weights returned ({len({r['model_type'] for r in refused})}): {names}."]
+        lines += [
+            "",
+            f"Refused, no attention weights over the input tokens returned ({len(refused)}): {', '.join(refused)}.",
+        ]
     for task in TASKS:
         rows = [r for r in results if r["task"] == task]
         if not rows:

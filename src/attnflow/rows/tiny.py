@@ -90,8 +90,6 @@ def _mapping(task: str) -> dict[str, str]:
     return dict(getattr(modeling_auto, _TASK_MAPPINGS[task]))
 
 
-# (field name pattern, size function of the default value), the first match wins. Sizes only shrink
-# (``min``), so a field that is 0 or 1 by default (no shared experts, one dense layer) keeps its meaning.
 def _at_most(size: int) -> Callable[[int], int]:
     return lambda value: min(value, size)
 
@@ -102,6 +100,12 @@ def _exactly(size: int) -> Callable[[int], int]:
 
 _ROPE_FIELDS = r"rope_head_dim$|^rotary_dim$|^rotary_emb_base_dim$"
 _KV_HEADS_FIELDS = r"(key_value|kv)_heads$|^n_head_kv$"
+_HIDDEN_FIELDS = (
+    r"hidden_size$|bottleneck_size$"
+    r"|^(d_model|n_embd|dim|embed_dim|embedding_dim|embedding_size|model_dim|word_embed_proj_dim)$"
+)
+# (field name pattern, size function of the default value), the first match wins. Sizes only shrink
+# (``min``), so a field that is 0 or 1 by default (no shared experts, one dense layer) keeps its meaning.
 _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
     (r"^vocab_size$", _exactly(VOCAB)),
     (r"vocab_size$", _at_most(VOCAB)),
@@ -116,10 +120,7 @@ _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
     (_ROPE_FIELDS, _at_most(ROPE_DIM)),
     (r"head_?dim$|^d_kv$|^d_head$|head_size$|lora_rank$", _at_most(HEAD_DIM)),
     (r"(moe|expert).*(intermediate_size|ffn_dim|hidden_dim)", _at_most(EXPERT_FFN)),
-    (
-        r"hidden_size$|bottleneck_size$|^(d_model|n_embd|dim|embed_dim|embedding_dim|embedding_size|model_dim|word_embed_proj_dim)$",
-        _at_most(HIDDEN),
-    ),
+    (_HIDDEN_FIELDS, _at_most(HIDDEN)),
     (r"intermediate_size$|ffn_dim$|^d_ff$|^n_inner$|ffn_hidden_size$|^hidden_dim$|^mlp_dim$", _at_most(FFN)),
     (r"shared_experts$", _at_most(1)),
     (
@@ -127,11 +128,8 @@ _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
         _at_most(EXPERTS),
     ),
     (r"experts_per_tok(en)?$|^moe_topk$|^moe_k$|^num_selected_experts$|^top_k$", _at_most(TOP_K)),
-    (r"^(n_group|topk_group|num_expert_group)$", _at_most(1)),
-    (
-        r"^n_groups$|ngroups$",
-        _at_most(1),
-    ),  # a Mamba-2 mixer's groups of heads sharing B and C  # one group holds every expert
+    (r"^(n_group|topk_group|num_expert_group)$", _at_most(1)),  # one group holds every expert
+    (r"^n_groups$|ngroups$", _at_most(1)),  # a Mamba-2 mixer's groups of heads sharing B and C
     (r"max_position_embeddings$|^n_positions$|^n_ctx$|^max_seq_len$|^max_sequence_length$", _at_most(POSITIONS)),
     (r"^sliding_window$|^attention_window$|^attention_chunk_size$", _at_most(WINDOW)),
 )
@@ -252,6 +250,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # one layer per stack; num_hidden_layers counts each stack's layer once per cycle (2 · (3 + 1))
     "hrm_text": {"num_layers_per_stack": 1, "num_hidden_layers": 8},
+    # a Mamba-2 mixer's heads span its expanded width: 4 heads of 2 · 64 / 4
+    "mamba2": {"head_dim": 2 * HIDDEN // HEADS},
     # the sparse indexer reads at most as many heads as one key head serves (4 query heads / 2 kv heads)
     "kolibri1_1": {"index_num_heads": 2},
     # no default layer_types: one short-convolution layer, one attention layer
@@ -269,6 +269,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     # axial position embeddings must factor the (shrunk) positions and sum to the hidden size
     "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "lsh"]},
+    # its step kernel's memory expects query/key heads as wide as value heads
+    "xlstm": {"qk_dim_factor": 1.0},
     # the model refuses to run without a language adapter chosen
     "xmod": {"default_language": "en_XX"},
 }
@@ -296,7 +298,7 @@ def tiny_config(model_type: str, task: Task = "causal-lm") -> PretrainedConfig:
     return config
 
 
-def model_class(model_type: str, task: str) -> type[PreTrainedModel]:
+def model_class(model_type: str, task: Task) -> type[PreTrainedModel]:
     """The transformers class that ``task``'s Auto class builds for ``model_type``."""
     import transformers
 
