@@ -101,14 +101,14 @@ def _exactly(size: int) -> Callable[[int], int]:
 _ROPE_FIELDS = r"rope_head_dim$|^rotary_dim$|^rotary_emb_base_dim$"
 _KV_HEADS_FIELDS = r"(key_value|kv)_heads$|^n_head_kv$"
 _HIDDEN_FIELDS = (
-    r"hidden_size$|bottleneck_size$"
+    r"hidden_size|bottleneck_size$"
     r"|^(d_model|n_embd|dim|embed_dim|embedding_dim|embedding_size|model_dim|word_embed_proj_dim)$"
 )
 # (field name pattern, size function of the default value), the first match wins. Sizes only shrink
 # (``min``), so a field that is 0 or 1 by default (no shared experts, one dense layer) keeps its meaning.
 _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
     (r"^vocab_size$", _exactly(VOCAB)),
-    (r"vocab_size$", _at_most(VOCAB)),
+    (r"vocab_size$|_vocab$", _at_most(VOCAB)),  # other vocabularies: per-layer inputs, hashed byte groups
     (r"first_k_dense", _at_most(1)),  # a dense first layer, then a mixture of experts
     (r"^(n|num)_?(hidden_|encoder_|decoder_)?layers?$|^(encoder|decoder)_layers$|^num_blocks$", _at_most(LAYERS)),
     (r"kv_shared_layers$", _exactly(0)),  # two layers leave none to reuse another's cache
