@@ -22,6 +22,7 @@ from attnflow.errors import InputError
 from attnflow.flow_routes import contributions as parts
 from attnflow.flow_routes.forward import (
     PRECISION,
+    ExpertParts,
     Layer,
     Recording,
     Weights,
@@ -350,6 +351,9 @@ def _build(
     head_effects = np.zeros((n_layers, n_heads, n_tokens)) if fields.target is not None else None
     ffn_effects = np.zeros((n_layers, n_tokens)) if fields.target is not None else None
     contrastive = _ContrastiveSums(n_layers, n_heads, n_tokens) if fields.contrast is not None else None
+    moe = recording.experts
+    shared = moe is not None and moe[0].shared is not None
+    experts = None if moe is None else np.zeros((n_layers, moe[0].n_experts + shared, n_tokens), dtype=np.float32)
     for index in range(n_layers):
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
@@ -359,7 +363,10 @@ def _build(
         shares = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
         ffn_part = ffn_block.part(layer.ffn_output)
         parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
-        ffn_shares = parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
+        if layer.experts is None or experts is None:
+            ffn_shares = parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
+        else:
+            ffn_shares = _expert_shares(index, layer, layer.experts, ffn_block, p, experts[index])
         heads[index] = shares[0].cpu().numpy()
         for name, value in zip(_PER_POSITION, (*shares[1:], *ffn_shares), strict=True):
             per_position[name][index] = value.cpu().numpy()
@@ -375,7 +382,28 @@ def _build(
         assert fields.contrast_direction is not None  # set with fields.contrast
         embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
         direct = contrastive.direct(embedding, lens.shift_effect(fields.contrast_direction))
-    return Graph(heads=heads, **per_position), (head_effects, ffn_effects), direct
+    graph = Graph(heads=heads, **per_position, experts=experts, shared_expert=shared)
+    return graph, (head_effects, ffn_effects), direct
+
+
+def _expert_shares(
+    index: int, layer: Layer, moe: ExpertParts, block: parts.Linearised, p: int, table: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A mixture of experts' contributions: each chosen expert's share (and the shared expert's,
+    last) written into ``table [E (+ 1), T]``; returns the feed-forward block's ``ffn`` (their
+    sum), ``residual`` and ``bias`` shares ``[T]``. Checks that the parts add up to the stream."""
+    columns = block.part(moe.parts)  # [T, k, d]
+    if moe.shared is not None:
+        columns = torch.cat([columns, block.part(moe.shared)[:, None]], dim=1)  # [T, k + 1, d]
+    parts.check_whole("mixture of experts", index, layer.out, block.residual + columns.sum(1) + block.bias)
+    shares, residual, bias = parts.expert_contributions(layer.out, block, columns, p)  # [T, k (+ 1)]
+    found = shares.cpu().numpy()
+    positions = np.arange(found.shape[0])
+    for slot, chosen in enumerate(moe.indices.T.cpu().numpy()):
+        table[chosen, positions] = found[:, slot]
+    if moe.shared is not None:
+        table[-1] = found[:, -1]
+    return shares.sum(dim=1), residual, bias
 
 
 _PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
