@@ -108,6 +108,21 @@ def contributions(row: Experts, block: nn.Module, hidden: torch.Tensor) -> torch
     return dense.reshape(*hidden.shape[:-1], *dense.shape[1:])
 
 
+@dataclass(frozen=True)
+class ExpertsView:
+    """A MoE block's output ``[batch, token, d_model]`` seen as every expert's part of it ``[batch,
+    token, E (+ 1), d_model]`` (`contributions` of the block's input): a replacement of the parts
+    changes the output by Σ (new − old), so the parts as they were change nothing, bit for bit."""
+
+    row: Experts
+
+    def expand(self, module: nn.Module, _output: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return contributions(self.row, module, first)
+
+    def collapse(self, output: torch.Tensor, expanded: torch.Tensor, replacement: torch.Tensor) -> torch.Tensor:
+        return output + (replacement - expanded).sum(dim=-2).to(output.dtype)
+
+
 # -- inference ---------------------------------------------------------------------------------
 
 
