@@ -308,8 +308,8 @@ SITE_TABLE: tuple[SiteKind, ...] = (
         default=False,
         title="expert parts (every position)",
         title_at="expert parts at token {position} ({token})",
-        help="each expert's part of a mixture of experts per (layer, expert), at every position or at "
-        "--expert-position (exact only; rows with experts)",
+        help="each expert's part of a mixture of experts per (layer, expert), at every position "
+        "(exact only; rows with experts)",
     ),
     SiteKind(
         "knockout",
