@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import build_tiny_classifier, build_tiny_model
+from tiny_models import build_tiny_classifier, build_tiny_model, moe_row
 
 # No hub here: make transformers fail at once instead of retrying the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,6 +84,29 @@ def variant_loaded(tiny_model_path):
         if family not in loaded:
             with registered(family):
                 loaded[family] = attnflow.load(str(tiny_model_path(family)), device="cpu")
+        return loaded[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tiny_model_path):
+    """``tiny_moe(family) -> AttentionModel`` of a tiny mixture of experts (`tiny_models.MOE_FAMILIES`)
+    on the CPU, loaded once per session with its hand row (`tiny_models.moe_row`), registered for the
+    load only."""
+    import attnflow
+    from attnflow.rows import register_adapter, unregister_adapter
+
+    loaded: dict[str, attnflow.AttentionModel] = {}
+
+    def get(family: str) -> attnflow.AttentionModel:
+        if family not in loaded:
+            row = moe_row(family)
+            register_adapter(row)
+            try:
+                loaded[family] = attnflow.load(str(tiny_model_path(family)), device="cpu")
+            finally:
+                unregister_adapter(row.family)
         return loaded[family]
 
     return get

@@ -93,8 +93,31 @@ def tiny_config(family: str):
             forced_eos_token_id=None,
             **ids,
         ),
+        **_moe_configs(T, ids),
     }
     return configs[family]()
+
+
+def _moe_configs(T, ids: dict) -> dict:
+    """Mixtures of experts: 4 experts, 2 chosen per token; Qwen2-MoE adds a gated shared expert."""
+    moe = dict(
+        vocab_size=160,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=24,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        **ids,
+    )
+    return {
+        "mixtral": lambda: T.MixtralConfig(**moe, num_local_experts=4),
+        "qwen2_moe": lambda: T.Qwen2MoeConfig(
+            **moe, num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=20
+        ),
+        "olmoe": lambda: T.OlmoeConfig(**moe, num_experts=4),
+    }
 
 
 TEXT_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3", "t5", "bart")
@@ -104,6 +127,19 @@ GEMMA3_WINDOW = 3  # tokens a local layer of the tiny Gemma 3 sees: itself and t
 VARIANT_FAMILIES = ("phi", "gptj", "olmo2", "gemma2", "gpt_oss")
 GEMMA2_SOFTCAP = 0.5  # the tiny Gemma 2's attention-logit and final-logit soft-capping
 VISION_FAMILIES = ("vit", "deit", "dinov2")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "olmoe")  # no built-in row: `moe_row` is their hand row
+
+
+def moe_row(family: str):
+    """A hand row for a tiny mixture of experts: the Llama row with the MoE block for its MLP."""
+    import dataclasses
+
+    from attnflow.rows import ADAPTERS, Experts
+
+    llama = next(row for row in ADAPTERS if row.family == "llama")
+    shared = dict(shared="shared_expert", shared_gate="shared_expert_gate") if family == "qwen2_moe" else {}
+    experts = Experts(r"layers\.(\d+)\.mlp$", **shared)
+    return dataclasses.replace(llama, family=f"tiny-{family}", model_types=(family,), gated_mlp=None, experts=experts)
 
 
 CLASSIFIER_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet")
@@ -127,8 +163,11 @@ def build_tiny_classifier(family: str, folder: Path) -> Path:
 
 # Parameters that a family initialises to constants which would hide a mistake: Gemma's norms compute
 # x·(1 + w) with w = 0 (a norm read as x·w would pass), Qwen2's q/k/v biases start at 0 (a value
-# vector captured without its bias would pass); the variants: every 1-D parameter (norms, biases).
-_RANDOMISED = {"gemma3": ("norm", "weight"), "qwen2": ("_proj", "bias"), **dict.fromkeys(VARIANT_FAMILIES, ("", ""))}
+# vector captured without its bias would pass); every 1-D parameter (norms, biases) of the variants
+# and of the mixtures of experts.
+_RANDOMISED = {"gemma3": ("norm", "weight"), "qwen2": ("_proj", "bias")} | dict.fromkeys(
+    VARIANT_FAMILIES + MOE_FAMILIES, ("", "")
+)
 
 
 def _randomise_constants(family: str, model) -> None:
@@ -149,7 +188,7 @@ def build_tiny_model(family: str, folder: Path) -> Path:
 
     torch.manual_seed(0)
     config = tiny_config(family)
-    auto = dict.fromkeys(DECODER_FAMILIES + VARIANT_FAMILIES, T.AutoModelForCausalLM)
+    auto = dict.fromkeys(DECODER_FAMILIES + VARIANT_FAMILIES + MOE_FAMILIES, T.AutoModelForCausalLM)
     auto |= dict.fromkeys(("t5", "bart"), T.AutoModelForSeq2SeqLM)
     eager = {"attn_implementation": "eager"} if family in VARIANT_FAMILIES else {}
     model = auto.get(family, T.AutoModel).from_config(config, **eager)

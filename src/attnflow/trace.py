@@ -40,6 +40,7 @@ CAPABILITIES = {
     "streams": "the residual stream after each attention block, value vectors and the norms information-flow "
     "routes linearise",
     "norms": "every norm module and its form (layer or RMS), declared",
+    "experts": "a mixture of experts: its router, its fused expert parameters and any shared expert",
 }
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})

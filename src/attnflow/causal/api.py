@@ -51,7 +51,9 @@ class PatchResult:
     ``effects[method][kind]``: normalised effects (module docstring), ``residual [n_layers + 1,
     token]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l), ``attn`` and
     ``mlp [n_layers, token]``, ``heads [n_layers, head]`` (a head patched at every position, or at
-    ``head_position`` only), ``knockout [n_layers, key position]`` (exact only; the edge key →
+    ``head_position`` only), ``experts [n_layers, expert]`` (exact only, rows with a mixture of
+    experts: an expert's part patched at every position; a shared expert last), ``knockout
+    [n_layers, key position]`` (exact only; the edge key →
     ``knockout_target`` blocked in ``knockout_window`` layers centred on each layer; NaN in columns
     outside ``knockout_sources``).
     ``clean_metric`` m_x and ``corrupt_metric`` m_x̃ (the mean over noise samples); ``seconds``: the
@@ -398,6 +400,7 @@ class _Sweep:
         from attnflow.causal.patching import BaseRun, PatchRunner, stacked
 
         runner = PatchRunner(self.model, self.metric)
+        runner.modules.check_kinds(self.kinds)
         started = time.perf_counter()
         with torch.no_grad():
             clean_metric, clean_recorded = runner.forward(clean_ids, 1, record=True)
@@ -450,9 +453,10 @@ class _Sweep:
         (each with the metric of its run unpatched)."""
         from attnflow.causal.patching import exact_sweep
 
-        model = self.model
+        model, n_experts = self.model, runner.modules.n_experts
         sites = {
-            kind: all_sites(kind, model.n_layers, n_tokens, model.n_heads, options=self.options) for kind in self.kinds
+            kind: all_sites(kind, model.n_layers, n_tokens, model.n_heads, options=self.options, n_experts=n_experts)
+            for kind in self.kinds
         }
         changes = {}
         with _progress_bar(sum(map(len, sites.values())), self.progress) as bar:
@@ -466,7 +470,7 @@ class _Sweep:
                 )
                 start = 0
                 for kind in kinds:
-                    shape = sweep_shape(kind, model.n_layers, n_tokens, model.n_heads)
+                    shape = sweep_shape(kind, model.n_layers, n_tokens, model.n_heads, n_experts)
                     changes[kind] = np.full(shape, np.nan)  # columns a sweep leaves out stay NaN
                     for site, metric in zip(sites[kind], metrics[start : start + len(sites[kind])], strict=True):
                         changes[kind][site.layer, site.index] = metric - m_base

@@ -18,14 +18,15 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from attnflow.causal.sites import SITE_KINDS, Site, SiteModules, site_kind
+from attnflow.causal.sites import Site, SiteModules, site_kind
 from attnflow.model_like import ModelLike
 from attnflow.rows.hook_points import HookPoint, hooks
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
-# Recorded activations of one run, per activation kind (`SITE_KINDS`), one tensor per row of the
-# kind's sweep (row 0 of ``residual`` is the stream entering the first layer): residual/attn/mlp
-# ``[batch, token, d_model]``, heads ``[batch, token, head * d_head]``.
+# Recorded activations of one run, per activation kind (`PatchRunner.activation_kinds`), one tensor
+# per row of the kind's sweep (row 0 of ``residual`` is the stream entering the first layer):
+# residual/attn/mlp ``[batch, token, d_model]``, heads ``[batch, token, head * d_head]``, experts
+# ``[batch, token, expert, d_model]``.
 Recorded = dict[str, list[torch.Tensor]]
 
 
@@ -133,6 +134,10 @@ class PatchRunner:
         self.modules = SiteModules(model)
         self.n_layers = model.n_layers
         self.n_heads = model.n_heads
+        # The activation kinds this model has, each recorded (the default sweep's and the experts').
+        self.activation_kinds = tuple(
+            row.name for row in SITE_TABLE if row.is_activation and row.name in self.modules.by_kind
+        )
 
     def forward(
         self,
@@ -155,7 +160,7 @@ class PatchRunner:
         Returns the metric ``[batch]`` and what was recorded.
         """
         ids = input_ids.to(self.model.device).expand(batch, -1)
-        recorded: Recorded = {kind: [] for kind in SITE_KINDS} if record else {}
+        recorded: Recorded = {kind: [] for kind in self.activation_kinds} if record else {}
         with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}):
             logits = self.model.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return self.metric(logits), recorded
@@ -176,7 +181,7 @@ class PatchRunner:
             hooked.append((HookPoint(self.modules.embeddings, "output"), _embedding_hook(noise, leaf_embeddings)))
         written = {key[0] for key in patches.rows}
         for row in SITE_TABLE:
-            if not row.is_activation and row.name not in written:
+            if row.name not in self.activation_kinds and row.name not in written:
                 continue
             for layer, point in enumerate(self.modules.points(row.name)):
                 drop = drop_gradient_rows.get(layer) if row.adds_to_stream else None

@@ -193,7 +193,7 @@ def effect_heatmap(values: np.ndarray, title: str, column_labels: list[str] | No
     stream = site_kind(kind).stream
     axes.set_ylabel("residual stream (emb: entering layer 0, Ln: leaving layer n)" if stream else "layer")
     if column_labels is None:
-        axes.set_xlabel("head")
+        axes.set_xlabel(site_kind(kind).column)
     else:
         axes.set_xticks(
             np.arange(columns), column_labels, rotation=60, ha="right", rotation_mode="anchor", parse_math=False

@@ -5,8 +5,9 @@ Each kind's sweep fills an array ``[row, column]`` (``T`` tokens, ``L`` layers, 
 ``residual [L + 1, T]`` (row 0: the stream entering the first layer, row l + 1: leaving layer l),
 ``attn`` and ``mlp [L, T]``, ``heads [L, H]`` (a head at every position, or at ``head_position``),
 ``knockout [L, T]`` (the edge from each key position to the ``target`` query blocked in a window
-of layers centred on each layer). `SITE_KINDS` are the kinds that hold activations (patched to
-their value in another run: the default sweep); `ALL_KINDS` adds the interventions (knockout).
+of layers centred on each layer), ``experts [L, E (+ 1)]`` (rows with a mixture of experts). `SITE_KINDS`
+are the kinds that hold activations (patched to their value in another run) swept by default;
+`ALL_KINDS` adds the experts and the interventions (knockout).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from attnflow.rows.hook_points import HookPoint
 
 ALL_KINDS = tuple(row.name for row in SITE_TABLE)
-SITE_KINDS = tuple(row.name for row in SITE_TABLE if row.is_activation)
+SITE_KINDS = tuple(row.name for row in SITE_TABLE if row.is_activation and row.default)
 
 
 def site_kind(name: str) -> SiteKind:
@@ -55,12 +56,14 @@ class SweepOptions:
     """What a sweep's kinds read besides their rows and columns: ``head_position`` (heads: the one
     position patched; None: every position), ``target`` (knockout: the query position whose edges
     are blocked), ``window`` (knockout: layers blocked around each layer), ``sources`` (knockout:
-    the key positions swept; None: every position)."""
+    the key positions swept; None: every position), ``expert_position`` (experts: the one position
+    patched; None: every position)."""
 
     head_position: int | None = None
     target: int | None = None
     window: int = 1
     sources: tuple[int, ...] | None = None
+    expert_position: int | None = None
 
     def position_of(self, row: SiteKind) -> int | None:
         """The one position every site of ``row`` is written at (None where the kind has none)."""
@@ -85,9 +88,9 @@ def parse_site_kinds(kinds: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def sweep_shape(kind: str, n_layers: int, n_tokens: int, n_heads: int) -> tuple[int, int]:
+def sweep_shape(kind: str, n_layers: int, n_tokens: int, n_heads: int, n_experts: int = 0) -> tuple[int, int]:
     """The shape of a sweep's array for one site kind (see the module docstring)."""
-    return site_kind(kind).shape(n_layers, n_tokens, n_heads)
+    return site_kind(kind).shape(n_layers, n_tokens, n_heads, n_experts)
 
 
 def all_sites(
@@ -98,13 +101,15 @@ def all_sites(
     head_position: int | None = None,
     *,
     options: SweepOptions | None = None,
+    n_experts: int = 0,
 ) -> list[Site]:
     """Every site of one kind, in the row-major order of its sweep array (heads patched at
     ``head_position`` only, or at every position when it is None; ``options`` for the other kinds'
-    options; knockout columns outside ``options.sources`` are left out)."""
+    options; knockout columns outside ``options.sources`` are left out; ``n_experts``: the
+    experts' columns)."""
     row = site_kind(kind)
     options = options or SweepOptions(head_position=head_position)
-    rows, columns = row.shape(n_layers, n_tokens, n_heads)
+    rows, columns = row.shape(n_layers, n_tokens, n_heads, n_experts)
     position = options.position_of(row)
     if row.window and position is None:
         raise InputError(f"{kind} sites need a target position")
@@ -118,18 +123,23 @@ def all_sites(
 
 class SiteModules:
     """The modules of one model that hold its sites, per kind (found with the adapter row's
-    patterns; one per layer), and the hook point of each row of each kind's sweep array."""
+    patterns; one per layer; a kind the row has no pattern for, such as ``experts`` without a
+    mixture of experts, is left out), and the hook point of each row of each kind's sweep array.
+    ``n_experts``: the experts' columns (a shared expert's included; 0 without experts)."""
 
     def __init__(self, model: ModelLike) -> None:
         from attnflow.rows.adapters import find_layers
+        from attnflow.rows.experts import n_columns
 
         check_sites_supported(model)
+        self.row = model.adapter
         self.by_kind: dict[str, list[Any]] = {}
         for row in SITE_TABLE:
             pattern = row.pattern(model.adapter)
-            self.by_kind[row.name] = (
-                [] if pattern is None else [module for _, module in find_layers(model.hf_model, pattern)]
-            )
+            if pattern is not None:
+                self.by_kind[row.name] = [module for _, module in find_layers(model.hf_model, pattern)]
+        experts = model.adapter.experts
+        self.n_experts = 0 if experts is None else n_columns(experts, self.by_kind["experts"][0])
         self.embeddings = model.hf_model.get_input_embeddings()
         self.n_heads = model.n_heads
         counts = {name: len(modules) for name, modules in self.by_kind.items()}
@@ -145,4 +155,13 @@ class SiteModules:
 
     def points(self, kind: str) -> list[HookPoint]:
         """The hook point of each row of ``kind``'s sweep array, in order."""
-        return site_kind(kind).hook_points(self.by_kind[kind])
+        return site_kind(kind).hook_points(self.by_kind[kind], self.row)
+
+    def check_kinds(self, kinds: Sequence[str]) -> None:
+        """One clear line when a kind asked for has no modules in this model's row."""
+        missing = [kind for kind in kinds if kind not in self.by_kind]
+        if missing:
+            raise InputError(
+                f"the {self.row.family} family's adapter row has no {', '.join(missing)} sites "
+                f"({', '.join(site_kind(kind).where for kind in missing)})"
+            )

@@ -22,6 +22,7 @@ from attnflow.errors import InputError
 from attnflow.flow_routes import contributions as parts
 from attnflow.flow_routes.forward import (
     PRECISION,
+    ExpertParts,
     Layer,
     Recording,
     Weights,
@@ -351,13 +352,17 @@ def _build(
     head_effects = np.zeros((n_layers, n_heads, n_tokens)) if fields.target is not None else None
     ffn_effects = np.zeros((n_layers, n_tokens)) if fields.target is not None else None
     contrastive = _ContrastiveSums(n_layers, n_heads, n_tokens) if fields.contrast is not None else None
+    moe = recording.experts
+    shared = moe is not None and moe[0].shared is not None
+    experts = None if moe is None else np.zeros((n_layers, moe[0].n_experts + shared, n_tokens), dtype=np.float32)
     for index in range(n_layers):
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
         head_parts = block.part(parts.head_outputs(layer.attention, layer.values, layer.output_weights))  # [T, H, d]
         vectors = parts.head_vectors(layer.values, layer.output_weights)  # [T, H, d]
         ffn_part = ffn_block.part(layer.ffn_output)
-        shares = _layer_shares(layer, index, (block, head_parts, vectors), (ffn_block, ffn_part), p)
+        expert_table = None if experts is None else experts[index]
+        shares = _layer_shares(layer, index, (block, head_parts, vectors), (ffn_block, ffn_part), p, expert_table)
         heads[index] = shares[0].cpu().numpy()
         for name, value in zip(_PER_POSITION, shares[1:], strict=True):
             per_position[name][index] = value.cpu().numpy()
@@ -372,7 +377,28 @@ def _build(
     if contrastive is not None and fields.contrast is not None and lens is not None:
         embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
         direct = contrastive.direct(embedding, fields.contrast_shift)
-    return Graph(heads=heads, **per_position, parallel=weights.parallel), (head_effects, ffn_effects), direct
+    graph = Graph(heads=heads, **per_position, parallel=weights.parallel, experts=experts, shared_expert=shared)
+    return graph, (head_effects, ffn_effects), direct
+
+
+def _expert_shares(
+    index: int, layer: Layer, moe: ExpertParts, block: parts.Linearised, p: int, table: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A mixture of experts' contributions: each chosen expert's share (and the shared expert's,
+    last) written into ``table [E (+ 1), T]``; returns the feed-forward block's ``ffn`` (their
+    sum), ``residual`` and ``bias`` shares ``[T]``. Checks that the parts add up to the stream."""
+    columns = block.part(moe.parts)  # [T, k, d]
+    if moe.shared is not None:
+        columns = torch.cat([columns, block.part(moe.shared)[:, None]], dim=1)  # [T, k + 1, d]
+    parts.check_whole("mixture of experts", index, layer.out, block.residual + columns.sum(1) + block.bias)
+    shares, residual, bias = parts.expert_contributions(layer.out, block, columns, p)  # [T, k (+ 1)]
+    found = shares.cpu().numpy()
+    positions = np.arange(found.shape[0])
+    for slot, chosen in enumerate(moe.indices.T.cpu().numpy()):
+        table[chosen, positions] = found[:, slot]
+    if moe.shared is not None:
+        table[-1] = found[:, -1]
+    return shares.sum(dim=1), residual, bias
 
 
 _PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
@@ -384,6 +410,7 @@ def _layer_shares(
     attention: tuple[parts.Linearised, torch.Tensor, torch.Tensor],
     ffn: tuple[parts.Linearised, torch.Tensor],
     p: int,
+    expert_table: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """One layer's normalised shares, ``heads [H, T, T]`` then the `_PER_POSITION` arrays ``[T]``,
     each whole checked against the model's own stream. ``attention``: the linearised block, its
@@ -391,10 +418,13 @@ def _layer_shares(
     linearised feed-forward block and its part ``[T, d]``. A sequential block has two wholes (the
     streams after each update); a parallel one has one, the stream leaving it, of which the
     feed-forward output is a part beside the residual, the heads and the bias term (its
-    ``ffn_residual`` and ``ffn_bias`` shares are 0: no such parts)."""
+    ``ffn_residual`` and ``ffn_bias`` shares are 0: no such parts). A mixture of experts' shares
+    go into ``expert_table [E (+ 1), T]`` (`_expert_shares`)."""
     block, head_parts, vectors = attention
     ffn_block, ffn_part = ffn
     summed = block.residual + head_parts.sum(1) + block.bias
+    if layer.parallel and layer.experts is not None:
+        raise InputError(f"layer {index}: routes do not split a mixture of experts in a parallel block yet")
     if layer.parallel:  # the feed-forward block reads the stream entering the layer, and adds to the same whole
         parts.check_whole(
             "feed-forward block's input (the stream entering a parallel block)", index, layer.mid, layer.inputs
@@ -406,6 +436,8 @@ def _layer_shares(
     parts.check_whole("attention block", index, layer.mid, summed)
     heads, residual, bias, _ = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
     parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
+    if layer.experts is not None and expert_table is not None:
+        return heads, residual, bias, *_expert_shares(index, layer, layer.experts, ffn_block, p, expert_table)
     return heads, residual, bias, *parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)
 
 

@@ -7,7 +7,8 @@ that whole (they sum to 1). Two wholes per layer l and position i:
   part per (head h, source j): A_h[i, j] · v_h(j) W_O^h, and the non-edge bias term (the output
   projection's bias; post-LN families also the norm's shift β);
 - the stream after the feed-forward block, whose parts are the stream before it, the block's
-  output and (post-LN families) the norm's shift β.
+  output and (post-LN families) the norm's shift β; for a mixture of experts, the block's output
+  is split further: one part per chosen expert, g_k · E_{i_k}(x), and the shared expert's part.
 
 A parallel block (`attnflow.rows.Streams.parallel`: attention and feed-forward both read the
 stream x entering the layer) has one whole, the stream leaving it: its parts are x, every (head,
@@ -203,6 +204,19 @@ def ffn_contributions(
     bias = proximity(whole, block.bias, p)
     ffn, residual, bias = normalise(ffn, residual, bias)
     return ffn, residual, bias
+
+
+def expert_contributions(
+    whole: torch.Tensor, block: Linearised, experts: torch.Tensor, p: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One mixture of experts' contributions, normalised: ``experts [T, n]``, ``residual [T]``,
+    ``bias [T]``; ``experts [T, n, d]``: each chosen expert's part (and the shared expert's) as it
+    reaches the whole (``block.part``)."""
+    shares = proximity(whole[:, None], experts, p)
+    residual = proximity(whole, block.residual, p)
+    bias = proximity(whole, block.bias, p)
+    shares, residual, bias = normalise(shares, residual, bias)
+    return shares, residual, bias
 
 
 def head_proximities(

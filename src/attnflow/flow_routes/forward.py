@@ -2,6 +2,8 @@
 
 Where each tensor lives comes from the family's adapter row: the blocks and what each
 feed-forward block adds from `Sites`, the stream each feed-forward block reads from `Streams.mid`,
+each chosen expert's part of a mixture of experts from `Experts` (recomputed from the recorded
+input of each MoE block: `attnflow.rows.experts`),
 the values from the row's value projection (or its part of a `Fused` one), the attention weights and
 the output projections from the `Stack`. The pass stops once the last block has run: the
 unembedding, a pooler or a head compute nothing routes read (the logit lens applies the final
@@ -31,8 +33,25 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
+from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
+
+
+@dataclass
+class ExpertParts:
+    """One MoE layer's parts at each of ``T`` positions: ``indices [T, k]`` the chosen experts,
+    ``parts [T, k, d]`` what each adds (g_k · E_{i_k}(x)), ``shared [T, d]`` the shared expert's
+    part (None without one); ``n_experts`` E, the routed experts (a shared one is column E)."""
+
+    indices: torch.Tensor
+    parts: torch.Tensor
+    shared: torch.Tensor | None
+    n_experts: int
+
+    def to(self, dtype: torch.dtype) -> ExpertParts:
+        shared = None if self.shared is None else self.shared.to(dtype)
+        return ExpertParts(self.indices, self.parts.to(dtype), shared, self.n_experts)
 
 
 @dataclass
@@ -47,7 +66,8 @@ class Recording:
     h // (H / KV)). ``attention_outputs [L, T, d]``: the attention output projection's output,
     bias included, before any norm and the residual addition. ``ffn_outputs [L, T, d]``: what each
     feed-forward block adds to the stream (`Sites.mlp`'s output; post-LN families: before the
-    layer norm that follows the addition).
+    layer norm that follows the addition). ``experts``: rows with a mixture of experts, each
+    layer's `ExpertParts` (they and the shared part sum to ``ffn_outputs``); None otherwise.
     """
 
     inputs: torch.Tensor
@@ -56,6 +76,7 @@ class Recording:
     values: torch.Tensor
     attention_outputs: torch.Tensor
     ffn_outputs: torch.Tensor
+    experts: list[ExpertParts] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -69,7 +90,7 @@ PRECISION = torch.float64  # of the per-layer arithmetic (a proximity is a diffe
 class Layer:
     """One layer's tensors, in `PRECISION`: ``inputs`` the stream entering it, ``mid`` the one its
     feed-forward block reads, ``out`` leaving it (``[T, d]`` each), ``attention [H, T, T]``,
-    ``values [T, KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]`` (see
+    ``values [T, KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]``, ``experts`` (see
     `Recording`), ``output_weights [H, d_head, d]``, ``output_bias [d]``, its norms and whether the
     block is ``parallel`` (see `Weights`)."""
 
@@ -86,6 +107,7 @@ class Layer:
     attention_norm_first: bool
     ffn_norm: Norm | None
     parallel: bool
+    experts: ExpertParts | None = None
 
 
 def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
@@ -108,6 +130,7 @@ def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
         attention_norm_first=weights.attention_norm_first,
         ffn_norm=None if weights.ffn_norm is None else weights.ffn_norm.layer(index, PRECISION),
         parallel=weights.parallel,
+        experts=None if recording.experts is None else recording.experts[index].to(PRECISION),
     )
 
 
@@ -169,6 +192,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         "values": find_layers(hf_model, value_pattern),
         "attention_outputs": find_layers(hf_model, adapter.stack.output_projection),
         "ffn_outputs": find_layers(hf_model, sites.mlp),
+        **({"moe": find_layers(hf_model, adapter.experts.block)} if adapter.experts is not None else {}),
     }
     wrong = {name: len(found) for name, found in located.items() if len(found) != model.n_layers}
     if wrong:
@@ -179,6 +203,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         attention = hooks.enter_context(record_stack(hf_model, adapter.stack, head_outputs=False))
         first_input = hooks.enter_context(record_tensors(located["blocks"][:1], inputs=True))
         mids = hooks.enter_context(record_tensors(located["mids"], inputs=True))
+        moe_inputs = hooks.enter_context(record_tensors(located.get("moe", []), inputs=True))
         outputs = {
             name: hooks.enter_context(record_tensors(located[name]))
             for name in ("blocks", "values", "attention_outputs", "ffn_outputs")
@@ -199,7 +224,24 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         values=values.reshape(*values.shape[:2], -1, model.d_head).float(),
         attention_outputs=stack_recorded(outputs["attention_outputs"], located["attention_outputs"])[0].float(),
         ffn_outputs=stack_recorded(outputs["ffn_outputs"], located["ffn_outputs"])[0].float(),
+        experts=_expert_parts(model, located["moe"], moe_inputs) if "moe" in located else None,
     )
+
+
+def _expert_parts(
+    model: ModelLike, blocks: list[tuple[str, nn.Module]], inputs: dict[str, torch.Tensor]
+) -> list[ExpertParts]:
+    """Each MoE block's parts, recomputed from its recorded input ``[1, T, d]`` (float32)."""
+    row = model.adapter.experts
+    assert row is not None  # the caller records MoE blocks only for rows with experts
+    found = []
+    with torch.no_grad():
+        for name, block in blocks:
+            hidden = inputs[name][0]  # [T, d]
+            chosen, shared = slots(row, block, hidden), shared_part(row, block, hidden)
+            shared = None if shared is None else shared.float()
+            found.append(ExpertParts(chosen.indices, chosen.parts.float(), shared, n_experts(row, block)))
+    return found
 
 
 def _stop(_output: Any) -> None:

@@ -7,7 +7,8 @@ i)``, the stream after layer l's attention block. Edges carry the contributions 
 
 - attention ``("in", l, j) -> ("mid", l, i)``, weight ``attention[l, i, j]`` = Σ_h heads[l, h, i, j];
 - attention residual ``("in", l, i) -> ("mid", l, i)``, weight ``attention_residual[l, i]``;
-- feed-forward ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn[l, i]``;
+- feed-forward ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn[l, i]`` (a mixture of experts:
+  Σ_e experts[l, e, i], each chosen expert's share, the shared expert's included);
 - feed-forward residual ``("mid", l, i) -> ("in", l + 1, i)``, weight ``ffn_residual[l, i]``.
 
 A parallel block (`Graph.parallel`) has no ``mid`` node: its one whole is ``("in", l + 1, i)``,
@@ -41,7 +42,10 @@ class Graph:
     position, the attention block's shares (residual + Σ heads + bias) sum to 1, and so do the
     feed-forward block's (ffn + residual + bias), except for a whole no part comes near (all 0).
     ``parallel``: every block is parallel (one whole per position: attention residual + Σ heads +
-    attention bias + ffn sum to 1; no ``mid`` nodes)."""
+    attention bias + ffn sum to 1; no ``mid`` nodes). ``experts [L, E (+ 1), T]``
+    ``[layer, expert, position]``: a mixture of experts' shares of each feed-forward whole, per expert
+    (0 where it is not chosen; the shared expert's last when ``shared_expert``), summing to ``ffn``;
+    None for a plain feed-forward block."""
 
     heads: np.ndarray
     attention_residual: np.ndarray
@@ -50,6 +54,8 @@ class Graph:
     ffn_residual: np.ndarray
     ffn_bias: np.ndarray
     parallel: bool = False
+    experts: np.ndarray | None = None
+    shared_expert: bool = False
     _attention: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -62,6 +68,12 @@ class Graph:
     @property
     def n_layers(self) -> int:
         return int(self.heads.shape[0])
+
+    def expert_name(self, layer: int, column: int) -> str:
+        """``L1.E3`` (layer 1's expert 3), ``L1.S`` (its shared expert): column ``column`` of ``experts``."""
+        assert self.experts is not None
+        shared = self.shared_expert and column == self.experts.shape[1] - 1
+        return f"L{layer}.S" if shared else f"L{layer}.E{column}"
 
     @property
     def n_tokens(self) -> int:
@@ -98,12 +110,15 @@ class Direct:
 class Composition:
     """Importance of every node and component for one top node: ``inputs [L + 1, T]`` (the stream
     entering each layer; row L the top), ``mids [L, T]``, ``heads [L, H]`` (Σ over the kept
-    attention edges of importance(query node) × the head's share), ``ffn [L, T]``."""
+    attention edges of importance(query node) × the head's share), ``ffn [L, T]``, ``experts [L,
+    E (+ 1)]`` (a mixture of experts: Σ over the kept feed-forward edges of importance(upper node)
+    × the expert's share; None without one)."""
 
     inputs: np.ndarray
     mids: np.ndarray
     heads: np.ndarray
     ffn: np.ndarray
+    experts: np.ndarray | None = None
 
 
 def check_threshold(threshold: Any) -> float:
@@ -128,6 +143,7 @@ def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: 
     n_layers, n_heads, n_tokens = graph.n_layers, graph.heads.shape[1], graph.n_tokens
     inputs, mids = np.zeros((n_layers + 1, n_tokens)), np.zeros((n_layers, n_tokens))
     heads, ffn = np.zeros((n_layers, n_heads)), np.zeros((n_layers, n_tokens))
+    experts = None if graph.experts is None else np.zeros(graph.experts.shape[:2])
     if isinstance(position, np.ndarray):
         if direct is not None or position.shape != (n_tokens,):
             raise ValueError(f"top weights must be [{n_tokens}] (one per position) and not contrastive")
@@ -139,6 +155,8 @@ def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: 
         weights = layer_weights(graph, layer, position, direct)
         kept = {name: np.where(value > threshold, value, 0.0) for name, value in weights.items()}
         ffn[layer] = inputs[layer + 1] * kept["ffn"]
+        if experts is not None:
+            experts[layer] = np.where(kept["ffn"] > 0, weights["experts"], 0.0) @ inputs[layer + 1]
         if graph.parallel:  # one whole, the stream leaving the block; the feed-forward edge leaves ("in", l, i)
             whole, through_ffn = inputs[layer + 1], ffn[layer]
         else:
@@ -151,7 +169,7 @@ def compose(graph: Graph, position: int | np.ndarray, threshold: float, direct: 
         inputs[layer] = whole * kept["attention_residual"] + whole @ kept["attention"] + through_ffn
         if direct is not None:
             inputs[layer, position] = 1.0
-    return Composition(inputs, mids, heads, ffn)
+    return Composition(inputs, mids, heads, ffn, experts)
 
 
 @dataclass
@@ -208,7 +226,12 @@ def layer_weights(graph: Graph, layer: int, position: int, direct: Direct | None
         "ffn": graph.ffn[layer].astype(np.float64),
         "ffn_residual": graph.ffn_residual[layer].astype(np.float64),
     }
+    if graph.experts is not None:
+        weights["experts"] = graph.experts[layer].astype(np.float64)  # [expert, position]
     if direct is not None:
+        if graph.experts is not None:  # the experts keep their proportions of the re-weighted edge
+            share = weights["ffn"][position]
+            weights["experts"][:, position] *= direct.ffn[layer] / share if share > 0 else 0.0
         weights["heads"][:, position] = direct.heads[layer]
         weights["attention"][position] = direct.attention[layer]
         weights["attention_residual"][position] = 1.0
@@ -223,8 +246,10 @@ class Edge:
     ``layer``, from the node ``source`` to the node ``target`` (``(stream, layer, position)``,
     stream ``"in"`` or ``"mid"``), its ``weight``, the importance it carries down,
     importance(target) × weight, and its ``reach`` (the largest threshold that keeps it: `reach`);
-    attention edges also each head's share (``heads [H]``). ``effects``: what `attnflow.routes`
-    adds for a language model (direct effects, the tokens it promotes; docs/routes.md)."""
+    attention edges also each head's share (``heads [H]``), feed-forward edges of a mixture of
+    experts each expert's (``experts``: `Graph.expert_name` -> share, the chosen ones only).
+    ``effects``: what `attnflow.routes` adds for a language model (direct effects, the tokens it
+    promotes; docs/routes.md)."""
 
     kind: str
     layer: int
@@ -233,6 +258,7 @@ class Edge:
     weight: float
     importance: float
     heads: list[float] | None = None
+    experts: dict[str, float] | None = None
     reach: float = 0.0
     effects: dict[str, Any] = field(default_factory=dict)
 
@@ -248,6 +274,8 @@ class Edge:
         }
         if self.heads is not None:
             data["heads"] = self.heads
+        if self.experts is not None:
+            data["experts"] = self.experts
         return data | self.effects
 
 
@@ -272,7 +300,13 @@ def kept_edges(
             for kind in ("ffn", "ffn_residual"):
                 weight = float(weights[kind][i])
                 if weight > threshold:
-                    edges.append(Edge(kind, layer, (*feeds, i), ("in", layer + 1, i), weight, float(above[i] * weight)))
+                    edge = Edge(kind, layer, (*feeds, i), ("in", layer + 1, i), weight, float(above[i] * weight))
+                    if kind == "ffn" and graph.experts is not None:
+                        chosen = np.flatnonzero(weights["experts"][:, i])
+                        edge.experts = {
+                            graph.expert_name(layer, int(e)): float(weights["experts"][e, i]) for e in chosen
+                        }
+                    edges.append(edge)
         for i in map(int, np.flatnonzero(whole > 0)):
             weight = float(weights["attention_residual"][i])
             if weight > threshold:

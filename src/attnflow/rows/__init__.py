@@ -9,6 +9,7 @@ The torch-heavy parts (`check_adapter`) import on first use, so that listing mod
 from attnflow.rows.adapters import (
     ADAPTERS,
     Adapter,
+    Experts,
     Fused,
     GatedMLP,
     Norms,
@@ -35,6 +36,7 @@ def __getattr__(name: str):
 __all__ = [
     "ADAPTERS",
     "Adapter",
+    "Experts",
     "Fused",
     "GatedMLP",
     "Norms",

@@ -220,6 +220,40 @@ class GatedMLP:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture of experts in place of the MLP (`attnflow.rows.experts` computes with it, and
+    `attnflow.rows.experts.find_experts` infers it from a module and one traced call).
+
+    ``block``: the MoE block (regex, group 1 the layer): its input x ``[batch, token, d_model]``
+    feeds the router and every expert, its output (first element of a tuple) is Σ_k g_k(x) E_k(x)
+    plus the shared expert's part. The other modules are attribute paths below the block.
+    ``router``: called on x ``[N, d_model]`` (tokens flattened), returns a tuple holding the
+    routing weights g ``[N, k]`` at ``weights_index`` and the chosen experts ``[N, k]`` at
+    ``indices_index`` (what the experts module receives). ``experts``: holds the fused parameters,
+    leading axis the expert: ``first`` ``[E, out, d_model]`` and ``down`` ``[E, d_model, inter]``
+    (``transposed``: ``[E, d_model, out]`` and ``[E, inter, d_model]``), their biases ``first_bias``
+    and ``down_bias`` ``[E, ·]`` with ``bias``. One expert is down(act(first(x))), ``activation``
+    the experts module's attribute applied to the first projection's output: gated experts
+    ``_apply_gate`` (``[.., 2 inter]`` -> ``[.., inter]``), plain ones ``act_fn``. ``shared``: a
+    module every token goes through (x -> ``[.., d_model]``), scaled by the sigmoid of
+    ``shared_gate``'s output ``[.., 1]`` (None: unscaled).
+    """
+
+    block: str
+    router: str = "gate"
+    experts: str = "experts"
+    weights_index: int = 1
+    indices_index: int = 2
+    first: str = "gate_up_proj"
+    down: str = "down_proj"
+    transposed: bool = False
+    bias: bool = False
+    activation: str = "_apply_gate"
+    shared: str | None = None
+    shared_gate: str | None = None
+
+
+@dataclass(frozen=True)
 class Adapter:
     """One family's row: its name, kind, the ``config.model_type`` values it covers, where its
     attention stacks, values, patching sites, norms, embedding norm, gated MLP and fused projections
@@ -243,6 +277,7 @@ class Adapter:
     fused: tuple[Fused, ...] = ()  # projections whose output holds several (GPT-2's c_attn: q, k and v)
     head_count: str = "num_attention_heads"  # the config attribute with the heads per layer
     weights_in_out: bool = False  # projections store their weight as [in, out] (GPT-2's Conv1D), not [out, in]
+    experts: Experts | None = None  # a mixture of experts in place of the MLP
     inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
     unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
 
@@ -339,6 +374,7 @@ class Adapter:
             and self.sites is not None
             and self.projection("value") is not None,
             "norms": self.norms is not None,
+            "experts": self.experts is not None,
         }
         return frozenset(name for name, present in provided.items() if present)
 

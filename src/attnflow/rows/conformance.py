@@ -356,7 +356,7 @@ def check_own_value(run: Run) -> None:
     for kind in (row for row in SITE_TABLE if row.is_activation):
         pattern = kind.pattern(run.row)
         modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
-        hooked = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules)]
+        hooked = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules, run.row)]
         if not torch.equal(run.forward(hooked), run.output):
             _fail(run, "own_value", f"writing every {kind.name} site with its own value changed the output")
 
@@ -366,7 +366,7 @@ def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
 
     def write(tensor: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
         assert kind.read is not None
-        batch, columns = tensor.shape[0], kind.shape(0, tensor.shape[1], run.n_heads)[1]
+        batch, columns = tensor.shape[0], kind.columns(tensor, run.n_heads)
         rows = torch.arange(batch).repeat_interleave(columns)
         indices = torch.arange(columns).repeat(batch)
         values = torch.stack(

@@ -14,7 +14,8 @@ A `HookPoint` names one tensor of one module call:
   backward pass;
 - ``side="call"``: the whole call ``(args, kwargs)`` before the forward runs, read only.
 
-A hook function receives the tensor (and, with ``with_input``, the module's first argument as well)
+A hook function receives the tensor (and, with ``with_input``, the module's first argument as well;
+an output through a ``view``: the tensor the `View` expands it to)
 and returns a replacement, or None to leave it as it is; `hooks` rewraps the replacement where the
 tensor came from (the same tuple position, positional argument or keyword). No other module of
 attnflow registers a hook or unwraps a hook's arguments (a source test checks it).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Protocol
 
 from attnflow.errors import CaptureError
 
@@ -36,11 +37,22 @@ Side = Literal["output", "input", "gradient", "call"]
 HookFunction = Callable[..., Any]  # (tensor[, first input]) -> tensor | None; "call": (args, kwargs) -> None
 
 
+class View(Protocol):
+    """An output seen as another tensor (a MoE block's output as each expert's part of it): the
+    hook function receives ``expand(module, output, first input)`` and what it returns in its
+    place goes back through ``collapse(output, expanded, replacement)``."""
+
+    def expand(self, module: nn.Module, output: Any, first: Any) -> Any: ...
+
+    def collapse(self, output: Any, expanded: Any, replacement: Any) -> Any: ...
+
+
 @dataclass(frozen=True, eq=False)
 class HookPoint:
     """One tensor of one module's calls (module docstring): ``side``, ``argument`` (inputs: its
     name; None: the forward's first parameter), ``index`` (outputs: the element of a tuple output),
-    ``with_input`` (the function also receives the module's first argument), ``name`` (messages)."""
+    ``with_input`` (the function also receives the module's first argument), ``name`` (messages),
+    ``view`` (outputs: the function sees the output through a `View`)."""
 
     module: nn.Module
     side: Side = "output"
@@ -48,6 +60,7 @@ class HookPoint:
     index: int = 0
     with_input: bool = False
     name: str = ""
+    view: View | None = None
 
     def describe(self) -> str:
         return self.name or type(self.module).__name__
@@ -133,13 +146,18 @@ def _input_hook(point: HookPoint, function: HookFunction) -> Callable:
 
 
 def _output_hook(point: HookPoint, function: HookFunction) -> Callable:
-    first = _argument_place(HookPoint(point.module, "input"))[0] if point.with_input else ""
+    reads_first = point.with_input or point.view is not None
+    first = _argument_place(HookPoint(point.module, "input"))[0] if reads_first else ""
 
-    def hook(_module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+    def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
         tensor = output_tensor(output, point.index)
-        new = function(tensor, _first_input(args, kwargs, first)) if point.with_input else function(tensor)
-        if new is None or new is tensor:
+        first_input = _first_input(args, kwargs, first) if reads_first else None
+        seen = tensor if point.view is None else point.view.expand(module, tensor, first_input)
+        new = function(seen, first_input) if point.with_input else function(seen)
+        if new is None or new is seen:
             return None
+        if point.view is not None:
+            new = point.view.collapse(tensor, seen, new)
         return _replace_output(output, point.index, new)
 
     return hook

@@ -16,6 +16,11 @@ The rows (``L`` layers, ``T`` tokens, ``H`` heads; the array each sweep fills):
 - ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
 - ``heads`` ``[L, H]``: one head's output, its ``d_head`` slice of the input of the attention output
   projection ``[batch, token, head * d_head]``, at every position or at one (``head_position``);
+- ``experts`` ``[L, E (+ 1)]``: one expert's part of a mixture of experts' output (its routing
+  weight times its output; 0 where the router did not choose it; a shared expert's part is column
+  E), at every position or at one (``expert_position``): the MoE block's output seen through an
+  `attnflow.rows.experts.ExpertsView` ``[batch, token, E (+ 1), d_model]``, so that writing a
+  part changes the block's output by the new part less the old; rows with `Experts` only;
 - ``knockout`` ``[L, T]``: attention knockout (Geva et al. 2023): the edge from key position j (the
   column) to one query position (``target``) is blocked in a window of layers centred on layer l
   (the row): the score is set to −∞ before the softmax in the additive ``attention_mask`` the
@@ -34,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnflow.rows.adapters import Adapter
-    from attnflow.rows.hook_points import HookPoint, Side
+    from attnflow.rows.hook_points import HookPoint, Side, View
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,20 @@ def dot_positions(product: Any, _position: int | None, _n_heads: int) -> Any:
     return product.sum(dim=-1)
 
 
+def _per_column(tensor: Any, n_heads: int, split_rank: int) -> Any:
+    """``[..., token, column, width]``: heads' ``[..., token, head * d_head]`` split per head (a view);
+    a tensor of rank ``split_rank`` (the experts' parts) is split already."""
+    if tensor.dim() == split_rank:
+        return tensor
+    return tensor.view(*tensor.shape[:-1], n_heads, tensor.shape[-1] // n_heads)
+
+
 def write_heads(heads_input: Any, writes: Sequence[Write], n_heads: int, _first: Any) -> Any:
     """``heads_input [batch, token, head * d_head]`` with head ``index`` set to ``values`` (``[n,
-    token, d_head]`` at every position, ``[n, d_head]`` at the write's one position)."""
+    token, d_head]`` at every position, ``[n, d_head]`` at the write's one position); the same for
+    an expert's part of ``[batch, token, expert, d_model]``."""
     new = heads_input.clone()
-    batch, tokens, width = new.shape
-    heads = new.view(batch, tokens, n_heads, width // n_heads)  # [batch, token, head, d_head]
+    heads = _per_column(new, n_heads, 4)  # [batch, token, head, d_head]
     for write in writes:
         if write.position is None:
             heads[write.rows, :, write.indices] = write.values
@@ -92,9 +105,8 @@ def write_heads(heads_input: Any, writes: Sequence[Write], n_heads: int, _first:
 
 def read_head(activation: Any, index: int, position: int | None, n_heads: int) -> Any:
     """Head ``index`` of ``activation [token, head * d_head]``: ``[token, d_head]``, or ``[d_head]``
-    at ``position``."""
-    tokens, width = activation.shape
-    head = activation.view(tokens, n_heads, width // n_heads)[:, index]  # [token, d_head]
+    at ``position``; expert ``index`` of ``[token, expert, d_model]`` likewise."""
+    head = _per_column(activation, n_heads, 3)[:, index]  # [token, d_head]
     return head if position is None else head[position]
 
 
@@ -149,7 +161,7 @@ class SiteKind:
 
     ``where``: the adapter row's regex for the kind's modules (``"sites.block"``: ``Adapter.sites.
     block``; group 1 the layer). ``side``/``argument``: the tensor of each call (`HookPoint`).
-    ``column``: the second index axis, ``"position"`` or ``"head"``. ``stream``: one more row than
+    ``column``: the second index axis, ``"position"``, ``"head"`` or ``"expert"``. ``stream``: one more row than
     layers, row 0 the input of the first layer's module and row l + 1 layer l's output. ``read``:
     a site's value in a recorded activation (None: an intervention, which runs on the clean input
     and records nothing). ``write``: sets the sites of one hook point. ``dot``: per-site sums of
@@ -159,13 +171,15 @@ class SiteKind:
     every site its one position (heads: ``head_position``; knockout: ``target``). ``window``: each
     site spans the sweep's window of layers centred on its row. ``title``/``title_at``: the report's
     heading (``title_at`` when the position option is set; ``{position}``, ``{token}``, ``{window}``
-    filled in); ``help``: one line for ``attnflow patch --help``.
+    filled in); ``help``: one line for ``attnflow patch --help``. ``view``: the `View` its hook
+    points see the output through, made from the adapter row (None: the output itself).
+    ``default``: in the default sweep (`attnflow.causal.sites.SITE_KINDS`).
     """
 
     name: str
     where: str
     side: Literal["input", "output"]
-    column: Literal["position", "head"]
+    column: Literal["position", "head", "expert"]
     write: WriteFunction
     read: ReadFunction | None
     dot: DotFunction | None
@@ -177,6 +191,8 @@ class SiteKind:
     position_option: str | None = None
     window: bool = False
     title_at: str = ""
+    view: Callable[[Adapter], View] | None = None
+    default: bool = True
 
     @property
     def is_activation(self) -> bool:
@@ -190,23 +206,35 @@ class SiteKind:
             value = getattr(value, part, None)
         return value
 
-    def shape(self, n_layers: int, n_tokens: int, n_heads: int) -> tuple[int, int]:
-        """The sweep array's shape: ``[layer (+ 1 for a stream), position or head]``."""
-        return n_layers + int(self.stream), n_tokens if self.column == "position" else n_heads
+    def shape(self, n_layers: int, n_tokens: int, n_heads: int, n_experts: int = 0) -> tuple[int, int]:
+        """The sweep array's shape: ``[layer (+ 1 for a stream), position, head or expert]``
+        (``n_experts``: the experts' columns, a shared expert's included)."""
+        columns = {"position": n_tokens, "head": n_heads, "expert": n_experts}[self.column]
+        return n_layers + int(self.stream), columns
 
-    def hook_points(self, modules: Sequence[Any]) -> list[HookPoint]:
+    def columns(self, tensor: Any, n_heads: int) -> int:
+        """The columns of a tensor at one of the kind's hook points ``[batch, token, ...]``."""
+        return {"position": tensor.shape[1], "head": n_heads, "expert": tensor.shape[2]}[self.column]
+
+    def hook_points(self, modules: Sequence[Any], row: Adapter | None = None) -> list[HookPoint]:
         """The hook point of each row of the sweep array, given the kind's modules in layer order
-        (a stream: row 0 the first module's input, row l + 1 module l's output). Where the kind reads
-        an argument other than the first, its write also receives the call's first input (the
-        hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
+        (a stream: row 0 the first module's input, row l + 1 module l's output) and, for a kind with
+        a ``view``, the adapter ``row`` it is made from. Where the kind reads an argument other than
+        the first, its write also receives the call's first input (the hidden states ``[batch,
+        token, d_model]``, to size a tensor the call left out)."""
         from attnflow.rows.hook_points import HookPoint
 
+        if not modules:  # a kind the row has no modules for
+            return []
         if self.stream:
             sides: list[tuple[Any, Side]] = [(modules[0], "input"), *((module, "output") for module in modules)]
-            return [HookPoint(module, side, name=f"{self.name} row {row}") for row, (module, side) in enumerate(sides)]
+            return [HookPoint(module, side, name=f"{self.name} row {n}") for n, (module, side) in enumerate(sides)]
         reads_first = self.argument is not None
+        view = None if self.view is None or row is None else self.view(row)
         return [
-            HookPoint(module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}")
+            HookPoint(
+                module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}", view=view
+            )
             for layer, module in enumerate(modules)
         ]
 
@@ -215,6 +243,14 @@ class SiteKind:
         if position is None or not self.title_at:
             return self.title
         return self.title_at.format(position=position, token=tokens[position], window=window)
+
+
+def _experts_view(row: Adapter) -> View:
+    """A MoE block's output seen as each expert's part (`attnflow.rows.experts.ExpertsView`)."""
+    from attnflow.rows.experts import ExpertsView
+
+    assert row.experts is not None  # the kind's modules are found from the row's experts
+    return ExpertsView(row.experts)
 
 
 def _per_position(name: str, where: str, title: str, help: str, **options: Any) -> SiteKind:
@@ -258,6 +294,22 @@ SITE_TABLE: tuple[SiteKind, ...] = (
         title="head outputs (every position)",
         title_at="head outputs at token {position} ({token})",
         help="each head's output per (layer, head), at every position or at --head-position",
+    ),
+    SiteKind(
+        "experts",
+        "experts.block",
+        "output",
+        column="expert",
+        write=write_heads,
+        read=read_head,
+        dot=None,
+        position_option="expert_position",
+        view=_experts_view,
+        default=False,
+        title="expert parts (every position)",
+        title_at="expert parts at token {position} ({token})",
+        help="each expert's part of a mixture of experts per (layer, expert), at every position "
+        "(exact only; rows with experts)",
     ),
     SiteKind(
         "knockout",
