@@ -21,7 +21,7 @@ CLEAN, CORRUPT = "the cat sat on the mat", "the dog ran on the mat"
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_the_rows_pass_the_conformance_suite(tiny_moe, family):
     model = tiny_moe(family)
-    assert {"own_value", "residual_sum"} <= set(check_adapter(model.adapter, model))
+    assert {"own_value", "residual_sum"} <= check_adapter(model.adapter, model).passed
 
 
 def expert_part(block: torch.nn.Module, x: torch.Tensor, expert: int, shared: bool) -> torch.Tensor:

@@ -38,7 +38,7 @@ def _what_a_row_reads(row, model) -> dict[str, object]:
         "weights_index": row.stack.weights_index,
         "embedding_norm": _reads(model, row.embedding_norm)[:1],
     }
-    for part in ("stack", "values", "sites", "streams", "gated_mlp"):
+    for part in ("stack", "values", "sites", "streams", "gated_mlp", "experts"):
         fields = getattr(row, part)
         if fields is None:
             reading[part] = None
@@ -59,6 +59,15 @@ def test_the_inferred_row_of_a_built_in_family_reads_what_its_hand_row_reads(tin
     model = tiny_loaded(family)
     inferred = verified_row(model.hf_model, model.adapter.kind)
     assert inferred.inferred and not inferred.unverified
+    assert _what_a_row_reads(inferred, model.hf_model) == _what_a_row_reads(model.adapter, model.hf_model)
+    assert inferred.provides == model.adapter.provides
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_the_inferred_row_of_a_mixture_of_experts_reads_what_its_test_row_reads(tiny_moe, family):
+    model = tiny_moe(family)
+    inferred = verified_row(model.hf_model, "decoder")
+    assert inferred.experts is not None and not inferred.unverified
     assert _what_a_row_reads(inferred, model.hf_model) == _what_a_row_reads(model.adapter, model.hf_model)
     assert inferred.provides == model.adapter.provides
 

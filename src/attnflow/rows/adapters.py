@@ -288,8 +288,9 @@ class Adapter:
             raise ValueError(f"the {self.family} row names {twice} twice (in Values or in several Fused entries)")
 
     def heads(self, config: Any) -> int:
-        """The heads per layer: the config attribute ``head_count`` names."""
-        value = getattr(config, self.head_count, None)
+        """The heads per layer: the config attribute ``head_count`` names (of the text config, for a
+        model whose config nests one: `text_config`)."""
+        value = getattr(text_config(config), self.head_count, None)
         if not isinstance(value, int) or value <= 0:
             raise CaptureError(
                 f"{type(config).__name__} has no head count {self.head_count!r} (the {self.family} row's head_count)"
@@ -303,10 +304,11 @@ class Adapter:
     def kv_heads(self, config: Any) -> int:
         """The key/value heads per layer: ``num_key_value_heads`` where the config has it, 1 for a
         multi-query config (``multi_query=True``), else the heads (`heads`)."""
-        value = getattr(config, "num_key_value_heads", None)
+        text = text_config(config)
+        value = getattr(text, "num_key_value_heads", None)
         if isinstance(value, int) and value > 0:
             return value
-        return 1 if getattr(config, "multi_query", False) is True else self.heads(config)
+        return 1 if getattr(text, "multi_query", False) is True else self.heads(config)
 
     def projection(self, part: str) -> tuple[str, Fused | None] | None:
         """Where ``part`` (``"query"``, ``"key"``, ``"value"``, ``"up"``, ...) is computed: ``(the
@@ -562,6 +564,12 @@ ADAPTERS: tuple[Adapter, ...] = (
         head_count="encoder_attention_heads",
     ),
 )
+
+
+def text_config(config: Any) -> Any:
+    """The config of the language model: ``config.get_text_config()`` where a multimodal config
+    nests one (Gemma 3's), the config itself otherwise."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def auto_class(kind: str) -> str:

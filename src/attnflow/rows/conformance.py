@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, Stack, find_layers
+from attnflow.rows.adapters import Adapter, Stack, find_layers, text_config
 from attnflow.rows.hook_points import HookPoint, Side, hooks
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -145,10 +145,16 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             )
         for layer, (name, module) in enumerate(modules):
             point = HookPoint(module, side, index=index, name=name)
-            hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, tensor)))
+            hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
     run = Run(row, model, inputs, n_heads, seen, torch.empty(0))
     run.output = run.forward(hooked)
     return run
+
+
+def _copied(tensor: Any) -> Any:
+    """What a hook saw, copied: a model may change a module's output in place after the hook
+    (Falcon adds the attention output into the MLP's with ``+=``)."""
+    return tensor.clone() if torch.is_tensor(tensor) else tensor
 
 
 def check_attention_weights(run: Run) -> None:
@@ -569,7 +575,7 @@ def _inputs(row: Adapter, model: nn.Module, seed: int) -> dict[str, torch.Tensor
     if row.kind == "vision":
         size, channels = config.image_size, getattr(config, "num_channels", 3)
         return {"pixel_values": torch.randn(1, channels, size, size, generator=generator).to(device)}
-    ids = torch.randint(4, min(int(config.vocab_size), 100), (2, 7), generator=generator).to(device)
+    ids = torch.randint(4, min(int(text_config(config).vocab_size), 100), (2, 7), generator=generator).to(device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if row.kind == "encoder-decoder":
         inputs["decoder_input_ids"] = ids[:, :4]

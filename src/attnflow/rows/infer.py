@@ -34,7 +34,9 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     hand_row,
+    text_config,
 )
+from attnflow.rows.experts import find_experts
 from attnflow.rows.hook_points import HookPoint, hooks, takes_input
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
@@ -138,12 +140,8 @@ def _pattern(name: str, blocks: str) -> str:
     return rf"^{re.escape(name)}$"
 
 
-def _text_config(config: Any) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def _layer_count(config: Any) -> int:
-    count = getattr(_text_config(config), "num_hidden_layers", None)
+    count = getattr(text_config(config), "num_hidden_layers", None)
     if not isinstance(count, int) or count <= 0:
         raise InferenceError(f"{type(config).__name__} has no num_hidden_layers: attnflow cannot find the layer stack")
     return count
@@ -151,7 +149,7 @@ def _layer_count(config: Any) -> int:
 
 def _head_count(config: Any) -> tuple[str, int]:
     """(the config attribute with the heads per layer, its value)."""
-    text = _text_config(config)
+    text = text_config(config)
     for attribute in ("num_attention_heads", "n_head", "num_heads", "n_heads"):
         value = getattr(text, attribute, None)
         if isinstance(value, int) and value > 0:
@@ -193,14 +191,14 @@ def _trace(model: nn.Module, blocks: str, inputs: dict[str, torch.Tensor]) -> di
         def hook(tensor: Any) -> None:
             if call.start < 0:
                 call.start, counter[0] = counter[0], counter[0] + 1
-                call.input = tensor
+                call.input = _kept(tensor)
 
         return hook
 
     def ended(call: Call, index: int) -> Any:
         def hook(tensor: Any) -> None:
             if index not in call.outputs:
-                call.outputs[index] = tensor
+                call.outputs[index] = _kept(tensor)
                 if index == 0:
                     call.end, counter[0] = counter[0], counter[0] + 1
 
@@ -219,6 +217,12 @@ def _trace(model: nn.Module, blocks: str, inputs: dict[str, torch.Tensor]) -> di
         outputs = model(**inputs, output_attentions=True)
     traced[""] = Call("", model, outputs={0: getattr(outputs, "logits", None)})
     return {name: call for name, call in traced.items() if call.start >= 0 or name == ""}
+
+
+def _kept(tensor: Any) -> Any:
+    """A copy of a traced tensor: the model may change it in place later (Falcon adds the attention
+    output into the MLP's with ``+=``)."""
+    return tensor.detach().clone() if torch.is_tensor(tensor) else tensor
 
 
 def _is_block(name: str, blocks: str) -> bool:
@@ -241,18 +245,24 @@ def _linear_weight(call: Call) -> torch.Tensor | None:
     return None
 
 
-def _softmax_weights(call: Call, n_heads: int) -> int | None:
-    """The tuple index where the call returned ``[batch, head, query, key]`` softmax rows, or None."""
+def _softmax_weights(call: Call, n_heads: int) -> tuple[int, bool] | None:
+    """Where the call returned ``[batch, head, query, key]`` softmax rows (the tuple index), and
+    whether its rows sum to less than 1 (a sink logit in the softmax, GPT-OSS's), or None."""
     for index, found in sorted(call.outputs.items()):
-        if (
+        if not (
             index > 0
             and torch.is_tensor(found)
             and found.dim() == 4
             and found.shape[:2] == (_BATCH, n_heads)
             and found.shape[2] == found.shape[3] == _TOKENS
-            and _close(found.sum(dim=-1), torch.ones(found.shape[:-1]))
+            and bool((found >= 0).all())
         ):
-            return index
+            continue
+        sums = found.sum(dim=-1)
+        if _close(sums, torch.ones(sums.shape)):
+            return index, False
+        if bool((sums > 0).all()) and bool((sums <= 1 + TOLERANCE).all()):
+            return index, True
     return None
 
 
@@ -296,7 +306,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     head_count, n_heads = _head_count(config)
     blocks = _block_list(hf_model, n_layers)
     generator = torch.Generator().manual_seed(0)
-    vocab = int(getattr(_text_config(config), "vocab_size", 100))
+    vocab = int(getattr(text_config(config), "vocab_size", 100))
     device = next(hf_model.parameters()).device
     ids = torch.randint(4, max(5, min(vocab, 100)), (_BATCH, _TOKENS), generator=generator).to(device)
     traced = _trace(hf_model, blocks, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
@@ -305,11 +315,13 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         raise InferenceError(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
     inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
     block = _Block(inside, first, n_heads)
-    weights_call, weights_index = _attention(block)
+    weights_call, (weights_index, sinks) = _attention(block)
     scope = _scope(weights_call.name, first.name)
     output_projection, in_by_out = _output_projection(block, scope)
     row: dict[str, Any] = {
-        "stack": Stack(_pattern(weights_call.name, blocks), _pattern(output_projection.name, blocks), weights_index),
+        "stack": Stack(
+            _pattern(weights_call.name, blocks), _pattern(output_projection.name, blocks), weights_index, sinks=sinks
+        ),
         "head_count": head_count,
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
@@ -335,9 +347,10 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     return Adapter(family, kind, (family,), inferred=True, **row)
 
 
-def _attention(block: _Block) -> tuple[Call, int]:
-    """The deepest call in the block that returned softmax weights, and where in its output."""
-    found = [(call, index) for call in block.calls if (index := _softmax_weights(call, block.n_heads)) is not None]
+def _attention(block: _Block) -> tuple[Call, tuple[int, bool]]:
+    """The deepest call in the block that returned softmax weights, where in its output and whether
+    with a sink."""
+    found = [(call, where) for call in block.calls if (where := _softmax_weights(call, block.n_heads)) is not None]
     if not found:
         raise InferenceError(
             f"no module of {block.block.name} returned [batch, {block.n_heads} heads, query, key] softmax weights "
@@ -400,6 +413,7 @@ def _projections(
         if call.inside(scope)
         and call.start < output_projection.start
         and _linear_weight(call) is not None
+        and call.output.dim() == 3  # [batch, token, features]
         and call.output.shape[-1] % d_head == 0
     ]
     value = next((call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)), None)
@@ -475,6 +489,8 @@ def _residual(
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
         found["gated_mlp"] = GatedMLP(_pattern(feed_forward.name, blocks), *gated)
+    elif feed_forward is mlp:  # a mixture of experts is split where its output is the MLP site
+        found["experts"] = find_experts(_pattern(mlp.name, blocks), mlp.module, mlp.input)
     return found
 
 
