@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from attnflow.rows import Adapter, Fused, Norms, Sites, Stack, Streams, Values, register_adapter, unregister_adapter
-from attnflow.rows.tiny import tiny_vocab
+from attnflow.rows.tiny import randomise_constants, tiny_vocab
 
 NEOX_ROW = Adapter(
     "test-gpt-neox",
@@ -58,10 +58,7 @@ def tiny_fused_model(model_type: str):
         "phi3": lambda: T.Phi3Config(**common, **ids, num_key_value_heads=2, max_position_embeddings=64),
     }[model_type]()
     model = T.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
+    randomise_constants(model)
     return model.eval()
 
 

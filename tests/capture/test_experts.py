@@ -12,6 +12,7 @@ import transformers as T
 
 from attnflow.rows.experts import contributions, find_experts, slots
 from attnflow.rows.hook_points import output_tensor
+from attnflow.rows.tiny import randomise_constants
 
 from tiny_models import MOE_FAMILIES, moe_row
 
@@ -67,10 +68,7 @@ def test_find_experts_gives_the_hand_row(tiny_moe, family):
 def built(family: str) -> torch.nn.Module:
     torch.manual_seed(0)
     model = T.AutoModelForCausalLM.from_config(OTHER_FAMILIES[family](), attn_implementation="eager").eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
+    randomise_constants(model)
     return model
 
 

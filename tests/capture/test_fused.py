@@ -16,6 +16,7 @@ import torch
 import attnflow
 from attnflow.methods.relevance import norm_matrices
 from attnflow.rows import Fused
+from attnflow.rows.tiny import randomise_constants
 from fused_rows import NEOX_ROW, PHI3_ROW, registered, save_fused_model
 
 TEXT = "the cat sat on the mat and ran"
@@ -70,10 +71,7 @@ def _randomised(model: attnflow.AttentionModel) -> attnflow.AttentionModel:
     """Every 1-D parameter moved by 0.3·randn: GPT-2 starts its biases at 0, which would hide a
     value vector read without its bias or from the wrong columns' bias."""
     torch.manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.hf_model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
+    randomise_constants(model.hf_model)
     return model
 
 

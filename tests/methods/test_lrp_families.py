@@ -14,14 +14,15 @@ from typing import Iterator
 import numpy as np
 import pytest
 import torch
-from fused_rows import NEOX_ROW, registered, save_fused_model
 from test_lrp import RULES, TEXTS, activation, attention_softmax, layer_norm, product, sharpen
 
 import attnflow
 from attnflow.methods.model.lrp import RULES as RULES_TABLE
 from attnflow.methods.model.lrp import backward_rules, lrp_relevance
 from attnflow.model import AttentionModel
+from attnflow.rows.tiny import randomise_constants
 from attnflow.targets import Target
+from fused_rows import NEOX_ROW, registered, save_fused_model
 
 
 def _written_out(model_type: str, rule: str) -> tuple[object, list[tuple[object, str, object]]]:
@@ -122,10 +123,7 @@ def sharp(model: AttentionModel, factor: float) -> AttentionModel:
 def randomised(model: AttentionModel) -> AttentionModel:
     """Every 1-D parameter moved by 0.3·randn (GPT-2 starts its biases at 0: no bias would absorb relevance)."""
     torch.manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.hf_model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
+    randomise_constants(model.hf_model)
     return model
 
 

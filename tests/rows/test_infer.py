@@ -14,7 +14,7 @@ import torch
 
 from attnflow.rows.adapters import find_layers
 from attnflow.rows.infer import InferenceError, infer_row, verified_row
-from attnflow.rows.tiny import tiny_vocab
+from attnflow.rows.tiny import build_tiny
 
 # The built-in text families with one stack (the encoder-decoder rows, T5 and BART, are not inferred).
 INFERRED_FAMILIES = ("bert", "roberta", "electra", "distilbert", "mpnet", "gpt2", "llama", "qwen2", "gemma3")
@@ -72,35 +72,10 @@ def test_the_inferred_row_of_a_mixture_of_experts_reads_what_its_test_row_reads(
     assert inferred.provides == model.adapter.provides
 
 
-def _save(model, folder):
-    model.save_pretrained(folder)
-    import transformers
-
-    transformers.BertTokenizerFast(vocab=tiny_vocab(), model_max_length=60).save_pretrained(folder)
-    return str(folder)
-
-
-def _tiny(config_class, **sizes):
-    import transformers
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=160, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
-    config = config_class(**common, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3, **sizes)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # norms start at ones and biases at zeros: a wrong reading would pass
-        for parameter in model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
-    return model
-
-
 def test_a_model_type_without_a_hand_row_loads_through_inference_and_runs_every_method(tmp_path, caplog):
-    import transformers
-
     import attnflow
 
-    folder = _save(_tiny(transformers.Olmo2Config, num_key_value_heads=2), tmp_path / "olmo2")
-    model = attnflow.load(folder, device="cpu")
+    model = attnflow.load(str(build_tiny("olmo2", tmp_path / "olmo2")), device="cpu")
     assert model.adapter.inferred and model.adapter.family == "olmo2"
     assert "inferring one from the model" in caplog.text
     # Post-norms (x + norm(attention(x))): sites at the norms, no value-aware methods (as Gemma's sandwich).
