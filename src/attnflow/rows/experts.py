@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from attnflow.rows.adapters import Experts
-from attnflow.rows.hook_points import HookPoint, hooks, output_tensor
+from attnflow.rows.hook_points import output_tensor
+from attnflow.rows.tracing import Call, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared, when a traced call confirms a layout
 
@@ -126,15 +127,6 @@ class ExpertsView:
 # -- inference ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Call:
-    """One traced call of a submodule: its arguments (to call it again) and its first output."""
-
-    args: tuple
-    kwargs: dict
-    output: Any = None
-
-
 def find_experts(block: str, module: nn.Module, hidden: torch.Tensor) -> Experts | None:
     """The `Experts` row of a MoE block, inferred from ``module`` (one layer's block, which
     ``block``, the regex with the layer group, names in every layer) and one call on ``hidden
@@ -150,7 +142,9 @@ def find_experts(block: str, module: nn.Module, hidden: torch.Tensor) -> Experts
     the block's output on this call.
     """
     with torch.no_grad():
-        calls, block_output = _trace(module, hidden)
+        named = [(name, part) for name, part in module.named_modules() if name]
+        calls, returned = trace(named, lambda: module(hidden))
+        block_output = output_tensor(returned)
         for name, experts in module.named_modules():
             found = _experts_row(block, module, name, experts, calls, block_output)
             if found is not None:
@@ -158,34 +152,8 @@ def find_experts(block: str, module: nn.Module, hidden: torch.Tensor) -> Experts
     return None
 
 
-def _trace(module: nn.Module, hidden: torch.Tensor) -> tuple[dict[str, _Call], torch.Tensor]:
-    """Every submodule's first call (arguments and first output) in one call of ``module``."""
-    calls: dict[str, _Call] = {}
-
-    def keep_call(name: str) -> Callable:
-        def hook(args: tuple, kwargs: dict) -> None:
-            calls.setdefault(name, _Call(args, kwargs))
-
-        return hook
-
-    def keep_output(name: str) -> Callable:
-        def hook(output: Any) -> None:
-            if calls[name].output is None:
-                calls[name].output = output
-
-        return hook
-
-    named = [(name, part) for name, part in module.named_modules() if name]
-    with hooks(
-        [(HookPoint(part, "call"), keep_call(name)) for name, part in named]
-        + [(HookPoint(part, "output"), keep_output(name)) for name, part in named]
-    ):
-        block_output = output_tensor(module(hidden))
-    return calls, block_output
-
-
 def _experts_row(
-    block: str, module: nn.Module, name: str, experts: nn.Module, calls: dict[str, _Call], block_output: torch.Tensor
+    block: str, module: nn.Module, name: str, experts: nn.Module, calls: dict[str, Call], block_output: torch.Tensor
 ) -> Experts | None:
     """The row whose experts module is ``experts`` (at ``name`` below the block), or None."""
     fused = [key for key, parameter in experts.named_parameters(recurse=False) if parameter.dim() == 3]
@@ -214,7 +182,7 @@ def _experts_row(
     return None
 
 
-def _routed_arguments(call: _Call, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def _routed_arguments(call: Call, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``(hidden [N, d], indices [N, k], weights [N, k])`` among an experts call's arguments."""
     tensors = [value for value in (*call.args, *call.kwargs.values()) if torch.is_tensor(value)]
     chosen = [
@@ -232,7 +200,7 @@ def _routed_arguments(call: _Call, n_experts: int) -> tuple[torch.Tensor, torch.
 
 
 def _router(
-    calls: dict[str, _Call],
+    calls: dict[str, Call],
     experts: str,
     flat: torch.Tensor,
     indices: torch.Tensor,
@@ -276,7 +244,7 @@ def _layouts(experts: nn.Module, fused: list[str]) -> list[dict[str, Any]]:
 
 
 def _shared(
-    calls: dict[str, _Call], experts: str, router: str, flat: torch.Tensor, rest: torch.Tensor
+    calls: dict[str, Call], experts: str, router: str, flat: torch.Tensor, rest: torch.Tensor
 ) -> tuple[str | None, str | None] | None:
     """``(shared expert, its gate)`` whose part is ``rest [N, d]``, the block's output less the
     experts' (``(None, None)`` when nothing is left); None when no module explains what is."""

@@ -13,7 +13,7 @@ so a row right on nine counts enables what those prove and names the tenth (``Ad
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 import torch
@@ -37,10 +37,9 @@ from attnflow.rows.adapters import (
     text_config,
 )
 from attnflow.rows.experts import find_experts
-from attnflow.rows.hook_points import HookPoint, hooks, takes_input
+from attnflow.rows.tracing import Call, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
-_OUTPUT_INDICES = (0, 1, 2)  # tuple elements recorded per call (attention modules return their weights at 1 or 2)
 _BATCH, _TOKENS = 2, 7
 
 
@@ -103,26 +102,6 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
     return row
 
 
-@dataclass
-class Call:
-    """One module's first call in the traced forward pass: when it started and ended (a shared
-    counter), its first input and the elements of its output."""
-
-    name: str
-    module: nn.Module
-    start: int = -1
-    end: int = -1
-    input: Any = None
-    outputs: dict[int, Any] = field(default_factory=dict)
-
-    @property
-    def output(self) -> Any:
-        return self.outputs.get(0)
-
-    def inside(self, scope: str) -> bool:
-        return self.name == scope or self.name.startswith(scope + ".")
-
-
 def _close(actual: Any, expected: Any) -> bool:
     if not (torch.is_tensor(actual) and torch.is_tensor(expected)) or actual.shape != expected.shape:
         return False
@@ -178,51 +157,15 @@ def _block_list(model: nn.Module, n_layers: int) -> str:
 
 def _trace(model: nn.Module, blocks: str, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
     """Run the model once, recording the first call of every module outside the blocks, of every
-    module inside the first block, and of every block."""
-    traced: dict[str, Call] = {}
-    counter = [0]
+    module inside the first block, and of every block; ``""``: the model's logits."""
     watched = [
         (name, module)
         for name, module in model.named_modules()
-        if not name.startswith(blocks + ".") or name.startswith(f"{blocks}.0.") or _is_block(name, blocks)
+        if name and (not name.startswith(blocks + ".") or name.startswith(f"{blocks}.0.") or _is_block(name, blocks))
     ]
-
-    def started(call: Call) -> Any:
-        def hook(tensor: Any) -> None:
-            if call.start < 0:
-                call.start, counter[0] = counter[0], counter[0] + 1
-                call.input = _kept(tensor)
-
-        return hook
-
-    def ended(call: Call, index: int) -> Any:
-        def hook(tensor: Any) -> None:
-            if index not in call.outputs:
-                call.outputs[index] = _kept(tensor)
-                if index == 0:
-                    call.end, counter[0] = counter[0], counter[0] + 1
-
-        return hook
-
-    hooked = []
-    for name, module in watched:
-        if not takes_input(module):
-            continue
-        call = traced.setdefault(name, Call(name, module))
-        hooked.append((HookPoint(module, "input", name=name), started(call)))
-        hooked += [
-            (HookPoint(module, "output", index=index, name=name), ended(call, index)) for index in _OUTPUT_INDICES
-        ]
-    with hooks(hooked), torch.no_grad():
-        outputs = model(**inputs, output_attentions=True)
+    traced, outputs = trace(watched, lambda: model(**inputs, output_attentions=True))
     traced[""] = Call("", model, outputs={0: getattr(outputs, "logits", None)})
-    return {name: call for name, call in traced.items() if call.start >= 0 or name == ""}
-
-
-def _kept(tensor: Any) -> Any:
-    """A copy of a traced tensor: the model may change it in place later (Falcon adds the attention
-    output into the MLP's with ``+=``)."""
-    return tensor.detach().clone() if torch.is_tensor(tensor) else tensor
+    return traced
 
 
 def _is_block(name: str, blocks: str) -> bool:
