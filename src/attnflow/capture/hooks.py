@@ -179,18 +179,21 @@ def float_weights(weights: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def record_tensors(modules: list[tuple[str, nn.Module]], *, inputs: bool = False) -> Iterator[dict[str, torch.Tensor]]:
+def record_tensors(
+    modules: list[tuple[str, nn.Module]], *, inputs: bool = False, copies: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
     """Record each module's output (or, with ``inputs``, its hidden-states input: the forward's
-    first argument) by module name, during the forward passes run inside the block. The tensors are
-    copies (a model may change an output in place after its hook: Falcon's MLP output gets the
-    attention output added with ``+=``) and stay in the autograd graph. Hooks are removed on exit."""
+    first argument) by module name, during the forward passes run inside the block. The tensors stay
+    in the autograd graph; with ``copies`` (readers that take no gradient) they are copies instead,
+    for a model may change an output in place after its hook (Falcon adds the attention output into
+    the MLP's with ``+=``). Hooks are removed on exit."""
     recorded: dict[str, torch.Tensor] = {}
 
     def keep(name: str) -> Callable:
         def hook(tensor: Any) -> None:
             if not torch.is_tensor(tensor):
                 raise CaptureError(f"{name}: found no hidden-states tensor to record")
-            recorded[name] = tensor.clone()
+            recorded[name] = tensor.clone() if copies else tensor
 
         return hook
 

@@ -201,11 +201,11 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         )
     with ExitStack() as hooks, torch.no_grad():
         attention = hooks.enter_context(record_stack(hf_model, adapter.stack, head_outputs=False))
-        first_input = hooks.enter_context(record_tensors(located["blocks"][:1], inputs=True))
-        mids = hooks.enter_context(record_tensors(located["mids"], inputs=True))
-        moe_inputs = hooks.enter_context(record_tensors(located.get("moe", []), inputs=True))
+        first_input = hooks.enter_context(record_tensors(located["blocks"][:1], inputs=True, copies=True))
+        mids = hooks.enter_context(record_tensors(located["mids"], inputs=True, copies=True))
+        moe_inputs = hooks.enter_context(record_tensors(located.get("moe", []), inputs=True, copies=True))
         outputs = {
-            name: hooks.enter_context(record_tensors(located[name]))
+            name: hooks.enter_context(record_tensors(located[name], copies=True))
             for name in ("blocks", "values", "attention_outputs", "ffn_outputs")
         }
         last_block = located["blocks"][-1][1]  # registered last: its hook runs after the recording
