@@ -161,3 +161,10 @@ def test_a_fused_row_passes_in_its_layout_and_fails_head_slices_in_another(model
     assert check_adapter(row, model).passed >= (EVERY_CHECK - {"ffn_input"}) | {"norm_form"}  # no streams in these rows
     message = failure(with_layout(row, wrong), model)
     assert "fails head_slices: layer 0" in message and said in message
+
+
+def test_a_gated_mlp_whose_product_no_module_reads_fails_gated_product(tiny_loaded):
+    model = tiny_loaded("llama")
+    assert "gated_product" in check_adapter(model.adapter, model).passed
+    row = broken(model, gated_mlp={"up": "gate_proj"})  # act(gate(x)) · gate(x): nothing reads it
+    assert "fails gated_product: layer 0: no module of the gated MLP reads" in failure(row, model)

@@ -138,6 +138,21 @@ def test_a_part_whose_check_fails_is_left_out_and_the_refusal_names_the_check(ti
     assert wrapped.explain("the movie was great", method="rollout").scores is not None
 
 
+def test_a_gated_product_that_fails_takes_the_backward_rules_with_it(tiny_loaded, monkeypatch):
+    """The rules cannot split a product they cannot find: the gated MLP and the query and key go,
+    the values (which no rule needs) stay."""
+    from attnflow.rows import infer
+
+    model = tiny_loaded("llama")
+    right = infer.infer_row(model.hf_model, "decoder")
+    wrong_up = dataclasses.replace(right.gated_mlp, up="gate_proj")
+    monkeypatch.setattr(infer, "infer_row", lambda *_: dataclasses.replace(right, gated_mlp=wrong_up))
+    row = infer.verified_row(model.hf_model, "decoder")
+    assert row.gated_mlp is None and row.values.query is None and row.values.key is None
+    assert row.values.value == right.values.value and "query_key" not in row.provides and "values" in row.provides
+    assert [note.split(":")[0] for note in row.unverified] == ["gated_product"]
+
+
 def test_a_model_without_attention_weights_is_refused_naming_the_part(tmp_path):
     import transformers
 

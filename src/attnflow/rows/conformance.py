@@ -25,6 +25,8 @@ The checks (`CHECKS`, each named in the error it raises):
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
   by ``rms_offset`` + w);
+- ``gated_product`` (rows with a gated MLP): in every layer the MLP holds the up projection and the
+  activation the row names, and one of its modules reads their product;
 - ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
   with its own value through the kind's write function, changes nothing, bit for bit;
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
@@ -45,7 +47,7 @@ from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
 from attnflow.rows.adapters import Adapter, Stack, find_layers, text_config
-from attnflow.rows.hook_points import HookPoint, Side, hooks
+from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
@@ -357,6 +359,41 @@ def _declared_norm(module: nn.Module, x: Any, form: str, rms_offset: float) -> t
     return (rms * (rms_offset + weight.float())).to(x.dtype)
 
 
+def check_gated_product(run: Run) -> None:
+    """In every layer the gated MLP holds its up projection and its activation, and one of its
+    modules reads their product: down(act(gate(x)) · up(x)), as the backward rules split it."""
+    gated = run.row.gated_mlp
+    assert gated is not None  # the check applies to rows with a gated MLP
+    seen: dict[tuple[int, str], Any] = {}
+    hooked: list[tuple[HookPoint, Callable]] = []
+    readers: list[list[str]] = []
+    for layer, (name, mlp) in enumerate(find_layers(run.model, gated.module)):
+        up, activation = getattr(mlp, gated.up, None), getattr(mlp, gated.activation, None)
+        if not isinstance(up, nn.Module) or not isinstance(activation, nn.Module):
+            _fail(run, "gated_product", f"layer {layer}: {name} has no module {gated.up!r} and {gated.activation!r}")
+        children = [(child, module) for child, module in mlp.named_children() if module not in (up, activation)]
+        readers.append([child for child, module in children if takes_input(module)])
+        hooked += [
+            (HookPoint(up, "output"), lambda tensor, key=(layer, "up"): seen.__setitem__(key, _copied(tensor))),
+            (
+                HookPoint(activation, "output"),
+                lambda tensor, key=(layer, "act"): seen.__setitem__(key, _copied(tensor)),
+            ),
+        ]
+        hooked += [
+            (HookPoint(module, "input"), lambda tensor, key=(layer, child): seen.__setitem__(key, _copied(tensor)))
+            for child, module in children
+            if takes_input(module)
+        ]
+    run.forward(hooked)
+    for layer, names in enumerate(readers):
+        up, activation = seen.get((layer, "up")), seen.get((layer, "act"))
+        product = up * activation if isinstance(up, torch.Tensor) and isinstance(activation, torch.Tensor) else None
+        read = [seen.get((layer, child)) for child in names]
+        if product is None or not any(torch.is_tensor(tensor) and _equal(tensor, product) for tensor in read):
+            _fail(run, "gated_product", f"layer {layer}: no module of the gated MLP reads act(gate(x)) · up(x)")
+
+
 def check_own_value(run: Run) -> None:
     """Writing every activation site of every kind with its own value changes nothing, bit for bit."""
     for kind in (row for row in SITE_TABLE if row.is_activation):
@@ -425,6 +462,10 @@ def _has_norms(row: Adapter) -> bool:
     return row.norms is not None
 
 
+def _has_gated_mlp(row: Adapter) -> bool:
+    return row.gated_mlp is not None
+
+
 def _has_sites(row: Adapter) -> bool:
     return row.sites is not None
 
@@ -464,6 +505,7 @@ CHECKS: tuple[Check, ...] = (
     Check("post_norm", _post_norm_sites, check_post_norm),
     Check("ffn_input", _streams_and_sites, check_ffn_input),
     Check("norm_form", _has_norms, check_norm_form),
+    Check("gated_product", _has_gated_mlp, check_gated_product),
     Check("own_value", _has_sites, check_own_value),
     Check("knockout", _has_sites, check_knockout),
 )

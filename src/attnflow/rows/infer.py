@@ -43,15 +43,19 @@ TOLERANCE = 1e-4  # relative to the largest magnitude compared
 _BATCH, _TOKENS = 2, 7
 
 
-# The parts of an inferred row each check proves: a failure leaves them out.
+# The parts of an inferred row each check proves: a failure leaves them out ("part.field": that
+# field of the part). A gated product the rules cannot find leaves the rules nowhere to apply: the
+# query and key go too (the backward rules require them).
 _PROVEN_BY = {
     "head_slices": ("values",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
     "residual_sum": ("sites", "streams"),
+    "ffn_input": ("streams",),
     "own_value": ("sites", "streams"),
     "knockout": ("sites", "streams"),
     "norm_form": ("norms", "streams"),
+    "gated_product": ("gated_mlp", "values.query", "values.key"),
 }
 
 
@@ -98,8 +102,21 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
             raise InferenceError(f"{report.error()}; a row written by hand can say where they are ({EXTENDING})")
         left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
         failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
-        row = replace(row, unverified=row.unverified + failures, **dict.fromkeys(left_out, None))  # type: ignore[arg-type]
+        row = _without(replace(row, unverified=row.unverified + failures), left_out)
     return row
+
+
+def _without(row: Adapter, parts: set[str]) -> Adapter:
+    """``row`` with each of ``parts`` (a field, or ``"part.field"``) set to None."""
+    fields: dict[str, Any] = {}
+    for part in sorted(parts):  # whole parts sort before their fields
+        name, _, inner = part.partition(".")
+        current = fields[name] if name in fields else getattr(row, name)
+        if not inner:
+            fields[name] = None
+        elif current is not None:
+            fields[name] = replace(current, **{inner: None})
+    return replace(row, **fields)
 
 
 def _close(actual: Any, expected: Any) -> bool:
