@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
+from attnflow.rows.adapters import NormForm, Norms, norm_epsilon
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -292,25 +293,21 @@ def _layer_norms(model: ModelLike, pattern: str) -> Norm:
 def _norm_of_row(model: ModelLike, modules: list[nn.Module]) -> Norm:
     """`norm_of` in the form the adapter row declares (`Norms`)."""
     norms = model.adapter.norms
-    return norm_of(modules, norms.form, norms.rms_offset)
+    return norm_of(modules, norms.form, norms.rms_offset, model.d_model)
 
 
-def norm_of(modules: list[nn.Module], kind: str, rms_offset: float) -> Norm:
-    """The parameters of norms of one form, stacked (``[len(modules), d]``; one module: ``[d]``)."""
+def norm_of(modules: list[nn.Module], kind: str, rms_offset: float, width: int) -> Norm:
+    """The parameters of norms of one form over ``width`` features, stacked (``[len(modules), d]``;
+    one module: ``[d]``)."""
     if kind not in ("layer", "rms"):
         raise CaptureError(f"unknown norm form {kind!r} in the adapter row (layer or rms)")
-    gains, shifts = [], []
-    for module in modules:
-        weight = module.weight.detach().float()
-        bias = getattr(module, "bias", None)
-        gains.append(weight + rms_offset if kind == "rms" else weight)
-        shifts.append(torch.zeros_like(weight) if bias is None or kind == "rms" else bias.detach().float())
-    eps = getattr(modules[0], "eps", None)
-    eps = getattr(modules[0], "variance_epsilon", None) if eps is None else eps
+    form = Norms("", cast(NormForm, kind), rms_offset)
+    gains, shifts = zip(*(form.gain_and_shift(module, width) for module in modules), strict=True)
+    eps = norm_epsilon(modules[0])
     if eps is None:
         raise CaptureError(f"{type(modules[0]).__name__} names no epsilon (eps or variance_epsilon)")
     stack = (lambda tensors: tensors[0]) if len(modules) == 1 else torch.stack
-    return Norm(kind, stack(gains), stack(shifts), float(eps))
+    return Norm(kind, stack(list(gains)), stack(list(shifts)), eps)
 
 
 def _find_one(model: nn.Module, pattern: str) -> nn.Module:

@@ -137,12 +137,55 @@ class Norms:
 
     ``modules``: a regex matching every norm module's name (searched, like the other patterns; no
     layer group needed). ``form``: ``"layer"``, g ⊙ (y − mean(y)) / σ(y) + β, or ``"rms"``,
-    (``rms_offset`` + w) ⊙ y / rms(y) (Gemma's offset is 1: its norms multiply by 1 + w).
+    (``rms_offset`` + w) ⊙ y / rms(y) (Gemma's offset is 1: its norms multiply by 1 + w). A norm
+    without a weight (OLMo's layer norms, Llama 4's q/k L2 norms) scales by 1; one without a bias
+    shifts by 0. `recompute` is the formula, in one place: the backward rules, routes, the
+    conformance suite and inference all call it (or `gain_and_shift`).
     """
 
     modules: str
     form: NormForm
     rms_offset: float = 0.0
+
+    def gain_and_shift(self, module: Any, width: int) -> tuple[Any, Any]:
+        """``(g, β)`` of ``module`` in this form, float32 ``[width]`` each: g = w (layer) or
+        ``rms_offset`` + w (rms), 1 without a weight; β = the bias (layer), else 0."""
+        import torch
+
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+        if isinstance(weight, torch.Tensor):
+            gain = weight.detach().float() + (self.rms_offset if self.form == "rms" else 0.0)
+        else:
+            gain = torch.ones(width)
+        if self.form == "layer" and isinstance(bias, torch.Tensor):
+            return gain, bias.detach().float()
+        return gain, torch.zeros_like(gain)
+
+    def recompute(self, module: Any, x: Any, *, constant_scale: bool = False) -> Any:
+        """``module``'s output recomputed from its input ``x [..., d]`` in this form, in float32 at
+        least and rounded to x's precision as the modules compute it; ``constant_scale``: 1/σ (1/rms)
+        detached, as the backward rules hold it."""
+        import torch
+
+        eps = norm_epsilon(module)
+        wide = x.float()
+        centred = wide - wide.mean(dim=-1, keepdim=True) if self.form == "layer" else wide
+        scale = torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + (1e-6 if eps is None else eps))
+        normed = centred * (scale.detach() if constant_scale else scale)
+        weight = getattr(module, "weight", None)
+        if self.form == "rms" and self.rms_offset == 0 and isinstance(weight, torch.Tensor):
+            return weight * normed.to(x.dtype)  # Llama's order: the weight multiplies in the model's precision
+        gain, shift = self.gain_and_shift(module, x.shape[-1])
+        return (normed * gain.to(x.device) + shift.to(x.device)).to(x.dtype)
+
+
+def norm_epsilon(module: Any) -> float | None:
+    """A norm module's epsilon (``eps``, ``variance_epsilon`` or ``epsilon``), None when it names none."""
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
 
 
 FusedLayout = Literal["side_by_side", "per_head", "per_group"]

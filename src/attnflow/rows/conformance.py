@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, Stack, find_layers, text_config
+from attnflow.rows.adapters import Adapter, NormForm, Norms, Stack, find_layers, text_config
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -274,7 +274,7 @@ def check_post_norm(run: Run) -> None:
             run, "post_norm", f"layer {layer}: the norm's input against block input + attention output", read, expected
         )
         norm = norms[layer]
-        recomputed = nn.functional.layer_norm(read, read.shape[-1:], norm.weight, norm.bias, norm.eps)
+        recomputed = Norms("", "layer").recompute(norm, read)
         _close(
             run,
             "post_norm",
@@ -314,13 +314,19 @@ def _named_norms(row: Adapter) -> dict[str, str]:
 
 
 def check_norm_form(run: Run) -> None:
-    """Every norm of the model is named by the row's norms pattern (and so is every norm the row
-    names elsewhere), and each recomputes from its weights in the row's declared form."""
+    """Every norm the model runs on a text is named by the row's norms pattern (and so is every
+    norm the row names elsewhere), and each recomputes from its weights in the row's declared form
+    (a vision tower's norms, which a text never reaches, are not the row's concern)."""
     norms = run.row.norms
     assert norms is not None  # the check applies to rows with norms
     named = _every_match(run.model, norms.modules)
     names = {name for name, _ in named}
-    missed = [name for name, module in run.model.named_modules() if _looks_like_a_norm(module) and name not in names]
+    looking = [(name, module) for name, module in run.model.named_modules() if _looks_like_a_norm(module)]
+    ran: set[str] = set()
+    run.forward(
+        [(HookPoint(module, "call"), lambda _args, _kwargs, name=name: ran.add(name)) for name, module in looking]
+    )
+    missed = [name for name, _ in looking if name in ran and name not in names]
     for what, pattern in _named_norms(run.row).items():
         missed += [f"{name} (the row's {what})" for name, _ in _first_match(run.model, pattern) if name not in names]
     if missed:
@@ -346,17 +352,13 @@ def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
     return same_shape and torch.allclose(candidate, written, rtol=TOLERANCE, atol=TOLERANCE)
 
 
-def _declared_norm(module: nn.Module, x: Any, form: str, rms_offset: float) -> torch.Tensor | None:
-    """What a norm of the declared ``form`` with ``module``'s weights gives ``x``; None when the module
-    has no weight over ``x``'s last axis (not a norm of that input)."""
-    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-    eps = getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6))
-    if not torch.is_tensor(x) or weight is None or weight.shape != x.shape[-1:]:
+def _declared_norm(module: nn.Module, x: Any, form: NormForm, rms_offset: float) -> torch.Tensor | None:
+    """What a norm of the declared ``form`` with ``module``'s weights gives ``x`` (`Norms.recompute`);
+    None when the module has a weight that is not over ``x``'s last axis (not a norm of that input)."""
+    weight = getattr(module, "weight", None)
+    if not torch.is_tensor(x) or (isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]):
         return None
-    if form == "layer":
-        return nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
-    rms = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (rms * (rms_offset + weight.float())).to(x.dtype)
+    return Norms("", form, rms_offset).recompute(module, x)
 
 
 def check_gated_product(run: Run) -> None:

@@ -172,21 +172,12 @@ def _block_list(model: nn.Module, n_layers: int) -> str:
     return found[-1]
 
 
-def _trace(model: nn.Module, blocks: str, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
-    """Run the model once, recording the first call of every module outside the blocks, of every
-    module inside the first block, and of every block; ``""``: the model's logits."""
-    watched = [
-        (name, module)
-        for name, module in model.named_modules()
-        if name and (not name.startswith(blocks + ".") or name.startswith(f"{blocks}.0.") or _is_block(name, blocks))
-    ]
+def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
+    """Run the model once, recording the first call of every module; ``""``: the model's logits."""
+    watched = [(name, module) for name, module in model.named_modules() if name]
     traced, outputs = trace(watched, lambda: model(**inputs, output_attentions=True))
     traced[""] = Call("", model, outputs={0: getattr(outputs, "logits", None)})
     return traced
-
-
-def _is_block(name: str, blocks: str) -> bool:
-    return name.startswith(blocks + ".") and name[len(blocks) + 1 :].isdigit()
 
 
 def _linear_weight(call: Call) -> torch.Tensor | None:
@@ -269,7 +260,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     vocab = int(getattr(text_config(config), "vocab_size", 100))
     device = next(hf_model.parameters()).device
     ids = torch.randint(4, max(5, min(vocab, 100)), (_BATCH, _TOKENS), generator=generator).to(device)
-    traced = _trace(hf_model, blocks, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    traced = _trace(hf_model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     first = traced.get(f"{blocks}.0")
     if first is None:
         raise InferenceError(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
@@ -492,8 +483,7 @@ def _post_norm(block: _Block, blocks: str, output_projection: Call) -> dict[str,
 
 
 def _layer_norm_of(call: Call) -> torch.Tensor | None:
-    form = _norm_form(call)
-    return call.output if form is not None and form[0] == "layer" else None
+    return call.output if ("layer", 0.0) in _norm_forms(call) else None
 
 
 def _embedding_norm(traced: dict[str, Call], blocks: str, first: Call) -> str | None:
@@ -501,7 +491,7 @@ def _embedding_norm(traced: dict[str, Call], blocks: str, first: Call) -> str | 
     norms = [
         call
         for call in traced.values()
-        if call.name and not call.name.startswith(blocks) and _norm_form(call) and _close(call.output, first.input)
+        if call.name and not call.name.startswith(blocks) and _norm_forms(call) and _close(call.output, first.input)
     ]
     return rf"^{re.escape(norms[0].name)}$" if norms else None
 
@@ -553,30 +543,33 @@ def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
     return None
 
 
-def _norm_form(call: Call) -> tuple[NormForm, float] | None:
-    """("layer" | "rms", offset) when the call is a norm of that form over its input's last axis."""
-    x, y = call.input, call.output
-    weight = getattr(call.module, "weight", None)
+_FORMS: tuple[tuple[NormForm, float], ...] = (("layer", 0.0), ("rms", 0.0), ("rms", 1.0))
+
+
+def _norm_forms(call: Call) -> set[tuple[NormForm, float]]:
+    """The forms (`Norms` form and rms offset) in which the call is a norm over its input's last
+    axis: one for a norm with a weight; both rms offsets for a weightless RMS norm (it scales by 1
+    either way). A module without a weight counts only as a leaf that changes its input (a wrapper,
+    or a dropout after a norm, is not the norm)."""
+    x, y, module = call.input, call.output, call.module
     if not (torch.is_tensor(x) and torch.is_tensor(y) and x.is_floating_point() and x.shape == y.shape):
-        return None
-    if not isinstance(weight, torch.Tensor) or weight.shape != x.shape[-1:]:
-        return None
-    bias = getattr(call.module, "bias", None)
-    eps = getattr(call.module, "eps", getattr(call.module, "variance_epsilon", 1e-6))
-    if _close(y, nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)):
-        return "layer", 0.0
-    rms = x.float() * torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-    for offset in (0.0, 1.0):
-        if _close(y, rms * (offset + weight.float())):
-            return "rms", offset
-    return None
+        return set()
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]:
+        return set()
+    if not isinstance(weight, torch.Tensor) and (any(True for _ in module.children()) or _close(y, x)):
+        return set()
+    return {(form, offset) for form, offset in _FORMS if _close(y, Norms("", form, offset).recompute(module, x))}
 
 
 def _norms(traced: dict[str, Call], blocks: str) -> Norms | None:
-    """Every norm of the first block and outside the blocks, when they share one form."""
-    forms = {call.name: found for call in traced.values() if call.name and (found := _norm_form(call)) is not None}
-    if len(set(forms.values())) != 1:
+    """Every norm the traced run called (in every block and outside them), when they share one form."""
+    forms = {call.name: found for call in traced.values() if call.name and (found := _norm_forms(call))}
+    if not forms:
         return None
+    shared = set.intersection(*forms.values())
+    if not shared:
+        return None
+    form, offset = min(shared)  # a weightless RMS norm alone: offset 0
     names = sorted({_pattern(name, blocks).replace(r"(\d+)", r"\d+") for name in forms})
-    ((form, offset),) = set(forms.values())
     return Norms("|".join(names), form, rms_offset=offset)

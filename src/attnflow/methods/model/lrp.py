@@ -114,7 +114,7 @@ class ConstantNorm(Rule):
     kinds: ClassVar[tuple[str, ...]] = ("norm",)
 
     def apply(self, module: Any, x: Any, output: Any, norms: Any, /) -> Any:
-        return _constant_scale_norm(module, x, output, norms.form, norms.rms_offset)
+        return _constant_scale_norm(module, x, output, norms)
 
 
 @dataclass(frozen=True)
@@ -619,32 +619,14 @@ def _elementwise() -> tuple[type, ...]:
     return tuple({entry if isinstance(entry, type) else entry[0] for entry in ACT2CLS.values()})
 
 
-def _constant_scale_norm(module: Any, x: Any, output: Any, form: str, rms_offset: float) -> Any:
+def _constant_scale_norm(module: Any, x: Any, output: Any, norms: Any) -> Any:
     """The norm's output recomputed from its input ``x [..., d]`` with 1/σ detached, in the form the
-    adapter row declares: ``"layer"`` (centred, scaled by w, shifted by b) or ``"rms"`` (scaled by
-    ``rms_offset`` + w: Gemma's 1 + w). It must equal the module's own ``output`` (a CaptureError
-    naming the declared form otherwise)."""
+    adapter row declares (`Norms.recompute`). It must equal the module's own ``output`` (a
+    CaptureError naming the declared form otherwise)."""
     import torch
 
-    eps = getattr(module, "eps", None)
-    eps = getattr(module, "variance_epsilon", None) if eps is None else eps
-    weight: Any = getattr(module, "weight", None)
-    bias: Any = getattr(module, "bias", None)
-    if form == "layer":  # in float32 at least, as the module computes it; rounded to x's precision
-        wide = x.float()
-        centred = wide - wide.mean(dim=-1, keepdim=True)
-        normed = centred * torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
-        normed = normed if weight is None else normed * weight.float()
-        recomputed = (normed if bias is None else normed + bias.float()).to(x.dtype)
-    else:  # RMS: x / sqrt(mean(x²) + eps) · (rms_offset + w)
-        if weight is None:
-            raise CaptureError(f"{type(module).__name__} has no weight: not the RMS norm its adapter row declares")
-        wide = x.float()
-        normed = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + eps).detach()
-        if rms_offset == 0:
-            recomputed = weight * normed.to(x.dtype)
-        else:
-            recomputed = (normed * (rms_offset + weight.float())).to(x.dtype)
+    form = norms.form
+    recomputed = norms.recompute(module, x, constant_scale=True)
     # a 16-bit model's norm output is rounded to its precision: two rounding steps apart at most
     tolerance = max(NORM_CHECK_TOLERANCE, 2 * torch.finfo(output.dtype).eps)
     if not torch.allclose(recomputed, output, rtol=tolerance, atol=tolerance):
