@@ -59,6 +59,11 @@ _PROVEN_BY = {
 }
 
 
+def _not_found(what: str) -> InferenceError:
+    """The error for a part inference could not find, pointing to where a hand row says it."""
+    return InferenceError(f"{what}; a row written by hand can say where it is ({EXTENDING})")
+
+
 def kind_of(config: Any, class_name: str = "") -> str:
     """``"encoder"`` (a classifier or a plain encoder) or ``"decoder"`` (a causal LM) for a model type
     with no hand row, from the class that loads it (``class_name`` or the config's architectures),
@@ -90,10 +95,7 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
     whose attention weights fail their check is refused."""
     from attnflow.rows.conformance import CHECKS, check_adapter
 
-    try:
-        row = infer_row(hf_model, kind)
-    except InferenceError as error:
-        raise InferenceError(f"{error}; a row written by hand can say where it is ({EXTENDING})") from None
+    row = infer_row(hf_model, kind)
     for _ in CHECKS:
         report = check_adapter(row, hf_model, strict=False)
         if not report.failed:
@@ -139,7 +141,7 @@ def _pattern(name: str, blocks: str) -> str:
 def _layer_count(config: Any) -> int:
     count = getattr(text_config(config), "num_hidden_layers", None)
     if not isinstance(count, int) or count <= 0:
-        raise InferenceError(f"{type(config).__name__} has no num_hidden_layers: attnflow cannot find the layer stack")
+        raise _not_found(f"{type(config).__name__} has no num_hidden_layers: attnflow cannot find the layer stack")
     return count
 
 
@@ -150,7 +152,7 @@ def _head_count(config: Any) -> tuple[str, int]:
         value = getattr(text, attribute, None)
         if isinstance(value, int) and value > 0:
             return attribute, value
-    raise InferenceError(f"{type(config).__name__} has no head count (num_attention_heads)")
+    raise _not_found(f"{type(config).__name__} has no head count (num_attention_heads)")
 
 
 def _block_list(model: nn.Module, n_layers: int) -> str:
@@ -165,7 +167,7 @@ def _block_list(model: nn.Module, n_layers: int) -> str:
         and any(True for _ in module[0].parameters())
     ]
     if not found:
-        raise InferenceError(
+        raise _not_found(
             f"{type(model).__name__} has no nn.ModuleList of {n_layers} identical blocks (num_hidden_layers): "
             "attnflow cannot find the layer stack"
         )
@@ -263,10 +265,10 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     traced = _trace(hf_model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     first = traced.get(f"{blocks}.0")
     if first is None:
-        raise InferenceError(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
+        raise _not_found(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
     inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
     block = _Block(inside, first, n_heads)
-    weights_call, (weights_index, sinks) = _attention(block)
+    weights_call, (weights_index, sinks) = _attention(block, traced, blocks)
     scope = _scope(weights_call.name, first.name)
     output_projection, in_by_out = _output_projection(block, scope)
     row: dict[str, Any] = {
@@ -298,12 +300,27 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     return Adapter(family, kind, (family,), inferred=True, **row)
 
 
-def _attention(block: _Block) -> tuple[Call, tuple[int, bool]]:
-    """The deepest call in the block that returned softmax weights, where in its output and whether
-    with a sink."""
+def _attention(block: _Block, traced: dict[str, Call], blocks: str) -> tuple[Call, tuple[int, bool]]:
+    """The deepest call in the first block that returned softmax weights, where in its output and
+    whether with a sink. A stack whose first block has none but a later block has (a hybrid of
+    attention and recurrent or linear-attention layers) is refused as such."""
     found = [(call, where) for call in block.calls if (where := _softmax_weights(call, block.n_heads)) is not None]
     if not found:
-        raise InferenceError(
+        later = next(
+            (
+                call.name
+                for call in traced.values()
+                if call.name.startswith(blocks + ".") and _softmax_weights(call, block.n_heads) is not None
+            ),
+            None,
+        )
+        if later is not None:
+            raise InferenceError(
+                f"{block.block.name} has no attention but {later} has: a hybrid stack (attention in some layers, "
+                "recurrent or linear-attention layers in the others), which an adapter row cannot map (its stack "
+                "names attention in every layer)"
+            )
+        raise _not_found(
             f"no module of {block.block.name} returned [batch, {block.n_heads} heads, query, key] softmax weights "
             "with output_attentions=True (an architecture without attention, or one whose attention does not "
             "return its weights)"
@@ -329,7 +346,7 @@ def _output_projection(block: _Block, scope: str) -> tuple[Call, torch.Tensor]:
         and weight.shape[0] % block.n_heads == 0
     ]
     if not candidates:
-        raise InferenceError(f"no output projection (heads × d_head → {d_model}) found in {scope}")
+        raise _not_found(f"no output projection (heads × d_head → {d_model}) found in {scope}")
     return max(candidates, key=lambda pair: pair[0].start)
 
 
