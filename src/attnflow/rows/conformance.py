@@ -39,7 +39,7 @@ the check, the layer and the numbers, and by default raises `AdapterCheckError` 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, NoReturn
 
 import torch
@@ -55,8 +55,9 @@ TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
 @dataclass
 class Run:
-    """One forward pass of the model under check: the row, the module, its inputs, the head count
-    and what every hook point the row names saw (``seen[(what, layer)]``)."""
+    """One forward pass of the model under check: the row, the module, its inputs, the head count,
+    what every hook point the row names saw (``seen[(what, layer)]``) and the names of the modules
+    that look like norms and ran (``ran_norms``)."""
 
     row: Adapter
     model: nn.Module
@@ -64,6 +65,7 @@ class Run:
     n_heads: int
     seen: dict[tuple[str, int], Any]
     output: torch.Tensor
+    ran_norms: set[str] = field(default_factory=set)
 
     def forward(self, hooked: list[tuple[HookPoint, Callable]]) -> torch.Tensor:
         """The model's first output (logits or last hidden states) with ``hooked`` in place."""
@@ -149,6 +151,11 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             point = HookPoint(module, side, index=index, name=name)
             hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
     run = Run(row, model, inputs, n_heads, seen, torch.empty(0))
+    hooked += [
+        (HookPoint(module, "call"), lambda _args, _kwargs, name=name: run.ran_norms.add(name))
+        for name, module in model.named_modules()
+        if _looks_like_a_norm(module)
+    ]
     run.output = run.forward(hooked)
     return run
 
@@ -397,13 +404,19 @@ def check_gated_product(run: Run) -> None:
 
 
 def check_own_value(run: Run) -> None:
-    """Writing every activation site of every kind with its own value changes nothing, bit for bit."""
+    """Writing every activation site of every kind with its own value changes nothing, bit for bit:
+    all kinds in one forward pass, then, only when that changed the output, kind by kind to name it."""
+    by_kind = {}
     for kind in (row for row in SITE_TABLE if row.is_activation):
         pattern = kind.pattern(run.row)
         modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
-        hooked = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules, run.row)]
+        by_kind[kind.name] = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules, run.row)]
+    if torch.equal(run.forward([hook for hooked in by_kind.values() for hook in hooked]), run.output):
+        return
+    for name, hooked in by_kind.items():
         if not torch.equal(run.forward(hooked), run.output):
-            _fail(run, "own_value", f"writing every {kind.name} site with its own value changed the output")
+            _fail(run, "own_value", f"writing every {name} site with its own value changed the output")
+    _fail(run, "own_value", "writing every site of every kind with its own value changed the output")
 
 
 def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
