@@ -45,7 +45,8 @@ def test_contributions_match_an_explicit_loop(family, any_loaded):
         np.testing.assert_allclose(graph.ffn + graph.ffn_residual + graph.ffn_bias, 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES + VARIANTS + ("gpt_oss",))  # GPT-OSS: attention sinks
+# GPT-OSS: attention sinks; GPT-NeoX: parallel blocks through an inferred row (q, k and v fused per head)
+@pytest.mark.parametrize("family", FAMILIES + VARIANTS + ("gpt_oss", "gpt_neox"))
 def test_parts_and_bias_terms_add_up_to_the_whole(family, any_loaded):
     """Both blocks (a parallel block: its one whole), every layer: residual + every (head, source)
     part + the bias terms (+ a parallel block's feed-forward output) = the model's own stream, the
