@@ -85,6 +85,8 @@ bench: setup
 	$(PY) benchmarks/bench_flow.py
 	$(PY) benchmarks/bench_corpus.py
 	$(PY) benchmarks/bench_load.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_infer.py
+	OMP_NUM_THREADS=1 $(PY) scripts/architectures.py --out out/architectures.md
 	$(PY) benchmarks/bench_explain_file.py
 	$(PY) benchmarks/bench_vision.py
 	$(PY) benchmarks/bench_relevance.py
