@@ -18,6 +18,7 @@ from attnflow.methods.relevance import norm_matrices
 from attnflow.rows import Fused
 from attnflow.rows.tiny import randomise_constants
 from fused_rows import NEOX_ROW, PHI3_ROW, registered, save_fused_model
+from value_zeroing_oracle import value_zeroing_matrices
 
 TEXT = "the cat sat on the mat and ran"
 QKV = ("query", "key", "value")
@@ -142,37 +143,7 @@ def test_value_zeroing_zeroes_only_the_value_columns_of_a_fused_projection(tiny_
     model.hf_model.config.use_cache = False  # a layer rerun on a batch of variants would update the cache
     trace = model.trace(TEXT, needs=("attentions",))[0]
     ids = torch.as_tensor(trace.token_ids)[None]
-    n, d_model = trace.n_tokens, model.d_model
     blocks = model.hf_model.transformer.h
-
-    def block_output(layer: int, zeroed: int | None = None) -> torch.Tensor:
-        recorded = {}
-
-        def zero(_module, _inputs, output):
-            output = output.clone()
-            output[:, zeroed, 2 * d_model :] = 0.0  # [batch, token, q | k | v]
-            return output
-
-        def keep(_module, _inputs, output):
-            recorded["out"] = output[0] if isinstance(output, tuple) else output
-
-        handles = [blocks[layer].register_forward_hook(keep)]
-        if zeroed is not None:
-            handles.append(blocks[layer].attn.c_attn.register_forward_hook(zero))
-        try:
-            with torch.no_grad():
-                model.hf_model(input_ids=ids)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return recorded["out"][0].double()
-
-    expected = []
-    for layer in range(trace.n_layers):
-        original = block_output(layer)
-        matrix = np.zeros((n, n))
-        for j in range(n):
-            cosine = torch.nn.functional.cosine_similarity(original, block_output(layer, j), dim=-1)
-            matrix[:, j] = (1 - cosine).clamp(min=0).numpy()
-        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    values = [block.attn.c_attn for block in blocks]  # [batch, token, q | k | v]: the value columns are the last third
+    expected = value_zeroing_matrices(model.hf_model, ids, blocks, values, slice(2 * model.d_model, None))
     np.testing.assert_allclose(value_zeroing(model, trace, batch_size=3), expected[1] @ expected[0], atol=1e-6)

@@ -25,6 +25,7 @@ from attnflow.explanation import explain, explain_traces
 from attnflow.methods.model.perturbation import integrated_gradient_attributions
 from attnflow.methods.relevance import alti_layer_parts, alti_matrices, norm_matrices
 from attnflow.rows.adapters import find_layers
+from value_zeroing_oracle import value_zeroing_matrices
 
 from tiny_models import CLASSIFIER_FAMILIES
 
@@ -298,42 +299,10 @@ def test_value_zeroing_equals_full_forward_passes_with_one_token_zeroed(tiny_cla
     tiny_bert = attnflow.load(str(tiny_classifier_path(family)), device="cpu")
     text = "the cat sat on the mat."
     trace = tiny_bert.trace(text, needs=("attentions",))[0]
-    n = trace.n_tokens
     ids = torch.as_tensor(trace.token_ids)[None]
-    blocks = find_layers(tiny_bert.model, tiny_bert.adapter.values.block)
-    values = find_layers(tiny_bert.model, tiny_bert.adapter.values.value)
-
-    def block_output(layer, zero_token=None):
-        recorded = {}
-        handles = [
-            blocks[layer][1].register_forward_hook(
-                lambda m, i, o: recorded.__setitem__("out", o[0] if isinstance(o, tuple) else o)
-            )
-        ]
-        if zero_token is not None:
-
-            def zero(module, inputs, output):
-                output = output.clone()
-                output[:, zero_token] = 0.0
-                return output
-
-            handles.append(values[layer][1].register_forward_hook(zero))
-        try:
-            with torch.no_grad():
-                tiny_bert.model(input_ids=ids)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return recorded["out"][0].double()
-
-    expected = []
-    for layer in range(trace.n_layers):
-        original = block_output(layer)
-        matrix = np.zeros((n, n))
-        for j in range(n):
-            altered = block_output(layer, j)
-            matrix[:, j] = (1 - torch.nn.functional.cosine_similarity(original, altered, dim=-1)).clamp(min=0).numpy()
-        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    blocks = [module for _, module in find_layers(tiny_bert.model, tiny_bert.adapter.values.block)]
+    values = [module for _, module in find_layers(tiny_bert.model, tiny_bert.adapter.values.value)]
+    expected = value_zeroing_matrices(tiny_bert.model, ids, blocks, values)
     result = explain(trace, method="value_zeroing", model=tiny_bert, batch_size=3).matrix  # 3: several batches
     np.testing.assert_allclose(result, expected[1] @ expected[0], atol=1e-6)
 
