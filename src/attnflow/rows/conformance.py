@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, NormForm, Norms, Stack, find_layers, text_config
+from attnflow.rows.adapters import Adapter, GatedMLP, NormForm, Norms, Stack, find_layers, text_config
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -150,6 +150,16 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
         for layer, (name, module) in enumerate(modules):
             point = HookPoint(module, side, index=index, name=name)
             hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
+    if row.gated_mlp is not None:
+        try:
+            mlps = find_layers(model, row.gated_mlp.module)
+        except CaptureError:
+            mlps = []  # the gated_product check finds them again and fails, naming the pattern
+        for layer, (_, mlp) in enumerate(mlps):
+            hooked += [
+                (HookPoint(module, side), lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor)))
+                for what, module, side in _gated_parts(row.gated_mlp, mlp)
+            ]
     run = Run(row, model, inputs, n_heads, seen, torch.empty(0))
     hooked += [
         (HookPoint(module, "call"), lambda _args, _kwargs, name=name: run.ran_norms.add(name))
@@ -368,38 +378,33 @@ def _declared_norm(module: nn.Module, x: Any, form: NormForm, rms_offset: float)
     return Norms("", form, rms_offset).recompute(module, x)
 
 
+def _gated_parts(gated: GatedMLP, mlp: nn.Module) -> list[tuple[str, nn.Module, Side]]:
+    """What `check_gated_product` reads of one layer's gated MLP: ``(what, module, side)`` for the up
+    projection's and the activation's outputs and every other child's input."""
+    up, activation = getattr(mlp, gated.up, None), getattr(mlp, gated.activation, None)
+    parts: list[tuple[str, nn.Module, Side]] = [
+        (what, module, "output")
+        for what, module in (("gated.up", up), ("gated.act", activation))
+        if isinstance(module, nn.Module)
+    ]
+    return parts + [
+        (f"gated.reads.{child}", module, "input")
+        for child, module in mlp.named_children()
+        if module is not up and module is not activation and takes_input(module)
+    ]
+
+
 def check_gated_product(run: Run) -> None:
     """In every layer the gated MLP holds its up projection and its activation, and one of its
     modules reads their product: down(act(gate(x)) · up(x)), as the backward rules split it."""
     gated = run.row.gated_mlp
     assert gated is not None  # the check applies to rows with a gated MLP
-    seen: dict[tuple[int, str], Any] = {}
-    hooked: list[tuple[HookPoint, Callable]] = []
-    readers: list[list[str]] = []
-    for layer, (name, mlp) in enumerate(find_layers(run.model, gated.module)):
-        up, activation = getattr(mlp, gated.up, None), getattr(mlp, gated.activation, None)
-        if not isinstance(up, nn.Module) or not isinstance(activation, nn.Module):
+    for layer, (name, _) in enumerate(find_layers(run.model, gated.module)):
+        up, activation = run.seen.get(("gated.up", layer)), run.seen.get(("gated.act", layer))
+        if not isinstance(up, torch.Tensor) or not isinstance(activation, torch.Tensor):
             _fail(run, "gated_product", f"layer {layer}: {name} has no module {gated.up!r} and {gated.activation!r}")
-        children = [(child, module) for child, module in mlp.named_children() if module not in (up, activation)]
-        readers.append([child for child, module in children if takes_input(module)])
-        hooked += [
-            (HookPoint(up, "output"), lambda tensor, key=(layer, "up"): seen.__setitem__(key, _copied(tensor))),
-            (
-                HookPoint(activation, "output"),
-                lambda tensor, key=(layer, "act"): seen.__setitem__(key, _copied(tensor)),
-            ),
-        ]
-        hooked += [
-            (HookPoint(module, "input"), lambda tensor, key=(layer, child): seen.__setitem__(key, _copied(tensor)))
-            for child, module in children
-            if takes_input(module)
-        ]
-    run.forward(hooked)
-    for layer, names in enumerate(readers):
-        up, activation = seen.get((layer, "up")), seen.get((layer, "act"))
-        product = up * activation if isinstance(up, torch.Tensor) and isinstance(activation, torch.Tensor) else None
-        read = [seen.get((layer, child)) for child in names]
-        if product is None or not any(torch.is_tensor(tensor) and _equal(tensor, product) for tensor in read):
+        read = [tensor for (what, at), tensor in run.seen.items() if at == layer and what.startswith("gated.reads.")]
+        if not any(torch.is_tensor(tensor) and _equal(tensor, up * activation) for tensor in read):
             _fail(run, "gated_product", f"layer {layer}: no module of the gated MLP reads act(gate(x)) · up(x)")
 
 
