@@ -88,8 +88,10 @@ def test_a_row_declaring_the_wrong_topology_is_refused_by_the_self_check(family,
         model = attnflow.load(str(tiny_model_path(family)), device="cpu", progress=False)
     finally:
         unregister_adapter(flipped.family)
-    with pytest.raises(CaptureError, match="layer 0: the parts of the .* do not add up to the model's own stream"):
+    with pytest.raises(CaptureError, match=r"layer 0: the parts of the .* do not add up to the model's own") as e:
         attnflow.routes(model, TEXT, lens="none")
+    assert str(e.value).endswith("): the adapter row does not match this model")  # float32: no word of precision
+    assert "float32" not in str(e.value)
 
 
 def test_the_second_norm_and_the_kernel_agree_with_a_direct_computation(tiny_loaded):
@@ -106,3 +108,40 @@ def test_the_second_norm_and_the_kernel_agree_with_a_direct_computation(tiny_loa
         torch.testing.assert_close(contributions.head_proximities(whole, block, vectors, attention, p), expected)
     with pytest.raises(ValueError, match="norm must be one of"):
         attnflow.routes(model, TEXT, norm=3)
+
+
+def test_the_self_check_allows_a_16_bit_rounding_step_and_names_precision_beyond_it():
+    """Hand-made wholes: an error of 0.01 on entries up to 2 is over float32's tolerance (1e-3 of 2),
+    called an adapter mismatch, and within bfloat16's (4 rounding steps, 4 · 2⁻⁷ of 2 = 0.0625);
+    0.1 is over even that, and the message names the precision (run in float32) before the adapter."""
+    whole = torch.tensor([[2.0, -1.0, 0.5]], dtype=torch.float64)
+    off_by_a_rounding_step = whole + torch.tensor([[0.01, 0.0, 0.0]], dtype=torch.float64)
+    with pytest.raises(CaptureError, match=r"allowed 0.002\): the adapter row does not match this model"):
+        contributions.check_whole("attention block", 0, whole, off_by_a_rounding_step)
+    contributions.check_whole("attention block", 0, whole, off_by_a_rounding_step, torch.bfloat16)
+    contributions.check_whole("attention block", 0, whole, whole + 0.003, torch.float16)  # 4 · 2⁻¹⁰ · 2 = 0.0078
+    with pytest.raises(CaptureError) as raised:
+        contributions.check_whole("attention block", 3, whole, whole + 0.1, torch.bfloat16)
+    message = str(raised.value)
+    assert message.startswith("layer 3: the parts of the attention block do not add up")
+    assert "in bfloat16): more than bfloat16's rounding explains; load the model with dtype float32" in message
+    assert raised.value.parameter == "dtype"
+    assert contributions.tolerance(torch.float32) == contributions.TOLERANCE
+    assert contributions.tolerance(torch.bfloat16) == 4 * 2**-7
+
+
+def test_a_wrong_row_in_bfloat16_is_refused_naming_precision(any_loaded, tiny_model_path):
+    """The wrong topology of the test above, loaded in bfloat16: still refused (its error is far
+    over 16-bit rounding), the message pointing at float32 first; the right row runs in bfloat16."""
+    row = any_loaded("llama").adapter
+    flipped = dataclasses.replace(
+        row, family="llama-flipped-bf16", streams=dataclasses.replace(row.streams, parallel=True)
+    )
+    attnflow.routes(attnflow.load(str(tiny_model_path("llama")), device="cpu", dtype="bfloat16", progress=False), TEXT)
+    register_adapter(flipped)
+    try:
+        model = attnflow.load(str(tiny_model_path("llama")), device="cpu", dtype="bfloat16", progress=False)
+    finally:
+        unregister_adapter(flipped.family)
+    with pytest.raises(CaptureError, match=r"in bfloat16\): more than bfloat16's rounding explains; load the model"):
+        attnflow.routes(model, TEXT, lens="none")

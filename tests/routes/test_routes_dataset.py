@@ -19,7 +19,7 @@ import torch
 import attnflow
 from attnflow.cli import main
 from attnflow.flow_routes import head_roles
-from attnflow.flow_routes.dataset import cut, routes_over_data
+from attnflow.flow_routes.dataset import before_last_word, cut, routes_over_data
 from attnflow.runs.engine import EngineOptions
 from attnflow.runs.readers import open_corpus, python_functions
 
@@ -169,6 +169,59 @@ def test_word_boundaries_and_the_cut_of_a_long_text(tiny_loaded):
     assert cut(tokenizer, "the zebra sat on the mat", 7) == "the zebra sat"
     assert cut(tokenizer, "zebra", 2) == "ze"  # the first word alone is longer: cut inside it
     assert cut(tokenizer, "the cat", 5) == "the cat" and cut(tokenizer, "the cat", None) == "the cat"
+
+
+def test_a_document_is_cut_before_its_last_word():
+    assert before_last_word("Paris is the capital of France.") == "Paris is the capital of"
+    assert before_last_word("It ends here.  \n") == "It ends"
+    assert before_last_word("def f(a):\n    return a") == "def f(a):\n    return"
+    assert before_last_word("one") == "one" and before_last_word("  one ") == "  one "  # one word: kept whole
+
+
+def read_prompts(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "prompts.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_data_cuts_documents_before_their_last_word_and_writes_each_prediction(tiny_model_path, tmp_path):
+    """``routes --data`` without --max-tokens explains each text's last word, not what follows its
+    final period; with --max-tokens a long text is cut there as before (and one it leaves whole
+    before its last word); ``--file`` keeps each prompt as written. Every prompt's prediction and
+    probability in prompts.jsonl (and the report) is the model's own at the prompt's last position."""
+    source = write_lines(
+        tmp_path / "docs.txt", ["the cat sat on the mat.", "the dog ran to the cat and it was very bad."]
+    )
+    model_path = str(tiny_model_path("llama"))
+    runs = {
+        "data": ["--data", str(source)],
+        "tokens": ["--data", str(source), "--max-tokens", "8"],
+        "file": ["--file", str(source)],
+    }
+    for name, arguments in runs.items():
+        assert main(["routes", *arguments, "--model", model_path, "--out", str(tmp_path / name), "-q"]) == 0
+    texts = {name: [row["text"] for row in read_prompts(tmp_path / name)] for name in runs}
+    assert texts["data"] == ["the cat sat on the", "the dog ran to the cat and it was very"]
+    assert texts["tokens"] == ["the cat sat on the", "the dog ran to the cat and it"]
+    assert texts["file"] == ["the cat sat on the mat.", "the dog ran to the cat and it was very bad."]
+    model = attnflow.load(model_path, device="cpu", progress=False)
+    for name in runs:
+        for row in read_prompts(tmp_path / name):
+            input_ids = model.tokenizer(row["text"], return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                probabilities = model.model(input_ids=input_ids).logits[0, -1].softmax(-1)
+            assert row["prediction_id"] == int(probabilities.argmax())
+            assert row["prediction"] == model.tokenizer.decode([row["prediction_id"]])
+            assert row["probability"] == pytest.approx(float(probabilities.max()), abs=1e-5)
+    summary = json.loads((tmp_path / "data" / "summary.json").read_text())
+    assert summary["last_word"] and summary["domains"][0]["predictions"] == [
+        {key: row[key] for key in ("prediction", "prediction_id", "probability")}
+        for row in read_prompts(tmp_path / "data")
+    ]
+    page = (tmp_path / "data" / "report.html").read_text(encoding="utf-8")
+    first = read_prompts(tmp_path / "data")[0]
+    assert (
+        f"predicts {first['prediction']!r}".replace("'", "&#x27;") in page
+        and f"(p = {first['probability']:.3f})" in page
+    )
 
 
 def test_the_report_escapes_every_prompt(tiny_model_path, tmp_path):

@@ -118,7 +118,8 @@ def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
         "--max-tokens",
         type=positive_int,
         metavar="N",
-        help="cut each text after the last whole word among its first N tokens (default: the whole text)",
+        help="cut each text after the last whole word among its first N tokens (default: --file keeps each "
+        "prompt whole; --data cuts each text before its last word, so that the prediction is that word)",
     )
     group.add_argument("--batch-size", type=positive_int, metavar="B", help="prompts per batch of the run (default: 8)")
     group.add_argument("--text-field", metavar="FIELD", help="JSONL field holding the text (default: text)")
@@ -221,6 +222,7 @@ def run_data(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         engine=engine_options(args),
         dtype=args.dtype,
+        last_word=args.data is not None,
     )  # fmt: skip; errors name their flags (cli.main)
     if not args.quiet:
         print(data_summary(summary))

@@ -169,13 +169,16 @@ class RouteImportance:
     the ``tokens`` and ``token_ids [T]``; ``importance`` and ``importance_full``, the same
     `Composition` as `Routes.importance` and `Routes.importance_full` (heads ``[L, H]``,
     feed-forward blocks ``[L, T]``, nodes); ``attentions [L, H, T, T]`` ``[layer, head, query,
-    key]``, the attention weights of the same forward pass (float32)."""
+    key]``, the attention weights of the same forward pass (float32); ``prediction``: the model's top
+    next token there (``id``, ``token``, ``probability``, as `Routes.prediction`), None for a model
+    without a language-model head."""
 
     tokens: list[str]
     token_ids: np.ndarray
     importance: Composition
     importance_full: Composition
     attentions: np.ndarray
+    prediction: dict[str, Any] | None = None
 
 
 def route_importance(
@@ -191,13 +194,17 @@ def route_importance(
     input_ids, tokens = _tokenise(model, text)
     recording = record(model, input_ids)
     position = len(tokens) - 1
-    graph, _, _ = _build(recording, read_weights(model), position, norm, _Fields(), None)
+    weights = read_weights(model)
+    graph, _, _ = _build(recording, weights, position, norm, _Fields(), None)
+    nothing = legacy_target(None, None, None, "route_importance")
+    predicted = _targets(model, _lens(model, weights, nothing), recording.inputs[-1][position], nothing)
     return RouteImportance(
         tokens=tokens,
         token_ids=input_ids[0].numpy(),
         importance=compose(graph, position, threshold),
         importance_full=compose(graph, position, 0.0),
         attentions=recording.attentions.cpu().numpy(),
+        prediction=predicted.prediction,
     )
 
 
@@ -390,7 +397,8 @@ def _expert_shares(
     columns = block.part(moe.parts)  # [T, k, d]
     if moe.shared is not None:
         columns = torch.cat([columns, block.part(moe.shared)[:, None]], dim=1)  # [T, k + 1, d]
-    parts.check_whole("mixture of experts", index, layer.out, block.residual + columns.sum(1) + block.bias)
+    summed = block.residual + columns.sum(1) + block.bias
+    parts.check_whole("mixture of experts", index, layer.out, summed, layer.computed_in)
     shares, residual, bias = parts.expert_contributions(layer.out, block, columns, p)  # [T, k (+ 1)]
     found = shares.cpu().numpy()
     positions = np.arange(found.shape[0])
@@ -426,16 +434,16 @@ def _layer_shares(
     if layer.parallel and layer.experts is not None:
         raise InputError(f"layer {index}: routes do not split a mixture of experts in a parallel block yet")
     if layer.parallel:  # the feed-forward block reads the stream entering the layer, and adds to the same whole
-        parts.check_whole(
-            "feed-forward block's input (the stream entering a parallel block)", index, layer.mid, layer.inputs
-        )
-        parts.check_whole("parallel block", index, layer.out, summed + ffn_part)
+        entering = "feed-forward block's input (the stream entering a parallel block)"
+        parts.check_whole(entering, index, layer.mid, layer.inputs, layer.computed_in)
+        parts.check_whole("parallel block", index, layer.out, summed + ffn_part, layer.computed_in)
         found = parts.attention_contributions(layer.out, block, vectors, layer.attention, p, ffn_part)
         none = torch.zeros_like(found[-1])
         return *found, none, none
-    parts.check_whole("attention block", index, layer.mid, summed)
+    parts.check_whole("attention block", index, layer.mid, summed, layer.computed_in)
     heads, residual, bias, _ = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
-    parts.check_whole("feed-forward block", index, layer.out, ffn_block.residual + ffn_part + ffn_block.bias)
+    ffn_summed = ffn_block.residual + ffn_part + ffn_block.bias
+    parts.check_whole("feed-forward block", index, layer.out, ffn_summed, layer.computed_in)
     if layer.experts is not None and expert_table is not None:
         return heads, residual, bias, *_expert_shares(index, layer, layer.experts, ffn_block, p, expert_table)
     return heads, residual, bias, *parts.ffn_contributions(layer.out, ffn_block, ffn_part, p)

@@ -110,11 +110,13 @@ def cut(tokenizer: Any, text: str, max_tokens: int | None) -> str:
 class Moments:
     """Per key (``"DOMAIN/QUANTITY"``): how many values were added, their sum and the sum of their
     squares (float64 arrays of one shape per key). Merging adds them; the state is flat arrays
-    (``KEY|count``, ``KEY|sum``, ``KEY|squares``) for ``checkpoint.npz`` and Ray."""
+    (``KEY|count``, ``KEY|sum``, ``KEY|squares``) for ``checkpoint.npz`` and Ray. ``predictions``:
+    each prompt's (by its index) predicted token id and probability (``INDEX|prediction``)."""
 
     counts: dict[str, float] = field(default_factory=dict)
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     squares: dict[str, np.ndarray] = field(default_factory=dict)
+    predictions: dict[int, tuple[int, float]] = field(default_factory=dict)  # prompt -> (token id, probability)
 
     def add(self, key: str, value: Any, count: float = 1.0, squares: Any = None) -> None:
         """Add one value (or, with ``squares``, a sum of ``count`` values and of their squares)."""
@@ -130,6 +132,7 @@ class Moments:
     def merge(self, other: "Moments") -> "Moments":
         for key in other.sums:
             self.add(key, other.sums[key], other.counts[key], other.squares[key])
+        self.predictions.update(other.predictions)
         return self
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -137,6 +140,8 @@ class Moments:
         for key in self.sums:
             state |= {f"{key}|count": np.float64(self.counts[key]), f"{key}|sum": self.sums[key]}
             state[f"{key}|squares"] = self.squares[key]
+        for index, (token, probability) in self.predictions.items():
+            state[f"{index}|prediction"] = np.array([token, probability], dtype=np.float64)
         return state
 
     @classmethod
@@ -146,6 +151,8 @@ class Moments:
             key, _, part = name.rpartition("|")
             if part == "count":
                 found.counts[key] = float(value)
+            elif part == "prediction":
+                found.predictions[int(key)] = (int(value[0]), float(value[1]))
             else:
                 {"sum": found.sums, "squares": found.squares}[part][key] = np.array(value, dtype=np.float64)
         return found
@@ -201,19 +208,24 @@ class RouteStep:
         return Moments()
 
     def run(self, model: ModelLike, moments: Moments, batch: PromptBatch) -> Moments:
-        for _, domain, text in batch.items:
-            add_prompt(moments, domain, model, text, self.threshold, self.norm)
+        for index, domain, text in batch.items:
+            add_prompt(moments, domain, model, text, self.threshold, self.norm, index)
         return moments
 
 
-def add_prompt(moments: Moments, domain: int, model: ModelLike, text: str, threshold: float, norm: int) -> None:
+def add_prompt(
+    moments: Moments, domain: int, model: ModelLike, text: str, threshold: float, norm: int, index: int | None = None
+) -> None:
     """One prompt's numbers into ``moments`` under ``domain``: ``heads`` / ``heads_full`` (each
     head's importance on the route and with every edge, `attnflow.routes`' ``importance.heads``),
     ``ffn`` / ``ffn_full`` (each feed-forward block's, summed over positions), ``tokens``, each
-    attention score of `attnflow.flow_routes.head_roles` it measures and its chance level."""
+    attention score of `attnflow.flow_routes.head_roles` it measures and its chance level; and,
+    under the prompt's ``index``, the model's prediction (a model with a language-model head)."""
     from attnflow.flow_routes.api import route_importance
 
     found = route_importance(model, text, threshold, norm=norm)
+    if index is not None and found.prediction is not None:
+        moments.predictions[index] = (int(found.prediction["id"]), float(found.prediction["probability"]))
     continues = _continues(model.tokenizer, text, len(found.tokens))
     quantities = {
         "heads": found.importance.heads,
@@ -238,13 +250,30 @@ def _continues(tokenizer: Any, text: str, n_tokens: int) -> np.ndarray:
     return continues_word(text, offsets) if len(offsets) == n_tokens else np.zeros(n_tokens, dtype=bool)
 
 
-def prepare(model: ModelLike, domains: list[Domain], max_tokens: int | None) -> list[tuple[int, int, str]]:
-    """``(index, domain, prompt)`` of every text, cut to ``max_tokens`` (`cut`); a prompt longer
+def before_last_word(text: str) -> str:
+    """``text`` without its last word (the last run of characters without white space, trailing
+    white space dropped first) and the white space before it: "Paris is the capital of France."
+    -> "Paris is the capital of", whose next token is the first of " France.". The whole text when
+    it is one word."""
+    stripped = text.rstrip()
+    start = len(stripped)
+    while start > 0 and not stripped[start - 1].isspace():
+        start -= 1
+    return stripped[:start].rstrip() or text
+
+
+def prepare(
+    model: ModelLike, domains: list[Domain], max_tokens: int | None, last_word: bool = False
+) -> list[tuple[int, int, str]]:
+    """``(index, domain, prompt)`` of every text, cut to ``max_tokens`` (`cut`); with ``last_word``,
+    a text that cut leaves whole is cut before its last word (`before_last_word`). A prompt longer
     than the model reads is refused in one line (no truncation without ``max_tokens``)."""
     prompts: list[tuple[int, int, str]] = []
     for number, domain in enumerate(domains):
         for position, text in enumerate(domain.texts):
             prompt = cut(model.tokenizer, text, max_tokens)
+            if last_word and prompt == text:
+                prompt = before_last_word(text)
             length = len(model.tokenizer(prompt, verbose=False)["input_ids"])
             if length > model.max_length:
                 raise InputError(
@@ -295,6 +324,7 @@ def routes_over_data(
     engine: EngineOptions | None = None,
     owned: Callable[[str], bool] = OUTPUTS.__contains__,
     dtype: str = "float32",
+    last_word: bool = False,
 ) -> dict[str, Any]:
     """The routes of every text of ``sources`` (each a domain: `read_domains`, its first
     ``samples`` texts, each cut to ``max_tokens``: `cut`) added up into folder ``out``; returns
@@ -303,7 +333,11 @@ def routes_over_data(
     by name). ``out`` holding an earlier run: ``resume`` continues it (under the same options: a
     changed one is refused, named), ``overwrite`` starts again. ``parameter``: the parameter the
     messages name for the sources (``file`` or ``data``). ``dtype``: the precision a model named by
-    ``model`` loads in (`attnflow.load`; a loaded model keeps its own)."""
+    ``model`` loads in (`attnflow.load`; a loaded model keeps its own). ``last_word``: the texts are
+    documents, not prompts: each one ``max_tokens`` leaves whole is cut before its last word
+    (`before_last_word`), so that the prediction explained is that word's first token rather than
+    whatever follows the text's final period. Each prompt's prediction and its probability (a model
+    with a language-model head) go into ``prompts.jsonl`` and the report's examples."""
     threshold = check_threshold(threshold)
     _check_counts(samples, max_tokens, batch_size, norm)
     engine = engine or EngineOptions()
@@ -318,6 +352,7 @@ def routes_over_data(
         "dtype": precision,
         "data": [{"source": domain.name, "texts": digest(list(domain.texts))} for domain in domains],
         **{"samples": samples, "max_tokens": max_tokens, "threshold": threshold, "norm": norm},
+        **({"last_word": True} if last_word else {}),  # absent when False: earlier checkpoints still resume
     }
     with RunFolder(
         out, kind="routes", checkpoint=CHECKPOINT, owned=owned, state_format=CHECKPOINT_FORMAT,
@@ -330,7 +365,7 @@ def routes_over_data(
         from attnflow.flow_routes.forward import check_supported
 
         check_supported(model)
-        prompts = prepare(model, domains, max_tokens)
+        prompts = prepare(model, domains, max_tokens, last_word)
         job = Job(
             name="routes",
             unit="prompt",
@@ -345,10 +380,11 @@ def routes_over_data(
             label=lambda batch: domains[batch.items[0][1]].name,
         )
         finished = run(job, folder, engine, context=model)
-        summary = summarise(finished.result, domains, prompts, model, fields)
+        predictions = described_predictions(finished.result, model)
+        summary = summarise(finished.result, domains, prompts, model, fields, predictions)
         summary["seconds"] = finished.elapsed_s
         summary["seconds_per_prompt"] = finished.elapsed_s / max(1, finished.done)
-        write_outputs(folder.out, summary, prompts, domains)
+        write_outputs(folder.out, summary, prompts, domains, predictions)
     return summary
 
 
@@ -357,21 +393,41 @@ FFN_QUANTITIES = {"importance": "ffn", "importance_full": "ffn_full"}
 ROLE_SCORES = {name: score for score, name in NAMES.items()}  # a role's name -> the share that names it
 
 
+def described_predictions(moments: Moments, model: ModelLike) -> dict[int, dict[str, Any]]:
+    """Each prompt's prediction (by its index): ``{"prediction": token, "prediction_id",
+    "probability"}``."""
+    return {
+        index: {"prediction": model.tokenizer.decode([token]), "prediction_id": token, "probability": probability}
+        for index, (token, probability) in sorted(moments.predictions.items())
+    }
+
+
 def summarise(
-    moments: Moments, domains: list[Domain], prompts: list[tuple[int, int, str]], model: ModelLike, fields: dict
+    moments: Moments,
+    domains: list[Domain],
+    prompts: list[tuple[int, int, str]],
+    model: ModelLike,
+    fields: dict,
+    predictions: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The summary: per domain (`domain_summary`; with several domains also ``all`` of them
     pooled) the mean and standard error over prompts of each head's and each feed-forward block's
     importance and of each head's attention scores, the top heads with their roles, and the heads
-    whose importance differs most between each domain and the first (``differences``)."""
+    whose importance differs most between each domain and the first (``differences``); the first
+    prompts of each domain with their ``predictions`` (`described_predictions`, None where there is none)."""
+    predictions = predictions or {}
     summary: dict[str, Any] = {
         "model": model.name,
         "n_layers": model.n_layers,
         "n_heads": int(model.n_heads),
         **{key: fields[key] for key in ("samples", "max_tokens", "threshold", "norm")},
+        "last_word": bool(fields.get("last_word", False)),
         "prompts": len(prompts),
         "domains": [
-            domain_summary(moments.pooled([number]), domain.name, domain.info, _examples(prompts, number))
+            {
+                **domain_summary(moments.pooled([number]), domain.name, domain.info, _examples(prompts, number)),
+                "predictions": [predictions.get(index) for index in _example_indices(prompts, number)],
+            }
             for number, domain in enumerate(domains)
         ],
         "versions": versions(),
@@ -384,6 +440,10 @@ def summarise(
 
 def _examples(prompts: list[tuple[int, int, str]], domain: int) -> list[str]:
     return [text for _, number, text in prompts if number == domain][:EXAMPLES]
+
+
+def _example_indices(prompts: list[tuple[int, int, str]], domain: int) -> list[int]:
+    return [index for index, number, _ in prompts if number == domain][:EXAMPLES]
 
 
 def domain_summary(moments: Moments, name: str, info: dict[str, Any], examples: list[str]) -> dict[str, Any]:
@@ -524,14 +584,23 @@ def floats(value: Any) -> Any:
 
 
 def write_outputs(
-    out: Path, summary: dict[str, Any], prompts: list[tuple[int, int, str]], domains: list[Domain]
+    out: Path,
+    summary: dict[str, Any],
+    prompts: list[tuple[int, int, str]],
+    domains: list[Domain],
+    predictions: dict[int, dict[str, Any]] | None = None,
 ) -> None:
     """``summary.json``, ``report.html`` and ``prompts.jsonl`` (each prompt as run: its index,
-    domain and text), each atomically."""
+    domain and text, and its ``predictions`` entry: the predicted token, its id and probability),
+    each atomically."""
     from attnflow.flow_routes.result import _VIEWS
 
+    predictions = predictions or {}
     with atomic_file(out / PROMPTS) as handle:
-        rows = ({"index": index, "domain": domains[number].name, "text": text} for index, number, text in prompts)
+        rows = (
+            {"index": index, "domain": domains[number].name, "text": text, **predictions.get(index, {})}
+            for index, number, text in prompts
+        )
         handle.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
     with atomic_file(out / SUMMARY_JSON) as handle:
         handle.write(json.dumps(summary, indent=1, allow_nan=False).encode("utf-8"))

@@ -78,6 +78,7 @@ class Recording:
     attention_outputs: torch.Tensor
     ffn_outputs: torch.Tensor
     experts: list[ExpertParts] | None = None
+    dtype: torch.dtype = torch.float32  # the precision the model computed them in (they are stored float32)
 
     @property
     def n_layers(self) -> int:
@@ -92,8 +93,8 @@ class Layer:
     """One layer's tensors, in `PRECISION`: ``inputs`` the stream entering it, ``mid`` the one its
     feed-forward block reads, ``out`` leaving it (``[T, d]`` each), ``attention [H, T, T]``,
     ``values [T, KV, d_head]``, ``attention_output`` and ``ffn_output`` ``[T, d]``, ``experts`` (see
-    `Recording`), ``output_weights [H, d_head, d]``, ``output_bias [d]``, its norms and whether the
-    block is ``parallel`` (see `Weights`)."""
+    `Recording`), ``output_weights [H, d_head, d]``, ``output_bias [d]``, its norms, whether the
+    block is ``parallel`` (see `Weights`) and the precision the model ``computed_in``."""
 
     inputs: torch.Tensor
     mid: torch.Tensor
@@ -109,6 +110,7 @@ class Layer:
     ffn_norm: Norm | None
     parallel: bool
     experts: ExpertParts | None = None
+    computed_in: torch.dtype = torch.float32  # the model's precision (`Recording.dtype`)
 
 
 def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
@@ -132,6 +134,7 @@ def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
         ffn_norm=None if weights.ffn_norm is None else weights.ffn_norm.layer(index, PRECISION),
         parallel=weights.parallel,
         experts=None if recording.experts is None else recording.experts[index].to(PRECISION),
+        computed_in=recording.dtype,
     )
 
 
@@ -226,6 +229,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
         attention_outputs=stack_recorded(outputs["attention_outputs"], located["attention_outputs"])[0].float(),
         ffn_outputs=stack_recorded(outputs["ffn_outputs"], located["ffn_outputs"])[0].float(),
         experts=_expert_parts(model, located["moe"], moe_inputs) if "moe" in located else None,
+        dtype=first.dtype,
     )
 
 

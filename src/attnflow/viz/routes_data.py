@@ -209,10 +209,25 @@ def _differences_table(difference: dict[str, Any]) -> str:
 
 
 def _examples(domains: list[dict[str, Any]]) -> str:
+    """The first prompts of each domain, each with the model's prediction after it (where the
+    summary has one: `attnflow.flow_routes.dataset.described_predictions`)."""
     parts = []
     for domain in domains:
-        shown = "".join(f'<pre class="prompt">{esc(text)}</pre>' for text in domain["examples"])
+        predictions = domain.get("predictions") or [None] * len(domain["examples"])
+        shown = "".join(
+            f'<pre class="prompt">{esc(text)}</pre>' + _predicted(predicted)
+            for text, predicted in zip(domain["examples"], predictions, strict=False)
+        )
         parts.append(
-            f"<h3>{esc(domain['name'])}</h3><p>The first prompts, as run (every one: prompts.jsonl).</p>{shown}"
+            f"<h3>{esc(domain['name'])}</h3><p>The first prompts, as run, and the next token each "
+            f"predicts (every one: prompts.jsonl).</p>{shown}"
         )
     return "\n".join(parts)
+
+
+def _predicted(predicted: dict[str, Any] | None) -> str:
+    if predicted is None:
+        return ""
+    return (
+        f'<p class="prediction">predicts {esc(repr(predicted["prediction"]))} (p = {predicted["probability"]:.3f})</p>'
+    )
