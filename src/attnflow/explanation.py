@@ -48,22 +48,77 @@ _AUTO: dict[str, Callable[..., Any]] = {}
 
 
 CLEAR_MARGIN = 0.5  # comprehensiveness above random by half of random's (and by 0.01 of p) or more: "clear"
+CLEAR_SHARE = 0.5  # with the input's bounds: "clear" closes half the way from random rankings to the best ranking
+# Deletion separates nothing on an input whose rankings all drop p alike: the bounds' span under
+# INDISTINCT_SPAN of p (or 0.01), random rankings at INDISTINCT_RANDOM of the way from the worst ranking
+# to the best, or the best within one standard deviation of single random rankings above their mean.
+INDISTINCT_SPAN = 0.05
+INDISTINCT_RANDOM = 0.9
 LEVEL_NOTES = {
     "clear": "",
-    "marginal": " Barely above random rankings on this input (less than 1.5 times their drop).",
+    "marginal": " Barely above random rankings on this input (less than half the way from their drop to the best "
+    "ranking's, or, where the input's bounds are not known, less than 1.5 times their drop).",
     "weak": " No better than random rankings on this input.",
+    "indistinct": " Deletion cannot tell rankings apart on this input: every ranking drops p about as much as "
+    "any other, so this map is neither confirmed nor refuted here.",
 }
 
 
+@dataclass(frozen=True)
+class Separation:
+    """What deletion can show on one input: the random rankings' mean AOPC comprehensiveness
+    ``chance``, the standard deviation of single random rankings' (``spread``; 0 with fewer than
+    two recorded) and the input's ``bounds`` (lowest, highest AOPC any ranking reaches), None
+    where they were not computed."""
+
+    chance: float
+    spread: float
+    bounds: tuple[float, float] | None
+
+    @classmethod
+    def of(cls, faithfulness: dict[str, Any]) -> Separation:
+        """From a per-input faithfulness record (`attnflow.evaluate.per_input.input_faithfulness`)."""
+        chance = faithfulness["random"]
+        draws = chance.get("draws") or []
+        spread = float(np.std(draws, ddof=1)) if len(draws) > 1 else 0.0
+        found = (faithfulness.get("bounds") or {}).get("comprehensiveness") or [None, None]
+        known = all(value is not None and np.isfinite(value) for value in found)
+        return cls(
+            float(chance["aopc_comprehensiveness"]), spread, (float(found[0]), float(found[1])) if known else None
+        )
+
+    def indistinct(self, probability: float) -> bool:
+        """Whether no ranking can stand out on this input (`INDISTINCT_SPAN`, `INDISTINCT_RANDOM`)."""
+        if self.bounds is None:
+            return False
+        lower, upper = self.bounds
+        span = upper - lower
+        if span < max(INDISTINCT_SPAN * abs(probability), 0.01):
+            return True
+        return (self.chance - lower) / span >= INDISTINCT_RANDOM or upper - self.chance <= self.spread
+
+
 def faithfulness_level(faithfulness: dict[str, Any]) -> str:
-    """``"weak"`` when a per-input faithfulness record's comprehensiveness is no higher than random
-    rankings', ``"marginal"`` when it exceeds theirs by less than `CLEAR_MARGIN` of it (or by less
-    than 0.01), ``"clear"`` otherwise: a map only slightly better than chance is not shown (or
-    chosen by ``auto``) as a good one."""
-    mine, chance = faithfulness["aopc_comprehensiveness"], faithfulness["random"]["aopc_comprehensiveness"]
-    if mine <= chance:
+    """How a per-input faithfulness record's comprehensiveness compares with what random rankings
+    reach on the same input (`Separation`): ``"indistinct"`` when deletion cannot tell rankings
+    apart there (every ranking drops p alike: a short input whose prediction falls whichever token
+    goes); ``"weak"`` when it is no higher than random rankings' mean plus one standard deviation
+    of single random rankings; ``"marginal"`` when it closes less than `CLEAR_SHARE` of the way
+    from random rankings to the best ranking the input's bounds found (where there are no bounds:
+    exceeds random's by less than `CLEAR_MARGIN` of it, by less than 0.01, or by less than two
+    standard deviations); ``"clear"`` otherwise. The badge's colour and ``auto``'s warning both
+    read it, so neither says more than the other."""
+    mine = float(faithfulness["aopc_comprehensiveness"])
+    separation = Separation.of(faithfulness)
+    chance, spread = separation.chance, separation.spread
+    if separation.indistinct(float(faithfulness.get("probability", 1.0))):
+        return "indistinct"
+    if mine <= chance + spread:
         return "weak"
-    if mine - chance < max(CLEAR_MARGIN * chance, 0.01):
+    if separation.bounds is not None:
+        upper = max(separation.bounds[1], mine)
+        return "marginal" if mine - chance < CLEAR_SHARE * (upper - chance) else "clear"
+    if mine - chance < max(CLEAR_MARGIN * chance, 0.01, 2 * spread):
         return "marginal"
     return "clear"
 

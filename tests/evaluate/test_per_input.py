@@ -295,3 +295,107 @@ def test_auto_warns_when_its_choice_is_not_clearly_better_than_random(best, warn
         with pytest.warns(ExplanationWarning, match=warned):
             chosen = choose_most_comprehensive(candidates)
         assert chosen.method == "attnlrp" and f"is {warned} random rankings on this input" in chosen.notes[0]
+
+
+def _measured(choice: float, draws: list[float], bounds: list[float], probability: float) -> dict:
+    """A faithfulness record of numbers measured on smollm2 (auto's choice, each random ranking's
+    AOPC comprehensiveness, the input's exact bounds)."""
+    return {
+        "target": "x",
+        "quantity": "p(x)",
+        "probability": probability,
+        "bins": [0.1, 0.2, 0.5],
+        "aopc_comprehensiveness": choice,
+        "random": {"aopc_comprehensiveness": float(np.mean(draws)), "draws": draws, "rankings": len(draws)},
+        "bounds": {"comprehensiveness": bounds, "sufficiency": [0.0, 1.0], "search": "exact"},
+    }
+
+
+# Four short factual prompts written for this test, smollm2 (exact bounds, 6 to 9 content tokens):
+# "The chemical symbol for gold is" -> " Au": every ranking drops p by 0.952-0.958;
+# "The largest planet in our solar system is" -> " Jupiter": one random ranking of five reaches the best;
+# "The author of Pride and Prejudice is Jane" -> " Austen": attnlrp at the best, random rankings far below;
+# "Mount Everest lies on the border of Nepal and" -> " the": leave-one-out's ranking (0.297) planted as the
+# choice, within the random rankings' spread (0.255 ± 0.05).
+GOLD = _measured(0.958, [0.9525, 0.9584, 0.9525, 0.9566, 0.9577], [0.9525, 0.9584], 0.958)
+JUPITER = _measured(0.102, [0.0518, 0.0934, 0.0869, 0.0889, 0.1023], [0.0416, 0.1029], 0.103)
+AUSTEN = _measured(0.950, [0.3494, 0.3080, 0.3034, 0.3080, 0.3034], [0.1184, 0.9499], 0.950)
+EVEREST_LOO = _measured(0.297, [0.1872, 0.3010, 0.2713, 0.3010, 0.2156], [0.0761, 0.3341], 0.334)
+
+
+@pytest.mark.parametrize(
+    ("record", "level", "warned"),
+    [
+        (GOLD, "indistinct", "deletion cannot tell rankings apart on this input"),
+        (JUPITER, "indistinct", "deletion cannot tell rankings apart on this input"),
+        (AUSTEN, "clear", None),
+        (EVEREST_LOO, "weak", "is no better than random rankings on this input"),
+        ({**AUSTEN, "aopc_comprehensiveness": 0.55}, "marginal", "is barely above random rankings on this input"),
+    ],
+)
+def test_autos_warning_says_what_its_badge_can_show(record, level, warned):
+    """Short prompts whose badge shows NAOPC 0.99-1.00: where every ranking (random ones included)
+    drops p alike, auto says deletion cannot tell rankings apart (not that its choice is barely above
+    random); a choice clearly above random rankings' spread and half-way to the best ranking is not
+    warned about; one within their spread, or short of half-way, still is."""
+    from types import SimpleNamespace
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.evaluate.per_input import choose_most_comprehensive
+    from attnflow.explanation import faithfulness_level
+
+    assert faithfulness_level(record) == level
+    chosen = SimpleNamespace(method="attnlrp", faithfulness=record, notes=[], chosen_by=None)
+    if warned is None:
+        choose_most_comprehensive([chosen])
+        assert chosen.notes == []
+        return
+    with pytest.warns(ExplanationWarning, match=warned):
+        choose_most_comprehensive([chosen])
+    assert len(chosen.notes) == 1 and warned in chosen.notes[0]
+    if level == "indistinct":
+        assert "neither confirmed nor refuted" in chosen.notes[0] and "barely" not in chosen.notes[0]
+
+
+SHORT_FACTS = [
+    "The largest planet in our solar system is",
+    "The chemical symbol for gold is",
+    "Shakespeare was born in the town of",
+    "The Great Wall is located in",
+    "The currency of Japan is the",
+    "Mount Everest lies on the border of Nepal and",
+    "The freezing point of water in Fahrenheit is",
+    "The author of Pride and Prejudice is Jane",
+]
+
+
+@pytest.mark.slow
+def test_auto_on_short_factual_prompts_never_contradicts_its_badge(smollm2):
+    """Eight short factual prompts written for this test (none from the docs), smollm2, auto: no
+    warning that its choice is barely above (or no better than) random rankings where the badge
+    beside it shows NAOPC ≥ 0.9; where deletion cannot tell rankings apart the note says so. A
+    planted ranking, the reverse of auto's choice on the last prompt, is no better than random and
+    still warned about."""
+    import dataclasses
+    import warnings
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.evaluate.per_input import choose_most_comprehensive, explain_planned, plan_methods
+    from attnflow.explanation import faithfulness_level
+
+    plan = plan_methods(smollm2, ["auto"], {})
+    for text in SHORT_FACTS:
+        trace = smollm2.trace_for(list(plan.per_method), text)[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (chosen,) = explain_planned(smollm2, trace, plan)
+        messages = [str(w.message) for w in caught if "random rankings on this input (" in str(w.message)]
+        level = faithfulness_level(chosen.faithfulness)
+        assert chosen.faithfulness["naopc_comprehensiveness"] >= 0.9, text
+        assert messages == [] and level in ("clear", "indistinct"), (text, level, messages)
+        assert any("cannot tell rankings apart" in note for note in chosen.notes) == (level == "indistinct")
+    reversed_scores = -chosen.scores  # the last prompt's: its most relevant token ranked last
+    (record,) = input_faithfulness(smollm2, trace, [reversed_scores])
+    planted = dataclasses.replace(chosen, faithfulness=record, notes=[], method="reversed")
+    with pytest.warns(ExplanationWarning, match="reversed, is no better than random rankings on this input"):
+        choose_most_comprehensive([planted])

@@ -103,7 +103,8 @@ def input_faithfulness(
     [bin], "sufficiency" [bin], "aopc_comprehensiveness", "aopc_sufficiency",
     "naopc_comprehensiveness", "naopc_sufficiency" (None where the bounds were not computed),
     "bounds" (`attnflow.evaluate.bounds.AopcBounds` as a dict, the search chosen by ``budget``, and
-    "note" when none was), "random": {the AOPC figures for random rankings, "rankings"}}``; drops
+    "note" when none was), "random": {the AOPC figures for random rankings, "rankings", "draws" (each
+    random ranking's AOPC comprehensiveness)}}``; drops
     are p(x) − p(x perturbed). Raises ValueError for a trace without a class or next-token target,
     or with more content tokens than ``budget.scored`` (None: `BUDGET`).
     """
@@ -145,9 +146,11 @@ def input_faithfulness(
         }
 
     if chance is None:
+        drawn = comprehensiveness[len(scores) :]  # [random ranking, bin]
         chance = {
-            **figures(comprehensiveness[len(scores) :].mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
+            **figures(drawn.mean(axis=0), sufficiency[len(scores) :].mean(axis=0)),
             "rankings": int(random_rankings),
+            "draws": drawn.mean(axis=1).tolist(),  # each random ranking's AOPC comprehensiveness: their spread
         }
         _keep(model, key, chance)
     contrast_label = getattr(target, "contrast_label", None)
@@ -403,27 +406,40 @@ def choose_most_comprehensive(candidates: Sequence[Any]) -> Any:
 
 
 def _warn_if_no_better_than_random(chosen: Any) -> None:
-    """A note (and an `ExplanationWarning`) on auto's choice when even the best candidate's
-    comprehensiveness is not clearly above random rankings' on this input
-    (`attnflow.explanation.faithfulness_level`): no candidate is a map to trust there."""
+    """A note (and an `ExplanationWarning`) on auto's choice when the badge beside it does not show
+    it clearly above random rankings (`attnflow.explanation.faithfulness_level`, which colours the
+    badge): no candidate is a map to trust there. Where deletion cannot tell rankings apart on this
+    input (``"indistinct"``: a short input whose prediction falls whichever token is removed), the
+    note says that instead: the choice is untested there, not refuted."""
     import warnings
 
     from attnflow.errors import ExplanationWarning
-    from attnflow.explanation import faithfulness_level
+    from attnflow.explanation import Separation, faithfulness_level
 
-    level = faithfulness_level(chosen.faithfulness)
+    faithfulness = chosen.faithfulness
+    level = faithfulness_level(faithfulness)
     if level == "clear":
         return
-    mine, chance = (
-        chosen.faithfulness["aopc_comprehensiveness"],
-        chosen.faithfulness["random"]["aopc_comprehensiveness"],
-    )
-    how = "no better than" if level == "weak" else "barely above"
-    note = (
-        f"auto's choice, {chosen.method}, is {how} random rankings on this input (comprehensiveness {mine:.3f} "
-        f"against their {chance:.3f}): none of its candidates finds the tokens this prediction depends on; "
-        "do not read this map as the reason"
-    )
+    mine, separation = faithfulness["aopc_comprehensiveness"], Separation.of(faithfulness)
+    chance = separation.chance
+    spread = f" ± {separation.spread:.3f}" if separation.spread else ""
+    reach = "" if separation.bounds is None else f"; the best ranking of this input reaches {separation.bounds[1]:.3f}"
+    if level == "indistinct":
+        assert separation.bounds is not None  # indistinct needs the bounds
+        lower, upper = separation.bounds
+        note = (
+            f"deletion cannot tell rankings apart on this input: every ranking of its tokens drops "
+            f"{faithfulness.get('quantity', 'p')} by between {lower:.3f} and {upper:.3f} (random rankings "
+            f"{chance:.3f}{spread}), so auto's choice, {chosen.method} ({mine:.3f}), is neither confirmed nor "
+            "refuted by it here"
+        )
+    else:
+        how = "no better than" if level == "weak" else "barely above"
+        note = (
+            f"auto's choice, {chosen.method}, is {how} random rankings on this input (comprehensiveness {mine:.3f} "
+            f"against their {chance:.3f}{spread}{reach}): none of its candidates finds the tokens this prediction "
+            "depends on; do not read this map as the reason"
+        )
     chosen.notes.append(note)
     warnings.warn(note, ExplanationWarning, stacklevel=3)
 

@@ -48,6 +48,7 @@ CSS = """
                    background: #eef4ee; border: 1px solid #9cc39c; color: #1f4d1f; margin: .2rem 0 .4rem; }
 .attnflow .badge.weak { background: #f7eeee; border-color: #d6a3a3; color: #6b1f1f; }
 .attnflow .badge.marginal { background: #fbf6e6; border-color: #d9c27a; color: #5c4a0d; }
+.attnflow .badge.indistinct { background: #f1f3f5; border-color: #adb5bd; color: #495057; }
 .attnflow .choice { font-size: 1.05rem; margin: .8rem 0; padding: .5rem .8rem; border-left: 4px solid #2166ac;
                     background: #f0f5fb; }
 .attnflow img.overlay { width: min(100%, 480px); height: auto; border: 1px solid #eee; }
@@ -140,7 +141,8 @@ def _bounds_note(faithfulness: dict[str, Any]) -> str:
 
 def _badge(explanation: "Explanation") -> str:
     """The per-input faithfulness badge (empty without one), coloured by `faithfulness_level`:
-    green clearly above random rankings, amber barely above, red not above."""
+    green clearly above random rankings, amber barely above, red not above, grey where deletion
+    cannot tell rankings apart on this input."""
     faithfulness = explanation.faithfulness
     if faithfulness is None:
         return ""
