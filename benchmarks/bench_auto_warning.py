@@ -1,6 +1,6 @@
 """What `--method auto` says beside its badge on short factual prompts (docs/methods.md).
 
-Two sets of 8 short factual prompts, none from the docs: ``tune``, the set the rule of
+Two sets of 8 short factual prompts (tests/evaluate/short_facts.json), none from the docs: ``tune``, the set the rule of
 `attnflow.explanation.faithfulness_level` was set on (also `tests/evaluate/test_per_input.py`'s), and
 ``held-out``, not used to set it. For each prompt, auto on ``--model`` (leave-one-out and random
 rankings beside it): the next token and its probability, auto's choice and its AOPC comprehensiveness,
@@ -14,7 +14,9 @@ by half of it), and whether auto warned, and how.
 from __future__ import annotations
 
 import argparse
+import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -22,28 +24,10 @@ import attnflow
 from attnflow.evaluate import per_input
 from attnflow.explanation import faithfulness_level
 
-SETS = {
-    "tune": [
-        "The largest planet in our solar system is",
-        "The chemical symbol for gold is",
-        "Shakespeare was born in the town of",
-        "The Great Wall is located in",
-        "The currency of Japan is the",
-        "Mount Everest lies on the border of Nepal and",
-        "The freezing point of water in Fahrenheit is",
-        "The author of Pride and Prejudice is Jane",
-    ],
-    "held-out": [
-        "The inventor of the telephone was Alexander Graham",
-        "The tallest animal on Earth is the",
-        "The longest river in South America is the",
-        "The human heart has four",
-        "The first man on the moon was Neil",
-        "Berlin is the capital city of",
-        "The Mona Lisa was painted by Leonardo da",
-        "The language spoken in Brazil is",
-    ],
-}
+# The prompts: tests/evaluate/short_facts.json ("tune" is also the test's set).
+SETS: dict[str, list[str]] = json.loads(
+    (Path(__file__).resolve().parent.parent / "tests" / "evaluate" / "short_facts.json").read_text(encoding="utf-8")
+)
 
 
 def previous_level(record: dict) -> str:

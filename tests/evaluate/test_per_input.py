@@ -3,7 +3,9 @@ against forward passes of the perturbed inputs written out here."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -357,16 +359,8 @@ def test_autos_warning_says_what_its_badge_can_show(record, level, warned):
         assert "neither confirmed nor refuted" in chosen.notes[0] and "barely" not in chosen.notes[0]
 
 
-SHORT_FACTS = [
-    "The largest planet in our solar system is",
-    "The chemical symbol for gold is",
-    "Shakespeare was born in the town of",
-    "The Great Wall is located in",
-    "The currency of Japan is the",
-    "Mount Everest lies on the border of Nepal and",
-    "The freezing point of water in Fahrenheit is",
-    "The author of Pride and Prejudice is Jane",
-]
+# Written for this test (the "tune" set; "held-out" was not used to set the rule: benchmarks/bench_auto_warning.py)
+SHORT_FACTS = json.loads((Path(__file__).parent / "short_facts.json").read_text(encoding="utf-8"))["tune"]
 
 
 @pytest.mark.slow

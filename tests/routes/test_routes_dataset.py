@@ -19,7 +19,7 @@ import torch
 import attnflow
 from attnflow.cli import main
 from attnflow.flow_routes import head_roles
-from attnflow.flow_routes.dataset import before_last_word, cut, routes_over_data
+from attnflow.flow_routes.dataset import Moments, before_last_word, cut, routes_over_data
 from attnflow.runs.engine import EngineOptions
 from attnflow.runs.readers import open_corpus, python_functions
 
@@ -176,6 +176,19 @@ def test_a_document_is_cut_before_its_last_word():
     assert before_last_word("It ends here.  \n") == "It ends"
     assert before_last_word("def f(a):\n    return a") == "def f(a):\n    return"
     assert before_last_word("one") == "one" and before_last_word("  one ") == "  one "  # one word: kept whole
+
+
+def test_predictions_survive_the_checkpoint_and_merge_across_workers():
+    """What a resumed or a Ray run keeps of each prompt's prediction: ``state_dict`` (checkpoint.npz,
+    Ray's transfer) and ``merge`` (the workers' results)."""
+    first, second = Moments(), Moments()
+    first.add("0/tokens", 3.0)
+    first.predictions[0] = (1234, 0.25)
+    second.predictions[7] = (5, 0.5)
+    again = Moments.from_state_dict(first.state_dict())
+    assert again.predictions == {0: (1234, 0.25)} and again.counts == {"0/tokens": 1.0}
+    assert again.merge(second).predictions == {0: (1234, 0.25), 7: (5, 0.5)}
+    assert again.pooled([0]).counts == {"tokens": 1.0}  # the per-prompt entries are not a domain's quantity
 
 
 def read_prompts(folder: Path) -> list[dict]:
