@@ -10,7 +10,7 @@ and the largest difference of any attention share (`Graph.attention`). Means ove
 with the minimum in brackets, and both precisions' times.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_routes_dtype.py [--model smollm2] [--dtype bfloat16]
-        [--samples 8] [--max-tokens 24] [--top 10]
+        [--samples 24] [--max-tokens 24] [--top 10]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args()
