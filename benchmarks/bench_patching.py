@@ -39,7 +39,7 @@ from attnflow.runs.engine import EngineOptions
 from attnflow.targets import Target
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
-PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl"}
+PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl", "other": "factual_other.jsonl"}
 
 
 def chosen_pairs(model, max_tokens: int, limit: int, which: str = "shipped") -> list[dict]:
