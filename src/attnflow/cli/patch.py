@@ -210,7 +210,8 @@ def _add_other_analyses(parser: argparse.ArgumentParser) -> None:
         "--versus",
         metavar="METHODS",
         help="instead: per layer, the Spearman correlation between exact residual patching and each of "
-        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim,routes (comma-separated; 'all'); writes versus.json",
+        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim,routes,routes_counterfactual (comma-separated; "
+        "'all'); writes versus.json",
     )
     parser.add_argument(
         "--edges",
