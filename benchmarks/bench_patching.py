@@ -5,7 +5,9 @@ Pairs (``--pairs``): ``shipped``, the factual prompts with counterfactual subjec
 attnflow/causal/data/factual.jsonl (the set the defaults were chosen on), or ``heldout``, the 28
 pairs of factual_heldout.jsonl written afterwards and disjoint from them (capitals, languages,
 landmarks, continents; each checked on smollm2: same token length, single-token answers, the clean
-prompt prefers the target and the corrupt one the contrast); shortest first, at most
+prompt prefers the target and the corrupt one the contrast), or ``other``, the 12 pairs of
+factual_other.jsonl written by another procedure (other templates, multi-token subjects, no
+geography; checked the same way); shortest first, at most
 ``--max-tokens`` tokens (CPU time grows with the tokens twice: more sites, longer passes).
 Metric: logit(target) − logit(contrast); denoising; every site kind. The run is checkpointed in
 ``--out`` (rerun to continue). Prints, per site kind, the Pearson and Spearman correlation of each
@@ -39,7 +41,7 @@ from attnflow.runs.engine import EngineOptions
 from attnflow.targets import Target
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
-PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl"}
+PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl", "other": "factual_other.jsonl"}
 
 
 def chosen_pairs(model, max_tokens: int, limit: int, which: str = "shipped") -> list[dict]:

@@ -72,7 +72,9 @@ def add_missing_methods(model, comparisons: list[LayerComparison], pairs: list[d
     for comparison, pair in zip(comparisons, pairs, strict=False):
         missing = [method for method in VERSUS_METHODS if method not in comparison.predictions]
         if missing:
-            found = layer_predictions(model, comparison.clean_text, missing, target=pair.get("target"))
+            found = layer_predictions(
+                model, comparison.clean_text, missing, target=pair.get("target"), corrupt=comparison.corrupt_text
+            )
             comparison.predictions.update(found)
             changed = True
     if changed:

@@ -124,7 +124,8 @@ def test_a_read_only_out_is_one_line_before_the_model_loads(
         (["--edges", "eap", "--steps", "3"], "--steps"),
         (["--steps", "3"], "--steps"),
         (["--samples", "3"], "--samples"),
-        (["--seed", "1"], "--seed"),
+        (["--method", "exact", "--seed", "1"], "--seed"),  # with an estimate, --seed draws the sampled check
+        (["--check-sites", "0", "--seed", "1"], "--seed"),
         (["--knockout-window", "3"], "--knockout-window"),  # without --sites knockout
         (["--versus", "rollout", "--knockout-target", "-1"], "--knockout-target"),
     ],

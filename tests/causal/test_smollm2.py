@@ -44,6 +44,27 @@ def test_the_factual_pairs_hold_on_smollm2(smollm2):
     assert restored.item() == clean_metric.item()
 
 
+def test_the_pairs_written_another_way_hold_on_smollm2(smollm2):
+    """factual_other.jsonl (docs/causal.md): same token lengths, one-token answers, the clean text
+    prefers the target and the corrupt one the contrast (logit(target) − logit(contrast) > 0 < 0)."""
+    tokenizer = smollm2.tokenizer
+    pairs = read_pairs(Path(str(files("attnflow.causal") / "data" / "factual_other.jsonl")))
+    assert len(pairs) >= 10
+    for pair in pairs:
+        target, contrast = (
+            tokenizer(answer, add_special_tokens=False)["input_ids"] for answer in (pair["target"], pair["contrast"])
+        )
+        assert len(target) == len(contrast) == 1, pair
+        differences = []
+        for text in (pair["clean"], pair["corrupt"]):
+            ids = tokenizer(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                logits = smollm2.model(input_ids=ids).logits[0, -1]
+            differences.append(float(logits[target[0]] - logits[contrast[0]]))
+            assert ids.shape[1] == len(tokenizer(pair["clean"])["input_ids"]), pair
+        assert differences[0] > 0 > differences[1], (pair, differences)
+
+
 @pytest.mark.slow
 def test_smollm2_predicts_every_target(smollm2):
     tokenizer = smollm2.tokenizer

@@ -142,6 +142,35 @@ def test_routes_rows_are_the_importance_of_the_stream_each_row_restores(tiny_pat
     np.testing.assert_array_equal(predicted[-1], np.eye(len(comparison.tokens))[-1])  # the top itself
 
 
+def test_routes_with_the_counterfactual_weigh_each_node_by_the_share_the_corruption_changes(tiny_patch_models):
+    model = tiny_patch_models["llama"]
+    comparison = compare_with_patching(model, CLEAN, CORRUPT, methods=("routes", "routes_counterfactual"))
+    predicted = comparison.predictions["routes_counterfactual"]
+    layers = model.hf_model.model.layers
+    streams = {}
+    handle = layers[-1].register_forward_hook(  # the stream leaving the last layer, before the final norm
+        lambda _module, _args, output: streams.__setitem__("last", output[0] if isinstance(output, tuple) else output)
+    )
+    try:
+        with torch.no_grad():
+            for name, text in (("clean", CLEAN), ("corrupt", CORRUPT)):
+                ids = model.tokenizer(text, return_tensors="pt")["input_ids"]
+                hidden = model.hf_model(input_ids=ids, output_hidden_states=True).hidden_states
+                streams[name] = torch.stack([*hidden[: len(layers)], streams["last"]])[:, 0].double()  # [L + 1, T, d]
+    finally:
+        handle.remove()
+    changed = (streams["clean"] - streams["corrupt"]).norm(dim=-1) / streams["clean"].norm(dim=-1)
+    np.testing.assert_allclose(predicted, comparison.predictions["routes"] * changed.numpy(), rtol=1e-4, atol=1e-9)
+    first = next(
+        i
+        for i, (a, b) in enumerate(zip(*(model.tokenizer(t)["input_ids"] for t in (CLEAN, CORRUPT)), strict=True))
+        if a != b
+    )
+    assert np.all(predicted[:, :first] == 0) and bool((changed[:, first] > 0).all())  # before the swap nothing differs
+    with pytest.raises(InputError, match="same token length"):
+        prediction_importance(model, CLEAN, "last", corrupt="the cat sat on the big mat")
+
+
 def test_a_mean_pooled_prediction_weighs_each_final_node_by_its_proximity_to_the_mean(tiny_loaded):
     model = tiny_loaded("bert")
     text = "the movie was great"

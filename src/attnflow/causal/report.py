@@ -52,7 +52,8 @@ def _meta(result: PatchResult) -> dict[str, Any]:
 def report_fragment(result: PatchResult) -> str:
     """A notebook's view of one result (no page around it, no figures): the inputs, the metric and
     the strongest sites."""
-    return f'<div class="attnflow-patch">{meta_table(_meta(result))}{_top_table(result)}</div>'
+    check = _check_table(result) if result.check else ""
+    return f'<div class="attnflow-patch">{meta_table(_meta(result))}{check}{_top_table(result)}</div>'
 
 
 def report_html(result: PatchResult) -> str:
@@ -61,6 +62,8 @@ def report_html(result: PatchResult) -> str:
     body = [section("How to read this page", _reading(result))]
     if result.correlations:
         body.append(section("Approximations against exact patching", _agreement_table(result), "agreement"))
+    if result.check:
+        body.append(section("Sampled check of the estimates", _check_table(result), "check"))
     for method, effects in result.effects.items():
         figures = "\n".join(_heatmap(result, method, kind, values) for kind, values in effects.items())
         body.append(section(f"{method}: effects", figures, f"effects-{method}"))
@@ -119,6 +122,37 @@ def _agreement_table(result: PatchResult) -> str:
             )
     header = "<tr><th>method</th><th>sites</th><th>Pearson r</th><th>Spearman ρ</th></tr>"
     return f'<table class="agreement"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _check_table(result: PatchResult) -> str:
+    """The sampled check (`PatchResult.check`): what was patched and at what cost, each estimate's
+    r and ρ with exact on the sample per site kind (a row below the threshold marked), the warnings."""
+    check = result.check
+    cost = (
+        "read from the full exact sweep above, at no cost"
+        if check["from_full_sweep"]
+        else f"{check['seconds']:.2f} s of exact patching"
+    )
+    note = (
+        f'<p class="note">Exact patching of {check["size"]} sites of each kind ({check["strongest"]} the '
+        f"estimates' strongest, the rest drawn at random with seed {check['seed']}; {esc(cost)}): an estimate "
+        f"whose Pearson r with exact on them is below {check['threshold']} is marked; do not read its map as "
+        "the patching effects.</p>"
+    )
+    rows = []
+    for method, kinds in check["correlations"].items():
+        for kind, values in kinds.items():
+            low = values["pearson"] < check["threshold"]
+            rows.append(
+                f'<tr data-method="{esc(method)}" data-kind="{esc(kind)}" data-low="{str(low).lower()}">'
+                f"<td>{esc(method)}</td><td>{esc(kind)}</td><td>{values['sites']}</td>"
+                + _value_cell(values["pearson"])
+                + _value_cell(values["spearman"])
+                + f"<td>{'below the threshold' if low else ''}</td></tr>"
+            )
+    header = "<tr><th>method</th><th>sites</th><th>sampled</th><th>Pearson r</th><th>Spearman ρ</th><th></th></tr>"
+    warnings = "".join(f'<p class="warning">{esc(line)}</p>' for line in result.check_warnings)
+    return f'{note}<table class="check"><thead>{header}</thead><tbody>{"".join(rows)}</tbody></table>{warnings}'
 
 
 def _top_table(result: PatchResult) -> str:

@@ -20,7 +20,10 @@ saliency row (``model.default_row``: the CLS row, the mean of the rows, or the l
   leaving layer r − 1, the very stream the sweep's row r restores — for the prediction at the
   saliency row (a mean-pooling head: the pooled vector, the mean of the last layer's nodes),
   through the route at the default threshold. Row L (leaving the last layer) is the top itself:
-  1 at the predicting position, 0 elsewhere (a mean-pooled head: the top's weights).
+  1 at the predicting position, 0 elsewhere (a mean-pooled head: the top's weights);
+- ``routes_counterfactual``: ``routes`` with the counterfactual, each node's importance times the
+  share of it the corruption changes, ‖x − x̃‖ / ‖x‖ (`prediction_importance`'s ``corrupt``):
+  what the prediction reads *and* what differs between the runs, which is what patching restores.
 
 Row 0 (the embeddings) has no composed layer: ``rollout`` and ``flow`` are NaN there. The Spearman
 correlation over positions, per layer and prompt, is NaN where either side is constant.
@@ -39,7 +42,17 @@ from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
 from attnflow.targets import Target, legacy_target
 
-VERSUS_METHODS = ("rollout", "rollout_above", "flow", "grad_rollout", "attnlrp", "gim", "routes")
+VERSUS_METHODS = (
+    "rollout",
+    "rollout_above",
+    "flow",
+    "grad_rollout",
+    "attnlrp",
+    "gim",
+    "routes",
+    "routes_counterfactual",
+)
+_OWN_PASS = ("routes", "routes_counterfactual")  # not registered methods: their own forward passes
 # The registered method each prediction runs (``rollout_above`` is rollout with a start layer).
 _REGISTERED = {"rollout_above": "rollout"}
 
@@ -129,15 +142,21 @@ def compare_with_patching(
         progress=progress,
     )
     effects = np.asarray(result.effects["exact"]["residual"], dtype=np.float64)  # [L + 1, token]
-    predictions = layer_predictions(model, clean, chosen, target=wanted.label)
+    predictions = layer_predictions(model, clean, chosen, target=wanted.label, corrupt=corrupt)
     return LayerComparison(clean, corrupt, result.tokens, model.default_row, effects, predictions)
 
 
 def layer_predictions(
-    model: ModelLike, text: str, methods: Sequence[str], *, target: int | str | None = None
+    model: ModelLike,
+    text: str,
+    methods: Sequence[str],
+    *,
+    target: int | str | None = None,
+    corrupt: str | None = None,
 ) -> dict[str, np.ndarray]:
     """``{method: [L + 1, token]}`` each method's prediction for every residual row (module
-    docstring), read at ``model.default_row``."""
+    docstring), read at ``model.default_row``; ``corrupt``: the counterfactual text
+    ``routes_counterfactual`` reads (needed for it alone)."""
     from attnflow.methods.extras import split
     from attnflow.methods.registry import call_method, get_method
     from attnflow.methods.saliency import saliency_row
@@ -147,7 +166,16 @@ def layer_predictions(
         from attnflow.flow_routes.api import prediction_importance
 
         predictions["routes"] = prediction_importance(model, text, model.default_row)
-    specs = {method: get_method(_REGISTERED.get(method, method)) for method in methods if method != "routes"}
+    if "routes_counterfactual" in methods:
+        from attnflow.flow_routes.api import prediction_importance
+
+        if corrupt is None:
+            raise InputError(
+                "routes_counterfactual compares the clean text with a corrupt one: give {corrupt}",
+                parameter="corrupt",
+            )
+        predictions["routes_counterfactual"] = prediction_importance(model, text, model.default_row, corrupt=corrupt)
+    specs = {method: get_method(_REGISTERED.get(method, method)) for method in methods if method not in _OWN_PASS}
     if not specs:
         return {method: predictions[method] for method in methods}
     uses_target = any(spec.uses_target for spec in specs.values())

@@ -13,6 +13,7 @@ from attnflow.cli.common import (
     Progress,
     add_loading_arguments,
     add_run_arguments,
+    argument_type,
     engine_options,
     load_model,
     positive_int,
@@ -20,6 +21,10 @@ from attnflow.cli.common import (
     target_of,
 )
 from attnflow.errors import InputError
+from attnflow.methods.options import non_negative_int as parse_non_negative_int
+
+non_negative_int = argument_type(parse_non_negative_int)
+CHECK_THRESHOLD = 0.7  # `attnflow.causal.api.CHECK_THRESHOLD` (the help text reads it before torch loads)
 
 DEFAULTS: dict[str, Any] = {
     "sites": None,  # the kinds that hold activations (`attnflow.causal.sites.SITE_KINDS`)
@@ -30,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "knockout_window": 1,
     "steps": 5,
+    "check_sites": 24,  # `attnflow.causal.api.CHECK_SITES`
 }
 # Everything `attnflow patch` writes into --out, whichever analysis: an earlier run's, replaced
 # only with --overwrite (a --file run's checkpoint is continued with --resume).
@@ -129,7 +135,20 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--samples", type=positive_int, help=f"with --noise: noise draws averaged (default {DEFAULTS['samples']})"
     )
-    parser.add_argument("--seed", type=int, help=f"with --noise: seeds the noise (default {DEFAULTS['seed']})")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help=f"with --noise: seeds the noise; with an estimate: the sampled check's draw (default {DEFAULTS['seed']})",
+    )
+    parser.add_argument(
+        "--check-sites",
+        type=non_negative_int,
+        metavar="N",
+        help="with an estimate (atp, atp*, relp, atp-ig): also patch N sites of each kind exactly (a third the "
+        "estimates' strongest, the rest drawn with --seed; about N x kinds / --batch-size forward passes, read "
+        "from the sweep at no cost with exact) and print each estimate's correlation with exact on them, with a "
+        f"warning below r {CHECK_THRESHOLD}; 0: no check (default {DEFAULTS['check_sites']})",
+    )
     parser.add_argument(
         "--batch-size",
         type=positive_int,
@@ -191,7 +210,8 @@ def _add_other_analyses(parser: argparse.ArgumentParser) -> None:
         "--versus",
         metavar="METHODS",
         help="instead: per layer, the Spearman correlation between exact residual patching and each of "
-        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim,routes (comma-separated; 'all'); writes versus.json",
+        "rollout,rollout_above,flow,grad_rollout,attnlrp,gim,routes,routes_counterfactual (comma-separated; "
+        "'all'); writes versus.json",
     )
     parser.add_argument(
         "--edges",
@@ -240,12 +260,12 @@ _KNOCKOUT = ("knockout_target", "knockout_window", "knockout_sources")  # read o
 # set would be ignored, so it is refused instead (one line, before the model loads).
 _RUNS = ("resume", "checkpoint_every", "engine", "workers", "ray_address")  # the run engine's: --file only
 _READS = {
-    "file": {"file", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position"}
+    "file": {"file", "sites", "method", "direction", "samples", "seed", "batch_size", "head_position", "check_sites"}
     | {*_KNOCKOUT, *_RUNS},
     "versus": {"text", "corrupt", "target", "contrast", "versus", "batch_size"},
     "edges": {"text", "corrupt", "target", "contrast", "edges", "steps"},
     "sweep": {"text", "corrupt", "noise", "target", "contrast", "sites", "method", "direction", "samples", "seed"}
-    | {"batch_size", "head_position", *_KNOCKOUT},
+    | {"batch_size", "head_position", "check_sites", *_KNOCKOUT},
 }
 _FLAGS = {
     "text": "TEXT",
@@ -269,6 +289,7 @@ _FLAGS = {
     "versus": "--versus",
     "edges": "--edges",
     "steps": "--steps",
+    "check_sites": "--check-sites",
     "knockout_target": "--knockout-target",
     "knockout_window": "--knockout-window",
     "knockout_sources": "--knockout-sources",
@@ -291,8 +312,10 @@ def _check_flags(args: argparse.Namespace, mode: str) -> None:
     ignored = [dest for dest in given if dest not in _READS[mode]]
     why = ""
     if mode == "sweep" and args.noise is None and {"samples", "seed"} & set(given):
-        ignored += [dest for dest in ("samples", "seed") if dest in given]
-        why = " with --corrupt (--samples and --seed draw the noise of --noise)"
+        estimates = [name for name in (args.method or DEFAULTS["method"]).split(",") if name.strip() != "exact"]
+        draws = ("samples",) if estimates and args.check_sites != 0 else ("samples", "seed")
+        ignored += [dest for dest in draws if dest in given]
+        why = " with --corrupt (--samples and --seed draw the noise of --noise; --seed also the sampled check's sites)"
     if mode == "edges" and args.edges != "eap-ig" and "steps" in given:
         ignored.append("steps")
         why = " eap (--steps are the interpolation steps of --edges eap-ig)"
@@ -343,6 +366,7 @@ def _sweep_options(args: argparse.Namespace) -> dict[str, Any]:
         "knockout_window": given("knockout_window"),
         "knockout_sources": _positions(args.knockout_sources),
         "progress": not args.quiet,
+        **({} if getattr(args, "check_sites", None) is None else {"check_sites": args.check_sites}),
     }
 
 

@@ -145,7 +145,13 @@ def routes(
 
 
 def prediction_importance(
-    model: ModelLike, text: str, row: Any, threshold: float = DEFAULT_THRESHOLD, *, norm: int = 1
+    model: ModelLike,
+    text: str,
+    row: Any,
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    norm: int = 1,
+    corrupt: str | None = None,
 ) -> np.ndarray:
     """``[L + 1, T]`` the importance of every residual node ``("in", l, j)`` — row 0 the stream
     entering the first layer, row l + 1 the stream leaving layer l — for the prediction a model
@@ -154,13 +160,39 @@ def prediction_importance(
     mean of the last layer's nodes, whose parts (1/T)·x_i are weighed as every other whole's parts
     are, by their normalised proximity to it (docs/causal.md). The route keeps the edges above
     ``threshold``, as `routes` does. No lens, no contrast: what `attnflow.causal.versus` compares
-    with activation patching."""
+    with activation patching.
+
+    ``corrupt``: a counterfactual text of the same token length; each node's importance is then
+    weighted by how much of it differs between the two runs, ‖x(l, j) − x̃(l, j)‖ / ‖x(l, j)‖
+    (`counterfactual_weights`): a node matters to patching when the prediction reads it *and* the
+    corruption changed it (docs/causal.md, "Routes with the counterfactual")."""
     threshold = check_threshold(threshold)
     _check_options(model, norm, "none", 1, 1)
     input_ids, tokens = _tokenise(model, text)
     recording = record(model, input_ids)
     graph, _, _ = _build(recording, read_weights(model), len(tokens) - 1, norm, _Fields(), None)
-    return compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs
+    importance = compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs  # [L + 1, T]
+    if corrupt is None:
+        return importance
+    return importance * counterfactual_weights(model, recording, corrupt)
+
+
+def counterfactual_weights(model: ModelLike, recording: Recording, corrupt: str) -> np.ndarray:
+    """``[L + 1, T]`` the share of each residual node that the corruption changes, ‖x − x̃‖ / ‖x‖:
+    ``recording`` the clean run's, x̃ the stream of ``corrupt`` (same token length) at the same
+    node (0 where the stream is unchanged, as at every position before the first changed token
+    of a decoder)."""
+    corrupt_ids, _ = _tokenise(model, corrupt)
+    clean = recording.inputs.to(torch.float64)  # [L + 1, T, d]
+    if corrupt_ids.shape[1] != clean.shape[1]:
+        raise InputError(
+            f"the text is {clean.shape[1]} tokens and the corrupt text {corrupt_ids.shape[1]}: routes with a "
+            "counterfactual compare node by node and need the same token length",
+            parameter="corrupt",
+        )
+    other = record(model, corrupt_ids).inputs.to(torch.float64)
+    changed = (clean - other).norm(dim=-1) / clean.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    return changed.cpu().numpy()
 
 
 @dataclass
