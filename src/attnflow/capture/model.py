@@ -97,9 +97,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _notes_meta(notes: list[str]) -> dict[str, list[str]]:
-    """A Trace's ``meta`` entry for what capture warned about (truncation, unknown tokens): none when empty."""
-    return {"notes": notes} if notes else {}
+def _notes_meta(notes: list[str]) -> dict[str, Any]:
+    """A Trace's ``meta`` entries for what capture warned about (truncation, unknown tokens) and the
+    notebook cell that said it (`attnflow.notebook.current_cell`): none when empty."""
+    from attnflow.notebook import current_cell
+
+    return {"notes": notes, "notes_cell": current_cell()} if notes else {}
 
 
 class CaptureModel:
