@@ -518,10 +518,10 @@ def load_as(
     from attnflow.capture.model import resolve_dtype
 
     resolve_dtype(dtype)  # a bad dtype fails before anything loads
-    if name in PROBES:
-        return _load_probe(model_class, name, device, dtype)
     transformers.utils.logging.disable_progress_bar()
     with progress_lines.shown(progress):  # what the slow first-load steps say (joining, checking, caching)
+        if name in PROBES:
+            return _load_probe(model_class, name, device, dtype)
         source = resolve(name)
         if source.cache_to is None:
             return _load_source(model_class, name, source, device, trust_remote_code, progress, dtype)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnflow.capture import progress
 from attnflow.capture.hooks import (
     MissingWeights,
     StopForward,
@@ -97,6 +98,23 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+BFLOAT16_CPU_HINT = (
+    "bfloat16 on a CPU without AMX matrix units can run slower than float32 (smollm2's explain: 1.6-2.5x the "
+    "time on this project's 2-core machine); it still halves the memory (docs/precision.md)"
+)
+
+
+def bfloat16_matrix_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware tiles (Intel AMX), where bfloat16
+    runs faster than float32; without them (AVX-512 BF16 alone, or emulation) it can run slower.
+    True when torch cannot tell (no hint rather than a wrong one)."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    try:
+        return True if amx is None else bool(amx())
+    except RuntimeError:  # pragma: no cover - a torch build without the query
+        return True
+
+
 def _notes_meta(notes: list[str]) -> dict[str, Any]:
     """A Trace's ``meta`` entries for what capture warned about (truncation, unknown tokens) and the
     notebook cell that said it (`attnflow.notebook.current_cell`): none when empty."""
@@ -135,6 +153,8 @@ class CaptureModel:
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not bfloat16_matrix_units():
+            progress.say(BFLOAT16_CPU_HINT)
         self.hf_model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
         if image_processor is None and self.adapter.kind == "vision":

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from typing import Any, Iterator
 
 _SHOWN: ContextVar[bool] = ContextVar("attnflow_loading_progress", default=True)
-LARGE_FILE_BYTES = 1 << 28  # 256 MiB: a file whose checksum takes seconds gets a bar
+LARGE_FILE_BYTES = 1 << 30  # 1 GiB: a file whose checksum takes seconds (~3 s on a loaded 2-core machine) gets a bar
 
 
 @contextmanager
@@ -31,9 +31,10 @@ def say(message: str) -> None:
         print(f"attnflow: {message}", file=sys.stderr, flush=True)
 
 
-def bar(total: int, description: str, unit: str = "B", quiet_below: int = 0) -> Any:
+def bar(total: int, description: str, unit: str = "B", quiet_below: int = 0, leave: bool = True) -> Any:
     """A tqdm bar on stderr of ``total`` units (bytes are scaled: MB, GB), disabled when quiet or
-    when ``total`` is below ``quiet_below`` (a step too short to need one)."""
+    when ``total`` is below ``quiet_below`` (a step too short to need one); ``leave=False``: a
+    routine step (a checksum on every load) whose bar a terminal clears when it is done."""
     from tqdm import tqdm
 
     return tqdm(
@@ -45,5 +46,5 @@ def bar(total: int, description: str, unit: str = "B", quiet_below: int = 0) -> 
         disable=not _SHOWN.get() or total < quiet_below,
         file=sys.stderr,
         dynamic_ncols=True,
-        leave=True,
+        leave=leave,
     )

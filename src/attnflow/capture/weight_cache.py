@@ -176,7 +176,8 @@ def sha256(path: Path) -> str:
     """The hex sha256 of a file, read in 4 MiB blocks (a progress bar for a large one)."""
     digest = hashlib.sha256()
     size = Path(path).stat().st_size
-    checking = progress.bar(size, f"checking the sha256 of {Path(path).name}", quiet_below=progress.LARGE_FILE_BYTES)
+    name = Path(path).name
+    checking = progress.bar(size, f"checking the sha256 of {name}", quiet_below=progress.LARGE_FILE_BYTES, leave=False)
     with open(path, "rb") as handle, checking as shown:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
