@@ -133,16 +133,17 @@ def test_minilm_sentiment_bfloat16_agrees_with_float32(minilm_sentiment):
         assert not any("do not trust" in note for note in half.notes)
 
 
-def test_bfloat16_on_a_cpu_without_matrix_units_says_it_can_be_slower(tiny_model_path, monkeypatch, capsys):
+def test_bfloat16_on_a_cpu_without_bfloat16_arithmetic_says_it_can_be_slower(tiny_model_path, monkeypatch, capsys):
     from attnflow.capture.model import BFLOAT16_CPU_HINT
 
     path = str(tiny_model_path("llama"))
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     attnflow.load(path, device="cpu", dtype="bfloat16")
     assert BFLOAT16_CPU_HINT in capsys.readouterr().err  # one line, on stderr
     attnflow.load(path, device="cpu", dtype="bfloat16", progress=False)
     attnflow.load(path, device="cpu")  # float32: nothing to say
     assert BFLOAT16_CPU_HINT not in capsys.readouterr().err
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    attnflow.load(path, device="cpu", dtype="bfloat16")  # AMX: bfloat16 is the faster one
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    attnflow.load(path, device="cpu", dtype="bfloat16")  # AVX-512 BF16: measured faster than float32 here
     assert BFLOAT16_CPU_HINT not in capsys.readouterr().err

@@ -99,18 +99,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 BFLOAT16_CPU_HINT = (
-    "bfloat16 on a CPU without AMX matrix units can run slower than float32 (smollm2's explain: 1.6-2.5x the "
-    "time on this project's 2-core machine); it still halves the memory (docs/precision.md)"
+    "bfloat16 on this CPU: it has no bfloat16 arithmetic (AVX-512 BF16 or AMX), so torch emulates it and it can "
+    "run slower than float32; it still halves the memory (docs/precision.md)"
 )
 
 
-def bfloat16_matrix_units() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware tiles (Intel AMX), where bfloat16
-    runs faster than float32; without them (AVX-512 BF16 alone, or emulation) it can run slower.
+def native_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX-512 BF16 or AMX tiles, as torch reports
+    them); without either, torch converts every operation and bfloat16 can run slower than float32.
     True when torch cannot tell (no hint rather than a wrong one)."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    queries = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     try:
-        return True if amx is None else bool(amx())
+        return any(query is None or bool(query()) for query in queries)
     except RuntimeError:  # pragma: no cover - a torch build without the query
         return True
 
@@ -153,7 +153,7 @@ class CaptureModel:
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
-        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not bfloat16_matrix_units():
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not native_bfloat16():
             progress.say(BFLOAT16_CPU_HINT)
         self.hf_model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
