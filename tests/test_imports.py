@@ -83,7 +83,7 @@ def test_no_import_circles_between_subpackages():
 
 
 # What capture/ may import from the rest of attnflow: modules that import nothing above themselves.
-FOUNDATION = ("attnflow.errors", "attnflow.staging", "attnflow.trace", "attnflow.tokens")
+FOUNDATION = ("attnflow.errors", "attnflow.staging", "attnflow.trace", "attnflow.tokens", "attnflow.notebook")
 
 
 def test_the_foundation_modules_import_only_each_other():

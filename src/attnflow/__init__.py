@@ -54,10 +54,10 @@ def _connect_views() -> None:
 
         return explanation_html(explanation)
 
-    def fragment(explanation):
+    def fragment(explanation, said_above=()):
         from attnflow.viz.html import explanation_fragment
 
-        return explanation_fragment(explanation)
+        return explanation_fragment(explanation, said_above=said_above)
 
     def figure(explanation):
         from attnflow.viz.plot import plot_explanation
@@ -135,9 +135,26 @@ def _connect_page_views() -> None:
         return report_html(summary)
 
     routes_result._VIEWS.update(html=routes_page, png=routes_figure, data_html=routes_data_page)
+    _connect_notebook_views()
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
     exploration._MEASURES.update(faithfulness=explorer_faithfulness)
+
+
+def _connect_notebook_views() -> None:
+    """The notebook summaries (`_repr_html_`) of a `Trace`, `Routes` and a run's results, from
+    attnflow.viz.notebook, imported on first use."""
+    from attnflow import notebook
+
+    def view(name):
+        def show(result):
+            from attnflow.viz import notebook as views
+
+            return getattr(views, f"{name}_fragment")(result)
+
+        return show
+
+    notebook._VIEWS.update({name: view(name) for name in ("trace", "routes", "results")})
 
 
 _connect_views()

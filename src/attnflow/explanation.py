@@ -26,6 +26,7 @@ from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, call_method, get_method, method_options
 from attnflow.methods.saliency import Row, parse_row, saliency_row, to_patch_grid
 from attnflow.model_like import ModelLike
+from attnflow.notebook import current_cell
 from attnflow.staging import staged_output
 from attnflow.trace import Trace
 
@@ -187,6 +188,10 @@ class Explanation:
     signed: bool = False
     faithfulness: dict[str, Any] | None = None
     chosen_by: str | None = None
+    # The notebook cell it was made in and the notes said on stderr there: its notebook view does not
+    # repeat them in that cell (`attnflow.notebook.current_cell`; None outside a notebook). Not saved.
+    said_in_cell: int | None = field(default=None, repr=False, compare=False)
+    said: list[str] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tokens = [str(token) for token in self.tokens]
@@ -254,7 +259,12 @@ class Explanation:
         return _VIEWS["html"](self)
 
     def _repr_html_(self) -> str:
-        return _VIEWS["fragment"](self)
+        """In a notebook: the fragment of the page; the warnings said above in this same cell are
+        counted, not repeated (the saved page keeps them all)."""
+        from attnflow.notebook import current_cell
+
+        same_cell = self.said_in_cell is not None and self.said_in_cell == current_cell()
+        return _VIEWS["fragment"](self, said_above=self.said if same_cell else [])
 
     def plot(self) -> Any:
         """A matplotlib Figure: token scores (or the image overlay) above the matrix heatmap."""
@@ -418,11 +428,11 @@ def explain(
         position = _single_position(row, n)
         if position is not None:
             chosen = {**chosen, "rows": [position]}
-            found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+            found, notes = run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
             scores, extras = split(found)
             row_scores = np.asarray(scores, dtype=np.float64).reshape(n)  # [1, n]: the one row computed
             return _explanation(trace, spec, chosen, row, None, row_scores, None, notes, extras, model, check_collapse)
-    found, notes = _run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
+    found, notes = run_noting_warnings(lambda: call_method(spec, trace, model=model, **chosen))
     found, extras = split(found)
     result = np.asarray(found, dtype=np.float64)
     head_matrices = None
@@ -459,7 +469,7 @@ def explain_traces(
             for trace in traces
         ]
     chosen = method_options(spec, options)
-    results, notes = _run_noting_warnings(lambda: batch(model, list(traces), **chosen))
+    results, notes = run_noting_warnings(lambda: batch(model, list(traces), **chosen))
     return [
         _explanation(
             trace,
@@ -500,6 +510,8 @@ def _explanation(
     check_collapse: bool = True,
 ) -> Explanation:
     image = trace.meta.get("image")
+    cell = current_cell()
+    captured_here = cell is not None and trace.meta.get("notes_cell") == cell  # its notes were said in this cell
     collapse = (
         None
         if spec.scores_only or not check_collapse
@@ -539,6 +551,8 @@ def _explanation(
         notes=[*trace.meta.get("notes", ()), *notes, *([collapse] if collapse else [])],
         extras=extras,
         signed=spec.signed or bool(chosen.get("signed")),
+        said_in_cell=cell,
+        said=[*(trace.meta.get("notes", ()) if captured_here else ()), *notes, *([collapse] if collapse else [])],
     )
 
 
@@ -554,15 +568,17 @@ def low_precision_note(spec: MethodSpec, dtype: str | None) -> str | None:
     )
 
 
-def _run_noting_warnings(call: Any) -> tuple[Any, list[str]]:
+def run_noting_warnings(call: Any, say: bool = True) -> tuple[Any, list[str]]:
     """Run a method (a no-argument callable) and return its result; warnings it raises still go
     out as warnings, and the messages of `ExplanationWarning`s come back as the Explanation's notes
-    (so the saved page says what the console said)."""
+    (so the saved page says what the console said). ``say=False``: the `ExplanationWarning`s only
+    come back (a method the user did not ask for: `attnflow.exploration.explore`'s defaults)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = call()
     for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        if say or not issubclass(warning.category, ExplanationWarning):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return result, [str(w.message) for w in caught if issubclass(w.category, ExplanationWarning)]
 
 

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from attnflow.errors import AttnflowError, InputError
-from attnflow.explanation import default_row, parse_row
+from attnflow.explanation import default_row, parse_row, run_noting_warnings
 from attnflow.methods.diagnostics import is_causal, layer_diagnostics
 from attnflow.methods.extras import split
 from attnflow.methods.registry import MethodSpec, available_methods, call_method, check_family, get_method
@@ -256,13 +256,22 @@ def explore(
         if missing:
             skips.skip(spec.name, f"needs {', '.join(missing)}: explore it with a model, not a trace")
             continue
-        views.append(method_view(spec.name, traces[spec.name], row, model=model))
+        views.append(_view_noting(spec.name, traces[spec.name], row, model, asked=methods is not None))
     if not views:
         raise InputError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skips.skipped.items()))
     exploration = _exploration(base, row, views, skips.skipped)
     if faithfulness and model is not None:
         _MEASURES["faithfulness"](model, exploration, target=wanted, max_length=max_length)
     return exploration
+
+
+def _view_noting(name: str, trace: Trace, row: Row, model: ModelLike | None, asked: bool) -> MethodView:
+    """`method_view`; a method the user did not ask for by name (explore's defaults) says its
+    warnings (`ExplanationWarning`: e.g. integrated gradients' completeness) only in its view's
+    note on the page, not on the console; a method asked for warns as `explain` does."""
+    view, noted = run_noting_warnings(lambda: method_view(name, trace, row, model=model), say=asked)
+    view.note = "; ".join(filter(None, [view.note, *noted]))
+    return view
 
 
 def _model(source: str | ModelLike, text: str | None) -> ModelLike:

@@ -29,6 +29,11 @@ NEEDS = {
     "target": "the scalar the explanation is about (class logit, next-token log-prob, similarity)",
     "model": "the method re-runs the model (perturbations, integrated gradients)",
 }
+# The array fields a trace may hold (what its repr and notebook view list by shape).
+ARRAY_FIELDS = (
+    "attentions", "head_outputs", "output_weights", "values", "layer_inputs", "attention_grads", "embeddings",
+    "embedding_grads", "decoder_attentions", "cross_attentions",
+)  # fmt: skip
 # What a model family can provide (`Adapter.provides`); a method requires a subset (`MethodSpec.requires`).
 CAPABILITIES = {
     "text_target": "a differentiable text model with a target: a class, a next token or a similarity",
@@ -151,6 +156,24 @@ class Trace:
                 "head_outputs must be [layer, token, head, d_head] with "
                 f"layer={self.attentions.shape[0]}, token={n}; got {tuple(self.head_outputs.shape)}"
             )
+
+    def __repr__(self) -> str:
+        """One line (the arrays are for the methods): the model, the text, the size, the captured
+        fields by shape and the target."""
+        from attnflow.notebook import compact_repr
+
+        arrays = {name: getattr(self, name) for name in ARRAY_FIELDS if getattr(self, name) is not None}
+        target = getattr(self.target, "label", None) if self.target is not None else None
+        return compact_repr(
+            "Trace",
+            {"model": self.model_name, "text": self.text, "n_tokens": self.n_tokens, **arrays, "target": target},
+        )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the tokens, the captured fields with their shapes and the target."""
+        from attnflow.notebook import view
+
+        return view("trace", self)
 
     def resolved(self, target: Any) -> None:
         """Record the target a method resolved in its own passes for a trace whose target was still

@@ -131,3 +131,19 @@ def test_minilm_sentiment_bfloat16_agrees_with_float32(minilm_sentiment):
         assert spearman(full.scores[content], half.scores[content]) > 0.95
         assert top_k_overlap(full.scores[content], half.scores[content], 3) >= 2 / 3
         assert not any("do not trust" in note for note in half.notes)
+
+
+def test_bfloat16_on_a_cpu_without_bfloat16_arithmetic_says_it_can_be_slower(tiny_model_path, monkeypatch, capsys):
+    from attnflow.capture.model import BFLOAT16_CPU_HINT
+
+    path = str(tiny_model_path("llama"))
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    attnflow.load(path, device="cpu", dtype="bfloat16")
+    assert BFLOAT16_CPU_HINT in capsys.readouterr().err  # one line, on stderr
+    attnflow.load(path, device="cpu", dtype="bfloat16", progress=False)
+    attnflow.load(path, device="cpu")  # float32: nothing to say
+    assert BFLOAT16_CPU_HINT not in capsys.readouterr().err
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    attnflow.load(path, device="cpu", dtype="bfloat16")  # AVX-512 BF16: measured faster than float32 here
+    assert BFLOAT16_CPU_HINT not in capsys.readouterr().err

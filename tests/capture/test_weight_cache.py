@@ -217,3 +217,20 @@ def test_every_weight_survives_the_cache_tied_embeddings_included(tmp_path, sour
     assert (reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()) == tied
     ids = torch.tensor([[1, 5, 7, 9]])
     torch.testing.assert_close(reloaded(ids).logits, original(ids).logits, rtol=0, atol=0)
+
+
+def test_a_first_load_says_what_it_does_and_a_quiet_one_says_nothing(tiny_model_path, source_file, tmp_path, capsys):
+    """No silent waits: the first load of a cached source says that it dequantises and then that it
+    caches (each step on stderr); ``progress=False`` (the CLI's --quiet) prints nothing."""
+    from unittest import mock
+
+    tiny = ModelSource(
+        "tiny", str(tiny_model_path("llama")), cache_to=str(tmp_path / "dequantised"), cache_source=str(source_file)
+    )
+    with mock.patch.object(loading, "resolve", lambda name: tiny):
+        attnflow.load("smollm2", device="cpu")
+        err = capsys.readouterr().err
+        assert "first load of smollm2: reading and dequantising its GGUF file" in err
+        assert f"caching smollm2's dequantised weights in {tmp_path / 'dequantised'}" in err
+        attnflow.load("smollm2", device="cpu", progress=False)
+        assert capsys.readouterr().err == ""

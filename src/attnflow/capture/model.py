@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnflow.capture import progress
 from attnflow.capture.hooks import (
     MissingWeights,
     StopForward,
@@ -97,9 +98,29 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _notes_meta(notes: list[str]) -> dict[str, list[str]]:
-    """A Trace's ``meta`` entry for what capture warned about (truncation, unknown tokens): none when empty."""
-    return {"notes": notes} if notes else {}
+BFLOAT16_CPU_HINT = (
+    "bfloat16 on this CPU: it has no bfloat16 arithmetic (AVX-512 BF16 or AMX), so torch emulates it and it can "
+    "run slower than float32; it still halves the memory (docs/precision.md)"
+)
+
+
+def native_bfloat16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX-512 BF16 or AMX tiles, as torch reports
+    them); without either, torch converts every operation and bfloat16 can run slower than float32.
+    True when torch cannot tell (no hint rather than a wrong one)."""
+    queries = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    try:
+        return any(query is None or bool(query()) for query in queries)
+    except RuntimeError:  # pragma: no cover - a torch build without the query
+        return True
+
+
+def _notes_meta(notes: list[str]) -> dict[str, Any]:
+    """A Trace's ``meta`` entries for what capture warned about (truncation, unknown tokens) and the
+    notebook cell that said it (`attnflow.notebook.current_cell`): none when empty."""
+    from attnflow.notebook import current_cell
+
+    return {"notes": notes, "notes_cell": current_cell()} if notes else {}
 
 
 class CaptureModel:
@@ -132,6 +153,8 @@ class CaptureModel:
             model.set_attn_implementation("eager")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype)
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not native_bfloat16():
+            progress.say(BFLOAT16_CPU_HINT)
         self.hf_model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = tokenizer
         if image_processor is None and self.adapter.kind == "vision":

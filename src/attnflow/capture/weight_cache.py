@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from attnflow.capture import progress
 from attnflow.staging import atomic_file, building, checkpoint
 
 if TYPE_CHECKING:
@@ -172,10 +173,14 @@ def save_weights(hf_model: nn.Module, folder: Path) -> None:
 
 
 def sha256(path: Path) -> str:
-    """The hex sha256 of a file, read in 4 MiB blocks."""
+    """The hex sha256 of a file, read in 4 MiB blocks (a progress bar for a large one)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    size = Path(path).stat().st_size
+    name = Path(path).name
+    checking = progress.bar(size, f"checking the sha256 of {name}", quiet_below=progress.LARGE_FILE_BYTES, leave=False)
+    with open(path, "rb") as handle, checking as shown:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
+            shown.update(len(block))
             checkpoint()
     return digest.hexdigest()

@@ -35,6 +35,7 @@ from attnflow.corpus.study import StudyOptions, StudyStep, new_stats
 from attnflow.corpus.windows import WindowStream, batched
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.notebook import Results
 from attnflow.runs.checkpoint import RunFolder, versions
 from attnflow.runs.engine import EngineOptions, Job, run
 from attnflow.runs.options import check_counts
@@ -116,7 +117,7 @@ def run_study(
             options, model, corpus, stream, finished.result, finished.fingerprint, finished.elapsed_s
         )
         write_outputs(folder.out, summary, finished.result, model.tokenizer)
-    return summary
+    return Results("corpus", summary)
 
 
 def _check_options(options: StudyOptions) -> None:

@@ -320,4 +320,7 @@ def audit(
     """
     loaded = None if isinstance(model, str) else model
     name = model if isinstance(model, str) else model.name
-    return run_audit(AuditOptions(model=name, **options), out, resume=resume, overwrite=overwrite, model=loaded)
+    from attnflow.notebook import Results
+
+    results = run_audit(AuditOptions(model=name, **options), out, resume=resume, overwrite=overwrite, model=loaded)
+    return Results("audit", results)

@@ -273,6 +273,7 @@ def evaluate(
     """
     from attnflow.evaluate.report import write_report
     from attnflow.model import load
+    from attnflow.notebook import Results
 
     options = options or BenchmarkOptions()
     engine = engine or EngineOptions(quiet=not progress)
@@ -310,4 +311,4 @@ def evaluate(
         with atomic_file(folder.out / RESULTS_JSON) as handle:
             handle.write(json.dumps(results, indent=2).encode("utf-8"))
         write_report(results, folder.out, figures=figures)
-    return results
+    return Results("evaluate", results)

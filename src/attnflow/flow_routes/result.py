@@ -101,6 +101,36 @@ class Routes:
         """The top node: the stream leaving the last layer at ``position``."""
         return ("in", self.n_layers, self.position)
 
+    def __repr__(self) -> str:
+        """One line (the graph's arrays are for `to_dict` and the page): the model, the top position,
+        the prediction, the route's size and its most important input tokens."""
+        from attnflow.notebook import SHOWN_ITEMS, compact_repr
+
+        sources = self.importance.inputs[0]  # [T]: the importance of each input token
+        top = [j for j in np.argsort(-sources)[:SHOWN_ITEMS] if sources[j] > 0]
+        predicted = self.prediction
+        prediction = None if predicted is None else f"{predicted['token']!r} p={predicted['probability']:.3f}"
+        return compact_repr(
+            "Routes",
+            {
+                "model": self.model_name,
+                "position": self.token(self.position),
+                "prediction": prediction,
+                "layers": self.n_layers,
+                "heads": self.graph.heads.shape[1],
+                "nodes": len(self.nodes),
+                "edges": len(self.edges),
+                "inputs": "[" + ", ".join(f"{self.token(j)} {sources[j]:.3f}" for j in top) + "]",
+            },
+        )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the prediction, the route's size, the most important input tokens, the
+        strongest edges and components (`save` writes the interactive page and the figure)."""
+        from attnflow.notebook import view
+
+        return view("routes", self)
+
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-ready Python objects: the content of ``routes.json`` (numbers: the
         arrays rounded to 6 decimals, every other number to 6 significant digits)."""

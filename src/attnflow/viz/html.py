@@ -6,7 +6,7 @@ value is escaped. Hovering a token shows its index and score (a ``title`` attrib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -164,9 +164,14 @@ def _badge(explanation: "Explanation") -> str:
     )
 
 
-def explanation_fragment(explanation: "Explanation", with_meta: bool = True) -> str:
-    """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``)."""
-    parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes]
+def explanation_fragment(explanation: "Explanation", with_meta: bool = True, said_above: Sequence[str] = ()) -> str:
+    """The explanation as an HTML fragment (what notebooks show via ``_repr_html_``). ``said_above``:
+    notes the notebook cell showing it already said on stderr (counted in one line, not repeated)."""
+    parts = [f'<p class="warning">Warning: {esc(note)}</p>' for note in explanation.notes if note not in said_above]
+    repeated = sum(note in said_above for note in explanation.notes)
+    if repeated:
+        plural = "s" if repeated > 1 else ""
+        parts.append(f'<p class="warning">{repeated} warning{plural} above (kept on the saved page)</p>')
     if explanation.chosen_by:
         parts.append(f'<p class="choice">{esc(explanation.chosen_by)}</p>')
     parts.append(_badge(explanation))
