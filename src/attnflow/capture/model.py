@@ -32,7 +32,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values
+from attnflow.rows.adapters import Adapter, Values, norm_epsilon
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -420,6 +420,7 @@ class CaptureModel:
         shared: dict[str, Any] = {}
         if "output_weights" in needs:
             shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+            shared["output_norms"] = self._output_norms()
         if "layer_norms" in needs:
             shared["layer_norms"] = self._layer_norms()
         return shared
@@ -673,6 +674,25 @@ class CaptureModel:
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
+
+    def _output_norms(self) -> dict[str, Any] | None:
+        """Families with a norm between the output projection and the residual addition
+        (`Values.output_norm`): its form (the row's `Norms`), gain and shift ``[layer, d_model]``
+        (`Norms.gain_and_shift`) and eps; None for the others."""
+        values, norms = self.adapter.values, self.adapter.norms
+        if values is None or values.output_norm is None:
+            return None
+        if norms is None:
+            raise CaptureError(f"the {self.adapter.family} row names an output norm but declares no norm form")
+        modules = [module for _, module in find_layers(self.hf_model, values.output_norm)]
+        gains, shifts = zip(*(norms.gain_and_shift(module, self.d_model) for module in modules), strict=True)
+        eps = norm_epsilon(modules[0])
+        return {
+            "kind": norms.form,
+            "gain": torch.stack(list(gains)).float().cpu().numpy(),
+            "shift": torch.stack(list(shifts)).float().cpu().numpy(),
+            "eps": 1e-6 if eps is None else eps,
+        }
 
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``

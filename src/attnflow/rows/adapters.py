@@ -57,10 +57,11 @@ class Values:
     ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None
     (none, or parts of a `Fused` projection).
     ``output_norm``: a norm between the output projection and the residual addition (Gemma 2/3's
-    sandwich norm, OLMo-2's post-norm: ``post_attention_layernorm``). It divides the block's output by the RMS of the
-    sum over heads and tokens, so f_h(x_j) = v_j W_O^h is no longer what token j adds through head
-    h: such a family does not provide the ``values`` capability (value-aware methods are refused),
-    although its projections are mapped for the backward rules.
+    sandwich norm, OLMo-2's post-norm: ``post_attention_layernorm``). It divides the block's output
+    by the statistic (RMS or σ) of query i's sum over heads and tokens, so what token j adds through
+    head h is f_h(x_j) = v_j W_O^h through the norm with that statistic fixed (the value-aware
+    methods read the norm as the trace's ``output_norms``); the norm's form is the row's `Norms`,
+    without which the family does not provide the ``values`` capability.
     """
 
     value: str | None
@@ -409,7 +410,9 @@ class Adapter:
         values = self.values
         provided = {
             "text_target": self.target_kind is not None,
-            "values": values is not None and values.output_norm is None and self.projection("value") is not None,
+            "values": values is not None
+            and (values.output_norm is None or self.norms is not None)
+            and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
             "query_key": all(self.projection(part) is not None for part in HEAD_PARTS),
             "gated_mlp": self.gated_mlp is not None,
