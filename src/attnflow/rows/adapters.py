@@ -255,8 +255,13 @@ class Fused:
 
 @dataclass(frozen=True)
 class GatedMLP:
-    """A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
-    attribute names of its up projection and its activation, whose product the rules split."""
+    r"""A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
+    attribute names of its up projection and its activation, whose product the rules split.
+
+    ``module`` may match only some layers (``find_layers(..., gaps=True)``): a stack whose first
+    layers are dense and the others mixtures of experts (DeepSeek's ``first_k_dense_replace``,
+    ERNIE 4.5's, GLM-4.5's) names its dense layers, ``(0|1)`` in place of ``(\d+)``.
+    """
 
     module: str
     up: str = "up_proj"
@@ -657,8 +662,9 @@ def adapter_for(model_type: str, class_name: str) -> Adapter:
     )
 
 
-def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
-    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
+def find_layers(model: nn.Module, pattern: str, *, gaps: bool = False) -> list[tuple[str, nn.Module]]:
+    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer: one per
+    layer 0..L-1, or (``gaps``: a part only some layers have, a `GatedMLP`) any layers."""
     regex = re.compile(pattern)
     found: dict[int, tuple[str, nn.Module]] = {}
     for name, module in model.named_modules():
@@ -668,7 +674,7 @@ def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
             if layer in found:
                 raise CaptureError(f"two modules match layer {layer} of {pattern!r}: {found[layer][0]}, {name}")
             found[layer] = (name, module)
-    if sorted(found) != list(range(len(found))):
+    if not gaps and sorted(found) != list(range(len(found))):
         raise CaptureError(f"layers matching {pattern!r} are not numbered 0..L-1: {sorted(found)}")
     return [found[layer] for layer in sorted(found)]
 

@@ -25,8 +25,9 @@ The checks (`CHECKS`, each named in the error it raises):
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
   by ``rms_offset`` + w);
-- ``gated_product`` (rows with a gated MLP): in every layer the MLP holds the up projection and the
-  activation the row names, and one of its modules reads their product;
+- ``gated_product`` (rows with a gated MLP): in every layer the row's gated MLP pattern matches (a
+  stack of dense and mixture-of-experts layers names its dense ones) the MLP holds the up
+  projection and the activation the row names, and one of its modules reads their product;
 - ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
   with its own value through the kind's write function, changes nothing, bit for bit;
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
@@ -152,7 +153,7 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
     if row.gated_mlp is not None:
         try:
-            mlps = find_layers(model, row.gated_mlp.module)
+            mlps = find_layers(model, row.gated_mlp.module, gaps=True)
         except CaptureError:
             mlps = []  # the gated_product check finds them again and fails, naming the pattern
         for layer, (_, mlp) in enumerate(mlps):
@@ -399,7 +400,7 @@ def check_gated_product(run: Run) -> None:
     modules reads their product: down(act(gate(x)) · up(x)), as the backward rules split it."""
     gated = run.row.gated_mlp
     assert gated is not None  # the check applies to rows with a gated MLP
-    for layer, (name, _) in enumerate(find_layers(run.model, gated.module)):
+    for layer, (name, _) in enumerate(find_layers(run.model, gated.module, gaps=True)):
         up, activation = run.seen.get(("gated.up", layer)), run.seen.get(("gated.act", layer))
         if not isinstance(up, torch.Tensor) or not isinstance(activation, torch.Tensor):
             _fail(run, "gated_product", f"layer {layer}: {name} has no module {gated.up!r} and {gated.activation!r}")

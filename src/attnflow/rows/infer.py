@@ -456,7 +456,7 @@ def _residual(
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
-        found["gated_mlp"] = GatedMLP(_pattern(feed_forward.name, blocks), *gated)
+        found["gated_mlp"] = GatedMLP(_gated_layers(traced, blocks, feed_forward, gated, n_layers), *gated)
     elif feed_forward is mlp:  # a mixture of experts is split where its output is the MLP site
         found["experts"] = find_experts(_pattern(mlp.name, blocks), mlp.module, mlp.input)
     return found
@@ -538,6 +538,26 @@ def _final_norm(traced: dict[str, Call], blocks: str, n_layers: int) -> str | No
         and call.output.shape == last.output.shape
     ]
     return rf"^{re.escape(reading[0].name)}$" if reading else None
+
+
+def _gated_layers(traced: dict[str, Call], blocks: str, first: Call, gated: tuple[str, str], n_layers: int) -> str:
+    r"""The pattern of the gated MLP the first block's ``first`` is, over the layers whose module at
+    the same place is that gated MLP too, proven on their traced calls: every layer's (``(\d+)``),
+    or, in a stack whose later layers are mixtures of experts, the dense layers' (``(0|1)``)."""
+    pattern = _pattern(first.name, blocks)
+    tail = first.name[len(f"{blocks}.0") :]  # the module's place inside a block
+    layers = []
+    for layer in range(n_layers):
+        name, owner = f"{blocks}.{layer}{tail}", traced.get(f"{blocks}.{layer}")
+        call = traced.get(name)
+        if call is None or owner is None:
+            continue
+        inside = sorted((c for c in traced.values() if c.name.startswith(name + ".")), key=lambda c: c.start)
+        if _gated_mlp(_Block(inside, owner, 0), call) == gated:
+            layers.append(layer)
+    if len(layers) == n_layers or layers[:1] != [0]:
+        return pattern
+    return pattern.replace(r"(\d+)", "(" + "|".join(str(layer) for layer in layers) + ")", 1)
 
 
 def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
