@@ -32,7 +32,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, norm_epsilon
+from attnflow.rows.adapters import Adapter, Values, norm_epsilon, token_rows
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -507,7 +507,8 @@ class CaptureModel:
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
-            stacked = stack_recorded(values, value_layers)  # [batch, layer, token, projection width]
+            rows = {name: token_rows(tensor) for name, tensor in values.items()}  # [batch, token, width] each
+            stacked = stack_recorded(rows, value_layers)  # [batch, layer, token, projection width]
             columns = self.adapter.part_columns("value", stacked.shape[-1], self.config)
             stacked = stacked[..., columns.to(stacked.device)]
             batch, layers, tokens, width = stacked.shape  # width: kv_head * d_head

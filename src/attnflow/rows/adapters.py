@@ -180,6 +180,15 @@ class Norms:
         return (normed * gain.to(x.device) + shift.to(x.device)).to(x.dtype)
 
 
+def token_rows(output: Any) -> Any:
+    """A projection's output as ``[batch, token, width]``: multi-head latent attention runs its
+    ``kv_b_proj`` on the latent viewed as one head, ``[batch, 1, token, rank]``, so its output is
+    ``[batch, 1, token, width]``; any other output is returned as it is."""
+    if output.dim() == 4 and output.shape[1] == 1:
+        return output[:, 0]
+    return output
+
+
 def norm_epsilon(module: Any) -> float | None:
     """A norm module's epsilon (``eps``, ``variance_epsilon`` or ``epsilon``), None when it names none."""
     for name in ("eps", "variance_epsilon", "epsilon"):
@@ -209,16 +218,25 @@ class Fused:
       (GPT-NeoX's and Bloom's ``query_key_value``, viewed as ``[..., head, 3 * d_head]``);
     - ``"per_group"`` (G = n_kv_heads): per key/value group, its n_heads / n_kv_heads query heads,
       then its key head, then its value head (Falcon's new decoder architecture).
+
+    ``widths``: the features per head of each part, where they differ from one another (multi-head
+    latent attention: DeepSeek's ``kv_b_proj`` holds, per head, the key's position-free half, then
+    the value, ``("other", "value")`` with widths ``(qk_nope_head_dim, v_head_dim)``). With widths
+    every part is a head part (a query part n_heads heads, any other n_kv_heads) and a part that no
+    capability reads may take any name (``"other"``); empty: every head part is ``d_head`` wide.
     """
 
     module: str
     parts: tuple[str, ...]
     layout: FusedLayout = "side_by_side"
+    widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in ("side_by_side", "per_head", "per_group"):
             raise ValueError(f"unknown fused layout {self.layout!r}; choose side_by_side, per_head or per_group")
-        heads = [part in HEAD_PARTS for part in self.parts]
+        if self.widths and (len(self.widths) != len(self.parts) or min(self.widths) <= 0):
+            raise ValueError(f"fused widths {self.widths} do not give one positive width per part of {self.parts}")
+        heads = [part in HEAD_PARTS or bool(self.widths) for part in self.parts]
         if len(set(self.parts)) != len(self.parts) or (any(heads) and not all(heads)):
             raise ValueError(f"fused parts {self.parts} repeat a part or mix head parts with others")
         if not any(heads) and self.layout != "side_by_side":
@@ -231,25 +249,29 @@ class Fused:
 
         if part not in self.parts:
             raise CaptureError(f"the fused projection {self.module!r} holds {self.parts}, not {part!r}")
-        if part not in HEAD_PARTS:  # equal slices, side by side
+        if part not in HEAD_PARTS and not self.widths:  # equal slices, side by side
             size, rest = divmod(width, len(self.parts))
             if rest:
                 raise CaptureError(f"{self.module!r}: {width} features do not split into {len(self.parts)} parts")
             start = self.parts.index(part) * size
             return torch.arange(start, start + size)
         heads = [n_heads if name == "query" else n_kv_heads for name in self.parts]
-        d_head, rest = divmod(width, sum(heads))
+        if self.widths:
+            sizes, rest = list(self.widths), width - sum(h * w for h, w in zip(heads, self.widths, strict=True))
+        else:
+            d_head, rest = divmod(width, sum(heads))
+            sizes = [d_head] * len(heads)
         groups = {"side_by_side": 1, "per_head": heads[0], "per_group": n_kv_heads}[self.layout]
         if rest or any(count % groups for count in heads) or (self.layout == "per_head" and len(set(heads)) > 1):
             raise CaptureError(
                 f"{self.module!r}: {width} features do not hold {dict(zip(self.parts, heads, strict=True))} heads "
-                f"laid out {self.layout}"
+                f"laid out {self.layout}" + (f" with widths {self.widths}" if self.widths else "")
             )
         per_group = [count // groups for count in heads]  # [part] heads of each part in one group
         index = self.parts.index(part)
-        offset = sum(per_group[:index]) * d_head  # where the part starts inside a group
-        group = torch.arange(groups)[:, None] * (sum(per_group) * d_head)  # [group, 1]
-        inside = offset + torch.arange(per_group[index] * d_head)  # [heads in a group * d_head]
+        offset = sum(count * size for count, size in zip(per_group[:index], sizes, strict=False))  # in a group
+        group = torch.arange(groups)[:, None] * sum(c * w for c, w in zip(per_group, sizes, strict=True))  # [group, 1]
+        inside = offset + torch.arange(per_group[index] * sizes[index])  # [heads in a group * the part's width]
         return (group + inside).reshape(-1)
 
 

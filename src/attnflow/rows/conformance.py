@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, NormForm, Norms, Stack, find_layers, text_config
+from attnflow.rows.adapters import Adapter, GatedMLP, NormForm, Norms, Stack, find_layers, text_config, token_rows
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -215,7 +215,8 @@ def check_head_slices(run: Run) -> None:
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
     ):
         try:
-            values = projected[..., run.row.part_columns("value", projected.shape[-1], run.model.config)]
+            rows = token_rows(projected)  # [batch, token, width]
+            values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
         except CaptureError as error:
             _fail(run, "head_slices", f"layer {layer}: {error}")
         batch, tokens, width = heads.shape

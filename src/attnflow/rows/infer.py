@@ -35,6 +35,7 @@ from attnflow.rows.adapters import (
     Values,
     hand_row,
     text_config,
+    token_rows,
 )
 from attnflow.rows.experts import find_experts
 from attnflow.rows.tracing import Call, trace
@@ -255,6 +256,7 @@ def infer_row(hf_model: nn.Module, kind: str) -> Adapter:
 
 def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     config = hf_model.config
+    family = str(getattr(config, "model_type", type(hf_model).__name__))
     n_layers = _layer_count(config)
     head_count, n_heads = _head_count(config)
     blocks = _block_list(hf_model, n_layers)
@@ -278,7 +280,8 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         "head_count": head_count,
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
-    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection)
+    kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
+    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -296,7 +299,6 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         )
     row["norms"] = _norms(traced, blocks)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
-    family = str(getattr(config, "model_type", type(hf_model).__name__))
     return Adapter(family, kind, (family,), inferred=True, **row)
 
 
@@ -367,11 +369,12 @@ def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Te
 
 
 def _projections(
-    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call
+    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call, kv_heads: int
 ) -> tuple[str | None, str | None, str | None, Fused | None]:
     """The value, query and key projections (names; None where not proven), or the `Fused`
-    projection holding all three: the value is the affine map (or the fused map's value columns, in
-    the layout that works) whose output, split into heads, times the weights is the output
+    projection holding the values: the value is the affine map (or the fused map's value columns, in
+    the layout that works: q, k and v together, or multi-head latent attention's value beside
+    another part in every head) whose output, split into heads, times the weights is the output
     projection's input; query and key are the other two maps of the block with a head width."""
     weights, heads = weights_call.outputs[weights_index], output_projection.input
     d_head = heads.shape[-1] // block.n_heads
@@ -381,16 +384,23 @@ def _projections(
         if call.inside(scope)
         and call.start < output_projection.start
         and _linear_weight(call) is not None
-        and call.output.dim() == 3  # [batch, token, features]
-        and call.output.shape[-1] % d_head == 0
+        and token_rows(call.output).dim() == 3  # [batch, token, features]
     ]
-    value = next((call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)), None)
+    headed = [call for call in maps if call.output.shape[-1] % d_head == 0]
+    value = next(
+        (call for call in headed if _explains_heads(_per_head(token_rows(call.output), d_head), weights, heads)), None
+    )
     if value is None:
-        fused = next((found for call in maps if (found := _fused(call, block.n_heads, d_head, weights, heads))), None)
+        fused = next((found for call in headed if (found := _fused(call, block.n_heads, d_head, weights, heads))), None)
+        if fused is None:
+            fused = next(
+                (found for call in maps if (found := _latent(call, block.n_heads, kv_heads, d_head, weights, heads))),
+                None,
+            )
         return None, None, None, fused
     kv_width = value.output.shape[-1] // d_head
     others = [
-        call for call in maps if call is not value and call.output.shape[-1] // d_head in (block.n_heads, kv_width)
+        call for call in headed if call is not value and call.output.shape[-1] // d_head in (block.n_heads, kv_width)
     ]
     if len(others) != 2:
         return value.name, None, None, None
@@ -409,7 +419,25 @@ def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: 
             columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
         except CaptureError:
             continue
-        if _explains_heads(_per_head(call.output[..., columns], d_head), weights, heads):
+        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
+            return fused
+    return None
+
+
+def _latent(
+    call: Call, n_heads: int, kv_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor
+) -> Fused | None:
+    """Multi-head latent attention's ``kv_b_proj``: per key/value head, the value (``d_head`` wide)
+    and one other part of another width (the key's position-free half), in either order, proven by A·V."""
+    width = call.output.shape[-1]
+    per_head, rest = divmod(width, kv_heads)
+    if rest or per_head <= d_head:
+        return None
+    other = per_head - d_head
+    for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other))):
+        fused = Fused(call.name, parts, "per_head", widths)
+        columns = fused.columns("value", width, n_heads, kv_heads)
+        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
             return fused
     return None
 
