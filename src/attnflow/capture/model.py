@@ -32,7 +32,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, norm_epsilon, token_rows
+from attnflow.rows.adapters import Adapter, Values, token_rows
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -687,7 +687,7 @@ class CaptureModel:
             raise CaptureError(f"the {self.adapter.family} row names an output norm but declares no norm form")
         modules = [module for _, module in find_layers(self.hf_model, values.output_norm)]
         gains, shifts = zip(*(norms.gain_and_shift(module, self.d_model) for module in modules), strict=True)
-        eps = norm_epsilon(modules[0])
+        eps = norms.epsilon(modules[0])
         return {
             "kind": norms.form,
             "gain": torch.stack(list(gains)).float().cpu().numpy(),

@@ -33,7 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
-from attnflow.rows.adapters import NormForm, Norms, norm_epsilon, token_rows
+from attnflow.rows.adapters import NormForm, Norms, token_rows
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -294,17 +294,17 @@ def _layer_norms(model: ModelLike, pattern: str) -> Norm:
 def _norm_of_row(model: ModelLike, modules: list[nn.Module]) -> Norm:
     """`norm_of` in the form the adapter row declares (`Norms`)."""
     norms = model.adapter.norms
-    return norm_of(modules, norms.form, norms.rms_offset, model.d_model)
+    return norm_of(modules, norms.form, norms.rms_offset, model.d_model, norms.eps)
 
 
-def norm_of(modules: list[nn.Module], kind: str, rms_offset: float, width: int) -> Norm:
+def norm_of(modules: list[nn.Module], kind: str, rms_offset: float, width: int, eps: float | None = None) -> Norm:
     """The parameters of norms of one form over ``width`` features, stacked (``[len(modules), d]``;
-    one module: ``[d]``)."""
+    one module: ``[d]``); ``eps``: the row's, for modules that name none (`Norms.eps`)."""
     if kind not in ("layer", "rms"):
         raise CaptureError(f"unknown norm form {kind!r} in the adapter row (layer or rms)")
-    form = Norms("", cast(NormForm, kind), rms_offset)
+    form = Norms("", cast(NormForm, kind), rms_offset, eps)
     gains, shifts = zip(*(form.gain_and_shift(module, width) for module in modules), strict=True)
-    eps = norm_epsilon(modules[0])
+    eps = form.epsilon(modules[0])
     if eps is None:
         raise CaptureError(f"{type(modules[0]).__name__} names no epsilon (eps or variance_epsilon)")
     stack = (lambda tensors: tensors[0]) if len(modules) == 1 else torch.stack

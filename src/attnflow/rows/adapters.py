@@ -138,24 +138,27 @@ class Norms:
 
     ``modules``: a regex matching every norm module's name (searched, like the other patterns; no
     layer group needed). ``form``: ``"layer"``, g ⊙ (y − mean(y)) / σ(y) + β, or ``"rms"``,
-    (``rms_offset`` + w) ⊙ y / rms(y) (Gemma's offset is 1: its norms multiply by 1 + w). A norm
-    without a weight (OLMo's layer norms, Llama 4's q/k L2 norms) scales by 1; one without a bias
-    shifts by 0. `recompute` is the formula, in one place: the backward rules, routes, the
-    conformance suite and inference all call it (or `gain_and_shift`).
+    g ⊙ y / rms(y), with g = ``rms_offset`` + w (Gemma's RMS norms and Nemotron's layer norms have
+    offset 1: they multiply by 1 + w). A norm without a weight (OLMo's layer norms, Llama 4's q/k
+    L2 norms) scales by 1; one without a bias shifts by 0. ``eps``: the epsilon of norms whose
+    modules name none (OLMo's weightless layer norms compute with 1e-5 written in their forward),
+    None where they do (`norm_epsilon`). `recompute` is the formula, in one place: the backward
+    rules, routes, the conformance suite and inference all call it (or `gain_and_shift`).
     """
 
     modules: str
     form: NormForm
     rms_offset: float = 0.0
+    eps: float | None = None
 
     def gain_and_shift(self, module: Any, width: int) -> tuple[Any, Any]:
         """``(g, β)`` of ``module`` in this form, float32 ``[width]`` each: g = w (layer) or
-        ``rms_offset`` + w (rms), 1 without a weight; β = the bias (layer), else 0."""
+        ``rms_offset`` + w, 1 without a weight; β = the bias (layer), else 0."""
         import torch
 
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if isinstance(weight, torch.Tensor):
-            gain = weight.detach().float() + (self.rms_offset if self.form == "rms" else 0.0)
+            gain = weight.detach().float() + self.rms_offset
         else:
             gain = torch.ones(width)
         if self.form == "layer" and isinstance(bias, torch.Tensor):
@@ -168,7 +171,7 @@ class Norms:
         detached, as the backward rules hold it."""
         import torch
 
-        eps = norm_epsilon(module)
+        eps = self.epsilon(module)
         wide = x.float()
         centred = wide - wide.mean(dim=-1, keepdim=True) if self.form == "layer" else wide
         scale = torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + (1e-6 if eps is None else eps))
@@ -178,6 +181,11 @@ class Norms:
             return weight * normed.to(x.dtype)  # Llama's order: the weight multiplies in the model's precision
         gain, shift = self.gain_and_shift(module, x.shape[-1])
         return (normed * gain.to(x.device) + shift.to(x.device)).to(x.dtype)
+
+    def epsilon(self, module: Any) -> float | None:
+        """``module``'s epsilon (`norm_epsilon`), else the row's ``eps`` (None when neither names one)."""
+        found = norm_epsilon(module)
+        return self.eps if found is None else found
 
 
 def token_rows(output: Any) -> Any:

@@ -24,7 +24,7 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
-  by ``rms_offset`` + w);
+  by ``rms_offset`` + w, with the row's ``eps`` where the module names none);
 - ``gated_product`` (rows with a gated MLP): in every layer the row's gated MLP pattern matches (a
   stack of dense and mixture-of-experts layers names its dense ones) the MLP holds the up
   projection and the activation the row names, and one of its modules reads their product;
@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, NormForm, Norms, Stack, find_layers, text_config, token_rows
+from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -352,9 +352,9 @@ def check_norm_form(run: Run) -> None:
         _fail(run, "norm_form", f"{', '.join(missed[:3])} not matched by the norms pattern {norms.modules!r}")
     pairs = zip(run.layers("norms.in"), run.layers("norms.out"), strict=True)
     for (name, module), (read, written) in zip(named, pairs, strict=True):
-        recomputed = _declared_norm(module, read, norms.form, norms.rms_offset)
+        recomputed = _declared_norm(module, read, norms)
         if recomputed is None or not _equal(recomputed, written):
-            form = "a layer norm" if norms.form == "layer" else f"an RMS norm scaled by {norms.rms_offset:g} + w"
+            form = f"{'a layer norm' if norms.form == 'layer' else 'an RMS norm'} scaled by {norms.rms_offset:g} + w"
             _fail(
                 run, "norm_form", f"{name} ({type(module).__name__}) is not {form} of its weights, as the row declares"
             )
@@ -371,13 +371,13 @@ def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
     return same_shape and torch.allclose(candidate, written, rtol=TOLERANCE, atol=TOLERANCE)
 
 
-def _declared_norm(module: nn.Module, x: Any, form: NormForm, rms_offset: float) -> torch.Tensor | None:
-    """What a norm of the declared ``form`` with ``module``'s weights gives ``x`` (`Norms.recompute`);
+def _declared_norm(module: nn.Module, x: Any, norms: Norms) -> torch.Tensor | None:
+    """What a norm of the declared form (`Norms.recompute`) with ``module``'s weights gives ``x``;
     None when the module has a weight that is not over ``x``'s last axis (not a norm of that input)."""
     weight = getattr(module, "weight", None)
     if not torch.is_tensor(x) or (isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]):
         return None
-    return Norms("", form, rms_offset).recompute(module, x)
+    return norms.recompute(module, x)
 
 
 def _gated_parts(gated: GatedMLP, mlp: nn.Module) -> list[tuple[str, nn.Module, Side]]:

@@ -34,6 +34,7 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     hand_row,
+    norm_epsilon,
     text_config,
     token_rows,
 )
@@ -297,7 +298,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
         )
-    row["norms"] = _norms(traced, blocks)
+    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     return Adapter(family, kind, (family,), inferred=True, **row)
 
@@ -608,33 +609,69 @@ def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
     return None
 
 
-_FORMS: tuple[tuple[NormForm, float], ...] = (("layer", 0.0), ("rms", 0.0), ("rms", 1.0))
+_FORMS: tuple[tuple[NormForm, float], ...] = (("layer", 0.0), ("layer", 1.0), ("rms", 0.0), ("rms", 1.0))
 
 
-def _norm_forms(call: Call) -> set[tuple[NormForm, float]]:
-    """The forms (`Norms` form and rms offset) in which the call is a norm over its input's last
-    axis: one for a norm with a weight; both rms offsets for a weightless RMS norm (it scales by 1
-    either way). A module without a weight counts only as a leaf that changes its input (a wrapper,
-    or a dropout after a norm, is not the norm)."""
+def _norm_forms(call: Call) -> dict[tuple[NormForm, float], float | None]:
+    """The forms (`Norms` form and offset) in which the call is a norm over its input's last axis,
+    each with the epsilon it computes with where the module names none (measured on the call,
+    `_measured_epsilon`; None where it names one): one form for a norm with a weight; both offsets
+    for a weightless norm (it scales by 1 either way). A module without a weight counts only as a
+    leaf that changes its input (a wrapper, or a dropout after a norm, is not the norm)."""
     x, y, module = call.input, call.output, call.module
     if not (torch.is_tensor(x) and torch.is_tensor(y) and x.is_floating_point() and x.shape == y.shape):
-        return set()
+        return {}
     weight = getattr(module, "weight", None)
     if isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]:
-        return set()
+        return {}
     if not isinstance(weight, torch.Tensor) and (any(True for _ in module.children()) or _close(y, x)):
-        return set()
-    return {(form, offset) for form, offset in _FORMS if _close(y, Norms("", form, offset).recompute(module, x))}
+        return {}
+    found: dict[tuple[NormForm, float], float | None] = {}
+    for form, offset in _FORMS:
+        eps = None if norm_epsilon(module) is not None else _measured_epsilon(call, form, offset)
+        if _close(y, Norms("", form, offset, eps).recompute(module, x)):
+            found[(form, offset)] = eps
+    return found
 
 
-def _norms(traced: dict[str, Call], blocks: str) -> Norms | None:
-    """Every norm the traced run called (in every block and outside them), when they share one form."""
+def _measured_epsilon(call: Call, form: NormForm, offset: float) -> float | None:
+    """The epsilon a norm of ``form`` computes with, from its traced input x and output y: per row,
+    (y − β) / g = P(x) / s with P the centring (layer) or the identity (rms) and s = sqrt(stat(x) +
+    eps), so s is the least-squares ratio of P(x) to (y − β) / g and eps = s² − stat(x); the median
+    over rows, to two significant digits. None where a gain is 0 (no ratio to read)."""
+    x, y = call.input.double(), call.output.double()
+    gain, shift = Norms("", form, offset).gain_and_shift(call.module, x.shape[-1])
+    if bool((gain.abs() < 1e-6).any()):
+        return None
+    centred = x - x.mean(dim=-1, keepdim=True) if form == "layer" else x
+    target = (y - shift.double().to(y.device)) / gain.double().to(y.device)  # P(x) / s
+    ratio = (centred * target).sum(dim=-1) / (target * target).sum(dim=-1).clamp_min(1e-30)  # s per row
+    eps = float((ratio.pow(2) - centred.pow(2).mean(dim=-1)).median())
+    return float(f"{max(eps, 0.0):.1e}") if eps == eps else None
+
+
+def _norms(traced: dict[str, Call], blocks: str, modules: list[str]) -> Norms | None:
+    """Every norm the traced run called (in every block and outside them), when they share one form:
+    the pattern of each per layer, unless it would also name a module of ``modules`` (the model's
+    names) that is not such a norm (ModernBERT's first layer has an identity in place of its
+    attention norm): then the norms it names one by one."""
     forms = {call.name: found for call in traced.values() if call.name and (found := _norm_forms(call))}
     if not forms:
         return None
-    shared = set.intersection(*forms.values())
+    shared = set.intersection(*(set(found) for found in forms.values()))
     if not shared:
         return None
-    form, offset = min(shared)  # a weightless RMS norm alone: offset 0
-    names = sorted({_pattern(name, blocks).replace(r"(\d+)", r"\d+") for name in forms})
-    return Norms("|".join(names), form, rms_offset=offset)
+    form, offset = min(shared)  # a weightless norm alone: offset 0
+    measured = sorted(eps for found in forms.values() if (eps := found[(form, offset)]) is not None)
+    by_pattern: dict[str, list[str]] = {}
+    for name in forms:
+        by_pattern.setdefault(_pattern(name, blocks).replace(r"(\d+)", r"\d+"), []).append(name)
+    names = []
+    for pattern, members in by_pattern.items():
+        regex = re.compile(pattern)
+        if all(name in forms for name in modules if name and regex.search(name)):
+            names.append(pattern)
+        else:
+            names += [rf"^{re.escape(name)}$" for name in members]
+    eps = measured[len(measured) // 2] if measured else None
+    return Norms("|".join(sorted(names)), form, rms_offset=offset, eps=eps)
