@@ -20,7 +20,8 @@ import numpy as np
 NEEDS = {
     "attentions": "softmax weights [layer, head, query, key] (always captured)",
     "head_outputs": "per-head attention outputs [layer, token, head, d_head]",
-    "output_weights": "each head's slice of the output projection [layer, head, d_head, d_model] and its bias",
+    "output_weights": "each head's slice of the output projection [layer, head, d_head, d_model], its bias and "
+    "any norm after it (output_norms)",
     "values": "per-head value vectors [layer, token, head, d_head]",
     "layer_inputs": "the residual stream entering each attention block [layer, token, d_model]",
     "layer_norms": "post-LN models: the layer norm after each attention block (weight, bias, eps)",
@@ -103,6 +104,11 @@ class Trace:
             none), captured with ``output_weights``, or None.
         layer_norms: post-LN models, the layer norm after each attention block:
             ``{"weight": [layer, d_model], "bias": [layer, d_model], "eps": float}``, or None.
+        output_norms: families with a norm between the output projection and the residual
+            addition (Gemma 2/3's sandwich norm, OLMo-2's post-norm), captured with
+            ``output_weights``: ``{"kind": "layer" | "rms", "gain": [layer, d_model], "shift":
+            [layer, d_model], "eps": float}`` (the gain holds any offset, Gemma's 1 + w; the shift
+            is zeros for an RMS norm), or None.
         embeddings / embedding_grads: ``[token, d_model]`` the word embeddings the model read
             and d(target)/d(embeddings), or None.
         target: the `attnflow.targets.ResolvedTarget` explained (kind, index, label, value), or None.
@@ -136,6 +142,7 @@ class Trace:
     layer_inputs: np.ndarray | None = None
     output_bias: np.ndarray | None = None
     layer_norms: dict[str, Any] | None = None
+    output_norms: dict[str, Any] | None = None
     embeddings: np.ndarray | None = None
     embedding_grads: np.ndarray | None = None
     target: Any = None

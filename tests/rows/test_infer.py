@@ -97,11 +97,13 @@ def test_a_model_type_without_a_hand_row_loads_through_inference_and_runs_every_
     model = attnflow.load(str(build_tiny("olmo2", tmp_path / "olmo2")), device="cpu")
     assert model.adapter.inferred and model.adapter.family == "olmo2"
     assert "inferring one from the model" in caplog.text
-    # Post-norms (x + norm(attention(x))): sites at the norms, no value-aware methods (as Gemma's sandwich).
-    assert {"sites", "streams", "norms", "query_key", "gated_mlp"} <= model.adapter.provides
+    # Post-norms (x + norm(attention(x))): sites at the norms; the value-aware methods read the
+    # values through the norm (its statistic fixed), as for Gemma's sandwich.
+    assert {"sites", "streams", "norms", "query_key", "gated_mlp", "values"} <= model.adapter.provides
     text = "the movie was great but the acting"
     rollout = model.explain(text, method="rollout")
     assert rollout.scores.shape == (len(rollout.tokens),)
+    assert model.explain(text, method="norm").scores.shape == rollout.scores.shape
     lrp = model.explain(text, method="attnlrp")
     assert np.isfinite(lrp.scores).all() and np.abs(lrp.scores).max() > 0
     routes = attnflow.routes(model, text)

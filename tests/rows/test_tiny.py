@@ -15,13 +15,10 @@ from attnflow.rows.tiny import EXPERTS, HIDDEN, LAYERS, TOP_K, build_tiny, tiny_
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What the dozen cannot run, by design, each with the part of the reason that says why: post-norm
-# rows have no value-aware methods (the norm after the output projection rescales every head's
-# term); OPT's feed-forward block runs on a flattened [batch * token, d] tensor, so no module's
-# output is the MLP site.
+# What the dozen cannot run, by design, each with the part of the reason that says why: OPT's
+# feed-forward block runs on a flattened [batch * token, d] tensor, so no module's output is the
+# MLP site.
 REFUSED = {
-    ("gemma2", "value_aware"): "requires values",
-    ("olmo2", "value_aware"): "requires values",
     ("opt", "routes"): "routes do not support the opt family",
     ("opt", "patching"): "patching does not support the opt family",
 }

@@ -33,7 +33,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values
+from attnflow.rows.adapters import Adapter, Values, token_rows
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -443,6 +443,7 @@ class CaptureModel:
         shared: dict[str, Any] = {}
         if "output_weights" in needs:
             shared["output_weights"], shared["output_bias"] = self._output_weights_numpy()
+            shared["output_norms"] = self._output_norms()
         if "layer_norms" in needs:
             shared["layer_norms"] = self._layer_norms()
         return shared
@@ -529,7 +530,8 @@ class CaptureModel:
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
-            stacked = stack_recorded(values, value_layers)  # [batch, layer, token, projection width]
+            rows = {name: token_rows(tensor) for name, tensor in values.items()}  # [batch, token, width] each
+            stacked = stack_recorded(rows, value_layers)  # [batch, layer, token, projection width]
             columns = self.adapter.part_columns("value", stacked.shape[-1], self.config)
             stacked = stacked[..., columns.to(stacked.device)]
             batch, layers, tokens, width = stacked.shape  # width: kv_head * d_head
@@ -696,6 +698,25 @@ class CaptureModel:
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())
             self._output_weights_cache = (self.output_weights().cpu().numpy(), torch.stack(biases).numpy())
         return self._output_weights_cache
+
+    def _output_norms(self) -> dict[str, Any] | None:
+        """Families with a norm between the output projection and the residual addition
+        (`Values.output_norm`): its form (the row's `Norms`), gain and shift ``[layer, d_model]``
+        (`Norms.gain_and_shift`) and eps; None for the others."""
+        values, norms = self.adapter.values, self.adapter.norms
+        if values is None or values.output_norm is None:
+            return None
+        if norms is None:
+            raise CaptureError(f"the {self.adapter.family} row names an output norm but declares no norm form")
+        modules = [module for _, module in find_layers(self.hf_model, values.output_norm)]
+        gains, shifts = zip(*(norms.gain_and_shift(module, self.d_model) for module in modules), strict=True)
+        eps = norms.epsilon(modules[0])
+        return {
+            "kind": norms.form,
+            "gain": torch.stack(list(gains)).float().cpu().numpy(),
+            "shift": torch.stack(list(shifts)).float().cpu().numpy(),
+            "eps": 1e-6 if eps is None else eps,
+        }
 
     def _layer_norms(self) -> dict[str, Any]:
         """Post-LN models: the layer norm after each attention block, ``weight``/``bias``

@@ -33,7 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
-from attnflow.rows.adapters import NormForm, Norms, norm_epsilon
+from attnflow.rows.adapters import NormForm, Norms, token_rows
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -218,7 +218,8 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
             hf_model(input_ids=input_ids.to(model.device), output_attentions=True)
         except StopForward:
             pass
-    values = stack_recorded(outputs["values"], located["values"])[0]  # [L, T, width]
+    rows = {name: token_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
+    values = stack_recorded(rows, located["values"])[0]  # [L, T, width]
     values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
     first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]
     return Recording(
@@ -297,17 +298,17 @@ def _layer_norms(model: ModelLike, pattern: str) -> Norm:
 def _norm_of_row(model: ModelLike, modules: list[nn.Module]) -> Norm:
     """`norm_of` in the form the adapter row declares (`Norms`)."""
     norms = model.adapter.norms
-    return norm_of(modules, norms.form, norms.rms_offset, model.d_model)
+    return norm_of(modules, norms.form, norms.rms_offset, model.d_model, norms.eps)
 
 
-def norm_of(modules: list[nn.Module], kind: str, rms_offset: float, width: int) -> Norm:
+def norm_of(modules: list[nn.Module], kind: str, rms_offset: float, width: int, eps: float | None = None) -> Norm:
     """The parameters of norms of one form over ``width`` features, stacked (``[len(modules), d]``;
-    one module: ``[d]``)."""
+    one module: ``[d]``); ``eps``: the row's, for modules that name none (`Norms.eps`)."""
     if kind not in ("layer", "rms"):
         raise CaptureError(f"unknown norm form {kind!r} in the adapter row (layer or rms)")
-    form = Norms("", cast(NormForm, kind), rms_offset)
+    form = Norms("", cast(NormForm, kind), rms_offset, eps)
     gains, shifts = zip(*(form.gain_and_shift(module, width) for module in modules), strict=True)
-    eps = norm_epsilon(modules[0])
+    eps = form.epsilon(modules[0])
     if eps is None:
         raise CaptureError(f"{type(modules[0]).__name__} names no epsilon (eps or variance_epsilon)")
     stack = (lambda tensors: tensors[0]) if len(modules) == 1 else torch.stack

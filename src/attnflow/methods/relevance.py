@@ -71,7 +71,10 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
 
     Computed from per-token Gram matrices G_j[h, h'] = ⟨f_h(x_j), f_h'(x_j)⟩, so that
     ‖Σ_h a_h f_h(x_j)‖² = aᵀ G_j a and no ``[query, key, d_model]`` tensor is formed.
-    ``residual_vector`` adds the residual stream x_i (``layer_inputs``) on the diagonal.
+    ``residual_vector`` adds the residual stream x_i (``layer_inputs``) on the diagonal. A family
+    with a norm after the output projection (``output_norms``: Gemma's sandwich, OLMo-2's post-norm)
+    adds what leaves that norm: f_h(x_j) through the norm with its statistic fixed at its value on
+    query i's whole output (`through_output_norm`), as ALTI holds a post-LN's σ.
     """
     attentions = np.asarray(trace.attentions, dtype=np.float64)  # [layer, head, q, k]
     if residual_vector:
@@ -80,14 +83,43 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
     squared = np.zeros((trace.n_layers, trace.n_tokens, trace.n_tokens))
     for layer in range(trace.n_layers):
         contributions = value_contributions(trace, layer)  # [key, head, d_model]
+        scale = np.ones(trace.n_tokens)  # [query] what multiplies query i's parts
+        if trace.output_norms is not None:
+            contributions, scale = through_output_norm(trace, layer, contributions)
         gram = np.einsum("jhe,jge->jhg", contributions, contributions, optimize=True)  # [key, head, head]
         squared[layer] = np.einsum("hij,jhg,gij->ij", attentions[layer], gram, attentions[layer], optimize=True)
+        squared[layer] *= scale[:, None] ** 2
         if residual_vector:
             inputs = np.asarray(trace.captured("layer_inputs")[layer], dtype=np.float64)  # [token, d_model]
             diagonal_attention = attentions[layer][:, index, index].T  # [token, head]
             cross = np.einsum("ih,ihe,ie->i", diagonal_attention, contributions, inputs, optimize=True)
-            squared[layer, index, index] += 2.0 * cross + np.einsum("ie,ie->i", inputs, inputs)
+            squared[layer, index, index] += 2.0 * scale * cross + np.einsum("ie,ie->i", inputs, inputs)
     return np.sqrt(np.maximum(squared, 0.0))
+
+
+def norm_statistic(y: np.ndarray, kind: str, eps: float) -> np.ndarray:
+    """``[...]`` a norm's statistic over the last axis of ``y [..., d]``: σ(y) = sqrt(var(y) + eps)
+    (``kind`` ``"layer"``) or rms(y) = sqrt(mean(y²) + eps) (``"rms"``)."""
+    if kind == "layer":
+        return np.sqrt(y.var(axis=-1) + eps)
+    return np.sqrt((y * y).mean(axis=-1) + eps)
+
+
+def through_output_norm(trace: Trace, layer: int, contributions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's head parts through the norm after its output projection (``output_norms``),
+    linearised on this input: the norm's output at query i is s_i · g ⊙ P(y_i) + β with y_i =
+    Σ_j Σ_h A[h,i,j] f_h(x_j) + b_O its input, P the centring of a layer norm (the identity for an
+    RMS norm) and s_i = 1 / σ(y_i) (1 / rms(y_i)), so token j's part through head h is
+    s_i A[h,i,j] g ⊙ P(f_h(x_j)), and the parts, plus the term s_i g ⊙ P(b_O) + β that no token
+    carries, sum to the norm's output. Returns ``[key, head, d_model]`` g ⊙ P(f_h(x_j)) and
+    ``[query]`` s_i."""
+    norms = trace.captured("output_norms", method="a value-aware method through the output norm")
+    attention = np.asarray(trace.attentions[layer], dtype=np.float64)  # [head, q, k]
+    bias = np.asarray(trace.captured("output_bias")[layer], dtype=np.float64)  # [d_model]
+    y = np.einsum("hij,jhe->ie", attention, contributions, optimize=True) + bias  # [q, d_model]
+    scale = 1.0 / norm_statistic(y, norms["kind"], float(norms["eps"]))
+    centred = contributions - contributions.mean(axis=-1, keepdims=True) if norms["kind"] == "layer" else contributions
+    return np.asarray(norms["gain"][layer], dtype=np.float64) * centred, scale
 
 
 @register(
@@ -145,7 +177,7 @@ def alti_layer_parts(trace: Trace, layer: int, queries: slice) -> tuple[np.ndarr
     rows = np.arange(trace.n_tokens)[queries]
     parts[np.arange(len(rows)), rows] += inputs[rows]
     y = parts.sum(axis=1) + np.asarray(trace.captured("output_bias")[layer], dtype=np.float64)
-    sigma = np.sqrt(y.var(axis=-1) + trace.captured("layer_norms")["eps"])
+    sigma = norm_statistic(y, "layer", trace.captured("layer_norms")["eps"])
     return parts, y, sigma
 
 

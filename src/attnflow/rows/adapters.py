@@ -57,10 +57,11 @@ class Values:
     ``query`` / ``key``: the query and key projections (LRP changes the gradient there), or None
     (none, or parts of a `Fused` projection).
     ``output_norm``: a norm between the output projection and the residual addition (Gemma 2/3's
-    sandwich norm, OLMo-2's post-norm: ``post_attention_layernorm``). It divides the block's output by the RMS of the
-    sum over heads and tokens, so f_h(x_j) = v_j W_O^h is no longer what token j adds through head
-    h: such a family does not provide the ``values`` capability (value-aware methods are refused),
-    although its projections are mapped for the backward rules.
+    sandwich norm, OLMo-2's post-norm: ``post_attention_layernorm``). It divides the block's output
+    by the statistic (RMS or σ) of query i's sum over heads and tokens, so what token j adds through
+    head h is f_h(x_j) = v_j W_O^h through the norm with that statistic fixed (the value-aware
+    methods read the norm as the trace's ``output_norms``); the norm's form is the row's `Norms`,
+    without which the family does not provide the ``values`` capability.
     """
 
     value: str | None
@@ -137,24 +138,27 @@ class Norms:
 
     ``modules``: a regex matching every norm module's name (searched, like the other patterns; no
     layer group needed). ``form``: ``"layer"``, g ⊙ (y − mean(y)) / σ(y) + β, or ``"rms"``,
-    (``rms_offset`` + w) ⊙ y / rms(y) (Gemma's offset is 1: its norms multiply by 1 + w). A norm
-    without a weight (OLMo's layer norms, Llama 4's q/k L2 norms) scales by 1; one without a bias
-    shifts by 0. `recompute` is the formula, in one place: the backward rules, routes, the
-    conformance suite and inference all call it (or `gain_and_shift`).
+    g ⊙ y / rms(y), with g = ``rms_offset`` + w (Gemma's RMS norms and Nemotron's layer norms have
+    offset 1: they multiply by 1 + w). A norm without a weight (OLMo's layer norms, Llama 4's q/k
+    L2 norms) scales by 1; one without a bias shifts by 0. ``eps``: the epsilon of norms whose
+    modules name none (OLMo's weightless layer norms compute with 1e-5 written in their forward),
+    None where they do (`norm_epsilon`). `recompute` is the formula, in one place: the backward
+    rules, routes, the conformance suite and inference all call it (or `gain_and_shift`).
     """
 
     modules: str
     form: NormForm
     rms_offset: float = 0.0
+    eps: float | None = None
 
     def gain_and_shift(self, module: Any, width: int) -> tuple[Any, Any]:
         """``(g, β)`` of ``module`` in this form, float32 ``[width]`` each: g = w (layer) or
-        ``rms_offset`` + w (rms), 1 without a weight; β = the bias (layer), else 0."""
+        ``rms_offset`` + w, 1 without a weight; β = the bias (layer), else 0."""
         import torch
 
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if isinstance(weight, torch.Tensor):
-            gain = weight.detach().float() + (self.rms_offset if self.form == "rms" else 0.0)
+            gain = weight.detach().float() + self.rms_offset
         else:
             gain = torch.ones(width)
         if self.form == "layer" and isinstance(bias, torch.Tensor):
@@ -167,7 +171,7 @@ class Norms:
         detached, as the backward rules hold it."""
         import torch
 
-        eps = norm_epsilon(module)
+        eps = self.epsilon(module)
         wide = x.float()
         centred = wide - wide.mean(dim=-1, keepdim=True) if self.form == "layer" else wide
         scale = torch.rsqrt(centred.pow(2).mean(dim=-1, keepdim=True) + (1e-6 if eps is None else eps))
@@ -177,6 +181,20 @@ class Norms:
             return weight * normed.to(x.dtype)  # Llama's order: the weight multiplies in the model's precision
         gain, shift = self.gain_and_shift(module, x.shape[-1])
         return (normed * gain.to(x.device) + shift.to(x.device)).to(x.dtype)
+
+    def epsilon(self, module: Any) -> float | None:
+        """``module``'s epsilon (`norm_epsilon`), else the row's ``eps`` (None when neither names one)."""
+        found = norm_epsilon(module)
+        return self.eps if found is None else found
+
+
+def token_rows(output: Any) -> Any:
+    """A projection's output as ``[batch, token, width]``: multi-head latent attention runs its
+    ``kv_b_proj`` on the latent viewed as one head, ``[batch, 1, token, rank]``, so its output is
+    ``[batch, 1, token, width]``; any other output is returned as it is."""
+    if output.dim() == 4 and output.shape[1] == 1:
+        return output[:, 0]
+    return output
 
 
 def norm_epsilon(module: Any) -> float | None:
@@ -208,16 +226,25 @@ class Fused:
       (GPT-NeoX's and Bloom's ``query_key_value``, viewed as ``[..., head, 3 * d_head]``);
     - ``"per_group"`` (G = n_kv_heads): per key/value group, its n_heads / n_kv_heads query heads,
       then its key head, then its value head (Falcon's new decoder architecture).
+
+    ``widths``: the features per head of each part, where they differ from one another (multi-head
+    latent attention: DeepSeek's ``kv_b_proj`` holds, per head, the key's position-free half, then
+    the value, ``("other", "value")`` with widths ``(qk_nope_head_dim, v_head_dim)``). With widths
+    every part is a head part (a query part n_heads heads, any other n_kv_heads) and a part that no
+    capability reads may take any name (``"other"``); empty: every head part is ``d_head`` wide.
     """
 
     module: str
     parts: tuple[str, ...]
     layout: FusedLayout = "side_by_side"
+    widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layout not in ("side_by_side", "per_head", "per_group"):
             raise ValueError(f"unknown fused layout {self.layout!r}; choose side_by_side, per_head or per_group")
-        heads = [part in HEAD_PARTS for part in self.parts]
+        if self.widths and (len(self.widths) != len(self.parts) or min(self.widths) <= 0):
+            raise ValueError(f"fused widths {self.widths} do not give one positive width per part of {self.parts}")
+        heads = [part in HEAD_PARTS or bool(self.widths) for part in self.parts]
         if len(set(self.parts)) != len(self.parts) or (any(heads) and not all(heads)):
             raise ValueError(f"fused parts {self.parts} repeat a part or mix head parts with others")
         if not any(heads) and self.layout != "side_by_side":
@@ -230,32 +257,41 @@ class Fused:
 
         if part not in self.parts:
             raise CaptureError(f"the fused projection {self.module!r} holds {self.parts}, not {part!r}")
-        if part not in HEAD_PARTS:  # equal slices, side by side
+        if part not in HEAD_PARTS and not self.widths:  # equal slices, side by side
             size, rest = divmod(width, len(self.parts))
             if rest:
                 raise CaptureError(f"{self.module!r}: {width} features do not split into {len(self.parts)} parts")
             start = self.parts.index(part) * size
             return torch.arange(start, start + size)
         heads = [n_heads if name == "query" else n_kv_heads for name in self.parts]
-        d_head, rest = divmod(width, sum(heads))
+        if self.widths:
+            sizes, rest = list(self.widths), width - sum(h * w for h, w in zip(heads, self.widths, strict=True))
+        else:
+            d_head, rest = divmod(width, sum(heads))
+            sizes = [d_head] * len(heads)
         groups = {"side_by_side": 1, "per_head": heads[0], "per_group": n_kv_heads}[self.layout]
         if rest or any(count % groups for count in heads) or (self.layout == "per_head" and len(set(heads)) > 1):
             raise CaptureError(
                 f"{self.module!r}: {width} features do not hold {dict(zip(self.parts, heads, strict=True))} heads "
-                f"laid out {self.layout}"
+                f"laid out {self.layout}" + (f" with widths {self.widths}" if self.widths else "")
             )
         per_group = [count // groups for count in heads]  # [part] heads of each part in one group
         index = self.parts.index(part)
-        offset = sum(per_group[:index]) * d_head  # where the part starts inside a group
-        group = torch.arange(groups)[:, None] * (sum(per_group) * d_head)  # [group, 1]
-        inside = offset + torch.arange(per_group[index] * d_head)  # [heads in a group * d_head]
+        offset = sum(count * size for count, size in zip(per_group[:index], sizes, strict=False))  # in a group
+        group = torch.arange(groups)[:, None] * sum(c * w for c, w in zip(per_group, sizes, strict=True))  # [group, 1]
+        inside = offset + torch.arange(per_group[index] * sizes[index])  # [heads in a group * the part's width]
         return (group + inside).reshape(-1)
 
 
 @dataclass(frozen=True)
 class GatedMLP:
-    """A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
-    attribute names of its up projection and its activation, whose product the rules split."""
+    r"""A gated MLP ``down(act(gate(x)) * up(x))`` (Llama's SwiGLU): ``module`` (regex) and the
+    attribute names of its up projection and its activation, whose product the rules split.
+
+    ``module`` may match only some layers (``find_layers(..., gaps=True)``): a stack whose first
+    layers are dense and the others mixtures of experts (DeepSeek's ``first_k_dense_replace``,
+    ERNIE 4.5's, GLM-4.5's) names its dense layers, ``(0|1)`` in place of ``(\d+)``.
+    """
 
     module: str
     up: str = "up_proj"
@@ -409,7 +445,9 @@ class Adapter:
         values = self.values
         provided = {
             "text_target": self.target_kind is not None,
-            "values": values is not None and values.output_norm is None and self.projection("value") is not None,
+            "values": values is not None
+            and (values.output_norm is None or self.norms is not None)
+            and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
             "query_key": all(self.projection(part) is not None for part in HEAD_PARTS),
             "gated_mlp": self.gated_mlp is not None,
@@ -654,8 +692,9 @@ def adapter_for(model_type: str, class_name: str) -> Adapter:
     )
 
 
-def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
-    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer."""
+def find_layers(model: nn.Module, pattern: str, *, gaps: bool = False) -> list[tuple[str, nn.Module]]:
+    """Modules whose name matches ``pattern`` (first group = layer index), sorted by layer: one per
+    layer 0..L-1, or (``gaps``: a part only some layers have, a `GatedMLP`) any layers."""
     regex = re.compile(pattern)
     found: dict[int, tuple[str, nn.Module]] = {}
     for name, module in model.named_modules():
@@ -665,7 +704,7 @@ def find_layers(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
             if layer in found:
                 raise CaptureError(f"two modules match layer {layer} of {pattern!r}: {found[layer][0]}, {name}")
             found[layer] = (name, module)
-    if sorted(found) != list(range(len(found))):
+    if not gaps and sorted(found) != list(range(len(found))):
         raise CaptureError(f"layers matching {pattern!r} are not numbered 0..L-1: {sorted(found)}")
     return [found[layer] for layer in sorted(found)]
 

@@ -24,9 +24,10 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
-  by ``rms_offset`` + w);
-- ``gated_product`` (rows with a gated MLP): in every layer the MLP holds the up projection and the
-  activation the row names, and one of its modules reads their product;
+  by ``rms_offset`` + w, with the row's ``eps`` where the module names none);
+- ``gated_product`` (rows with a gated MLP): in every layer the row's gated MLP pattern matches (a
+  stack of dense and mixture-of-experts layers names its dense ones) the MLP holds the up
+  projection and the activation the row names, and one of its modules reads their product;
 - ``own_value`` (rows with sites): every activation site of every kind (`SITE_TABLE`), written
   with its own value through the kind's write function, changes nothing, bit for bit;
 - ``knockout`` (rows with sites): blocking the edge from the first key to the last query in the
@@ -46,7 +47,7 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, NormForm, Norms, Stack, find_layers, text_config
+from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 
@@ -152,7 +153,7 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
     if row.gated_mlp is not None:
         try:
-            mlps = find_layers(model, row.gated_mlp.module)
+            mlps = find_layers(model, row.gated_mlp.module, gaps=True)
         except CaptureError:
             mlps = []  # the gated_product check finds them again and fails, naming the pattern
         for layer, (_, mlp) in enumerate(mlps):
@@ -214,7 +215,8 @@ def check_head_slices(run: Run) -> None:
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
     ):
         try:
-            values = projected[..., run.row.part_columns("value", projected.shape[-1], run.model.config)]
+            rows = token_rows(projected)  # [batch, token, width]
+            values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
         except CaptureError as error:
             _fail(run, "head_slices", f"layer {layer}: {error}")
         batch, tokens, width = heads.shape
@@ -350,9 +352,9 @@ def check_norm_form(run: Run) -> None:
         _fail(run, "norm_form", f"{', '.join(missed[:3])} not matched by the norms pattern {norms.modules!r}")
     pairs = zip(run.layers("norms.in"), run.layers("norms.out"), strict=True)
     for (name, module), (read, written) in zip(named, pairs, strict=True):
-        recomputed = _declared_norm(module, read, norms.form, norms.rms_offset)
+        recomputed = _declared_norm(module, read, norms)
         if recomputed is None or not _equal(recomputed, written):
-            form = "a layer norm" if norms.form == "layer" else f"an RMS norm scaled by {norms.rms_offset:g} + w"
+            form = f"{'a layer norm' if norms.form == 'layer' else 'an RMS norm'} scaled by {norms.rms_offset:g} + w"
             _fail(
                 run, "norm_form", f"{name} ({type(module).__name__}) is not {form} of its weights, as the row declares"
             )
@@ -369,13 +371,13 @@ def _equal(candidate: torch.Tensor, written: torch.Tensor) -> bool:
     return same_shape and torch.allclose(candidate, written, rtol=TOLERANCE, atol=TOLERANCE)
 
 
-def _declared_norm(module: nn.Module, x: Any, form: NormForm, rms_offset: float) -> torch.Tensor | None:
-    """What a norm of the declared ``form`` with ``module``'s weights gives ``x`` (`Norms.recompute`);
+def _declared_norm(module: nn.Module, x: Any, norms: Norms) -> torch.Tensor | None:
+    """What a norm of the declared form (`Norms.recompute`) with ``module``'s weights gives ``x``;
     None when the module has a weight that is not over ``x``'s last axis (not a norm of that input)."""
     weight = getattr(module, "weight", None)
     if not torch.is_tensor(x) or (isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]):
         return None
-    return Norms("", form, rms_offset).recompute(module, x)
+    return norms.recompute(module, x)
 
 
 def _gated_parts(gated: GatedMLP, mlp: nn.Module) -> list[tuple[str, nn.Module, Side]]:
@@ -399,7 +401,7 @@ def check_gated_product(run: Run) -> None:
     modules reads their product: down(act(gate(x)) · up(x)), as the backward rules split it."""
     gated = run.row.gated_mlp
     assert gated is not None  # the check applies to rows with a gated MLP
-    for layer, (name, _) in enumerate(find_layers(run.model, gated.module)):
+    for layer, (name, _) in enumerate(find_layers(run.model, gated.module, gaps=True)):
         up, activation = run.seen.get(("gated.up", layer)), run.seen.get(("gated.act", layer))
         if not isinstance(up, torch.Tensor) or not isinstance(activation, torch.Tensor):
             _fail(run, "gated_product", f"layer {layer}: {name} has no module {gated.up!r} and {gated.activation!r}")

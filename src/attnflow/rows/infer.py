@@ -34,7 +34,9 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     hand_row,
+    norm_epsilon,
     text_config,
+    token_rows,
 )
 from attnflow.rows.experts import find_experts
 from attnflow.rows.tracing import Call, trace
@@ -255,6 +257,7 @@ def infer_row(hf_model: nn.Module, kind: str) -> Adapter:
 
 def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     config = hf_model.config
+    family = str(getattr(config, "model_type", type(hf_model).__name__))
     n_layers = _layer_count(config)
     head_count, n_heads = _head_count(config)
     blocks = _block_list(hf_model, n_layers)
@@ -278,7 +281,8 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         "head_count": head_count,
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
-    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection)
+    kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
+    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -294,9 +298,8 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
         )
-    row["norms"] = _norms(traced, blocks)
+    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
-    family = str(getattr(config, "model_type", type(hf_model).__name__))
     return Adapter(family, kind, (family,), inferred=True, **row)
 
 
@@ -367,11 +370,12 @@ def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Te
 
 
 def _projections(
-    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call
+    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call, kv_heads: int
 ) -> tuple[str | None, str | None, str | None, Fused | None]:
     """The value, query and key projections (names; None where not proven), or the `Fused`
-    projection holding all three: the value is the affine map (or the fused map's value columns, in
-    the layout that works) whose output, split into heads, times the weights is the output
+    projection holding the values: the value is the affine map (or the fused map's value columns, in
+    the layout that works: q, k and v together, or multi-head latent attention's value beside
+    another part in every head) whose output, split into heads, times the weights is the output
     projection's input; query and key are the other two maps of the block with a head width."""
     weights, heads = weights_call.outputs[weights_index], output_projection.input
     d_head = heads.shape[-1] // block.n_heads
@@ -381,16 +385,23 @@ def _projections(
         if call.inside(scope)
         and call.start < output_projection.start
         and _linear_weight(call) is not None
-        and call.output.dim() == 3  # [batch, token, features]
-        and call.output.shape[-1] % d_head == 0
+        and token_rows(call.output).dim() == 3  # [batch, token, features]
     ]
-    value = next((call for call in maps if _explains_heads(_per_head(call.output, d_head), weights, heads)), None)
+    headed = [call for call in maps if call.output.shape[-1] % d_head == 0]
+    value = next(
+        (call for call in headed if _explains_heads(_per_head(token_rows(call.output), d_head), weights, heads)), None
+    )
     if value is None:
-        fused = next((found for call in maps if (found := _fused(call, block.n_heads, d_head, weights, heads))), None)
+        fused = next((found for call in headed if (found := _fused(call, block.n_heads, d_head, weights, heads))), None)
+        if fused is None:
+            fused = next(
+                (found for call in maps if (found := _latent(call, block.n_heads, kv_heads, d_head, weights, heads))),
+                None,
+            )
         return None, None, None, fused
     kv_width = value.output.shape[-1] // d_head
     others = [
-        call for call in maps if call is not value and call.output.shape[-1] // d_head in (block.n_heads, kv_width)
+        call for call in headed if call is not value and call.output.shape[-1] // d_head in (block.n_heads, kv_width)
     ]
     if len(others) != 2:
         return value.name, None, None, None
@@ -409,7 +420,25 @@ def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: 
             columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
         except CaptureError:
             continue
-        if _explains_heads(_per_head(call.output[..., columns], d_head), weights, heads):
+        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
+            return fused
+    return None
+
+
+def _latent(
+    call: Call, n_heads: int, kv_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor
+) -> Fused | None:
+    """Multi-head latent attention's ``kv_b_proj``: per key/value head, the value (``d_head`` wide)
+    and one other part of another width (the key's position-free half), in either order, proven by A·V."""
+    width = call.output.shape[-1]
+    per_head, rest = divmod(width, kv_heads)
+    if rest or per_head <= d_head:
+        return None
+    other = per_head - d_head
+    for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other))):
+        fused = Fused(call.name, parts, "per_head", widths)
+        columns = fused.columns("value", width, n_heads, kv_heads)
+        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
             return fused
     return None
 
@@ -456,7 +485,7 @@ def _residual(
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
-        found["gated_mlp"] = GatedMLP(_pattern(feed_forward.name, blocks), *gated)
+        found["gated_mlp"] = GatedMLP(_gated_layers(traced, blocks, feed_forward, gated, n_layers), *gated)
     elif feed_forward is mlp:  # a mixture of experts is split where its output is the MLP site
         found["experts"] = find_experts(_pattern(mlp.name, blocks), mlp.module, mlp.input)
     return found
@@ -540,6 +569,26 @@ def _final_norm(traced: dict[str, Call], blocks: str, n_layers: int) -> str | No
     return rf"^{re.escape(reading[0].name)}$" if reading else None
 
 
+def _gated_layers(traced: dict[str, Call], blocks: str, first: Call, gated: tuple[str, str], n_layers: int) -> str:
+    r"""The pattern of the gated MLP the first block's ``first`` is, over the layers whose module at
+    the same place is that gated MLP too, proven on their traced calls: every layer's (``(\d+)``),
+    or, in a stack whose later layers are mixtures of experts, the dense layers' (``(0|1)``)."""
+    pattern = _pattern(first.name, blocks)
+    tail = first.name[len(f"{blocks}.0") :]  # the module's place inside a block
+    layers = []
+    for layer in range(n_layers):
+        name, owner = f"{blocks}.{layer}{tail}", traced.get(f"{blocks}.{layer}")
+        call = traced.get(name)
+        if call is None or owner is None:
+            continue
+        inside = sorted((c for c in traced.values() if c.name.startswith(name + ".")), key=lambda c: c.start)
+        if _gated_mlp(_Block(inside, owner, 0), call) == gated:
+            layers.append(layer)
+    if len(layers) == n_layers or layers[:1] != [0]:
+        return pattern
+    return pattern.replace(r"(\d+)", "(" + "|".join(str(layer) for layer in layers) + ")", 1)
+
+
 def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
     """(up, activation) attribute names when the MLP is down(act(gate(x)) · up(x)), proven on the traced call."""
     children = dict(mlp.module.named_children())
@@ -560,33 +609,69 @@ def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
     return None
 
 
-_FORMS: tuple[tuple[NormForm, float], ...] = (("layer", 0.0), ("rms", 0.0), ("rms", 1.0))
+_FORMS: tuple[tuple[NormForm, float], ...] = (("layer", 0.0), ("layer", 1.0), ("rms", 0.0), ("rms", 1.0))
 
 
-def _norm_forms(call: Call) -> set[tuple[NormForm, float]]:
-    """The forms (`Norms` form and rms offset) in which the call is a norm over its input's last
-    axis: one for a norm with a weight; both rms offsets for a weightless RMS norm (it scales by 1
-    either way). A module without a weight counts only as a leaf that changes its input (a wrapper,
-    or a dropout after a norm, is not the norm)."""
+def _norm_forms(call: Call) -> dict[tuple[NormForm, float], float | None]:
+    """The forms (`Norms` form and offset) in which the call is a norm over its input's last axis,
+    each with the epsilon it computes with where the module names none (measured on the call,
+    `_measured_epsilon`; None where it names one): one form for a norm with a weight; both offsets
+    for a weightless norm (it scales by 1 either way). A module without a weight counts only as a
+    leaf that changes its input (a wrapper, or a dropout after a norm, is not the norm)."""
     x, y, module = call.input, call.output, call.module
     if not (torch.is_tensor(x) and torch.is_tensor(y) and x.is_floating_point() and x.shape == y.shape):
-        return set()
+        return {}
     weight = getattr(module, "weight", None)
     if isinstance(weight, torch.Tensor) and weight.shape != x.shape[-1:]:
-        return set()
+        return {}
     if not isinstance(weight, torch.Tensor) and (any(True for _ in module.children()) or _close(y, x)):
-        return set()
-    return {(form, offset) for form, offset in _FORMS if _close(y, Norms("", form, offset).recompute(module, x))}
+        return {}
+    found: dict[tuple[NormForm, float], float | None] = {}
+    for form, offset in _FORMS:
+        eps = None if norm_epsilon(module) is not None else _measured_epsilon(call, form, offset)
+        if _close(y, Norms("", form, offset, eps).recompute(module, x)):
+            found[(form, offset)] = eps
+    return found
 
 
-def _norms(traced: dict[str, Call], blocks: str) -> Norms | None:
-    """Every norm the traced run called (in every block and outside them), when they share one form."""
+def _measured_epsilon(call: Call, form: NormForm, offset: float) -> float | None:
+    """The epsilon a norm of ``form`` computes with, from its traced input x and output y: per row,
+    (y − β) / g = P(x) / s with P the centring (layer) or the identity (rms) and s = sqrt(stat(x) +
+    eps), so s is the least-squares ratio of P(x) to (y − β) / g and eps = s² − stat(x); the median
+    over rows, to two significant digits. None where a gain is 0 (no ratio to read)."""
+    x, y = call.input.double(), call.output.double()
+    gain, shift = Norms("", form, offset).gain_and_shift(call.module, x.shape[-1])
+    if bool((gain.abs() < 1e-6).any()):
+        return None
+    centred = x - x.mean(dim=-1, keepdim=True) if form == "layer" else x
+    target = (y - shift.double().to(y.device)) / gain.double().to(y.device)  # P(x) / s
+    ratio = (centred * target).sum(dim=-1) / (target * target).sum(dim=-1).clamp_min(1e-30)  # s per row
+    eps = float((ratio.pow(2) - centred.pow(2).mean(dim=-1)).median())
+    return float(f"{max(eps, 0.0):.1e}") if eps == eps else None
+
+
+def _norms(traced: dict[str, Call], blocks: str, modules: list[str]) -> Norms | None:
+    """Every norm the traced run called (in every block and outside them), when they share one form:
+    the pattern of each per layer, unless it would also name a module of ``modules`` (the model's
+    names) that is not such a norm (ModernBERT's first layer has an identity in place of its
+    attention norm): then the norms it names one by one."""
     forms = {call.name: found for call in traced.values() if call.name and (found := _norm_forms(call))}
     if not forms:
         return None
-    shared = set.intersection(*forms.values())
+    shared = set.intersection(*(set(found) for found in forms.values()))
     if not shared:
         return None
-    form, offset = min(shared)  # a weightless RMS norm alone: offset 0
-    names = sorted({_pattern(name, blocks).replace(r"(\d+)", r"\d+") for name in forms})
-    return Norms("|".join(names), form, rms_offset=offset)
+    form, offset = min(shared)  # a weightless norm alone: offset 0
+    measured = sorted(eps for found in forms.values() if (eps := found[(form, offset)]) is not None)
+    by_pattern: dict[str, list[str]] = {}
+    for name in forms:
+        by_pattern.setdefault(_pattern(name, blocks).replace(r"(\d+)", r"\d+"), []).append(name)
+    names = []
+    for pattern, members in by_pattern.items():
+        regex = re.compile(pattern)
+        if all(name in forms for name in modules if name and regex.search(name)):
+            names.append(pattern)
+        else:
+            names += [rf"^{re.escape(name)}$" for name in members]
+    eps = measured[len(measured) // 2] if measured else None
+    return Norms("|".join(sorted(names)), form, rms_offset=offset, eps=eps)

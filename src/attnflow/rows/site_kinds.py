@@ -122,9 +122,11 @@ def dot_heads(product: Any, position: int | None, n_heads: int) -> Any:
 
 def write_knockout(mask: Any, writes: Sequence[Write], _n_heads: int, hidden: Any) -> Any:
     """The additive attention mask ``[batch, 1, query, key]`` (None: the model passed none, as
-    BERT-like encoders do without padding; zeros are made from ``hidden [batch, token, d_model]``)
-    with −∞ at (row, query ``position``, key ``index``) for every head: the blocked key gets weight
-    exactly 0 and the query's other weights are renormalised by the softmax."""
+    BERT-like encoders do without padding; zeros are made from ``hidden [batch, token, d_model]``;
+    ``[batch, 1, 1, key]``, a padding mask broadcast over the queries (GPT-1's, whose causal mask is
+    a buffer of its own): spread over every query) with −∞ at (row, query ``position``, key
+    ``index``) for every head: the blocked key gets weight exactly 0 and the query's other weights
+    are renormalised by the softmax."""
     import torch
 
     batch, tokens = hidden.shape[:2]
@@ -135,7 +137,8 @@ def write_knockout(mask: Any, writes: Sequence[Write], _n_heads: int, hidden: An
             "attention knockout needs the additive 4-D float attention_mask [batch, 1, query, key] of eager "
             f"attention; the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
         )
-    new = mask.expand(batch, -1, -1, -1).clone()  # the model shares one mask across rows and layers
+    queries = tokens if mask.shape[2] == 1 else -1  # a padding mask: one row for every query
+    new = mask.expand(batch, -1, queries, -1).clone()  # the model shares one mask across rows and layers
     for write in writes:
         new[write.rows, :, write.position, write.indices] = float("-inf")
         _check_a_key_is_left(new, write)

@@ -19,7 +19,9 @@ The module kinds and where the engine finds them (``∂̃``: the modified gradie
   the row's `Values`, or their columns of a `Fused` projection (the rule acts on those columns of
   its output, the others keep the plain gradient);
 - ``gated_product``: both operands of a gated MLP's product down(act(gate(x)) · up(x)), the up
-  projection's output and the activation's (the row's `GatedMLP`);
+  projection's output and the activation's (the row's `GatedMLP`, in the layers it names: the
+  mixture-of-experts layers of a stack that mixes them with dense ones keep their plain gradient,
+  as every layer of an all-MoE stack does);
 - ``softmax``: every softmax called inside the row's attention modules, however it is called
   (``torch.nn.functional.softmax``, ``torch.softmax``, ``Tensor.softmax``: a torch-function mode
   sees all three).
@@ -438,7 +440,7 @@ def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple
     found["value"] = projections("value")
     if adapter.gated_mlp is not None:
         gated = adapter.gated_mlp
-        for mlp in modules_of(gated.module):
+        for _, mlp in find_layers(hf_model, gated.module, gaps=True):  # its layers (dense ones beside MoE)
             found["gated_product"] += whole([getattr(mlp, gated.up), getattr(mlp, gated.activation)])
     applied: dict[Any, list[tuple[str, Rule, str | None]]] = {}
     for kind, modules in found.items():
