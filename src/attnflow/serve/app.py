@@ -410,21 +410,34 @@ class _Service:
                     return awaitable.result()
                 except Exception as error:  # one line for the client; the traceback in the server's log
                     raise _answer(error, self.config.operator_spelling) from error
-            if self.stopping:
-                job.cancel(STOPPING)
-                raise ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
-            if queued and job.cancelled:
-                raise _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
-            if await request.is_disconnected():
-                job.cancel("the client disconnected")
-                raise ServeError(409, "the client disconnected; the request was stopped")
-            if asyncio.get_running_loop().time() > deadline:
-                job.cancel("over the time limit")
-                raise ServeError(
-                    504,
-                    f"the request ran longer than the server's time limit ({self.config.time_limit_s:g} s) and "
-                    f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
-                )
+            given_up = await self._given_up(request, job, deadline, queued)
+            if given_up is not None:
+                awaitable.add_done_callback(_retrieved)  # the abandoned work's `Cancelled`: no "never retrieved"
+                raise given_up
+
+    async def _given_up(self, request: Request, job: Job, deadline: float, queued: bool) -> ServeError | None:
+        """The answer of a request that gives up now (its job stopped), or None: the server stops,
+        the client cancelled it while it waits, disconnected, or it passed the time limit. A
+        disconnect and a time limit are one line each in the server's log (never a traceback)."""
+        if self.stopping:
+            job.cancel(STOPPING)
+            return ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
+        if queued and job.cancelled:
+            return _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
+        if await request.is_disconnected():
+            job.cancel("the client disconnected")
+            LOG.warning("request %s: the client disconnected; stopped at %s", job.id, job.current)
+            return ServeError(409, "the client disconnected; the request was stopped")
+        if asyncio.get_running_loop().time() > deadline:
+            job.cancel("over the time limit")
+            limit = self.config.time_limit_s
+            LOG.warning("request %s: over the time limit (%g s); stopped at %s", job.id, limit, job.current)
+            return ServeError(
+                504,
+                f"the request ran longer than the server's time limit ({limit:g} s) and "
+                f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
+            )
+        return None
 
     async def in_files_thread(self, function: Callable[[], Any]) -> Any:
         """``function()`` on the thread that writes downloads (not a model's)."""
@@ -650,6 +663,13 @@ def _add_result_routes(app: FastAPI, service: _Service) -> None:
         stem = "generation" if hasattr(explanation, "generated") else "explanation"
         disposition = f'attachment; filename="{stem}-{method}.{kind}"'
         return Response(content, media_type=media, headers={"Content-Disposition": disposition})
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read an abandoned future's outcome (its exception, if any), so asyncio does not log it as
+    "never retrieved" with a traceback: the request that gave up has already said why, in one line."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _elapsed_ms(job: Job) -> float:
