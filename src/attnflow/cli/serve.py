@@ -169,7 +169,7 @@ def _token(args: argparse.Namespace) -> str | None:
         except OSError as error:
             raise InputError(f"cannot read --token-file {args.token_file}: {error.strerror or error}") from None
         return lines[0].strip() if lines else ""
-    return os.environ.get(TOKEN_VARIABLE)
+    return os.environ.get(TOKEN_VARIABLE) or None  # set but empty: no token, as unset (a local server starts)
 
 
 def _exit_now(code: int) -> None:

@@ -60,8 +60,8 @@ class ServeConfig:
 
     Attributes:
         host: the address it binds to; any but 127.0.0.1 / localhost / ::1 needs ``token``.
-        token: the secret every request must carry (``Authorization: Bearer T``, ``?token=T`` or
-            the cookie the page sets), or None (local binds only).
+        token: the secret every request must carry (``Authorization: Bearer T``, the scheme in any
+            case, or the cookie the page sets from ``/?token=T``), or None (local binds only).
         max_text_chars: the longest text accepted.
         max_body_bytes: the largest request body accepted.
         time_limit_s: a request still running after this (counted from its arrival, the wait for
@@ -771,7 +771,7 @@ class _Guard:
             refusal = _error(401, "this server needs its token: send 'Authorization: Bearer TOKEN' (or open /?token=…)")
         elif config.allowed_hosts is not None and request.url.hostname not in config.allowed_hosts:
             refusal = _error(400, f"unexpected Host header {request.url.hostname!r}")
-        elif request.method == "POST" and request.url.path in _JSON_ROUTES:
+        elif request.method == "POST" and _takes_json(request.url.path):
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
                 refusal = _error(415, f"send the body as application/json, not {kind or 'no content type'!r}")
@@ -795,7 +795,15 @@ class _Guard:
         await self.app(scope, receive, with_headers)
 
 
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes")
+# POST routes that take only application/json: a cross-site form or beacon cannot send that type
+# without the browser asking first (a CORS preflight, which this server never allows), so none of
+# them can be posted from another site, not even the body-less cancel.
+_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes", "/api/cancel/{id}")
+
+
+def _takes_json(path: str) -> bool:
+    """``path`` is one of `_JSON_ROUTES`."""
+    return path in _JSON_ROUTES or (path.startswith("/api/cancel/") and path.count("/") == 3)
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
@@ -838,10 +846,13 @@ def _replay(body: bytes, receive: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _has_token(request: Request, token: str) -> bool:
-    given = request.headers.get("authorization", "")
+    """The request carries ``token``: ``Authorization: Bearer T`` (the scheme in any case), the page's
+    cookie, or (on the page itself, ``/``, which turns it into the cookie) ``?token=T``; an API route
+    never takes it from the address, which logs and histories keep."""
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
     candidates = [
-        given[len("Bearer ") :] if given.startswith("Bearer ") else "",
-        request.query_params.get("token", ""),
+        given.strip() if scheme.lower() == "bearer" else "",
+        request.query_params.get("token", "") if request.url.path == "/" else "",
         request.cookies.get(TOKEN_COOKIE, ""),
     ]
     return any(_same(candidate, token) for candidate in candidates if candidate)
