@@ -55,7 +55,8 @@ def test_a_busy_model_delays_neither_another_model_nor_bad_requests(tiny_loader,
         steps = {i: client.get(f"/api/progress/held-{i}").json()["step"] for i in range(5)}
         assert sorted(steps.values()) == ["serve_test_blocking"] + ["waiting for tiny-a"] * 4  # one runs, four wait
         queued = next(i for i, step in steps.items() if step.startswith("waiting"))
-        assert client.post(f"/api/cancel/held-{queued}", json={}).status_code == 200  # a waiting one leaves the queue at once
+        cancelled = client.post(f"/api/cancel/held-{queued}", json={})
+        assert cancelled.status_code == 200  # a waiting one leaves the queue at once
         waiting[queued][0].join(5)
         assert "cancelled by the client" in one_line_error(waiting[queued][1]["response"], 409)
         release.set()

@@ -44,7 +44,8 @@ def _stopped_lines(records: list[logging.LogRecord]) -> list[str]:
     return [record.getMessage() for record in records if record.name == "attnflow.serve"]
 
 
-def test_twenty_disconnects_and_a_timeout_log_one_line_each_and_no_traceback(tiny_loader, spinning, caplog):
+@pytest.mark.usefixtures("spinning")
+def test_twenty_disconnects_and_a_timeout_log_one_line_each_and_no_traceback(tiny_loader, caplog):
     caplog.set_level(logging.DEBUG)
     body = {"text": TEXT, "model": "tiny-a", "methods": ["serve_test_spinning"], "faithfulness": False}
     for url in served(make_app(tiny_loader, time_limit_s=2.0)):

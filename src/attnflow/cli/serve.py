@@ -41,7 +41,7 @@ The API (JSON in, JSON out; every error is one line {"error": "..."} with its st
   POST /api/explain   {"text": "...", "model": "minilm-sentiment", "methods": ["auto", "rollout"]}
   POST /api/generate  {"text": "Paris is the capital of", "model": "smollm2", "generate": 5}
   POST /api/compare   {"text": "...", "models": ["minilm", "minilm-sentiment"], "method": "rollout"}
-  GET  /api/models, GET /api/methods, GET /api/progress/ID, POST /api/cancel/ID
+  GET  /api/models, GET /api/methods, POST /api/load, GET /api/progress/ID, POST /api/cancel/ID
   GET  /api/results/ID/METHOD.json|html|png  (the files `attnflow explain` writes)
 A request that runs past --time-limit is stopped and answered with 504, and one estimated to take
 longer is refused at once (413); models load on their first request and stay (at most --max-models,

@@ -193,6 +193,13 @@ class CompareRequest(BaseModel):
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
+class LoadRequest(BaseModel):
+    """A model to load before its first request."""
+
+    model: str | None = Field(None, description="an alias the server offers (default: its first)")
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
 class RoutesRequest(BaseModel):
     """``attnflow routes TEXT``'s inputs: the information flow routes of one prediction."""
 
@@ -451,10 +458,10 @@ class _Service:
         """An explanation request (``body``: explain's or generate's), its explanations kept for downloads."""
         asked = self.asked(check, body, caps=self.config.caps)
         text = body.text if isinstance(body, ExplainRequest) else None  # generate answers without its prompt
-        job, explanations, response = await self.start(
+        job, explained, response = await self.start(
             request, body.request_id, asked, estimate, run, _explained(asked.model, text)
         )
-        kept = {explanation.method: explanation for explanation in explanations}
+        kept = {explanation.method: explanation for explanation in explained.explanations}
         self.results.put(job.id, kept, len(response.body))  # the answer's bytes: about what they hold
         return response
 
@@ -521,22 +528,19 @@ def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
 
     @app.get("/api/models", summary="the models this server offers, and which are loaded")
     def models() -> dict[str, Any]:
-        listed = []
-        for name in dict.fromkeys([*pool.offered, *pool.loaded()]):
-            model = pool.model_if_loaded(name)
-            record: dict[str, Any] = {"name": name, "loaded": model is not None, "default": name == pool.default}
-            if model is not None:
-                from attnflow.evaluate.per_input import auto_methods
-                from attnflow.methods.registry import methods_for
-
-                record.update(
-                    family=model.adapter.family,
-                    target_kind=model.target_kind,
-                    methods=methods_for(model.adapter),
-                    auto_candidates=auto_methods(model.adapter, model.target_kind),
-                )
-            listed.append(record)
+        listed = [_model_record(pool, name) for name in dict.fromkeys([*pool.offered, *pool.loaded()])]
         return {"models": listed, "loaded": pool.loaded(), "max_models": pool.max_models}
+
+    @app.post("/api/load", response_model=None, summary="load a model now (the page: when it is chosen)")
+    async def load(body: LoadRequest, request: Request) -> Response:
+        name = service.model_name(body.model)
+
+        def answer(_job: Job, _result: Any) -> dict[str, Any]:
+            return _model_record(pool, name)
+
+        asked = work.Asked("", (name,))
+        _, _, response = await service.start(request, body.request_id, asked, _nothing, work.load_model, answer)
+        return response
 
     @app.get("/api/methods", summary="the registered methods and their options (the registry's declarations)")
     def methods() -> dict[str, Any]:
@@ -545,10 +549,36 @@ def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
         return {"methods": [work.method_record(name) for name in available_methods()]}
 
 
+def _model_record(pool: ModelPool, name: str) -> dict[str, Any]:
+    """``/api/models``' record of one model: its name, whether it is loaded and the default; once
+    loaded, its family, target kind, the methods its family supports, those it does not (each with
+    the reason the library refuses it with, `attnflow.methods.registry.unsupported_reason`) and
+    auto's candidates."""
+    model = pool.model_if_loaded(name)
+    record: dict[str, Any] = {"name": name, "loaded": model is not None, "default": name == pool.default}
+    if model is not None:
+        from attnflow.evaluate.per_input import auto_methods
+        from attnflow.methods.registry import available_methods, get_method, methods_for, unsupported_reason
+
+        reasons = {method: unsupported_reason(get_method(method), model.adapter) for method in available_methods()}
+        record.update(
+            family=model.adapter.family,
+            target_kind=model.target_kind,
+            methods=methods_for(model.adapter),
+            unsupported={method: reason for method, reason in reasons.items() if reason is not None},
+            auto_candidates=auto_methods(model.adapter, model.target_kind),
+        )
+    return record
+
+
+def _nothing(*_arguments: Any) -> None:
+    """The estimate of a request with no work to estimate (a load: its model is measured as it loads)."""
+
+
 def _explained(model: str, text: str | None = None) -> Answer:
     """The answer of /api/explain (with ``text``) and /api/generate: the explanations' JSON."""
 
-    def answer(job: Job, explanations: list[Any]) -> dict[str, Any]:
+    def answer(job: Job, explained: work.Explained) -> dict[str, Any]:
         shown = {"text": text} if text is not None else {}
         return {
             "id": job.id,
@@ -556,7 +586,8 @@ def _explained(model: str, text: str | None = None) -> Answer:
             **shown,
             "elapsed_ms": _elapsed_ms(job),
             "estimated_s": job.estimate_s,
-            "explanations": [work.answer_record(explanation) for explanation in explanations],
+            "explanations": [work.answer_record(explanation) for explanation in explained.explanations],
+            "skipped": [{"method": name, "reason": reason} for name, reason in explained.skipped.items()],
         }
 
     return answer
@@ -798,12 +829,22 @@ class _Guard:
 # POST routes that take only application/json: a cross-site form or beacon cannot send that type
 # without the browser asking first (a CORS preflight, which this server never allows), so none of
 # them can be posted from another site, not even the body-less cancel.
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes", "/api/cancel/{id}")
+_JSON_ROUTES = (
+    "/api/explain",
+    "/api/generate",
+    "/api/compare",
+    "/api/explore",
+    "/api/routes",
+    "/api/load",
+    "/api/cancel/{id}",
+)
 
 
 def _takes_json(path: str) -> bool:
     """``path`` is one of `_JSON_ROUTES`."""
     return path in _JSON_ROUTES or (path.startswith("/api/cancel/") and path.count("/") == 3)
+
+
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
