@@ -75,6 +75,9 @@ class ServeConfig:
             oldest go first).
         max_kept_bytes: at most this many bytes of kept results, and as many of pages.
         allowed_hosts: Host headers accepted (None: any), against DNS rebinding on a local bind.
+        threads_per_model: the CPU threads each model's work runs on (None: torch's threads shared
+            out evenly among the offered models, at least one each), so that heavy work on one
+            model does not starve a cheap request on another (`attnflow.serve.lanes`).
         operator_spelling: how an answer names the server's own options (a `ModelPool`'s ``models``,
             ``allow_any_model``, ``allow_path``: what a refused model needs), which no request body
             holds: as its operator set them (`attnflow serve`: its flags; default: the parameters).
@@ -92,6 +95,7 @@ class ServeConfig:
     max_results: int = 32
     max_kept_bytes: int = 64 * 2**20
     allowed_hosts: tuple[str, ...] | None = None
+    threads_per_model: int | None = None
     operator_spelling: Callable[[str], str] = str
 
     def __post_init__(self) -> None:
@@ -99,6 +103,10 @@ class ServeConfig:
             raise AttnflowError(
                 f"the token must be at least {MIN_TOKEN_CHARS} characters without spaces (this one has "
                 f"{len(''.join(self.token.split()))} besides spaces), e.g. from openssl rand -hex 16"
+            )
+        if self.threads_per_model is not None and self.threads_per_model < 1:
+            raise AttnflowError(
+                f"threads per model must be at least 1, got {self.threads_per_model}", parameter="threads_per_model"
             )
         if self.host not in LOCAL_HOSTS and not self.token:
             raise AttnflowError(
@@ -287,8 +295,16 @@ class _Service:
         """The queue and thread of the model ``name`` (as `ModelPool.check_name` gives it)."""
         lane = self.lanes.get(name)
         if lane is None:
-            lane = self.lanes[name] = Lane(name)
+            lane = self.lanes[name] = Lane(name, self.threads_per_model())
         return lane
+
+    def threads_per_model(self) -> int:
+        """The CPU threads each model's work runs on (`ServeConfig.threads_per_model`)."""
+        if self.config.threads_per_model is not None:
+            return self.config.threads_per_model
+        import torch
+
+        return max(1, torch.get_num_threads() // len(self.pool.offered))
 
     def stop(self, reason: str = STOPPING) -> None:
         """Stop everything: new requests get 503, waiting and running ones are stopped and answered 503."""
@@ -394,7 +410,8 @@ class _Service:
         handed = False
         try:
             held = await hold(lanes, job, functools.partial(wait, queued=True))
-            future = self.submit(lanes[0].executor, function)
+            threads = sum(lane.threads or 0 for lane in lanes) or None  # two models held (compare): both shares
+            future = self.submit(lanes[0].executor, lanes[0].budgeted(function, threads))
             release_when_done(future, held, job, loop)
             handed = True
             return await wait(asyncio.wrap_future(future), queued=False)

@@ -1,0 +1,134 @@
+"""`attnflow serve` with two models (issue 46): a cheap request on one model beside heavy work on another.
+
+    .venv/bin/python benchmarks/bench_serve_two_models.py                  # 10 rounds, budget and no budget
+    .venv/bin/python benchmarks/bench_serve_two_models.py --rounds 20 --threads 2
+
+The server runs as its own process, as a user starts it: ``attnflow serve --model minilm-sentiment
+--model smollm2`` (without OMP_NUM_THREADS: torch's default threads, the machine's cores), once
+with the default CPU thread budget (the threads shared out among the two models) and once with
+``--threads-per-model T`` (every model on all the cores: what the server did before the budget).
+Each round sends four leave-one-out requests on an 80-word review to minilm-sentiment, waits a
+second (they run), then times one rollout request to smollm2 ("The capital of France is") without
+per-input faithfulness (the cheap request) and one with it (the default body), then cancels what is
+left of the heavy work. Printed: the cheap request's idle time, and its p50 / p95 / max beside the
+heavy work, per configuration, and the load average (a shared machine stretches every time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import free_port, percentile  # noqa: E402
+
+REVIEW = (
+    "I went to see this film on a rainy Sunday afternoon with two friends who had loved the book, and we all "
+    "left a little puzzled. The first hour is slow but beautifully shot, the actors are clearly committed, and "
+    "the music carries several scenes that the script leaves empty. Then the plot falls apart, the villain "
+    "becomes a cartoon, and the ending arrives without any reason. Still, the lead performance is wonderful and "
+    "worth the ticket."
+)
+HEAVY = {"text": REVIEW, "model": "minilm-sentiment", "methods": ["leave_one_out"]}
+CHEAP = {"text": "The capital of France is", "model": "smollm2", "methods": ["rollout"], "faithfulness": False}
+DEFAULT = {**CHEAP, "faithfulness": True}
+ATTNFLOW = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())"]
+
+
+def start(port: int, threads: int | None) -> subprocess.Popen:
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    budget = ["--threads-per-model", str(threads)] if threads else []
+    command = [*ATTNFLOW, "serve", "--model", "minilm-sentiment", "--model", "smollm2", "--port", str(port)]
+    return subprocess.Popen([*command, "--time-limit", "300", *budget], env=env, cwd=ROOT)
+
+
+async def timed(client: httpx.AsyncClient, body: dict) -> float:
+    began = time.perf_counter()
+    answer = await client.post("/api/explain", json=body)
+    assert answer.status_code == 200, answer.text
+    return time.perf_counter() - began
+
+
+async def measure(base: str, rounds: int) -> dict:
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        for model in ("minilm-sentiment", "smollm2"):
+            loaded = await client.post("/api/load", json={"model": model})
+            assert loaded.status_code == 200, loaded.text
+        await timed(client, HEAVY)  # warm: each body once
+        idle = [await timed(client, CHEAP) for _ in range(5)]
+        idle_default = [await timed(client, DEFAULT) for _ in range(3)]
+        cheap, default, heavy_words = [], [], len(REVIEW.split())
+        for round_ in range(rounds):
+            ids = [f"heavy-{round_}-{i}" for i in range(4)]
+            heavy = [asyncio.create_task(client.post("/api/explain", json={**HEAVY, "request_id": i})) for i in ids]
+            await asyncio.sleep(1.0)
+            cheap.append(await timed(client, CHEAP))
+            default.append(await timed(client, DEFAULT))
+            for request_id in ids:
+                await client.post(f"/api/cancel/{request_id}", json={})
+            await asyncio.gather(*heavy)
+        return {
+            "review_words": heavy_words,
+            "idle_cheap_s": round(statistics.median(idle), 3),
+            "idle_default_s": round(statistics.median(idle_default), 3),
+            "cheap_beside_heavy": summary(cheap),
+            "default_beside_heavy": summary(default),
+        }
+
+
+def summary(times: list[float]) -> dict:
+    return {
+        "p50_s": round(statistics.median(times), 3),
+        "p95_s": round(percentile(times, 95), 3),
+        "max_s": round(max(times), 3),
+        "n": len(times),
+    }
+
+
+def run(threads: int | None, rounds: int) -> dict:
+    port = free_port()
+    server = start(port, threads)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(base + "/api/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+            time.sleep(0.3)
+        return asyncio.run(measure(base, rounds))
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of heavy work and a cheap request (default 10)")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="the no-budget run's threads per model (all cores)"
+    )
+    args = parser.parse_args()
+    results = {}
+    for label, threads in (("budget (default)", None), (f"--threads-per-model {args.threads}", args.threads)):
+        results[label] = run(threads, args.rounds)
+        print(label, json.dumps(results[label]), f"load average {os.getloadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
