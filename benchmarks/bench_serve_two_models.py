@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_serve_two_models.py                  # 10 rounds, budget and no budget
     .venv/bin/python benchmarks/bench_serve_two_models.py --rounds 20 --threads 2
+    .venv/bin/python benchmarks/bench_serve_two_models.py --latency         # docs/serve.md's latency rows
 
 The server runs as its own process, as a user starts it: ``attnflow serve --model minilm-sentiment
 --model smollm2`` (without OMP_NUM_THREADS: torch's default threads, the machine's cores), once
@@ -12,6 +13,10 @@ second (they run), then times one rollout request to smollm2 ("The capital of Fr
 per-input faithfulness (the cheap request) and one with it (the default body), then cancels what is
 left of the heavy work. Printed: the cheap request's idle time, and its p50 / p95 / max beside the
 heavy work, per configuration, and the load average (a shared machine stretches every time).
+
+``--latency``: the same server (default budget), each of `LATENCY_ROWS` (model, methods, text)
+asked ``--repeats`` times once warm (the first answer, which loads the model and measures its
+speed, is left out), its median seconds as the client waits for it: docs/serve.md's table.
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ REVIEW = (
 HEAVY = {"text": REVIEW, "model": "minilm-sentiment", "methods": ["leave_one_out"]}
 CHEAP = {"text": "The capital of France is", "model": "smollm2", "methods": ["rollout"], "faithfulness": False}
 DEFAULT = {**CHEAP, "faithfulness": True}
+LONG_PROMPT = (
+    "The Eiffel Tower was finished in 1889 for the world fair, and for forty years it was the tallest "
+    "structure in the world. Today millions of visitors climb it every year. The tower stands in the city of"
+)
+LATENCY_ROWS = [
+    ("minilm-sentiment", ["rollout"], "The movie was terrible, but the acting was great."),
+    ("minilm-sentiment", ["attnlrp"], "The movie was terrible, but the acting was great."),
+    ("minilm-sentiment", ["auto"], "The movie was terrible, but the acting was great."),
+    ("minilm-sentiment", ["auto"], REVIEW),
+    ("minilm-sentiment", ["leave_one_out"], REVIEW),
+    ("smollm2", ["rollout"], "The capital of France is"),
+    ("smollm2", ["attnlrp"], "The capital of France is"),
+    ("smollm2", ["auto"], "The capital of France is"),
+    ("smollm2", ["auto"], LONG_PROMPT),
+]
 ATTNFLOW = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())"]
 
 
@@ -87,6 +107,22 @@ async def measure(base: str, rounds: int) -> dict:
         }
 
 
+async def latency_rows(base: str, repeats: int) -> list[dict]:
+    rows = []
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        for model, methods, text in LATENCY_ROWS:
+            body = {"text": text, "model": model, "methods": methods}
+            first = await client.post("/api/explain", json=body)  # loads and measures the model: left out
+            assert first.status_code == 200, first.text
+            tokens = len(first.json()["explanations"][0]["tokens"])
+            times = [await timed(client, body) for _ in range(repeats)]
+            row = {"model": model, "methods": methods, "tokens": tokens, "median_s": round(statistics.median(times), 2)}
+            row["min_s"], row["max_s"] = round(min(times), 2), round(max(times), 2)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
 def summary(times: list[float]) -> dict:
     return {
         "p50_s": round(statistics.median(times), 3),
@@ -96,7 +132,7 @@ def summary(times: list[float]) -> dict:
     }
 
 
-def run(threads: int | None, rounds: int) -> dict:
+def run(threads: int | None, rounds: int, latency: int = 0) -> dict | list[dict]:
     port = free_port()
     server = start(port, threads)
     base = f"http://127.0.0.1:{port}"
@@ -110,7 +146,7 @@ def run(threads: int | None, rounds: int) -> dict:
                 pass
             assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
             time.sleep(0.3)
-        return asyncio.run(measure(base, rounds))
+        return asyncio.run(latency_rows(base, latency) if latency else measure(base, rounds))
     finally:
         server.terminate()
         server.wait(30)
@@ -122,8 +158,14 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="the no-budget run's threads per model (all cores)"
     )
+    parser.add_argument("--latency", action="store_true", help="docs/serve.md's warm latency rows instead")
+    parser.add_argument("--repeats", type=int, default=3, help="--latency: warm requests per row (default 3)")
     args = parser.parse_args()
-    results = {}
+    if args.latency:
+        run(None, 0, args.repeats)
+        print(f"load average {os.getloadavg()}")
+        return 0
+    results: dict = {}
     for label, threads in (("budget (default)", None), (f"--threads-per-model {args.threads}", args.threads)):
         results[label] = run(threads, args.rounds)
         print(label, json.dumps(results[label]), f"load average {os.getloadavg()}", flush=True)

@@ -31,6 +31,7 @@ from attnflow.serve.costs import (
     Work,
     count_tokens,
     explain_parts,
+    explore_parts,
     position_limit,
     routes_parts,
 )
@@ -285,8 +286,10 @@ def estimate_compare(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
 
 
 def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
-    """`explore_text`'s work: each method (every per-head one again per head), as the explorer leaves
-    out the expensive ones it was not asked for on long texts (`TooExpensive` past the time limit)."""
+    """`explore_text`'s work (`explore_parts`: each method, every per-head one again per head, the
+    views' layers and heads, the per-input faithfulness and the page), as the explorer leaves out the
+    expensive ones it was not asked for on long texts (`TooExpensive` past the time limit)."""
+    from attnflow.evaluate.per_input import has_target
     from attnflow.exploration import EXPENSIVE_ABOVE
     from attnflow.methods.registry import methods_for
 
@@ -294,10 +297,11 @@ def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
     n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
     chosen = list(asked.names or methods_for(model.adapter))
     shape = Shape.of(model)
+    faithful = has_target(model, asked.reading()["target"])
 
     def parts(tokens: int) -> Parts:
         kept = [m for m in chosen if asked.names or tokens <= EXPENSIVE_ABOVE or get_method(m).cost != "expensive"]
-        return explain_parts({method: {} for method in kept}, tokens, shape, False, per_head=True)
+        return explore_parts(kept, tokens, shape, faithful)
 
     costs.check(job, [(name, parts)], n, "max_length")
 
