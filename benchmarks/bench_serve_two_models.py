@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_serve_two_models.py                  # 10 rounds, budget and no budget
     .venv/bin/python benchmarks/bench_serve_two_models.py --rounds 20 --threads 2
     .venv/bin/python benchmarks/bench_serve_two_models.py --latency         # docs/serve.md's latency rows
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve_two_models.py --explore 16,64,128,256,512
 
 The server runs as its own process, as a user starts it: ``attnflow serve --model minilm-sentiment
 --model smollm2`` (without OMP_NUM_THREADS: torch's default threads, the machine's cores), once
@@ -17,6 +18,11 @@ heavy work, per configuration, and the load average (a shared machine stretches 
 ``--latency``: the same server (default budget), each of `LATENCY_ROWS` (model, methods, text)
 asked ``--repeats`` times once warm (the first answer, which loads the model and measures its
 speed, is left out), its median seconds as the client waits for it: docs/serve.md's table.
+
+``--explore SIZES``: `/api/explore`'s estimate against its time (the server's own work functions,
+in this process) on minilm-sentiment at each number of tokens: the explorer's run and its page,
+every method the model supports (the expensive ones up to 128 tokens, as the explorer leaves
+them out above), each view's seconds beside.
 """
 
 from __future__ import annotations
@@ -123,6 +129,47 @@ async def latency_rows(base: str, repeats: int) -> list[dict]:
     return rows
 
 
+def explore_rows(sizes: list[int], model_name: str = "minilm-sentiment") -> list[dict]:
+    sys.path.insert(0, str(ROOT / "src"))
+    import attnflow
+    from attnflow import exploration
+    from attnflow.serve import work
+    from attnflow.serve.costs import Costs
+    from attnflow.serve.pool import Job
+
+    model = attnflow.load(model_name, device="cpu", progress=False)
+    costs = Costs(10_000)
+    costs.ready(model_name, model)
+    print("rates", costs.rates(model_name), flush=True)
+    words = model.tokenizer(REVIEW * 8, add_special_tokens=False)["input_ids"]
+    special = len(model.tokenizer("a")["input_ids"]) - 1
+    views: dict[str, float] = {}
+    viewed = exploration.method_view
+
+    def timed_view(method, *args, **options):
+        began = time.perf_counter()
+        try:
+            return viewed(method, *args, **options)
+        finally:
+            views[method] = round(time.perf_counter() - began, 2)
+
+    exploration.method_view = timed_view
+    rows = []
+    for n in sizes:
+        text = model.tokenizer.decode(words[: n - special])
+        job = Job()
+        work.estimate_explore(costs, job, [(model_name, model)], model.tokenizer, work.Asked(text, (model_name,)))
+        views.clear()
+        began = time.perf_counter()
+        page = str(exploration.explore(model, text).to_html())  # as `work.explore_text` makes it
+        taken = time.perf_counter() - began
+        row = {"tokens": n, "estimated_s": job.estimate_s, "taken_s": round(taken, 2)}
+        row.update(taken_over_estimate=round(taken / job.estimate_s, 2), page_mb=round(len(page) / 2**20, 1))
+        rows.append({**row, "views": dict(views)})
+        print(json.dumps(rows[-1]), f"load average {os.getloadavg()}", flush=True)
+    return rows
+
+
 def summary(times: list[float]) -> dict:
     return {
         "p50_s": round(statistics.median(times), 3),
@@ -160,7 +207,11 @@ def main() -> int:
     )
     parser.add_argument("--latency", action="store_true", help="docs/serve.md's warm latency rows instead")
     parser.add_argument("--repeats", type=int, default=3, help="--latency: warm requests per row (default 3)")
+    parser.add_argument("--explore", metavar="SIZES", help="explore's estimate against its time at these tokens")
     args = parser.parse_args()
+    if args.explore:
+        explore_rows([int(size) for size in args.explore.split(",")])
+        return 0
     if args.latency:
         run(None, 0, args.repeats)
         print(f"load average {os.getloadavg()}")

@@ -34,6 +34,7 @@ calibration (`cpu_seconds`), so that a busy machine's slower flows are foreseen 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import threading
 import time
@@ -259,13 +260,15 @@ def position_limit(model: ModelLike) -> int:
     return int(model.max_length)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_seconds() -> float:
-    """Seconds of a fixed integer loop over 2^20 numbers (the fastest of five): the machine's speed
-    now at the array work of max-flow and the explorer, which a busy machine stretches."""
+    """Seconds of a fixed integer loop over 2^20 numbers (the fastest of three): the machine's speed
+    at the array work of max-flow and the explorer, which a busy machine stretches; measured once
+    per process (by the first model's calibration: about 0.05 s on an idle machine)."""
     import numpy as np
 
     fastest = math.inf
-    for _ in range(5):
+    for _ in range(3):
         numbers = np.arange(1 << 20, dtype=np.int64)
         began = time.perf_counter()
         for _ in range(4):

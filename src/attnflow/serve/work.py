@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from attnflow.errors import InputError
 from attnflow.methods.registry import MethodSpec, get_method, method_names
+from attnflow.model_like import ModelLike
 from attnflow.serve.costs import (
     Costs,
     Parts,
@@ -206,7 +207,7 @@ class Explained:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def supported(model: Any, asked: Asked) -> tuple[Asked, dict[str, str]]:
+def supported(model: ModelLike, asked: Asked) -> tuple[Asked, dict[str, str]]:
     """``asked`` without the methods that ``model``'s family does not support, and those methods
     with the reason (`attnflow.methods.registry.unsupported_reason`: the rule the library refuses
     by); the library's own refusal (InputError) when none of the methods asked for is left. Options
