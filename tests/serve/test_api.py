@@ -313,6 +313,47 @@ def test_the_token_comes_from_a_file_or_the_environment_not_only_argv(tmp_path, 
     assert "at least 16 characters" in capsys.readouterr().err
 
 
+def test_the_bearer_scheme_is_case_insensitive_and_the_address_token_opens_only_the_page(tiny_loader):
+    from fastapi.testclient import TestClient
+
+    with TestClient(make_app(tiny_loader, token=TOKEN)) as client:
+        for scheme in ("Bearer", "bearer", "BEARER"):  # RFC 7235: the scheme is case-insensitive
+            answered = client.get("/api/models", headers={"authorization": f"{scheme} {TOKEN}"})
+            assert answered.status_code == 200, (scheme, answered.text)
+        one_line_error(client.get("/api/models", headers={"authorization": f"Basic {TOKEN}"}), 401)
+        one_line_error(client.get(f"/api/models?token={TOKEN}"), 401)  # API routes: never from the address
+        one_line_error(client.post(f"/api/explain?token={TOKEN}", json={"text": TEXT, "model": "tiny-a"}), 401)
+        assert not client.cookies
+        assert client.get(f"/?token={TOKEN}").status_code == 200  # the page: it becomes the cookie
+        assert client.get("/api/models").status_code == 200
+
+
+def test_cancel_refuses_a_body_less_cross_site_post(client, blocking_method):
+    """A cross-site form (or ``navigator.sendBeacon``) posts without a JSON content type: refused
+    (415) before it reaches the job, which keeps running; the page's own JSON cancel stops it."""
+    started, release = blocking_method
+    body = {"methods": ["serve_test_blocking", "rollout"], "request_id": "csrf", "faithfulness": False}
+    thread, answer = in_thread(lambda: explain(client, **body))
+    assert started.wait(10)
+    one_line_error(client.post("/api/cancel/csrf"), 415)
+    forms = {"content-type": "application/x-www-form-urlencoded", "origin": "http://evil.example"}
+    one_line_error(client.post("/api/cancel/csrf", content=b"", headers=forms), 415)
+    assert not client.get("/api/progress/csrf").json()["cancelled"]
+    assert client.post("/api/cancel/csrf", json={}).json()["cancelled"]
+    release.set()
+    thread.join(10)
+    one_line_error(answer["response"], 409)
+
+
+def test_an_empty_token_variable_is_no_token_and_a_local_server_starts(monkeypatch):
+    from attnflow.cli import build_parser
+    from attnflow.cli.serve import _token
+
+    monkeypatch.setenv("ATTNFLOW_TOKEN", "")
+    assert _token(build_parser().parse_args(["serve"])) is None  # as unset: 127.0.0.1 needs none
+    assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 2  # a public bind still needs one
+
+
 def test_a_local_server_answers_only_local_host_names(tiny_loader):
     from fastapi.testclient import TestClient
 
@@ -338,11 +379,11 @@ def test_a_request_cancelled_mid_method_stops_and_the_next_succeeds(client, bloc
     assert started.wait(10)
     progress = client.get("/api/progress/cancel-me").json()
     assert progress["step"] == "serve_test_blocking" and progress["running"] and not progress["cancelled"]
-    assert client.post("/api/cancel/cancel-me").json()["cancelled"]
+    assert client.post("/api/cancel/cancel-me", json={}).json()["cancelled"]
     release.set()
     thread.join(10)
     assert "cancelled by the client" in one_line_error(answer["response"], 409)
-    one_line_error(client.post("/api/cancel/cancel-me"), 404)  # finished
+    one_line_error(client.post("/api/cancel/cancel-me", json={}), 404)  # finished
     assert client.get("/api/progress/cancel-me").json() == {"id": "cancel-me", "running": False}
     assert_valid_request_succeeds(client)
 
@@ -499,7 +540,7 @@ def test_cancelling_stops_an_expensive_method_between_two_forward_passes(client)
         assert started.wait(20)
         assert client.get("/api/progress/many").json()["forward_passes"] >= 3
         began = time.perf_counter()
-        client.post("/api/cancel/many")
+        client.post("/api/cancel/many", json={})
         thread.join(20)
         assert time.perf_counter() - began < 3  # the 400 passes would take over 4 s
         assert "stopped at serve_test_forwards: cancelled by the client" in one_line_error(answer["response"], 409)

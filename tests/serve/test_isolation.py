@@ -55,7 +55,8 @@ def test_a_busy_model_delays_neither_another_model_nor_bad_requests(tiny_loader,
         steps = {i: client.get(f"/api/progress/held-{i}").json()["step"] for i in range(5)}
         assert sorted(steps.values()) == ["serve_test_blocking"] + ["waiting for tiny-a"] * 4  # one runs, four wait
         queued = next(i for i, step in steps.items() if step.startswith("waiting"))
-        assert client.post(f"/api/cancel/held-{queued}").status_code == 200  # a waiting one leaves the queue at once
+        cancelled = client.post(f"/api/cancel/held-{queued}", json={})
+        assert cancelled.status_code == 200  # a waiting one leaves the queue at once
         waiting[queued][0].join(5)
         assert "cancelled by the client" in one_line_error(waiting[queued][1]["response"], 409)
         release.set()
@@ -257,3 +258,37 @@ def test_starlette_answers_are_one_json_line_too(client):
     assert "takes POST, not GET" in one_line_error(client.get("/api/explain"), 405)
     garbled = client.post("/api/explain", content=b'{"text": "\xff\xfe"}', headers={"content-type": "application/json"})
     assert "the body could not be read as JSON" in one_line_error(garbled, 400)
+
+
+def test_each_models_work_runs_on_its_share_of_the_cpu_threads(tiny_loader):
+    """Six CPU threads, three offered models: each model's work runs on two (heavy work on one
+    leaves the others theirs); ``threads_per_model`` sets it; the server's own thread keeps its own."""
+    import threading
+
+    import numpy as np
+    import torch
+    from fastapi.testclient import TestClient
+
+    from attnflow.methods.registry import register, unregister
+
+    seen: dict[int, list[int]] = {}
+
+    @register("serve_test_threads", "test: records the CPU threads it runs on", takes="attentions")
+    def threads(attentions):
+        seen.setdefault(threading.get_ident(), []).append(torch.get_num_threads())
+        return np.eye(attentions.shape[-1])
+
+    original = torch.get_num_threads()
+    torch.set_num_threads(6)
+    try:
+        for config, expected in (({}, 2), ({"threads_per_model": 1}, 1)):
+            seen.clear()
+            with TestClient(make_app(tiny_loader, **config)) as client:
+                for model in ("tiny-a", "tiny-b", "tiny-a"):
+                    answered = explain(client, model=model, methods=["serve_test_threads"], **QUICK)
+                    assert answered.status_code == 200, answered.text
+            assert len(seen) == 2 and all(counts == [expected] * len(counts) for counts in seen.values()), seen
+            assert torch.get_num_threads() == 6
+    finally:
+        torch.set_num_threads(original)
+        unregister("serve_test_threads")

@@ -269,3 +269,60 @@ def test_a_causal_lm_answer_offers_its_routes_and_the_page_draws_them(server):
         routes.screenshot(path=str(ARTIFACTS / "serve-routes.png"), full_page=True)
         browser.close()
     assert errors == [], errors
+
+
+def _family_page(page, model: str, prompt: str) -> dict:
+    """Choose ``model`` on ``page``: its unsupported methods greyed with the reason, the causal LM's
+    defaults (a prompt, auto alone); then a box ticked before the page knew (forced) is skipped by
+    the server and named on the page. The answer's JSON."""
+    page.select_option("#model", model)
+    page.wait_for_selector("#methods input[value='alti']:disabled", timeout=60_000)
+    title = page.get_attribute("#methods label:has(input[value='alti'])", "title") or ""
+    assert f"not for {model}" in title and "post_norm" in title, title
+    ticked = page.eval_on_selector_all("#methods input:checked", "boxes => boxes.map(b => b.value)")
+    assert ticked == ["auto"], ticked  # not rollout, which puts nearly everything on the first token
+    assert page.get_attribute("#text", "placeholder") == "The capital of France is"
+    page.eval_on_selector("#methods input[value='alti']", "box => { box.disabled = false; box.checked = true; }")
+    page.uncheck("#methods input[value='auto']")
+    page.check("#methods input[value='raw']")
+    page.fill("#text", prompt)
+    with page.expect_response("**/api/explain") as answered:
+        page.click("#run")
+    assert answered.value.status == 200
+    page.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+    answer = answered.value.json()
+    assert [e["method"] for e in answer["explanations"]] == ["raw"]
+    assert "skipped alti: method 'alti' does not support" in (page.text_content("#skipped") or "")
+    return answer
+
+
+@needs_chromium
+def test_a_causal_lm_offers_only_its_familys_methods_and_llm_defaults(server):
+    with playwright_api.sync_playwright() as playwright:
+        browser, page, errors = _open(playwright, server)
+        assert page.is_enabled("#methods input[value='alti']")  # the BERT classifier runs every method
+        ticked = page.eval_on_selector_all("#methods input:checked", "boxes => boxes.map(b => b.value)")
+        assert ticked == ["auto", "rollout"]
+        _family_page(page, "tiny-gpt2", "the cat sat on the")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "serve-family-methods.png"), full_page=True)
+        page.select_option("#model", "tiny-a")  # back: every method offered again
+        page.wait_for_selector("#methods input[value='alti']:enabled", timeout=60_000)
+        assert errors == [], errors
+        browser.close()
+
+
+@needs_chromium
+def test_smollm2_is_not_offered_alti(smollm2, minilm_sentiment):
+    """The real models of the issue: `attnflow serve --model minilm-sentiment --model smollm2`."""
+    from attnflow.serve import ModelPool, ServeConfig, create_app
+
+    loaded = {"smollm2": smollm2, "minilm-sentiment": minilm_sentiment}
+    pool = ModelPool(list(loaded), loader=loaded.__getitem__, known=list(loaded))
+    for url in served(create_app(pool, ServeConfig())):
+        with playwright_api.sync_playwright() as playwright:
+            browser, page, errors = _open(playwright, url)
+            answer = _family_page(page, "smollm2", "The capital of France is")
+            assert answer["explanations"][0]["tokens"][-1] == "Ġis"
+            assert errors == [], errors
+            browser.close()

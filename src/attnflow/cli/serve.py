@@ -41,7 +41,7 @@ The API (JSON in, JSON out; every error is one line {"error": "..."} with its st
   POST /api/explain   {"text": "...", "model": "minilm-sentiment", "methods": ["auto", "rollout"]}
   POST /api/generate  {"text": "Paris is the capital of", "model": "smollm2", "generate": 5}
   POST /api/compare   {"text": "...", "models": ["minilm", "minilm-sentiment"], "method": "rollout"}
-  GET  /api/models, GET /api/methods, GET /api/progress/ID, POST /api/cancel/ID
+  GET  /api/models, GET /api/methods, POST /api/load, GET /api/progress/ID, POST /api/cancel/ID
   GET  /api/results/ID/METHOD.json|html|png  (the files `attnflow explain` writes)
 A request that runs past --time-limit is stopped and answered with 504, and one estimated to take
 longer is refused at once (413); models load on their first request and stay (at most --max-models,
@@ -94,6 +94,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-text", type=positive_int, default=5000, metavar="CHARS", help="longest text accepted (default: 5000)"
     )
+    parser.add_argument(
+        "--threads-per-model",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads each model's work runs on (default: the machine's threads shared out among the --model "
+        "aliases, so heavy work on one model does not starve another)",
+    )
     parser.add_argument("--preload", action="store_true", help="load the first model before accepting requests")
     add_dtype_argument(parser)
     parser.set_defaults(handler=run)
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         max_text_chars=args.max_text,
         time_limit_s=args.time_limit,
         allowed_hosts=LOCAL_HOSTS if local else None,  # a local server answers no other Host (DNS rebinding)
+        threads_per_model=args.threads_per_model,
         operator_spelling=flag,  # a refused model's answer names this command's flags (--allow-any-model)
     )
     pool = ModelPool(
@@ -169,7 +177,7 @@ def _token(args: argparse.Namespace) -> str | None:
         except OSError as error:
             raise InputError(f"cannot read --token-file {args.token_file}: {error.strerror or error}") from None
         return lines[0].strip() if lines else ""
-    return os.environ.get(TOKEN_VARIABLE)
+    return os.environ.get(TOKEN_VARIABLE) or None  # set but empty: no token, as unset (a local server starts)
 
 
 def _exit_now(code: int) -> None:
@@ -226,7 +234,8 @@ def _preload(service: Any) -> bool:
     job, stop = Job(), threading.Event()
     name = service.pool.default
     asked = Asked("", (name,))
-    loading = service.submit(service.lane(name).executor, lambda: load_model(service.pool, job, service.costs, asked))
+    lane = service.lane(name)
+    loading = service.submit(lane.executor, lane.budgeted(lambda: load_model(service.pool, job, service.costs, asked)))
 
     def handle(signal_number: int, _frame: FrameType | None) -> None:
         if stop.is_set():

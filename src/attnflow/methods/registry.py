@@ -307,14 +307,22 @@ def methods_for(family: Family) -> list[str]:
     return [name for name in available_methods() if _registered()[name].supports(family)]
 
 
+def unsupported_reason(spec: MethodSpec, family: Family) -> str | None:
+    """Why ``family`` cannot run ``spec`` (what the method requires and the family's adapter row does
+    not provide), or None when it supports it: the reason `check_family` refuses with."""
+    if spec.supports(family):
+        return None
+    return (
+        f"method {spec.name!r} does not support the {family.family} family: it requires "
+        f"{'; '.join(spec.missing(family))}{family.note}"
+    )
+
+
 def check_family(spec: MethodSpec, family: Family) -> None:
     """One clear line when ``spec`` requires what ``family`` does not provide, naming the methods it supports."""
-    if not spec.supports(family):
-        raise InputError(
-            f"method {spec.name!r} does not support the {family.family} family: it requires "
-            f"{'; '.join(spec.missing(family))}{family.note}; methods for {family.family}: "
-            f"{', '.join(methods_for(family))}"
-        )
+    reason = unsupported_reason(spec, family)
+    if reason is not None:
+        raise InputError(f"{reason}; methods for {family.family}: {', '.join(methods_for(family))}")
 
 
 def method_options(spec: MethodSpec, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,8 +60,8 @@ class ServeConfig:
 
     Attributes:
         host: the address it binds to; any but 127.0.0.1 / localhost / ::1 needs ``token``.
-        token: the secret every request must carry (``Authorization: Bearer T``, ``?token=T`` or
-            the cookie the page sets), or None (local binds only).
+        token: the secret every request must carry (``Authorization: Bearer T``, the scheme in any
+            case, or the cookie the page sets from ``/?token=T``), or None (local binds only).
         max_text_chars: the longest text accepted.
         max_body_bytes: the largest request body accepted.
         time_limit_s: a request still running after this (counted from its arrival, the wait for
@@ -75,6 +75,9 @@ class ServeConfig:
             oldest go first).
         max_kept_bytes: at most this many bytes of kept results, and as many of pages.
         allowed_hosts: Host headers accepted (None: any), against DNS rebinding on a local bind.
+        threads_per_model: the CPU threads each model's work runs on (None: torch's threads shared
+            out evenly among the offered models, at least one each), so that heavy work on one
+            model does not starve a cheap request on another (`attnflow.serve.lanes`).
         operator_spelling: how an answer names the server's own options (a `ModelPool`'s ``models``,
             ``allow_any_model``, ``allow_path``: what a refused model needs), which no request body
             holds: as its operator set them (`attnflow serve`: its flags; default: the parameters).
@@ -92,6 +95,7 @@ class ServeConfig:
     max_results: int = 32
     max_kept_bytes: int = 64 * 2**20
     allowed_hosts: tuple[str, ...] | None = None
+    threads_per_model: int | None = None
     operator_spelling: Callable[[str], str] = str
 
     def __post_init__(self) -> None:
@@ -99,6 +103,10 @@ class ServeConfig:
             raise AttnflowError(
                 f"the token must be at least {MIN_TOKEN_CHARS} characters without spaces (this one has "
                 f"{len(''.join(self.token.split()))} besides spaces), e.g. from openssl rand -hex 16"
+            )
+        if self.threads_per_model is not None and self.threads_per_model < 1:
+            raise AttnflowError(
+                f"threads per model must be at least 1, got {self.threads_per_model}", parameter="threads_per_model"
             )
         if self.host not in LOCAL_HOSTS and not self.token:
             raise AttnflowError(
@@ -193,6 +201,13 @@ class CompareRequest(BaseModel):
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
+class LoadRequest(BaseModel):
+    """A model to load before its first request."""
+
+    model: str | None = Field(None, description="an alias the server offers (default: its first)")
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
 class RoutesRequest(BaseModel):
     """``attnflow routes TEXT``'s inputs: the information flow routes of one prediction."""
 
@@ -280,8 +295,16 @@ class _Service:
         """The queue and thread of the model ``name`` (as `ModelPool.check_name` gives it)."""
         lane = self.lanes.get(name)
         if lane is None:
-            lane = self.lanes[name] = Lane(name)
+            lane = self.lanes[name] = Lane(name, self.threads_per_model())
         return lane
+
+    def threads_per_model(self) -> int:
+        """The CPU threads each model's work runs on (`ServeConfig.threads_per_model`)."""
+        if self.config.threads_per_model is not None:
+            return self.config.threads_per_model
+        import torch
+
+        return max(1, torch.get_num_threads() // len(self.pool.offered))
 
     def stop(self, reason: str = STOPPING) -> None:
         """Stop everything: new requests get 503, waiting and running ones are stopped and answered 503."""
@@ -387,7 +410,8 @@ class _Service:
         handed = False
         try:
             held = await hold(lanes, job, functools.partial(wait, queued=True))
-            future = self.submit(lanes[0].executor, function)
+            threads = sum(lane.threads or 0 for lane in lanes) or None  # two models held (compare): both shares
+            future = self.submit(lanes[0].executor, lanes[0].budgeted(function, threads))
             release_when_done(future, held, job, loop)
             handed = True
             return await wait(asyncio.wrap_future(future), queued=False)
@@ -410,21 +434,34 @@ class _Service:
                     return awaitable.result()
                 except Exception as error:  # one line for the client; the traceback in the server's log
                     raise _answer(error, self.config.operator_spelling) from error
-            if self.stopping:
-                job.cancel(STOPPING)
-                raise ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
-            if queued and job.cancelled:
-                raise _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
-            if await request.is_disconnected():
-                job.cancel("the client disconnected")
-                raise ServeError(409, "the client disconnected; the request was stopped")
-            if asyncio.get_running_loop().time() > deadline:
-                job.cancel("over the time limit")
-                raise ServeError(
-                    504,
-                    f"the request ran longer than the server's time limit ({self.config.time_limit_s:g} s) and "
-                    f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
-                )
+            given_up = await self._given_up(request, job, deadline, queued)
+            if given_up is not None:
+                awaitable.add_done_callback(_retrieved)  # the abandoned work's `Cancelled`: no "never retrieved"
+                raise given_up
+
+    async def _given_up(self, request: Request, job: Job, deadline: float, queued: bool) -> ServeError | None:
+        """The answer of a request that gives up now (its job stopped), or None: the server stops,
+        the client cancelled it while it waits, disconnected, or it passed the time limit. A
+        disconnect and a time limit are one line each in the server's log (never a traceback)."""
+        if self.stopping:
+            job.cancel(STOPPING)
+            return ServeError(503, f"{STOPPING}; the request was stopped at {job.current}")
+        if queued and job.cancelled:
+            return _answer(Cancelled(f"the request was stopped at {job.current}: {job.reason}"))
+        if await request.is_disconnected():
+            job.cancel("the client disconnected")
+            LOG.warning("request %s: the client disconnected; stopped at %s", job.id, job.current)
+            return ServeError(409, "the client disconnected; the request was stopped")
+        if asyncio.get_running_loop().time() > deadline:
+            job.cancel("over the time limit")
+            limit = self.config.time_limit_s
+            LOG.warning("request %s: over the time limit (%g s); stopped at %s", job.id, limit, job.current)
+            return ServeError(
+                504,
+                f"the request ran longer than the server's time limit ({limit:g} s) and "
+                f"was stopped during {job.current}; try fewer or cheaper methods, or a shorter text",
+            )
+        return None
 
     async def in_files_thread(self, function: Callable[[], Any]) -> Any:
         """``function()`` on the thread that writes downloads (not a model's)."""
@@ -438,10 +475,10 @@ class _Service:
         """An explanation request (``body``: explain's or generate's), its explanations kept for downloads."""
         asked = self.asked(check, body, caps=self.config.caps)
         text = body.text if isinstance(body, ExplainRequest) else None  # generate answers without its prompt
-        job, explanations, response = await self.start(
+        job, explained, response = await self.start(
             request, body.request_id, asked, estimate, run, _explained(asked.model, text)
         )
-        kept = {explanation.method: explanation for explanation in explanations}
+        kept = {explanation.method: explanation for explanation in explained.explanations}
         self.results.put(job.id, kept, len(response.body))  # the answer's bytes: about what they hold
         return response
 
@@ -508,22 +545,19 @@ def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
 
     @app.get("/api/models", summary="the models this server offers, and which are loaded")
     def models() -> dict[str, Any]:
-        listed = []
-        for name in dict.fromkeys([*pool.offered, *pool.loaded()]):
-            model = pool.model_if_loaded(name)
-            record: dict[str, Any] = {"name": name, "loaded": model is not None, "default": name == pool.default}
-            if model is not None:
-                from attnflow.evaluate.per_input import auto_methods
-                from attnflow.methods.registry import methods_for
-
-                record.update(
-                    family=model.adapter.family,
-                    target_kind=model.target_kind,
-                    methods=methods_for(model.adapter),
-                    auto_candidates=auto_methods(model.adapter, model.target_kind),
-                )
-            listed.append(record)
+        listed = [_model_record(pool, name) for name in dict.fromkeys([*pool.offered, *pool.loaded()])]
         return {"models": listed, "loaded": pool.loaded(), "max_models": pool.max_models}
+
+    @app.post("/api/load", response_model=None, summary="load a model now (the page: when it is chosen)")
+    async def load(body: LoadRequest, request: Request) -> Response:
+        name = service.model_name(body.model)
+
+        def answer(_job: Job, _result: Any) -> dict[str, Any]:
+            return _model_record(pool, name)
+
+        asked = work.Asked("", (name,))
+        _, _, response = await service.start(request, body.request_id, asked, _nothing, work.load_model, answer)
+        return response
 
     @app.get("/api/methods", summary="the registered methods and their options (the registry's declarations)")
     def methods() -> dict[str, Any]:
@@ -532,10 +566,36 @@ def _add_catalogue_routes(app: FastAPI, service: _Service) -> None:
         return {"methods": [work.method_record(name) for name in available_methods()]}
 
 
+def _model_record(pool: ModelPool, name: str) -> dict[str, Any]:
+    """``/api/models``' record of one model: its name, whether it is loaded and the default; once
+    loaded, its family, target kind, the methods its family supports, those it does not (each with
+    the reason the library refuses it with, `attnflow.methods.registry.unsupported_reason`) and
+    auto's candidates."""
+    model = pool.model_if_loaded(name)
+    record: dict[str, Any] = {"name": name, "loaded": model is not None, "default": name == pool.default}
+    if model is not None:
+        from attnflow.evaluate.per_input import auto_methods
+        from attnflow.methods.registry import available_methods, get_method, methods_for, unsupported_reason
+
+        reasons = {method: unsupported_reason(get_method(method), model.adapter) for method in available_methods()}
+        record.update(
+            family=model.adapter.family,
+            target_kind=model.target_kind,
+            methods=methods_for(model.adapter),
+            unsupported={method: reason for method, reason in reasons.items() if reason is not None},
+            auto_candidates=auto_methods(model.adapter, model.target_kind),
+        )
+    return record
+
+
+def _nothing(*_arguments: Any) -> None:
+    """The estimate of a request with no work to estimate (a load: its model is measured as it loads)."""
+
+
 def _explained(model: str, text: str | None = None) -> Answer:
     """The answer of /api/explain (with ``text``) and /api/generate: the explanations' JSON."""
 
-    def answer(job: Job, explanations: list[Any]) -> dict[str, Any]:
+    def answer(job: Job, explained: work.Explained) -> dict[str, Any]:
         shown = {"text": text} if text is not None else {}
         return {
             "id": job.id,
@@ -543,7 +603,8 @@ def _explained(model: str, text: str | None = None) -> Answer:
             **shown,
             "elapsed_ms": _elapsed_ms(job),
             "estimated_s": job.estimate_s,
-            "explanations": [work.answer_record(explanation) for explanation in explanations],
+            "explanations": [work.answer_record(explanation) for explanation in explained.explanations],
+            "skipped": [{"method": name, "reason": reason} for name, reason in explained.skipped.items()],
         }
 
     return answer
@@ -652,6 +713,13 @@ def _add_result_routes(app: FastAPI, service: _Service) -> None:
         return Response(content, media_type=media, headers={"Content-Disposition": disposition})
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Read an abandoned future's outcome (its exception, if any), so asyncio does not log it as
+    "never retrieved" with a traceback: the request that gave up has already said why, in one line."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _elapsed_ms(job: Job) -> float:
     return round(1000 * (time.monotonic() - job.started), 1)
 
@@ -751,7 +819,7 @@ class _Guard:
             refusal = _error(401, "this server needs its token: send 'Authorization: Bearer TOKEN' (or open /?token=…)")
         elif config.allowed_hosts is not None and request.url.hostname not in config.allowed_hosts:
             refusal = _error(400, f"unexpected Host header {request.url.hostname!r}")
-        elif request.method == "POST" and request.url.path in _JSON_ROUTES:
+        elif request.method == "POST" and _takes_json(request.url.path):
             kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json":
                 refusal = _error(415, f"send the body as application/json, not {kind or 'no content type'!r}")
@@ -775,7 +843,25 @@ class _Guard:
         await self.app(scope, receive, with_headers)
 
 
-_JSON_ROUTES = ("/api/explain", "/api/generate", "/api/compare", "/api/explore", "/api/routes")
+# POST routes that take only application/json: a cross-site form or beacon cannot send that type
+# without the browser asking first (a CORS preflight, which this server never allows), so none of
+# them can be posted from another site, not even the body-less cancel.
+_JSON_ROUTES = (
+    "/api/explain",
+    "/api/generate",
+    "/api/compare",
+    "/api/explore",
+    "/api/routes",
+    "/api/load",
+    "/api/cancel/{id}",
+)
+
+
+def _takes_json(path: str) -> bool:
+    """``path`` is one of `_JSON_ROUTES`."""
+    return path in _JSON_ROUTES or (path.startswith("/api/cancel/") and path.count("/") == 3)
+
+
 _SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
@@ -818,10 +904,13 @@ def _replay(body: bytes, receive: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _has_token(request: Request, token: str) -> bool:
-    given = request.headers.get("authorization", "")
+    """The request carries ``token``: ``Authorization: Bearer T`` (the scheme in any case), the page's
+    cookie, or (on the page itself, ``/``, which turns it into the cookie) ``?token=T``; an API route
+    never takes it from the address, which logs and histories keep."""
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
     candidates = [
-        given[len("Bearer ") :] if given.startswith("Bearer ") else "",
-        request.query_params.get("token", ""),
+        given.strip() if scheme.lower() == "bearer" else "",
+        request.query_params.get("token", "") if request.url.path == "/" else "",
         request.cookies.get(TOKEN_COOKIE, ""),
     ]
     return any(_same(candidate, token) for candidate in candidates if candidate)

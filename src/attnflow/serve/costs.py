@@ -9,22 +9,32 @@ declared cost (`attnflow.methods.registry.MethodSpec.cost`):
   the methods computed from it (rollout, raw, norm, the gradient maps) add nothing;
 - ``backward`` methods that re-run the model (attnlrp, cp_lrp, gim): a forward and a backward pass;
 - ``expensive`` ones, what they run: leave-one-out m + 1 variants of the text, SHAP its coalitions
-  (all 2^m up to ``max_evals``, else about ``max_evals``), integrated gradients ``n_steps`` forward
+  (all 2^m up to ``max_evals``, else about ``max_evals``; removing its absent tokens, a coalition
+  holds about half of the text), integrated gradients ``n_steps`` forward
   and backward passes, value zeroing n variants of each layer (about n passes of the text),
   attention flow L·n³ max-flow steps; another package's expensive method counts as leave-one-out;
 - per-input faithfulness, what `attnflow.evaluate.per_input.BUDGET` lets it score: the bounds'
   search and the deletion curves of each map and of the random rankings;
 - information flow routes (`routes_parts`): one forward pass, then the contribution graph, whose
-  work grows as n² (about n / `ROUTES_GRAPH_PER` passes' worth of tokens), with the route and the lens.
+  work grows as n² (about n / `ROUTES_GRAPH_PER` passes' worth of tokens), with the route and the lens;
+- the explorer (`explore_parts`): the two traces (plain, and with the target and a backward pass),
+  each method's own work, attention flow per head too (a head's own graph costs about
+  n / `FLOW_HEAD_N` times a fused one: its sparser attention takes longer augmenting paths), every
+  view's layers and heads summarised (about the L·H·n² elements of the attention, ALTI
+  `ALTI_ELEMENTS` times that), its per-input faithfulness, and the page that holds every matrix.
 
-Seconds are ``passes · a + tokens · b`` (`Rates`, a backward pass counted as two forward ones):
-``a`` and ``b`` are measured on the model itself when it first serves (two timed forward passes,
-`calibrate`) and scaled by what finished heavy requests took against their estimate (`Costs.observe`).
+Seconds are ``passes · a + tokens · b`` (`Rates`, a backward pass counted as two forward ones)
+plus ``flow · f`` and ``elements · e``: ``a`` and ``b`` are measured on the model itself when it
+first serves (two timed forward passes, `calibrate`) and scaled by what finished heavy requests took
+against their estimate (`Costs.observe`); ``f`` and ``e`` (max-flow steps and the explorer's array
+work, which depend on the machine and not on the model) from a timed integer loop in the same
+calibration (`cpu_seconds`), so that a busy machine's slower flows are foreseen like its slower passes.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import threading
 import time
@@ -36,6 +46,20 @@ from attnflow.model_like import ModelLike
 from attnflow.serve.pool import Job
 
 FLOW_S = 1e-7  # seconds per max-flow step (L·n³ units): over 60 s for the 512-token matrix of a 6-layer model here
+# Measured against `cpu_seconds` (minilm-sentiment's attention, one thread, load average 11-14,
+# cpu_seconds 0.080-0.095): a fused graph's max-flow step 7.9e-6-8.4e-6 times it (n = 64 and 128;
+# 1.4e-5 at n = 32, where fixed costs weigh), a head's own graph n / 29-33 times a fused one's
+# (n = 32, 64, 96); the explorer's views 2.5e-7-4.6e-7 s per attention element (raw, rollout,
+# norm, norm rollout at 256 tokens: 3.5e-6 cpu_seconds), ALTI's 3.2e-6 s, the page 4.6e-7 s per
+# element of the matrices it holds (5.4e-6 cpu_seconds; 9.1 MB at 256 tokens).
+FLOW_PER_CPU = 8e-6
+FLOW_HEAD_N = 30
+ELEMENT_PER_CPU = 3.5e-6
+ALTI_ELEMENTS = 11
+PAGE_ELEMENTS = 1.55  # the page's work per element of a matrix it holds, in view elements (5.4e-6 / 3.5e-6)
+REFERENCE_CPU_S = FLOW_S / FLOW_PER_CPU  # the machine `FLOW_S` describes: the rates given without calibration
+ELEMENT_S = ELEMENT_PER_CPU * REFERENCE_CPU_S
+PAGE = "page"
 TRACE = "tracing"
 FAITHFULNESS = "faithfulness"
 SCALED_ABOVE_S = 0.3  # requests estimated at least this long teach `Rates.scale`
@@ -51,31 +75,43 @@ class TooExpensive(AttnflowError):
 
 @dataclass(frozen=True)
 class Work:
-    """Work of one step: ``passes`` forward passes holding ``tokens`` tokens in all, ``flow`` max-flow steps."""
+    """Work of one step: ``passes`` forward passes holding ``tokens`` tokens in all, ``flow`` max-flow
+    steps, ``elements`` array elements the explorer summarises (`explore_parts`)."""
 
     passes: float = 0.0
     tokens: float = 0.0
     flow: float = 0.0
+    elements: float = 0.0
 
     def __add__(self, other: Work) -> Work:
-        return Work(self.passes + other.passes, self.tokens + other.tokens, self.flow + other.flow)
+        return Work(
+            self.passes + other.passes,
+            self.tokens + other.tokens,
+            self.flow + other.flow,
+            self.elements + other.elements,
+        )
 
     def times(self, factor: float) -> Work:
-        return Work(self.passes * factor, self.tokens * factor, self.flow * factor)
+        return Work(self.passes * factor, self.tokens * factor, self.flow * factor, self.elements * factor)
 
 
 @dataclass(frozen=True)
 class Rates:
     """A model's measured speed: ``pass_s`` seconds per forward pass plus ``token_s`` per token it
-    holds, ``flow_s`` per max-flow step; ``scale``: finished requests' time over their estimate."""
+    holds, ``flow_s`` per max-flow step, ``element_s`` per array element the explorer summarises;
+    ``scale``: finished requests' time over their estimate; ``cpu_s``: the machine's `cpu_seconds`
+    when it was measured (``flow_s`` moves within [1/4, 8] times what that gives)."""
 
     pass_s: float
     token_s: float
     flow_s: float = FLOW_S
     scale: float = 1.0
+    element_s: float = ELEMENT_S
+    cpu_s: float = REFERENCE_CPU_S
 
     def seconds(self, work: Work) -> float:
-        return self.scale * (work.passes * self.pass_s + work.tokens * self.token_s) + work.flow * self.flow_s
+        passes = self.scale * (work.passes * self.pass_s + work.tokens * self.token_s)
+        return passes + work.flow * self.flow_s + work.elements * self.element_s
 
 
 @dataclass(frozen=True)
@@ -105,9 +141,10 @@ def method_work(name: str, options: Mapping[str, Any], n: int, shape: Shape) -> 
         return Work(flow=shape.layers * n**3)
     if spec.takes != "model":
         return Work()  # computed from the trace
-    if name == "shap":
+    if name == "shap":  # removing a coalition's absent tokens (the default) leaves about half of them
         evals = max(int(options.get("max_evals", 512)), m + 1)
-        return _variants(2**m if m < 40 and 2**m <= evals else evals, n, batch)
+        length = n if options.get("replace", "remove") != "remove" else n - m // 2
+        return _variants(2**m if m < 40 and 2**m <= evals else evals, length, batch)
     if name == "integrated_gradients":  # captum's layer attribution: the layer's inputs, then forward and backward
         steps = int(options.get("n_steps", 32))
         return Work(4 * math.ceil(steps / 16) + 2, 4 * steps * n + 2 * n)
@@ -166,6 +203,33 @@ def explain_parts(
     return parts
 
 
+def explore_parts(names: Sequence[str], n: int, shape: Shape, faithfulness: bool) -> Parts:
+    """The work of `attnflow.explore` with the methods ``names`` on ``n`` tokens, with per-input
+    faithfulness (a model with a class or next-token target), and its page (module docstring)."""
+    from attnflow.methods.registry import get_method
+
+    specs = [get_method(name) for name in names]
+    targeted = Work(3, 3 * n) if any(spec.uses_target for spec in specs) else Work()
+    parts: Parts = {TRACE: Work(1, n) + targeted}
+    attention = shape.layers * shape.heads * n * n
+    held = 0  # elements of the matrices the page holds
+    for spec in specs:
+        work = method_work(spec.name, {}, n, shape)
+        if spec.name == "flow":  # the fused graph, then each head's own
+            work = work + Work(flow=shape.heads * shape.layers * n**3 * max(1.0, n / FLOW_HEAD_N))
+        elif spec.per_head:
+            work = work.times(1 + shape.heads)
+        if not spec.scores_only:
+            work = work + Work(elements=attention * (ALTI_ELEMENTS if spec.name == "alti" else 1))
+            layers = shape.layers if spec.layerwise else 1
+            held += layers * (1 + shape.heads if spec.per_head else 1) * n * n
+        parts[spec.name] = work
+    if faithfulness:
+        parts[FAITHFULNESS] = Work(1, n) + faithfulness_work(len(specs), n)
+    parts[PAGE] = Work(elements=PAGE_ELEMENTS * held)
+    return parts
+
+
 def routes_parts(n: int) -> Parts:
     """The work of `attnflow.routes` on ``n`` tokens: the recorded forward pass, then the graph, the
     route and the lens (`ROUTES_GRAPH_PER`)."""
@@ -196,9 +260,28 @@ def position_limit(model: ModelLike) -> int:
     return int(model.max_length)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_seconds() -> float:
+    """Seconds of a fixed integer loop over 2^20 numbers (the fastest of three): the machine's speed
+    at the array work of max-flow and the explorer, which a busy machine stretches; measured once
+    per process (by the first model's calibration: about 0.05 s on an idle machine)."""
+    import numpy as np
+
+    fastest = math.inf
+    for _ in range(3):
+        numbers = np.arange(1 << 20, dtype=np.int64)
+        began = time.perf_counter()
+        for _ in range(4):
+            numbers = (numbers * 7 + 3) % 1000003
+        int(numbers.sum())
+        fastest = min(fastest, time.perf_counter() - began)
+    return fastest
+
+
 def calibrate(model: ModelLike) -> Rates | None:
     """``a`` and ``b`` of `Rates` from two timed forward passes (1 × 8 and 8 × 32 tokens, the
-    faster of two runs each), or None for a model they cannot run on (it answers without estimates)."""
+    faster of two runs each), and the max-flow and array rates from `cpu_seconds`; or None for a
+    model the passes cannot run on (it answers without estimates)."""
     import torch
 
     network = model.hf_model
@@ -219,7 +302,14 @@ def calibrate(model: ModelLike) -> Rates | None:
     except Exception:  # a model these passes do not fit (encoder-decoder, images): no estimates
         return None
     token_s = max((timed[1] - timed[0]) / (256 - 8), 1e-9)
-    return Rates(pass_s=max(timed[0] - 8 * token_s, 1e-6), token_s=token_s)
+    cpu = cpu_seconds()
+    return Rates(
+        pass_s=max(timed[0] - 8 * token_s, 1e-6),
+        token_s=token_s,
+        flow_s=FLOW_PER_CPU * cpu,
+        element_s=ELEMENT_PER_CPU * cpu,
+        cpu_s=cpu,
+    )
 
 
 class Costs:
@@ -306,8 +396,8 @@ class Costs:
         flow_units = sum(work.flow for work in parts.values())
         flow_seconds = timings.get("flow", 0.0) if flow_units else 0.0
         if flow_units * rates.flow_s >= SCALED_ABOVE_S and flow_seconds > 0:
-            rates = replace(rates, flow_s=_moved(rates.flow_s, flow_seconds / flow_units, FLOW_S))
-        unscaled = replace(rates, scale=1.0, flow_s=0.0)
+            rates = replace(rates, flow_s=_moved(rates.flow_s, flow_seconds / flow_units, FLOW_PER_CPU * rates.cpu_s))
+        unscaled = replace(rates, scale=1.0, flow_s=0.0, element_s=0.0)
         predicted = sum(unscaled.seconds(work) for work in parts.values())
         if predicted * rates.scale >= SCALED_ABOVE_S:
             rates = replace(rates, scale=_moved(rates.scale, (seconds - flow_seconds) / predicted, 1.0))

@@ -6,6 +6,11 @@ A lane is held from the moment its request's work is handed to the thread until 
 (not until the route stops waiting for it: a stopped job that has not reached its next check
 still holds the model). `Lane.backlog_s` is the estimated work ahead of a new request: the
 estimates of the jobs waiting, and what the running one has left.
+
+Each lane's work runs on a budget of CPU threads (`Lane.budgeted`: torch's intra-op threads, set
+in the lane's own thread, where they apply): with the machine's threads shared out among the
+models, heavy work on one model leaves the others their share, where two models each running on
+every core would slow both several times over (threads fighting for the same cores).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from attnflow.serve.pool import Job
 class Lane:
     """One model's queue (an asyncio lock, fair: first come, first served) and its worker thread."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int | None = None) -> None:
         self.name = name
+        self.threads = threads  # CPU threads its work runs on (None: as the process set them)
         self.lock = asyncio.Lock()  # bound to the event loop that first waits on it
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnflow-serve")
         self.jobs: dict[str, Job] = {}  # waiting for this lane or running on it, in arrival order
@@ -35,6 +41,19 @@ class Lane:
             job, began = self.running
             total -= min(job.estimate_s or 0.0, time.monotonic() - began)
         return max(0.0, total)
+
+    def budgeted(self, function: Callable[[], Any], threads: int | None = None) -> Callable[[], Any]:
+        """``function`` run on ``threads`` (default: the lane's) CPU threads: to hand to its executor."""
+        budget = threads or self.threads
+
+        def run() -> Any:
+            if budget is not None:
+                import torch
+
+                torch.set_num_threads(budget)  # this thread's (OpenMP) threads: each lane keeps its own
+            return function()
+
+        return run
 
     def close(self) -> None:
         """No more work: queued work is dropped, running work finishes on its own."""

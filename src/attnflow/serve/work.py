@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from attnflow.errors import InputError
 from attnflow.methods.registry import MethodSpec, get_method, method_names
+from attnflow.model_like import ModelLike
 from attnflow.serve.costs import (
     Costs,
     Parts,
@@ -31,6 +32,7 @@ from attnflow.serve.costs import (
     Work,
     count_tokens,
     explain_parts,
+    explore_parts,
     position_limit,
     routes_parts,
 )
@@ -195,25 +197,70 @@ def check_routes(*, text: str, model: str, **asked: Any) -> Asked:
 Loaded = list[tuple[str, Any]]  # (name, loaded model) for each model of a request
 
 
-def estimate_explain(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> tuple[Any, Parts]:
-    """`explain_text`'s plan and its work on this text (`Costs.check`: `TooExpensive` past the time limit)."""
+@dataclass(frozen=True)
+class Explained:
+    """What `explain_text` and `generate_text` give: an explanation per method run (auto's choice in
+    its place), and the methods asked for that the model's family does not support, each with why
+    (`supported`: skipped, the others answered)."""
+
+    explanations: list[Any]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def supported(model: ModelLike, asked: Asked) -> tuple[Asked, dict[str, str]]:
+    """``asked`` without the methods that ``model``'s family does not support, and those methods
+    with the reason (`attnflow.methods.registry.unsupported_reason`: the rule the library refuses
+    by); the library's own refusal (InputError) when none of the methods asked for is left. Options
+    that only a skipped method takes go with it."""
+    from attnflow.evaluate.per_input import AUTO, with_candidates
+    from attnflow.methods.registry import check_family, unsupported_reason
+
+    family = getattr(model, "adapter", None)
+    if not asked.names or family is None:
+        return asked, {}
+    skipped = {}
+    for name in asked.names:
+        reason = None if name == AUTO else unsupported_reason(get_method(name), family)
+        if reason is not None:
+            skipped[name] = reason
+    if not skipped:
+        return asked, {}
+    kept = [name for name in asked.names if name not in skipped]
+    if not kept:
+        check_family(get_method(next(iter(skipped))), family)  # raises, naming the methods that work
+    run = with_candidates(kept, family, target_kind=getattr(model, "target_kind", None))
+    taken = {option for name in run for option in get_method(name).option_names}
+    given = {option: value for option, value in asked.given.items() if option in taken}
+    return replace(asked, names=kept, given=given), skipped
+
+
+def estimate_explain(
+    costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked
+) -> tuple[Any, Parts, dict[str, str]]:
+    """`explain_text`'s plan and its work on this text (`Costs.check`: `TooExpensive` past the time
+    limit), and the methods it skips (`supported`)."""
     from attnflow.evaluate.per_input import has_target, plan_methods
 
     ((name, model),) = loaded
+    asked, skipped = supported(model, asked)
     target = asked.reading()["target"]
     plan = plan_methods(model, asked.names, asked.given, target)
     n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
     faithful = asked.faithfulness and has_target(model, target)
     shape = Shape.of(model)
     costs.check(job, [(name, lambda tokens: explain_parts(plan.per_method, tokens, shape, faithful))], n, "max_length")
-    return plan, explain_parts(plan.per_method, n, shape, faithful)
+    return plan, explain_parts(plan.per_method, n, shape, faithful), skipped
 
 
-def estimate_generate(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> tuple[Any, Parts]:
-    """`generate_text`'s plan and its work: the generation, then each method per generated token."""
+def estimate_generate(
+    costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked
+) -> tuple[Any, Parts, dict[str, str]]:
+    """`generate_text`'s plan and its work: the generation, then each method per generated token;
+    and the methods it skips (`supported`)."""
     from attnflow.generation import plan_generation
 
     ((name, model),) = loaded
+    asked, skipped = supported(model, asked)
     plan = plan_generation(model, asked.names, asked.given)
     prompt = count_tokens(tokenizer, asked.text)
     steps = asked.generate if asked.generate is not None else count_tokens(tokenizer, asked.continuation or "")
@@ -225,7 +272,7 @@ def estimate_generate(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, as
         return {**generated, **explain_parts(plan.per_method, tokens, shape, faithful, steps=steps)}
 
     costs.check(job, [(name, parts)], prompt + steps, "a shorter prompt, or fewer tokens generated")
-    return plan, parts(prompt + steps)
+    return plan, parts(prompt + steps), skipped
 
 
 def estimate_compare(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
@@ -240,8 +287,10 @@ def estimate_compare(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
 
 
 def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
-    """`explore_text`'s work: each method (every per-head one again per head), as the explorer leaves
-    out the expensive ones it was not asked for on long texts (`TooExpensive` past the time limit)."""
+    """`explore_text`'s work (`explore_parts`: each method, every per-head one again per head, the
+    views' layers and heads, the per-input faithfulness and the page), as the explorer leaves out the
+    expensive ones it was not asked for on long texts (`TooExpensive` past the time limit)."""
+    from attnflow.evaluate.per_input import has_target
     from attnflow.exploration import EXPENSIVE_ABOVE
     from attnflow.methods.registry import methods_for
 
@@ -249,10 +298,11 @@ def estimate_explore(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, ask
     n = count_tokens(tokenizer, asked.text, asked.max_length, position_limit(model))
     chosen = list(asked.names or methods_for(model.adapter))
     shape = Shape.of(model)
+    faithful = has_target(model, asked.reading()["target"])
 
     def parts(tokens: int) -> Parts:
         kept = [m for m in chosen if asked.names or tokens <= EXPENSIVE_ABOVE or get_method(m).cost != "expensive"]
-        return explain_parts({method: {} for method in kept}, tokens, shape, False, per_head=True)
+        return explore_parts(kept, tokens, shape, faithful)
 
     costs.check(job, [(name, parts)], n, "max_length")
 
@@ -274,24 +324,25 @@ def load_model(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> None:
         costs.ready(asked.model, model)
 
 
-def explain_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list[Any]:
+def explain_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> Explained:
     """`attnflow explain TEXT --model M --method ...` (`check_explain`'s inputs): one `Explanation`
-    per method asked for (``faithfulness=False``: ``--no-faithfulness``)."""
+    per method asked for (``faithfulness=False``: ``--no-faithfulness``), but those the model's
+    family does not support (skipped, with why)."""
     from attnflow.evaluate.per_input import explain_planned
 
     with pool.using(asked.model, job) as model:
         costs.ready(asked.model, model)
         job.step("planning")
-        plan, parts = estimate_explain(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        plan, parts, skipped = estimate_explain(costs, job, [(asked.model, model)], model.tokenizer, asked)
         began = time.perf_counter()
         job.step("tracing")
         trace = model.trace_for(list(plan.per_method), [asked.text], **asked.reading())[0]
         explained = explain_planned(model, trace, plan, asked.row, job.step, asked.faithfulness)
         costs.observe(asked.model, parts, time.perf_counter() - began, job.timings())
-        return explained
+        return Explained(explained, skipped)
 
 
-def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list[Any]:
+def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> Explained:
     """`attnflow explain PROMPT --generate N` (or ``--continuation TEXT``): one `GenerationExplanation`
     per method asked for (None: auto, as the CLI), auto's choice in its place (`attnflow.generation`'s
     `plan_generation` and `explain_planned_generation`, the CLI's code); a cancel stops before the
@@ -300,7 +351,7 @@ def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list
 
     with pool.using(asked.model, job) as model:
         costs.ready(asked.model, model)
-        plan, parts = estimate_generate(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        plan, parts, skipped = estimate_generate(costs, job, [(asked.model, model)], model.tokenizer, asked)
         began = time.perf_counter()
         job.step(GENERATING if asked.generate is not None else "tokenizing the continuation")
         sequence = prepare_continuation(
@@ -311,7 +362,7 @@ def generate_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> list
             model, sequence, plan, asked.faithfulness, DEFAULT_STEPS_PER_PASS, asked.contrast
         )
         costs.observe(asked.model, parts, time.perf_counter() - began, job.timings())
-        return explained
+        return Explained(explained, skipped)
 
 
 def compare_models(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> Any:

@@ -4,7 +4,11 @@
   "use strict";
   const $ = (id) => document.getElementById(id);
   const AUTO = "auto";
-  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0, kinds: {} };
+  const state = { methods: [], history: [], shown: null, view: 0, pinned: null, running: null, asks: 0, kinds: {},
+                  records: {}, touched: false };
+  // What a model is asked by default: a prompt and auto for a causal LM (rollout there puts nearly
+  // everything on the first token), a review with auto and rollout for a classifier.
+  const PROMPTS = { next_token: "The capital of France is", other: "The movie was terrible, but the acting was great." };
 
   function setStatus(text, isError) {
     $("status").textContent = text;
@@ -32,6 +36,7 @@
   function methodBox(name, summary, cost, checked) {
     const label = document.createElement("label");
     label.title = summary;
+    label.dataset.summary = summary;
     const box = document.createElement("input");
     box.type = "checkbox";
     box.value = name;
@@ -59,15 +64,50 @@
     dropToken();
     try {
       const [models, methods] = await Promise.all([api("/api/models"), api("/api/methods")]);
-      for (const model of models.models) option($("model"), model.name, model.name + (model.default ? " (default)" : ""));
+      for (const model of models.models) {
+        option($("model"), model.name, model.name + (model.default ? " (default)" : ""));
+        if (model.loaded) state.records[model.name] = model;
+      }
       methodBox(AUTO, "the one-pass target method with the highest comprehensiveness on this input", "backward", true);
       for (const method of methods.methods) methodBox(method.name, method.summary, method.cost, method.name === "rollout");
       state.methods = methods.methods;
-      setStatus("ready");
+      await chooseModel();
+      setStatus("ready: " + $("model").value);
     } catch (error) {
       setStatus(error.message, true);
     }
     document.body.dataset.ready = "1";
+  }
+
+  // The chosen model, loaded (once): its methods offered, the others greyed with the reason the
+  // server refuses them with, and its kind's defaults while the user has not chosen methods.
+  async function chooseModel() {
+    const name = $("model").value;
+    let record = state.records[name];
+    if (!record) {
+      setStatus("loading " + name + " …");
+      $("methods").disabled = true;
+      try {
+        record = state.records[name] = await api("/api/load", { model: name });
+      } finally {
+        $("methods").disabled = false;
+      }
+      setStatus("ready: " + name);
+    }
+    if ($("model").value !== name) return;  // chosen again meanwhile: that choice applies
+    if (record.target_kind) state.kinds[name] = record.target_kind;
+    const unsupported = record.unsupported || {};
+    const llm = record.target_kind === "next_token";
+    for (const box of $("methods").querySelectorAll("input")) {
+      const reason = unsupported[box.value];
+      const label = box.parentElement;
+      box.disabled = !!reason;
+      label.classList.toggle("unsupported", !!reason);
+      label.title = reason ? "not for " + name + ": " + reason : label.dataset.summary;
+      if (reason) box.checked = false;
+      else if (!state.touched) box.checked = box.value === AUTO || (!llm && box.value === "rollout");
+    }
+    $("text").placeholder = llm ? PROMPTS.next_token : PROMPTS.other;
   }
 
   function chosenMethods() {
@@ -117,7 +157,7 @@
       const answer = await api(path, body);
       const entry = { id: answer.id, kind: generate > 0 ? "generation" : "explanation", text: text,
                       model: body.model, generate: generate, explanations: answer.explanations,
-                      elapsed: answer.elapsed_ms, views: {} };
+                      skipped: answer.skipped || [], elapsed: answer.elapsed_ms, views: {} };
       state.history.push(entry);
       addToHistory(entry, state.history.length - 1);
       await learnKinds();
@@ -220,10 +260,13 @@
     $("result").hidden = false;
     // the form shows what this result answered: its text, model and generation length
     $("text").value = entry.text;
+    const otherModel = $("model").value !== entry.model;
     $("model").value = entry.model;
+    if (otherModel) chooseModel().catch((error) => setStatus(error.message, true));  // its methods again
     $("generate").value = String(entry.generate || 0);
     $("result-source").textContent = entry.model + " · " + entry.text +
       (entry.kind === "generation" ? " · " + entry.generate + " generated tokens" : "");
+    $("skipped").textContent = (entry.skipped || []).map((s) => "skipped " + s.method + ": " + s.reason).join("; ");
     showViewLinks(entry);
     $("explore").hidden = entry.kind !== "explanation";
     $("routes").hidden = entry.kind !== "explanation" || state.kinds[entry.model] !== "next_token";
@@ -351,6 +394,8 @@
   }
 
   $("ask").addEventListener("submit", ask);
+  $("methods").addEventListener("change", () => { state.touched = true; });
+  $("model").addEventListener("change", () => chooseModel().catch((error) => setStatus(error.message, true)));
   $("cancel").addEventListener("click", cancel);
   $("explore").addEventListener("click", exploreShown);
   $("routes").addEventListener("click", routesShown);

@@ -1,0 +1,81 @@
+"""`/api/explore`'s estimate counts what the explorer runs: the forward passes of its traces, its
+methods and its per-input faithfulness, which the pool's hook counts independently (`Job.tokens`),
+and the page's work, which grows with the matrices it holds; on the real minilm-sentiment (slow) its
+seconds are within 2x of the time taken at 512 tokens."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .test_api import TEXT
+
+REVIEW = (
+    "I went to see this film on a rainy Sunday afternoon with two friends who had loved the book, and we all "
+    "left a little puzzled. The first hour is slow but beautifully shot, the actors are clearly committed, and "
+    "the music carries several scenes that the script leaves empty. Then the plot falls apart, the villain "
+    "becomes a cartoon, and the ending arrives without any reason. Still, the lead performance is wonderful and "
+    "worth the ticket. "
+)
+
+
+def _explored(pool, text: str, methods: list[str] | None):
+    """The explorer's run as the server makes it: its job (forward passes counted by the pool's hook)
+    and the work its estimate counted."""
+    from attnflow.serve import work
+    from attnflow.serve.costs import Costs, Rates, Shape, count_tokens, explore_parts
+    from attnflow.serve.pool import Job
+
+    costs = Costs(10_000)
+    costs.set_rates("tiny-a", Rates(pass_s=0.001, token_s=1e-5))
+    job = Job()
+    asked = work.Asked(text, ("tiny-a",), methods)
+    work.explore_text(pool, job, costs, asked)
+    model = pool.model_if_loaded("tiny-a")
+    n = count_tokens(model.tokenizer, text)
+    parts = explore_parts(methods, n, Shape.of(model), True)
+    return job, parts, n
+
+
+def test_the_explore_estimate_counts_the_forward_passes_the_explorer_runs_faithfulness_included(tiny_loader):
+    from attnflow.serve import ModelPool
+
+    pool = ModelPool(["tiny-a"], loader=tiny_loader, known=["tiny-a"])
+    methods = ["rollout", "raw", "leave_one_out"]  # no backward pass: the hook counts every pass there is
+    job, parts, n = _explored(pool, " ".join([TEXT] * 3), methods)
+    estimated = sum(part.tokens for part in parts.values())
+    assert job.tokens / 2 <= estimated <= 2 * job.tokens, (estimated, job.tokens, parts)
+    assert parts["faithfulness"].tokens > n  # the explorer scores every view on this input
+
+
+def test_the_explore_estimate_counts_the_page_of_every_layer_and_head():
+    from attnflow.serve.costs import PAGE, Shape, explore_parts
+
+    shape = Shape(layers=6, heads=12)
+    small, large = (explore_parts(["rollout", "raw", "alti"], n, shape, False) for n in (128, 256))
+    assert large[PAGE].elements == 4 * small[PAGE].elements  # every matrix: n x n
+    assert small[PAGE].elements >= (6 * 13 * 2 + 6) * 128 * 128  # rollout and raw: each layer, fused and per head
+    assert small["alti"].elements > small["raw"].elements  # ALTI's views compute their contributions
+
+
+@pytest.mark.slow
+def test_explore_at_512_tokens_takes_within_twice_its_estimate(minilm_sentiment):
+    """The issue's case: 512 tokens on minilm-sentiment, every method it supports (the expensive ones
+    left out, as the explorer does above 128 tokens), estimated 2.44 s where it took 36.9 s."""
+    from fastapi.testclient import TestClient
+
+    from attnflow.serve import ModelPool, ServeConfig, create_app
+
+    pool = ModelPool(["minilm-sentiment"], loader=lambda _name: minilm_sentiment)
+    app = create_app(pool, ServeConfig(time_limit_s=600))
+    with TestClient(app) as client:
+        assert client.post("/api/load", json={}).status_code == 200  # loaded and measured
+        text = REVIEW * 8
+        began = time.perf_counter()
+        answer = client.post("/api/explore", json={"text": text})
+        taken = time.perf_counter() - began
+    assert answer.status_code == 200, answer.text
+    estimated = answer.json()["estimated_s"]
+    assert minilm_sentiment.tokenizer(text, truncation=True, max_length=512)["input_ids"].__len__() == 512
+    assert taken / 2 <= estimated <= 2 * taken, (estimated, taken)
