@@ -1,0 +1,143 @@
+"""`attnflow why` on tiny random models, in-process: its agreement equals what the separate commands'
+JSON files give (recomputed independently, `why_oracle`); every number of its reading is in why.json
+as displayed; the budget drops the most expensive evidence first, named; a classifier gets its
+evidence words and value-aware rollout; bad input is refused as the other commands refuse it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from why_oracle import numbers_of, read_separate, recomputed, separate_commands
+
+from attnflow.cli import explain as explain_command
+from attnflow.cli import main
+from attnflow.cli import patch as patch_command
+from attnflow.cli import routes as routes_command
+from attnflow.cli import why as why_command
+from attnflow.question.plan import Step, fit
+
+TEXTS = ("the cat sat on the mat", "a dog ran to the park and sat")
+
+
+@pytest.fixture
+def tiny_models_by_name(monkeypatch, tiny_loaded):
+    """``--model FAMILY`` loads the session's tiny model of that family, in every command."""
+    for command in (why_command, explain_command, routes_command, patch_command):
+        monkeypatch.setattr(command, "load_model", lambda name, *_: tiny_loaded(name))
+
+
+def check_against_separate_commands(text, model, folder, extra=()):
+    """Run why and the three commands; the page's agreement must equal the recomputed one."""
+    assert main(["why", text, "--model", model, "--out", str(folder / "why"), "--quiet", *extra]) == 0
+    why = json.loads((folder / "why" / "why.json").read_text())
+    for command in separate_commands(text, model, why, folder, list(extra)):
+        assert main([*command, "--quiet"]) == 0, command
+    expected = recomputed(read_separate(folder))
+    assert len(why["agreement"]["tokens"]) == len(expected["pairs"])
+    for pair in why["agreement"]["tokens"]:
+        rho, overlap, k = expected["pairs"][(pair["first"], pair["second"])]
+        assert pair["k"] == k and pair["top_k_overlap"] == pytest.approx(overlap, abs=1e-12), pair
+        assert (pair["spearman"] is None) == (rho is None), pair
+        if rho is not None:
+            assert pair["spearman"] == pytest.approx(rho, abs=1e-9), pair
+    assert why["agreement"]["layers"]["layers"] == expected["layers"]
+    return why
+
+
+def check_reading(why):
+    """Every number of every paragraph is one of why.json's shown texts' numbers, and every shown
+    number is its value as displayed (the reading states nothing the results do not hold)."""
+    allowed = {number for entry in why["shown"].values() for number in numbers_of(entry["text"])}
+    for paragraph in why["paragraphs"]:
+        for number in numbers_of(paragraph["text"]):
+            assert number in allowed, (number, paragraph["text"])
+    for name, entry in why["shown"].items():
+        if isinstance(entry["value"], float):
+            digits = len(entry["text"].partition(".")[2])
+            assert entry["text"] == f"{entry['value']:.{digits}f}", name
+        elif isinstance(entry["value"], int):
+            assert entry["text"] == str(entry["value"]), name
+    return allowed
+
+
+@pytest.mark.usefixtures("tiny_models_by_name")
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_agreement_is_what_the_separate_commands_files_give(tmp_path, text):
+    why = check_against_separate_commands(text, "llama", tmp_path)
+    assert {step["evidence"] for step in why["plan"]["steps"]} == {"attribution", "routes", "patching", "knockout"}
+    check_reading(why)
+
+
+@pytest.mark.usefixtures("tiny_models_by_name")
+def test_a_contrast_and_a_counterfactual_text_reach_every_command(tmp_path):
+    extra = ("--target", "cat", "--contrast", "mat", "--corrupt", "the mat sat on the cat")
+    why = check_against_separate_commands(TEXTS[0], "llama", tmp_path, extra)
+    patching = why["evidence"]["patching"]
+    assert patching["noise_words"] == [] and patching["corrupt_text"] == "the mat sat on the cat"
+    assert patching["metric"] == "logit('cat') - logit('mat')"
+    assert "rather than 'mat'" in why["paragraphs"][0]["text"]
+    check_reading(why)
+
+
+def test_the_reading_test_can_fail():
+    stated = {"shown": {"p": {"text": "0.77", "value": 0.7712}}, "paragraphs": [{"text": "p = 0.78"}]}
+    with pytest.raises(AssertionError):
+        check_reading(stated)
+    wrong = {"shown": {"p": {"text": "0.78", "value": 0.7712}}, "paragraphs": [{"text": "p = 0.78"}]}
+    with pytest.raises(AssertionError):
+        check_reading(wrong)
+
+
+def steps():
+    exact = Step("patching", 20.0, fallback=Step("patching estimate", 2.0))
+    return [Step("attribution", 4.0), Step("routes", 1.0), exact, Step("knockout", 3.0)]
+
+
+def test_the_budget_drops_the_most_expensive_first_and_replaces_exact_patching():
+    plan = fit(steps(), 10.0)  # 28 s planned: exact patching (20 s) goes, AtP's estimate (2 s) comes
+    assert plan.dropped == ["patching"] and plan.seconds == pytest.approx(10.0)
+    assert [(step.name, step.status) for step in plan.steps][2:4] == [
+        ("patching", "replaced"),
+        ("patching estimate", "planned"),
+    ]
+    plan = fit(steps(), 9.0)  # then the attribution (4 s), the most expensive left
+    assert plan.dropped == ["patching", "attribution"] and plan.seconds == pytest.approx(6.0)
+    assert "budget 9 s" in plan.steps[0].reason and "DROPPED" in "\n".join(plan.lines())
+    plan = fit(steps(), 0.5)  # everything goes, the estimate included
+    assert plan.dropped == ["patching", "attribution", "knockout", "patching estimate", "routes"]
+    assert {step.status for step in fit(steps(), None).steps} == {"planned"}
+
+
+@pytest.mark.usefixtures("tiny_models_by_name")
+def test_a_tight_budget_names_each_drop(tmp_path, capsys, monkeypatch):
+    from attnflow.serve import costs
+
+    monkeypatch.setattr(costs, "calibrate", lambda model: costs.Rates(pass_s=0.01, token_s=0.001))
+    out = tmp_path / "why"
+    assert main(["why", TEXTS[0], "--model", "llama", "--out", str(out), "--budget", "0.05"]) == 0
+    captured = capsys.readouterr()
+    why = json.loads((out / "why.json").read_text())
+    assert why["plan"]["dropped"] and why["plan"]["budget"] == 0.05
+    assert "dropped for the budget: " + ", ".join(why["plan"]["dropped"]) in captured.out
+    assert captured.err.count("DROPPED") + captured.err.count("REPLACED") == len(why["plan"]["dropped"])
+    estimated = {step["evidence"]: step["estimated_seconds"] for step in why["plan"]["steps"]}
+    kept = [step for step in why["plan"]["steps"] if step["status"] == "planned"]
+    dropped = [step for step in why["plan"]["steps"] if step["status"] != "planned"]
+    assert max(step["estimated_seconds"] for step in dropped) >= max(step["estimated_seconds"] for step in kept)
+    assert sum(step["estimated_seconds"] for step in kept) <= 0.05 + 1e-9 or not kept, estimated
+
+
+def test_a_classifier_gets_its_evidence_words_and_value_aware_rollout(tmp_path, monkeypatch, tiny_classifier_path):
+    import attnflow
+
+    model = attnflow.load(str(tiny_classifier_path("bert")), device="cpu")
+    monkeypatch.setattr(why_command, "load_model", lambda *_: model)
+    out = tmp_path / "why"
+    assert main(["why", "the movie was great fun", "--model", "bert", "--out", str(out), "--quiet"]) == 0
+    why = json.loads((out / "why.json").read_text())
+    assert {step["evidence"] for step in why["plan"]["steps"]} == {"attribution", "value-aware rollout"}
+    assert why["evidence"]["patching"] is None and why["evidence"]["routes"] is None
+    assert why["paragraphs"][-1]["question"].startswith("Which words push")
+    assert "value-aware rollout" in why["token_scores"]
+    check_reading(why)
