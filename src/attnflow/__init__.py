@@ -190,6 +190,7 @@ __all__ = [
     "PatchResult",
     "Routes",
     "Trace",
+    "Why",
     "alti",
     "attention_flow",
     "audit",
@@ -216,5 +217,4 @@ __all__ = [
     "saliency_row",
     "to_patch_grid",
     "why",
-    "Why",
 ]

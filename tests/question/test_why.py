@@ -27,9 +27,11 @@ def tiny_models_by_name(monkeypatch, tiny_loaded):
         monkeypatch.setattr(command, "load_model", lambda name, *_: tiny_loaded(name))
 
 
-def check_against_separate_commands(text, model, folder, extra=()):
-    """Run why and the three commands; the page's agreement must equal the recomputed one."""
-    assert main(["why", text, "--model", model, "--out", str(folder / "why"), "--quiet", *extra]) == 0
+def check_against_separate_commands(text, model, folder, extra=(), why_only=()):
+    """Run why (with ``extra`` and ``why_only``) and the three commands (with ``extra``); the page's
+    agreement must equal the one recomputed from their files."""
+    arguments = ["why", text, "--model", model, "--out", str(folder / "why"), "--quiet", *extra, *why_only]
+    assert main(arguments) == 0
     why = json.loads((folder / "why" / "why.json").read_text())
     for command in separate_commands(text, model, why, folder, list(extra)):
         assert main([*command, "--quiet"]) == 0, command
@@ -113,7 +115,7 @@ def test_the_budget_drops_the_most_expensive_first_and_replaces_exact_patching()
 def test_a_tight_budget_names_each_drop(tmp_path, capsys, monkeypatch):
     from attnflow.serve import costs
 
-    monkeypatch.setattr(costs, "calibrate", lambda model: costs.Rates(pass_s=0.01, token_s=0.001))
+    monkeypatch.setattr(costs, "calibrate", lambda _model: costs.Rates(pass_s=0.01, token_s=0.001))
     out = tmp_path / "why"
     assert main(["why", TEXTS[0], "--model", "llama", "--out", str(out), "--budget", "0.05"]) == 0
     captured = capsys.readouterr()
@@ -141,3 +143,11 @@ def test_a_classifier_gets_its_evidence_words_and_value_aware_rollout(tmp_path, 
     assert why["paragraphs"][-1]["question"].startswith("Which words push")
     assert "value-aware rollout" in why["token_scores"]
     check_reading(why)
+
+
+def test_no_template_states_a_number_of_its_own():
+    from attnflow.question import wording
+
+    for name, template in wording.T.items():
+        assert numbers_of(template) == [], name
+    assert numbers_of(wording.quoted("Ġ1990")) == ["1990"]  # a token's digits come from shown texts only

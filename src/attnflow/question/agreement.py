@@ -9,7 +9,7 @@ stream leaving a layer, or None): whether they name the same layer, and how far 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from attnflow.methods.agreement import spearman, top_k_overlap
 TOP_K = 3  # tokens compared by the top-k overlap (fewer when the text has fewer content tokens)
 
 
-def token_agreement(scores: Mapping[str, Sequence[float]], keep: Sequence[bool], k: int = TOP_K) -> list[dict]:
+def token_agreement(scores: Mapping[str, Any], keep: Any, k: int = TOP_K) -> list[dict]:
     """For each pair of evidence in ``scores`` (name -> ``[token]`` scores, in the order given): ρ
     and the top-k overlap over the tokens ``keep`` marks (``k``: at most their count), with ``k``."""
     kept = np.flatnonzero(np.asarray(keep, dtype=bool))

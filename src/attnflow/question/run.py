@@ -81,10 +81,9 @@ def _lap(found: Why, name: str, say: Callable[[str], None]) -> float:  # noqa: A
 def _check(model: ModelLike, text: str, wanted: Target, corrupt: str | None, samples: int) -> dict[str, Any]:
     """What every step would refuse, refused before any of them runs (one line each): the text,
     the model's kind, the target and contrast, the counterfactual's length, the noise draws."""
-    from attnflow.capture.texts import check_texts
-    from attnflow.causal.api import resolve_metric
+    from attnflow.causal.api import counterfactual_ids, resolve_metric
+    from attnflow.flow_routes.api import tokenise
 
-    check_texts(text)
     if model.target_kind not in ("next_token", "class"):
         raise InputError(
             f"attnflow why explains a causal LM's next token or a classifier's class; {model.name} is neither "
@@ -92,18 +91,11 @@ def _check(model: ModelLike, text: str, wanted: Target, corrupt: str | None, sam
         )
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise InputError(f"{{samples}} must be a positive integer, got {samples!r}", parameter="samples")
-    ids = model.tokenizer(text, return_tensors="pt", truncation=False)["input_ids"]
-    if ids.shape[1] > model.max_length:
-        raise InputError(f"the text has {ids.shape[1]} tokens; {model.name} reads at most {model.max_length}")
+    ids, tokens = tokenise(model, text)  # empty, or longer than the model reads: routes' own lines
     if corrupt is not None:
-        check_texts(corrupt)
-        other = model.tokenizer(corrupt, return_tensors="pt")["input_ids"]
-        if other.shape[1] != ids.shape[1]:
-            raise InputError(
-                f"--corrupt must have the clean text's token length ({ids.shape[1]} tokens), it has {other.shape[1]}"
-            )
+        counterfactual_ids(model, ids, corrupt)  # another token length: patching's own line
     resolve_metric(model, ids, wanted)  # an unknown class, a multi-token target or contrast: one line now
-    return {"tokens": model.tokenizer.convert_ids_to_tokens(ids[0].tolist()), "n": int(ids.shape[1])}
+    return {"tokens": tokens, "n": int(ids.shape[1])}
 
 
 def _steps(
@@ -178,7 +170,8 @@ def _patching(
     if method is None:
         return
     noise = None if corrupt is not None else noise_word(found, model)
-    sites, knockout = ["residual"], {}
+    sites: list[str] = ["residual"]
+    knockout: dict[str, Any] = {}
     edge = found.strongest_move()
     if plan.runs(planning.KNOCKOUT) and method == "exact" and edge is not None:
         sites.append("knockout")

@@ -178,7 +178,7 @@ def _pair_sentence(found: Any, pair: dict[str, Any], shown: _Shown) -> str:
     rho, overlap, k = pair["spearman"], pair["top_k_overlap"], pair["k"]
     shared = f"{shown.integer(f'{name}_shared', round(overlap * k))} of the top {shown.integer('k', k)} words in common"
     if pair["second"] == "patching" and found.noise:
-        shared += "; patching only sees the noised word and the words after it, so most words tie at 0"
+        shared += "; patching only sees the noised word and the words after it, so most words tie at zero"
     if rho is None:
         return shown.fill("unranked", who=who, shared=shared)
     both = f"rank correlation {shown.number(f'{name}_spearman', rho)}; {shared}"
