@@ -143,7 +143,12 @@ def _connect_page_views() -> None:
 
         return why_html(data)
 
-    why_result._VIEWS.update(html=why_page)
+    def why_figure(data):
+        from attnflow.viz.why import why_png
+
+        return why_png(data)
+
+    why_result._VIEWS.update(html=why_page, png=why_figure)
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
     exploration._MEASURES.update(faithfulness=explorer_faithfulness)

@@ -15,7 +15,7 @@ from attnflow.cli import main
 from attnflow.cli import patch as patch_command
 from attnflow.cli import routes as routes_command
 from attnflow.cli import why as why_command
-from attnflow.question.plan import Step, fit
+from attnflow.question.plan import Step, estimate_work, fit
 
 TEXTS = ("the cat sat on the mat", "a dog ran to the park and sat")
 
@@ -93,21 +93,23 @@ def test_the_reading_test_can_fail():
 
 def steps():
     exact = Step("patching", 20.0, fallback=Step("patching estimate", 2.0))
-    return [Step("attribution", 4.0), Step("routes", 1.0), exact, Step("knockout", 3.0)]
+    return [Step("attribution", 4.0, required=True), Step("routes", 1.0), exact, Step("knockout", 3.0)]
 
 
 def test_the_budget_drops_the_most_expensive_first_and_replaces_exact_patching():
-    plan = fit(steps(), 10.0)  # 28 s planned: exact patching (20 s) goes, AtP's estimate (2 s) comes
-    assert plan.dropped == ["patching"] and plan.seconds == pytest.approx(10.0)
+    plan = fit(steps(), 10.0)  # 28 s planned: exact patching (20 s) goes, AtP's estimate (2 s) comes;
+    # the knockout runs in exact patching's sweep: it goes with it
+    assert plan.dropped == ["patching", "knockout"] and plan.seconds == pytest.approx(7.0)
     assert [(step.name, step.status) for step in plan.steps][2:4] == [
         ("patching", "replaced"),
         ("patching estimate", "planned"),
     ]
-    plan = fit(steps(), 9.0)  # then the attribution (4 s), the most expensive left
-    assert plan.dropped == ["patching", "attribution"] and plan.seconds == pytest.approx(6.0)
-    assert "budget 9 s" in plan.steps[0].reason and "DROPPED" in "\n".join(plan.lines())
-    plan = fit(steps(), 0.5)  # everything goes, the estimate included
-    assert plan.dropped == ["patching", "attribution", "knockout", "patching estimate", "routes"]
+    plan = fit(steps(), 9.0)  # the same: the attribution (4 s) is required, whatever the budget
+    assert plan.dropped == ["patching", "knockout"] and plan.seconds == pytest.approx(7.0)
+    assert "budget 9 s" in plan.steps[2].reason and "DROPPED" in "\n".join(plan.lines())
+    plan = fit(steps(), 0.5)  # everything goes but the attribution, the estimate included
+    assert plan.dropped == ["patching", "knockout", "patching estimate", "routes"]
+    assert plan.runs("attribution") and "over the budget" in plan.lines()[-1]
     assert {step.status for step in fit(steps(), None).steps} == {"planned"}
 
 
@@ -123,11 +125,10 @@ def test_a_tight_budget_names_each_drop(tmp_path, capsys, monkeypatch):
     assert why["plan"]["dropped"] and why["plan"]["budget"] == 0.05
     assert "dropped for the budget: " + ", ".join(why["plan"]["dropped"]) in captured.out
     assert captured.err.count("DROPPED") + captured.err.count("REPLACED") == len(why["plan"]["dropped"])
-    estimated = {step["evidence"]: step["estimated_seconds"] for step in why["plan"]["steps"]}
-    kept = [step for step in why["plan"]["steps"] if step["status"] == "planned"]
-    dropped = [step for step in why["plan"]["steps"] if step["status"] != "planned"]
-    assert max(step["estimated_seconds"] for step in dropped) >= max(step["estimated_seconds"] for step in kept)
-    assert sum(step["estimated_seconds"] for step in kept) <= 0.05 + 1e-9 or not kept, estimated
+    statuses = {step["evidence"]: step["status"] for step in why["plan"]["steps"]}
+    assert statuses.pop("attribution") == "planned"  # always kept: it names the answer and the noised word
+    assert set(statuses.values()) <= {"dropped", "replaced"} and why["evidence"]["routes"] is None
+    assert why["evidence"]["patching"] is None and "over the budget" in captured.err
 
 
 def test_a_classifier_gets_its_evidence_words_and_value_aware_rollout(tmp_path, monkeypatch, tiny_classifier_path):
@@ -151,3 +152,23 @@ def test_no_template_states_a_number_of_its_own():
     for name, template in wording.T.items():
         assert numbers_of(template) == [], name
     assert numbers_of(wording.quoted("Ġ1990")) == ["1990"]  # a token's digits come from shown texts only
+
+
+def test_over_the_budget_exact_patching_becomes_atps_estimate_and_the_reading_says_so(tiny_loaded, monkeypatch):
+    import attnflow
+    from attnflow.serve import costs
+
+    rates = costs.Rates(pass_s=0.01, token_s=0.001)
+    monkeypatch.setattr(costs, "calibrate", lambda _model: rates)
+    model = tiny_loaded("llama")
+    first = attnflow.why(model, TEXTS[0])
+    planned = {step.name: step.seconds for step in first.plan.steps}
+    estimate = rates.seconds(estimate_work(len(first.tokens), 3))
+    assert estimate < planned["patching"]
+    budget = sum(planned.values()) - planned["patching"] - planned["knockout"] + estimate + 1e-6
+    found = attnflow.why(model, TEXTS[0], budget=budget)
+    assert found.plan.dropped == ["patching", "knockout"] and found.plan.runs("patching estimate")
+    assert list(found.patching.effects) == ["atp"] and found.knockout_effect() is None
+    reading = found.summary()
+    assert "an estimate by AtP" in reading and ("AtP estimates (an estimate, not exact patching)" in reading)
+    check_reading(found.to_dict())

@@ -55,8 +55,8 @@ def recomputed(files: dict) -> dict:
     keep = ~np.asarray(files["auto"]["special_mask"], dtype=bool)
     residual = np.asarray(files["patch"]["effects"]["exact"]["residual"], dtype=float)
     scores = {
-        "attribution": np.asarray(files["auto"]["scores"]),
-        "leave-one-out": np.asarray(files["loo"]["scores"]),
+        "attribution": _magnitude(files["auto"]),
+        "leave-one-out": _magnitude(files["loo"]),
         "routes": np.asarray(files["routes"]["importance_full"]["inputs"][0]),
         "patching": residual[:-1].max(axis=0),
     }
@@ -71,6 +71,11 @@ def recomputed(files: dict) -> dict:
             top_b = set(np.argsort(-b, kind="stable")[:k].tolist())
             pairs[(first, second)] = (rho, len(top_a & top_b) / k, k)
     return {"pairs": pairs, "layers": _layers(files["routes"], residual)}
+
+
+def _magnitude(explanation: dict) -> np.ndarray:
+    scores = np.asarray(explanation["scores"], dtype=float)
+    return np.abs(scores) if explanation["signed"] else scores
 
 
 def _layers(routes: dict, residual: np.ndarray) -> dict:

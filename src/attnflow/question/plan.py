@@ -37,13 +37,16 @@ WHAT = {
 class Step:
     """One piece of evidence: its ``name``, estimated ``seconds`` (None: no estimate for this model),
     its ``status`` (``"planned"``, ``"dropped"``: over the budget, ``"replaced"``: over the budget
-    and replaced by ``fallback``) and ``reason`` (why dropped)."""
+    and replaced by ``fallback``) and ``reason`` (why dropped). A ``required`` step is never
+    dropped: the attribution, which names the answer and chooses the word a built counterfactual
+    noises."""
 
     name: str
     seconds: float | None
     status: str = "planned"
     reason: str = ""
     fallback: Step | None = None
+    required: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,8 @@ class Plan:
             mark = "" if step.status == "planned" else f" — {step.status.upper()}: {step.reason}"
             lines.append(f"  {step.name:<20} {estimate:>12}  {WHAT[step.name]}{mark}")
         lines.append(f"  estimated total: ~{self.seconds:.1f} s (the model's loading not counted)")
+        if self.budget is not None and self.seconds > self.budget:
+            lines.append("  over the budget: the attribution is always kept (it names the answer and the noised word)")
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +113,7 @@ def fit(steps: Sequence[Step], budget: float | None) -> Plan:
     if budget is None:
         return plan
     while plan.seconds > budget:
-        planned = [step for step in plan.steps if step.status == "planned" and step.seconds]
+        planned = [step for step in plan.steps if step.status == "planned" and step.seconds and not step.required]
         if not planned:
             break
         costliest = max(planned, key=lambda step: step.seconds or 0.0)
@@ -120,6 +125,11 @@ def fit(steps: Sequence[Step], budget: float | None) -> Plan:
         else:
             costliest.status, costliest.reason = "dropped", over
         plan.dropped.append(costliest.name)
+        if costliest.name == PATCHING:  # the knockout runs in exact patching's sweep: it goes with it
+            for step in plan.steps:
+                if step.name == KNOCKOUT and step.status == "planned":
+                    step.status, step.reason = "dropped", "it runs in exact patching's sweep, which the budget left out"
+                    plan.dropped.append(KNOCKOUT)
     return plan
 
 

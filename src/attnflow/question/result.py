@@ -3,7 +3,8 @@ agreement and the reading — and how it saves itself (``why.json``, ``why.html`
 
 The scores compared (``[token]``, each as its own command writes it):
 
-- ``attribution``: auto's map (explanation.json ``scores``); ``leave-one-out``: leave-one-out's;
+- ``attribution``: auto's map (explanation.json ``scores``; a signed map's |scores|: a token
+  against the answer matters as much as one for it); ``leave-one-out``: leave-one-out's, the same;
 - ``routes``: each input token's importance with every edge kept (routes.json
   ``importance_full.inputs[0]``: the route at threshold 0, so no token is cut to 0 by the threshold);
 - ``patching``: each position's largest effect over the residual rows (patch.json
@@ -33,7 +34,8 @@ from attnflow.question.plan import Plan
 
 JSON_FILE = "why.json"
 HTML_FILE = "why.html"
-OUTPUT_FILES = (JSON_FILE, HTML_FILE)
+PNG_FILE = "why.png"
+OUTPUT_FILES = (JSON_FILE, HTML_FILE, PNG_FILE)
 # The page is built by `attnflow.viz.why` from why.json's content; the package root fills this
 # table, loading it on first use (this module imports no view).
 _VIEWS: dict[str, Callable[..., Any]] = {}
@@ -78,9 +80,10 @@ class Why:
         from attnflow.flow_routes.result import DIGITS
 
         scores: dict[str, np.ndarray] = {}
-        if self.attribution:
-            scores["attribution"] = self.attribution[0].scores
-            scores["leave-one-out"] = self.attribution[-1].scores
+        if self.attribution:  # a signed map's tokens matter by their size, for or against the answer
+            auto, loo = self.attribution[0], self.attribution[-1]
+            scores["attribution"] = np.abs(auto.scores) if auto.signed else auto.scores
+            scores["leave-one-out"] = np.abs(loo.scores) if loo.signed else loo.scores
         if self.value_rollout is not None:
             scores["value-aware rollout"] = np.asarray(self.value_rollout)
         if self.routes is not None:
@@ -162,7 +165,7 @@ class Why:
         return "\n\n".join(f"{entry['question']}\n{entry['text']}" for entry in self.paragraphs)
 
     def save(self, directory: str | Path, overwrite: bool = False) -> Path:
-        """Write ``why.json`` and ``why.html`` together, atomically; earlier ones are replaced only
+        """Write ``why.json``, ``why.html`` and ``why.png`` together, atomically; earlier ones are replaced only
         with ``overwrite=True``. Returns the page's path."""
         from attnflow.staging import staged_output
 
@@ -171,6 +174,7 @@ class Why:
         with staged_output(directory, is_why_file, overwrite) as scratch:
             (scratch / JSON_FILE).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
             (scratch / HTML_FILE).write_text(_VIEWS["html"](data), encoding="utf-8")
+            (scratch / PNG_FILE).write_bytes(_VIEWS["png"](data))
         return directory / HTML_FILE
 
     def _repr_html_(self) -> str:

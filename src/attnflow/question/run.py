@@ -54,28 +54,26 @@ def why(
     for line in plan.lines():
         say(line)
     found = Why(model=model.name, text=text, tokens=checked["tokens"], plan=plan)
-    clock = time.perf_counter()
-    say(f"{planning.ATTRIBUTION} …")
-    found.attribution = _attribution(model, text, wanted)
-    found.seconds[planning.ATTRIBUTION] = time.perf_counter() - clock
+    found.attribution = _timed(found, planning.ATTRIBUTION, say, lambda: _attribution(model, text, wanted))
     if plan.runs(planning.VALUE_ROLLOUT):
-        clock = _lap(found, planning.VALUE_ROLLOUT, say)
-        found.value_rollout = model.explain(text, method="norm_rollout").scores
-        found.seconds[planning.VALUE_ROLLOUT] = time.perf_counter() - clock
+        rollout = _timed(found, planning.VALUE_ROLLOUT, say, lambda: model.explain(text, method="norm_rollout"))
+        found.value_rollout = rollout.scores
     if plan.runs(planning.ROUTES):
-        clock = _lap(found, planning.ROUTES, say)
         from attnflow.flow_routes.api import routes
 
-        found.routes = routes(model, text, target=wanted)
-        found.seconds[planning.ROUTES] = time.perf_counter() - clock
+        found.routes = _timed(found, planning.ROUTES, say, lambda: routes(model, text, target=wanted))
     _patching(model, found, wanted, corrupt, samples, say)
     found.finish()
     return found
 
 
-def _lap(found: Why, name: str, say: Callable[[str], None]) -> float:  # noqa: ARG001 - one call per step
+def _timed(found: Why, name: str, say: Callable[[str], None], step: Callable[[], Any]) -> Any:
+    """``step()``, announced by ``say`` and timed into ``found.seconds[name]``."""
     say(f"{name} …")
-    return time.perf_counter()
+    began = time.perf_counter()
+    result = step()
+    found.seconds[name] = time.perf_counter() - began
+    return result
 
 
 def _check(model: ModelLike, text: str, wanted: Target, corrupt: str | None, samples: int) -> dict[str, Any]:
@@ -114,7 +112,8 @@ def _steps(
         return None if rates is None else sum(rates.seconds(work) for work in works)
 
     methods = plan_methods(model, ["auto", "leave_one_out"], {}, wanted).per_method
-    steps = [planning.Step(planning.ATTRIBUTION, seconds(explain_parts(methods, n, shape, True)))]
+    attribution = seconds(explain_parts(methods, n, shape, True))
+    steps = [planning.Step(planning.ATTRIBUTION, attribution, required=True)]
     causal = model.target_kind == "next_token"
     if not causal and "norm_rollout" in methods_for(model.adapter):
         steps.append(
@@ -176,10 +175,12 @@ def _patching(
     if plan.runs(planning.KNOCKOUT) and method == "exact" and edge is not None:
         sites.append("knockout")
         knockout = {"knockout_target": int(edge.target[2]), "knockout_sources": [int(edge.source[2])]}
-    clock = _lap(found, planning.PATCHING if method == "exact" else planning.ESTIMATE, say)
-    found.patching = patch(
-        model, found.text, corrupt, noise=noise, target=wanted, sites=sites, methods=(method,),
-        samples=samples, seed=SEED, progress=False, **knockout,
+    name = planning.PATCHING if method == "exact" else planning.ESTIMATE
+    found.patching = _timed(
+        found, name, say,
+        lambda: patch(
+            model, found.text, corrupt, noise=noise, target=wanted, sites=sites, methods=(method,),
+            samples=samples, seed=SEED, progress=False, **knockout,
+        ),
     )  # fmt: skip
-    found.seconds["patching" if method == "exact" else "patching estimate"] = time.perf_counter() - clock
     found.noise = noise

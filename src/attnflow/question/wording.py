@@ -22,6 +22,8 @@ T = {
     "contrast": " Asked why {answer} rather than {contrast}: its score (logit) is higher by {difference}.",
     "words": "The attribution ({method}, chosen as the most faithful on this input) says the words that weigh "
     "most for {answer} are {top_words}.",
+    "words_untested": "The attribution ({method}, auto's first candidate: no candidate could be tested on this "
+    "input) says the words that weigh most for {answer} are {top_words}.",
     "unmeasured": " Its faithfulness could not be measured on this input, so it is unchecked.",
     "clear": " Deleting its top words first hurts the answer more than deleting words at random "
     "({comprehensiveness} against {comprehensiveness_random})",
@@ -147,8 +149,8 @@ def _words(found: Any, shown: _Shown) -> str:
     explanation = found.attribution[0]
     shown("method", explanation.method)
     shown("top_words", _listed(found.tokens, _top_words(explanation.scores, _keep(found))))
-    text = shown.fill("words")
     faithful = explanation.faithfulness
+    text = shown.fill("words" if faithful is not None else "words_untested")
     if faithful is None:
         text += shown.fill("unmeasured")
     else:

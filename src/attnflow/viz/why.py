@@ -230,3 +230,28 @@ def _plan(data: dict[str, Any]) -> str:
         '<table class="plan"><thead><tr><th>evidence</th><th>what</th><th>estimated s</th><th>took s</th>'
         f"<th>status</th></tr></thead><tbody>{rows}</tbody></table>"
     )
+
+
+def why_png(data: dict[str, Any]) -> bytes:
+    """``why.png``: each kind of evidence's token scores side by side (each scaled by its largest
+    |score|, so their rankings compare), the reading's answer in the title."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from attnflow.viz.page import figure_png
+
+    tokens, scores = data["shown_tokens"], data["token_scores"]
+    figure = Figure(figsize=(max(6.0, 0.55 * len(tokens) + 2), 3.6))
+    axes = figure.add_subplot(1, 1, 1)
+    width = 0.8 / max(1, len(scores))
+    for index, (name, values) in enumerate(scores.items()):
+        array = np.nan_to_num(np.asarray(values, dtype=np.float64))
+        largest = np.abs(array).max()
+        axes.bar(np.arange(len(tokens)) + index * width, array / largest if largest > 0 else array, width, label=name)
+    axes.set_xticks(np.arange(len(tokens)) + 0.4 - width / 2, tokens, rotation=60, ha="right", fontsize=8)
+    axes.axhline(0, color="#888", linewidth=0.6)
+    axes.set_ylabel("score / its largest |score|")
+    answer = data["shown"].get("answer", {}).get("text", "")
+    axes.set_title(f"{data['model']}: {data['text']} → {answer}", fontsize=9)
+    axes.legend(fontsize=7, ncol=len(scores), loc="upper left")
+    return figure_png(figure, dpi=130)
