@@ -49,6 +49,7 @@ class Step:
     required: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """The step as why.json's ``plan.steps`` holds it."""
         return {
             "evidence": self.name,
             "what": WHAT[self.name],
@@ -88,6 +89,7 @@ class Plan:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
+        """why.json's ``plan``: the budget, each step, what was dropped, the estimated total."""
         return {
             "budget": self.budget,
             "steps": [step.to_dict() for step in self.steps],

@@ -158,6 +158,7 @@ class Why:
         return why_dict(self)
 
     def to_json(self) -> str:
+        """``why.json`` as a string."""
         return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False)
 
     def summary(self) -> str:
@@ -178,7 +179,9 @@ class Why:
         return directory / HTML_FILE
 
     def _repr_html_(self) -> str:
+        """In a notebook: the page."""
         return _VIEWS["html"](self.to_dict())
 
     def __repr__(self) -> str:
+        """One line: the model, the text, the evidence that ran."""
         return f"Why(model={self.model!r}, text={self.text!r}, evidence={list(self.token_scores())})"

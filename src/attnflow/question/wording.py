@@ -66,13 +66,16 @@ class _Shown:
         self.entries: dict[str, dict[str, Any]] = {}
 
     def __call__(self, name: str, text: str, value: Any = None) -> str:
+        """Store ``text`` (and the ``value`` it displays) as ``name``; return the text."""
         self.entries[name] = {"text": text, "value": value}
         return text
 
     def number(self, name: str, value: float, digits: int = 2) -> str:
+        """``value`` shown with ``digits`` decimals."""
         return self(name, f"{value:.{digits}f}", float(value))
 
     def integer(self, name: str, value: int) -> str:
+        """``value`` shown as a whole number."""
         return self(name, str(int(value)), int(value))
 
     def fill(self, template: str, **more: str) -> str:
