@@ -172,3 +172,21 @@ def test_over_the_budget_exact_patching_becomes_atps_estimate_and_the_reading_sa
     reading = found.summary()
     assert "an estimate by AtP" in reading and ("AtP estimates (an estimate, not exact patching)" in reading)
     check_reading(found.to_dict())
+
+
+def test_the_built_counterfactual_noises_the_whole_word_of_the_top_token_before_the_predicting_one():
+    from types import SimpleNamespace
+
+    from attnflow.explanation import Explanation
+    from attnflow.question.plan import Plan
+    from attnflow.question.result import Why
+    from attnflow.question.run import noise_word
+
+    text = "The Eiffel Tower is in"
+    tokens = ["The", " E", "iffel", " Tower", " is", " in"]
+    offsets = [[0, 3], [3, 5], [5, 10], [10, 16], [16, 19], [19, 22]]
+    scores = [0.1, 0.2, 0.5, 0.3, 0.0, 0.9]  # the predicting token (" in") first: left out
+    found = Why(model="m", text=text, tokens=tokens, plan=Plan([]))
+    found.attribution = [Explanation(tokens, None, scores, "gim", {}, None, offsets=offsets)]
+    assert noise_word(found, SimpleNamespace(target_kind="next_token")) == "Eiffel"
+    assert noise_word(found, SimpleNamespace(target_kind="class")) == "in"  # a classifier reads every token

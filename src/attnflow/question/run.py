@@ -144,14 +144,21 @@ def _attribution(model: ModelLike, text: str, wanted: Target) -> list[Any]:
 
 
 def noise_word(found: Why, model: ModelLike) -> str:
-    """The counterfactual built when none is given: the most attributed token's word (by auto's
+    """The counterfactual built when none is given: the word of the most attributed token (by auto's
     map; a causal LM's predicting position left out, as noise there would change the question),
-    as the text spells it."""
+    the whole word as the text spells it."""
     explanation = found.attribution[0]
     last = len(found.tokens) - 1 if model.target_kind == "next_token" else None
+    text = found.text
     for index, _token, _score in explanation.top(len(found.tokens)):
         begin, end = (int(x) for x in explanation.offsets[index]) if explanation.offsets is not None else (0, 0)
-        word = found.text[begin:end].strip()
+        while begin < end and text[begin].isspace():  # a token's own leading space (' in')
+            begin += 1
+        while begin > 0 and text[begin - 1].isalnum() and end > begin:  # the whole word ('Eiffel', not 'iffel')
+            begin -= 1
+        while end < len(text) and text[end].isalnum() and end > begin:
+            end += 1
+        word = text[begin:end].strip()
         if index != last and word:
             return word
     raise InputError("no word of the text can carry the noise of the counterfactual: give --corrupt TEXT")

@@ -43,6 +43,8 @@ T = {
     "move": " The route's strongest move of information into {at} is at layer {route_layer}, from {route_source}, "
     "mostly through head {head}.",
     "knockout": " Blocking that attention edge there costs {knockout_percent} % of what the counterfactual costs.",
+    "knockout_gain": " Blocking that attention edge there costs nothing: the answer even gains "
+    "{knockout_gain_percent} % of what the counterfactual costs.",
     "same": " These {count} readings name the same layer.",
     "apart": " They do not name the same layer ({said}): up to {layer_spread} layers apart, so the answer forms "
     "over several layers, or one reading is off.",
@@ -221,9 +223,12 @@ def _layers(found: Any, shown: _Shown) -> str:
         shown("route_source", quoted(found.tokens[edge.source[2]]))
         text += shown.fill("move")
         effect = found.knockout_effect()
-        if effect is not None:
+        if effect is not None and round(100 * effect) >= 0:
             shown.number("knockout_percent", 100 * effect, 0)
             text += shown.fill("knockout")
+        elif effect is not None:
+            shown.number("knockout_gain_percent", -100 * effect, 0)
+            text += shown.fill("knockout_gain")
     return text + _layer_verdict(found.agreement["layers"], shown)
 
 
