@@ -33,7 +33,7 @@ What runs (the plan is printed first, with each piece's estimated seconds):
 The agreement between the kinds of evidence (which tokens: Spearman and top-3 overlap; which layer:
 the lens, patching's handover, the route's strongest move) is measured and shown, disagreement as
 such. The reading is filled in from the numbers; every number it states is in why.json ("shown").
-Writes DIR/why.json and DIR/why.html (offline; click a token for its evidence).
+Writes DIR/why.json, DIR/why.html (offline; click a token for its evidence) and DIR/why.png.
 """
 
 
