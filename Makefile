@@ -92,6 +92,7 @@ bench: setup
 	$(PY) benchmarks/bench_relevance.py
 	$(PY) benchmarks/bench_relevance_memory.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_routes.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_why.py
 
 clean:
 	rm -rf $(VENV) out build dist

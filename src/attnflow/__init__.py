@@ -135,6 +135,20 @@ def _connect_page_views() -> None:
         return report_html(summary)
 
     routes_result._VIEWS.update(html=routes_page, png=routes_figure, data_html=routes_data_page)
+
+    from attnflow.question import result as why_result
+
+    def why_page(data):
+        from attnflow.viz.why import why_html
+
+        return why_html(data)
+
+    def why_figure(data):
+        from attnflow.viz.why import why_png
+
+        return why_png(data)
+
+    why_result._VIEWS.update(html=why_page, png=why_figure)
     _connect_notebook_views()
     comparison._VIEWS.update(html=comparison_page, fragment=comparison_fragment)
     exploration._VIEWS.update(html=explorer_page, fragment=explorer_fragment)
@@ -176,6 +190,8 @@ _LAZY = {
     "PatchResult": "attnflow.causal",
     "Routes": "attnflow.flow_routes.result",
     "routes": "attnflow.flow_routes.api",
+    "why": "attnflow.question.run",
+    "Why": "attnflow.question.result",
     "GenerationExplanation": "attnflow.generation",
     "explain_generation": "attnflow.generation",
     "GenerationExploration": "attnflow.generation_exploration",
@@ -196,6 +212,7 @@ __all__ = [
     "PatchResult",
     "Routes",
     "Trace",
+    "Why",
     "alti",
     "attention_flow",
     "audit",
@@ -221,4 +238,5 @@ __all__ = [
     "routes",
     "saliency_row",
     "to_patch_grid",
+    "why",
 ]

@@ -7,21 +7,16 @@ no console error, no request beyond the file, no token ever run as markup. Scree
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 import attnflow
+from browser_pages import ARTIFACTS, needs_chromium, offline_page
 
 pytestmark = pytest.mark.browser
 playwright_api = pytest.importorskip(
     "playwright.sync_api", reason="Playwright is not installed (pip install -e .[test])"
 )
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (run `make browser`)")
-ARTIFACTS = Path(os.environ.get("ATTNFLOW_ARTIFACTS", Path(__file__).resolve().parents[2] / "out" / "test-artifacts"))
 HOSTILE = "the <img src=x onerror=alert(1)> cat sat"
 
 
@@ -37,20 +32,9 @@ def saved(tiny_loaded, tmp_path_factory):
 @pytest.fixture(scope="module")
 def page(saved):
     """The page, offline, recording console errors, page errors, dialogs and every request."""
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        tab = browser.new_page(viewport={"width": 1400, "height": 1000}, offline=True)
-        seen = {"errors": [], "requests": [], "dialogs": []}
-        tab.on("console", lambda message: seen["errors"].append(message.text) if message.type == "error" else None)
-        tab.on("pageerror", lambda error: seen["errors"].append(str(error)))
-        tab.on("request", lambda request: seen["requests"].append(request.url))
-        tab.on("dialog", lambda dialog: (seen["dialogs"].append(dialog.message), dialog.dismiss()))
-        tab.goto((saved[0] / "routes.html").resolve().as_uri())
+    with offline_page(saved[0] / "routes.html", playwright_api) as (tab, seen):
         tab.wait_for_selector("body[data-ready='1']", timeout=60_000)
         yield tab, seen
-        browser.close()
-        assert seen["errors"] == [] and seen["dialogs"] == [], seen
-        assert len(seen["requests"]) == 1 and seen["requests"][0].startswith("file:"), seen["requests"]
 
 
 def drawn(tab) -> int:

@@ -431,6 +431,12 @@ def _corruption(
     if corrupt is None:
         words = _words(noise)
         return _Corruption(clean_ids, samples, noise_on_words(model, clean, words, samples, seed), words)
+    return _Corruption(counterfactual_ids(model, clean_ids, corrupt), 1, None, [])
+
+
+def counterfactual_ids(model: ModelLike, clean_ids: Any, corrupt: str) -> Any:
+    """``[1, token]`` ids of the counterfactual text, refused (one line) unless it has the clean
+    text's token length."""
     corrupt_ids = _token_ids(model, corrupt, "corrupt")
     if corrupt_ids.shape != clean_ids.shape:
         raise InputError(
@@ -439,7 +445,7 @@ def _corruption(
             "corrupt the clean text with noise on some of its words ({noise})",
             parameter=("corrupt", "noise"),
         )
-    return _Corruption(corrupt_ids, 1, None, [])
+    return corrupt_ids
 
 
 def _position(position: int | None, n_tokens: int, name: str) -> int | None:

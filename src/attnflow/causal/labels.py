@@ -20,6 +20,16 @@ def strongest_sites(kind: str, values: np.ndarray, k: int) -> list[tuple[int, in
     return [(int(row), int(column)) for row, column in zip(*np.unravel_index(order, shown.shape), strict=True)]
 
 
+def handover_row(residual: np.ndarray, position: int, share: float = 0.5) -> int | None:
+    """The first row of a residual sweep ``[n_layers + 1, token]`` (row 0: the stream entering
+    layer 0; row l + 1: leaving layer l) whose stream at ``position`` restores at least ``share`` of
+    the answer on its own: where the answer has reached the position that reads it. None when no
+    row before the last does (the last row restores it by definition: `FINAL_ROW_NOTE`)."""
+    column = np.nan_to_num(np.asarray(residual, dtype=np.float64)[:-1, position], nan=-np.inf)
+    reached = np.flatnonzero(column >= share)
+    return int(reached[0]) if reached.size else None
+
+
 def layer_label(kind: str, row: int) -> str:
     """How every output names the layer of a site (one convention for the console, the pages and
     ``--versus``): ``Ln`` is layer n (from 0); a row of the residual stream (a kind whose rows are

@@ -17,11 +17,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, routes, serve
+from attnflow.cli import audit, compare, corpus, evaluate, explain, explore, models, patch, routes, serve, why
 from attnflow.cli.common import spelling
 from attnflow.errors import AttnflowError, once_per_run, spell
 
-SUBCOMMANDS = (explain, explore, compare, models, corpus, evaluate, audit, patch, routes, serve)
+SUBCOMMANDS = (why, explain, explore, compare, models, corpus, evaluate, audit, patch, routes, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -99,7 +99,7 @@ def routes(
     clock = _Clock()
     threshold = check_threshold(threshold)
     _check_options(model, norm, lens, top_k, components)
-    input_ids, tokens = _tokenise(model, text)
+    input_ids, tokens = tokenise(model, text)
     position = _position(position, len(tokens))
     weights = read_weights(model)
     the_lens = _lens(model, weights, wanted)
@@ -168,7 +168,7 @@ def prediction_importance(
     corruption changed it (docs/causal.md, "Routes with the counterfactual")."""
     threshold = check_threshold(threshold)
     _check_options(model, norm, "none", 1, 1)
-    input_ids, tokens = _tokenise(model, text)
+    input_ids, tokens = tokenise(model, text)
     recording = record(model, input_ids)
     graph, _, _ = _build(recording, read_weights(model), len(tokens) - 1, norm, _Fields(), None)
     importance = compose(graph, _top(recording.inputs[-1], row, norm), threshold).inputs  # [L + 1, T]
@@ -223,7 +223,7 @@ def route_importance(
     edges, reach, lens and descriptions: what `attnflow routes --data` adds up over a dataset."""
     threshold = check_threshold(threshold)
     _check_options(model, norm, "none", 1, 1)
-    input_ids, tokens = _tokenise(model, text)
+    input_ids, tokens = tokenise(model, text)
     recording = record(model, input_ids)
     position = len(tokens) - 1
     weights = read_weights(model)
@@ -274,7 +274,7 @@ def _check_options(model: ModelLike, norm: Any, lens: Any, top_k: Any, component
             raise InputError(f"{{{name}}} must be an integer >= 1, got {value!r}", parameter=name)
 
 
-def _tokenise(model: ModelLike, text: Any) -> tuple[torch.Tensor, list[str]]:
+def tokenise(model: ModelLike, text: Any) -> tuple[torch.Tensor, list[str]]:
     """``input_ids [1, T]`` and the token strings; an empty text or one over the model's context
     is refused (no truncation: a route over a cut text would explain another text)."""
     from attnflow.capture.texts import check_texts

@@ -288,14 +288,20 @@ class Routes:
             return []
         tops = ", ".join(f"{token['token']!r} {token['probability']:.3f}" for token in readout["top"][:count])
         lines = [f"lens at the top node: {tops}"]
+        first = self.first_top_stream()
+        if first is not None and self.target is not None:
+            lines.append(f"the target {self.target['token']!r} is the lens's top token {self._from_stream(first)}")
+        return lines
+
+    def first_top_stream(self) -> int | None:
+        """The first stream down the top position (0: entering layer 0, l + 1: leaving layer l) from
+        which on the logit lens's top token is the target in every stream up to the top, or None
+        (no lens there, or the target is not the top token even at the top)."""
         ranks = [
             self.lens.get(("in", layer, self.position), {}).get("target", {}).get("rank")
             for layer in range(self.n_layers + 1)
         ]
-        first = next((layer for layer in range(len(ranks)) if all(rank == 0 for rank in ranks[layer:])), None)
-        if first is not None and self.target is not None:
-            lines.append(f"the target {self.target['token']!r} is the lens's top token {self._from_stream(first)}")
-        return lines
+        return next((layer for layer in range(len(ranks)) if all(rank == 0 for rank in ranks[layer:])), None)
 
     def _from_stream(self, first: int) -> str:
         """Where the lens's top token stays the target, from the stream entering layer ``first`` on,
