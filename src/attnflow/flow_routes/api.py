@@ -182,7 +182,7 @@ def counterfactual_weights(model: ModelLike, recording: Recording, corrupt: str)
     ``recording`` the clean run's, x̃ the stream of ``corrupt`` (same token length) at the same
     node (0 where the stream is unchanged, as at every position before the first changed token
     of a decoder)."""
-    corrupt_ids, _ = _tokenise(model, corrupt)
+    corrupt_ids, _ = tokenise(model, corrupt)
     clean = recording.inputs.to(torch.float64)  # [L + 1, T, d]
     if corrupt_ids.shape[1] != clean.shape[1]:
         raise InputError(
