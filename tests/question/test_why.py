@@ -154,6 +154,13 @@ def test_no_template_states_a_number_of_its_own():
     assert numbers_of(wording.quoted("Ġ1990")) == ["1990"]  # a token's digits come from shown texts only
 
 
+def test_every_faithfulness_level_has_its_sentence():
+    from attnflow.explanation import LEVEL_NOTES
+    from attnflow.question import wording
+
+    assert set(LEVEL_NOTES) <= set(wording.T)  # a level the badge can show is worded, not a KeyError
+
+
 def test_over_the_budget_exact_patching_becomes_atps_estimate_and_the_reading_says_so(tiny_loaded, monkeypatch):
     import attnflow
     from attnflow.serve import costs

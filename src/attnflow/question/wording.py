@@ -31,6 +31,9 @@ T = {
     "({comprehensiveness} against {comprehensiveness_random}), so this is a weak hint",
     "weak": " But deleting its top words first hurts the answer no more than random deletions "
     "({comprehensiveness} against {comprehensiveness_random}): on this input the ranking is no better than chance",
+    "indistinct": " But on an input this short deleting almost any word hurts the answer about as much "
+    "({comprehensiveness} against {comprehensiveness_random} for random deletions), so deletion can neither "
+    "confirm nor refute this ranking here",
     "loo": "; leave-one-out, which deletes one word at a time, scores {comprehensiveness_loo}.",
     "agree": "{who} ranks the words much the same way ({rho_and_shared}).",
     "partly": "{who} ranks the words only partly the same way ({rho_and_shared}).",
