@@ -1,10 +1,13 @@
-"""Attention knockout where the model's attention mask is a padding mask broadcast over the queries
-(``[batch, 1, 1, key]``: GPT-1 applies its causal mask from a buffer of its own). The oracle is the
-softmax itself: blocking key 0 of the last query zeroes that weight and divides the query's other
-weights by 1 − its old weight; every other query is untouched."""
+"""Attention knockout where the model's attention mask is not the usual additive ``[batch, 1, query,
+key]`` one: a padding mask broadcast over the queries (``[batch, 1, 1, key]``: GPT-1 applies its
+causal mask from a buffer of its own), or a boolean mask whose True means "masked" (MPT's, filled
+with the dtype's minimum by ``masked_fill``). The oracle is the softmax itself: blocking key 0 of the
+last query zeroes that weight and divides the query's other weights by 1 − its old weight; every
+other query is untouched."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attnflow
@@ -16,18 +19,17 @@ from attnflow.rows.site_kinds import SITE_KIND_ROWS, Write
 from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
 
 
-def test_knockout_spreads_a_padding_mask_over_the_queries():
+@pytest.mark.parametrize("model_type", ["openai-gpt", "mpt"])
+def test_knockout_blocks_one_edge_whatever_the_mask_form(model_type):
     torch.manual_seed(0)
-    hf_model = model_class("openai-gpt", "causal-lm")._from_config(
-        tiny_config("openai-gpt"), attn_implementation="eager"
-    )
+    hf_model = model_class(model_type, "causal-lm")._from_config(tiny_config(model_type), attn_implementation="eager")
     randomise_constants(hf_model)
     hf_model.eval()
     row = verified_row(hf_model, "decoder")
     assert not row.unverified and {"sites", "streams"} <= row.provides
     assert check_adapter(row, hf_model, strict=False).outcome("knockout") == "pass"
 
-    model = attnflow.AttentionModel(hf_model, tiny_tokenizer(), name="tiny gpt-1", adapter=row)
+    model = attnflow.AttentionModel(hf_model, tiny_tokenizer(), name=f"tiny {model_type}", adapter=row)
     ids = model.tokenizer("the movie was great but the acting", return_tensors="pt")["input_ids"]
     last = ids.shape[1] - 1
     kind = SITE_KIND_ROWS["knockout"]
