@@ -493,8 +493,22 @@ def _has_sites(row: Adapter) -> bool:
 
 
 def _projection_adds(row: Adapter) -> bool:
-    """The attention site is the output projection's output (no norm after it)."""
-    return row.sites is not None and (row.values is None or row.values.output_norm is None)
+    """The attention site is the output projection's output (no norm after it): a row with values
+    says so by naming no ``output_norm``; a row without (inference found no value vectors, so the
+    norm after the projection has no `Values` to be named in) by an attention site that is the
+    projection or the module holding it. Where neither holds, nothing splits the attention site
+    into heads and the residual sum alone proves it."""
+    if row.sites is None:
+        return False
+    if row.values is not None:
+        return row.values.output_norm is None
+    return _holds(row.sites.attention, row.stack.output_projection)
+
+
+def _holds(outer: str, inner: str) -> bool:
+    """Whether the pattern ``inner`` names the module ``outer`` names or one inside it (``outer``
+    ending in ``$``, ``inner`` continuing it with an escaped dot)."""
+    return inner == outer or (outer.endswith("$") and inner.startswith(outer[:-1] + r"\."))
 
 
 def _pre_norm_sites(row: Adapter) -> bool:
