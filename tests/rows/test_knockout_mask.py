@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attnflow
+from attnflow.errors import InputError
 from attnflow.rows import check_adapter
 from attnflow.rows.adapters import find_layers
 from attnflow.rows.hook_points import HookPoint, hooks
@@ -47,3 +48,22 @@ def test_knockout_blocks_one_edge_whatever_the_mask_form(model_type):
     expected = before[:, last, 1:] / (1 - before[:, last, :1])
     torch.testing.assert_close(after[:, last, 1:], expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(after[:, :last], before[:, :last])
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["true-keeps", "true-masks"])
+def test_a_boolean_mask_gets_the_blocked_value_of_its_own_convention(masked):
+    """Hand-computed: a causal boolean mask ``[1, 1, 4, 4]`` in either convention (True kept, as
+    torch's scaled_dot_product_attention reads it; True masked, as MPT's ``masked_fill``) has only
+    the blocked edge (query 3, key 1) flipped to the convention's "masked" value; blocking the one
+    key query 0 reads is refused."""
+    kind = SITE_KIND_ROWS["knockout"]
+    visible = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]  # [batch, 1, query, key]
+    mask = ~visible if masked else visible
+    hidden = torch.zeros(1, 4, 8)  # [batch, token, d_model]
+    written = kind.write(mask, [Write(torch.tensor([0]), torch.tensor([1]), None, 3)], 2, hidden)
+    expected = mask.clone()
+    expected[0, 0, 3, 1] = masked
+    assert written.dtype == torch.bool and torch.equal(written, expected)
+    assert torch.equal(mask, ~visible if masked else visible)  # the model's own mask is untouched
+    with pytest.raises(InputError, match="no key to read"):
+        kind.write(mask, [Write(torch.tensor([0]), torch.tensor([0]), None, 0)], 2, hidden)
