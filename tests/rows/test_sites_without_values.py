@@ -1,11 +1,20 @@
-"""Sites of a block whose attention site is a norm after the output projection while inference finds
-no value vectors: AFMoE gates the heads by sigmoid(gate_proj(x)) before ``o_proj`` (so A·V alone is
+"""Sites inference proves from the residual stream in blocks that are not input + attention(norm(x)) +
+MLP(norm(…)) with the projection's output as the attention site.
+
+A block whose attention site is a norm after the output projection while inference finds no value
+vectors: AFMoE gates the heads by sigmoid(gate_proj(x)) before ``o_proj`` (so A·V alone is
 not the projection's input) and norms the projection's output (``post_attention_layernorm``) before
 the residual addition. The projection's output is not the attention site there, so the residual sum
-alone proves the sites (before, the row lost them and patching was refused). The oracle is the
-model's own forward: block output = block input + attention site + MLP site read with plain hooks,
-and restoring the clean attention site of the last layer at the last position in the corrupted run,
-by hand, gives the metric `attnflow.patch` reports for that site."""
+alone proves the sites (before, the row lost them and patching was refused).
+
+Gated blocks (`Sites.gated`): the block output is a per-channel affine combination of its input and
+the two sites, not their sum (Doge's learned residual scales, Ergo's residual gates, Beam's depth-
+scaled residual addition, MiniCPM3's branch multiplier): the sites are kept, the streams are not.
+
+The oracle is the model's own forward: block output = block input + attention site + MLP site read
+with plain hooks (gated: a least-squares fit per channel, c_0 + c_1 x + c_2 a + c_3 m, leaves
+nothing, and without the MLP site it does not), and restoring the clean attention site of the last
+layer at the last position in the corrupted run, by hand, gives the metric `attnflow.patch` reports for that site."""
 
 from __future__ import annotations
 
@@ -21,9 +30,24 @@ from attnflow.rows.tiny import build_tiny
 CLEAN, CORRUPT = "the cat sat on the mat", "the dog sat on the mat"  # equal token lengths
 
 
-@pytest.fixture(scope="module")
-def afmoe(tmp_path_factory):
-    return attnflow.load(str(build_tiny("afmoe", tmp_path_factory.mktemp("afmoe"))), device="cpu")
+CASES = {"afmoe": False, "doge": True, "ergo": True}  # model type: whether its block is gated
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def tiny(request, tmp_path_factory):
+    model_type = request.param
+    return attnflow.load(str(build_tiny(model_type, tmp_path_factory.mktemp(model_type))), device="cpu")
+
+
+def _per_channel_fit(out: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
+    """The largest residual of out ≈ c_0 + Σ c_k ⊙ terms[k], fitted per channel by least squares."""
+    width = out.shape[-1]
+    columns = [torch.ones(out.numel() // width, width, dtype=torch.float64)]
+    columns += [term.reshape(-1, width).double() for term in terms]
+    design = torch.stack(columns, dim=-1).transpose(0, 1)  # [channel, row, 1 + terms]
+    target = out.reshape(-1, width).double().transpose(0, 1).unsqueeze(-1)  # [channel, row, 1]
+    fitted = design @ torch.linalg.lstsq(design, target).solution
+    return (fitted - target).abs().max()
 
 
 def _outputs(model, ids: torch.Tensor, patterns: dict[str, str]) -> dict[str, list[torch.Tensor]]:
@@ -39,11 +63,14 @@ def _outputs(model, ids: torch.Tensor, patterns: dict[str, str]) -> dict[str, li
     return seen
 
 
-def test_the_sites_after_an_unproven_projection_are_kept_and_patch_like_the_model(afmoe):
-    row = afmoe.adapter
-    assert row.inferred and row.values is None  # the gated heads: no value vectors proven
-    assert "sites" in row.provides and row.streams is not None and not row.unverified
-    assert not row.stack.output_projection.startswith(row.sites.attention[:-1])  # the site is not o_proj's
+def test_the_proven_sites_are_kept_and_patch_like_the_model(tiny):
+    afmoe, row = tiny, tiny.adapter  # afmoe: any of CASES
+    gated = CASES[row.family]
+    assert row.inferred and "sites" in row.provides and not row.unverified
+    assert row.sites.gated == gated and (row.streams is None) == gated  # gated: nothing adds the sites up
+    if row.family == "afmoe":
+        assert row.values is None  # the gated heads: no value vectors proven
+        assert not row.stack.output_projection.startswith(row.sites.attention[:-1])  # the site is not o_proj's
     ids = afmoe.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     seen = _outputs(
         afmoe,
@@ -51,7 +78,13 @@ def test_the_sites_after_an_unproven_projection_are_kept_and_patch_like_the_mode
         {"in": row.sites.block, "out": row.sites.block, "attn": row.sites.attention, "mlp": row.sites.mlp},
     )
     for before, after, attention, mlp in zip(seen["in"], seen["out"], seen["attn"], seen["mlp"], strict=True):
-        torch.testing.assert_close(after, before + attention + mlp, rtol=1e-5, atol=1e-5)
+        if not gated:
+            torch.testing.assert_close(after, before + attention + mlp, rtol=1e-5, atol=1e-5)
+            continue
+        assert _per_channel_fit(after, [before, attention, mlp]) < 1e-5
+        assert _per_channel_fit(after, [before, attention]) > 1e-3  # the MLP site carries the branch
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(after, before + attention + mlp)  # and it is not the plain sum
 
     result = patch(afmoe, CLEAN, CORRUPT, sites="residual,attn", methods="exact", progress=False)
     last, layer = len(result.tokens) - 1, afmoe.n_layers - 1
