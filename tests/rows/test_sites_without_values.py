@@ -112,3 +112,18 @@ def test_the_proven_sites_are_kept_and_patch_like_the_model(tiny):
     assert result.corrupt_metric == pytest.approx(m_corrupt, abs=1e-5)
     expected = (m_patched - m_corrupt) / (m_clean - m_corrupt)
     assert result.effects["exact"]["attn"][layer, last] == pytest.approx(expected, abs=1e-4)
+
+
+def test_affine_failure_on_hand_made_streams():
+    """Hand-made [2, 7, 4] tensors: out = 1 + x + 2a − 3m per channel is an affine combination of all
+    three; a site that is the whole output needs neither the input nor the other site; a square is
+    not affine; too few rows determine nothing."""
+    from attnflow.rows.tracing import affine_failure
+
+    generator = torch.Generator().manual_seed(0)
+    x, a, m = (torch.randn(2, 7, 4, generator=generator) for _ in range(3))
+    scale = torch.tensor([1.0, 0.5, -2.0, 3.0])  # per channel
+    assert affine_failure(1 + x + 2 * a * scale - 3 * m, (x, a, m), 1e-4) is None
+    assert "not needed" in affine_failure(m, (x, a, m), 1e-4)
+    assert "largest difference" in affine_failure(x + a * a + m, (x, a, m), 1e-4)
+    assert "not determined" in affine_failure(x[:, :3] + a[:, :3], (x[:, :3], a[:, :3], m[:, :3]), 1e-4)

@@ -89,8 +89,9 @@ def trace(watched: Iterable[tuple[str, nn.Module]], run: Callable[[], Any]) -> t
 def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float = 1e-4) -> tuple[float, bool]:
     """How far ``out [..., d]`` is from c_0 + Σ_k c_k ⊙ terms[k] with per-channel constants c (one
     least-squares fit per channel over every row): (the largest residual relative to ``out``'s
-    largest magnitude, whether the fit is determined, every term carrying its own information:
-    with ``tolerance``, no term is itself such a combination of the others)."""
+    largest magnitude, whether the fit is determined: at least twice as many rows as constants per
+    channel, and every term carrying its own information (with ``tolerance``, no term is itself
+    such a combination of the others))."""
     width = out.shape[-1]
     rows = [term.reshape(-1, width).double() for term in terms]
     design = torch.stack([torch.ones_like(rows[0]), *rows], dim=-1).transpose(0, 1)  # [d, row, 1 + terms]
@@ -99,7 +100,7 @@ def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance:
     residual = float((design @ solution - target).abs().max())
     scale = max(float(target.abs().max()), 1.0)
     singular = torch.linalg.svdvals(design)  # [d, 1 + terms]
-    determined = bool((singular[:, -1] > tolerance * singular[:, 0]).all()) and design.shape[1] > design.shape[2]
+    determined = bool((singular[:, -1] > tolerance * singular[:, 0]).all()) and design.shape[1] >= 2 * design.shape[2]
     return residual / scale, determined
 
 
