@@ -104,10 +104,28 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
             return row
         if report.outcome("attention_weights") == "fail":
             raise InferenceError(f"{report.error()}; a row written by hand can say where they are ({EXTENDING})")
+        gated = _as_gated(row, hf_model, report.outcome("residual_sum"))
+        if gated is not None:  # the sites hold, the plain sum does not (a bias outside the modules)
+            detail = next(result.detail for result in report.failed if result.check == "residual_sum")
+            kept = f"residual_sum: {detail}; the sites hold as a gated block, without streams"
+            row = replace(gated, unverified=(*row.unverified, kept))
+            continue
         left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
         failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
         row = _without(replace(row, unverified=row.unverified + failures), left_out)
     return row
+
+
+def _as_gated(row: Adapter, hf_model: nn.Module, residual_sum: str) -> Adapter | None:
+    """``row`` with its sites declared gated (`Sites.gated`) and no streams, where its plain sum
+    failed on a layer inference did not trace (the first block's sum holds, a later block adds a
+    constant or scales its stream) and the gated check passes; else None."""
+    from attnflow.rows.conformance import check_adapter
+
+    if residual_sum != "fail" or row.sites is None or row.sites.gated:
+        return None
+    gated = replace(row, sites=replace(row.sites, gated=True), streams=None)
+    return gated if check_adapter(gated, hf_model, strict=False).outcome("residual_sum") == "pass" else None
 
 
 def _without(row: Adapter, parts: set[str]) -> Adapter:
