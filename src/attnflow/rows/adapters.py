@@ -89,11 +89,16 @@ class Sites:
     such as Gemma and post-norm ones such as OLMo-2, the output of the norm that follows the
     block). One head's output is its
     ``d_head`` slice of the input of the stack's ``output_projection``.
+    ``gated``: the block output is not input + attention + MLP but a per-channel affine
+    combination of the three, the same for every token (learned residual gates or scales, a
+    branch multiplier, an interpolation between the stream and the branch: Doge, Ergo, Beam,
+    MiniCPM3): patching a site is still exact, but nothing adds the sites up (no `Streams`).
     """
 
     block: str
     attention: str
     mlp: str
+    gated: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from attnflow.errors import AdapterCheckError, CaptureError
 from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
+from attnflow.rows.tracing import affine_failure
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
@@ -258,8 +259,11 @@ def check_attention_output(run: Run) -> None:
 
 
 def check_residual_sum(run: Run) -> None:
-    """Block output = block input + attention site + MLP site; each block reads the previous one's output."""
+    """Block output = block input + attention site + MLP site (`Sites.gated`: a per-channel affine
+    combination of the three, determined and exact on this run's rows); each block reads the
+    previous one's output."""
     inputs, outputs = run.layers("block.in"), run.layers("block.out")
+    gated = run.row.sites is not None and run.row.sites.gated
     for layer, (before, after, attention, mlp) in enumerate(
         zip(inputs, outputs, run.layers("attn"), run.layers("mlp"), strict=True)
     ):
@@ -267,13 +271,13 @@ def check_residual_sum(run: Run) -> None:
             if site.shape != before.shape:
                 shapes = f"{list(site.shape)}, not the stream's {list(before.shape)}"
                 _fail(run, "residual_sum", f"layer {layer}: the {name} site is {shapes}")
-        _close(
-            run,
-            "residual_sum",
-            f"layer {layer}: block output against input + attention + MLP",
-            after,
-            before + attention + mlp,
-        )
+        where = f"layer {layer}: block output against input + attention + MLP"
+        if not gated:
+            _close(run, "residual_sum", where, after, before + attention + mlp)
+            continue
+        failure = affine_failure(after, (before, attention, mlp), TOLERANCE)
+        if failure is not None:
+            _fail(run, "residual_sum", f"{where}, per-channel affine (the row declares a gated block): {failure}")
         if layer + 1 < len(inputs):
             _close(
                 run,
@@ -493,8 +497,22 @@ def _has_sites(row: Adapter) -> bool:
 
 
 def _projection_adds(row: Adapter) -> bool:
-    """The attention site is the output projection's output (no norm after it)."""
-    return row.sites is not None and (row.values is None or row.values.output_norm is None)
+    """The attention site is the output projection's output (no norm after it): a row with values
+    says so by naming no ``output_norm``; a row without (inference found no value vectors, so the
+    norm after the projection has no `Values` to be named in) by an attention site that is the
+    projection or the module holding it. Where neither holds, nothing splits the attention site
+    into heads and the residual sum alone proves it."""
+    if row.sites is None:
+        return False
+    if row.values is not None:
+        return row.values.output_norm is None
+    return _holds(row.sites.attention, row.stack.output_projection)
+
+
+def _holds(outer: str, inner: str) -> bool:
+    """Whether the pattern ``inner`` names the module ``outer`` names or one inside it (``outer``
+    ending in ``$``, ``inner`` continuing it with an escaped dot)."""
+    return inner == outer or (outer.endswith("$") and inner.startswith(outer[:-1] + r"\."))
 
 
 def _pre_norm_sites(row: Adapter) -> bool:

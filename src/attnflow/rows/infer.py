@@ -39,7 +39,7 @@ from attnflow.rows.adapters import (
     token_rows,
 )
 from attnflow.rows.experts import find_experts
-from attnflow.rows.tracing import Call, trace
+from attnflow.rows.tracing import Call, affine_failure, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 _BATCH, _TOKENS = 2, 7
@@ -104,10 +104,28 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
             return row
         if report.outcome("attention_weights") == "fail":
             raise InferenceError(f"{report.error()}; a row written by hand can say where they are ({EXTENDING})")
+        gated = _as_gated(row, hf_model, report.outcome("residual_sum"))
+        if gated is not None:  # the sites hold, the plain sum does not (a bias outside the modules)
+            detail = next(result.detail for result in report.failed if result.check == "residual_sum")
+            kept = f"residual_sum: {detail}; the sites hold as a gated block, without streams"
+            row = replace(gated, unverified=(*row.unverified, kept))
+            continue
         left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
         failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
         row = _without(replace(row, unverified=row.unverified + failures), left_out)
     return row
+
+
+def _as_gated(row: Adapter, hf_model: nn.Module, residual_sum: str) -> Adapter | None:
+    """``row`` with its sites declared gated (`Sites.gated`) and no streams, where its plain sum
+    failed on a layer inference did not trace (the first block's sum holds, a later block adds a
+    constant or scales its stream) and the gated check passes; else None."""
+    from attnflow.rows.conformance import check_adapter
+
+    if residual_sum != "fail" or row.sites is None or row.sites.gated:
+        return None
+    gated = replace(row, sites=replace(row.sites, gated=True), streams=None)
+    return gated if check_adapter(gated, hf_model, strict=False).outcome("residual_sum") == "pass" else None
 
 
 def _without(row: Adapter, parts: set[str]) -> Adapter:
@@ -463,25 +481,20 @@ def _residual(
         ),
         None,
     )
+    affine = pair is None
     if pair is None:
-        return _post_norm(block, blocks, output_projection)
+        post_norm = _post_norm(block, blocks, output_projection)
+        pair = None if post_norm else _gated_pair(block, scope, output_projection)
+        if pair is None:
+            return post_norm
     attention, mlp = pair
     found["sites"] = Sites(
-        _pattern(block.block.name, blocks), _pattern(attention.name, blocks), _pattern(mlp.name, blocks)
+        _pattern(block.block.name, blocks), _pattern(attention.name, blocks), _pattern(mlp.name, blocks), affine
     )
     if not attention.inside(scope):
         found["output_norm"] = _pattern(attention.name, blocks)
-    mid = next(
-        (call for call in block.calls if call.start > attention.start and _close(call.input, x + attention.output)),
-        None,
-    )
-    final = _final_norm(traced, blocks, n_layers)
-    if mid is not None:
-        found["streams"] = Streams(_pattern(mid.name, blocks), final_norm=final)
-    else:  # parallel attention and feed-forward: no module reads the stream between them; both read x
-        entering = next((call for call in block.calls if _close(call.input, x)), None)
-        if entering is not None:
-            found["streams"] = Streams(_pattern(entering.name, blocks), final_norm=final, parallel=True)
+    if not affine:  # a gated block: nothing adds the sites up, no streams for routes
+        found |= _streams(block, attention, traced, blocks, n_layers)
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
@@ -489,6 +502,42 @@ def _residual(
     elif feed_forward is mlp:  # a mixture of experts is split where its output is the MLP site
         found["experts"] = find_experts(_pattern(mlp.name, blocks), mlp.module, mlp.input)
     return found
+
+
+def _streams(block: _Block, attention: Call, traced: dict[str, Call], blocks: str, n_layers: int) -> dict[str, Any]:
+    """The streams of a block that adds its sites up: where the feed-forward block reads x + attention."""
+    x = block.stream_in
+    mid = next(
+        (call for call in block.calls if call.start > attention.start and _close(call.input, x + attention.output)),
+        None,
+    )
+    final = _final_norm(traced, blocks, n_layers)
+    if mid is not None:
+        return {"streams": Streams(_pattern(mid.name, blocks), final_norm=final)}
+    # parallel attention and feed-forward: no module reads the stream between them; both read x
+    entering = next((call for call in block.calls if _close(call.input, x)), None)
+    if entering is None:
+        return {}
+    return {"streams": Streams(_pattern(entering.name, blocks), final_norm=final, parallel=True)}
+
+
+def _gated_pair(block: _Block, scope: str, output_projection: Call) -> tuple[Call, Call] | None:
+    """(attention site, MLP site) of a block whose output is a per-channel affine combination of its
+    input and the two (`Sites.gated`), proven on the traced rows (`affine_misfit`): the shallowest,
+    earliest pair, the attention site from the output projection on, the MLP site after it."""
+    x, out = block.stream_in, block.stream_out
+    if not torch.is_tensor(out):
+        return None
+    by_depth = sorted(block.streams(), key=lambda call: (call.name.count("."), call.start))
+    for attention in by_depth:
+        if attention.start < output_projection.start and attention.name != scope:
+            continue
+        for mlp in by_depth:
+            if mlp.start <= attention.start or mlp.inside(attention.name):
+                continue
+            if affine_failure(out, (x, attention.output, mlp.output), TOLERANCE) is None:
+                return attention, mlp
+    return None
 
 
 def _post_norm(block: _Block, blocks: str, output_projection: Call) -> dict[str, Any]:
@@ -522,7 +571,9 @@ def _post_norm(block: _Block, blocks: str, output_projection: Call) -> dict[str,
         return {}
     mlp, second = pair
     return {
-        "sites": Sites(*(_pattern(call.name, blocks) for call in (block.block, attention, mlp))),
+        "sites": Sites(
+            _pattern(block.block.name, blocks), _pattern(attention.name, blocks), _pattern(mlp.name, blocks)
+        ),
         "streams": Streams(_pattern(mid.name, blocks), ffn_norm=_pattern(second.name, blocks)),
         "values_norm": _pattern(first.name, blocks),
     }

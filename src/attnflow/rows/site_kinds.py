@@ -121,36 +121,49 @@ def dot_heads(product: Any, position: int | None, n_heads: int) -> Any:
 
 
 def write_knockout(mask: Any, writes: Sequence[Write], _n_heads: int, hidden: Any) -> Any:
-    """The additive attention mask ``[batch, 1, query, key]`` (None: the model passed none, as
-    BERT-like encoders do without padding; zeros are made from ``hidden [batch, token, d_model]``;
-    ``[batch, 1, 1, key]``, a padding mask broadcast over the queries (GPT-1's, whose causal mask is
-    a buffer of its own): spread over every query) with −∞ at (row, query ``position``, key
-    ``index``) for every head: the blocked key gets weight exactly 0 and the query's other weights
-    are renormalised by the softmax."""
+    """The attention mask ``[batch, 1, query, key]`` with the edge (row, query ``position``, key
+    ``index``) blocked for every head: the blocked key gets weight exactly 0 and the query's other
+    weights are renormalised by the softmax. An additive float mask gets −∞ there (None: the model
+    passed none, as BERT-like encoders do without padding; zeros are made from ``hidden [batch,
+    token, d_model]``; ``[batch, 1, 1, key]``, a padding mask broadcast over the queries (GPT-1's,
+    whose causal mask is a buffer of its own): spread over every query). A boolean mask gets the
+    value a query's own key does not hold: a query always reads itself, so its diagonal entry is the
+    mask's "visible" value, whichever convention the model uses (True kept, or MPT's True masked)."""
     import torch
 
     batch, tokens = hidden.shape[:2]
     if mask is None:
         mask = torch.zeros(batch, 1, tokens, tokens, dtype=hidden.dtype, device=hidden.device)
-    elif not torch.is_tensor(mask) or mask.dim() != 4 or not mask.is_floating_point():
+    elif not torch.is_tensor(mask) or mask.dim() != 4 or not (mask.is_floating_point() or mask.dtype == torch.bool):
         raise CaptureError(
-            "attention knockout needs the additive 4-D float attention_mask [batch, 1, query, key] of eager "
-            f"attention; the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
+            "attention knockout needs the 4-D attention_mask [batch, 1, query, key] of eager attention (additive "
+            f"float or boolean); the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
         )
     queries = tokens if mask.shape[2] == 1 else -1  # a padding mask: one row for every query
     new = mask.expand(batch, -1, queries, -1).clone()  # the model shares one mask across rows and layers
     for write in writes:
-        new[write.rows, :, write.position, write.indices] = float("-inf")
-        _check_a_key_is_left(new, write)
+        visible = _visible(new, write)
+        new[write.rows, :, write.position, write.indices] = float("-inf") if visible is None else ~visible[:, None]
+        _check_a_key_is_left(new, write, visible)
     return new
 
 
-def _check_a_key_is_left(mask: Any, write: Write) -> None:
+def _visible(mask: Any, write: Write) -> Any:
+    """None for an additive float mask; for a boolean one, per row of ``write``, the value of the
+    query's own (always visible) key: ``[n]``."""
+    if mask.is_floating_point():
+        return None
+    return mask[write.rows, 0, write.position, write.position]
+
+
+def _check_a_key_is_left(mask: Any, write: Write, visible: Any = None) -> None:
     """A query whose every key is blocked has no attention to renormalise (the softmax of a row of
-    −∞ is undefined); masked keys hold −∞ or the dtype's minimum, visible ones 0."""
+    −∞ is undefined); masked keys hold −∞ or the dtype's minimum (a boolean mask: the value
+    ``visible [n]`` is not), visible ones 0."""
     import torch
 
-    readable = mask[write.rows, 0, write.position] > torch.finfo(mask.dtype).min / 2  # [n, key]
+    row = mask[write.rows, 0, write.position]  # [n, key]
+    readable = row > torch.finfo(mask.dtype).min / 2 if visible is None else row == visible[:, None]
     if not bool(readable.any(dim=-1).all()):
         raise InputError(
             f"attention knockout leaves query position {write.position} no key to read: "

@@ -84,3 +84,36 @@ def trace(watched: Iterable[tuple[str, nn.Module]], run: Callable[[], Any]) -> t
     with hooks(hooked), torch.no_grad():
         returned = run()
     return {name: call for name, call in calls.items() if call.start >= 0}, returned
+
+
+def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float = 1e-4) -> tuple[float, bool]:
+    """How far ``out [..., d]`` is from c_0 + Σ_k c_k ⊙ terms[k] with per-channel constants c (one
+    least-squares fit per channel over every row): (the largest residual relative to ``out``'s
+    largest magnitude, whether the fit is determined: at least twice as many rows as constants per
+    channel, and every term carrying its own information (with ``tolerance``, no term is itself
+    such a combination of the others))."""
+    width = out.shape[-1]
+    rows = [term.reshape(-1, width).double() for term in terms]
+    design = torch.stack([torch.ones_like(rows[0]), *rows], dim=-1).transpose(0, 1)  # [d, row, 1 + terms]
+    target = out.reshape(-1, width).double().transpose(0, 1).unsqueeze(-1)  # [d, row, 1]
+    solution = torch.linalg.lstsq(design, target).solution  # [d, 1 + terms, 1]
+    residual = float((design @ solution - target).abs().max())
+    scale = max(float(target.abs().max()), 1.0)
+    singular = torch.linalg.svdvals(design)  # [d, 1 + terms]
+    determined = bool((singular[:, -1] > tolerance * singular[:, 0]).all()) and design.shape[1] >= 2 * design.shape[2]
+    return residual / scale, determined
+
+
+def affine_failure(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float) -> str | None:
+    """Why ``out`` is not a per-channel affine combination of every one of ``terms`` (`affine_misfit`
+    above ``tolerance``, an undetermined fit, or a term the fit does without: a site that is the
+    whole stream would need neither the input nor the other site); None when it is."""
+    misfit, determined = affine_misfit(out, terms)
+    if not determined:
+        return "not determined (a term is a combination of the others)"
+    if misfit > tolerance:
+        return f"largest difference {misfit:.2e} (allowed {tolerance:.1e})"
+    for k in range(len(terms)):
+        if affine_misfit(out, terms[:k] + terms[k + 1 :])[0] <= tolerance:
+            return f"term {k} is not needed: the rest already give the output"
+    return None
