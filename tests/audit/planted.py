@@ -72,38 +72,3 @@ def train_planted_classifier(folder: Path, steps: int = 250) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-def retrain_head(folder: Path, word: str, out: Path, steps: int = 300) -> Path:
-    """The classifier of ``folder`` with its head (BERT's pooler and classifier) retrained, the encoder
-    frozen, so that the label is 1 exactly when ``word`` is in the text: a planted change of what
-    the model relies on (`attnflow audit --versus` should find ``word`` at the top of its diff)."""
-    import torch
-    import transformers as T
-
-    torch.manual_seed(0)
-    model = T.BertForSequenceClassification.from_pretrained(folder)
-    tokenizer = tiny_tokenizer()
-    texts, _, _ = planted_texts(2000, seed=1)
-    targets = torch.tensor([int(word in text.split()) for text in texts])
-    encoded = tokenizer(texts, padding=True, return_tensors="pt")
-    head = [*model.bert.pooler.parameters(), *model.classifier.parameters()]
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    for parameter in head:
-        parameter.requires_grad_(True)
-    optimiser = torch.optim.AdamW(head, lr=1e-2)
-    generator = torch.Generator().manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        index = torch.randint(0, len(texts), (64,), generator=generator)
-        inputs = {name: encoded[name][index] for name in ("input_ids", "attention_mask")}
-        output = model(**inputs, labels=targets[index])
-        optimiser.zero_grad()
-        output.loss.backward()
-        optimiser.step()
-    model.eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 from planted import planted_texts, train_planted_classifier
+from test_cli_audit import one_error_line
+from test_cli_audit import run_cli as cli
 
 import attnflow
 from attnflow.capture.probes import _make_classifier, fit_logistic_regression, mean_pooled_features
-from attnflow.cli import main
+from run_helpers import kill_at_first_checkpoint
 
 from conftest import write_task
 
@@ -95,17 +97,6 @@ def test_a_planted_change_is_at_the_top_of_the_diff(head_pair, after_task, tmp_p
     assert f"relies more on &quot;{AFTER}&quot;" in lead and f"relies less on &quot;{BEFORE}&quot;" in lead
 
 
-def cli(*args: str) -> int:
-    return main(["audit", *args, "--device", "cpu", "--quiet"])
-
-
-def one_error_line(capsys) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("attnflow: error: ")
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def three_classes(tmp_path_factory):
     """A tiny BERT classifier of three classes (random weights)."""
@@ -154,12 +145,6 @@ def early_model(tmp_path_factory):
 
 @pytest.mark.slow  # two interpreters; the audit's own kill/resume runs in test_cli_audit.py
 def test_kill_and_resume_give_the_numbers_of_a_whole_run(planted_model, early_model, planted_task, tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     path, *_ = planted_task
     arguments = [
         "--model", str(planted_model), "--versus", str(early_model), "--task", str(path), "--samples", "120",
@@ -167,21 +152,7 @@ def test_kill_and_resume_give_the_numbers_of_a_whole_run(planted_model, early_mo
     ]  # fmt: skip
     assert cli(*arguments, "--out", str(tmp_path / "whole")) == 0
     killed = tmp_path / "killed"
-    command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "audit"]
-    environment = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(torch.get_num_threads()),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    process = subprocess.Popen(
-        [*command, *arguments, "--device", "cpu", "--quiet", "--out", str(killed)], env=environment
-    )
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoint.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
-    saved = json.loads((killed / "checkpoint.json").read_text())
+    saved = kill_at_first_checkpoint(["audit", *arguments, "--device", "cpu", "--quiet"], killed)
     assert not saved["complete"] and 0 < saved["done"] < 120
     assert cli(*arguments, "--out", str(killed), "--resume") == 0
     first, second = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "whole", killed))

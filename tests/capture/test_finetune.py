@@ -120,3 +120,20 @@ def test_a_build_is_checked_at_load_and_an_unbuilt_one_refused(tmp_path, monkeyp
     weights.write_bytes(bytes(damaged))
     with pytest.raises(ModelLoadError, match=r"damaged.*--force"):
         load_finetuned_classifier(alias, _Encoder())
+
+
+def test_models_install_and_list_report_a_build(tmp_path, monkeypatch, capsys):
+    from attnflow.cli import main
+
+    monkeypatch.setenv("ATTNFLOW_CACHE", str(tmp_path))
+    alias = next(iter(FINETUNED))
+    assert main(["models", "list", "--json"]) == 0
+    row = next(row for row in json.loads(capsys.readouterr().out) if row["alias"] == alias)
+    assert row["state"] == "not prepared" and f"attnflow models install {alias}" in row["preparation"]
+    record = build(finetune.finetuned_dir(alias))
+    assert main(["models", "install", alias]) == 0  # built: nothing is trained again
+    out = capsys.readouterr().out
+    assert f"held-out accuracy {record['heldout_accuracy']:.3f}" in out and record["sha256"] in out
+    assert main(["models", "list", "--json"]) == 0
+    row = next(row for row in json.loads(capsys.readouterr().out) if row["alias"] == alias)
+    assert row["state"] == "installed" and row["heldout_accuracy"] == record["heldout_accuracy"]

@@ -163,10 +163,10 @@ def _install_finetuned(alias: str, force: bool) -> int:
         print(f"{alias}: fine-tuning {FINETUNED[alias].base} on the CPU ({FINETUNED[alias].minutes}) …", flush=True)
         data = load_task(PROBES[FINETUNED[alias].base].task)
     record = install_finetuned(alias, data, force=force)
-    base = probe_metadata(record["base"])
+    base = FINETUNED[alias].base
     print(
         f"{alias}: held-out accuracy {record['heldout_accuracy']:.3f} on {record['n_test']} {record['task']} "
-        f"examples ({record['base']}: {base['heldout_accuracy']:.3f}); built in {record['build_seconds']:.0f} s, "
+        f"examples ({base}: {probe_metadata(base)['heldout_accuracy']:.3f}); built in {record['build_seconds']:.0f} s, "
         f"peak memory {record['peak_memory_mib']} MiB, load average {record['load_average_at_start']} "
         f"on {record['cpu_count']} CPUs; weights sha256 {record['sha256']}"
     )

@@ -314,10 +314,14 @@ def largest_changes(results: Mapping[str, Any], count: int = 3) -> list[str]:
     predictions = changes["predictions"]
     if "fixed" in predictions:
         change = predictions["accuracy_change"]
+        low, high = change["ci"]
+        noise = (
+            " (the interval holds 0: no change this sample can tell)" if low is not None and low <= 0 <= high else ""
+        )
         lines.append(
             f"Accuracy {predictions['versus_accuracy']:.3f} → {predictions['model_accuracy']:.3f} "
-            f"({change['mean']:+.3f}, 95 % CI {_interval(change['ci'])}): {predictions['fixed']} errors fixed, "
-            f"{predictions['new_errors']} new errors."
+            f"({change['mean']:+.3f}, 95 % CI {_interval(change['ci'])}{noise}): {predictions['fixed']} errors "
+            f"fixed, {predictions['new_errors']} new errors."
         )
     else:
         lines.append(f"{predictions['changed']} of {predictions['texts']} predictions changed.")

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from attnflow.dataset_audit.analysis import analyse, mean_interval, wilson_interval
-from attnflow.dataset_audit.stats import AuditStats, ExampleResult
+from attnflow.dataset_audit.stats import AuditStats, ExampleResult, example_record, merge_words
 from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch, with_scorer
 from attnflow.dataset_audit.words import SwapTable
 from attnflow.errors import InputError
@@ -120,7 +120,7 @@ class VersusStats:
         if changed:
             rank = 2.0 if outcome in (1, 2) else 1.0  # fixed and new errors before other changes
             record = {"index": first.index, "outcome": OUTCOMES[outcome] if outcome is not None else "changed",
-                      "model": _side(first), "versus": _side(second)}  # fmt: skip
+                      "model": example_record(first), "versus": example_record(second)}  # fmt: skip
             _keep(self.kept, [rank, -first.index, record])
         if heads is not None:
             for k, name in enumerate(HEAD_STATISTICS):
@@ -139,10 +139,7 @@ class VersusStats:
         self.model.merge(other.model)  # type: ignore[arg-type]
         self.versus.merge(other.versus)  # type: ignore[arg-type]
         for mine, theirs in zip(self.words, other.words, strict=True):
-            for word, sums in theirs.items():
-                row = mine.setdefault(word, [0.0] * 5)
-                for column, value in enumerate(sums):
-                    row[column] += value
+            merge_words(mine, theirs)
         self.group_texts = [a + b for a, b in zip(self.group_texts, other.group_texts, strict=True)]
         self.terms = [a + b for a, b in zip(self.terms, other.terms, strict=True)]
         self.outcomes = [a + b for a, b in zip(self.outcomes, other.outcomes, strict=True)]
@@ -193,20 +190,6 @@ def _keep(heap: list[list[Any]], entry: list[Any]) -> None:
         heapq.heappush(heap, entry)
     elif _order(entry) > _order(heap[0]):
         heapq.heapreplace(heap, entry)
-
-
-def _side(result: ExampleResult) -> dict[str, Any]:
-    """One model's half of a kept change: its prediction and its map."""
-    return {
-        "text": result.text,
-        "predicted": result.predicted,
-        "probability": result.probability,
-        "label": result.label,
-        "tokens": result.tokens,
-        "offsets": result.offsets,
-        "special_mask": result.special_mask,
-        "scores": result.scores,
-    }
 
 
 def head_means(attentions: np.ndarray, special_mask: np.ndarray) -> np.ndarray:
@@ -334,10 +317,7 @@ def analyse_versus(
     groups = list(label_names) if stats.n_groups > 1 else ["all texts"]
     pooled: dict[str, list[float]] = {}
     for table in stats.words:
-        for word, sums in table.items():
-            row = pooled.setdefault(word, [0.0] * 5)
-            for column, value in enumerate(sums):
-                row[column] += value
+        merge_words(pooled, table)
     changes: dict[str, Any] = {
         "words": word_changes(pooled, n, min_count, top),
         "words_per_group": [
