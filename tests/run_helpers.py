@@ -50,3 +50,30 @@ def write_pairs(path: Path) -> Path:
     ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+def kill_at_first_checkpoint(argv: list[str], out: Path, timeout: float = 300) -> dict:
+    """Run ``attnflow *argv --out out`` in another interpreter, SIGKILL it once ``out`` holds a
+    checkpoint and return that checkpoint. The process computes with this one's thread count (the
+    same sums in the same order) and this interpreter's import path."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", *argv]
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    process = subprocess.Popen([*command, "--out", str(out)], env=environment)
+    deadline = time.monotonic() + timeout
+    while not (out / "checkpoint.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    return json.loads((out / "checkpoint.json").read_text())

@@ -136,6 +136,7 @@ def example_folder(tmp_path, monkeypatch):
     for alias, model in loading.EMBEDDED.items():
         if model.install is not None:
             monkeypatch.setitem(loading.EMBEDDED, alias, dataclasses.replace(model, install=stop))
+    monkeypatch.setattr(loading, "install_finetuned", stop)  # fine-tuning a classifier (minutes)
     (tmp_path / ".attnflow-token").write_text("0123456789abcdef0123456789abcdef\n", encoding="utf-8")
     monkeypatch.setenv("HOME", str(tmp_path))  # `attnflow serve --token-file ~/.attnflow-token`
     monkeypatch.chdir(tmp_path)

@@ -122,6 +122,21 @@ def test_a_term_is_flagged_only_above_its_matched_words():
     assert rows["loud"]["share"] == pytest.approx(10.0 / total)
 
 
+def test_the_term_baseline_does_not_depend_on_the_order_words_came_in():
+    """80 words in 20 texts each tie on frequency: which 50 form the baseline must not depend on the
+    order of the word table (Ray's merge, a resumed run bring words in another order)."""
+    rng = np.random.default_rng(5)
+    words = {f"w{k:02d}": [20.0, 20.0, 20 * m, 20 * m * m, 20 * m] for k, m in enumerate(rng.uniform(0.05, 0.5, 80))}
+    words["term"] = [20.0, 20.0, 2.0, 0.2, 2.0]
+    for sums in words.values():
+        sums += sums[2:4]
+    forward = analysis.term_audit(words, ["term"], min_count=5)
+    backward = analysis.term_audit(dict(reversed(words.items())), ["term"], min_count=5)
+    for key in ("baseline_median", "baseline_p95", "percentile", "matched_words"):
+        assert forward["terms"][0][key] == backward["terms"][0][key]
+    assert forward["ratio"] == pytest.approx(backward["ratio"], rel=1e-12)  # the total: another order of sums
+
+
 def test_the_term_audit_counts_reliance_against_the_prediction_too():
     """A signed method: a term at +0.4 in half its texts and -0.4 in the others (it decides the
     prediction both ways) averages 0 signed, but the model relies on it: flagged by |relevance|."""

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
-import torch
 
 import attnflow
 from attnflow.cli import main
 from attnflow.evaluate.scorer import ClassifierScorer
+from run_helpers import kill_at_first_checkpoint
 
 from conftest import write_task
 
@@ -102,22 +97,7 @@ def test_sigkill_leaves_nothing_half_written_and_resume_gives_the_same_numbers(
     ]  # fmt: skip
     assert run_cli(*arguments, "--out", str(tmp_path / "whole")) == 0
     killed = tmp_path / "killed"
-    command = [sys.executable, "-c", "import sys; from attnflow.cli import main; sys.exit(main())", "audit"]
-    # the killed process computes with this process's thread count: the same sums in the same order
-    environment = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(torch.get_num_threads()),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
-    process = subprocess.Popen(
-        [*command, *arguments, "--device", "cpu", "--quiet", "--out", str(killed)], env=environment
-    )
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoint.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
-    saved = json.loads((killed / "checkpoint.json").read_text())
+    saved = kill_at_first_checkpoint(["audit", *arguments, "--device", "cpu", "--quiet"], killed)
     assert not saved["complete"] and 0 < saved["done"] < 300
     assert not (killed / "results.json").exists() and not (killed / "report.html").exists()
     capsys.readouterr()

@@ -28,6 +28,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from attnflow.capture import progress as progress_lines
 from attnflow.capture import weight_cache
+from attnflow.capture.finetune import (
+    FINETUNED,
+    build_into,
+    build_record,
+    finetuned_dir,
+    is_built,
+    load_finetuned_classifier,
+    versions,
+)
 from attnflow.capture.images import ImagePreprocessing
 from attnflow.capture.probes import PROBES, probe_classifier
 from attnflow.capture.weight_cache import cache_dir
@@ -182,6 +191,30 @@ def _build_atomically(target: Path, build: Callable[[Path], None], force: bool =
             return
         with building(target) as built:
             build(built)
+
+
+def install_finetuned(alias: str, data: Any, force: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Build the fine-tuned classifier ``alias`` into the cache once (``force``: again): its base
+    classifier fine-tuned on ``data``, its base's task (``attnflow.datasets.load_task``, which the
+    caller loads; `attnflow.capture.finetune.build_into`), atomically (a failed or interrupted build
+    leaves nothing). Returns its ``build.json``."""
+    spec = FINETUNED[alias]
+    if is_built(alias) and not force:
+        return build_record(alias)
+    base = PROBES[spec.base]
+
+    def build(folder: Path) -> None:
+        import torch
+
+        torch.manual_seed(spec.recipe.seed)
+        encoder = load(base.encoder, device="cpu", progress=progress)
+        classifier, _ = probe_classifier(spec.base, encoder)
+        record = {"alias": alias, "base": spec.base, "encoder": base.encoder, "versions": versions()}
+        built = build_into(folder, classifier, encoder.tokenizer, data, spec.recipe, record, progress)
+        log.info("%s: held-out accuracy %.3f in %.0f s", alias, built["heldout_accuracy"], built["build_seconds"])
+
+    _build_atomically(finetuned_dir(alias), build, force)
+    return build_record(alias)
 
 
 def _dinov2_s_dir() -> Path:
@@ -466,7 +499,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 
 def _did_you_mean(name: str) -> str:
-    aliases = [*EMBEDDED, *PROBES]
+    aliases = [*EMBEDDED, *PROBES, *FINETUNED]
     close = difflib.get_close_matches(name.lower(), aliases, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f" (aliases: {', '.join(aliases)}){hint}"
@@ -520,7 +553,7 @@ def load_as(
     resolve_dtype(dtype)  # a bad dtype fails before anything loads
     transformers.utils.logging.disable_progress_bar()
     with progress_lines.shown(progress):  # what the slow first-load steps say (joining, checking, caching)
-        if name in PROBES:
+        if name in PROBES or name in FINETUNED:
             return _load_probe(model_class, name, device, dtype)
         source = resolve(name)
         if source.cache_to is None:
@@ -616,7 +649,7 @@ def load_tokenizer(name: str) -> Any:
     in a second or so: `attnflow compare` checks two models' tokenizations before loading either."""
     import transformers
 
-    source = resolve(PROBES[name].encoder if name in PROBES else name)
+    source = resolve(encoder_alias(name) or name)
     _check_local_model_type(source)
     try:
         return transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs)
@@ -624,13 +657,23 @@ def load_tokenizer(name: str) -> Any:
         raise ModelLoadError(f"could not load the tokenizer of {name!r}: {str(error).splitlines()[0]}") from None
 
 
+def encoder_alias(name: str) -> str | None:
+    """The embedded encoder of an embedded classifier (fine-tuned or not); None for other names."""
+    if name in FINETUNED:
+        name = FINETUNED[name].base
+    return PROBES[name].encoder if name in PROBES else None
+
+
 def _load_probe(
     model_class: type[Wrapped], alias: str, device: str | torch.device | None, dtype: str | torch.dtype
 ) -> Wrapped:
     """An embedded classifier: its encoder wrapped with its trained head (shipped in the package),
-    both in ``dtype``."""
-    encoder = load(PROBES[alias].encoder, device="cpu")
-    classifier, meta = probe_classifier(alias, encoder)
+    or with the weights of its fine-tuned build (`attnflow.capture.finetune`), in ``dtype``."""
+    encoder = load(str(encoder_alias(alias)), device="cpu")
+    if alias in FINETUNED:
+        classifier, meta = load_finetuned_classifier(alias, encoder)
+    else:
+        classifier, meta = probe_classifier(alias, encoder)
     model = model_class(classifier, encoder.tokenizer, name=alias, adapter=encoder.adapter, device=device, dtype=dtype)
     model.default_row = encoder.default_row
     model.probe = meta

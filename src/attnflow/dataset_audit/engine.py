@@ -21,14 +21,14 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from attnflow.dataset_audit.analysis import analyse
 from attnflow.dataset_audit.stats import AuditStats
 from attnflow.dataset_audit.step import AuditOptions, AuditStep, Batch, with_scorer
-from attnflow.dataset_audit.words import ambiguous_words, parse_swaps, parse_terms, swap_table
+from attnflow.dataset_audit.words import ambiguous_words, find_words, parse_swaps, parse_terms, swap_table
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
 from attnflow.runs.checkpoint import RunFolder, versions
@@ -122,8 +122,11 @@ def run_audit(
     resume: bool = False,
     overwrite: bool = False,
     model: ModelLike | None = None,
+    versus: ModelLike | None = None,
 ) -> dict[str, Any]:
     """Run (or continue) an audit into folder ``out``; returns the results written there.
+    ``model`` / ``versus``: the models of ``options.model`` / ``options.versus``, already loaded
+    (the local engine uses them; Ray's actors load them by name).
 
     Raises:
         InputError: bad options, data or output folder; a checkpoint of another configuration.
@@ -152,12 +155,68 @@ def run_audit(
 
             model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         label_names = check_model(model, options.method)
+        if options.versus is not None:
+            results = _run_versus(options, model, versus, label_names, terms, pairs, folder, engine)
+            write_outputs(folder.out, results)
+            return results
         data = load_data(options, model, label_names)
         finished = run(_job(options, model, data, label_names, pairs), folder, engine, context=with_scorer(model))
         results = build_results(
             options, model, data, label_names, finished.result, terms, pairs, finished.fingerprint, finished.elapsed_s
         )
         write_outputs(folder.out, results)
+    return results
+
+
+def _run_versus(
+    options: AuditOptions,
+    model: ModelLike,
+    versus: ModelLike | None,
+    label_names: list[str],
+    terms: list[str],
+    pairs: list,
+    folder: RunFolder,
+    engine: EngineOptions,
+) -> dict[str, Any]:
+    """The two-model audit (`attnflow.dataset_audit.versus`): the ``versus`` model loaded and
+    checked, both run over the same texts on the run engine; returns results.json."""
+    from attnflow.dataset_audit.versus import VersusStats, VersusStep, analyse_versus, check_pair, shared_shape
+    from attnflow.errors import ModelLoadError
+    from attnflow.model import load
+
+    assert options.versus is not None
+    if versus is None:
+        try:
+            versus = load(options.versus, device=engine.driver_device, dtype=options.dtype)
+        except ModelLoadError as error:
+            raise InputError(f"{{versus}} {options.versus}: {error}", parameter="versus") from None
+    check_pair(model, versus, label_names, check_model(versus, options.method))
+    data = load_data(options, model, label_names)
+    if all(next(find_words(text), None) is None for text in data.texts):
+        raise InputError(
+            f"no text of {data.name} holds a word, so the two models have no word to compare "
+            "(words: letters and digits)",
+            parameter="versus",
+        )
+    shape = shared_shape(model, versus)
+    groups = len(label_names) if data.labels is not None else 1
+    step = VersusStep(options, options.versus, len(label_names), groups, shape, swap_table(pairs), tuple(terms))
+    job = _job(options, model, data, label_names, pairs)
+    job = replace(
+        job,
+        name=f"audit --versus ({options.method})",
+        fields={**job.fields, "versus_shape": [versus.n_layers, versus.n_heads, versus.d_head]},
+        step=step,
+        result=VersusStats(len(label_names), groups, shape),
+    )
+    context = (with_scorer(model), with_scorer(versus))
+    finished = run(job, folder, engine, context=context)
+    stats = finished.result
+    results = build_results(
+        options, model, data, label_names, stats.model, terms, pairs, finished.fingerprint, finished.elapsed_s
+    )
+    results = {"run": {**results["run"], "versus": versus.name, "head_statistics": shape is not None}}
+    results.update(analyse_versus(stats, label_names, options.min_count, terms, bool(pairs), data.labels is not None))
     return results
 
 
@@ -211,7 +270,10 @@ def _option_fields(options: AuditOptions, pairs: list) -> dict[str, Any]:
         "seed": options.seed,
         "method": options.method,
         "swap": [list(pair) for pair in pairs],
-    }
+        # a two-model audit: the second model, and the terms (their share is summed per text)
+        **({"versus": options.versus, "terms": sorted(parse_terms(options.terms)) if options.terms else []}
+           if options.versus is not None else {}),
+    }  # fmt: skip
 
 
 def _fingerprint_fields(options: AuditOptions, model: ModelLike, data: AuditData, pairs: list) -> dict[str, Any]:
@@ -312,15 +374,28 @@ def audit(
     """`attnflow.dataset_audit`: what a classifier relies on across a dataset (docs/audit.md).
 
     ``model``: an alias/path or a loaded `AttentionModel`; ``options``: the fields of
-    `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...).
+    `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...);
+    ``versus``: a second classifier (alias, path or loaded model) compared with ``model`` over the
+    same texts (`attnflow.dataset_audit.versus`; results gain ``model``, ``versus`` and ``changes``).
     Writes ``results.json`` and ``report.html`` into ``out``; returns the results.
 
         attnflow.audit("minilm-sentiment", "out/audit", task="rotten-tomatoes", samples=500,
                        terms="he,she", swap="he:she,him:her")
+        attnflow.audit("minilm-sentiment-ft", "out/diff", versus="minilm-sentiment", samples=1000)
     """
     loaded = None if isinstance(model, str) else model
     name = model if isinstance(model, str) else model.name
     from attnflow.notebook import Results
 
-    results = run_audit(AuditOptions(model=name, **options), out, resume=resume, overwrite=overwrite, model=loaded)
+    second = options.pop("versus", None)
+    second_loaded = None if second is None or isinstance(second, str) else second
+    second_name = second if second is None or isinstance(second, str) else second.name
+    results = run_audit(
+        AuditOptions(model=name, versus=second_name, **options),
+        out,
+        resume=resume,
+        overwrite=overwrite,
+        model=loaded,
+        versus=second_loaded,
+    )
     return Results("audit", results)

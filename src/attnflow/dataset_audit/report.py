@@ -52,6 +52,8 @@ def words_figure(rows: Sequence[Mapping[str, Any]], value: str, title: str, inte
 
 def build_report(results: Mapping[str, Any]) -> str:
     """The audit's report page (self-contained HTML) from its results."""
+    if "changes" in results:
+        return build_versus_report(results)
     run = results["run"]
     parts = [
         f"<p>What {esc(run['model'])} relies on across {run['samples']} texts, by {esc(run['method'])} "
@@ -263,3 +265,146 @@ def _interval(bounds: Sequence[float | None], percent: bool = False) -> str:
         return "n = 1: no interval"
     scale, unit = (100.0, " %") if percent else (1.0, "")
     return f"[{scale * bounds[0]:.3g}, {scale * bounds[1]:.3g}]{unit}"
+
+
+# -- a two-model audit (--versus) ---------------------------------------------------------------
+
+
+def build_versus_report(results: Mapping[str, Any]) -> str:
+    """The report page of ``attnflow audit --versus``: the three largest changes in plain words,
+    then the word changes, the term share, the changed predictions with both maps and the heads."""
+    run, changes = results["run"], results["changes"]
+    model, versus = run["model"], run["versus"]
+    parts = [
+        f"<p>What changed from <b>{esc(versus)}</b> to <b>{esc(model)}</b> over the same {run['samples']} texts, "
+        f"each model explaining its own prediction with {esc(run['method'])} (definitions: docs/audit.md). "
+        "A word's relevance in a text: its share of the text's absolute relevance; a change is "
+        f"{esc(model)} minus {esc(versus)} per text (texts without the word count 0), with a paired 95 % interval.</p>",
+        "<ol>" + "".join(f"<li>{esc(line)}</li>" for line in largest_changes(results)) + "</ol>",
+    ]
+    parts.append(section("Words whose relevance moved", _word_changes(changes, model, versus), "words"))
+    if "terms" in changes:
+        parts.append(section("The terms' share of relevance", _term_share(changes["terms"], model, versus), "terms"))
+    parts.append(section("Predictions that changed", _changed_predictions(changes["predictions"], run), "flips"))
+    if "heads" in changes:
+        parts.append(section("Attention heads that moved", _head_changes(changes["heads"], model, versus), "heads"))
+    meta = {"model": model, "versus": versus, "method": run["method"], "data": f"{run['data']} ({run['split']})",
+            "texts": run["samples"], "minimum count": run["min_count"], "engine": run["engine"],
+            "time (s)": run["elapsed_s"]}  # fmt: skip
+    return page(f"attnflow audit: {model} against {versus}", "\n".join(parts), meta=meta, css=CSS)
+
+
+def largest_changes(results: Mapping[str, Any], count: int = 3) -> list[str]:
+    """The ``count`` largest changes in plain words, from the numbers: the word whose share of
+    relevance rose most, the one that fell most (among the words of largest change), then the
+    predictions (accuracy, fixed and new errors), the terms' share or the head that moved most."""
+    run, changes = results["run"], results["changes"]
+    model, versus = run["model"], run["versus"]
+    lines = []
+    words = changes["words"]
+    for rising in (True, False):
+        moved = [row for row in words if (row["change"] > 0) == rising and row["change"] != 0]
+        if moved:
+            top = max(moved, key=lambda row: abs(row["change"]))
+            lines.append(
+                f'{model} relies {"more" if rising else "less"} on "{top["word"]}" than {versus}: its share of a '
+                f"text's relevance moves by {top['change']:+.4f} per text (95 % CI {_interval(top['ci'])}; "
+                f"{top['texts']} texts hold it)."
+            )
+    predictions = changes["predictions"]
+    if "fixed" in predictions:
+        change = predictions["accuracy_change"]
+        low, high = change["ci"]
+        noise = (
+            " (the interval holds 0: no change this sample can tell)" if low is not None and low <= 0 <= high else ""
+        )
+        lines.append(
+            f"Accuracy {predictions['versus_accuracy']:.3f} → {predictions['model_accuracy']:.3f} "
+            f"({change['mean']:+.3f}, 95 % CI {_interval(change['ci'])}{noise}): {predictions['fixed']} errors "
+            f"fixed, {predictions['new_errors']} new errors."
+        )
+    else:
+        lines.append(f"{predictions['changed']} of {predictions['texts']} predictions changed.")
+    if "terms" in changes:
+        terms = changes["terms"]
+        lines.append(
+            f"The terms ({', '.join(terms['terms'])}) receive {100 * terms['model_share']['mean']:.1f} % of the "
+            f"relevance in {model} against {100 * terms['versus_share']['mean']:.1f} % in {versus} "
+            f"(change {100 * terms['change']['mean']:+.1f} points, 95 % CI {_interval(terms['change']['ci'], True)})."
+        )
+    if "heads" in changes and changes["heads"]["entropy"]["moved"]:
+        head = changes["heads"]["entropy"]["moved"][0]
+        lines.append(
+            f"Layer {head['layer']} head {head['head']} changed its attention entropy most: "
+            f"{head['versus']:.3f} → {head['model']:.3f} nats per query "
+            f"(95 % CI of the change {_interval(head['ci'])})."
+        )
+    return lines[:count]
+
+
+def _word_changes(changes: Mapping[str, Any], model: str, versus: str) -> str:
+    header = ["word", "texts", "change per text", "95 % CI", f"{model} per text", f"{versus} per text",
+              "change where present"]  # fmt: skip
+
+    def cells(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+        keys = ("word", "texts", "change", "ci", "model_per_text", "versus_per_text", "change_where_present")
+        return [[_interval(row[key]) if key == "ci" else row[key] for key in keys] for row in rows]
+
+    parts = []
+    if changes["words"]:
+        bars = [{"word": r["word"], "change": r["change"], "ci": r["ci"]} for r in changes["words"]]
+        parts.append(
+            figure_img(words_figure(bars, "change", "change of relevance per text (95 % CI)", "ci"), "changes")
+        )
+    parts += ["<h3>All texts</h3>", table(header, cells(changes["words"]))]
+    for group in changes["words_per_group"] if len(changes["words_per_group"]) > 1 else []:
+        parts += [
+            f"<h3>Texts labelled {esc(group['group'])} ({group['texts']})</h3>",
+            table(header, cells(group["words"])),
+        ]
+    return "\n".join(parts)
+
+
+def _term_share(terms: Mapping[str, Any], model: str, versus: str) -> str:
+    rows = [[name, 100 * terms[key]["mean"], _interval(terms[key]["ci"], True)]
+            for name, key in ((model, "model_share"), (versus, "versus_share"), ("change", "change"))]  # fmt: skip
+    return f"<p>Terms: {esc(', '.join(terms['terms']))}.</p>" + table(["", "share (%)", "95 % CI"], rows)
+
+
+def _changed_predictions(predictions: Mapping[str, Any], run: Mapping[str, Any]) -> str:
+    labels = run["labels"]
+    parts = [f"<p>{predictions['changed']} of {predictions['texts']} predicted classes changed.</p>"]
+    if "fixed" in predictions:
+        parts.append(
+            table(
+                ["both right", "fixed errors", "new errors", "both wrong"],
+                [[predictions[key] for key in ("both_right", "fixed", "new_errors", "both_wrong")]],
+            )
+        )
+    for record in predictions["examples"][:GALLERY]:
+        first, second = record["model"], record["versus"]
+        label = "" if first["label"] is None else f", label {labels[first['label']]}"
+        parts.append(f"<h3>#{record['index']} ({esc(record['outcome'].replace('_', ' '))}{esc(label)})</h3>")
+        for name, side in ((run["model"], first), (run["versus"], second)):
+            title = f"{name}: {labels[side['predicted']]} (p = {side['probability']:.3f})"
+            parts.append(_example({**side, "index": record["index"]}, {**run, "model": name}, title))
+    return "\n".join(parts)
+
+
+def _head_changes(heads: Mapping[str, Any], model: str, versus: str) -> str:
+    names = {
+        "entropy": "entropy (nats)",
+        "special": "share on special tokens",
+        "previous": "share on the previous token",
+    }
+    parts = []
+    for key, title in names.items():
+        rows = heads[key]["moved"][:10]
+        parts.append(f"<h3>{esc(title)}</h3>")
+        parts.append(
+            table(
+                ["layer", "head", versus, model, "change", "95 % CI"],
+                [[r["layer"], r["head"], r["versus"], r["model"], r["change"], _interval(r["ci"])] for r in rows],
+            )
+        )
+    return "\n".join(parts)

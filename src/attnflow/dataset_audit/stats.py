@@ -85,7 +85,7 @@ class AuditStats:
             _add_words(self.outcome_words[wrong], result.words)
             self.confusion[result.label][result.predicted] += 1
             if wrong:
-                _keep(self.errors, [result.probability, -result.index, _record(result)])
+                _keep(self.errors, [result.probability, -result.index, example_record(result)])
         if result.swapped is not None:
             delta = result.swapped["delta_p"]
             flipped = result.swapped["predicted_after"] != result.swapped["predicted_before"]
@@ -94,7 +94,7 @@ class AuditStats:
             self.swaps[2] += delta
             self.swaps[3] += delta * delta
             if flipped:
-                _keep(self.changes, [abs(delta), -result.index, _record(result)])
+                _keep(self.changes, [abs(delta), -result.index, example_record(result)])
         if result.ambiguous:
             self.unswapped += 1
             for word in result.ambiguous:
@@ -198,7 +198,8 @@ def merge_words(table: dict[str, list[float]], other: dict[str, list[float]]) ->
         table[word] = list(sums) if mine is None else [a + b for a, b in zip(mine, sums, strict=True)]
 
 
-def _record(result: ExampleResult) -> dict[str, Any]:
+def example_record(result: ExampleResult) -> dict[str, Any]:
+    """What the audit keeps of one example it shows: its prediction, label, text and map."""
     return {
         "index": result.index,
         "text": result.text,

@@ -29,10 +29,12 @@ class AuditOptions:
     neither: the classifier's own task. ``samples``: examples drawn with ``seed`` (None: all).
     ``terms``/``swap``: a comma-separated list, a file, or a list (``swap`` pairs as ``a:b``).
     ``workers``: torch threads (local) or model replicas (ray). ``dtype``: the model's precision
-    (``float32``, ``bfloat16``, ``float16``; `attnflow.load`).
+    (``float32``, ``bfloat16``, ``float16``; `attnflow.load`). ``versus``: a second classifier audited
+    over the same texts and compared with ``model`` (`attnflow.dataset_audit.versus`).
     """
 
     model: str = "minilm-sentiment"
+    versus: str | None = None
     task: str | None = None
     file: str | None = None
     method: str = DEFAULT_METHOD
