@@ -115,7 +115,7 @@ def test_the_budget_drops_the_most_expensive_first_and_replaces_exact_patching()
 
 @pytest.mark.usefixtures("tiny_models_by_name")
 def test_a_tight_budget_names_each_drop(tmp_path, capsys, monkeypatch):
-    from attnflow.serve import costs
+    from attnflow import costs
 
     monkeypatch.setattr(costs, "calibrate", lambda _model: costs.Rates(pass_s=0.01, token_s=0.001))
     out = tmp_path / "why"
@@ -163,7 +163,7 @@ def test_every_faithfulness_level_has_its_sentence():
 
 def test_over_the_budget_exact_patching_becomes_atps_estimate_and_the_reading_says_so(tiny_loaded, monkeypatch):
     import attnflow
-    from attnflow.serve import costs
+    from attnflow import costs
 
     rates = costs.Rates(pass_s=0.01, token_s=0.001)
     monkeypatch.setattr(costs, "calibrate", lambda _model: rates)

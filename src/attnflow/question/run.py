@@ -100,9 +100,9 @@ def _steps(
     model: ModelLike, checked: dict[str, Any], corrupt: str | None, wanted: Target, samples: int
 ) -> list[planning.Step]:
     """The evidence that fits the model and the question, with each one's estimated seconds."""
+    from attnflow.costs import Shape, calibrate, explain_parts, routes_parts
     from attnflow.evaluate.per_input import plan_methods
     from attnflow.methods.registry import methods_for
-    from attnflow.serve.costs import Shape, calibrate, explain_parts, routes_parts
 
     n, shape = checked["n"], Shape.of(model)
     rates = calibrate(model)

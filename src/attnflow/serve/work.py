@@ -9,7 +9,7 @@ body's ``target``, ``target_text`` and ``contrast`` become one `attnflow.targets
 (`request_target`). Each takes inputs already checked by its ``check_*`` function (on the event loop, before the
 request waits for its model: a bad request is answered at once) and the request's `Job`, checked
 between steps: a cancelled request stops at the next method boundary. Once the model is held, the
-``estimate_*`` function counts the request's work (`attnflow.serve.costs`) and refuses what cannot
+``estimate_*`` function counts the request's work (`attnflow.costs`) and refuses what cannot
 finish within the time limit before anything expensive runs; the routes call the same functions
 before queueing when the model is already loaded.
 """
@@ -22,11 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from attnflow.errors import InputError
-from attnflow.methods.registry import MethodSpec, get_method, method_names
-from attnflow.model_like import ModelLike
-from attnflow.serve.costs import (
-    Costs,
+from attnflow.costs import (
     Parts,
     Shape,
     Work,
@@ -36,6 +32,10 @@ from attnflow.serve.costs import (
     position_limit,
     routes_parts,
 )
+from attnflow.errors import InputError
+from attnflow.methods.registry import MethodSpec, get_method, method_names
+from attnflow.model_like import ModelLike
+from attnflow.serve.costs import Costs
 from attnflow.serve.pool import Job, ModelPool
 
 GENERATING = "generating"
