@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from why_oracle import numbers_of, read_separate, recomputed, separate_commands
+from why_oracle import check_reading, numbers_of, read_separate, recomputed, separate_commands
 
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
@@ -45,22 +45,6 @@ def check_against_separate_commands(text, model, folder, extra=(), why_only=()):
             assert pair["spearman"] == pytest.approx(rho, abs=1e-9), pair
     assert why["agreement"]["layers"]["layers"] == expected["layers"]
     return why
-
-
-def check_reading(why):
-    """Every number of every paragraph is one of why.json's shown texts' numbers, and every shown
-    number is its value as displayed (the reading states nothing the results do not hold)."""
-    allowed = {number for entry in why["shown"].values() for number in numbers_of(entry["text"])}
-    for paragraph in why["paragraphs"]:
-        for number in numbers_of(paragraph["text"]):
-            assert number in allowed, (number, paragraph["text"])
-    for name, entry in why["shown"].items():
-        if isinstance(entry["value"], float):
-            digits = len(entry["text"].partition(".")[2])
-            assert entry["text"] == f"{entry['value']:.{digits}f}", name
-        elif isinstance(entry["value"], int):
-            assert entry["text"] == str(entry["value"]), name
-    return allowed
 
 
 @pytest.mark.usefixtures("tiny_models_by_name")
