@@ -326,3 +326,35 @@ def test_smollm2_is_not_offered_alti(smollm2, minilm_sentiment):
             assert answer["explanations"][0]["tokens"][-1] == "Ġis"
             assert errors == [], errors
             browser.close()
+
+
+@needs_chromium
+def test_why_shows_the_reading_as_text_and_the_evidence_below_it(server):
+    errors: list[str] = []
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = watched(browser, server + "/", errors)
+        page.select_option("#model", "tiny-gpt2")
+        page.fill("#text", "the cat <b>sat</b> on the mat")
+        page.click("#run")
+        page.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+        page.wait_for_selector("#why:not([hidden])", timeout=60_000)
+        assert page.is_hidden("#why-view")
+        with page.expect_response("**/api/why") as answered:
+            page.click("#why")
+        answer = answered.value.json()
+        page.wait_for_selector("#why-view:not([hidden]) #why-agreement", timeout=60_000)
+        shown = page.eval_on_selector_all("#why-paragraphs p", "ps => ps.map(p => p.textContent)")
+        assert shown == [entry["text"] for entry in answer["why"]["paragraphs"]] and shown
+        questions = page.eval_on_selector_all("#why-paragraphs h3", "hs => hs.map(h => h.textContent)")
+        assert questions == [entry["question"] for entry in answer["why"]["paragraphs"]]
+        assert page.query_selector("#why-view b") is None  # the text's markup is text, in the reading and below
+        assert "<b>" in (page.text_content("#why-evidence") or "")
+        assert page.is_hidden("#token-1")
+        page.click("#why-evidence .tokens a[data-token='1']")  # a token: its attribution, route and patching row
+        assert page.is_visible("#token-1")
+        assert page.get_attribute("#why-link", "href") == answer["url"]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "serve-why.png"), full_page=True)
+        browser.close()
+    assert errors == [], errors
