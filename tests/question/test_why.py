@@ -181,3 +181,27 @@ def test_the_built_counterfactual_noises_the_whole_word_of_the_top_token_before_
     found.attribution = [Explanation(tokens, None, scores, "gim", {}, None, offsets=offsets)]
     assert noise_word(found, SimpleNamespace(target_kind="next_token")) == "Eiffel"
     assert noise_word(found, SimpleNamespace(target_kind="class")) == "in"  # a classifier reads every token
+
+
+def test_the_reading_quotes_whole_words_not_word_pieces(tiny_loaded):
+    import re
+
+    import attnflow
+
+    text = "the Eiffel tower is tall"  # the tiny WordPiece tokenizer splits every word but 'the' and 'is'
+    model = tiny_loaded("llama")
+    found = attnflow.why(model, text)
+    assert "##i" in found.tokens and len(found.tokens) > len(text.split()) + 2
+    why = found.to_dict()
+    check_reading(why)  # the numbers are as before: each one shown
+    special = {token for token, mask in zip(found.tokens, found.attribution[0].special_mask, strict=True) if mask}
+    named = {
+        name: re.findall(r"'([^']*)'", why["shown"][name]["text"])
+        for name in ("top_words", "at", "route_source")
+        if name in why["shown"]
+    }
+    assert named["top_words"] and set(named["top_words"]) <= set(text.split())  # 'Eiffel', never 'e' or '##f'
+    for quoted_words in named.values():
+        assert set(quoted_words) <= set(text.split()) | special, named
+    for paragraph in why["paragraphs"]:
+        assert "##" not in paragraph["text"], paragraph["text"]
