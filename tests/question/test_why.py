@@ -205,3 +205,18 @@ def test_the_reading_quotes_whole_words_not_word_pieces(tiny_loaded):
         assert set(quoted_words) <= set(text.split()) | special, named
     for paragraph in why["paragraphs"]:
         assert "##" not in paragraph["text"], paragraph["text"]
+
+
+def test_two_compared_numbers_that_round_alike_get_a_third_decimal(tiny_loaded):
+    import attnflow
+    from attnflow.question.wording import reading
+
+    found = attnflow.why(tiny_loaded("llama"), TEXTS[0])
+    faithful = found.attribution[0].faithfulness
+    cases = {(0.5712, 0.5749): ("0.571", "0.575"), (0.5712, 0.6): ("0.57", "0.60"), (0.57, 0.57): ("0.57", "0.57")}
+    for (ours, random), (ours_text, random_text) in cases.items():
+        faithful["aopc_comprehensiveness"], faithful["random"]["aopc_comprehensiveness"] = ours, random
+        shown, paragraphs = reading(found)
+        assert f"({ours_text} against {random_text}" in paragraphs[1]["text"], paragraphs[1]["text"]
+        assert shown["comprehensiveness"] == {"text": ours_text, "value": ours}
+        assert shown["comprehensiveness_random"] == {"text": random_text, "value": random}

@@ -79,6 +79,15 @@ class _Shown:
         """``value`` shown with ``digits`` decimals."""
         return self(name, f"{value:.{digits}f}", float(value))
 
+    def compared(self, first: tuple[str, float], second: tuple[str, float], digits: int = 2) -> None:
+        """Two ``(name, value)`` shown side by side ("0.571 against 0.575"): with one more decimal
+        when ``digits`` would show different values as the same text."""
+        (a_name, a), (b_name, b) = first, second
+        if a != b and f"{a:.{digits}f}" == f"{b:.{digits}f}":
+            digits += 1
+        self.number(a_name, a, digits)
+        self.number(b_name, b, digits)
+
     def integer(self, name: str, value: int) -> str:
         """``value`` shown as a whole number."""
         return self(name, str(int(value)), int(value))
@@ -178,8 +187,8 @@ def _words(found: Any, shown: _Shown) -> str:
     if faithful is None:
         text += shown.fill("unmeasured")
     else:
-        shown.number("comprehensiveness", faithful["aopc_comprehensiveness"])
-        shown.number("comprehensiveness_random", faithful["random"]["aopc_comprehensiveness"])
+        ours, random = faithful["aopc_comprehensiveness"], faithful["random"]["aopc_comprehensiveness"]
+        shown.compared(("comprehensiveness", ours), ("comprehensiveness_random", random))
         text += shown.fill(faithfulness_level(faithful))
         loo = found.attribution[-1].faithfulness if len(found.attribution) > 1 else None
         if loo is not None:
