@@ -3,6 +3,7 @@ against a real uvicorn server on a tiny classifier: what the DOM shows is what /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -328,16 +329,24 @@ def test_smollm2_is_not_offered_alti(smollm2, minilm_sentiment):
             browser.close()
 
 
+@contextlib.contextmanager
+def explained_in_chromium(url: str, model: str, text: str, errors: list[str]):
+    """A Chromium tab on the app at ``url`` with ``text`` explained by ``model``, its answer drawn."""
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        tab = watched(browser, url + "/", errors)
+        tab.select_option("#model", model)
+        tab.fill("#text", text)
+        tab.click("#run")
+        tab.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+        yield tab
+        browser.close()
+
+
 @needs_chromium
 def test_why_shows_the_reading_as_text_and_the_evidence_below_it(server):
     errors: list[str] = []
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = watched(browser, server + "/", errors)
-        page.select_option("#model", "tiny-gpt2")
-        page.fill("#text", "the cat <b>sat</b> on the mat")
-        page.click("#run")
-        page.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+    with explained_in_chromium(server, "tiny-gpt2", "the cat <b>sat</b> on the mat", errors) as page:
         page.wait_for_selector("#why:not([hidden])", timeout=60_000)
         assert page.is_hidden("#why-view")
         with page.expect_response("**/api/why") as answered:
@@ -356,5 +365,4 @@ def test_why_shows_the_reading_as_text_and_the_evidence_below_it(server):
         assert page.get_attribute("#why-link", "href") == answer["url"]
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "serve-why.png"), full_page=True)
-        browser.close()
     assert errors == [], errors
