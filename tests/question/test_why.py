@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from why_oracle import numbers_of, read_separate, recomputed, separate_commands
+from why_oracle import check_reading, numbers_of, read_separate, recomputed, separate_commands
 
 from attnflow.cli import explain as explain_command
 from attnflow.cli import main
@@ -45,22 +45,6 @@ def check_against_separate_commands(text, model, folder, extra=(), why_only=()):
             assert pair["spearman"] == pytest.approx(rho, abs=1e-9), pair
     assert why["agreement"]["layers"]["layers"] == expected["layers"]
     return why
-
-
-def check_reading(why):
-    """Every number of every paragraph is one of why.json's shown texts' numbers, and every shown
-    number is its value as displayed (the reading states nothing the results do not hold)."""
-    allowed = {number for entry in why["shown"].values() for number in numbers_of(entry["text"])}
-    for paragraph in why["paragraphs"]:
-        for number in numbers_of(paragraph["text"]):
-            assert number in allowed, (number, paragraph["text"])
-    for name, entry in why["shown"].items():
-        if isinstance(entry["value"], float):
-            digits = len(entry["text"].partition(".")[2])
-            assert entry["text"] == f"{entry['value']:.{digits}f}", name
-        elif isinstance(entry["value"], int):
-            assert entry["text"] == str(entry["value"]), name
-    return allowed
 
 
 @pytest.mark.usefixtures("tiny_models_by_name")
@@ -115,7 +99,7 @@ def test_the_budget_drops_the_most_expensive_first_and_replaces_exact_patching()
 
 @pytest.mark.usefixtures("tiny_models_by_name")
 def test_a_tight_budget_names_each_drop(tmp_path, capsys, monkeypatch):
-    from attnflow.serve import costs
+    from attnflow import costs
 
     monkeypatch.setattr(costs, "calibrate", lambda _model: costs.Rates(pass_s=0.01, token_s=0.001))
     out = tmp_path / "why"
@@ -163,7 +147,7 @@ def test_every_faithfulness_level_has_its_sentence():
 
 def test_over_the_budget_exact_patching_becomes_atps_estimate_and_the_reading_says_so(tiny_loaded, monkeypatch):
     import attnflow
-    from attnflow.serve import costs
+    from attnflow import costs
 
     rates = costs.Rates(pass_s=0.01, token_s=0.001)
     monkeypatch.setattr(costs, "calibrate", lambda _model: rates)
@@ -197,3 +181,42 @@ def test_the_built_counterfactual_noises_the_whole_word_of_the_top_token_before_
     found.attribution = [Explanation(tokens, None, scores, "gim", {}, None, offsets=offsets)]
     assert noise_word(found, SimpleNamespace(target_kind="next_token")) == "Eiffel"
     assert noise_word(found, SimpleNamespace(target_kind="class")) == "in"  # a classifier reads every token
+
+
+def test_the_reading_quotes_whole_words_not_word_pieces(tiny_loaded):
+    import re
+
+    import attnflow
+
+    text = "the Eiffel tower is tall"  # the tiny WordPiece tokenizer splits every word but 'the' and 'is'
+    model = tiny_loaded("llama")
+    found = attnflow.why(model, text)
+    assert "##i" in found.tokens and len(found.tokens) > len(text.split()) + 2
+    why = found.to_dict()
+    check_reading(why)  # the numbers are as before: each one shown
+    special = {token for token, mask in zip(found.tokens, found.attribution[0].special_mask, strict=True) if mask}
+    named = {
+        name: re.findall(r"'([^']*)'", why["shown"][name]["text"])
+        for name in ("top_words", "at", "route_source")
+        if name in why["shown"]
+    }
+    assert named["top_words"] and set(named["top_words"]) <= set(text.split())  # 'Eiffel', never 'e' or '##f'
+    for quoted_words in named.values():
+        assert set(quoted_words) <= set(text.split()) | special, named
+    for paragraph in why["paragraphs"]:
+        assert "##" not in paragraph["text"], paragraph["text"]
+
+
+def test_two_compared_numbers_that_round_alike_get_a_third_decimal(tiny_loaded):
+    import attnflow
+    from attnflow.question.wording import reading
+
+    found = attnflow.why(tiny_loaded("llama"), TEXTS[0])
+    faithful = found.attribution[0].faithfulness
+    cases = {(0.5712, 0.5749): ("0.571", "0.575"), (0.5712, 0.6): ("0.57", "0.60"), (0.57, 0.57): ("0.57", "0.57")}
+    for (ours, random), (ours_text, random_text) in cases.items():
+        faithful["aopc_comprehensiveness"], faithful["random"]["aopc_comprehensiveness"] = ours, random
+        shown, paragraphs = reading(found)
+        assert f"({ours_text} against {random_text}" in paragraphs[1]["text"], paragraphs[1]["text"]
+        assert shown["comprehensiveness"] == {"text": ours_text, "value": ours}
+        assert shown["comprehensiveness_random"] == {"text": random_text, "value": random}

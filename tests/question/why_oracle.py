@@ -106,3 +106,19 @@ def _layers(routes: dict, residual: np.ndarray) -> dict:
 
 def numbers_of(text: str) -> list[str]:
     return NUMBER.findall(text)
+
+
+def check_reading(why):
+    """Every number of every paragraph is one of why.json's shown texts' numbers, and every shown
+    number is its value as displayed (the reading states nothing the results do not hold)."""
+    allowed = {number for entry in why["shown"].values() for number in numbers_of(entry["text"])}
+    for paragraph in why["paragraphs"]:
+        for number in numbers_of(paragraph["text"]):
+            assert number in allowed, (number, paragraph["text"])
+    for name, entry in why["shown"].items():
+        if isinstance(entry["value"], float):
+            digits = len(entry["text"].partition(".")[2])
+            assert entry["text"] == f"{entry['value']:.{digits}f}", name
+        elif isinstance(entry["value"], int):
+            assert entry["text"] == str(entry["value"]), name
+    return allowed

@@ -23,8 +23,9 @@ REVIEW = (
 def _explored(pool, text: str, methods: list[str] | None):
     """The explorer's run as the server makes it: its job (forward passes counted by the pool's hook)
     and the work its estimate counted."""
+    from attnflow.costs import Rates, Shape, count_tokens, explore_parts
     from attnflow.serve import work
-    from attnflow.serve.costs import Costs, Rates, Shape, count_tokens, explore_parts
+    from attnflow.serve.costs import Costs
     from attnflow.serve.pool import Job
 
     costs = Costs(10_000)
@@ -50,7 +51,7 @@ def test_the_explore_estimate_counts_the_forward_passes_the_explorer_runs_faithf
 
 
 def test_the_explore_estimate_counts_the_page_of_every_layer_and_head():
-    from attnflow.serve.costs import PAGE, Shape, explore_parts
+    from attnflow.costs import PAGE, Shape, explore_parts
 
     shape = Shape(layers=6, heads=12)
     small, large = (explore_parts(["rollout", "raw", "alti"], n, shape, False) for n in (128, 256))

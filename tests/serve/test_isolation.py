@@ -155,7 +155,7 @@ def test_an_interrupted_join_of_model_pieces_leaves_no_file(tmp_path):
 
 
 def _set_rates(app, model: str, token_s: float) -> None:
-    from attnflow.serve.costs import Rates
+    from attnflow.costs import Rates
 
     app.state.costs.set_rates(model, Rates(pass_s=0.001, token_s=token_s))
 

@@ -3,6 +3,7 @@ against a real uvicorn server on a tiny classifier: what the DOM shows is what /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -326,3 +327,42 @@ def test_smollm2_is_not_offered_alti(smollm2, minilm_sentiment):
             assert answer["explanations"][0]["tokens"][-1] == "Ġis"
             assert errors == [], errors
             browser.close()
+
+
+@contextlib.contextmanager
+def explained_in_chromium(url: str, model: str, text: str, errors: list[str]):
+    """A Chromium tab on the app at ``url`` with ``text`` explained by ``model``, its answer drawn."""
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        tab = watched(browser, url + "/", errors)
+        tab.select_option("#model", model)
+        tab.fill("#text", text)
+        tab.click("#run")
+        tab.wait_for_selector("body[data-busy='0'] .tok", timeout=60_000)
+        yield tab
+        browser.close()
+
+
+@needs_chromium
+def test_why_shows_the_reading_as_text_and_the_evidence_below_it(server):
+    errors: list[str] = []
+    with explained_in_chromium(server, "tiny-gpt2", "the cat <b>sat</b> on the mat", errors) as page:
+        page.wait_for_selector("#why:not([hidden])", timeout=60_000)
+        assert page.is_hidden("#why-view")
+        with page.expect_response("**/api/why") as answered:
+            page.click("#why")
+        answer = answered.value.json()
+        page.wait_for_selector("#why-view:not([hidden]) #why-agreement", timeout=60_000)
+        shown = page.eval_on_selector_all("#why-paragraphs p", "ps => ps.map(p => p.textContent)")
+        assert shown == [entry["text"] for entry in answer["why"]["paragraphs"]] and shown
+        questions = page.eval_on_selector_all("#why-paragraphs h3", "hs => hs.map(h => h.textContent)")
+        assert questions == [entry["question"] for entry in answer["why"]["paragraphs"]]
+        assert page.query_selector("#why-view b") is None  # the text's markup is text, in the reading and below
+        assert "<b>" in (page.text_content("#why-evidence") or "")
+        assert page.is_hidden("#token-1")
+        page.click("#why-evidence .tokens a[data-token='1']")  # a token: its attribution, route and patching row
+        assert page.is_visible("#token-1")
+        assert page.get_attribute("#why-link", "href") == answer["url"]
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "serve-why.png"), full_page=True)
+    assert errors == [], errors

@@ -1,7 +1,7 @@
 """The plan of `attnflow.why`: which evidence fits the model and the question, what each piece is
 estimated to cost, and what a budget drops (the most expensive first).
 
-Costs are the serve layer's estimates (`attnflow.serve.costs`: forward passes and the tokens they
+Costs are the serve layer's estimates (`attnflow.costs`: forward passes and the tokens they
 hold, timed on the model itself by `calibrate`), never a second cost model: the attribution is
 `explain_parts` of auto's candidates and leave-one-out with their faithfulness, the routes
 `routes_parts`, and a patching sweep its rows of ``n`` tokens, `PATCH_BATCH` per forward pass.
@@ -136,10 +136,10 @@ def fit(steps: Sequence[Step], budget: float | None) -> Plan:
 
 
 def patching_work(n_tokens: int, n_layers: int, samples: int, sources: int = 0) -> Any:
-    """The `attnflow.serve.costs.Work` of an exact residual sweep over ``n_tokens`` (``n_layers`` + 1
+    """The `attnflow.costs.Work` of an exact residual sweep over ``n_tokens`` (``n_layers`` + 1
     rows of streams, each position, each of ``samples`` corruptions) and of ``sources`` knockout
     columns (``n_layers`` rows each), `PATCH_BATCH` rows per pass, with the two cached runs."""
-    from attnflow.serve.costs import Work
+    from attnflow.costs import Work
 
     rows = ((n_layers + 1) * n_tokens + n_layers * sources) * samples
     return Work(math.ceil(rows / PATCH_BATCH) + 2, (rows + 2 * samples) * n_tokens)
@@ -147,6 +147,6 @@ def patching_work(n_tokens: int, n_layers: int, samples: int, sources: int = 0) 
 
 def estimate_work(n_tokens: int, samples: int) -> Any:
     """The `Work` of AtP's estimate: the clean and corrupted runs, forward and backward, per sample."""
-    from attnflow.serve.costs import Work
+    from attnflow.costs import Work
 
     return Work(6 * samples, 6 * samples * n_tokens)

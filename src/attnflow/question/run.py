@@ -20,6 +20,7 @@ from attnflow.targets import Target, as_target
 
 SAMPLES = 3  # noise draws of the counterfactual built by noise on a word (`attnflow patch --samples`)
 SEED = 0
+ATTRIBUTION_METHODS = ["auto", "leave_one_out"]  # `attnflow explain --method auto,leave_one_out`
 
 
 def why(
@@ -100,9 +101,8 @@ def _steps(
     model: ModelLike, checked: dict[str, Any], corrupt: str | None, wanted: Target, samples: int
 ) -> list[planning.Step]:
     """The evidence that fits the model and the question, with each one's estimated seconds."""
-    from attnflow.evaluate.per_input import plan_methods
+    from attnflow.costs import Shape, calibrate, explain_parts, routes_parts
     from attnflow.methods.registry import methods_for
-    from attnflow.serve.costs import Shape, calibrate, explain_parts, routes_parts
 
     n, shape = checked["n"], Shape.of(model)
     rates = calibrate(model)
@@ -111,8 +111,7 @@ def _steps(
         works = parts.values() if isinstance(parts, dict) else [parts]
         return None if rates is None else sum(rates.seconds(work) for work in works)
 
-    methods = plan_methods(model, ["auto", "leave_one_out"], {}, wanted).per_method
-    attribution = seconds(explain_parts(methods, n, shape, True))
+    attribution = seconds(attribution_parts(model, n, wanted))
     steps = [planning.Step(planning.ATTRIBUTION, attribution, required=True)]
     causal = model.target_kind == "next_token"
     if not causal and "norm_rollout" in methods_for(model.adapter):
@@ -133,12 +132,23 @@ def _steps(
     return steps
 
 
+def attribution_parts(model: ModelLike, n: int, wanted: Target) -> Any:
+    """The `attnflow.costs.Parts` of the evidence `why` never drops (auto's and leave-one-out's
+    explanations with their faithfulness) on a text of ``n`` tokens: what `attnflow serve` holds a
+    why request to before it runs."""
+    from attnflow.costs import Shape, explain_parts
+    from attnflow.evaluate.per_input import plan_methods
+
+    methods = plan_methods(model, ATTRIBUTION_METHODS, {}, wanted).per_method
+    return explain_parts(methods, n, Shape.of(model), True)
+
+
 def _attribution(model: ModelLike, text: str, wanted: Target) -> list[Any]:
     """auto's explanation and leave-one-out's, each with its per-input faithfulness: exactly what
     `attnflow explain TEXT --method auto,leave_one_out` computes."""
     from attnflow.evaluate.per_input import explain_planned, plan_methods
 
-    chosen = plan_methods(model, ["auto", "leave_one_out"], {}, wanted)
+    chosen = plan_methods(model, ATTRIBUTION_METHODS, {}, wanted)
     trace = model.trace_for(list(chosen.per_method), [text], target=wanted)[0]
     return explain_planned(model, trace, chosen)
 

@@ -79,6 +79,15 @@ class _Shown:
         """``value`` shown with ``digits`` decimals."""
         return self(name, f"{value:.{digits}f}", float(value))
 
+    def compared(self, first: tuple[str, float], second: tuple[str, float], digits: int = 2) -> None:
+        """Two ``(name, value)`` shown side by side ("0.571 against 0.575"): with one more decimal
+        when ``digits`` would show different values as the same text."""
+        (a_name, a), (b_name, b) = first, second
+        if a != b and f"{a:.{digits}f}" == f"{b:.{digits}f}":
+            digits += 1
+        self.number(a_name, a, digits)
+        self.number(b_name, b, digits)
+
     def integer(self, name: str, value: int) -> str:
         """``value`` shown as a whole number."""
         return self(name, str(int(value)), int(value))
@@ -141,8 +150,24 @@ def _top_words(scores: np.ndarray, keep: np.ndarray, count: int = WORDS) -> list
     return [int(i) for i in np.argsort(-np.asarray(scores), kind="stable") if keep[i]][:count]
 
 
+def whole_words(found: Any) -> list[str]:
+    """Each token of ``found`` as the reading quotes it: the whole word of the text it belongs to
+    ('Eiffel' for the piece 'iffel'), grouped as `attnflow.methods.summary.words` groups them (the
+    attribution's offsets into the text); a special token, or any token without offsets, as itself."""
+    from attnflow.methods.summary import words
+
+    labels = list(found.tokens)
+    explanation = found.attribution[0] if found.attribution else None
+    if explanation is None or explanation.offsets is None or len(explanation.tokens) != len(labels):
+        return labels
+    for word, indices in words(found.tokens, explanation.special_mask, found.text, explanation.offsets):
+        for i in indices:
+            labels[i] = word
+    return labels
+
+
 def _listed(tokens: list[str], indices: list[int]) -> str:
-    words = [quoted(tokens[i]) for i in indices]
+    words = list(dict.fromkeys(quoted(tokens[i]) for i in indices))  # two pieces of one word: named once
     return " and ".join(words) if len(words) <= 2 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
@@ -156,14 +181,14 @@ def _words(found: Any, shown: _Shown) -> str:
 
     explanation = found.attribution[0]
     shown("method", explanation.method)
-    shown("top_words", _listed(found.tokens, _top_words(explanation.scores, _keep(found))))
+    shown("top_words", _listed(whole_words(found), _top_words(explanation.scores, _keep(found))))
     faithful = explanation.faithfulness
     text = shown.fill("words" if faithful is not None else "words_untested")
     if faithful is None:
         text += shown.fill("unmeasured")
     else:
-        shown.number("comprehensiveness", faithful["aopc_comprehensiveness"])
-        shown.number("comprehensiveness_random", faithful["random"]["aopc_comprehensiveness"])
+        ours, random = faithful["aopc_comprehensiveness"], faithful["random"]["aopc_comprehensiveness"]
+        shown.compared(("comprehensiveness", ours), ("comprehensiveness_random", random))
         text += shown.fill(faithfulness_level(faithful))
         loo = found.attribution[-1].faithfulness if len(found.attribution) > 1 else None
         if loo is not None:
@@ -209,7 +234,7 @@ def _layers(found: Any, shown: _Shown) -> str:
     """Where the answer forms: the lens, patching's handover, the route's move and its knockout."""
     routes, layers = found.routes, found.agreement["layers"]["layers"]
     last = routes.n_layers - 1
-    shown("at", quoted(found.tokens[routes.position]))
+    shown("at", quoted(whole_words(found)[routes.position]))
     text = shown.fill("lens", lens_where=_where(layers.get("lens"), last, "lens_layer", shown))
     if "patching" in layers:
         estimate = next(iter(found.patching.effects)) != "exact"
@@ -223,7 +248,7 @@ def _layers(found: Any, shown: _Shown) -> str:
     if edge is not None:
         shown("head", f"L{edge.layer}.H{int(np.argmax(np.asarray(edge.heads or [0.0])))}")
         shown.integer("route_layer", edge.layer)
-        shown("route_source", quoted(found.tokens[edge.source[2]]))
+        shown("route_source", quoted(whole_words(found)[edge.source[2]]))
         text += shown.fill("move")
         effect = found.knockout_effect()
         if effect is not None and round(100 * effect) >= 0:
@@ -259,12 +284,12 @@ def _sides(found: Any, shown: _Shown) -> str:
     if explanation.signed:
         support = [i for i, _token, score in explanation.top(WORDS) if score > 0]
         against = [i for i, _token, _score in explanation.against(WORDS)]
-        shown("for_words", _listed(found.tokens, support) or "none")
-        shown("against_words", _listed(found.tokens, against) or "none")
+        shown("for_words", _listed(whole_words(found), support) or "none")
+        shown("against_words", _listed(whole_words(found), against) or "none")
         text = shown.fill("sides")
     else:
         text = shown.fill("unsigned")
     if found.value_rollout is not None:
-        shown("rollout_words", _listed(found.tokens, _top_words(found.value_rollout, _keep(found))))
+        shown("rollout_words", _listed(whole_words(found), _top_words(found.value_rollout, _keep(found))))
         text += shown.fill("rollout")
     return text

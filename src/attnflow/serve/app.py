@@ -220,6 +220,17 @@ class RoutesRequest(BaseModel):
     request_id: str | None = Field(None, pattern=REQUEST_ID)
 
 
+class WhyRequest(BaseModel):
+    """``attnflow why TEXT``'s inputs: every kind of evidence about one prediction, and its reading."""
+
+    text: str
+    model: str | None = None
+    target: str | None = Field(None, description="the class or next token explained (default: the prediction)")
+    contrast: str | None = Field(None, description="why the target rather than this class or token")
+    corrupt: str | None = Field(None, description="a counterfactual text of the same token length, for patching")
+    request_id: str | None = Field(None, pattern=REQUEST_ID)
+
+
 # ----- the app -----------------------------------------------------------------------------------
 
 
@@ -634,8 +645,9 @@ def _add_explain_routes(app: FastAPI, service: _Service) -> None:
 
 
 def _add_view_routes(app: FastAPI, service: _Service) -> None:
-    """``/api/compare`` (one method under two models), ``/api/explore`` (the explorer page) and
-    ``/api/routes`` (routes.json's content; its page is kept like the explorer's)."""
+    """``/api/compare`` (one method under two models), ``/api/explore`` (the explorer page),
+    ``/api/routes`` (routes.json's content; its page is kept like the explorer's) and ``/api/why``
+    (why.json's content and the page's evidence sections; the whole page kept like the explorer's)."""
 
     @app.post("/api/compare", response_model=None, summary="one method under two models, as `attnflow compare` does")
     async def compare(body: CompareRequest, request: Request) -> Response:
@@ -662,6 +674,27 @@ def _add_view_routes(app: FastAPI, service: _Service) -> None:
     async def routes(body: RoutesRequest, request: Request) -> Response:
         return await service.viewed(request, body, work.check_routes, work.estimate_routes, work.routes_text)
 
+    @app.post(
+        "/api/why",
+        response_model=None,
+        summary="why the model gives its answer, as `attnflow why` reads it (the time limit is its budget)",
+    )
+    async def why(body: WhyRequest, request: Request) -> Response:
+        service.check_text(body.text)
+        service.check_text(body.corrupt, "counterfactual text")
+        asked = service.asked(work.check_why, body)
+
+        def answer(job: Job, result: Any) -> dict[str, Any]:
+            timed = {"elapsed_ms": _elapsed_ms(job), "estimated_s": job.estimate_s}
+            url = f"/api/explorer/{job.id}"
+            return {"id": job.id, "model": asked.model, **timed, "url": url, "why": result[0], "page": result[1]}
+
+        job, result, response = await service.start(
+            request, body.request_id, asked, work.estimate_why, work.why_text, answer
+        )
+        service.keep_page(job, result[2], "why")
+        return response
+
 
 def _add_job_routes(app: FastAPI, service: _Service) -> None:
     """``/api/progress/{id}`` and ``/api/cancel/{id}``: a running request's step, and stopping it."""
@@ -687,7 +720,9 @@ def _add_result_routes(app: FastAPI, service: _Service) -> None:
     kept = service.config.max_results
 
     @app.get(
-        "/api/explorer/{page_id}", response_class=HTMLResponse, summary="a page made by /api/explore or /api/routes"
+        "/api/explorer/{page_id}",
+        response_class=HTMLResponse,
+        summary="a page made by /api/explore, /api/routes or /api/why",
     )
     def explorer(page_id: str) -> HTMLResponse:
         page = service.pages.get(page_id)
@@ -852,6 +887,7 @@ _JSON_ROUTES = (
     "/api/compare",
     "/api/explore",
     "/api/routes",
+    "/api/why",
     "/api/load",
     "/api/cancel/{id}",
 )

@@ -60,7 +60,7 @@ class Job:
     forwards: int = 0  # forward passes of the model run for this job
     tokens: int = 0  # the tokens those passes held (batch x sequence)
     deadline: float | None = None  # time.monotonic() after which the request is over its time limit
-    estimate_s: float | None = None  # the seconds its work was estimated to take (`attnflow.serve.costs`)
+    estimate_s: float | None = None  # the seconds its work was estimated to take (`attnflow.costs`)
     durations: dict[str, float] = field(default_factory=dict)  # seconds spent in each finished step
     _entered: float = field(default_factory=time.monotonic)  # when the current step began
     _cancelled: threading.Event = field(default_factory=threading.Event)

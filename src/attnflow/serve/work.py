@@ -4,12 +4,13 @@
 `explain_planned`: the same methods, options, faithfulness and ``auto`` choice, so the numbers
 equal the CLI's); `generate_text` is `attnflow explain TEXT --generate N`'s
 (`attnflow.generation`); `compare_models` is `attnflow compare`'s (`attnflow.comparison.compare`);
-`explore_text` is `attnflow explore`'s; `routes_text` is `attnflow routes`'s (`attnflow.routes`). A
+`explore_text` is `attnflow explore`'s; `routes_text` is `attnflow routes`'s (`attnflow.routes`);
+`why_text` is `attnflow why`'s (`attnflow.why`, its budget the time left to the request). A
 body's ``target``, ``target_text`` and ``contrast`` become one `attnflow.targets.Target` here
 (`request_target`). Each takes inputs already checked by its ``check_*`` function (on the event loop, before the
 request waits for its model: a bad request is answered at once) and the request's `Job`, checked
 between steps: a cancelled request stops at the next method boundary. Once the model is held, the
-``estimate_*`` function counts the request's work (`attnflow.serve.costs`) and refuses what cannot
+``estimate_*`` function counts the request's work (`attnflow.costs`) and refuses what cannot
 finish within the time limit before anything expensive runs; the routes call the same functions
 before queueing when the model is already loaded.
 """
@@ -22,11 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from attnflow.errors import InputError
-from attnflow.methods.registry import MethodSpec, get_method, method_names
-from attnflow.model_like import ModelLike
-from attnflow.serve.costs import (
-    Costs,
+from attnflow.costs import (
     Parts,
     Shape,
     Work,
@@ -36,10 +33,15 @@ from attnflow.serve.costs import (
     position_limit,
     routes_parts,
 )
+from attnflow.errors import InputError
+from attnflow.methods.registry import MethodSpec, get_method, method_names
+from attnflow.model_like import ModelLike
+from attnflow.serve.costs import Costs
 from attnflow.serve.pool import Job, ModelPool
 
 GENERATING = "generating"
 ROUTING = "building the routes"
+ASKING = "asking why"
 
 
 def method_list(methods: Sequence[str] | None, also: Sequence[str] = ()) -> list[str] | None:
@@ -105,6 +107,7 @@ class Asked:
     top_k: int = 5
     position: int | None = None  # routes: the top node's token
     threshold: float | None = None  # routes: the edges kept
+    corrupt: str | None = None  # why: the counterfactual text
 
     @property
     def model(self) -> str:
@@ -190,6 +193,17 @@ def check_routes(*, text: str, model: str, **asked: Any) -> Asked:
 
     check_texts(text)
     return Asked(text, (model,), **asked)
+
+
+def check_why(*, text: str, model: str, corrupt: str | None, **asked: Any) -> Asked:
+    """``/api/why``'s inputs (``asked``: target, contrast) checked (the target, the contrast and the
+    counterfactual's length against the model are checked by `attnflow.why` once the model is held)."""
+    from attnflow.capture.texts import check_texts
+
+    check_texts(text)
+    if corrupt is not None:
+        check_texts(corrupt)
+    return Asked(text, (model,), corrupt=corrupt, **asked)
 
 
 # ----- estimates (the models loaded; on the event loop, with a copy of the tokenizer) ---------------------
@@ -313,6 +327,17 @@ def estimate_routes(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, aske
     ((name, _model),) = loaded
     n = count_tokens(tokenizer, asked.text)
     costs.check(job, [(name, routes_parts)], n, "a shorter text")
+
+
+def estimate_why(costs: Costs, job: Job, loaded: Loaded, tokenizer: Any, asked: Asked) -> None:
+    """`why_text`'s work that its budget cannot drop: the attribution with its faithfulness
+    (`attnflow.question.run.attribution_parts`); the rest fits the time left or is dropped by why itself."""
+    from attnflow.question.run import attribution_parts
+
+    ((name, model),) = loaded
+    target = request_target(asked.target, None, asked.contrast)
+    n = count_tokens(tokenizer, asked.text)
+    costs.check(job, [(name, lambda tokens: attribution_parts(model, tokens, target))], n, "a shorter text")
 
 
 # ----- the work (in the model's worker thread) -------------------------------------------------------
@@ -493,3 +518,27 @@ def _option_text(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value))
     return str(value)
+
+
+def why_text(pool: ModelPool, job: Job, costs: Costs, asked: Asked) -> tuple[dict[str, Any], str, str]:
+    """`attnflow why TEXT` (`check_why`'s inputs) within the time left to the request (its budget:
+    the most expensive evidence dropped rather than the request stopped): the content of why.json,
+    the page's evidence sections (`attnflow.viz.why.why_fragment`) and the whole page."""
+    from attnflow.question.run import why
+    from attnflow.viz.why import why_fragment, why_html
+
+    with pool.using(asked.model, job) as model:
+        costs.ready(asked.model, model)
+        estimate_why(costs, job, [(asked.model, model)], model.tokenizer, asked)
+        job.step(ASKING)
+        left = job.remaining_s()
+        found = why(
+            model,
+            asked.text,
+            request_target(asked.target, None, asked.contrast),
+            corrupt=asked.corrupt,
+            budget=costs.time_limit_s if left is None else max(left, 1e-3),
+            progress=lambda line: job.step(line.removesuffix(" …")) if line.endswith(" …") else None,
+        )
+        data = found.to_dict()
+        return data, why_fragment(data), why_html(data)

@@ -26,30 +26,50 @@ CSS = """
 
 def why_html(data: dict[str, Any]) -> str:
     """The page of one why.json content."""
-    tokens = data["shown_tokens"]
-    body = [
-        section("The reading", _reading(data), "reading"),
-        section("Tokens (click one: its attribution, route importance and patching row)", _tokens(data), "tokens"),
-        section("Agreement between the kinds of evidence", _agreement(data), "agreement"),
-        section("Which input tokens matter, by each kind of evidence", _scores(data), "scores"),
-    ]
-    if data["evidence"]["attribution"] is not None:
-        body.append(section("Attribution and its faithfulness on this input", _faithfulness(data), "faithfulness"))
-    if data["evidence"]["routes"] is not None:
-        body.append(section("Route and logit lens at the predicting position", _routes(data), "routes"))
-    if data["evidence"]["patching"] is not None:
-        body.append(section("Residual patching", _patching(data, tokens), "patching"))
-    body.append(section("Plan and budget", _plan(data), "plan"))
-    css = CSS + "".join(
-        f'body:has(#token-{i}:target) [data-token="{i}"] {{ background: #ffe08a; }}\n' for i in range(len(tokens))
-    )
     return page(
         f"Why: {data['model']}",
-        "\n".join(body),
+        _body(data),
         subtitle=data["text"],
         meta={"model": data["model"], "text": data["text"]},
-        css=css,
+        css=_css(data),
     )
+
+
+def why_fragment(data: dict[str, Any]) -> str:
+    """The page's evidence sections and their style, without the document around them and without
+    the reading (which `attnflow serve`'s page writes above them as text): ``/api/why``'s ``page``."""
+    return f'<style>{_css(data)}</style>\n<div class="why">\n{_body(data, ids="why-", reading=False)}</div>\n'
+
+
+def _css(data: dict[str, Any]) -> str:
+    return CSS + "".join(
+        f'body:has(#token-{i}:target) [data-token="{i}"] {{ background: #ffe08a; }}\n'
+        for i in range(len(data["shown_tokens"]))
+    )
+
+
+def _body(data: dict[str, Any], ids: str = "", reading: bool = True) -> str:
+    """The sections (the reading first unless not ``reading``), their ids prefixed by ``ids`` (for
+    a page that holds them beside ids of its own)."""
+    tokens = data["shown_tokens"]
+    body = [section("The reading", _reading(data), ids + "reading")] if reading else []
+    body += [
+        section(
+            "Tokens (click one: its attribution, route importance and patching row)", _tokens(data), ids + "tokens"
+        ),
+        section("Agreement between the kinds of evidence", _agreement(data), ids + "agreement"),
+        section("Which input tokens matter, by each kind of evidence", _scores(data), ids + "scores"),
+    ]
+    if data["evidence"]["attribution"] is not None:
+        body.append(
+            section("Attribution and its faithfulness on this input", _faithfulness(data), ids + "faithfulness")
+        )
+    if data["evidence"]["routes"] is not None:
+        body.append(section("Route and logit lens at the predicting position", _routes(data), ids + "routes"))
+    if data["evidence"]["patching"] is not None:
+        body.append(section("Residual patching", _patching(data, tokens), ids + "patching"))
+    body.append(section("Plan and budget", _plan(data), ids + "plan"))
+    return "\n".join(body)
 
 
 def _number(value: Any, digits: int = 3) -> str:

@@ -214,6 +214,47 @@
         answer.routes.route.edges.length + " edges at threshold " + answer.routes.threshold + "): open them in a new tab");
   }
 
+  // attnflow why on the shown text: the reading (paragraphs written as text), then the evidence
+  // sections of why.html below it (built by attnflow.viz.why, every token and text escaped there).
+  async function whyShown() {
+    const entry = state.shown;
+    if (!entry || entry.kind !== "explanation") return;
+    $("why").disabled = true;
+    setStatus("asking why (every kind of evidence, within the server's time limit) …");
+    try {
+      const answer = await api("/api/why", { text: entry.text, model: entry.model });
+      entry.why = answer;
+      entry.views["why-link"] = answer.url;
+      if (state.shown === entry) {
+        showViewLinks(entry);
+        showWhy(entry);
+        const dropped = answer.why.plan.dropped || [];
+        setStatus("why: done in " + answer.elapsed_ms.toFixed(0) + " ms" +
+          (dropped.length ? "; dropped for the time limit: " + dropped.join(", ") : ""));
+      }
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      $("why").disabled = false;
+    }
+  }
+
+  function showWhy(entry) {
+    const paragraphs = $("why-paragraphs");
+    paragraphs.textContent = "";
+    $("why-evidence").textContent = "";
+    $("why-view").hidden = !entry.why;
+    if (!entry.why) return;
+    for (const paragraph of entry.why.why.paragraphs) {
+      const question = document.createElement("h3");
+      question.textContent = paragraph.question;
+      const text = document.createElement("p");
+      text.textContent = paragraph.text;
+      paragraphs.append(question, text);
+    }
+    $("why-evidence").innerHTML = entry.why.page;  // escaped markup of attnflow.viz.why.why_fragment
+  }
+
   async function learnKinds() {
     try {
       const models = await api("/api/models");
@@ -243,7 +284,7 @@
 
   // The pages built for an entry (the explorer, the routes), each link shown only beside its entry.
   function showViewLinks(entry) {
-    for (const link of ["explorer-link", "routes-link"]) {
+    for (const link of ["explorer-link", "routes-link", "why-link"]) {
       const url = entry.views[link];
       $(link).hidden = !url;
       if (url) $(link).href = url;
@@ -270,6 +311,8 @@
     showViewLinks(entry);
     $("explore").hidden = entry.kind !== "explanation";
     $("routes").hidden = entry.kind !== "explanation" || state.kinds[entry.model] !== "next_token";
+    $("why").hidden = entry.kind !== "explanation" || !["next_token", "class"].includes(state.kinds[entry.model]);
+    showWhy(entry);
     draw(view);
   }
 
@@ -399,6 +442,7 @@
   $("cancel").addEventListener("click", cancel);
   $("explore").addEventListener("click", exploreShown);
   $("routes").addEventListener("click", routesShown);
+  $("why").addEventListener("click", whyShown);
   $("view-method").addEventListener("change", (event) => draw(Number(event.target.value)));
   $("tokens").addEventListener("click", pin);
   document.body.dataset.busy = "0";
