@@ -24,6 +24,8 @@ ALLOWED = {
     ("runs/readers.py", "--no-deps"): "pip's own flag, in the pip command that installs the wiki corpus",
     ("capture/probes.py", "--retrain"): "`attnflow models install ALIAS --retrain` is the one way to train a "
     "missing classifier head (no library call does it)",
+    ("capture/finetune.py", "--force"): "`attnflow models install ALIAS --force` is the one way to build a "
+    "fine-tuned model's damaged weights again (no public library call does it)",
 }
 
 

@@ -171,7 +171,10 @@ def noise_word(found: Why, model: ModelLike) -> str:
         word = text[begin:end].strip()
         if index != last and word:
             return word
-    raise InputError("no word of the text can carry the noise of the counterfactual: give --corrupt TEXT")
+    raise InputError(
+        "no word of the text can carry the noise of the counterfactual: give {corrupt}, a text of the same length",
+        parameter="corrupt",
+    )
 
 
 def _patching(
