@@ -3,6 +3,7 @@ its weights are checked at load, and an unbuilt one is refused with the command 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -112,7 +113,8 @@ def test_a_build_is_checked_at_load_and_an_unbuilt_one_refused(tmp_path, monkeyp
         load_finetuned_classifier(alias, _Encoder())
     build(finetune.finetuned_dir(alias))
     classifier, record = load_finetuned_classifier(alias, _Encoder())
-    assert record["sha256"] == finetune._sha256(finetune.finetuned_dir(alias) / finetune.WEIGHTS)
+    weights = finetune.finetuned_dir(alias) / finetune.WEIGHTS
+    assert record["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert classifier.config.id2label == {0: "negative", 1: "positive"}
     weights = finetune.finetuned_dir(alias) / finetune.WEIGHTS
     damaged = bytearray(weights.read_bytes())

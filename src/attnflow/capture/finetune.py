@@ -19,7 +19,6 @@ so every method runs on it and ``attnflow audit --versus`` compares the two head
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from attnflow.capture.weight_cache import cache_dir
+from attnflow.capture.weight_cache import cache_dir, sha256
 from attnflow.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -244,7 +243,7 @@ def save_classifier(classifier: torch.nn.Module, folder: Path, record: dict[str,
     folder.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().contiguous() for name, tensor in classifier.state_dict().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
-    digest = _sha256(folder / WEIGHTS)
+    digest = sha256(folder / WEIGHTS)
     (folder / RECORD).write_text(json.dumps({**record, "sha256": digest}, indent=1) + "\n", encoding="utf-8")
     return digest
 
@@ -302,7 +301,7 @@ def load_finetuned_classifier(alias: str, encoder: Any) -> tuple[Any, dict[str, 
 
     record = build_record(alias)
     path = finetuned_dir(alias) / WEIGHTS
-    digest = _sha256(path) if path.exists() else None
+    digest = sha256(path) if path.exists() else None
     if digest != record.get("sha256"):
         raise ModelLoadError(
             f"the {alias} weights {path} are {'damaged' if digest else 'missing'} (sha256 {digest}, "
@@ -335,11 +334,3 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return found
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
