@@ -157,20 +157,19 @@ def noise_word(found: Why, model: ModelLike) -> str:
     """The counterfactual built when none is given: the word of the most attributed token (by auto's
     map; a causal LM's predicting position left out, as noise there would change the question),
     the whole word as the text spells it."""
+    from attnflow.methods.summary import words
+
     explanation = found.attribution[0]
     last = len(found.tokens) - 1 if model.target_kind == "next_token" else None
-    text = found.text
-    for index, _token, _score in explanation.top(len(found.tokens)):
-        begin, end = (int(x) for x in explanation.offsets[index]) if explanation.offsets is not None else (0, 0)
-        while begin < end and text[begin].isspace():  # a token's own leading space (' in')
-            begin += 1
-        while begin > 0 and text[begin - 1].isalnum() and end > begin:  # the whole word ('Eiffel', not 'iffel')
-            begin -= 1
-        while end < len(text) and text[end].isalnum() and end > begin:
-            end += 1
-        word = text[begin:end].strip()
-        if index != last and word:
-            return word
+    if explanation.offsets is not None:  # token index -> the whole word it belongs to ('Eiffel', not 'iffel')
+        grouped = words(found.tokens, explanation.special_mask, found.text, explanation.offsets)
+        spans = [(int(begin), int(end)) for begin, end in explanation.offsets]
+        word_of = {
+            index: word.strip() for word, indices in grouped for index in indices if spans[index][1] > spans[index][0]
+        }
+        for index, _token, _score in explanation.top(len(found.tokens)):  # a token the text spells, in order
+            if index != last and word_of.get(index):
+                return word_of[index]
     raise InputError(
         "no word of the text can carry the noise of the counterfactual: give {corrupt}, a text of the same length",
         parameter="corrupt",
