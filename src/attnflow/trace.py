@@ -40,7 +40,7 @@ CAPABILITIES = {
     "text_target": "a differentiable text model with a target: a class, a next token or a similarity",
     "values": "value projections and the layers around them",
     "post_norm": "a layer norm right after each attention block (post-LN)",
-    "query_key": "query and key projections",
+    "query_key": "query and key projections, or the attention scores they meet in",
     "gated_mlp": "a gated MLP",
     "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
     "streams": "the residual stream after each attention block, value vectors and the norms information-flow "

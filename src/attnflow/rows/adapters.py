@@ -62,6 +62,11 @@ class Values:
     head h is f_h(x_j) = v_j W_O^h through the norm with that statistic fixed (the value-aware
     methods read the norm as the trace's ``output_norms``); the norm's form is the row's `Norms`,
     without which the family does not provide the ``values`` capability.
+    ``scores``: the query and key have no projections of their own (multi-head latent attention
+    builds them from low-rank latents and a rotary part): they meet only in the attention scores
+    Q·Kᵀ, the input of the softmax called inside the attention modules, where the backward rules
+    for their product act instead (`attnflow.methods.model.lrp`; the conformance suite's ``scores``
+    check proves that softmax returns the weights). False: the rules act at ``query`` and ``key``.
     """
 
     value: str | None
@@ -71,6 +76,7 @@ class Values:
     query: str | None = None
     key: str | None = None
     output_norm: str | None = None
+    scores: bool = False
 
     @property
     def post_norm(self) -> bool:
@@ -454,7 +460,10 @@ class Adapter:
             and (values.output_norm is None or self.norms is not None)
             and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
-            "query_key": all(self.projection(part) is not None for part in HEAD_PARTS),
+            "query_key": self.projection("value") is not None
+            and (
+                all(self.projection(part) is not None for part in HEAD_PARTS) or (values is not None and values.scores)
+            ),
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
             "streams": self.streams is not None

@@ -11,6 +11,9 @@ The checks (`CHECKS`, each named in the error it raises):
   ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
   output, or its value columns where a `Fused` projection holds the values (grouped-query heads
   shared; a fused projection of the wrong layout fails here);
+- ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
+  softmax called inside the attention module returns the weights the module returns, so the rules
+  acting at that softmax's input act on the scores Q·Kᵀ;
 - ``attention_output`` (rows with sites, no norm after the output projection): Σ_h z_h W_O^h + b_O,
   from each head's slice and the projection's own weights, is what the attention site adds;
 - ``residual_sum`` (rows with sites, no post-LN norm): block output = block input + attention site
@@ -50,7 +53,7 @@ from attnflow.errors import AdapterCheckError, CaptureError
 from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
-from attnflow.rows.tracing import affine_failure
+from attnflow.rows.tracing import affine_failure, softmax_inside
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
@@ -234,6 +237,29 @@ def check_head_slices(run: Run) -> None:
             heads,
             expected,
         )
+
+
+def check_scores(run: Run) -> None:
+    """In every layer, a softmax called inside the attention module returns the module's weights
+    ``[batch, head, query, key]`` (a sink's column, beside the keys, left out)."""
+    modules = [module for _, module in find_layers(run.model, run.row.stack.attention)]
+    called: dict[int, list[torch.Tensor]] = {}
+    current = [-1]
+    layer_of = {id(module): layer for layer, module in enumerate(modules)}
+
+    def handle(_x: torch.Tensor, output: torch.Tensor, _dim: int, _dtype: Any, _rerun: Callable) -> torch.Tensor:
+        called.setdefault(current[0], []).append(output.detach().clone())
+        return output
+
+    def enter(module: nn.Module) -> Callable:
+        return lambda _args, _kwargs: current.__setitem__(0, layer_of[id(module)])
+
+    with softmax_inside(modules, handle):
+        run.forward([(HookPoint(module, "call"), enter(module)) for module in modules])
+    for layer, weights in enumerate(run.layers("stack.weights")):
+        found = [output[..., : weights.shape[-1]] for output in called.get(layer, [])]
+        if not any(output.shape == weights.shape and _equal(output, weights) for output in found):
+            _fail(run, "scores", f"layer {layer}: no softmax called inside the attention module returns its weights")
 
 
 def check_attention_output(run: Run) -> None:
@@ -484,6 +510,10 @@ def _has_values(row: Adapter) -> bool:
     return row.projection("value") is not None
 
 
+def _at_scores(row: Adapter) -> bool:
+    return row.values is not None and row.values.scores
+
+
 def _has_norms(row: Adapter) -> bool:
     return row.norms is not None
 
@@ -540,6 +570,7 @@ class Check:
 CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
     Check("head_slices", _has_values, check_head_slices),
+    Check("scores", _at_scores, check_scores),
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),
     Check("post_norm", _post_norm_sites, check_post_norm),

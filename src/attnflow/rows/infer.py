@@ -50,6 +50,7 @@ _BATCH, _TOKENS = 2, 7
 # query and key go too (the backward rules require them).
 _PROVEN_BY = {
     "head_slices": ("values",),
+    "scores": ("values.scores",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
     "residual_sum": ("sites", "streams"),
@@ -306,7 +307,10 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     output_norm = row.pop("output_norm", None)
     if fused is not None:
         row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
-        row["values"] = Values(None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm)
+        scores = "query" not in fused.parts  # multi-head latent attention: no query or key projection
+        row["values"] = Values(
+            None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm, scores=scores
+        )
     elif value is not None:
         row["values"] = Values(
             _pattern(value, blocks),
@@ -315,6 +319,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             query=None if query is None else _pattern(query, blocks),
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
+            scores=query is None,
         )
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
