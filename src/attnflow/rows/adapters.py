@@ -370,6 +370,7 @@ class Adapter:
     experts: Experts | None = None  # a mixture of experts in place of the MLP
     inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
     unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
+    missing: tuple[str, ...] = ()  # inferred rows: the parts inference did not find, and why ("part: reason")
 
     def __post_init__(self) -> None:
         held = [part for fused in self.fused for part in fused.parts]
@@ -429,10 +430,11 @@ class Adapter:
         that inference did not find the part, and where to learn to write it by hand."""
         if not self.inferred:
             return ""
-        found = (
-            f"checks failed ({'; '.join(self.unverified)})" if self.unverified else "inference did not find the part"
-        )
-        return f" (the {self.family} row is inferred and {found}: {EXTENDING} shows how to write it by hand)"
+        found = [f"inference did not find {'; '.join(self.missing)}"] if self.missing else []
+        if self.unverified:
+            found.append(f"checks failed ({'; '.join(self.unverified)})")
+        said = " and ".join(found) or "inference did not find the part"
+        return f" (the {self.family} row is inferred and {said}: {EXTENDING} shows how to write it by hand)"
 
     @property
     def default_row(self) -> str:

@@ -58,7 +58,7 @@ _PROVEN_BY = {
     "own_value": ("sites", "streams"),
     "knockout": ("sites", "streams"),
     "norm_form": ("norms", "streams"),
-    "gated_product": ("gated_mlp", "values.query", "values.key"),
+    "gated_product": ("gated_mlp", "values.query", "values.key", "values.scores"),
 }
 
 
@@ -311,7 +311,13 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         row["values"] = Values(
             None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm, scores=scores
         )
-    elif value is not None:
+    elif value is None:
+        row["missing"] = (
+            f"values: no projection of {scope}, split into heads, times the attention weights gives the input of "
+            f"{output_projection.name} (something acts between A·V and the output projection that inference "
+            "cannot carry the heads through: a gate, a norm, a rescaled or a second attention map)",
+        )
+    else:
         row["values"] = Values(
             _pattern(value, blocks),
             _pattern(first.name, blocks),
