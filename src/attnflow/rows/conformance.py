@@ -11,6 +11,11 @@ The checks (`CHECKS`, each named in the error it raises):
   ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
   output, or its value columns where a `Fused` projection holds the values (grouped-query heads
   shared; a fused projection of the wrong layout fails here);
+- ``head_factor`` (rows whose heads are A·V times a per-position factor, `Values.head_factor`): in
+  every layer, adding a random change δ to the first token's value vectors (every other layer as it
+  was) leaves the weights as they were and changes the output projection's input by D ⊙ (A·δV), D
+  the factor on the unchanged run (`head_factor`): the factor is the same for every key and does not
+  depend on the values (a norm between A·V and the output projection fails here);
 - ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
   softmax called inside the attention module returns the weights the module returns, so the rules
   acting at that softmax's input act on the scores Q·Kᵀ;
@@ -50,7 +55,16 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
+from attnflow.rows.adapters import (
+    Adapter,
+    GatedMLP,
+    Norms,
+    Stack,
+    find_layers,
+    head_factor,
+    text_config,
+    token_rows,
+)
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 from attnflow.rows.tracing import affine_failure, softmax_inside
@@ -237,6 +251,62 @@ def check_head_slices(run: Run) -> None:
             heads,
             expected,
         )
+
+
+def _value_heads(run: Run, projected: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, token, d_head]`` the value vectors of one layer's value projection output
+    (its value columns; grouped-query heads shared by their query heads)."""
+    rows = token_rows(projected)  # [batch, token, width]
+    values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
+    batch, tokens, width = values.shape
+    d_head = run.layers("stack.heads")[0].shape[-1] // run.n_heads
+    per_kv_head = values.reshape(batch, tokens, width // d_head, d_head).transpose(1, 2)
+    return per_kv_head.repeat_interleave(run.n_heads // per_kv_head.shape[1], dim=1)
+
+
+def _weighted(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[batch, token, head * d_head]`` A·V per head, laid out as the output projection reads it."""
+    batch, heads, tokens, d_head = values.shape
+    return (weights @ values).transpose(1, 2).reshape(batch, tokens, heads * d_head)
+
+
+def check_head_factor(run: Run) -> None:
+    """Per layer: a change δ to the first token's values (that layer only) leaves the weights and
+    changes the output projection's input by exactly D ⊙ (A·δV), D the factor of the unchanged run."""
+    value = run.row.projection("value")
+    assert value is not None  # the check applies to rows with values
+    modules = [module for _, module in find_layers(run.model, value[0])]
+    attention = [module for _, module in find_layers(run.model, run.row.stack.attention)]
+    projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
+    generator = torch.Generator().manual_seed(1)
+    for layer, (weights, heads, projected) in enumerate(
+        zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
+    ):
+        factor = head_factor(heads, _weighted(weights, _value_heads(run, projected)))
+        change = torch.zeros_like(projected)
+        rows = token_rows(change)  # a view: [batch, token, width]
+        columns = run.row.part_columns("value", rows.shape[-1], run.model.config)
+        rows[:, 0, columns] = torch.randn(rows.shape[0], len(columns), generator=generator).to(rows) * float(
+            token_rows(projected)[..., columns].std()
+        )
+        seen: dict[str, torch.Tensor] = {}
+        run.forward(
+            [
+                (HookPoint(modules[layer], "output"), lambda tensor, change=change: tensor + change),
+                (
+                    HookPoint(attention[layer], "output", index=run.row.stack.weights_index),
+                    lambda tensor, seen=seen: seen.__setitem__("weights", tensor.clone()),
+                ),
+                (
+                    HookPoint(projections[layer], "input"),
+                    lambda tensor, seen=seen: seen.__setitem__("heads", tensor.clone()),
+                ),
+            ]
+        )
+        where = f"layer {layer}: the output projection's input after a change of the first token's values"
+        _close(run, "head_factor", f"layer {layer}: the weights after a change of the values", seen["weights"], weights)
+        expected = heads + factor * _weighted(weights, _value_heads(run, change))
+        _close(run, "head_factor", f"{where}, against D ⊙ A·(V + δV)", seen["heads"], expected)
 
 
 def check_scores(run: Run) -> None:
@@ -510,6 +580,14 @@ def _has_values(row: Adapter) -> bool:
     return row.projection("value") is not None
 
 
+def _plain_heads(row: Adapter) -> bool:
+    return _has_values(row) and not (row.values is not None and row.values.head_factor)
+
+
+def _factored_heads(row: Adapter) -> bool:
+    return _has_values(row) and row.values is not None and row.values.head_factor
+
+
 def _at_scores(row: Adapter) -> bool:
     return row.values is not None and row.values.scores
 
@@ -569,7 +647,8 @@ class Check:
 # Run in this order, each on its own (a failure does not stop the next).
 CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
-    Check("head_slices", _has_values, check_head_slices),
+    Check("head_slices", _plain_heads, check_head_slices),
+    Check("head_factor", _factored_heads, check_head_factor),
     Check("scores", _at_scores, check_scores),
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),

@@ -34,6 +34,7 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     hand_row,
+    head_factor,
     norm_epsilon,
     text_config,
     token_rows,
@@ -50,6 +51,7 @@ _BATCH, _TOKENS = 2, 7
 # query and key go too (the backward rules require them).
 _PROVEN_BY = {
     "head_slices": ("values",),
+    "head_factor": ("values",),
     "scores": ("values.scores",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
@@ -60,6 +62,9 @@ _PROVEN_BY = {
     "norm_form": ("norms", "streams"),
     "gated_product": ("gated_mlp", "values.query", "values.key", "values.scores"),
 }
+
+
+_VALUE_CHECKS = ("head_slices", "head_factor")
 
 
 def _not_found(what: str) -> InferenceError:
@@ -111,8 +116,10 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
             kept = f"residual_sum: {detail}; the sites hold as a gated block, without streams"
             row = replace(gated, unverified=(*row.unverified, kept))
             continue
-        left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
-        failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
+        # values that fail go first: the checks of what names them (an output norm) then run without them
+        failed = [result for result in report.failed if result.check in _VALUE_CHECKS] or report.failed
+        left_out = {part for result in failed for part in _PROVEN_BY[result.check]}
+        failures = tuple(f"{result.check}: {result.detail}" for result in failed)
         row = _without(replace(row, unverified=row.unverified + failures), left_out)
     return row
 
@@ -302,6 +309,9 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     }
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
     value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
+    factored = value is None and fused is None
+    if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
+        value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -325,7 +335,8 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             query=None if query is None else _pattern(query, blocks),
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
-            scores=query is None,
+            scores=query is None and not factored,
+            head_factor=factored,
         )
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
@@ -436,6 +447,34 @@ def _projections(
         return value.name, None, None, None
     query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
     return value.name, query.name, key.name, None
+
+
+def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_projection: Call) -> str | None:
+    """The projection whose output, split into heads, times the weights gives the output projection's
+    input up to a per-position factor (`Values.head_factor`): of the block's maps before the output
+    projection, the one whose ratio heads / A·V varies least over each head's features, where it
+    varies less than half as much as for any other (the conformance suite then proves the factor);
+    None where no map stands out so (differential attention: two softmaxes, no one factor)."""
+    heads = output_projection.input  # [batch, token, head * d_head]
+    d_head = heads.shape[-1] // block.n_heads
+    spreads = []
+    for call in block.calls:
+        if not (call.inside(scope) and call.start < output_projection.start and _linear_weight(call) is not None):
+            continue
+        rows = token_rows(call.output)
+        if rows.dim() != 3 or rows.shape[-1] % d_head or block.n_heads % (rows.shape[-1] // d_head):
+            continue
+        values = _per_head(rows, d_head).repeat_interleave(block.n_heads // (rows.shape[-1] // d_head), dim=1)
+        batch, tokens, width = heads.shape
+        products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
+        ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
+        spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
+        spreads.append((spread, call.name))
+    if not spreads:
+        return None
+    spreads.sort()
+    best, name = spreads[0]
+    return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
 
 
 def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:

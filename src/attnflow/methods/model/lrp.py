@@ -70,9 +70,9 @@ import numpy as np
 
 from attnflow.errors import CaptureError, InputError
 from attnflow.methods.extras import Scored
-from attnflow.methods.registry import register, unregister
+from attnflow.methods.registry import missing_capabilities, register, unregister
 from attnflow.model_like import ModelLike
-from attnflow.trace import CAPABILITIES, Trace
+from attnflow.trace import Trace
 
 if TYPE_CHECKING:
     from attnflow.rows.hook_points import HookPoint
@@ -315,11 +315,11 @@ def rules_named(rules: BackwardRules | str) -> BackwardRules:
 
 def check_rules_supported(model: ModelLike, rules: BackwardRules, what: str | None = None) -> None:
     """One line naming what ``model``'s family lacks for ``rules`` (an InputError), else nothing."""
-    missing = sorted(set(rules.requires) - model.adapter.provides)
+    missing = missing_capabilities(rules.requires, model.adapter)
     if missing:
         raise InputError(
             f"{what or rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
-            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+            + "; ".join(missing)
             + model.adapter.note
         )
 
