@@ -141,3 +141,22 @@ def test_a_norm_between_the_heads_and_the_output_projection_fails_the_check():
     assert [failure.split(":")[0] for failure in model.adapter.unverified] == ["head_factor"]
     with pytest.raises(InputError, match=r"requires values .*head_factor: layer 0: the output projection's input"):
         model.explain(TEXT, method="norm")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_a_factor_of_ones_gives_the_gram_matrices_numbers(tiny_loaded, family):
+    """The per-query path (`attention_parts`, the norm after the output projection, the residual
+    vector) with D = 1 gives what the Gram-matrix path gives on a family without a factor
+    (Gemma 3: a sandwich norm after the output projection; Llama: none)."""
+    from attnflow.methods.relevance import norm_matrices
+
+    model = tiny_loaded(family)
+    trace = model.trace(TEXT, needs=("attentions", "values", "output_weights", "layer_inputs"))[0]
+    assert trace.head_factors is None and (trace.output_norms is not None) == (family == "gemma3")
+    expected = [norm_matrices(trace), norm_matrices(trace, residual_vector=True)]
+    ones = dataclasses.replace(trace, head_factors=np.ones_like(trace.values))
+    found = [norm_matrices(ones), norm_matrices(ones, residual_vector=True)]
+    for got, want in zip(found, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    halves = dataclasses.replace(trace, head_factors=np.full_like(trace.values, 0.5))
+    assert not np.allclose(norm_matrices(halves, residual_vector=True), expected[1])  # the factor is read
