@@ -56,19 +56,17 @@ def test_the_values_are_found_with_a_factor_and_proven(model_type):
 def _own_parts(model, text):
     """Per layer: the weights ``[head, q, k]``, the values ``[token, kv_head, d_head]`` and the gate
     sigmoid(q_gate_proj's second half per head) ``[token, head, d_head]``, as the attention computes them."""
+    from attnflow.rows.hook_points import HookPoint, hooks
+
     recorded: dict[str, torch.Tensor] = {}
-    handles = [
-        module.register_forward_hook(lambda _m, _i, out, name=name: recorded.__setitem__(name, out.detach()))
+    watched = [
+        (HookPoint(module), lambda tensor, name=name: recorded.__setitem__(name, tensor.clone()))
         for name, module in model.hf_model.named_modules()
         if name.endswith(("self_attn.q_gate_proj", "self_attn.v_proj"))
     ]
-    try:
-        with torch.no_grad():
-            ids = torch.tensor(model.trace(text)[0].token_ids)[None]
-            out = model.hf_model(input_ids=ids, output_attentions=True)
-    finally:
-        for handle in handles:
-            handle.remove()
+    ids = torch.tensor(model.trace(text)[0].token_ids)[None]
+    with hooks(watched), torch.no_grad():
+        out = model.hf_model(input_ids=ids, output_attentions=True)
     d = model.d_head
     layers = []
     for layer, weights in enumerate(out.attentions):
