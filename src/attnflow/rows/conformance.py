@@ -67,7 +67,7 @@ from attnflow.rows.adapters import (
 )
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
-from attnflow.rows.tracing import affine_failure, softmax_inside
+from attnflow.rows.tracing import affine_failure, off_the_gradient_path, softmax_inside
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
@@ -446,6 +446,11 @@ def check_norm_form(run: Run) -> None:
         [(HookPoint(module, "call"), lambda _args, _kwargs, name=name: ran.add(name)) for name, module in looking]
     )
     missed = [name for name, _ in looking if name in ran and name not in names]
+    if missed:  # a norm no gradient of the output reaches (read only through a top-k) is not the row's
+        off = off_the_gradient_path(
+            run.model, run.inputs, [(name, module) for name, module in looking if name in missed]
+        )
+        missed = [name for name in missed if name not in off]
     for what, pattern in _named_norms(run.row).items():
         missed += [f"{name} (the row's {what})" for name, _ in _first_match(run.model, pattern) if name not in names]
     if missed:

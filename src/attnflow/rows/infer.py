@@ -40,7 +40,7 @@ from attnflow.rows.adapters import (
     token_rows,
 )
 from attnflow.rows.experts import find_experts
-from attnflow.rows.tracing import Call, affine_failure, trace
+from attnflow.rows.tracing import Call, affine_failure, off_the_gradient_path, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 _BATCH, _TOKENS = 2, 7
@@ -338,7 +338,8 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             scores=query is None and not factored,
             head_factor=factored,
         )
-    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     return Adapter(family, kind, (family,), inferred=True, **row)
 
@@ -465,7 +466,7 @@ def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_pro
         if rows.dim() != 3 or rows.shape[-1] % d_head or block.n_heads % (rows.shape[-1] // d_head):
             continue
         values = _per_head(rows, d_head).repeat_interleave(block.n_heads // (rows.shape[-1] // d_head), dim=1)
-        batch, tokens, width = heads.shape
+        batch, tokens, _ = heads.shape
         products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
         ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
         spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
@@ -751,15 +752,23 @@ def _measured_epsilon(call: Call, form: NormForm, offset: float) -> float | None
     return float(f"{max(eps, 0.0):.1e}") if eps == eps else None
 
 
-def _norms(traced: dict[str, Call], blocks: str, modules: list[str]) -> Norms | None:
+def _norms(
+    traced: dict[str, Call], blocks: str, modules: list[str], model: nn.Module, inputs: dict[str, torch.Tensor]
+) -> Norms | None:
     """Every norm the traced run called (in every block and outside them), when they share one form:
     the pattern of each per layer, unless it would also name a module of ``modules`` (the model's
     names) that is not such a norm (ModernBERT's first layer has an identity in place of its
-    attention norm): then the norms it names one by one."""
+    attention norm): then the norms it names one by one. Where they do not share one, the norms no
+    gradient of the output reaches (`off_the_gradient_path`: DeepSeek-V3.2's indexer norm, read
+    only through a top-k) are left out, and the rest must share one."""
     forms = {call.name: found for call in traced.values() if call.name and (found := _norm_forms(call))}
     if not forms:
         return None
     shared = set.intersection(*(set(found) for found in forms.values()))
+    if not shared:
+        off = off_the_gradient_path(model, inputs, [(name, traced[name].module) for name in forms])
+        forms = {name: found for name, found in forms.items() if name not in off}
+        shared = set.intersection(*(set(found) for found in forms.values())) if forms else set()
     if not shared:
         return None
     form, offset = min(shared)  # a weightless norm alone: offset 0

@@ -144,6 +144,30 @@ def _softmax_arguments(func: Any, args: tuple, kwargs: dict, x: torch.Tensor) ->
     return int(dim), dtype
 
 
+def off_the_gradient_path(
+    model: nn.Module, inputs: dict[str, torch.Tensor], watched: list[tuple[str, nn.Module]]
+) -> set[str]:
+    """The names of the ``watched`` modules whose output no gradient of the model's first output
+    reaches, in one forward and one backward pass of ``inputs``: modules read only through a
+    discrete choice (a sparse-attention indexer's norm, whose scores pick the keys by top-k), so
+    nothing the methods linearise passes through them."""
+    outputs: dict[str, torch.Tensor] = {}
+    hooked: list[tuple[HookPoint, Callable]] = [
+        (HookPoint(module, name=name), lambda tensor, name=name: outputs.__setitem__(name, tensor))
+        for name, module in watched
+    ]
+    with hooks(hooked), torch.enable_grad():
+        total = model(**inputs)[0].sum()  # the first output [batch, token, ...], summed
+    reached = [name for name, tensor in outputs.items() if torch.is_tensor(tensor) and tensor.requires_grad]
+    if not reached:  # computed without gradients (an indexer run under no_grad)
+        return {name for name, _ in watched}
+    gradients = torch.autograd.grad(total, [outputs[name] for name in reached], allow_unused=True)
+    on_path = {
+        name for name, gradient in zip(reached, gradients, strict=True) if gradient is not None and bool(gradient.any())
+    }
+    return {name for name, _ in watched} - on_path
+
+
 def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float = 1e-4) -> tuple[float, bool]:
     """How far ``out [..., d]`` is from c_0 + Σ_k c_k ⊙ terms[k] with per-channel constants c (one
     least-squares fit per channel over every row): (the largest residual relative to ``out``'s
