@@ -33,14 +33,14 @@ NEEDS = {
 # The array fields a trace may hold (what its repr and notebook view list by shape).
 ARRAY_FIELDS = (
     "attentions", "head_outputs", "output_weights", "values", "layer_inputs", "attention_grads", "embeddings",
-    "embedding_grads", "decoder_attentions", "cross_attentions",
+    "embedding_grads", "decoder_attentions", "cross_attentions", "head_factors",
 )  # fmt: skip
 # What a model family can provide (`Adapter.provides`); a method requires a subset (`MethodSpec.requires`).
 CAPABILITIES = {
     "text_target": "a differentiable text model with a target: a class, a next token or a similarity",
     "values": "value projections and the layers around them",
     "post_norm": "a layer norm right after each attention block (post-LN)",
-    "query_key": "query and key projections",
+    "query_key": "query and key projections, or the attention scores they meet in",
     "gated_mlp": "a gated MLP",
     "sites": "patching sites: the residual stream, attention and MLP outputs per layer",
     "streams": "the residual stream after each attention block, value vectors and the norms information-flow "
@@ -98,6 +98,10 @@ class Trace:
         attention_grads: ``[layer, head, query, key]`` d(target)/dA, or None.
         values: ``[layer, token, head, d_head]`` per-head value vectors x W_V + b_V (grouped-query
             models: each query head's shared value head), or None.
+        head_factors: families whose heads are A·V times a per-position factor
+            (`attnflow.rows.adapters.Values.head_factor`: a gate, a sink's rescaling), captured with
+            ``values``: ``[layer, token, head, d_head]`` D, the output projection's input over A·V
+            at each query position (`attnflow.rows.adapters.head_factor`); None for the others.
         layer_inputs: ``[layer, token, d_model]`` the residual stream entering each attention
             block (the layer's input), or None.
         output_bias: ``[layer, d_model]`` bias of each output projection (zeros when it has
@@ -139,6 +143,7 @@ class Trace:
     cross_attentions: np.ndarray | None = None
     attention_grads: np.ndarray | None = None
     values: np.ndarray | None = None
+    head_factors: np.ndarray | None = None
     layer_inputs: np.ndarray | None = None
     output_bias: np.ndarray | None = None
     layer_norms: dict[str, Any] | None = None

@@ -174,6 +174,20 @@ def test_a_gated_product_that_fails_takes_the_backward_rules_with_it(tiny_loaded
     assert [note.split(":")[0] for note in row.unverified] == ["gated_product"]
 
 
+def test_values_that_inference_cannot_carry_through_are_refused_naming_why(tmp_path):
+    """Differential attention (DiffLlama) subtracts a second softmax's A·V from the first one's before
+    the output projection: no projection times the returned weights gives the heads, so the value-aware
+    methods are refused in one line that says what stands between A·V and the output projection."""
+    import attnflow
+    from attnflow.errors import InputError
+
+    model = attnflow.load(str(build_tiny("diffllama", tmp_path / "diffllama")), device="cpu", progress=False)
+    assert model.adapter.values is None and model.adapter.missing[0].startswith("values: no projection of")
+    with pytest.raises(InputError, match=r"requires values .*between A·V and the output projection.*extending.md"):
+        model.explain("the movie was great", method="norm")
+    assert model.explain("the movie was great", method="rollout").scores is not None
+
+
 def test_a_model_without_attention_weights_is_refused_naming_the_part(tmp_path):
     import transformers
 

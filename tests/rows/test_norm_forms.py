@@ -83,3 +83,33 @@ def test_a_layer_without_a_norm_is_left_out_of_the_pattern():
     assert hf_model.model.layers[1].attn_norm in matched
     assert check_adapter(model.adapter, hf_model, strict=False).outcome("norm_form") == "pass"
     assert len(find_layers(hf_model, r"layers\.(\d+)\.mlp_norm$")) == model.n_layers
+
+
+def test_a_norm_read_only_through_a_top_k_is_not_the_rows():
+    """DeepSeek-V3.2's lightning indexer layer-norms its keys (a LayerNorm among RMS norms) only to
+    pick which keys each query attends to, by top-k: no gradient of the output reaches it, so it is
+    not one of the norms the rules and routes linearise. The row declares the RMS norms, the check
+    passes, and the backward rules and routes run. Oracle: changing the indexer norm's output
+    changes no logit on this input (a discrete choice), while changing an RMS norm's output does."""
+    from attnflow.rows.hook_points import HookPoint, hooks
+
+    model = _tiny("deepseek_v32")
+    row = model.adapter
+    assert row.norms is not None and row.norms.form == "rms" and not row.unverified
+    indexer = [name for name, _ in model.hf_model.named_modules() if name.endswith("indexer.k_norm")]
+    assert indexer and not any(re.search(row.norms.modules, name) for name in indexer)
+    assert check_adapter(row, model.hf_model, strict=False).outcome("norm_form") == "pass"
+    ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    modules = dict(model.hf_model.named_modules())
+
+    def logits_with(name: str | None) -> torch.Tensor:
+        changed = [] if name is None else [(HookPoint(modules[name]), lambda tensor: tensor * 1.01 + 0.01)]
+        with hooks(changed), torch.no_grad():
+            return model.hf_model(input_ids=ids).logits
+
+    clean = logits_with(None)
+    assert all(torch.equal(logits_with(name), clean) for name in indexer)
+    assert not torch.equal(logits_with("model.layers.0.input_layernorm"), clean)
+    assert {"query_key", "norms", "streams"} <= row.provides
+    assert np.isfinite(model.explain(TEXT, method="attnlrp").scores).all()
+    assert attnflow.routes(model, TEXT).edges

@@ -1,11 +1,12 @@
 """Sites inference proves from the residual stream in blocks that are not input + attention(norm(x)) +
 MLP(norm(…)) with the projection's output as the attention site.
 
-A block whose attention site is a norm after the output projection while inference finds no value
-vectors: AFMoE gates the heads by sigmoid(gate_proj(x)) before ``o_proj`` (so A·V alone is
-not the projection's input) and norms the projection's output (``post_attention_layernorm``) before
-the residual addition. The projection's output is not the attention site there, so the residual sum
-alone proves the sites (before, the row lost them and patching was refused).
+A block whose attention site is a norm after the output projection and whose heads are not A·V
+alone: AFMoE gates the heads by sigmoid(gate_proj(x)) before ``o_proj`` (its values are proven with
+that per-position factor, `Values.head_factor`, tests/rows/test_head_factor.py) and norms the
+projection's output (``post_attention_layernorm``) before the residual addition. The projection's
+output is not the attention site there, so the residual sum proves the sites (before, the row lost
+them and patching was refused).
 
 Gated blocks (`Sites.gated`): the block output is a per-channel affine combination of its input and
 the two sites, not their sum (Doge's learned residual scales, Ergo's residual gates, Beam's depth-
@@ -72,7 +73,7 @@ def test_the_proven_sites_are_kept_and_patch_like_the_model(tiny):
     assert len(row.unverified) == (row.family == "gpt_neox_japanese")  # its plain sum, recorded as failed
     assert row.sites.gated == gated and (row.streams is None) == gated  # gated: nothing adds the sites up
     if row.family == "afmoe":
-        assert row.values is None  # the gated heads: no value vectors proven
+        assert row.values.head_factor  # the gated heads: value vectors proven with a per-position factor
         assert not row.stack.output_projection.startswith(row.sites.attention[:-1])  # the site is not o_proj's
     ids = afmoe.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     seen = _outputs(

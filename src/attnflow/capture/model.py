@@ -33,7 +33,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, token_rows
+from attnflow.rows.adapters import Adapter, Values, head_factor, token_rows
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -501,7 +501,7 @@ class CaptureModel:
                 record_stack(
                     self.hf_model,
                     self.adapter.stack,
-                    head_outputs="head_outputs" in needs,
+                    head_outputs="head_outputs" in needs or ("values" in needs and self._factored),
                     stop_after_last_layer=not run_whole_model,
                     fuse_heads=fuse_heads,
                 )
@@ -537,7 +537,12 @@ class CaptureModel:
             batch, layers, tokens, width = stacked.shape  # width: kv_head * d_head
             per_kv_head = stacked.reshape(batch, layers, tokens, width // self.d_head, self.d_head)
             # grouped-query attention: query head h reads value head h // (heads per value head)
-            captured["values"] = _numpy(per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3))
+            shared = per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3)
+            captured["values"] = _numpy(shared)  # [batch, layer, token, head, d_head]
+            if self._factored:
+                captured["head_factors"] = _numpy(
+                    self._head_factors(captured["attentions"], shared, recording.stacked_head_outputs(self.n_heads))
+                )
         if block_layers:
             captured["layer_inputs"] = _numpy(
                 stack_recorded(layer_inputs, block_layers)
@@ -686,6 +691,21 @@ class CaptureModel:
                 parameter="max_length",
             )
         return int(max_length)
+
+    @property
+    def _factored(self) -> bool:
+        """Whether the row's heads are A·V times a per-position factor (`Values.head_factor`)."""
+        return self.adapter.values is not None and self.adapter.values.head_factor
+
+    @staticmethod
+    def _head_factors(attentions: np.ndarray, values: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """``[batch, layer, token, head, d_head]`` D per layer (`head_factor`): the output
+        projection's input ``heads`` over A·V, from the weights ``[batch, layer, head, query, key]``
+        and the values ``[batch, layer, token, head, d_head]``."""
+        weights = torch.from_numpy(attentions).to(values)
+        products = torch.einsum("blhqk,blkhd->blqhd", weights, values)
+        heads = heads.to(values)
+        return torch.stack([head_factor(heads[:, i], products[:, i]) for i in range(products.shape[1])], dim=1)
 
     def _output_weights_numpy(self) -> tuple[np.ndarray, np.ndarray]:
         """``output_weights`` ``[layer, head, d_head, d_model]`` and the projections' biases

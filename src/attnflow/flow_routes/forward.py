@@ -171,6 +171,8 @@ def check_supported(model: ModelLike) -> None:
     if "streams" in adapter.provides:
         return
     missing = []
+    if adapter.values is not None and adapter.values.head_factor:
+        missing.append("head vectors that do not depend on the query")
     if adapter.streams is None:
         missing.append(f"streams ({CAPABILITIES['streams']})")
     if adapter.sites is None:

@@ -45,7 +45,7 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
 
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
@@ -130,7 +130,17 @@ class MethodSpec:
 
     def missing(self, family: Family) -> list[str]:
         """What the method requires and ``family`` does not provide, each with what it means."""
-        return [f"{name} ({CAPABILITIES[name]})" for name in sorted(self.requires - family.provides)]
+        return missing_capabilities(self.requires, family)
+
+
+def missing_capabilities(requires: Iterable[str], family: Family) -> list[str]:
+    """What ``requires`` names and ``family`` does not provide, each with what it means and, where a
+    part of the row withholds it (`attnflow.rows.adapters.Adapter.withheld`), why."""
+    withheld = getattr(family, "withheld", {})
+    return [
+        f"{name} ({CAPABILITIES[name]}{'; ' + withheld[name] if name in withheld else ''})"
+        for name in sorted(set(requires) - family.provides)
+    ]
 
 
 _METHODS: dict[str, MethodSpec] = {}

@@ -79,6 +79,8 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
     attentions = np.asarray(trace.attentions, dtype=np.float64)  # [layer, head, q, k]
     if residual_vector:
         trace.require("layer_inputs", method="residual='norm'")
+    if trace.head_factors is not None:
+        return _factored_norm_matrices(trace, residual_vector)
     index = np.arange(trace.n_tokens)
     squared = np.zeros((trace.n_layers, trace.n_tokens, trace.n_tokens))
     for layer in range(trace.n_layers):
@@ -95,6 +97,46 @@ def norm_matrices(trace: Trace, residual_vector: bool = False) -> np.ndarray:
             cross = np.einsum("ih,ihe,ie->i", diagonal_attention, contributions, inputs, optimize=True)
             squared[layer, index, index] += 2.0 * scale * cross + np.einsum("ie,ie->i", inputs, inputs)
     return np.sqrt(np.maximum(squared, 0.0))
+
+
+def _factored_norm_matrices(trace: Trace, residual_vector: bool) -> np.ndarray:
+    """`norm_matrices` of a family whose heads are A·V times a per-position factor (``head_factors``
+    D: a gate, a sink's rescaling): what token j adds to query i through head h, A[h,i,j] (v_j^h ⊙
+    D_i^h) W_O^h, depends on the query, so the parts (`attention_parts`) are formed per block of
+    query rows, then taken through the norm after the output projection, if any, as there."""
+    norms = trace.output_norms
+    n = trace.n_tokens
+    squared = np.zeros((trace.n_layers, n, n))
+    for layer in range(trace.n_layers):
+        bias = np.asarray(trace.captured("output_bias")[layer], dtype=np.float64) if norms is not None else 0.0
+        for start in range(0, n, QUERY_CHUNK):
+            queries = slice(start, min(n, start + QUERY_CHUNK))
+            parts = attention_parts(trace, layer, queries)  # [q, k, d_model]
+            if norms is not None:  # s_i g ⊙ P(part), s_i from query i's whole output (through_output_norm)
+                y = parts.sum(axis=1) + bias
+                scale = 1.0 / norm_statistic(y, norms["kind"], float(norms["eps"]))
+                centred = parts - parts.mean(axis=-1, keepdims=True) if norms["kind"] == "layer" else parts
+                parts = np.asarray(norms["gain"][layer], dtype=np.float64) * centred * scale[:, None, None]
+            if residual_vector:
+                rows = np.arange(n)[queries]
+                inputs = np.asarray(trace.captured("layer_inputs")[layer], dtype=np.float64)  # [token, d_model]
+                parts[np.arange(len(rows)), rows] += inputs[rows]
+            squared[layer, queries] = np.einsum("ije,ije->ij", parts, parts)
+    return np.sqrt(squared)
+
+
+def attention_parts(trace: Trace, layer: int, queries: slice) -> np.ndarray:
+    """``[query, key, d_model]`` Σ_h A[h,i,j] f_h(x_j) of one layer for a block of query rows: what
+    token j adds to query i's attention output (before any norm after the output projection and
+    without its bias); with ``head_factors`` D, f_h(x_j) = (v_j^h ⊙ D_i^h) W_O^h."""
+    attention = np.asarray(trace.attentions[layer, :, queries], dtype=np.float64)  # [head, q, k]
+    if trace.head_factors is None:
+        return np.einsum("hij,jhe->ije", attention, value_contributions(trace, layer), optimize=True)
+    trace.require("values", "output_weights", method="value-aware relevance")
+    values = np.asarray(trace.captured("values")[layer], dtype=np.float64)  # [key, head, d_head]
+    factors = np.asarray(trace.head_factors[layer, queries], dtype=np.float64)  # [q, head, d_head]
+    weights = np.asarray(trace.captured("output_weights")[layer], dtype=np.float64)  # [head, d_head, d_model]
+    return np.einsum("hij,jhd,ihd,hde->ije", attention, values, factors, weights, optimize=True)
 
 
 def norm_statistic(y: np.ndarray, kind: str, eps: float) -> np.ndarray:
@@ -170,9 +212,7 @@ def alti_layer_parts(trace: Trace, layer: int, queries: slice) -> tuple[np.ndarr
     the layer norm's σ(y_i) = sqrt(var(y_i) + eps).
     """
     trace.require("layer_inputs", "output_bias", "layer_norms", method="alti")
-    contributions = value_contributions(trace, layer)  # [key, head, d_model]
-    attention = np.asarray(trace.attentions[layer, :, queries], dtype=np.float64)  # [head, q, k]
-    parts = np.einsum("hij,jhe->ije", attention, contributions, optimize=True)  # [q, k, d_model]
+    parts = attention_parts(trace, layer, queries)  # [q, k, d_model]
     inputs = np.asarray(trace.captured("layer_inputs")[layer], dtype=np.float64)  # [token, d_model]
     rows = np.arange(trace.n_tokens)[queries]
     parts[np.arange(len(rows)), rows] += inputs[rows]

@@ -62,6 +62,20 @@ class Values:
     head h is f_h(x_j) = v_j W_O^h through the norm with that statistic fixed (the value-aware
     methods read the norm as the trace's ``output_norms``); the norm's form is the row's `Norms`,
     without which the family does not provide the ``values`` capability.
+    ``scores``: the query and key have no projections of their own (multi-head latent attention
+    builds them from low-rank latents and a rotary part): they meet only in the attention scores
+    Q·Kᵀ, the input of the softmax called inside the attention modules, where the backward rules
+    for their product act instead (`attnflow.methods.model.lrp`; the conformance suite's ``scores``
+    check proves that softmax returns the weights). False: the rules act at ``query`` and ``key``.
+    ``head_factor``: a per-position factor multiplies each head's A·V before the output projection,
+    the same for every key and independent of the values (a sigmoid gate computed from the block
+    input: AFMoE, Beam, MiniCPM5-MoE; a sink's rescaling of the softmax weights after they are
+    returned: Granite-SWA). The output projection's input at query i is then D_i ⊙ Σ_j A_ij v_j, so
+    what token j adds through head h is A_hij (v_jh ⊙ D_ih) W_O^h, with D the ratio of the output
+    projection's input to A·V on the run (`head_factor`; the conformance suite's ``head_factor``
+    check proves it, changing one token's values and reading the heads again). The value-aware
+    methods read it as the trace's ``head_factors``; the backward rules (no rule for the factor's
+    product) and routes (whose head vectors do not depend on the query) refuse such a row.
     """
 
     value: str | None
@@ -71,6 +85,8 @@ class Values:
     query: str | None = None
     key: str | None = None
     output_norm: str | None = None
+    scores: bool = False
+    head_factor: bool = False
 
     @property
     def post_norm(self) -> bool:
@@ -200,6 +216,15 @@ def token_rows(output: Any) -> Any:
     if output.dim() == 4 and output.shape[1] == 1:
         return output[:, 0]
     return output
+
+
+def head_factor(heads: Any, products: Any) -> Any:
+    """``[..., width]`` D = ``heads`` / ``products`` (the output projection's input over A·V, per
+    position and feature), computed as heads · p / (p² + ε²) with ε a millionth of the largest
+    |A·V| given, so that where A·V is 0 (nothing to carry) D is 0 rather than a ratio of rounding
+    errors (`Values.head_factor`). Torch tensors or numpy arrays."""
+    eps = 1e-6 * max(float(abs(products).max()), 1e-30)
+    return heads * products / (products * products + eps * eps)
 
 
 def norm_epsilon(module: Any) -> float | None:
@@ -364,6 +389,7 @@ class Adapter:
     experts: Experts | None = None  # a mixture of experts in place of the MLP
     inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
     unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
+    missing: tuple[str, ...] = ()  # inferred rows: the parts inference did not find, and why ("part: reason")
 
     def __post_init__(self) -> None:
         held = [part for fused in self.fused for part in fused.parts]
@@ -418,15 +444,24 @@ class Adapter:
         return fused.columns(part, width, self.heads(config), self.kv_heads(config))
 
     @property
+    def withheld(self) -> dict[str, str]:
+        """The capabilities the row's parts would give but a part of it withholds, with why: a
+        per-position factor on the heads (`Values.head_factor`) withholds ``query_key`` and ``streams``."""
+        if self.values is None or not self.values.head_factor:
+            return {}
+        return dict.fromkeys(("query_key", "streams"), f"{FACTORED} (Values.head_factor)")
+
+    @property
     def note(self) -> str:
         """What a refusal adds for an inferred row: the checks that failed (their parts left out) or
         that inference did not find the part, and where to learn to write it by hand."""
         if not self.inferred:
             return ""
-        found = (
-            f"checks failed ({'; '.join(self.unverified)})" if self.unverified else "inference did not find the part"
-        )
-        return f" (the {self.family} row is inferred and {found}: {EXTENDING} shows how to write it by hand)"
+        found = [f"inference did not find {'; '.join(self.missing)}"] if self.missing else []
+        if self.unverified:
+            found.append(f"checks failed ({'; '.join(self.unverified)})")
+        said = " and ".join(found) or "inference did not find the part"
+        return f" (the {self.family} row is inferred and {said}: {EXTENDING} shows how to write it by hand)"
 
     @property
     def default_row(self) -> str:
@@ -448,16 +483,22 @@ class Adapter:
     def provides(self) -> frozenset[str]:
         """The `attnflow.trace.CAPABILITIES` this row provides."""
         values = self.values
+        factored = values is not None and values.head_factor  # no rule for the factor's product, no routes
         provided = {
             "text_target": self.target_kind is not None,
             "values": values is not None
             and (values.output_norm is None or self.norms is not None)
             and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
-            "query_key": all(self.projection(part) is not None for part in HEAD_PARTS),
+            "query_key": self.projection("value") is not None
+            and not factored
+            and (
+                all(self.projection(part) is not None for part in HEAD_PARTS) or (values is not None and values.scores)
+            ),
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
             "streams": self.streams is not None
+            and not factored
             and self.norms is not None
             and self.sites is not None
             and self.projection("value") is not None,
@@ -467,7 +508,11 @@ class Adapter:
         return frozenset(name for name, present in provided.items() if present)
 
 
-EXTENDING = "docs/extending.md, 'A model family'"  # where a user learns to write a part of a row
+EXTENDING = "docs/extending.md, 'A model family'"
+FACTORED = (
+    "its heads are A·V times a per-position factor (a gate or a rescaling before the output projection), "
+    "a product no backward rule splits and routes do not carry"
+)  # where a user learns to write a part of a row
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
 _BERT_VALUES = Values(

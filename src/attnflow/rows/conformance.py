@@ -11,6 +11,14 @@ The checks (`CHECKS`, each named in the error it raises):
   ``[batch, token, head * d_head]`` is A_h V_h, the attention weights times the value projection's
   output, or its value columns where a `Fused` projection holds the values (grouped-query heads
   shared; a fused projection of the wrong layout fails here);
+- ``head_factor`` (rows whose heads are A·V times a per-position factor, `Values.head_factor`): in
+  every layer, adding a random change δ to the first token's value vectors (every other layer as it
+  was) leaves the weights as they were and changes the output projection's input by D ⊙ (A·δV), D
+  the factor on the unchanged run (`head_factor`): the factor is the same for every key and does not
+  depend on the values (a norm between A·V and the output projection fails here);
+- ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
+  softmax called inside the attention module returns the weights the module returns, so the rules
+  acting at that softmax's input act on the scores Q·Kᵀ;
 - ``attention_output`` (rows with sites, no norm after the output projection): Σ_h z_h W_O^h + b_O,
   from each head's slice and the projection's own weights, is what the attention site adds;
 - ``residual_sum`` (rows with sites, no post-LN norm): block output = block input + attention site
@@ -47,10 +55,19 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
+from attnflow.rows.adapters import (
+    Adapter,
+    GatedMLP,
+    Norms,
+    Stack,
+    find_layers,
+    head_factor,
+    text_config,
+    token_rows,
+)
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
-from attnflow.rows.tracing import affine_failure
+from attnflow.rows.tracing import affine_failure, off_the_gradient_path, softmax_inside
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 
@@ -236,6 +253,85 @@ def check_head_slices(run: Run) -> None:
         )
 
 
+def _value_heads(run: Run, projected: torch.Tensor) -> torch.Tensor:
+    """``[batch, head, token, d_head]`` the value vectors of one layer's value projection output
+    (its value columns; grouped-query heads shared by their query heads)."""
+    rows = token_rows(projected)  # [batch, token, width]
+    values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
+    batch, tokens, width = values.shape
+    d_head = run.layers("stack.heads")[0].shape[-1] // run.n_heads
+    per_kv_head = values.reshape(batch, tokens, width // d_head, d_head).transpose(1, 2)
+    return per_kv_head.repeat_interleave(run.n_heads // per_kv_head.shape[1], dim=1)
+
+
+def _weighted(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``[batch, token, head * d_head]`` A·V per head, laid out as the output projection reads it."""
+    batch, heads, tokens, d_head = values.shape
+    return (weights @ values).transpose(1, 2).reshape(batch, tokens, heads * d_head)
+
+
+def check_head_factor(run: Run) -> None:
+    """Per layer: a change δ to the first token's values (that layer only) leaves the weights and
+    changes the output projection's input by exactly D ⊙ (A·δV), D the factor of the unchanged run."""
+    value = run.row.projection("value")
+    assert value is not None  # the check applies to rows with values
+    modules = [module for _, module in find_layers(run.model, value[0])]
+    attention = [module for _, module in find_layers(run.model, run.row.stack.attention)]
+    projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
+    generator = torch.Generator().manual_seed(1)
+    for layer, (weights, heads, projected) in enumerate(
+        zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
+    ):
+        factor = head_factor(heads, _weighted(weights, _value_heads(run, projected)))
+        change = torch.zeros_like(projected)
+        rows = token_rows(change)  # a view: [batch, token, width]
+        columns = run.row.part_columns("value", rows.shape[-1], run.model.config)
+        rows[:, 0, columns] = torch.randn(rows.shape[0], len(columns), generator=generator).to(rows) * float(
+            token_rows(projected)[..., columns].std()
+        )
+        seen: dict[str, torch.Tensor] = {}
+        run.forward(
+            [
+                (HookPoint(modules[layer], "output"), lambda tensor, change=change: tensor + change),
+                (
+                    HookPoint(attention[layer], "output", index=run.row.stack.weights_index),
+                    lambda tensor, seen=seen: seen.__setitem__("weights", tensor.clone()),
+                ),
+                (
+                    HookPoint(projections[layer], "input"),
+                    lambda tensor, seen=seen: seen.__setitem__("heads", tensor.clone()),
+                ),
+            ]
+        )
+        where = f"layer {layer}: the output projection's input after a change of the first token's values"
+        _close(run, "head_factor", f"layer {layer}: the weights after a change of the values", seen["weights"], weights)
+        expected = heads + factor * _weighted(weights, _value_heads(run, change))
+        _close(run, "head_factor", f"{where}, against D ⊙ A·(V + δV)", seen["heads"], expected)
+
+
+def check_scores(run: Run) -> None:
+    """In every layer, a softmax called inside the attention module returns the module's weights
+    ``[batch, head, query, key]`` (a sink's column, beside the keys, left out)."""
+    modules = [module for _, module in find_layers(run.model, run.row.stack.attention)]
+    called: dict[int, list[torch.Tensor]] = {}
+    current = [-1]
+    layer_of = {id(module): layer for layer, module in enumerate(modules)}
+
+    def handle(_x: torch.Tensor, output: torch.Tensor, _dim: int, _dtype: Any, _rerun: Callable) -> torch.Tensor:
+        called.setdefault(current[0], []).append(output.detach().clone())
+        return output
+
+    def enter(module: nn.Module) -> Callable:
+        return lambda _args, _kwargs: current.__setitem__(0, layer_of[id(module)])
+
+    with softmax_inside(modules, handle):
+        run.forward([(HookPoint(module, "call"), enter(module)) for module in modules])
+    for layer, weights in enumerate(run.layers("stack.weights")):
+        found = [output[..., : weights.shape[-1]] for output in called.get(layer, [])]
+        if not any(output.shape == weights.shape and _equal(output, weights) for output in found):
+            _fail(run, "scores", f"layer {layer}: no softmax called inside the attention module returns its weights")
+
+
 def check_attention_output(run: Run) -> None:
     """Σ_h z_h W_O^h + b_O, from the heads' slices and the projection's weights, is the attention site."""
     projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
@@ -350,6 +446,11 @@ def check_norm_form(run: Run) -> None:
         [(HookPoint(module, "call"), lambda _args, _kwargs, name=name: ran.add(name)) for name, module in looking]
     )
     missed = [name for name, _ in looking if name in ran and name not in names]
+    if missed:  # a norm no gradient of the output reaches (read only through a top-k) is not the row's
+        off = off_the_gradient_path(
+            run.model, run.inputs, [(name, module) for name, module in looking if name in missed]
+        )
+        missed = [name for name in missed if name not in off]
     for what, pattern in _named_norms(run.row).items():
         missed += [f"{name} (the row's {what})" for name, _ in _first_match(run.model, pattern) if name not in names]
     if missed:
@@ -484,6 +585,18 @@ def _has_values(row: Adapter) -> bool:
     return row.projection("value") is not None
 
 
+def _plain_heads(row: Adapter) -> bool:
+    return _has_values(row) and not (row.values is not None and row.values.head_factor)
+
+
+def _factored_heads(row: Adapter) -> bool:
+    return _has_values(row) and row.values is not None and row.values.head_factor
+
+
+def _at_scores(row: Adapter) -> bool:
+    return row.values is not None and row.values.scores
+
+
 def _has_norms(row: Adapter) -> bool:
     return row.norms is not None
 
@@ -539,7 +652,9 @@ class Check:
 # Run in this order, each on its own (a failure does not stop the next).
 CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
-    Check("head_slices", _has_values, check_head_slices),
+    Check("head_slices", _plain_heads, check_head_slices),
+    Check("head_factor", _factored_heads, check_head_factor),
+    Check("scores", _at_scores, check_scores),
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),
     Check("post_norm", _post_norm_sites, check_post_norm),

@@ -34,12 +34,13 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     hand_row,
+    head_factor,
     norm_epsilon,
     text_config,
     token_rows,
 )
 from attnflow.rows.experts import find_experts
-from attnflow.rows.tracing import Call, affine_failure, trace
+from attnflow.rows.tracing import Call, affine_failure, off_the_gradient_path, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
 _BATCH, _TOKENS = 2, 7
@@ -50,6 +51,8 @@ _BATCH, _TOKENS = 2, 7
 # query and key go too (the backward rules require them).
 _PROVEN_BY = {
     "head_slices": ("values",),
+    "head_factor": ("values",),
+    "scores": ("values.scores",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
     "residual_sum": ("sites", "streams"),
@@ -57,8 +60,11 @@ _PROVEN_BY = {
     "own_value": ("sites", "streams"),
     "knockout": ("sites", "streams"),
     "norm_form": ("norms", "streams"),
-    "gated_product": ("gated_mlp", "values.query", "values.key"),
+    "gated_product": ("gated_mlp", "values.query", "values.key", "values.scores"),
 }
+
+
+_VALUE_CHECKS = ("head_slices", "head_factor")
 
 
 def _not_found(what: str) -> InferenceError:
@@ -110,8 +116,10 @@ def verified_row(hf_model: nn.Module, kind: str) -> Adapter:
             kept = f"residual_sum: {detail}; the sites hold as a gated block, without streams"
             row = replace(gated, unverified=(*row.unverified, kept))
             continue
-        left_out = {part for result in report.failed for part in _PROVEN_BY[result.check]}
-        failures = tuple(f"{result.check}: {result.detail}" for result in report.failed)
+        # values that fail go first: the checks of what names them (an output norm) then run without them
+        failed = [result for result in report.failed if result.check in _VALUE_CHECKS] or report.failed
+        left_out = {part for result in failed for part in _PROVEN_BY[result.check]}
+        failures = tuple(f"{result.check}: {result.detail}" for result in failed)
         row = _without(replace(row, unverified=row.unverified + failures), left_out)
     return row
 
@@ -301,13 +309,25 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     }
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
     value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
+    factored = value is None and fused is None
+    if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
+        value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
     if fused is not None:
         row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
-        row["values"] = Values(None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm)
-    elif value is not None:
+        scores = "query" not in fused.parts  # multi-head latent attention: no query or key projection
+        row["values"] = Values(
+            None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm, scores=scores
+        )
+    elif value is None:
+        row["missing"] = (
+            f"values: no projection of {scope}, split into heads, times the attention weights gives the input of "
+            f"{output_projection.name} (something acts between A·V and the output projection that inference "
+            "cannot carry the heads through: a gate, a norm, a rescaled or a second attention map)",
+        )
+    else:
         row["values"] = Values(
             _pattern(value, blocks),
             _pattern(first.name, blocks),
@@ -315,8 +335,11 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             query=None if query is None else _pattern(query, blocks),
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
+            scores=query is None and not factored,
+            head_factor=factored,
         )
-    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     return Adapter(family, kind, (family,), inferred=True, **row)
 
@@ -425,6 +448,34 @@ def _projections(
         return value.name, None, None, None
     query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
     return value.name, query.name, key.name, None
+
+
+def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_projection: Call) -> str | None:
+    """The projection whose output, split into heads, times the weights gives the output projection's
+    input up to a per-position factor (`Values.head_factor`): of the block's maps before the output
+    projection, the one whose ratio heads / A·V varies least over each head's features, where it
+    varies less than half as much as for any other (the conformance suite then proves the factor);
+    None where no map stands out so (differential attention: two softmaxes, no one factor)."""
+    heads = output_projection.input  # [batch, token, head * d_head]
+    d_head = heads.shape[-1] // block.n_heads
+    spreads = []
+    for call in block.calls:
+        if not (call.inside(scope) and call.start < output_projection.start and _linear_weight(call) is not None):
+            continue
+        rows = token_rows(call.output)
+        if rows.dim() != 3 or rows.shape[-1] % d_head or block.n_heads % (rows.shape[-1] // d_head):
+            continue
+        values = _per_head(rows, d_head).repeat_interleave(block.n_heads // (rows.shape[-1] // d_head), dim=1)
+        batch, tokens, _ = heads.shape
+        products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
+        ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
+        spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
+        spreads.append((spread, call.name))
+    if not spreads:
+        return None
+    spreads.sort()
+    best, name = spreads[0]
+    return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
 
 
 def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:
@@ -701,15 +752,23 @@ def _measured_epsilon(call: Call, form: NormForm, offset: float) -> float | None
     return float(f"{max(eps, 0.0):.1e}") if eps == eps else None
 
 
-def _norms(traced: dict[str, Call], blocks: str, modules: list[str]) -> Norms | None:
+def _norms(
+    traced: dict[str, Call], blocks: str, modules: list[str], model: nn.Module, inputs: dict[str, torch.Tensor]
+) -> Norms | None:
     """Every norm the traced run called (in every block and outside them), when they share one form:
     the pattern of each per layer, unless it would also name a module of ``modules`` (the model's
     names) that is not such a norm (ModernBERT's first layer has an identity in place of its
-    attention norm): then the norms it names one by one."""
+    attention norm): then the norms it names one by one. Where they do not share one, the norms no
+    gradient of the output reaches (`off_the_gradient_path`: DeepSeek-V3.2's indexer norm, read
+    only through a top-k) are left out, and the rest must share one."""
     forms = {call.name: found for call in traced.values() if call.name and (found := _norm_forms(call))}
     if not forms:
         return None
     shared = set.intersection(*(set(found) for found in forms.values()))
+    if not shared:
+        off = off_the_gradient_path(model, inputs, [(name, traced[name].module) for name in forms])
+        forms = {name: found for name, found in forms.items() if name not in off}
+        shared = set.intersection(*(set(found) for found in forms.values())) if forms else set()
     if not shared:
         return None
     form, offset = min(shared)  # a weightless norm alone: offset 0

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -84,6 +87,85 @@ def trace(watched: Iterable[tuple[str, nn.Module]], run: Callable[[], Any]) -> t
     with hooks(hooked), torch.no_grad():
         returned = run()
     return {name: call for name, call in calls.items() if call.start >= 0}, returned
+
+
+_INSIDE = threading.local()  # .depth: how many of the watched modules are running in this thread
+
+# What a softmax handler is given: the softmax's input x, its output, its dim and dtype (None: x's),
+# and a function that computes the same softmax call of another first argument.
+SoftmaxHandler = Callable[[torch.Tensor, torch.Tensor, int, Any, Callable[[torch.Tensor], torch.Tensor]], Any]
+
+
+@contextmanager
+def softmax_inside(modules: list[nn.Module], handle: SoftmaxHandler) -> Iterator[None]:
+    """While the block runs, in this thread: every softmax called inside the forward of one of
+    ``modules`` — ``torch.nn.functional.softmax``, ``torch.softmax``, ``Tensor.softmax`` or
+    ``torch.special.softmax``, however it is spelled — returns what ``handle`` returns for it (the
+    attention weights' softmax, wherever a family computes it: the backward rules change its
+    gradient there, the conformance suite reads it); every other call runs as it is."""
+    from torch.overrides import TorchFunctionMode
+
+    functions = {torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = kwargs or {}
+            output = func(*args, **kwargs)
+            if func not in functions or not getattr(_INSIDE, "depth", 0) or not isinstance(args[0], torch.Tensor):
+                return output
+            dim, dtype = _softmax_arguments(func, args, kwargs, args[0])
+            return handle(args[0], output, dim, dtype, lambda x: func(x, *args[1:], **kwargs))
+
+    def enter(_args: tuple, _kwargs: dict) -> None:
+        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
+
+    def leave(_output: Any) -> None:
+        _INSIDE.depth = max(0, getattr(_INSIDE, "depth", 0) - 1)
+
+    counted: list[tuple[HookPoint, Callable]] = [(HookPoint(module, "call"), enter) for module in modules]
+    counted += [(HookPoint(module, "output"), leave) for module in modules]
+    _INSIDE.depth = 0
+    try:
+        with hooks(counted), Mode():
+            yield
+    finally:
+        _INSIDE.depth = 0
+
+
+def _softmax_arguments(func: Any, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[int, Any]:
+    """``(dim, dtype)`` of a softmax call, however it was spelled (F.softmax(x, dim, _stacklevel,
+    dtype), torch.softmax(x, dim, dtype), x.softmax(dim, dtype)); F.softmax's legacy implicit dim as
+    torch picks it."""
+    dtype_at = 3 if func is torch.nn.functional.softmax else 2
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dtype = kwargs.get("dtype", args[dtype_at] if len(args) > dtype_at else None)
+    if dim is None:
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    return int(dim), dtype
+
+
+def off_the_gradient_path(
+    model: nn.Module, inputs: dict[str, torch.Tensor], watched: list[tuple[str, nn.Module]]
+) -> set[str]:
+    """The names of the ``watched`` modules whose output no gradient of the model's first output
+    reaches, in one forward and one backward pass of ``inputs``: modules read only through a
+    discrete choice (a sparse-attention indexer's norm, whose scores pick the keys by top-k), so
+    nothing the methods linearise passes through them."""
+    outputs: dict[str, torch.Tensor] = {}
+    hooked: list[tuple[HookPoint, Callable]] = [
+        (HookPoint(module, name=name), lambda tensor, name=name: outputs.__setitem__(name, tensor))
+        for name, module in watched
+    ]
+    with hooks(hooked), torch.enable_grad():
+        total = model(**inputs)[0].sum()  # the first output [batch, token, ...], summed
+    reached = [name for name, tensor in outputs.items() if torch.is_tensor(tensor) and tensor.requires_grad]
+    if not reached:  # computed without gradients (an indexer run under no_grad)
+        return {name for name, _ in watched}
+    gradients = torch.autograd.grad(total, [outputs[name] for name in reached], allow_unused=True)
+    on_path = {
+        name for name, gradient in zip(reached, gradients, strict=True) if gradient is not None and bool(gradient.any())
+    }
+    return {name for name, _ in watched} - on_path
 
 
 def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float = 1e-4) -> tuple[float, bool]:

@@ -61,7 +61,6 @@ name in `lrp_relevance` and as RelP's backward in activation patching (``relp:NA
 
 from __future__ import annotations
 
-import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -71,9 +70,9 @@ import numpy as np
 
 from attnflow.errors import CaptureError, InputError
 from attnflow.methods.extras import Scored
-from attnflow.methods.registry import register, unregister
+from attnflow.methods.registry import missing_capabilities, register, unregister
 from attnflow.model_like import ModelLike
-from attnflow.trace import CAPABILITIES, Trace
+from attnflow.trace import Trace
 
 if TYPE_CHECKING:
     from attnflow.rows.hook_points import HookPoint
@@ -316,11 +315,11 @@ def rules_named(rules: BackwardRules | str) -> BackwardRules:
 
 def check_rules_supported(model: ModelLike, rules: BackwardRules, what: str | None = None) -> None:
     """One line naming what ``model``'s family lacks for ``rules`` (an InputError), else nothing."""
-    missing = sorted(set(rules.requires) - model.adapter.provides)
+    missing = missing_capabilities(rules.requires, model.adapter)
     if missing:
         raise InputError(
             f"{what or rules.name} does not support the {model.adapter.family} family ({model.name}): it requires "
-            + "; ".join(f"{name} ({CAPABILITIES[name]})" for name in missing)
+            + "; ".join(missing)
             + model.adapter.note
         )
 
@@ -436,7 +435,7 @@ def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple
             raise CaptureError(f"the {adapter.family} row declares no norms: the norm rule cannot find them")
         found["norm"] = whole(_matching(hf_model, norms.modules))
     found["activation"] = whole([module for module in hf_model.modules() if isinstance(module, _elementwise())])
-    found["query_key"] = projections("query", "key")
+    found["query_key"] = [] if _at_scores(adapter) else projections("query", "key")
     found["value"] = projections("value")
     if adapter.gated_mlp is not None:
         gated = adapter.gated_mlp
@@ -467,6 +466,7 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
 
     from attnflow.rows.adapters import find_layers
     from attnflow.rows.hook_points import HookPoint, hooks
+    from attnflow.rows.tracing import softmax_inside
 
     adapter, hf_model = model.adapter, model.hf_model
     applied = rule_modules(model, rules)
@@ -508,13 +508,42 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         for module in dict.fromkeys([*applied, *biased])
     ]
     softmax = rules.rule("softmax")
+    scores = rules.rule("query_key") if _at_scores(adapter) else None
     with ExitStack() as stack:
-        if isinstance(softmax, TemperedSoftmax):
+        if isinstance(softmax, TemperedSoftmax) or scores is not None:
             attention = [module for _, module in find_layers(hf_model, adapter.stack.attention)]
-            hooked += _inside(attention)
-            stack.enter_context(_TemperedSoftmaxMode(softmax.temperature, recording))
+            tempered = softmax if isinstance(softmax, TemperedSoftmax) else None
+            stack.enter_context(softmax_inside(attention, _softmax_rules(tempered, scores, recording)))
         stack.enter_context(hooks(hooked))
         yield recording
+
+
+def _at_scores(adapter: Any) -> bool:
+    """Whether the row's query and key meet only in the attention scores (`Values.scores`: no
+    projections of their own), so that the ``query_key`` rule acts at the softmax's input."""
+    values = adapter.values
+    return values is not None and values.scores
+
+
+def _softmax_rules(tempered: TemperedSoftmax | None, scores: Rule | None, recording: RuleRecording) -> Any:
+    """The handler (`attnflow.rows.tracing.softmax_inside`) giving each attention softmax its rules:
+    ``scores`` (a `Scale`) on its input, the scores Q·Kᵀ — for a product Q and K reach the output only
+    through, the same gradient at each factor as that rule at the query and key projections — and
+    the ``tempered`` backward."""
+
+    def handle(x: Any, output: Any, dim: int, dtype: Any, rerun: Any) -> Any:
+        if not x.requires_grad:
+            return output
+        if scores is not None:
+            x = scores.apply(None, None, x, None)
+            output = rerun(x)
+        if tempered is None:
+            return output
+        recording.tempered_softmax += 1
+        _, _, rule = _rule_functions()
+        return rule.apply(x if dtype is None else x.to(dtype), output, dim, tempered.temperature)
+
+    return handle
 
 
 def _embedding_sum(model: ModelLike) -> HookPoint:
@@ -543,74 +572,6 @@ def _biased_projection(module: Any) -> bool:
 
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     return isinstance(weight, torch.Tensor) and weight.dim() == 2 and isinstance(bias, torch.Tensor)
-
-
-_INSIDE = threading.local()  # .depth: how many attention modules are running in this thread
-
-
-def _inside(attention_modules: list[Any]) -> list[tuple[HookPoint, Any]]:
-    """Hooks that count, in this thread, the attention modules whose forward is running."""
-    from attnflow.rows.hook_points import HookPoint
-
-    def enter(_args: tuple, _kwargs: dict) -> None:
-        _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1
-
-    def leave(_output: Any) -> None:
-        _INSIDE.depth = max(0, getattr(_INSIDE, "depth", 0) - 1)
-
-    return [(HookPoint(module, "call"), enter) for module in attention_modules] + [
-        (HookPoint(module, "output"), leave) for module in attention_modules
-    ]
-
-
-class _TemperedSoftmaxMode:
-    """A torch-function mode (this thread, while the block runs) giving every softmax called inside an
-    attention module — ``torch.nn.functional.softmax``, ``torch.softmax`` or ``Tensor.softmax`` — the
-    tempered backward; every other call runs as it is."""
-
-    def __init__(self, temperature: float, recording: RuleRecording) -> None:
-        import torch
-        from torch.overrides import TorchFunctionMode
-
-        functions = {torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-                kwargs = kwargs or {}
-                output = func(*args, **kwargs)
-                if func not in functions or not getattr(_INSIDE, "depth", 0):
-                    return output
-                x = args[0]
-                if not isinstance(x, torch.Tensor) or not x.requires_grad:
-                    return output
-                dim, dtype = _softmax_arguments(func, args, kwargs, x)
-                recording.tempered_softmax += 1
-                _, _, tempered = _rule_functions()
-                return tempered.apply(x if dtype is None else x.to(dtype), output, dim, temperature)
-
-        self.mode = Mode()
-
-    def __enter__(self) -> None:
-        _INSIDE.depth = 0
-        self.mode.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.mode.__exit__(*exc)
-        _INSIDE.depth = 0
-
-
-def _softmax_arguments(func: Any, args: tuple, kwargs: dict, x: Any) -> tuple[int, Any]:
-    """``(dim, dtype)`` of a softmax call, however it was spelled (F.softmax(x, dim, _stacklevel,
-    dtype), torch.softmax(x, dim, dtype), x.softmax(dim, dtype)); F.softmax's legacy implicit dim as
-    torch picks it."""
-    import torch
-
-    dtype_at = 3 if func is torch.nn.functional.softmax else 2
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    dtype = kwargs.get("dtype", args[dtype_at] if len(args) > dtype_at else None)
-    if dim is None:
-        dim = 0 if x.dim() in (0, 1, 3) else 1
-    return int(dim), dtype
 
 
 @cache

@@ -1,0 +1,160 @@
+"""Heads that are A·V times a per-position factor before the output projection (`Values.head_factor`):
+a sigmoid gate computed from the block input (MiniCPM5-MoE's ``q_gate_proj``, AFMoE's ``gate_proj``) or
+a sink's rescaling of the weights after they are returned (Granite-SWA). Inference finds the values,
+the conformance suite proves the factor by changing one token's values, and the value-aware methods
+carry each head through it. The oracle is the model's own gate, read from its projection and put
+through a sigmoid by hand, and loops over the definition; a norm between A·V and the output
+projection (BitNet's sub-norm), which depends on the values, fails the check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+from attnflow.errors import InputError
+from attnflow.rows import check_adapter
+from attnflow.rows.adapters import find_layers
+from attnflow.rows.infer import verified_row
+from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+
+TEXT = "the movie was great but the acting"
+
+
+def _tiny(model_type: str) -> attnflow.AttentionModel:
+    torch.manual_seed(0)
+    config = tiny_config(model_type)
+    model = model_class(model_type, "causal-lm")._from_config(config, attn_implementation="eager")
+    randomise_constants(model)
+    model.eval()
+    return attnflow.AttentionModel(
+        model, tiny_tokenizer(), name=f"tiny {model_type}", adapter=verified_row(model, "decoder")
+    )
+
+
+@pytest.fixture(scope="module")
+def gated():
+    """A tiny MiniCPM5-MoE: per head, q_gate_proj's output holds the query and then the gate's logits."""
+    return _tiny("minicpm5_moe")
+
+
+@pytest.mark.parametrize("model_type", ["minicpm5_moe", "afmoe", "granite_swa"])
+def test_the_values_are_found_with_a_factor_and_proven(model_type):
+    model = _tiny(model_type)
+    row = model.adapter
+    assert row.values.head_factor and row.values.value.endswith(r"self_attn\.v_proj$") and not row.unverified
+    report = check_adapter(row, model.hf_model, strict=False)
+    assert report.outcome("head_factor") == "pass" and report.outcome("head_slices") == "n/a"
+    assert "values" in row.provides and not {"query_key", "streams"} & row.provides
+    plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_factor=False))
+    assert check_adapter(plain, model.hf_model, strict=False).outcome("head_slices") == "fail"  # A·V alone is not it
+
+
+def _own_parts(model, text):
+    """Per layer: the weights ``[head, q, k]``, the values ``[token, kv_head, d_head]`` and the gate
+    sigmoid(q_gate_proj's second half per head) ``[token, head, d_head]``, as the attention computes them."""
+    from attnflow.rows.hook_points import HookPoint, hooks
+
+    recorded: dict[str, torch.Tensor] = {}
+    watched = [
+        (HookPoint(module), lambda tensor, name=name: recorded.__setitem__(name, tensor.clone()))
+        for name, module in model.hf_model.named_modules()
+        if name.endswith(("self_attn.q_gate_proj", "self_attn.v_proj"))
+    ]
+    ids = torch.tensor(model.trace(text)[0].token_ids)[None]
+    with hooks(watched), torch.no_grad():
+        out = model.hf_model(input_ids=ids, output_attentions=True)
+    d = model.d_head
+    layers = []
+    for layer, weights in enumerate(out.attentions):
+        prefix = f"model.layers.{layer}.self_attn"
+        query_gate = recorded[f"{prefix}.q_gate_proj"][0].view(-1, model.n_heads, 2 * d)
+        gate = torch.sigmoid(query_gate.chunk(2, dim=-1)[1]).double()  # [token, head, d_head]
+        values = recorded[f"{prefix}.v_proj"][0].view(ids.shape[1], -1, d).double()  # [token, kv_head, d_head]
+        layers.append((weights[0].double(), values, gate))
+    return layers
+
+
+def test_norm_equals_explicit_loops_through_the_models_own_gate(gated):
+    projections = [module for _, module in find_layers(gated.hf_model, gated.adapter.stack.output_projection)]
+    d, n_heads = gated.d_head, gated.n_heads
+    expected = []
+    for layer, (attention, values, gate) in enumerate(_own_parts(gated, TEXT)):
+        weight = projections[layer].weight.detach().double()  # [d_model, head * d_head]
+        group = n_heads // values.shape[1]
+        n = values.shape[0]
+        matrix = np.zeros((n, n))
+        for i in range(n):
+            for j in range(n):
+                vector = sum(
+                    attention[h, i, j] * (weight[:, h * d : (h + 1) * d] @ (values[j, h // group] * gate[i, h]))
+                    for h in range(n_heads)
+                )
+                matrix[i, j] = float(vector.norm())
+        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    from attnflow.methods.relevance import norm
+
+    trace = gated.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    np.testing.assert_allclose(norm(trace, layerwise=True), np.stack(expected), atol=1e-5)  # [layer, query, key]
+    np.testing.assert_allclose(gated.explain(TEXT, method="norm").scores, expected[-1][-1], atol=1e-5)
+
+
+def test_the_parts_add_up_to_the_attention_output(gated):
+    """Σ_j (what token j adds) + b_O is what the output projection returns, in every layer."""
+    from attnflow.methods.relevance import attention_parts
+
+    trace = gated.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    outputs: dict[int, torch.Tensor] = {}
+    handles = [
+        module.register_forward_hook(lambda _m, _i, out, layer=layer: outputs.__setitem__(layer, out.detach()))
+        for layer, (_, module) in enumerate(find_layers(gated.hf_model, gated.adapter.stack.output_projection))
+    ]
+    try:
+        with torch.no_grad():
+            gated.hf_model(input_ids=torch.tensor(trace.token_ids)[None])
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer in range(trace.n_layers):
+        parts = attention_parts(trace, layer, slice(0, trace.n_tokens))  # [query, key, d_model]
+        whole = parts.sum(axis=1) + trace.output_bias[layer]
+        np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
+
+
+def test_the_backward_rules_and_routes_refuse_a_factor_in_one_line(gated):
+    with pytest.raises(InputError, match=r"requires query_key .*per-position factor.*Values\.head_factor"):
+        gated.explain(TEXT, method="attnlrp")
+    with pytest.raises(InputError, match=r"routes do not support .*head vectors that do not depend on the query"):
+        attnflow.routes(gated, TEXT)
+
+
+def test_a_norm_between_the_heads_and_the_output_projection_fails_the_check():
+    """BitNet's ``attn_sub_norm`` divides A·V by its RMS, which the values change: no per-position
+    factor independent of them, so the check fails and the values are left out, named."""
+    model = _tiny("bitnet")
+    assert model.adapter.values is None and "values" not in model.adapter.provides
+    assert [failure.split(":")[0] for failure in model.adapter.unverified] == ["head_factor"]
+    with pytest.raises(InputError, match=r"requires values .*head_factor: layer 0: the output projection's input"):
+        model.explain(TEXT, method="norm")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_a_factor_of_ones_gives_the_gram_matrices_numbers(tiny_loaded, family):
+    """The per-query path (`attention_parts`, the norm after the output projection, the residual
+    vector) with D = 1 gives what the Gram-matrix path gives on a family without a factor
+    (Gemma 3: a sandwich norm after the output projection; Llama: none)."""
+    from attnflow.methods.relevance import norm_matrices
+
+    model = tiny_loaded(family)
+    trace = model.trace(TEXT, needs=("attentions", "values", "output_weights", "layer_inputs"))[0]
+    assert trace.head_factors is None and (trace.output_norms is not None) == (family == "gemma3")
+    expected = [norm_matrices(trace), norm_matrices(trace, residual_vector=True)]
+    ones = dataclasses.replace(trace, head_factors=np.ones_like(trace.values))
+    found = [norm_matrices(ones), norm_matrices(ones, residual_vector=True)]
+    for got, want in zip(found, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    halves = dataclasses.replace(trace, head_factors=np.full_like(trace.values, 0.5))
+    assert not np.allclose(norm_matrices(halves, residual_vector=True), expected[1])  # the factor is read
