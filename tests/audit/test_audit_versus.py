@@ -71,6 +71,10 @@ def test_a_planted_change_is_at_the_top_of_the_diff(head_pair, after_task, tmp_p
     for name in ("entropy", "special", "previous"):
         assert all(row["change"] == 0.0 for row in changes["heads"][name]["moved"])
         assert any(row["model"] > 0 for row in changes["heads"][name]["moved"])
+    # ... nor the rollout maps, raw or value-aware: every word's share of them is the same in both
+    for method in ("rollout", "norm_rollout"):
+        assert changes["maps"][method] and all(row["change"] == 0.0 for row in changes["maps"][method])
+        assert any(row["model_per_text"] > 0 for row in changes["maps"][method])
     # the changed predictions are those of a plain forward pass of each classifier
     predicted = []
     for model in (after, before):
@@ -93,7 +97,7 @@ def test_a_planted_change_is_at_the_top_of_the_diff(head_pair, after_task, tmp_p
     # each model's own audit is there too, and the page leads with the largest change in words
     assert results["model"]["errors"]["accuracy"] == pytest.approx((predicted[0] == truth).mean())
     page = (tmp_path / "out" / "report.html").read_text()
-    lead = page[page.index("<ol>") : page.index("</ol>")]
+    lead = page[page.index('<ol class="lead">') : page.index("</ol>")]
     assert f"relies more on &quot;{AFTER}&quot;" in lead and f"relies less on &quot;{BEFORE}&quot;" in lead
 
 
