@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from planted import PLANTED, planted_texts
+from scipy.stats import norm
 from test_cli_audit import one_error_line
 from test_cli_audit import run_cli as cli
 
@@ -20,6 +21,8 @@ from attnflow.datasets import LabelledTexts
 from attnflow.errors import InputError
 
 from conftest import write_task
+
+Z = norm.ppf(0.975)  # the two-sided 95 % normal quantile
 
 
 def domain(folder, seed: int, great: bool) -> tuple:
@@ -43,7 +46,7 @@ def shares(model, texts: list[str], method: str, word: str) -> np.ndarray:
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
     change = a.mean() - b.mean()
-    half = 1.96 * np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    half = Z * np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
     return change, change - half, change + half
 
 

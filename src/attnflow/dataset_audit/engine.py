@@ -431,19 +431,19 @@ def write_outputs(out: Path, results: dict[str, Any]) -> None:
     from attnflow.dataset_audit.report import build_report
 
     with atomic_file(out / RESULTS) as handle:
-        handle.write((json.dumps(_finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        handle.write((json.dumps(finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     with atomic_file(out / REPORT) as handle:
         handle.write(build_report(results).encode("utf-8"))
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """NaN and infinities as null (JSON has no NaN)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: finite(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [finite(item) for item in value]
     return value
 
 

@@ -5,9 +5,11 @@ Every word, text and label comes from data and is escaped; figures are embedded 
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow.dataset_audit.analysis import FLAG_PERCENTILE
@@ -309,6 +311,10 @@ def build_versus_report(results: Mapping[str, Any]) -> str:
         parts.append(section("Attention heads that moved", _head_changes(changes["heads"], first, second), "heads"))
     if "maps" in changes:
         parts.append(section("Rollout maps per word", _map_changes(changes["maps"], first, second), "maps"))
+    if changes.get("ffn"):
+        rows = [[r["layer"], r["versus"], r["model"], r["change"], _interval(r["ci"])] for r in changes["ffn"]]
+        body = table(["layer", second, first, "change", "95 % CI"], rows)
+        parts.append(section("Feed-forward blocks: importance for the prediction per layer", body, "ffn"))
     meta = {"sides": f"{first} against {second}", "model": run["model"], "method": run["method"],
             "data": f"{run['data']} ({run['split']})", "texts": run["samples"], "minimum count": run["min_count"],
             "engine": run["engine"], "time (s)": run["elapsed_s"]}  # fmt: skip
@@ -369,7 +375,15 @@ def _side_predictions(predictions: Mapping[str, Any], first: str, second: str) -
 
 def _changed_predictions(predictions: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     labels = run["labels"]
-    parts = [f"<p>{predictions['changed']} of {predictions['texts']} predicted classes changed.</p>"]
+    what = "next tokens" if "next_tokens" in predictions else "classes"
+    parts = [f"<p>{predictions['changed']} of {predictions['texts']} predicted {what} changed.</p>"]
+    if predictions.get("next_tokens"):
+        parts.append(
+            table(
+                ["#", "prompt", run["sides"][1], run["sides"][0]],
+                ([r["index"], r["text"], r["versus"], r["model"]] for r in predictions["next_tokens"]),
+            )
+        )
     if "fixed" in predictions:
         parts.append(
             table(
@@ -388,11 +402,9 @@ def _changed_predictions(predictions: Mapping[str, Any], run: Mapping[str, Any])
 
 
 def _head_changes(heads: Mapping[str, Any], first: str, second: str) -> str:
-    names = {
-        "entropy": "entropy (nats)",
-        "special": "share on special tokens",
-        "previous": "share on the previous token",
-    }
+    from attnflow.dataset_audit.versus import HEAD_TITLES
+
+    names = {key: HEAD_TITLES.get(key, key) for key, block in heads.items() if isinstance(block, Mapping)}
     parts = [figure_img(_layers_figure(heads, names, first, second), "per-layer head statistics")]
     for key, title in names.items():
         rows = heads[key]["moved"][:10]
@@ -408,15 +420,16 @@ def _head_changes(heads: Mapping[str, Any], first: str, second: str) -> str:
 
 def _layers_figure(heads: Mapping[str, Any], names: Mapping[str, str], first: str, second: str) -> Figure:
     """Per statistic, its mean over each layer's heads on both sides (a line each)."""
-    figure = Figure(figsize=(9.5, 2.6), layout="constrained")
-    for axes, (key, title) in zip(figure.subplots(1, len(names)), names.items(), strict=True):
+    figure = Figure(figsize=(3.2 * min(len(names), 4), 2.6 * math.ceil(len(names) / 4)), layout="constrained")
+    grid = np.atleast_1d(figure.subplots(math.ceil(len(names) / 4), min(len(names), 4))).ravel()
+    for axes, (key, title) in zip(grid, names.items(), strict=False):
         rows = heads[key]["per_layer"]
         for side, name, style in (("versus", second, "--"), ("model", first, "-")):
             axes.plot([r["layer"] for r in rows], [r[side] for r in rows], style, marker="o", ms=3, label=name)
-        axes.set_title(title, fontsize=9)
+        axes.set_title(title, fontsize=8)
         axes.set_xlabel("layer", fontsize=8)
         axes.tick_params(labelsize=7)
-    axes.legend(fontsize=7)
+    grid[0].legend(fontsize=7)
     return figure
 
 

@@ -47,12 +47,25 @@ from attnflow.dataset_audit.step import AuditOptions, Batch, audit_batch, with_s
 from attnflow.dataset_audit.words import SwapTable, word_relevance
 from attnflow.errors import ExplanationWarning, InputError
 from attnflow.model_like import ModelLike
+from attnflow.statistics import Z95
 
 KEPT = 25  # fixed and new errors (and changed predictions) kept with both explanations
 HEAD_STATISTICS = ("entropy", "special", "previous")
 MAP_METHODS = ("rollout", "norm_rollout")  # the attention maps compared per word: raw and value-aware rollout
 OUTCOMES = ("both_right", "fixed", "new_errors", "both_wrong")  # fixed: right now, wrong in --versus
 TOP_CHANGES = 20
+HEAD_TITLES = {  # what a head statistic of ``changes.heads`` is, in words (also `attnflow routes --versus`'s)
+    "entropy": "attention entropy (nats)",
+    "special": "share of attention on special tokens",
+    "previous": "share of attention on the previous token",
+    "heads": "importance for the prediction on the route",
+    "heads_full": "importance for the prediction with every edge",
+    "first_token": "share of attention on the first token",
+    "previous_token": "share of attention on the previous token",
+    "self": "share of attention on itself",
+    "elsewhere": "share of attention on other tokens",
+    "subword": "share of attention on the previous piece of its word",
+}
 SIDE_SUMS = 5  # [Σa, Σa², Σb, Σb², Σd²]
 WORD_SUMS = 3 + SIDE_SUMS  # [texts holding the word, on the first side, on the second, *side sums]
 
@@ -73,7 +86,7 @@ def add_sides(sums: list[float], a: float | None, b: float | None, at: int = 0) 
 def side_change(sums: Sequence[float], n_first: int, n_second: int, paired: bool) -> dict[str, Any]:
     """``{model, versus, change, ci}`` of ``[Σa, Σa², Σb, Σb², Σd²]`` over ``n_first`` and ``n_second``
     texts: each side's mean, their difference and its 95 % interval: paired, the normal interval of
-    the mean of d (`attnflow.dataset_audit.analysis.mean_interval`); unpaired, difference ± 1.96 ×
+    the mean of d (`attnflow.dataset_audit.analysis.mean_interval`); unpaired, difference ± Z95 ×
     √(s²ₐ/nₐ + s²ᵦ/nᵦ) (sample variances); no interval under two texts a side."""
     total_a, squares_a, total_b, squares_b, squares_d = sums
     if not n_first or not n_second:
@@ -87,7 +100,7 @@ def side_change(sums: Sequence[float], n_first: int, n_second: int, paired: bool
         variance_a = max(squares_a - n_first * first * first, 0.0) / (n_first - 1)
         variance_b = max(squares_b - n_second * second * second, 0.0) / (n_second - 1)
         change = first - second
-        half = 1.96 * math.sqrt(variance_a / n_first + variance_b / n_second)
+        half = Z95 * math.sqrt(variance_a / n_first + variance_b / n_second)
         low, high = change - half, change + half
     return {"model": first, "versus": second, "change": change, "ci": [low, high]}
 
@@ -163,7 +176,7 @@ class VersusStats:
         for side, result in enumerate((first, second)):
             self.group_texts[side][group] += int(result is not None)
         words = (None if first is None else first.words, None if second is None else second.words)
-        _add_words(self.words[group], *words)
+        add_words(self.words[group], *words)
         a, b = (None if found is None else sum(abs(found[t][1]) for t in terms if t in found) for found in words)
         add_sides(self.terms, a, b)
         if first is not None and second is not None:
@@ -174,7 +187,7 @@ class VersusStats:
                     for head, sums in enumerate(row):
                         add_sides(*_cell(sums, heads, k, layer, head))
         for method, (map_a, map_b) in (maps or {}).items():
-            _add_words(self.maps[method], map_a, map_b)
+            add_words(self.maps[method], map_a, map_b)
 
     def _compare_predictions(self, first: ExampleResult, second: ExampleResult) -> None:
         changed = first.predicted != second.predicted
@@ -245,7 +258,7 @@ class VersusStats:
         return [entry[2] for entry in sorted(self.kept, key=_order, reverse=True)]
 
 
-def _add_words(table: dict[str, list[float]], first: dict | None, second: dict | None) -> None:
+def add_words(table: dict[str, list[float]], first: dict | None, second: dict | None) -> None:
     """One text's words (``{word: (occurrences, share)}``, None: the text is not on that side) into
     ``table`` (word -> `WORD_SUMS`): a side that read the text gives 0 to a word it lacks."""
     for word in set(first or ()) | set(second or ()):
@@ -586,12 +599,12 @@ class _Sentence:
 
 
 def _strength(change: float, ci: Sequence[float | None]) -> float:
-    """|change| over its standard error (the 95 % half-width / 1.96); 0 without an interval."""
+    """|change| over its standard error (the 95 % half-width / Z95); 0 without an interval."""
     low, high = ci
     if low is None or high is None or not math.isfinite(change):
         return 0.0
     half = (high - low) / 2
-    return abs(change) / (half / 1.96) if half > 0 else (math.inf if change else 0.0)
+    return abs(change) / (half / Z95) if half > 0 else (math.inf if change else 0.0)
 
 
 def lead(results: dict[str, Any], count: int = 3) -> list[dict[str, Any]]:
@@ -657,10 +670,10 @@ def _other_changes(results: dict[str, Any], first: str, second: str) -> list[dic
             f"{s.interval('changes.terms.change.ci', '.3g', 100)} points)."
         )
         others.append(s.done("terms", text, _strength(terms["change"]["mean"], terms["change"]["ci"])))
-    names = {"entropy": "attention entropy (nats)", "special": "share of attention on special tokens",
-             "previous": "share of attention on the previous token"}  # fmt: skip
-    for name, title in names.items() if "heads" in changes else ():
-        rows = changes["heads"][name]["moved"]
+    for name, block in changes.get("heads", {}).items():
+        if not isinstance(block, dict):
+            continue  # the numbers of layers and heads
+        rows, title = block["moved"], HEAD_TITLES.get(name, name)
         if rows and rows[0]["change"]:
             s = _Sentence(results)
             path = f"changes.heads.{name}.moved.0"
