@@ -1,4 +1,4 @@
-"""`attnflow routes --data … --versus MODEL` (`attnflow.flow_routes.versus`): two tiny language
+"""`attnflow routes --data … --versus MODEL` (`attnflow.dataset_audit.routes_versus`): two tiny language
 models over the same prompts. A planted change (one head of a copy silenced) is found, every head
 number equals a loop over `attnflow.routes` on each prompt with both models, the word changes equal
 each model's own maps paired by hand; across architectures only words compare; bad input is one line."""
@@ -15,8 +15,8 @@ from scipy.stats import norm
 
 import attnflow
 from attnflow.cli import main
+from attnflow.dataset_audit.routes_versus import routes_versus
 from attnflow.dataset_audit.words import word_relevance
-from attnflow.flow_routes.versus import routes_versus
 from attnflow.runs.engine import EngineOptions
 
 PROMPTS = ["the cat sat on the mat", "the dog ran to the cat", "hello world this is a story", "we ran to the dog",

@@ -211,7 +211,7 @@ def run_data(args: argparse.Namespace) -> int:
     _refuse(args, _ONE_PROMPT, "over a dataset (one prompt's options)")
     if args.out is None:
         raise InputError("give --out DIR: summary.json, report.html and prompts.jsonl are written there")
-    from attnflow.flow_routes.dataset import DEFAULT_BATCH, REPORT, SUMMARY_JSON, routes_over_data
+    from attnflow.flow_routes.dataset import REPORT, SUMMARY_JSON, routes_over_data
 
     if args.versus is None and args.method is not None:
         raise InputError("--method would be ignored without --versus: drop it")
@@ -222,53 +222,40 @@ def run_data(args: argparse.Namespace) -> int:
     quiet_loading(args.quiet)
     if args.versus is not None:
         return _run_versus(args, sources, reading)
-    summary = routes_over_data(
-        args.model,
-        sources,
-        args.out,
-        samples=args.samples,
-        max_tokens=args.max_tokens,
-        threshold=args.threshold,
-        norm=args.norm,
-        batch_size=args.batch_size or DEFAULT_BATCH,
-        reading=reading,
-        parameter="file" if args.file is not None else "data",
-        resume=args.resume,
-        overwrite=args.overwrite,
-        engine=engine_options(args),
-        dtype=args.dtype,
-        last_word=args.data is not None,
-    )  # fmt: skip; errors name their flags (cli.main)
+    summary = routes_over_data(args.model, sources, args.out, **_data_options(args, reading))
     if not args.quiet:
         print(data_summary(summary))
     print(f"{args.out / REPORT} {args.out / SUMMARY_JSON}")
     return 0
 
 
-def _run_versus(args: argparse.Namespace, sources: list[str], reading: Any) -> int:
-    """``--versus MODEL``: `attnflow.flow_routes.versus.routes_versus` into ``--out``."""
+def _data_options(args: argparse.Namespace, reading: Any) -> dict[str, Any]:
+    """The keyword arguments of `routes_over_data` (and of `routes_versus`) from the flags; their
+    errors name their flags (cli.main)."""
     from attnflow.flow_routes.dataset import DEFAULT_BATCH
-    from attnflow.flow_routes.versus import DEFAULT_METHOD, REPORT, RESULTS, routes_versus
 
-    results = routes_versus(
-        args.model,
-        args.versus,
-        sources,
-        args.out,
-        method=args.method or DEFAULT_METHOD,
-        samples=args.samples,
-        max_tokens=args.max_tokens,
-        threshold=args.threshold,
-        norm=args.norm,
-        batch_size=args.batch_size or DEFAULT_BATCH,
-        reading=reading,
-        parameter="file" if args.file is not None else "data",
-        resume=args.resume,
-        overwrite=args.overwrite,
-        engine=engine_options(args),
-        dtype=args.dtype,
-        last_word=args.data is not None,
-    )  # fmt: skip; errors name their flags (cli.main)
+    return {
+        "samples": args.samples,
+        "max_tokens": args.max_tokens,
+        "threshold": args.threshold,
+        "norm": args.norm,
+        "batch_size": args.batch_size or DEFAULT_BATCH,
+        "reading": reading,
+        "parameter": "file" if args.file is not None else "data",
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "engine": engine_options(args),
+        "dtype": args.dtype,
+        "last_word": args.data is not None,
+    }
+
+
+def _run_versus(args: argparse.Namespace, sources: list[str], reading: Any) -> int:
+    """``--versus MODEL``: `attnflow.dataset_audit.routes_versus.routes_versus` into ``--out``."""
+    from attnflow.dataset_audit.routes_versus import DEFAULT_METHOD, REPORT, RESULTS, routes_versus
+
+    options = _data_options(args, reading)
+    results = routes_versus(args.model, args.versus, sources, args.out, method=args.method or DEFAULT_METHOD, **options)
     if not args.quiet:
         for entry in results["changes"]["lead"]:
             print(entry["sentence"])
