@@ -324,9 +324,12 @@ def build_versus_report(results: Mapping[str, Any]) -> str:
 
 
 def _change_table(rows: Sequence[Mapping[str, Any]], first: str, second: str) -> str:
-    header = ["word", "texts", "change per text", "95 % CI", f"{first} per text", f"{second} per text"]
-    keys = ("word", "texts", "change", "ci", "model_per_text", "versus_per_text")
-    return table(header, ([_interval(row[key]) if key == "ci" else row[key] for key in keys] for row in rows))
+    header = ["word", "texts", "change per text", "95 % CI", f"{first} per text", f"{second} per text",
+              f"{first} where present", f"{second} where present"]  # fmt: skip
+    keys = ("word", "texts", "change", "ci", "model_per_text", "versus_per_text", "model_where_present",
+            "versus_where_present")  # fmt: skip
+    cells = ([_interval(row[key]) if key == "ci" else row.get(key) for key in keys] for row in rows)
+    return table(header, ([("–" if cell is None else cell) for cell in row] for row in cells))
 
 
 def _change_figure(rows: Sequence[Mapping[str, Any]], title: str, alt: str) -> str:

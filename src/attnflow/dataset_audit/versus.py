@@ -434,6 +434,9 @@ def word_changes(
                 "ci": found["ci"],
                 "model_per_text": found["model"],
                 "versus_per_text": found["versus"],
+                # the mean share over the texts holding the word, on each side (None: no such text)
+                "model_where_present": sums[3] / holding_first if holding_first else None,
+                "versus_where_present": sums[5] / holding_second if holding_second else None,
                 **({"change_where_present": (sums[3] - sums[5]) / sums[0]} if paired else {}),
             }
         )
