@@ -142,3 +142,17 @@ def test_a_domain_resumes_to_the_numbers_of_a_whole_run(planted_model, tmp_path)
     assert resumed["changes"]["texts"] == [20, 20]
     whole.pop("run"), resumed.pop("run")
     assert json.dumps(whole, sort_keys=True) == json.dumps(resumed, sort_keys=True)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_runtime")
+def test_two_domains_on_ray_give_the_local_numbers(planted_model, tmp_path):
+    from test_ray_audit import same
+
+    first, _ = domain(tmp_path, seed=9, great=False)
+    second, _ = domain(tmp_path, seed=10, great=True)
+    options = dict(task=str(first), versus_data=str(second), samples=24, batch_size=8, device="cpu", quiet=True)
+    local = attnflow.audit(str(planted_model), tmp_path / "local", **options)
+    distributed = attnflow.audit(str(planted_model), tmp_path / "ray", engine="ray", workers=2, **options)
+    local.pop("run"), distributed.pop("run")
+    assert same(distributed, local)
