@@ -102,6 +102,19 @@ def test_across_architectures_only_words_compare(tiny_loaded, tmp_path):
     assert top["change"] == pytest.approx(d.mean(), rel=1e-6) and top["texts"] >= 1
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["changes"]["predictions"]["texts"] == len(PROMPTS)
+    # the next tokens that differ: each model's greedy token from a plain forward pass, compared as text
+    differ = 0
+    for text in PROMPTS:
+        tokens = []
+        for model in (llama, qwen):
+            encoded = model.tokenizer(text, return_tensors="pt")
+            with torch.no_grad():
+                token = int(model.hf_model(**encoded).logits[0, -1].argmax())
+            tokens.append(model.tokenizer.decode([token]).strip())
+        differ += tokens[0] != tokens[1]
+    assert changes["predictions"]["changed"] == differ
+    said = [entry["sentence"] for entry in changes["lead"] if entry["kind"] == "predictions"]
+    assert said and said[0].startswith(f"{differ} of {len(PROMPTS)} predicted next tokens differ")
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tiny_model_path, tmp_path, capsys):

@@ -663,6 +663,15 @@ def _other_changes(results: dict[str, Any], first: str, second: str) -> list[dic
             )
         change = predictions["accuracy_change"]
         others.append(s.done("accuracy", text + ".", _strength(change["mean"], change["ci"])))
+    elif "changed" in predictions:  # no labels: how many predictions differ (last, no strength to rank it by)
+        s = _Sentence(results)
+        what = "next tokens" if "next_tokens" in predictions else "classes"
+        text = (
+            f"{s.number('changes.predictions.changed', 'd')} of {s.number('changes.predictions.texts', 'd')} "
+            f"predicted {what} differ between {first} and {second} (95 % CI of the rate "
+            f"{s.interval('changes.predictions.changed_rate_ci', '.1f', 100)} %)."
+        )
+        others.append(s.done("predictions", text, 0.0))
     if "terms" in changes:
         terms = changes["terms"]
         s = _Sentence(results)
