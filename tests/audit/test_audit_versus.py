@@ -178,3 +178,17 @@ def test_ray_matches_the_local_engine(planted_model, early_model, planted_task, 
     )
     local.pop("run"), distributed.pop("run")
     assert same(distributed, local)
+
+
+def test_a_versus_checkpoint_of_the_earlier_sums_is_refused(planted_model, planted_task, tmp_path, capsys):
+    """A --versus checkpoint written before the sums per side (format 4, a one-model audit's) is
+    refused in one line, not read with the wrong layout."""
+    path, *_ = planted_task
+    arguments = ["--model", str(planted_model), "--versus", str(planted_model), "--task", str(path), "--samples", "8"]
+    assert cli(*arguments, "--out", str(tmp_path)) == 0
+    saved = json.loads((tmp_path / "checkpoint.json").read_text())
+    saved["format"], saved["complete"] = 4, False
+    (tmp_path / "checkpoint.json").write_text(json.dumps(saved), encoding="utf-8")
+    capsys.readouterr()
+    assert cli(*arguments, "--out", str(tmp_path), "--resume") == 2
+    assert "checkpoint format 4 is not 5" in one_error_line(capsys)

@@ -42,9 +42,10 @@ CHECKPOINT = "checkpoint.json"
 RESULTS = "results.json"
 REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
-# 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts; 4: the run engine's layout;
-# 5: a two-side audit's sums per side ([Σa, Σa², Σb, Σb², Σd²]), map statistics
-CHECKPOINT_FORMAT = 5
+# 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts; 4: the run engine's layout
+CHECKPOINT_FORMAT = 4
+# a two-side audit (--versus, --versus-data): 5, its sums per side ([Σa, Σa², Σb, Σb², Σd²]) and maps
+VERSUS_CHECKPOINT_FORMAT = 5
 
 
 # -- the data ----------------------------------------------------------------------------------
@@ -147,8 +148,10 @@ def run_audit(
             ", ".join(partners),
         )
     engine = EngineOptions.of(options)
+    two_sides = options.versus is not None or options.versus_data is not None
+    layout = VERSUS_CHECKPOINT_FORMAT if two_sides else CHECKPOINT_FORMAT
     with RunFolder(
-        out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
+        out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=layout,
         resume=resume, overwrite=overwrite, fields=_option_fields(options, pairs),
     ) as folder:  # fmt: skip
         if model is None:
@@ -156,7 +159,7 @@ def run_audit(
 
             model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         label_names = check_model(model, options.method)
-        if options.versus is not None or options.versus_data is not None:
+        if two_sides:
             results = _run_versus(options, model, versus, label_names, terms, pairs, folder, engine)
             write_outputs(folder.out, results)
             return results
