@@ -463,12 +463,14 @@ def audit(
     ``model``: an alias/path or a loaded `AttentionModel`; ``options``: the fields of
     `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...);
     ``versus``: a second classifier (alias, path or loaded model) compared with ``model`` over the
-    same texts (`attnflow.dataset_audit.versus`; results gain ``model``, ``versus`` and ``changes``).
+    same texts (`attnflow.dataset_audit.versus`; results gain ``model``, ``versus`` and ``changes``);
+    ``versus_data``: a second domain the one model reads beside ``task`` (the same report, unpaired).
     Writes ``results.json`` and ``report.html`` into ``out``; returns the results.
 
         attnflow.audit("minilm-sentiment", "out/audit", task="rotten-tomatoes", samples=500,
                        terms="he,she", swap="he:she,him:her")
         attnflow.audit("minilm-sentiment-ft", "out/diff", versus="minilm-sentiment", samples=1000)
+        attnflow.audit("minilm-sentiment", "out/shift", task="rotten-tomatoes", versus_data="tweets", samples=300)
     """
     loaded = None if isinstance(model, str) else model
     name = model if isinstance(model, str) else model.name
