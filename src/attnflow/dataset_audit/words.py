@@ -99,6 +99,8 @@ def word_relevance(
     token_word = np.full(len(scores), -1)
     for token in np.flatnonzero(content):
         begin, finish = int(offsets[token][0]), int(offsets[token][1])
+        while begin < finish and text[begin].isspace():  # byte-level BPE spans hold the space before a word
+            begin += 1
         if finish <= begin:
             continue
         index = int(np.searchsorted(starts, begin, side="right")) - 1
