@@ -68,8 +68,11 @@ def _not_found(what: str) -> InferenceError:
 
 def kind_of(config: Any, class_name: str = "") -> str:
     """``"encoder"`` (a classifier or a plain encoder) or ``"decoder"`` (a causal LM) for a model type
-    with no hand row, from the class that loads it (``class_name`` or the config's architectures),
-    else from transformers' causal-LM table; encoder-decoder models are refused (no inference yet)."""
+    with no hand row, from the class that loads it (``class_name`` or the config's architectures: a
+    causal LM by its name's ending or by its place in transformers' causal-LM table, which also
+    holds ``BertGenerationDecoder``, ``Gemma3ForConditionalGeneration`` and
+    ``ReformerModelWithLMHead``), else from that table's model types; encoder-decoder models are
+    refused (no inference yet)."""
     if getattr(config, "is_encoder_decoder", False):
         raise InferenceError(
             f"{type(config).__name__} is an encoder-decoder model: attnflow infers rows of decoder-only and "
@@ -78,11 +81,17 @@ def kind_of(config: Any, class_name: str = "") -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     names = [class_name] if class_name else list(getattr(config, "architectures", None) or ())
-    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+    causal = {name for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for name in _names(value)}
+    if any(name.endswith(("ForCausalLM", "LMHeadModel")) or name in causal for name in names):
         return "decoder"
     if names or getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "encoder"
     return "decoder"
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """The class names of one entry of a transformers model table (a name or a tuple of them)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
 
 
 def row_for(hf_model: nn.Module) -> Adapter:
