@@ -202,6 +202,16 @@ def token_rows(output: Any) -> Any:
     return output
 
 
+def as_tokens(tensor: Any, batch: int) -> Any:
+    """A stream tensor as ``[batch, token, width]``: some feed-forward blocks run on the tokens
+    flattened, ``[batch * token, width]`` (OPT's fc1/fc2 and the norm before them, Llama 4's
+    mixture of experts), so what they read and add arrives 2-D; a view of it is returned (writing
+    into it writes the flattened tensor). Any other tensor is returned as it is."""
+    if not hasattr(tensor, "dim") or tensor.dim() != 2 or tensor.shape[0] % batch:
+        return tensor
+    return tensor.view(batch, tensor.shape[0] // batch, tensor.shape[-1])
+
+
 def norm_epsilon(module: Any) -> float | None:
     """A norm module's epsilon (``eps``, ``variance_epsilon`` or ``epsilon``), None when it names none."""
     for name in ("eps", "variance_epsilon", "epsilon"):

@@ -47,7 +47,16 @@ import torch
 from torch import nn
 
 from attnflow.errors import AdapterCheckError, CaptureError
-from attnflow.rows.adapters import Adapter, GatedMLP, Norms, Stack, find_layers, text_config, token_rows
+from attnflow.rows.adapters import (
+    Adapter,
+    GatedMLP,
+    Norms,
+    Stack,
+    as_tokens,
+    find_layers,
+    text_config,
+    token_rows,
+)
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
 from attnflow.rows.tracing import affine_failure
@@ -149,9 +158,10 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             raise AdapterCheckError(
                 f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
             )
+        batch = inputs["input_ids"].shape[0] if what in _STREAM_POINTS else 0
         for layer, (name, module) in enumerate(modules):
             point = HookPoint(module, side, index=index, name=name)
-            hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
+            hooked.append((point, lambda tensor, key=(what, layer), b=batch: seen.__setitem__(key, _copied(tensor, b))))
     if row.gated_mlp is not None:
         try:
             mlps = find_layers(model, row.gated_mlp.module, gaps=True)
@@ -172,10 +182,17 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
     return run
 
 
-def _copied(tensor: Any) -> Any:
+# The points that hold the residual stream or what is added to it, ``[batch, token, d_model]``
+# (flattened ``[batch * token, d_model]`` in some feed-forward blocks: `as_tokens`).
+_STREAM_POINTS = ("mid.in", "block.in", "block.out", "attn", "mlp")
+
+
+def _copied(tensor: Any, batch: int = 0) -> Any:
     """What a hook saw, copied: a model may change a module's output in place after the hook
-    (Falcon adds the attention output into the MLP's with ``+=``)."""
-    return tensor.clone() if torch.is_tensor(tensor) else tensor
+    (Falcon adds the attention output into the MLP's with ``+=``); with ``batch``, a stream point,
+    seen ``[batch, token, d]`` (`as_tokens`)."""
+    copy = tensor.clone() if torch.is_tensor(tensor) else tensor
+    return as_tokens(copy, batch) if batch else copy
 
 
 def check_attention_weights(run: Run) -> None:
@@ -434,6 +451,11 @@ def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
     """A hook writing every column of every batch row with the value it already has."""
 
     def write(tensor: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        assert kind.read is not None
+        batch = run.inputs["input_ids"].shape[0]
+        return kind.on_tokens(tensor, batch, lambda shaped: own(shaped, first))
+
+    def own(tensor: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
         assert kind.read is not None
         batch, columns = tensor.shape[0], kind.columns(tensor, run.n_heads)
         rows = torch.arange(batch).repeat_interleave(columns)

@@ -33,6 +33,7 @@ from attnflow.rows.adapters import (
     Stack,
     Streams,
     Values,
+    as_tokens,
     hand_row,
     norm_epsilon,
     text_config,
@@ -296,6 +297,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     first = traced.get(f"{blocks}.0")
     if first is None:
         raise _not_found(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
+    _unflatten(traced, blocks)
     inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
     block = _Block(inside, first, n_heads)
     weights_call, (weights_index, sinks) = _attention(block, traced, blocks)
@@ -328,6 +330,23 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()])
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     return Adapter(family, kind, (family,), inferred=True, **row)
+
+
+def _unflatten(traced: dict[str, Call], blocks: str) -> None:
+    """Each tensor of the blocks' calls that runs on the tokens flattened (`as_tokens`: a
+    feed-forward block's ``[batch * token, width]``, a router's input and logits), viewed ``[batch,
+    token, width]`` like the stream, in place: an affine map stays one on the views."""
+    for call in traced.values():
+        if call.name.startswith(blocks + ".") and 0 in call.outputs:
+            call.input = _as_traced_tokens(call.input)
+            call.outputs[0] = _as_traced_tokens(call.outputs[0])
+
+
+def _as_traced_tokens(tensor: Any) -> Any:
+    """`as_tokens` for a tensor of the traced run, whose ``batch * token`` is known."""
+    if torch.is_tensor(tensor) and tensor.dim() == 2 and tensor.shape[0] == _BATCH * _TOKENS:
+        return as_tokens(tensor, _BATCH)
+    return tensor
 
 
 def _attention(block: _Block, traced: dict[str, Call], blocks: str) -> tuple[Call, tuple[int, bool]]:

@@ -254,6 +254,17 @@ class SiteKind:
             for layer, module in enumerate(modules)
         ]
 
+    def on_tokens(self, tensor: Any, batch: int, change: Callable[[Any], Any]) -> Any:
+        """``change`` applied to a hook point's tensor, which a per-position kind sees ``[batch,
+        token, d_model]`` also where a flattened feed-forward block holds it ``[batch * token,
+        d_model]`` (`attnflow.rows.adapters.as_tokens`); the result comes back in the tensor's own
+        shape."""
+        from attnflow.rows.adapters import as_tokens
+
+        shaped = as_tokens(tensor, batch) if self.column == "position" else tensor
+        new = change(shaped)
+        return new if shaped is tensor or new is None else new.reshape(tensor.shape)
+
     def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
         """The report's heading of this kind's heatmap."""
         if position is None or not self.title_at:
