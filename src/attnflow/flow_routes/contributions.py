@@ -213,11 +213,15 @@ def attention_contributions(
     key]``, ``residual [T]``, ``bias [T]`` and ``ffn [T]``. ``whole [T, d]``: the stream after the
     block; ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``. ``ffn [T, d]``:
     a parallel block's feed-forward output, one more part of the same whole (None: a sequential
-    block, whose ``ffn`` share is 0)."""
+    block, whose ``ffn`` share is 0); ``[T, n, d]``: n parts of it (a mixture of experts' chosen
+    experts and its shared expert), whose shares come back ``[T, n]``."""
     heads = head_proximities(whole, block, vectors, attention, p)  # [T, H, T]
     residual = proximity(whole, block.residual, p)
     bias = proximity(whole, block.bias, p)
-    through_ffn = torch.zeros_like(residual) if ffn is None else proximity(whole, ffn, p)
+    if ffn is None:
+        through_ffn = torch.zeros_like(residual)
+    else:
+        through_ffn = proximity(whole if ffn.dim() == 2 else whole[:, None], ffn, p)  # [T] or [T, n]
     residual, heads, bias, through_ffn = normalise(residual, heads, bias, through_ffn)
     return heads.permute(1, 0, 2), residual, bias, through_ffn
 
