@@ -173,10 +173,11 @@ class PatchRunner:
         noise: torch.Tensor | None,
         leaf_embeddings: bool,
         drop_gradient_rows: dict[int, torch.Tensor],
-        batch: int,
+        batch: int = 1,
     ) -> Iterator[None]:
         """A hook at every row of every activation kind (`SiteModules.points`), and at the rows of
-        the interventions ``patches`` writes; removed when the block exits."""
+        the interventions ``patches`` writes; removed when the block exits. ``batch``: the forward
+        pass's rows (a flattened feed-forward block's tensors are seen ``[batch, token, d]``)."""
         hooked: list[tuple[HookPoint, Callable]] = []
         if noise is not None or leaf_embeddings:
             hooked.append((HookPoint(self.modules.embeddings, "output"), _embedding_hook(noise, leaf_embeddings)))
