@@ -17,8 +17,9 @@ from tiny_models import MOE_FAMILIES
 TEXT = "the cat sat on the mat"
 
 
-def hooked(model) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Each MoE block's input and output and each decoder layer's output ``[T, d]``, by plain torch hooks."""
+def hooked(model, attention: list | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Each MoE block's input and output and each decoder layer's output ``[T, d]``, by plain torch
+    hooks (and each attention module's output into ``attention``, when given)."""
     inputs, outputs, layers = [], [], []
 
     def keep_block(_module, args, output) -> None:
@@ -31,6 +32,8 @@ def hooked(model) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Te
     handles = []
     for layer in model.hf_model.model.layers:
         handles += [layer.mlp.register_forward_hook(keep_block), layer.register_forward_hook(keep_layer)]
+        if attention is not None:
+            handles.append(layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0])))
     try:
         ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
         with torch.no_grad():
@@ -119,16 +122,8 @@ def test_a_parallel_blocks_expert_parts_and_the_rest_add_up_to_its_output(cohere
     model = cohere2_moe
     ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
     recording = record(model, ids)
-    _, outputs, layers = hooked(model)
-    attention = []
-    handles = [layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0]))
-               for layer in model.hf_model.model.layers]  # fmt: skip
-    try:
-        with torch.no_grad():
-            model.hf_model(input_ids=ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    attention: list[torch.Tensor] = []
+    _, outputs, layers = hooked(model, attention)
     assert model.adapter.streams is not None and model.adapter.streams.parallel
     assert recording.experts is not None and len(recording.experts) == model.n_layers
     for layer, moe in enumerate(recording.experts):
