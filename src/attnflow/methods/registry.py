@@ -382,7 +382,7 @@ def row_stochastic_attentions(trace: Any) -> Any:
     key]``; a trace of a stack with attention sinks (``meta["sinks"]``: rows over the real keys sum
     to less than 1) gets each row's sink share on its diagonal (`transforms.sink_on_diagonal`), said
     in an `ExplanationWarning`."""
-    if not trace.meta.get("sinks"):
+    if not (getattr(trace, "meta", None) or {}).get("sinks"):  # any object with attentions is a trace here
         return trace.attentions
     import warnings
 
