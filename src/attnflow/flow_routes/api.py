@@ -376,7 +376,10 @@ def linearised_blocks(layer: Layer) -> tuple[parts.Linearised, parts.Linearised]
     attention = parts.linearise_attention(
         layer.inputs, layer.attention_output, layer.output_bias, layer.attention_norm, layer.attention_norm_first
     )
-    return attention, parts.linearise_ffn(layer.mid, layer.ffn_output, layer.ffn_norm)
+    ffn = parts.linearise_ffn(layer.mid, layer.ffn_output, layer.ffn_norm)
+    if layer.gates is None:
+        return attention, ffn
+    return parts.gated(attention, *layer.gates[:3]), parts.gated(ffn, *layer.gates[3:])
 
 
 def _build(

@@ -142,6 +142,14 @@ def linearise_ffn(mid: torch.Tensor, output: torch.Tensor, norm: Norm | None) ->
     return Linearised(norm.linear(mid, scale), scale, norm.centres, norm.shift.expand_as(mid))
 
 
+def gated(block: Linearised, shift: torch.Tensor, residual: torch.Tensor, branch: torch.Tensor) -> Linearised:
+    """``block`` in a gated block (`attnflow.rows.Streams.gated`), whose update joins the stream as
+    shift + residual ⊙ stream + branch ⊙ update (each ``[d]``): the stream's part is scaled by
+    ``residual``, every other part and the bias by ``branch``, and ``shift`` adds to the bias."""
+    scale = branch.expand_as(block.residual) if block.scale is None else branch * block.scale
+    return Linearised(residual * block.residual, scale, block.centres, branch * block.bias + shift)
+
+
 def head_vectors(values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
     """``[T, H, d]`` f_h(j) = v_h(j) W_O^h from ``values [T, KV, d_head]`` and ``output_weights
     [H, d_head, d]`` (grouped-query attention: head h reads KV head h // (H / KV))."""

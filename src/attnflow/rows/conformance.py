@@ -20,7 +20,8 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``ffn_input`` (rows with streams and sites): the feed-forward block reads the stream the row's
   topology says (`Streams.mid`'s input): block input + attention site in a sequential block, the
   block input itself in a parallel one (`Streams.parallel`), the post-LN norm's output in a
-  post-LN block;
+  post-LN block; in a gated one (`Streams.gated`), a per-channel affine combination of block
+  input and attention site, of which with the MLP site the block output is one too;
 - ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
@@ -326,13 +327,28 @@ def check_post_norm(run: Run) -> None:
 
 def check_ffn_input(run: Run) -> None:
     """`Streams.mid`'s input is block input + attention site (sequential), the block input
-    (parallel) or the post-LN norm's output."""
+    (parallel), the post-LN norm's output, or (gated) per-channel affine in block input and
+    attention site, the block output being so in it and the MLP site."""
     streams, values = run.row.streams, run.row.values
     assert streams is not None  # the check applies to rows with streams
     post_norm = values is not None and values.norm is not None
     for layer, (read, before, attention) in enumerate(
         zip(run.layers("mid.in"), run.layers("block.in"), run.layers("attn"), strict=True)
     ):
+        if streams.gated:  # per-channel constants: mid on (x, attention), the block output on (mid, MLP)
+            for what, whole, terms in (
+                ("the feed-forward block's input on block input and attention", read, (before, attention)),
+                ("the block output on the feed-forward block's input and the MLP site", run.layers("block.out")[layer],
+                 (read, run.layers("mlp")[layer])),
+            ):  # fmt: skip
+                failure = affine_failure(whole, terms, TOLERANCE)
+                if failure is not None:
+                    _fail(
+                        run,
+                        "ffn_input",
+                        f"layer {layer}: {what}, per-channel affine (the row declares a gated block): {failure}",
+                    )
+            continue
         if post_norm:
             expected, what = run.layers("norm.out")[layer], "the post-LN norm's output"
         elif streams.parallel:

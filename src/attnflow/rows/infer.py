@@ -521,8 +521,10 @@ def _residual(
     )
     if not attention.inside(scope):
         found["output_norm"] = _pattern(attention.name, blocks)
-    if not affine:  # a gated block: nothing adds the sites up, no streams for routes
+    if not affine:
         found |= _streams(block, attention, traced, blocks, n_layers)
+    else:  # a gated block: each update joins the stream through per-channel constants
+        found |= _gated_streams(block, attention, mlp, traced, blocks, n_layers)
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
@@ -547,6 +549,33 @@ def _streams(block: _Block, attention: Call, traced: dict[str, Call], blocks: st
     if entering is None:
         return {}
     return {"streams": Streams(_pattern(entering.name, blocks), final_norm=final, parallel=True)}
+
+
+def _gated_streams(
+    block: _Block, attention: Call, mlp: Call, traced: dict[str, Call], blocks: str, n_layers: int
+) -> dict[str, Any]:
+    """The streams of a gated sequential block (`Streams.gated`): the first module after the
+    attention site that reads a per-channel affine combination of the block input and the
+    attention site, of which with the MLP site the block output is one too; none in a parallel or
+    otherwise mixed block."""
+    x, out = block.stream_in, block.stream_out
+    mid = next(
+        (
+            call
+            for call in block.calls
+            if attention.start < call.start < mlp.start
+            and torch.is_tensor(call.input)
+            and call.input.shape == x.shape
+            and affine_failure(call.input, (x, attention.output), TOLERANCE) is None
+            and affine_failure(out, (call.input, mlp.output), TOLERANCE) is None
+        ),
+        None,
+    )
+    if mid is None:
+        return {}
+    return {
+        "streams": Streams(_pattern(mid.name, blocks), final_norm=_final_norm(traced, blocks, n_layers), gated=True)
+    }
 
 
 def _gated_pair(block: _Block, scope: str, output_projection: Call) -> tuple[Call, Call] | None:
