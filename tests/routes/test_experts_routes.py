@@ -107,19 +107,11 @@ def test_the_route_names_the_experts_it_goes_through(tiny_moe):
         assert "experts" in edge.to_dict()
 
 
-@pytest.fixture(scope="module")
-def cohere2_moe(tmp_path_factory):
-    """A tiny Cohere 2 MoE (parallel attention and mixture of experts) through its inferred row."""
-    from attnflow.rows.tiny import build_tiny
-
-    return attnflow.load(str(build_tiny("cohere2_moe", tmp_path_factory.mktemp("cohere2_moe") / "m")), device="cpu")
-
-
-def test_a_parallel_blocks_expert_parts_and_the_rest_add_up_to_its_output(cohere2_moe):
+def test_a_parallel_blocks_expert_parts_and_the_rest_add_up_to_its_output(inferred_loaded):
     """Cohere 2 MoE's block output is x + attention(norm(x)) + MoE(norm(x)): the parts of the MoE
     add up to its own output, and with the stream entering and the attention block's output (plain
     torch hooks) to the layer's; routes give each chosen expert a share beside the heads."""
-    model = cohere2_moe
+    model = inferred_loaded("cohere2_moe")  # parallel attention and a mixture of experts
     ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
     recording = record(model, ids)
     attention: list[torch.Tensor] = []

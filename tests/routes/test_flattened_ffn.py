@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from routes_oracle import hooked_layers
 
 import attnflow
 from attnflow.causal.patching import Metric, Patches, PatchRunner, site_value, stacked
 from attnflow.causal.sites import Site
 from attnflow.flow_routes.forward import record
-from attnflow.rows.tiny import build_tiny
 
 CLEAN, CORRUPT = "the cat sat on the mat", "the dog ran on the mat"
 # model type -> (the decoder layers, the module whose output is what the feed-forward block adds)
@@ -20,20 +20,6 @@ FAMILIES = {
     "opt": (lambda hf: hf.model.decoder.layers, lambda layer: layer.fc2),
     "llama4_text": (lambda hf: hf.model.layers, lambda layer: layer.feed_forward),
 }
-
-
-@pytest.fixture(scope="module")
-def flattened(tmp_path_factory):
-    """``flattened(model_type)``: the tiny model loaded through its inferred row, once per module."""
-    loaded: dict[str, attnflow.AttentionModel] = {}
-
-    def get(model_type: str) -> attnflow.AttentionModel:
-        if model_type not in loaded:
-            folder = build_tiny(model_type, tmp_path_factory.mktemp(model_type) / "model")
-            loaded[model_type] = attnflow.load(str(folder), device="cpu")
-        return loaded[model_type]
-
-    return get
 
 
 def _first(output):
@@ -44,29 +30,12 @@ def hooked(model, ids: torch.Tensor) -> tuple[list, list, list, list]:
     """Per layer, by plain torch hooks: its input, its attention module's output, the feed-forward
     block's output (flattened ``[T, d]``) and the layer's output, ``[T, d]`` each."""
     layers_of, ffn_of = FAMILIES[model.hf_model.config.model_type]
-    inputs, attention, ffn, outputs = [], [], [], []
-    handles = []
-    for layer in layers_of(model.hf_model):
-        handles += [
-            layer.register_forward_pre_hook(
-                lambda _m, args, kwargs: inputs.append(_first(args or (kwargs["hidden_states"],))[0]), with_kwargs=True
-            ),
-            layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0])),
-            ffn_of(layer).register_forward_hook(lambda _m, _a, output: ffn.append(_first(output).clone())),
-            layer.register_forward_hook(lambda _m, _a, output: outputs.append(_first(output)[0])),
-        ]
-    try:
-        with torch.no_grad():
-            model.hf_model(input_ids=ids)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return inputs, attention, ffn, outputs
+    return hooked_layers(model.hf_model, ids, layers_of(model.hf_model), ffn_of)
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_routes_parts_add_up_to_each_layers_own_output(flattened, model_type):
-    model = flattened(model_type)
+def test_routes_parts_add_up_to_each_layers_own_output(inferred_loaded, model_type):
+    model = inferred_loaded(model_type)
     ids = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
     inputs, attention, ffn, outputs = hooked(model, ids)
     assert ffn[0].dim() == 2  # the model's own feed-forward output is flattened [T, d]
@@ -81,8 +50,8 @@ def test_routes_parts_add_up_to_each_layers_own_output(flattened, model_type):
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_patching_the_mlp_site_equals_a_hand_written_hook(flattened, model_type):
-    model = flattened(model_type)
+def test_patching_the_mlp_site_equals_a_hand_written_hook(inferred_loaded, model_type):
+    model = inferred_loaded(model_type)
     tokenise = lambda text: model.tokenizer(text, return_tensors="pt")["input_ids"]  # noqa: E731
     clean, corrupt = tokenise(CLEAN), tokenise(CORRUPT)
     target, layer, position = int(clean[0, -1]), 0, 2  # layer 0: the last layer carries it on

@@ -7,26 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from routes_oracle import hooked_layers
 
 import attnflow
 from attnflow.flow_routes.forward import read_weights, record
-from attnflow.rows.tiny import build_tiny
 
 TEXT = "the cat sat on the mat"
-
-
-@pytest.fixture(scope="module")
-def gated(tmp_path_factory):
-    """``gated(model_type)``: the tiny model loaded through its inferred row, once per module."""
-    loaded: dict[str, attnflow.AttentionModel] = {}
-
-    def get(model_type: str) -> attnflow.AttentionModel:
-        if model_type not in loaded:
-            folder = build_tiny(model_type, tmp_path_factory.mktemp(model_type) / "model")
-            loaded[model_type] = attnflow.load(str(folder), device="cpu")
-        return loaded[model_type]
-
-    return get
 
 
 def own_constants(model_type: str, layer: torch.nn.Module, width: int) -> list[torch.Tensor]:
@@ -46,8 +32,8 @@ def own_constants(model_type: str, layer: torch.nn.Module, width: int) -> list[t
 
 
 @pytest.mark.parametrize("model_type", ["doge", "minicpm3"])
-def test_the_fitted_gates_are_the_models_own_constants(gated, model_type):
-    model = gated(model_type)
+def test_the_fitted_gates_are_the_models_own_constants(inferred_loaded, model_type):
+    model = inferred_loaded(model_type)
     assert model.adapter.streams is not None and model.adapter.streams.gated
     gates = read_weights(model).gates
     assert gates is not None
@@ -60,31 +46,18 @@ def test_the_fitted_gates_are_the_models_own_constants(gated, model_type):
 
 
 @pytest.mark.parametrize("model_type", ["doge", "minicpm3"])
-def test_the_parts_add_up_to_each_layers_own_streams(gated, model_type):
-    model = gated(model_type)
+def test_the_parts_add_up_to_each_layers_own_streams(inferred_loaded, model_type):
+    model = inferred_loaded(model_type)
     ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
-    attention, outputs = [], []
-    handles = []
-    for layer in model.hf_model.model.layers:
-        handles += [
-            layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0].double())),
-            layer.register_forward_hook(lambda _m, _a, output: outputs.append(output[0].double())),
-        ]
-    try:
-        with torch.no_grad():
-            model.hf_model(input_ids=ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    layers = model.hf_model.model.layers
+    _, attention, _, outputs = hooked_layers(model.hf_model, ids, layers, lambda layer: layer.mlp)
     recording, gates = record(model, ids), read_weights(model).gates
     assert gates is not None
     for index in range(model.n_layers):
         shift, residual, branch, ffn_shift, ffn_residual, ffn_branch = gates.layer(index, torch.float64)
         x, mid = recording.inputs[index].double(), recording.mids[index].double()
-        torch.testing.assert_close(mid, shift + residual * x + branch * attention[index], rtol=0, atol=1e-5)
+        torch.testing.assert_close(mid, shift + residual * x + branch * attention[index].double(), rtol=0, atol=1e-5)
         whole = ffn_shift + ffn_residual * mid + ffn_branch * recording.ffn_outputs[index].double()
-        torch.testing.assert_close(
-            whole, outputs[index][0] if outputs[index].dim() == 3 else outputs[index], rtol=0, atol=1e-5
-        )
+        torch.testing.assert_close(whole, outputs[index].double(), rtol=0, atol=1e-5)
     routes = attnflow.routes(model, TEXT, lens="none")  # every layer's parts checked against its streams
     assert routes.edges
