@@ -60,7 +60,7 @@ def by_hand(model, ids: torch.Tensor, layer: int, expert: int, new: torch.Tensor
     return torch.log_softmax(logits[0, -1], dim=-1)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_patching_an_expert_equals_replacing_its_part_by_hand(tiny_moe, family):
     model = tiny_moe(family)
     tokenise = lambda text: model.tokenizer(text, return_tensors="pt")["input_ids"]  # noqa: E731

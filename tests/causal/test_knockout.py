@@ -97,6 +97,22 @@ def test_knockout_equals_zeroing_the_weight_and_renormalising_the_row(tiny_loade
     torch.testing.assert_close(blocked, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_knockout_through_an_integer_mask_equals_zeroing_the_weight(tmp_path, monkeypatch):
+    """DeBERTa-v2 passes its attention a 0/1 integer mask, which it turns boolean: the knocked-out
+    edge is written as the value the query's own key does not hold, as for a boolean mask."""
+    from attnflow.rows.tiny import build_tiny
+
+    folder = build_tiny("deberta-v2", tmp_path / "deberta-v2", "sequence-classification")
+    model = attnflow.load(str(folder), device="cpu")
+    ids = ids_of(model)
+    query, key, layers = 0, 2, (1,)  # the classifier reads position 0
+    blocked, _ = knocked_out(model, ids, [(query, key)], layers)
+    expected = renormalised_after_softmax(model, ids, query, key, layers, monkeypatch)
+    plain, _ = _run(model, ids, False)
+    assert (blocked - plain).abs().max() > 1e-6  # the edge matters: the comparison can fail
+    torch.testing.assert_close(blocked, expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("family", DECODERS)
 def test_blocking_an_edge_the_query_cannot_see_changes_nothing(tiny_loaded, family):
     model = tiny_loaded(family)

@@ -279,3 +279,32 @@ def oracle(family: str, model, text: str) -> tuple[list[OracleLayer], list[np.nd
         spec = layer_spec(family, model.model, layer, hidden[layer], model.n_heads)
         layers.append(oracle_layer(spec, hidden[layer], numpy64(output.attentions[layer][0])))
     return layers, hidden
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def hooked_layers(model: torch.nn.Module, ids: torch.Tensor, layers, ffn_of: Callable) -> tuple[list, list, list, list]:
+    """Per layer of ``layers`` (the decoder layers), by plain torch hooks on one forward pass of
+    ``model`` (a transformers model): its input, its ``self_attn`` output, the output of the module
+    ``ffn_of(layer)`` (as the model returns it, flattened ``[T, d]`` in some) and the layer's output,
+    ``[T, d]`` each (batch row 0)."""
+    inputs, attention, ffn, outputs = [], [], [], []
+    handles = []
+    for layer in layers:
+        handles += [
+            layer.register_forward_pre_hook(
+                lambda _m, args, kwargs: inputs.append(_first(args or (kwargs["hidden_states"],))[0]), with_kwargs=True
+            ),
+            layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0])),
+            ffn_of(layer).register_forward_hook(lambda _m, _a, output: ffn.append(_first(output).clone())),
+            layer.register_forward_hook(lambda _m, _a, output: outputs.append(_first(output)[0])),
+        ]
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return inputs, attention, ffn, outputs

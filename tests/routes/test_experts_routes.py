@@ -17,8 +17,9 @@ from tiny_models import MOE_FAMILIES
 TEXT = "the cat sat on the mat"
 
 
-def hooked(model) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Each MoE block's input and output and each decoder layer's output ``[T, d]``, by plain torch hooks."""
+def hooked(model, attention: list | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Each MoE block's input and output and each decoder layer's output ``[T, d]``, by plain torch
+    hooks (and each attention module's output into ``attention``, when given)."""
     inputs, outputs, layers = [], [], []
 
     def keep_block(_module, args, output) -> None:
@@ -31,6 +32,8 @@ def hooked(model) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Te
     handles = []
     for layer in model.hf_model.model.layers:
         handles += [layer.mlp.register_forward_hook(keep_block), layer.register_forward_hook(keep_layer)]
+        if attention is not None:
+            handles.append(layer.self_attn.register_forward_hook(lambda _m, _a, output: attention.append(output[0][0])))
     try:
         ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
         with torch.no_grad():
@@ -102,3 +105,29 @@ def test_the_route_names_the_experts_it_goes_through(tiny_moe):
     for edge in edges:
         assert sum(edge.experts.values()) == pytest.approx(edge.weight, rel=1e-5)
         assert "experts" in edge.to_dict()
+
+
+def test_a_parallel_blocks_expert_parts_and_the_rest_add_up_to_its_output(inferred_loaded):
+    """Cohere 2 MoE's block output is x + attention(norm(x)) + MoE(norm(x)): the parts of the MoE
+    add up to its own output, and with the stream entering and the attention block's output (plain
+    torch hooks) to the layer's; routes give each chosen expert a share beside the heads."""
+    model = inferred_loaded("cohere2_moe")  # parallel attention and a mixture of experts
+    ids = model.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    recording = record(model, ids)
+    attention: list[torch.Tensor] = []
+    _, outputs, layers = hooked(model, attention)
+    assert model.adapter.streams is not None and model.adapter.streams.parallel
+    assert recording.experts is not None and len(recording.experts) == model.n_layers
+    for layer, moe in enumerate(recording.experts):
+        total = moe.parts.sum(dim=1) + (0 if moe.shared is None else moe.shared)  # [T, d]
+        assert float((total - outputs[layer]).abs().max()) <= 1e-5
+        entering = recording.inputs[layer]  # the stream entering the block (both updates read it)
+        assert float((entering + attention[layer] + total - layers[layer]).abs().max()) <= 1e-5
+    routes = attnflow.routes(model, TEXT, threshold=0.0)
+    experts = routes.graph.experts  # [L, E (+ 1), T]
+    assert experts is not None and routes.graph.parallel
+    for layer, moe in enumerate(recording.experts):
+        chosen = np.zeros(experts.shape[1:], dtype=bool)
+        chosen[moe.indices.T.numpy(), np.arange(moe.indices.shape[0])] = True
+        assert (experts[layer][~chosen] == 0).all() and (experts[layer][chosen] > 0).any()
+        np.testing.assert_allclose(experts[layer].sum(axis=0), routes.graph.ffn[layer], rtol=1e-5, atol=1e-7)

@@ -110,6 +110,24 @@ def test_a_model_type_without_a_hand_row_loads_through_inference_and_runs_every_
     assert routes.edges and routes.graph.n_layers == 2
 
 
+def test_a_causal_lm_whose_class_name_says_no_lm_loads_with_its_head(tmp_path):
+    """BertGenerationDecoder (and Gemma 3's ForConditionalGeneration, Reformer's ModelWithLMHead)
+    are causal LMs by transformers' own table: the model loads with its LM head, and the next-token
+    target is the head's own prediction."""
+    from transformers import BertGenerationDecoder
+
+    import attnflow
+
+    folder = build_tiny("bert-generation", tmp_path / "bert-generation")
+    model = attnflow.load(str(folder), device="cpu")
+    assert type(model.hf_model) is BertGenerationDecoder and model.adapter.target_kind == "next_token"
+    text = "the movie was great but the acting"
+    own = BertGenerationDecoder.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = own(**model.tokenizer(text, return_tensors="pt")).logits[0, -1]  # [vocabulary]
+    assert model.explain(text, method="attnlrp").target["index"] == int(logits.argmax())
+
+
 def _same_numbers(model, row, text: str, methods: tuple[str, ...]) -> None:
     """``model`` explained through ``row`` gives its hand row's numbers, method by method."""
     import attnflow

@@ -15,13 +15,10 @@ from attnflow.rows.tiny import EXPERTS, HIDDEN, LAYERS, TOP_K, build_tiny, tiny_
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# What the dozen cannot run, by design, each with the part of the reason that says why: OPT's
-# feed-forward block runs on a flattened [batch * token, d] tensor, so no module's output is the
-# MLP site.
-REFUSED = {
-    ("opt", "routes"): "routes do not support the opt family",
-    ("opt", "patching"): "patching does not support the opt family",
-}
+# What the dozen cannot run, by design, each with the part of the reason that says why (none now:
+# OPT's feed-forward block, which runs on a flattened [batch * token, d] tensor, is read as
+# [batch, token, d], `attnflow.rows.adapters.as_tokens`).
+REFUSED: dict[tuple[str, str], str] = {}
 DOZEN = [
     ("llama", "causal-lm"),
     ("gpt2", "causal-lm"),

@@ -427,6 +427,7 @@ class CaptureModel:
                     meta={
                         "default_row": self.default_row,
                         **self.precision_meta(),
+                        **({"sinks": True} if self.adapter.stack.sinks else {}),  # rows sum to < 1
                         **({"fused_heads": fuse_heads} if fuse_heads and unresolved is None else {}),
                         **_notes_meta(notes[index]),
                     },

@@ -40,6 +40,7 @@ import torch
 
 from attnflow.errors import InputError
 from attnflow.model_like import ModelLike
+from attnflow.rows.adapters import as_tokens
 from attnflow.rows.hook_points import HookPoint, hooks
 from attnflow.targets import Target, legacy_target
 
@@ -264,8 +265,9 @@ class EdgeGraph:
             return hook
 
         def mlp_output(hidden: torch.Tensor) -> torch.Tensor:
-            current.append(hidden[0])
-            return hidden + corrections["mlp"]
+            shaped = as_tokens(hidden, 1)  # [1, token, d_model] (a flattened feed-forward block's too)
+            current.append(shaped[0])
+            return (shaped + corrections["mlp"]).reshape(hidden.shape)
 
         def last_block_output(hidden: torch.Tensor) -> torch.Tensor:
             return hidden - correction(2 * self.n_layers)

@@ -161,7 +161,7 @@ class PatchRunner:
         """
         ids = input_ids.to(self.model.device).expand(batch, -1)
         recorded: Recorded = {kind: [] for kind in self.activation_kinds} if record else {}
-        with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}):
+        with self._hooks(patches or Patches(), recorded, noise, leaf_embeddings, drop_gradient_rows or {}, batch):
             logits = self.model.hf_model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         return self.metric(logits), recorded
 
@@ -173,9 +173,11 @@ class PatchRunner:
         noise: torch.Tensor | None,
         leaf_embeddings: bool,
         drop_gradient_rows: dict[int, torch.Tensor],
+        batch: int = 1,
     ) -> Iterator[None]:
         """A hook at every row of every activation kind (`SiteModules.points`), and at the rows of
-        the interventions ``patches`` writes; removed when the block exits."""
+        the interventions ``patches`` writes; removed when the block exits. ``batch``: the forward
+        pass's rows (a flattened feed-forward block's tensors are seen ``[batch, token, d]``)."""
         hooked: list[tuple[HookPoint, Callable]] = []
         if noise is not None or leaf_embeddings:
             hooked.append((HookPoint(self.modules.embeddings, "output"), _embedding_hook(noise, leaf_embeddings)))
@@ -185,17 +187,19 @@ class PatchRunner:
                 continue
             for layer, point in enumerate(self.modules.points(row.name)):
                 drop = drop_gradient_rows.get(layer) if row.adds_to_stream else None
-                hooked.append((point, self._site_hook(row, layer, patches, recorded, drop)))
+                hooked.append((point, self._site_hook(row, layer, patches, recorded, drop, batch)))
         with hooks(hooked):
             yield
 
     def _site_hook(
-        self, row: SiteKind, layer: int, patches: Patches, recorded: Recorded, drop: torch.Tensor | None
+        self, row: SiteKind, layer: int, patches: Patches, recorded: Recorded, drop: torch.Tensor | None, batch: int
     ) -> Callable:
         """The hook of row ``layer`` of ``row``'s sweep: write the patches, record, and (GradDrop)
-        pass no gradient back through this output in the rows ``drop`` marks (values unchanged)."""
+        pass no gradient back through this output in the rows ``drop`` marks (values unchanged); a
+        tensor a flattened feed-forward block holds ``[batch * token, d]`` is seen ``[batch, token,
+        d]`` (`SiteKind.on_tokens`)."""
 
-        def hook(tensor: torch.Tensor | None, first: torch.Tensor | None = None) -> torch.Tensor | None:
+        def change(tensor: torch.Tensor | None, first: torch.Tensor | None) -> torch.Tensor | None:
             writes = patches.writes(row.name, layer, tensor if tensor is not None else first)
             new = row.write(tensor, writes, self.n_heads, first) if writes else tensor
             if recorded and row.is_activation:
@@ -203,6 +207,9 @@ class PatchRunner:
             if drop is not None and new is not None:
                 new = torch.where(drop.to(new.device)[:, None, None], new.detach(), new)
             return new
+
+        def hook(tensor: torch.Tensor | None, first: torch.Tensor | None = None) -> torch.Tensor | None:
+            return row.on_tokens(tensor, batch, lambda shaped: change(shaped, first))
 
         return hook
 

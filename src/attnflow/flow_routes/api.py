@@ -376,7 +376,10 @@ def linearised_blocks(layer: Layer) -> tuple[parts.Linearised, parts.Linearised]
     attention = parts.linearise_attention(
         layer.inputs, layer.attention_output, layer.output_bias, layer.attention_norm, layer.attention_norm_first
     )
-    return attention, parts.linearise_ffn(layer.mid, layer.ffn_output, layer.ffn_norm)
+    ffn = parts.linearise_ffn(layer.mid, layer.ffn_output, layer.ffn_norm)
+    if layer.gates is None:
+        return attention, ffn
+    return parts.gated(attention, *layer.gates[:3]), parts.gated(ffn, *layer.gates[3:])
 
 
 def _build(
@@ -426,19 +429,30 @@ def _expert_shares(
     """A mixture of experts' contributions: each chosen expert's share (and the shared expert's,
     last) written into ``table [E (+ 1), T]``; returns the feed-forward block's ``ffn`` (their
     sum), ``residual`` and ``bias`` shares ``[T]``. Checks that the parts add up to the stream."""
-    columns = block.part(moe.parts)  # [T, k, d]
-    if moe.shared is not None:
-        columns = torch.cat([columns, block.part(moe.shared)[:, None]], dim=1)  # [T, k + 1, d]
+    columns = _expert_columns(moe, block)  # [T, k (+ 1), d]
     summed = block.residual + columns.sum(1) + block.bias
     parts.check_whole("mixture of experts", index, layer.out, summed, layer.computed_in)
     shares, residual, bias = parts.expert_contributions(layer.out, block, columns, p)  # [T, k (+ 1)]
+    _fill_experts(moe, shares, table)
+    return shares.sum(dim=1), residual, bias
+
+
+def _expert_columns(moe: ExpertParts, block: parts.Linearised) -> torch.Tensor:
+    """``[T, k (+ 1), d]``: each chosen expert's part as it reaches the whole (and the shared expert's, last)."""
+    columns = block.part(moe.parts)  # [T, k, d]
+    if moe.shared is not None:
+        columns = torch.cat([columns, block.part(moe.shared)[:, None]], dim=1)  # [T, k + 1, d]
+    return columns
+
+
+def _fill_experts(moe: ExpertParts, shares: torch.Tensor, table: np.ndarray) -> None:
+    """Each chosen expert's share ``shares [T, k (+ 1)]`` written into ``table [E (+ 1), T]`` at its expert."""
     found = shares.cpu().numpy()
     positions = np.arange(found.shape[0])
     for slot, chosen in enumerate(moe.indices.T.cpu().numpy()):
         table[chosen, positions] = found[:, slot]
     if moe.shared is not None:
         table[-1] = found[:, -1]
-    return shares.sum(dim=1), residual, bias
 
 
 _PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", "ffn_bias")
@@ -463,15 +477,22 @@ def _layer_shares(
     block, head_parts, vectors = attention
     ffn_block, ffn_part = ffn
     summed = block.residual + head_parts.sum(1) + block.bias
-    if layer.parallel and layer.experts is not None:
-        raise InputError(f"layer {index}: routes do not split a mixture of experts in a parallel block yet")
     if layer.parallel:  # the feed-forward block reads the stream entering the layer, and adds to the same whole
         entering = "feed-forward block's input (the stream entering a parallel block)"
         parts.check_whole(entering, index, layer.mid, layer.inputs, layer.computed_in)
+        # A mixture of experts: one part per chosen expert (and the shared expert's) beside the heads.
+        split = layer.experts is not None and expert_table is not None
+        columns = _expert_columns(layer.experts, ffn_block) if split and layer.experts is not None else None
+        if columns is not None:
+            parts.check_whole("mixture of experts", index, ffn_part, columns.sum(1), layer.computed_in)
         parts.check_whole("parallel block", index, layer.out, summed + ffn_part, layer.computed_in)
-        found = parts.attention_contributions(layer.out, block, vectors, layer.attention, p, ffn_part)
-        none = torch.zeros_like(found[-1])
-        return *found, none, none
+        ffn_parts = ffn_part if columns is None else columns
+        *found, through_ffn = parts.attention_contributions(layer.out, block, vectors, layer.attention, p, ffn_parts)
+        if columns is not None and layer.experts is not None and expert_table is not None:
+            _fill_experts(layer.experts, through_ffn, expert_table)
+            through_ffn = through_ffn.sum(dim=1)
+        none = torch.zeros_like(through_ffn)
+        return *found, through_ffn, none, none
     parts.check_whole("attention block", index, layer.mid, summed, layer.computed_in)
     heads, residual, bias, _ = parts.attention_contributions(layer.mid, block, vectors, layer.attention, p)
     ffn_summed = ffn_block.residual + ffn_part + ffn_block.bias

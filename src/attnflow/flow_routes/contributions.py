@@ -142,6 +142,14 @@ def linearise_ffn(mid: torch.Tensor, output: torch.Tensor, norm: Norm | None) ->
     return Linearised(norm.linear(mid, scale), scale, norm.centres, norm.shift.expand_as(mid))
 
 
+def gated(block: Linearised, shift: torch.Tensor, residual: torch.Tensor, branch: torch.Tensor) -> Linearised:
+    """``block`` in a gated block (`attnflow.rows.Streams.gated`), whose update joins the stream as
+    shift + residual ⊙ stream + branch ⊙ update (each ``[d]``): the stream's part is scaled by
+    ``residual``, every other part and the bias by ``branch``, and ``shift`` adds to the bias."""
+    scale = branch.expand_as(block.residual) if block.scale is None else branch * block.scale
+    return Linearised(residual * block.residual, scale, block.centres, branch * block.bias + shift)
+
+
 def head_vectors(values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
     """``[T, H, d]`` f_h(j) = v_h(j) W_O^h from ``values [T, KV, d_head]`` and ``output_weights
     [H, d_head, d]`` (grouped-query attention: head h reads KV head h // (H / KV))."""
@@ -213,11 +221,15 @@ def attention_contributions(
     key]``, ``residual [T]``, ``bias [T]`` and ``ffn [T]``. ``whole [T, d]``: the stream after the
     block; ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``. ``ffn [T, d]``:
     a parallel block's feed-forward output, one more part of the same whole (None: a sequential
-    block, whose ``ffn`` share is 0)."""
+    block, whose ``ffn`` share is 0); ``[T, n, d]``: n parts of it (a mixture of experts' chosen
+    experts and its shared expert), whose shares come back ``[T, n]``."""
     heads = head_proximities(whole, block, vectors, attention, p)  # [T, H, T]
     residual = proximity(whole, block.residual, p)
     bias = proximity(whole, block.bias, p)
-    through_ffn = torch.zeros_like(residual) if ffn is None else proximity(whole, ffn, p)
+    if ffn is None:
+        through_ffn = torch.zeros_like(residual)
+    else:
+        through_ffn = proximity(whole if ffn.dim() == 2 else whole[:, None], ffn, p)  # [T] or [T, n]
     residual, heads, bias, through_ffn = normalise(residual, heads, bias, through_ffn)
     return heads.permute(1, 0, 2), residual, bias, through_ffn
 

@@ -33,7 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
-from attnflow.rows.adapters import NormForm, Norms, token_rows
+from attnflow.rows.adapters import NormForm, Norms, as_tokens, token_rows
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -111,6 +111,7 @@ class Layer:
     parallel: bool
     experts: ExpertParts | None = None
     computed_in: torch.dtype = torch.float32  # the model's precision (`Recording.dtype`)
+    gates: tuple[torch.Tensor, ...] | None = None  # a gated block's constants (`Gates.layer`)
 
 
 def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
@@ -135,6 +136,7 @@ def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
         parallel=weights.parallel,
         experts=None if recording.experts is None else recording.experts[index].to(PRECISION),
         computed_in=recording.dtype,
+        gates=None if weights.gates is None else weights.gates.layer(index, PRECISION),
     )
 
 
@@ -162,6 +164,67 @@ class Weights:
     unembedding: nn.Module | None
     softcap: float | None
     parallel: bool
+    gates: Gates | None = None
+
+
+@dataclass
+class Gates:
+    """The per-channel constants of a gated block (`Streams.gated`), each ``[L, d]``: the stream
+    after attention is ``shift + residual ⊙ x + branch ⊙ attention site`` and the stream leaving
+    the block ``ffn_shift + ffn_residual ⊙ mid + ffn_branch ⊙ MLP site``; fitted by `fit_gates`."""
+
+    shift: torch.Tensor
+    residual: torch.Tensor
+    branch: torch.Tensor
+    ffn_shift: torch.Tensor
+    ffn_residual: torch.Tensor
+    ffn_branch: torch.Tensor
+
+    def layer(self, index: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Layer ``index``'s six ``[d]`` constants, in the order of the fields, in ``dtype``."""
+        fields = (self.shift, self.residual, self.branch, self.ffn_shift, self.ffn_residual, self.ffn_branch)
+        return tuple(field[index].to(dtype) for field in fields)
+
+
+GATE_PROBE = (4, 16)  # the seeded input [batch, token] the gates are fitted on: 64 rows for 3 constants a channel
+
+
+def fit_gates(model: ModelLike, weights: Weights) -> Gates:
+    """`Gates` of a gated row, fitted per channel by least squares on the streams of a seeded input
+    (`GATE_PROBE`, random token ids), where the model's own streams give them exactly: a fit that
+    leaves a residual or is not determined is a `CaptureError` (the row does not match the model).
+    The attention site is the output projection's output through ``weights.attention_norm`` where
+    the row has a norm on the attention output alone (Ergo's)."""
+    from attnflow.rows.tracing import affine_constants, affine_failure
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = int(getattr(model.tokenizer, "vocab_size", 100) or 100)
+    ids = torch.randint(4, max(5, min(vocab, 100)), GATE_PROBE, generator=generator)
+    recordings = [record(model, row[None]) for row in ids]
+    stacked = {
+        name: torch.cat([getattr(found, name).double() for found in recordings], dim=1)  # [L (+ 1), rows, d]
+        for name in ("inputs", "mids", "attention_outputs", "ffn_outputs")
+    }
+    fitted: list[list[torch.Tensor]] = [[] for _ in range(6)]
+    for layer in range(model.n_layers):
+        attention = stacked["attention_outputs"][layer]
+        if weights.attention_norm is not None and weights.attention_norm_first:
+            attention = weights.attention_norm.layer(layer, torch.float64)(attention)
+        x, mid, out = stacked["inputs"][layer], stacked["mids"][layer], stacked["inputs"][layer + 1]
+        for offset, (whole, terms) in enumerate(((mid, (x, attention)), (out, (mid, stacked["ffn_outputs"][layer])))):
+            failure = affine_failure(whole, terms, _GATE_TOLERANCE)
+            if failure is not None:
+                raise CaptureError(
+                    f"{model.name}: layer {layer}'s gated block ({'attention' if offset == 0 else 'feed-forward'} "
+                    f"update) is not per-channel affine in the stream and the update: {failure}; the adapter row "
+                    "does not match this model"
+                )
+            for k, constant in enumerate(affine_constants(whole, terms)):  # shift, the stream's, the update's
+                fitted[3 * offset + k].append(constant)
+    return Gates(*(torch.stack(constants).to(model.device) for constants in fitted))
+
+
+_GATE_TOLERANCE = 1e-4  # relative to the largest magnitude fitted, as the conformance checks'
 
 
 def check_supported(model: ModelLike) -> None:
@@ -220,6 +283,9 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
             hf_model(input_ids=input_ids.to(model.device), output_attentions=True)
         except StopForward:
             pass
+    # A flattened feed-forward block (`as_tokens`) holds its stream [T, d]: seen [1, T, d] like the rest.
+    mids = {name: as_tokens(tensor, 1) for name, tensor in mids.items()}
+    outputs["ffn_outputs"] = {name: as_tokens(tensor, 1) for name, tensor in outputs["ffn_outputs"].items()}
     rows = {name: token_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
     values = stack_recorded(rows, located["values"])[0]  # [L, T, width]
     values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
@@ -276,7 +342,7 @@ def read_weights(model: ModelLike) -> Weights:
     final_module = _find_one(hf_model, streams.final_norm) if streams.final_norm else None
     unembedding = hf_model.get_output_embeddings() if final_module is not None else None
     softcap = getattr(model.config, "final_logit_softcapping", None)
-    return Weights(
+    found = Weights(
         output_weights=torch.as_tensor(shared["output_weights"], device=model.device),
         output_bias=torch.as_tensor(shared["output_bias"], device=model.device),
         attention_norm=attention_norm,
@@ -288,6 +354,9 @@ def read_weights(model: ModelLike) -> Weights:
         softcap=float(softcap) if softcap else None,
         parallel=streams.parallel,
     )
+    if streams.gated:
+        found.gates = fit_gates(model, found)
+    return found
 
 
 def _layer_norms(model: ModelLike, pattern: str) -> Norm:

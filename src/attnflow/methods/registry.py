@@ -384,7 +384,30 @@ def call_method(spec: MethodSpec, trace: Any, model: ModelLike | None = None, **
         if model is None:
             raise InputError(f"method {spec.name!r} re-runs the model: use model.explain(text, method={spec.name!r})")
         return spec.function(model, trace, **options)
-    return spec.function(trace if spec.takes == "trace" else trace.attentions, **options)
+    return spec.function(trace if spec.takes == "trace" else row_stochastic_attentions(trace), **options)
+
+
+def row_stochastic_attentions(trace: Any) -> Any:
+    """What a method that takes ``attentions`` reads: the trace's weights ``[layer, head, query,
+    key]``; a trace of a stack with attention sinks (``meta["sinks"]``: rows over the real keys sum
+    to less than 1) gets each row's sink share on its diagonal (`transforms.sink_on_diagonal`), said
+    in an `ExplanationWarning`."""
+    if not (getattr(trace, "meta", None) or {}).get("sinks"):  # any object with attentions is a trace here
+        return trace.attentions
+    import warnings
+
+    from attnflow.errors import ExplanationWarning
+    from attnflow.methods.transforms import sink_on_diagonal
+
+    moved, largest = sink_on_diagonal(trace.attentions)
+    warnings.warn(
+        "the model's attention has sinks (a learned softmax logit per head with no value): each row's "
+        f"sink share (up to {largest:.2f}) moves no information between tokens and is counted on the "
+        'diagonal, with the query\'s own stream (docs/methods.md, "Attention sinks")',
+        ExplanationWarning,
+        stacklevel=2,
+    )
+    return moved.astype(trace.attentions.dtype, copy=False)
 
 
 def markdown_table() -> str:

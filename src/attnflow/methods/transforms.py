@@ -71,11 +71,13 @@ def validate_attentions(
     if smallest < 0:
         raise InputError(f"attentions contain negative weights (min {smallest:.3g})")
     if row_stochastic:
-        worst = np.abs(row_sums - 1.0).max()
+        off = np.abs(row_sums - 1.0)
+        worst = off.max()
         if worst > atol:
+            worst_sum = float(row_sums.reshape(-1)[int(off.argmax())])
             raise InputError(
                 f"attention rows must sum to 1 (softmax weights); the worst row sums to "
-                f"{1.0 + float(worst):.4g} off by {worst:.3g}. Pass residual='renorm' or "
+                f"{worst_sum:.4g} off by {worst:.3g}. Pass residual='renorm' or "
                 "normalise the rows if the input is not a softmax."
             )
     return array
@@ -207,6 +209,21 @@ def normalise_rows(matrices: np.ndarray) -> np.ndarray:
     that sums to 0 stays 0 (no NaN)."""
     sums = matrices.sum(axis=-1, keepdims=True)
     return np.divide(matrices, sums, out=np.zeros_like(matrices), where=sums != 0)
+
+
+def sink_on_diagonal(attentions: np.ndarray) -> tuple[np.ndarray, float]:
+    """Weights of a stack with attention sinks (`attnflow.rows.Stack` ``sinks``: a learned logit
+    per head in the softmax with no value, so a row ``[..., q, k]`` over the real keys sums to 1 − s)
+    made row-stochastic by counting each row's sink share s on its diagonal: attending to the sink
+    adds nothing to the query's stream, so that share of the row moves no information between
+    tokens and the query keeps it, as it keeps its residual stream. Returns the weights (float64,
+    rows summing to 1) and the largest sink share. Definition: docs/methods.md ("Attention sinks")."""
+    array = np.asarray(attentions, dtype=np.float64)
+    share = np.clip(1.0 - array.sum(axis=-1), 0.0, None)  # [..., q] the sink's share of each row
+    moved = array.copy()
+    index = np.arange(array.shape[-1])
+    moved[..., index, index] += share
+    return moved, float(share.max(initial=0.0))
 
 
 class PruningCollapseWarning(ExplanationWarning):

@@ -108,7 +108,8 @@ class Sites:
     ``gated``: the block output is not input + attention + MLP but a per-channel affine
     combination of the three, the same for every token (learned residual gates or scales, a
     branch multiplier, an interpolation between the stream and the branch: Doge, Ergo, Beam,
-    MiniCPM3): patching a site is still exact, but nothing adds the sites up (no `Streams`).
+    MiniCPM3): patching a site is still exact; nothing adds the sites up as they are, so routes
+    need `Streams.gated` (the per-channel constants of each update, fitted where routes run).
     """
 
     block: str
@@ -141,12 +142,19 @@ class Streams:
     feed-forward output. A parallel block takes no norm reading a sum (no post-LN ``Values.norm``,
     no ``ffn_norm``); norms on each update alone (``Values.output_norm``, a ``Sites.mlp`` that is
     the norm after the feed-forward block) are allowed.
+
+    ``gated`` (a sequential block with `Sites.gated`): each update joins the stream through
+    per-channel constants, mid = c + r ⊙ x + g ⊙ attention and out = c′ + r′ ⊙ mid + g′ ⊙ MLP
+    (Doge's and Ergo's learned residual gates, ESMC's and MiniCPM3's branch scale); routes fit the
+    constants on a seeded run (`attnflow.flow_routes.forward.fit_gates`) and read r ⊙ x as the
+    residual part, g as the scale of every other part and c as a bias.
     """
 
     mid: str
     ffn_norm: str | None = None
     final_norm: str | None = None
     parallel: bool = False
+    gated: bool = False
 
 
 NormForm = Literal["layer", "rms"]
@@ -225,6 +233,16 @@ def head_factor(heads: Any, products: Any) -> Any:
     errors (`Values.head_factor`). Torch tensors or numpy arrays."""
     eps = 1e-6 * max(float(abs(products).max()), 1e-30)
     return heads * products / (products * products + eps * eps)
+
+
+def as_tokens(tensor: Any, batch: int) -> Any:
+    """A stream tensor as ``[batch, token, width]``: some feed-forward blocks run on the tokens
+    flattened, ``[batch * token, width]`` (OPT's fc1/fc2 and the norm before them, Llama 4's
+    mixture of experts), so what they read and add arrives 2-D; a view of it is returned (writing
+    into it writes the flattened tensor). Any other tensor is returned as it is."""
+    if not hasattr(tensor, "dim") or tensor.dim() != 2 or tensor.shape[0] % batch:
+        return tensor
+    return tensor.view(batch, tensor.shape[0] // batch, tensor.shape[-1])
 
 
 def norm_epsilon(module: Any) -> float | None:

@@ -28,7 +28,8 @@ The checks (`CHECKS`, each named in the error it raises):
 - ``ffn_input`` (rows with streams and sites): the feed-forward block reads the stream the row's
   topology says (`Streams.mid`'s input): block input + attention site in a sequential block, the
   block input itself in a parallel one (`Streams.parallel`), the post-LN norm's output in a
-  post-LN block;
+  post-LN block; in a gated one (`Streams.gated`), a per-channel affine combination of block
+  input and attention site, of which with the MLP site the block output is one too;
 - ``norm_form`` (rows with `Norms`): every norm module of the model is named by the row's norms
   pattern, so are the norms the row names elsewhere (post-LN, sandwich, embedding), and each
   recomputes from its own weights in the form the row declares (a layer norm, or an RMS norm scaled
@@ -60,6 +61,7 @@ from attnflow.rows.adapters import (
     GatedMLP,
     Norms,
     Stack,
+    as_tokens,
     find_layers,
     head_factor,
     text_config,
@@ -166,9 +168,10 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
             raise AdapterCheckError(
                 f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
             )
+        batch = inputs["input_ids"].shape[0] if what in _STREAM_POINTS else 0
         for layer, (name, module) in enumerate(modules):
             point = HookPoint(module, side, index=index, name=name)
-            hooked.append((point, lambda tensor, key=(what, layer): seen.__setitem__(key, _copied(tensor))))
+            hooked.append((point, lambda tensor, key=(what, layer), b=batch: seen.__setitem__(key, _copied(tensor, b))))
     if row.gated_mlp is not None:
         try:
             mlps = find_layers(model, row.gated_mlp.module, gaps=True)
@@ -189,10 +192,17 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
     return run
 
 
-def _copied(tensor: Any) -> Any:
+# The points that hold the residual stream or what is added to it, ``[batch, token, d_model]``
+# (flattened ``[batch * token, d_model]`` in some feed-forward blocks: `as_tokens`).
+_STREAM_POINTS = ("mid.in", "block.in", "block.out", "attn", "mlp")
+
+
+def _copied(tensor: Any, batch: int = 0) -> Any:
     """What a hook saw, copied: a model may change a module's output in place after the hook
-    (Falcon adds the attention output into the MLP's with ``+=``)."""
-    return tensor.clone() if torch.is_tensor(tensor) else tensor
+    (Falcon adds the attention output into the MLP's with ``+=``); with ``batch``, a stream point,
+    seen ``[batch, token, d]`` (`as_tokens`)."""
+    copy = tensor.clone() if torch.is_tensor(tensor) else tensor
+    return as_tokens(copy, batch) if batch else copy
 
 
 def check_attention_weights(run: Run) -> None:
@@ -405,13 +415,28 @@ def check_post_norm(run: Run) -> None:
 
 def check_ffn_input(run: Run) -> None:
     """`Streams.mid`'s input is block input + attention site (sequential), the block input
-    (parallel) or the post-LN norm's output."""
+    (parallel), the post-LN norm's output, or (gated) per-channel affine in block input and
+    attention site, the block output being so in it and the MLP site."""
     streams, values = run.row.streams, run.row.values
     assert streams is not None  # the check applies to rows with streams
     post_norm = values is not None and values.norm is not None
     for layer, (read, before, attention) in enumerate(
         zip(run.layers("mid.in"), run.layers("block.in"), run.layers("attn"), strict=True)
     ):
+        if streams.gated:  # per-channel constants: mid on (x, attention), the block output on (mid, MLP)
+            for what, whole, terms in (
+                ("the feed-forward block's input on block input and attention", read, (before, attention)),
+                ("the block output on the feed-forward block's input and the MLP site", run.layers("block.out")[layer],
+                 (read, run.layers("mlp")[layer])),
+            ):  # fmt: skip
+                failure = affine_failure(whole, terms, TOLERANCE)
+                if failure is not None:
+                    _fail(
+                        run,
+                        "ffn_input",
+                        f"layer {layer}: {what}, per-channel affine (the row declares a gated block): {failure}",
+                    )
+            continue
         if post_norm:
             expected, what = run.layers("norm.out")[layer], "the post-LN norm's output"
         elif streams.parallel:
@@ -535,6 +560,11 @@ def _own_value_writer(run: Run, kind: SiteKind) -> Callable:
     """A hook writing every column of every batch row with the value it already has."""
 
     def write(tensor: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+        assert kind.read is not None
+        batch = run.inputs["input_ids"].shape[0]
+        return kind.on_tokens(tensor, batch, lambda shaped: own(shaped, first))
+
+    def own(tensor: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
         assert kind.read is not None
         batch, columns = tensor.shape[0], kind.columns(tensor, run.n_heads)
         rows = torch.arange(batch).repeat_interleave(columns)

@@ -33,6 +33,7 @@ from attnflow.rows.adapters import (
     Stack,
     Streams,
     Values,
+    as_tokens,
     hand_row,
     head_factor,
     norm_epsilon,
@@ -74,8 +75,11 @@ def _not_found(what: str) -> InferenceError:
 
 def kind_of(config: Any, class_name: str = "") -> str:
     """``"encoder"`` (a classifier or a plain encoder) or ``"decoder"`` (a causal LM) for a model type
-    with no hand row, from the class that loads it (``class_name`` or the config's architectures),
-    else from transformers' causal-LM table; encoder-decoder models are refused (no inference yet)."""
+    with no hand row, from the class that loads it (``class_name`` or the config's architectures: a
+    causal LM by its name's ending or by its place in transformers' causal-LM table, which also
+    holds ``BertGenerationDecoder``, ``Gemma3ForConditionalGeneration`` and
+    ``ReformerModelWithLMHead``), else from that table's model types; encoder-decoder models are
+    refused (no inference yet)."""
     if getattr(config, "is_encoder_decoder", False):
         raise InferenceError(
             f"{type(config).__name__} is an encoder-decoder model: attnflow infers rows of decoder-only and "
@@ -84,11 +88,17 @@ def kind_of(config: Any, class_name: str = "") -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     names = [class_name] if class_name else list(getattr(config, "architectures", None) or ())
-    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+    causal = {name for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for name in _names(value)}
+    if any(name.endswith(("ForCausalLM", "LMHeadModel")) or name in causal for name in names):
         return "decoder"
     if names or getattr(config, "model_type", None) not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "encoder"
     return "decoder"
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """The class names of one entry of a transformers model table (a name or a tuple of them)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else (str(value),)
 
 
 def row_for(hf_model: nn.Module) -> Adapter:
@@ -295,6 +305,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     first = traced.get(f"{blocks}.0")
     if first is None:
         raise _not_found(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
+    _unflatten(traced, blocks)
     inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
     block = _Block(inside, first, n_heads)
     weights_call, (weights_index, sinks) = _attention(block, traced, blocks)
@@ -342,6 +353,23 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     return Adapter(family, kind, (family,), inferred=True, **row)
+
+
+def _unflatten(traced: dict[str, Call], blocks: str) -> None:
+    """Each tensor of the blocks' calls that runs on the tokens flattened (`as_tokens`: a
+    feed-forward block's ``[batch * token, width]``, a router's input and logits), viewed ``[batch,
+    token, width]`` like the stream, in place: an affine map stays one on the views."""
+    for call in traced.values():
+        if call.name.startswith(blocks + ".") and 0 in call.outputs:
+            call.input = _as_traced_tokens(call.input)
+            call.outputs[0] = _as_traced_tokens(call.outputs[0])
+
+
+def _as_traced_tokens(tensor: Any) -> Any:
+    """`as_tokens` for a tensor of the traced run, whose ``batch * token`` is known."""
+    if torch.is_tensor(tensor) and tensor.dim() == 2 and tensor.shape[0] == _BATCH * _TOKENS:
+        return as_tokens(tensor, _BATCH)
+    return tensor
 
 
 def _attention(block: _Block, traced: dict[str, Call], blocks: str) -> tuple[Call, tuple[int, bool]]:
@@ -544,8 +572,10 @@ def _residual(
     )
     if not attention.inside(scope):
         found["output_norm"] = _pattern(attention.name, blocks)
-    if not affine:  # a gated block: nothing adds the sites up, no streams for routes
+    if not affine:
         found |= _streams(block, attention, traced, blocks, n_layers)
+    else:  # a gated block: each update joins the stream through per-channel constants
+        found |= _gated_streams(block, attention, mlp, traced, blocks, n_layers)
     feed_forward = _producer(block, mlp)
     gated = _gated_mlp(block, feed_forward)
     if gated is not None:
@@ -570,6 +600,33 @@ def _streams(block: _Block, attention: Call, traced: dict[str, Call], blocks: st
     if entering is None:
         return {}
     return {"streams": Streams(_pattern(entering.name, blocks), final_norm=final, parallel=True)}
+
+
+def _gated_streams(
+    block: _Block, attention: Call, mlp: Call, traced: dict[str, Call], blocks: str, n_layers: int
+) -> dict[str, Any]:
+    """The streams of a gated sequential block (`Streams.gated`): the first module after the
+    attention site that reads a per-channel affine combination of the block input and the
+    attention site, of which with the MLP site the block output is one too; none in a parallel or
+    otherwise mixed block."""
+    x, out = block.stream_in, block.stream_out
+    mid = next(
+        (
+            call
+            for call in block.calls
+            if attention.start < call.start < mlp.start
+            and torch.is_tensor(call.input)
+            and call.input.shape == x.shape
+            and affine_failure(call.input, (x, attention.output), TOLERANCE) is None
+            and affine_failure(out, (call.input, mlp.output), TOLERANCE) is None
+        ),
+        None,
+    )
+    if mid is None:
+        return {}
+    return {
+        "streams": Streams(_pattern(mid.name, blocks), final_norm=_final_norm(traced, blocks, n_layers), gated=True)
+    }
 
 
 def _gated_pair(block: _Block, scope: str, output_projection: Call) -> tuple[Call, Call] | None:

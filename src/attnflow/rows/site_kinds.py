@@ -128,24 +128,35 @@ def write_knockout(mask: Any, writes: Sequence[Write], _n_heads: int, hidden: An
     token, d_model]``; ``[batch, 1, 1, key]``, a padding mask broadcast over the queries (GPT-1's,
     whose causal mask is a buffer of its own): spread over every query). A boolean mask gets the
     value a query's own key does not hold: a query always reads itself, so its diagonal entry is the
-    mask's "visible" value, whichever convention the model uses (True kept, or MPT's True masked)."""
+    mask's "visible" value, whichever convention the model uses (True kept, or MPT's True masked);
+    an integer mask of 0 and 1 (DeBERTa's, which the attention turns boolean) likewise."""
     import torch
 
     batch, tokens = hidden.shape[:2]
     if mask is None:
         mask = torch.zeros(batch, 1, tokens, tokens, dtype=hidden.dtype, device=hidden.device)
-    elif not torch.is_tensor(mask) or mask.dim() != 4 or not (mask.is_floating_point() or mask.dtype == torch.bool):
+    elif not torch.is_tensor(mask) or mask.dim() != 4 or not (mask.is_floating_point() or _two_valued(mask)):
         raise CaptureError(
             "attention knockout needs the 4-D attention_mask [batch, 1, query, key] of eager attention (additive "
-            f"float or boolean); the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
+            f"float, boolean or 0/1); the attention module received {type(mask).__name__} {getattr(mask, 'shape', '')}"
         )
     queries = tokens if mask.shape[2] == 1 else -1  # a padding mask: one row for every query
     new = mask.expand(batch, -1, queries, -1).clone()  # the model shares one mask across rows and layers
     for write in writes:
         visible = _visible(new, write)
-        new[write.rows, :, write.position, write.indices] = float("-inf") if visible is None else ~visible[:, None]
+        blocked = float("-inf") if visible is None else visible.logical_not()[:, None].to(new.dtype)
+        new[write.rows, :, write.position, write.indices] = blocked
         _check_a_key_is_left(new, write, visible)
     return new
+
+
+def _two_valued(mask: Any) -> bool:
+    """A boolean mask, or an integer one holding only 0 and 1."""
+    import torch
+
+    if mask.dtype == torch.bool:
+        return True
+    return not mask.is_floating_point() and not mask.is_complex() and bool(((mask == 0) | (mask == 1)).all())
 
 
 def _visible(mask: Any, write: Write) -> Any:
@@ -253,6 +264,17 @@ class SiteKind:
             )
             for layer, module in enumerate(modules)
         ]
+
+    def on_tokens(self, tensor: Any, batch: int, change: Callable[[Any], Any]) -> Any:
+        """``change`` applied to a hook point's tensor, which a per-position kind sees ``[batch,
+        token, d_model]`` also where a flattened feed-forward block holds it ``[batch * token,
+        d_model]`` (`attnflow.rows.adapters.as_tokens`); the result comes back in the tensor's own
+        shape."""
+        from attnflow.rows.adapters import as_tokens
+
+        shaped = as_tokens(tensor, batch) if self.column == "position" else tensor
+        new = change(shaped)
+        return new if shaped is tensor or new is None else new.reshape(tensor.shape)
 
     def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
         """The report's heading of this kind's heatmap."""

@@ -174,16 +174,27 @@ def affine_misfit(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance:
     largest magnitude, whether the fit is determined: at least twice as many rows as constants per
     channel, and every term carrying its own information (with ``tolerance``, no term is itself
     such a combination of the others))."""
-    width = out.shape[-1]
-    rows = [term.reshape(-1, width).double() for term in terms]
-    design = torch.stack([torch.ones_like(rows[0]), *rows], dim=-1).transpose(0, 1)  # [d, row, 1 + terms]
-    target = out.reshape(-1, width).double().transpose(0, 1).unsqueeze(-1)  # [d, row, 1]
-    solution = torch.linalg.lstsq(design, target).solution  # [d, 1 + terms, 1]
+    design, target, solution = _affine_fit(out, terms)
     residual = float((design @ solution - target).abs().max())
     scale = max(float(target.abs().max()), 1.0)
     singular = torch.linalg.svdvals(design)  # [d, 1 + terms]
     determined = bool((singular[:, -1] > tolerance * singular[:, 0]).all()) and design.shape[1] >= 2 * design.shape[2]
     return residual / scale, determined
+
+
+def affine_constants(out: torch.Tensor, terms: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``[1 + len(terms), d]`` float64: per channel, c_0 and each c_k of the least-squares fit of
+    ``out [..., d]`` by c_0 + Σ_k c_k ⊙ terms[k] (`affine_misfit` says how well it fits)."""
+    return _affine_fit(out, terms)[2][..., 0].T
+
+
+def _affine_fit(out: torch.Tensor, terms: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(design ``[d, row, 1 + terms]``, target ``[d, row, 1]``, solution ``[d, 1 + terms, 1]``), float64."""
+    width = out.shape[-1]
+    rows = [term.reshape(-1, width).double() for term in terms]
+    design = torch.stack([torch.ones_like(rows[0]), *rows], dim=-1).transpose(0, 1)  # [d, row, 1 + terms]
+    target = out.reshape(-1, width).double().transpose(0, 1).unsqueeze(-1)  # [d, row, 1]
+    return design, target, torch.linalg.lstsq(design, target).solution
 
 
 def affine_failure(out: torch.Tensor, terms: tuple[torch.Tensor, ...], tolerance: float) -> str | None:
