@@ -22,7 +22,10 @@ speed, is left out), its median seconds as the client waits for it: docs/serve.m
 ``--explore SIZES``: `/api/explore`'s estimate against its time (the server's own work functions,
 in this process) on minilm-sentiment at each number of tokens: the explorer's run and its page,
 every method the model supports (the expensive ones up to 128 tokens, as the explorer leaves
-them out above), each view's seconds beside.
+them out above), each view's seconds beside. The model's speed is measured again before each size
+(as a server that starts then would: in the conditions the run meets), and the run's process CPU
+seconds are printed beside its wall seconds with the load average: on a machine shared with other
+work the wall time stretches with the load, the CPU time does not.
 """
 
 from __future__ import annotations
@@ -158,13 +161,21 @@ def explore_rows(sizes: list[int], model_name: str = "minilm-sentiment") -> list
     for n in sizes:
         text = model.tokenizer.decode(words[: n - special])
         job = Job()
+        costs.set_rates(model_name, None)
+        costs.ready(model_name, model)  # measured again now, in the conditions the run meets
         work.estimate_explore(costs, job, [(model_name, model)], model.tokenizer, work.Asked(text, (model_name,)))
         views.clear()
-        began = time.perf_counter()
+        load = os.getloadavg()[0]
+        began, cpu = time.perf_counter(), time.process_time()
         page = str(exploration.explore(model, text).to_html())  # as `work.explore_text` makes it
-        taken = time.perf_counter() - began
-        row = {"tokens": n, "estimated_s": job.estimate_s, "taken_s": round(taken, 2)}
-        row.update(taken_over_estimate=round(taken / job.estimate_s, 2), page_mb=round(len(page) / 2**20, 1))
+        taken, cpu_taken = time.perf_counter() - began, time.process_time() - cpu
+        row = {"tokens": n, "estimated_s": job.estimate_s, "taken_s": round(taken, 2), "cpu_s": round(cpu_taken, 2)}
+        row.update(
+            taken_over_estimate=round(taken / job.estimate_s, 2),
+            cpu_over_estimate=round(cpu_taken / job.estimate_s, 2),
+            load_before=round(load, 1),
+            page_mb=round(len(page) / 2**20, 1),
+        )
         rows.append({**row, "views": dict(views)})
         print(json.dumps(rows[-1]), f"load average {os.getloadavg()}", flush=True)
     return rows
