@@ -282,29 +282,30 @@ def position_limit(model: ModelLike) -> int:
     return int(model.max_length)
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_seconds() -> float:
+@functools.lru_cache(maxsize=2)
+def cpu_seconds(clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds of a fixed integer loop over 2^20 numbers (the fastest of three): the machine's speed
     at the array work of max-flow and the explorer, which a busy machine stretches; measured once
-    per process (by the first model's calibration: about 0.05 s on an idle machine)."""
+    per process and ``clock`` (by the first model's calibration: about 0.05 s on an idle machine;
+    ``time.process_time``: the CPU seconds, which a busy machine does not stretch)."""
     import numpy as np
 
     fastest = math.inf
     for _ in range(3):
         numbers = np.arange(1 << 20, dtype=np.int64)
-        began = time.perf_counter()
+        began = clock()
         for _ in range(4):
             numbers = (numbers * 7 + 3) % 1000003
         int(numbers.sum())
-        fastest = min(fastest, time.perf_counter() - began)
+        fastest = min(fastest, clock() - began)
     return fastest
 
 
-def alti_op_seconds(heads: int, width: int) -> float:
+def alti_op_seconds(heads: int, width: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds per ALTI operation (`alti_ops`): ALTI itself (`relevance.alti_matrices`) on a
     synthetic one-layer trace of `ALTI_BLOCK` tokens with ``heads`` heads and ``width`` (random
     attention, values, weights and stream; the arithmetic does not depend on the numbers), the
-    fastest of three runs over its operations."""
+    fastest of three runs (timed by ``clock``) over its operations."""
     import numpy as np
 
     from attnflow.methods.relevance import alti_matrices
@@ -330,17 +331,19 @@ def alti_op_seconds(heads: int, width: int) -> float:
     )
     fastest = math.inf
     for _ in range(3):
-        began = time.perf_counter()
+        began = clock()
         alti_matrices(trace)
-        fastest = min(fastest, time.perf_counter() - began)
+        fastest = min(fastest, clock() - began)
     return fastest / alti_ops(n, Shape(1, heads, heads * d_head))
 
 
-def calibrate(model: ModelLike) -> Rates | None:
+def calibrate(model: ModelLike, clock: Callable[[], float] = time.perf_counter) -> Rates | None:
     """``a`` and ``b`` of `Rates` from two timed forward passes (1 × 8 and 8 × 32 tokens, the
     faster of two runs each), the max-flow and array rates from `cpu_seconds`, and ALTI's from
-    `alti_op_seconds` (for a family that runs ALTI); or None for a model the passes cannot run on
-    (it answers without estimates)."""
+    `alti_op_seconds` (for a family that runs ALTI), all timed by ``clock`` (the wall clock: the
+    seconds a request will wait on this machine as busy as it is now; ``time.process_time``: CPU
+    seconds, to compare with a run's CPU time on a machine whose load moves); or None for a model
+    the passes cannot run on (it answers without estimates)."""
     import torch
 
     network = model.hf_model
@@ -353,22 +356,22 @@ def calibrate(model: ModelLike) -> Rates | None:
             ids = torch.full((batch, length), min(100, int(vocabulary) - 1), dtype=torch.long, device=model.device)
             fastest = math.inf
             for _ in range(2):
-                began = time.perf_counter()
+                began = clock()
                 with torch.no_grad():
                     network(input_ids=ids, attention_mask=torch.ones_like(ids))
-                fastest = min(fastest, time.perf_counter() - began)
+                fastest = min(fastest, clock() - began)
             timed.append(fastest)
     except Exception:  # a model these passes do not fit (encoder-decoder, images): no estimates
         return None
     token_s = max((timed[1] - timed[0]) / (256 - 8), 1e-9)
-    cpu = cpu_seconds()
+    cpu = cpu_seconds(clock)
     return Rates(
         pass_s=max(timed[0] - 8 * token_s, 1e-6),
         token_s=token_s,
         flow_s=FLOW_PER_CPU * cpu,
         element_s=ELEMENT_PER_CPU * cpu,
         cpu_s=cpu,
-        alti_s=alti_op_seconds(model.n_heads, int(model.d_model)) if _runs_alti(model) else ALTI_S,
+        alti_s=alti_op_seconds(model.n_heads, int(model.d_model), clock) if _runs_alti(model) else ALTI_S,
     )
 
 

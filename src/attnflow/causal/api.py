@@ -45,11 +45,14 @@ DIRECTIONS = ("denoising", "noising")
 NOISE_SCALE = 3.0  # ROME: noise std = 3 × the std of the embedding matrix
 # The sampled check of the estimates (`check_design`): exact patches of this many sites per site
 # kind, a third of them the estimates' strongest, the rest a seeded random draw, each drawn site
-# weighted by the sites it stands for; an estimate whose weighted Pearson r with exact on the
-# sample is below CHECK_THRESHOLD gets a warning (docs/causal.md: by
-# the Fisher interval of r over 24 random sites, an estimate whose r over every site is 0.9 lands
-# below 0.7 less than once in 300 draws; the pairs where the estimates go wrong have r of 0.4–0.6).
-CHECK_SITES = 24
+# weighted by the sites it stands for. The size: for the sample's r to land within 0.1 of the r
+# over every site with 80 % chance where r is 0.7 (the threshold, where the answer matters), its
+# standard error (1 − r²) / √(n − 1) must be at most 0.1 / 1.28: n ≥ 44; 48 sites of 4 kinds are
+# the same 6 forward passes of 32 rows as 44. An estimate whose weighted Pearson r with exact on
+# the sample is below CHECK_THRESHOLD gets a warning (docs/causal.md: by the Fisher interval of r
+# over 48 sites, an estimate whose r over every site is 0.9 lands below 0.7 far less than once in
+# 300 draws; the pairs where the estimates go wrong have r of 0.4–0.6).
+CHECK_SITES = 48
 CHECK_THRESHOLD = 0.7
 
 
