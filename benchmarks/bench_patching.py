@@ -7,7 +7,10 @@ pairs of factual_heldout.jsonl written afterwards and disjoint from them (capita
 landmarks, continents; each checked on smollm2: same token length, single-token answers, the clean
 prompt prefers the target and the corrupt one the contrast), or ``other``, the 12 pairs of
 factual_other.jsonl written by another procedure (other templates, multi-token subjects, no
-geography; checked the same way); shortest first, at most
+geography; checked the same way), or ``fresh``, the 9 pairs of factual_fresh.jsonl written after
+the sampled check's design was fixed (dates whose answer is a later digit of a year, greetings,
+authors, physics and biology; the clean and corrupt texts' top predictions are the target and the
+contrast); shortest first, at most
 ``--max-tokens`` tokens (CPU time grows with the tokens twice: more sites, longer passes).
 Metric: logit(target) − logit(contrast); denoising; every site kind. The run is checkpointed in
 ``--out`` (rerun to continue). Prints, per site kind, the Pearson and Spearman correlation of each
@@ -41,7 +44,12 @@ from attnflow.runs.engine import EngineOptions
 from attnflow.targets import Target
 
 APPROXIMATIONS = ("atp", "atp*", "relp", "atp-ig")
-PAIR_FILES = {"shipped": "factual.jsonl", "heldout": "factual_heldout.jsonl", "other": "factual_other.jsonl"}
+PAIR_FILES = {
+    "shipped": "factual.jsonl",
+    "heldout": "factual_heldout.jsonl",
+    "other": "factual_other.jsonl",
+    "fresh": "factual_fresh.jsonl",
+}
 
 
 def chosen_pairs(model, max_tokens: int, limit: int, which: str = "shipped") -> list[dict]:

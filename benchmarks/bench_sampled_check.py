@@ -1,6 +1,8 @@
 """The sampled check of the patching estimates against the full correlation: does the Pearson r of an
-estimate with exact patching on the check's sample (`attnflow.causal.api.check_sample`: 24 sites a
-kind, a third the estimate's strongest, the rest seeded) land within 0.1 of its r over every site?
+estimate with exact patching on the check's sample (`attnflow.causal.api.check_design`: 24 sites a
+kind, a third the estimate's strongest, the rest seeded, each drawn site weighted by the sites it
+stands for) land within 0.1 of its r over every site? The unweighted r of the same sample (the
+check before the weights) is printed beside it.
 
 Reads the rows of a `benchmarks/bench_patching.py` run (its ``pairs.jsonl``, or the checkpoint while
 it runs: every pair's exact sweep and every estimate over every site kind), draws the sample each
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnflow.causal.api import CHECK_SITES, CHECK_THRESHOLD, check_sample, correlation
+from attnflow.causal.api import CHECK_SITES, CHECK_THRESHOLD, check_design, correlation
 from attnflow.causal.dataset import CHECKPOINT, ROWS, summarise
 from attnflow.runs.checkpoint import read_checkpoint
 
@@ -41,15 +43,15 @@ def read_rows(folder: Path) -> list[dict]:
     return [row for row in rows if "error" not in row]
 
 
-def sampled(row: dict, method: str, kind: str, size: int, seed: int) -> tuple[float, float]:
-    """(sampled r, full r) of one estimate on one pair's sites of one kind."""
+def sampled(row: dict, method: str, kind: str, size: int, seed: int, weighted: bool = True) -> tuple[float, float]:
+    """(sampled r, full r) of one estimate on one pair's sites of one kind; ``weighted``: as `patch`
+    computes it (each drawn site weighted by the sites it stands for), else unweighted."""
     estimate = np.asarray(row["effects"][method][kind], dtype=float)
     exact = np.asarray(row["effects"]["exact"][kind], dtype=float)
-    sites = check_sample({method: {kind: estimate}}, size, seed)[kind]
+    sites, weights = check_design({method: {kind: estimate}}, size, seed)[kind]
     rows, columns = np.array(sites).T
-    return correlation(estimate[rows, columns], exact[rows, columns])["pearson"], correlation(estimate, exact)[
-        "pearson"
-    ]
+    on_sample = correlation(estimate[rows, columns], exact[rows, columns], weights if weighted else None)
+    return on_sample["pearson"], correlation(estimate, exact)["pearson"]
 
 
 def main() -> None:
@@ -77,15 +79,33 @@ def main() -> None:
                 f"{close}/{len(pairs)} | {agree}/{len(pairs)} |"
             )
     print(f"all estimates and kinds: sampled r within {WITHIN} of the full r for {hits}/{total} = {hits / total:.0%}")
+    every = [(row, m, k) for row in rows for m in methods for k in kinds]
+    plain = [sampled(row, m, k, CHECK_SITES, 0, weighted=False) for row, m, k in every]
+    plain_misses = [(s, f) for s, f in plain if abs(s - f) > WITHIN]
+    print(
+        f"unweighted (the check before the weights): within {WITHIN} for {1 - len(plain_misses) / len(plain):.0%}, "
+        f"sampled r higher in {sum(s > f for s, f in plain_misses)} of its {len(plain_misses)} misses"
+    )
+    low = [(s, f) for s, f in (sampled(row, m, k, CHECK_SITES, 0) for row, m, k in every)]
+    caught = sum(s < CHECK_THRESHOLD for s, f in low if f < CHECK_THRESHOLD)
+    alarms = sum(s < CHECK_THRESHOLD for s, f in low if f >= CHECK_THRESHOLD)
+    print(
+        f"warning: on {caught} of the {sum(f < CHECK_THRESHOLD for _, f in low)} with full r below "
+        f"{CHECK_THRESHOLD}; false alarms {alarms} of {sum(f >= CHECK_THRESHOLD for _, f in low)}; "
+        f"sampled r higher in {sum(s > f for s, f in low if abs(s - f) > WITHIN)} of the "
+        f"{sum(abs(s - f) > WITHIN for s, f in low)} misses"
+    )
     for size in (12, 24, 48):
-        fractions = []
-        for seed in range(args.seeds):
-            pairs = [sampled(row, m, k, size, seed) for row in rows for m in methods for k in kinds]
-            fractions.append(np.mean([abs(s - f) <= WITHIN for s, f in pairs]))
-        print(
-            f"sample of {size}: within {WITHIN} for {np.mean(fractions):.0%} of (pair, estimate, kind) "
-            f"(seeds 0–{args.seeds - 1}: {min(fractions):.0%}–{max(fractions):.0%})"
-        )
+        for weighted in (True, False):
+            fractions = []
+            for seed in range(args.seeds):
+                pairs = [sampled(row, m, k, size, seed, weighted) for row, m, k in every]
+                fractions.append(np.mean([abs(s - f) <= WITHIN for s, f in pairs]))
+            print(
+                f"sample of {size} ({'weighted' if weighted else 'unweighted'}): within {WITHIN} for "
+                f"{np.mean(fractions):.0%} of (pair, estimate, kind) "
+                f"(seeds 0–{args.seeds - 1}: {min(fractions):.0%}–{max(fractions):.0%})"
+            )
     missed = [
         (row["clean_text"], m, k, s, f)
         for row in rows

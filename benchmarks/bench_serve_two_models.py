@@ -22,7 +22,12 @@ speed, is left out), its median seconds as the client waits for it: docs/serve.m
 ``--explore SIZES``: `/api/explore`'s estimate against its time (the server's own work functions,
 in this process) on minilm-sentiment at each number of tokens: the explorer's run and its page,
 every method the model supports (the expensive ones up to 128 tokens, as the explorer leaves
-them out above), each view's seconds beside.
+them out above), each view's seconds beside. The model's speed is measured again before each size
+(as a server that starts then would: in the conditions the run meets), and again in CPU seconds
+(`attnflow.costs.calibrate(model, clock=time.process_time)`), whose estimate is printed beside the
+run's process CPU seconds, with the load average: on a machine shared with other work the wall
+time stretches with the load (and a calibration taken in a busier moment than the run foresees
+it longer), the CPU time does not.
 """
 
 from __future__ import annotations
@@ -133,11 +138,19 @@ def explore_rows(sizes: list[int], model_name: str = "minilm-sentiment") -> list
     sys.path.insert(0, str(ROOT / "src"))
     import attnflow
     from attnflow import exploration
+    from attnflow.costs import Shape, calibrate, explore_parts
+    from attnflow.exploration import EXPENSIVE_ABOVE
+    from attnflow.methods.registry import get_method, methods_for
     from attnflow.serve import work
     from attnflow.serve.costs import Costs
     from attnflow.serve.pool import Job
 
     model = attnflow.load(model_name, device="cpu", progress=False)
+
+    def chosen(n: int) -> list[str]:  # as `work.estimate_explore` keeps them
+        names = methods_for(model.adapter)
+        return [m for m in names if n <= EXPENSIVE_ABOVE or get_method(m).cost != "expensive"]
+
     costs = Costs(10_000)
     costs.ready(model_name, model)
     print("rates", costs.rates(model_name), flush=True)
@@ -158,13 +171,28 @@ def explore_rows(sizes: list[int], model_name: str = "minilm-sentiment") -> list
     for n in sizes:
         text = model.tokenizer.decode(words[: n - special])
         job = Job()
+        costs.set_rates(model_name, None)
+        costs.ready(model_name, model)  # measured again now, in the conditions the run meets
         work.estimate_explore(costs, job, [(model_name, model)], model.tokenizer, work.Asked(text, (model_name,)))
+        cpu_rates = calibrate(model, clock=time.process_time)  # CPU seconds: what the run's CPU time is held to
+        assert cpu_rates is not None
+        cpu_estimate = sum(
+            cpu_rates.seconds(part) for part in explore_parts(chosen(n), n, Shape.of(model), True).values()
+        )
         views.clear()
-        began = time.perf_counter()
+        load = os.getloadavg()[0]
+        began, cpu = time.perf_counter(), time.process_time()
         page = str(exploration.explore(model, text).to_html())  # as `work.explore_text` makes it
-        taken = time.perf_counter() - began
+        taken, cpu_taken = time.perf_counter() - began, time.process_time() - cpu
         row = {"tokens": n, "estimated_s": job.estimate_s, "taken_s": round(taken, 2)}
-        row.update(taken_over_estimate=round(taken / job.estimate_s, 2), page_mb=round(len(page) / 2**20, 1))
+        row.update(
+            taken_over_estimate=round(taken / job.estimate_s, 2),
+            cpu_estimated_s=round(cpu_estimate, 2),
+            cpu_s=round(cpu_taken, 2),
+            cpu_over_estimate=round(cpu_taken / cpu_estimate, 2),
+            load_before=round(load, 1),
+            page_mb=round(len(page) / 2**20, 1),
+        )
         rows.append({**row, "views": dict(views)})
         print(json.dumps(rows[-1]), f"load average {os.getloadavg()}", flush=True)
     return rows

@@ -47,9 +47,29 @@ def test_the_factual_pairs_hold_on_smollm2(smollm2):
 def test_the_pairs_written_another_way_hold_on_smollm2(smollm2):
     """factual_other.jsonl (docs/causal.md): same token lengths, one-token answers, the clean text
     prefers the target and the corrupt one the contrast (logit(target) − logit(contrast) > 0 < 0)."""
-    tokenizer = smollm2.tokenizer
     pairs = read_pairs(Path(str(files("attnflow.causal") / "data" / "factual_other.jsonl")))
     assert len(pairs) >= 10
+    _check_pairs(smollm2, pairs)
+
+
+@pytest.mark.slow
+def test_the_fresh_pairs_hold_on_smollm2(smollm2):
+    """factual_fresh.jsonl (docs/causal.md, written after the sampled check's design was fixed):
+    the checks above, and each text's top prediction is its answer (the target, the contrast)."""
+    pairs = read_pairs(Path(str(files("attnflow.causal") / "data" / "factual_fresh.jsonl")))
+    assert len(pairs) == 9
+    _check_pairs(smollm2, pairs)
+    for pair in pairs:
+        for text, answer in ((pair["clean"], pair["target"]), (pair["corrupt"], pair["contrast"])):
+            ids = smollm2.tokenizer(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                top = int(smollm2.model(input_ids=ids).logits[0, -1].argmax())
+            assert smollm2.tokenizer.decode([top]) == answer, (text, answer)
+
+
+def _check_pairs(smollm2, pairs: list[dict]) -> None:
+    """Same token lengths, one-token answers, clean prefers the target and corrupt the contrast."""
+    tokenizer = smollm2.tokenizer
     for pair in pairs:
         target, contrast = (
             tokenizer(answer, add_special_tokens=False)["input_ids"] for answer in (pair["target"], pair["contrast"])

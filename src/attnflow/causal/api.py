@@ -34,6 +34,7 @@ from attnflow.causal.sites import (
 from attnflow.errors import InputError, PatchingWarning, warn_once
 from attnflow.methods.agreement import spearman
 from attnflow.model_like import ModelLike
+from attnflow.statistics import weighted_pearson, weighted_spearman
 from attnflow.targets import legacy_target
 
 if TYPE_CHECKING:
@@ -42,12 +43,16 @@ if TYPE_CHECKING:
 METHODS = ("exact", "atp", "atp*", "relp", "atp-ig")
 DIRECTIONS = ("denoising", "noising")
 NOISE_SCALE = 3.0  # ROME: noise std = 3 × the std of the embedding matrix
-# The sampled check of the estimates (`check_sample`): exact patches of this many sites per site
-# kind, a third of them the estimates' strongest, the rest a seeded random draw; an estimate whose
-# Pearson r with exact on the sample is below CHECK_THRESHOLD gets a warning (docs/causal.md: by
-# the Fisher interval of r over 24 random sites, an estimate whose r over every site is 0.9 lands
-# below 0.7 less than once in 300 draws; the pairs where the estimates go wrong have r of 0.4–0.6).
-CHECK_SITES = 24
+# The sampled check of the estimates (`check_design`): exact patches of this many sites per site
+# kind, a third of them the estimates' strongest, the rest a seeded random draw, each drawn site
+# weighted by the sites it stands for. The size: for the sample's r to land within 0.1 of the r
+# over every site with 80 % chance where r is 0.7 (the threshold, where the answer matters), its
+# standard error (1 − r²) / √(n − 1) must be at most 0.1 / 1.28: n ≥ 44; 48 sites of 4 kinds are
+# the same 6 forward passes of 32 rows as 44. An estimate whose weighted Pearson r with exact on
+# the sample is below CHECK_THRESHOLD gets a warning (docs/causal.md: by the Fisher interval of r
+# over 48 sites, an estimate whose r over every site is 0.9 lands below 0.7 far less than once in
+# 300 draws; the pairs where the estimates go wrong have r of 0.4–0.6).
+CHECK_SITES = 48
 CHECK_THRESHOLD = 0.7
 
 
@@ -66,9 +71,10 @@ class PatchResult:
     ``clean_metric`` m_x and ``corrupt_metric`` m_x̃ (the mean over noise samples); ``seconds``: the
     time each method took (the two runs that cache activations are ``"cache"``).
     ``check``: the sampled check of the estimates (empty without one): ``sites {kind: [[row,
-    column], ...]}`` (`check_sample`: ``size`` a kind, ``strongest`` of them the estimates'
-    strongest, the rest drawn with ``seed``), ``exact {kind: [effect per site]}``, ``correlations
-    {method: {kind: {"pearson", "spearman", "sites"}}}``, the warning ``threshold``
+    column], ...]}`` (`check_design`: ``size`` a kind, ``strongest`` of them the estimates'
+    strongest, the rest drawn with ``seed``), ``weights {kind: [weight per site]}`` (1 for the
+    strongest, the number of sites each drawn one stands for), ``exact {kind: [effect per site]}``,
+    ``correlations {method: {kind: {"pearson", "spearman", "sites"}}}`` (weighted), the warning ``threshold``
     (`CHECK_THRESHOLD`), the ``seconds`` its exact patches took (about ``size × kinds /
     batch_size`` forward passes) and ``from_full_sweep`` (read from an exact sweep, at no cost).
     """
@@ -205,7 +211,7 @@ class PatchResult:
         cost = "read from the full exact sweep" if check["from_full_sweep"] else f"{check['seconds']:.2f} s"
         lines = [
             f"sampled check: exact patching of {check['size']} sites per kind ({check['strongest']} the estimates' "
-            f"strongest, the rest drawn with seed {check['seed']}; {cost}):"
+            f"strongest, the rest drawn with seed {check['seed']}, each weighted by the sites it stands for; {cost}):"
         ]
         for method, kinds in check["correlations"].items():
             agreement = ", ".join(
@@ -240,24 +246,38 @@ class PatchResult:
         return write_report(self, Path(out))
 
 
-def correlation(estimate: np.ndarray, exact: np.ndarray) -> dict[str, float]:
-    """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant)."""
+def correlation(estimate: np.ndarray, exact: np.ndarray, weights: Any = None) -> dict[str, float]:
+    """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant);
+    ``weights`` (same shape): each element counted that many times (`check_design`'s weights)."""
     from scipy.stats import pearsonr
 
     a, b = np.ravel(estimate).astype(float), np.ravel(exact).astype(float)
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return {"pearson": float("nan"), "spearman": float("nan")}
+    if weights is not None:
+        return {"pearson": weighted_pearson(a, b, weights), "spearman": weighted_spearman(a, b, weights)}
     return {"pearson": float(pearsonr(a, b)[0]), "spearman": spearman(a, b)}
 
 
 def check_sample(estimates: dict[str, dict[str, np.ndarray]], size: int, seed: int) -> dict[str, list[tuple[int, int]]]:
-    """The sites of the sampled check per site kind, ``[(row, column), ...]`` in row-major order:
-    ``size`` sites (every site when a kind has fewer), ⌈size / 3⌉ of them the estimates' strongest
-    (by |effect|, the methods taken in turn: each estimate's first, then each one's second, …), the
-    rest drawn at random (``seed``) from the others. ``estimates[method][kind]``: arrays of the
-    same shape per kind (``[row, column]``)."""
+    """The sites of the sampled check per site kind, ``[(row, column), ...]`` in row-major order
+    (`check_design` without the weights)."""
+    return {kind: sites for kind, (sites, _) in check_design(estimates, size, seed).items()}
+
+
+def check_design(
+    estimates: dict[str, dict[str, np.ndarray]], size: int, seed: int
+) -> dict[str, tuple[list[tuple[int, int]], list[float]]]:
+    """The sampled check's sites per site kind, ``[(row, column), ...]`` in row-major order, and
+    each one's weight: ``size`` sites (every site when a kind has fewer), ⌈size / 3⌉ of them the
+    estimates' strongest (by |effect|, the methods taken in turn: each estimate's first, then each
+    one's second, …; weight 1, as they are always taken), the rest drawn at random (``seed``) from
+    the N − k others, each weighted by the (N − k) / (size − k) sites it stands for (the inverse of
+    its chance of being drawn), so that the weighted r over the sample estimates the r over every
+    site instead of leaning to the strongest sites. ``estimates[method][kind]``: arrays of the same
+    shape per kind (``[row, column]``)."""
     rng = np.random.default_rng(seed)
-    chosen: dict[str, list[tuple[int, int]]] = {}
+    chosen: dict[str, tuple[list[tuple[int, int]], list[float]]] = {}
     kinds = next(iter(estimates.values()), {})
     for kind, first in kinds.items():
         shape = first.shape
@@ -277,8 +297,12 @@ def check_sample(estimates: dict[str, dict[str, np.ndarray]], size: int, seed: i
         drawn = (
             rng.choice(rest, size=wanted - len(strongest), replace=False).tolist() if wanted > len(strongest) else []
         )
+        stands_for = len(rest) / len(drawn) if drawn else 1.0  # [site] of the rest per drawn site
         flat = sorted(strongest + [int(index) for index in drawn])
-        chosen[kind] = [(index // shape[1], index % shape[1]) for index in flat]
+        chosen[kind] = (
+            [(index // shape[1], index % shape[1]) for index in flat],
+            [1.0 if index in strongest else stands_for for index in flat],
+        )
     return chosen
 
 
@@ -555,14 +579,15 @@ class _Sweep:
         if not self.check_sites or not estimates:
             return m_clean, m_corrupt, effects, seconds, {}
         started = time.perf_counter()
-        sample = check_sample(estimates, self.check_sites, self.seed)
+        design = check_design(estimates, self.check_sites, self.seed)
+        sample = {kind: sites for kind, (sites, _) in design.items()}
         exact = effects.get("exact")
         if exact is None:
             exact = normalised(
                 self._exact(runner, (base, m_base), (interventions, m_clean), clean_ids.shape[1], sample)
             )
         check_seconds = time.perf_counter() - started
-        check = _check(estimates, exact, sample, self.check_sites, self.seed, check_seconds, "exact" in effects)
+        check = _check(estimates, exact, design, self.check_sites, self.seed, check_seconds, "exact" in effects)
         return m_clean, m_corrupt, effects, seconds, check
 
     def _exact(
@@ -613,21 +638,23 @@ class _Sweep:
 def _check(
     estimates: dict[str, dict[str, np.ndarray]],
     exact: dict[str, np.ndarray],
-    sample: dict[str, list[tuple[int, int]]],
+    design: dict[str, tuple[list[tuple[int, int]], list[float]]],
     size: int,
     seed: int,
     seconds: float,
     from_full_sweep: bool,
 ) -> dict[str, Any]:
-    """`PatchResult.check`: the sampled sites per kind, exact's effect on each, each estimate's
-    Pearson r and Spearman ρ with exact on them per kind, the threshold, the size, the seed, the
-    seconds the exact patches took and whether they were read from a full exact sweep."""
+    """`PatchResult.check`: the sampled sites per kind and their weights (`check_design`), exact's
+    effect on each, each estimate's weighted Pearson r and Spearman ρ with exact on them per kind,
+    the threshold, the size, the seed, the seconds the exact patches took and whether they were
+    read from a full exact sweep."""
+    sample = {kind: sites for kind, (sites, _) in design.items()}
     correlations: dict[str, dict[str, dict[str, float | int]]] = {}
     for method, kinds in estimates.items():
         correlations[method] = {}
-        for kind, sites in sample.items():
+        for kind, (sites, weights) in design.items():
             rows, columns = np.array(sites, dtype=int).reshape(-1, 2).T
-            values = correlation(kinds[kind][rows, columns], exact[kind][rows, columns])
+            values = correlation(kinds[kind][rows, columns], exact[kind][rows, columns], weights)
             correlations[method][kind] = {**values, "sites": len(sites)}
     return {
         "size": size,
@@ -637,6 +664,7 @@ def _check(
         "seconds": seconds,
         "from_full_sweep": from_full_sweep,
         "sites": {kind: [list(site) for site in sites] for kind, sites in sample.items()},
+        "weights": {kind: weights for kind, (_, weights) in design.items()},
         "exact": {kind: [float(exact[kind][row, column]) for row, column in sites] for kind, sites in sample.items()},
         "correlations": correlations,
     }

@@ -135,7 +135,8 @@ def _check_table(result: PatchResult) -> str:
     )
     note = (
         f'<p class="note">Exact patching of {check["size"]} sites of each kind ({check["strongest"]} the '
-        f"estimates' strongest, the rest drawn at random with seed {check['seed']}; {esc(cost)}): an estimate "
+        f"estimates' strongest, the rest drawn at random with seed {check['seed']}, each weighted by the "
+        f"sites it stands for, so that r and ρ estimate those over every site; {esc(cost)}): an estimate "
         f"whose Pearson r with exact on them is below {check['threshold']} is marked; do not read its map as "
         "the patching effects.</p>"
     )

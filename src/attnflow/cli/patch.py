@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "knockout_window": 1,
     "steps": 5,
-    "check_sites": 24,  # `attnflow.causal.api.CHECK_SITES`
+    "check_sites": 48,  # `attnflow.causal.api.CHECK_SITES`
 }
 # Everything `attnflow patch` writes into --out, whichever analysis: an earlier run's, replaced
 # only with --overwrite (a --file run's checkpoint is continued with --resume).
@@ -145,7 +145,8 @@ def _add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         metavar="N",
         help="with an estimate (atp, atp*, relp, atp-ig): also patch N sites of each kind exactly (a third the "
-        "estimates' strongest, the rest drawn with --seed; about N x kinds / --batch-size forward passes, read "
+        "estimates' strongest, the rest drawn with --seed and weighted by the sites each stands for; about "
+        "N x kinds / --batch-size forward passes, read "
         "from the sweep at no cost with exact) and print each estimate's correlation with exact on them, with a "
         f"warning below r {CHECK_THRESHOLD}; 0: no check (default {DEFAULTS['check_sites']})",
     )

@@ -115,7 +115,7 @@ class Costs:
         flow_seconds = timings.get("flow", 0.0) if flow_units else 0.0
         if flow_units * rates.flow_s >= SCALED_ABOVE_S and flow_seconds > 0:
             rates = replace(rates, flow_s=_moved(rates.flow_s, flow_seconds / flow_units, FLOW_PER_CPU * rates.cpu_s))
-        unscaled = replace(rates, scale=1.0, flow_s=0.0, element_s=0.0)
+        unscaled = replace(rates, scale=1.0, flow_s=0.0, element_s=0.0, alti_s=0.0)
         predicted = sum(unscaled.seconds(work) for work in parts.values())
         if predicted * rates.scale >= SCALED_ABOVE_S:
             rates = replace(rates, scale=_moved(rates.scale, (seconds - flow_seconds) / predicted, 1.0))
