@@ -59,3 +59,15 @@ def test_transformers_quirks_of_default_configs_are_worked_around(tmp_path, mode
     assert weights
     for found in weights:
         torch.testing.assert_close(found.sum(dim=-1), torch.ones(found.shape[:-1]))
+
+
+def test_a_default_config_that_fails_its_own_validation_is_built_from_valid_arguments(tmp_path):
+    """Gemma 4's assistant (a draft model) validates that its text config has no per-layer inputs,
+    yet its default text config has them: built from valid arguments, it then runs into what it
+    really needs, its backbone's key/value states."""
+    config = tiny_config("gemma4_assistant")
+    assert config.get_text_config().hidden_size_per_layer_input == 0
+    build_tiny("gemma4_assistant", tmp_path)
+    model = model_class("gemma4_assistant", "causal-lm").from_pretrained(tmp_path, attn_implementation="eager")
+    with pytest.raises(ValueError, match="shared_kv_states cannot be None"):
+        model(input_ids=torch.tensor([[5, 6, 7]]))

@@ -297,6 +297,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
+# Arguments of a config class whose own default does not pass its validation, per model type: a
+# draft model whose default text config has what the draft may not (per-layer inputs, experts).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma4_assistant": {
+        "text_config": {
+            "model_type": "gemma4_text",
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
+    },
+}
+
+
 def tiny_config(model_type: str, task: Task = "causal-lm") -> PretrainedConfig:
     """The default config of ``model_type`` with tiny sizes (2 layers, hidden 64, 4 heads, 2 key/value
     heads, head width 16, feed-forward 96, vocabulary 200, 128 positions, 4 experts of which 2 are chosen)
@@ -304,7 +319,7 @@ def tiny_config(model_type: str, task: Task = "causal-lm") -> PretrainedConfig:
     that. Sequence classifiers get 2 labels "neg"/"pos" and a pad id."""
     import transformers
 
-    config = _shrunk(transformers.CONFIG_MAPPING[model_type]())
+    config = _shrunk(transformers.CONFIG_MAPPING[model_type](**DEFAULTS.get(model_type, {})))
     loaded = model_class(model_type, task).config_class
     if not isinstance(config, loaded) and isinstance(config.get_text_config(decoder=True), loaded):
         config = config.get_text_config(decoder=True)
