@@ -10,9 +10,9 @@ import torch
 from attnflow.rows.tiny import HEADS, HIDDEN, build_tiny, model_class, tiny_config, tiny_tokenizer
 
 
-def _attentions(model_type: str, folder) -> tuple[torch.Tensor, ...]:
-    build_tiny(model_type, folder)
-    model = model_class(model_type, "causal-lm").from_pretrained(folder, attn_implementation="eager").eval()
+def _attentions(model_type: str, folder, task: str = "causal-lm") -> tuple[torch.Tensor, ...]:
+    build_tiny(model_type, folder, task)
+    model = model_class(model_type, task).from_pretrained(folder, attn_implementation="eager").eval()
     ids = torch.randint(5, 150, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         output = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
@@ -71,3 +71,10 @@ def test_a_default_config_that_fails_its_own_validation_is_built_from_valid_argu
     model = model_class("gemma4_assistant", "causal-lm").from_pretrained(tmp_path, attn_implementation="eager")
     with pytest.raises(ValueError, match="shared_kv_states cannot be None"):
         model(input_ids=torch.tensor([[5, 6, 7]]))
+
+
+@pytest.mark.parametrize("model_type", ["layoutlmv3", "lilt"])
+def test_layout_embeddings_that_split_the_hidden_size_in_six_get_one_that_divides(tmp_path, model_type):
+    """LayoutLMv3 and LiLT embed x, y, height and width in sixths of the hidden size (64 does not divide)."""
+    weights = _attentions(model_type, tmp_path, "sequence-classification")
+    assert len(weights) == 2 and all(found.shape == (2, HEADS, 7, 7) for found in weights)

@@ -252,6 +252,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # its model ties every hybrid layer's shared transformer to the first one's and fails where there
     # is no other (a released checkpoint has 13): a Mamba layer, then two hybrid layers
     "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    # layout embeddings split the hidden size in six (x, y, height, width: four, and twice the shape):
+    # a hidden size of 96 divides
+    "layoutlmv3": {"hidden_size": 96, "coordinate_size": 16, "shape_size": 16},
+    "lilt": {"hidden_size": 96},
     # the default is Mamba only: one attention layer
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
