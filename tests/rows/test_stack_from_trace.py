@@ -110,3 +110,11 @@ def test_a_head_count_that_differs_per_layer_is_refused_in_one_line(tmp_path):
     folder = build_tiny("dots3_note", tmp_path)
     with pytest.raises(CaptureError, match=r"sets num_attention_heads per layer and its layers differ \(\[4, 64\]\)"):
         attnflow.load(str(folder), device="cpu", progress=False)
+
+
+def test_softmax_rows_of_another_head_count_are_named_in_the_refusal(tmp_path):
+    """ConvBERT's self-attention returns num_attention_heads / head_ratio heads (2 of the config's 4)."""
+    model = _tiny("convbert", tmp_path, "sequence-classification")
+    nearest = r"the nearest: convbert\.encoder\.layer\.0\.attention\.self returned softmax rows \[2, 2, 7, 7\]"
+    with pytest.raises(InferenceError, match=nearest + " as output 1"):
+        verified_row(model, "encoder")

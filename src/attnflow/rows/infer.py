@@ -185,10 +185,12 @@ def _block_list(model: nn.Module, traced: dict[str, Call], n_heads: int) -> tupl
         if parent is not None and parts[parent].isdigit():
             holding.setdefault(".".join(parts[:parent]), {}).setdefault(int(parts[parent]), []).append(call.name)
     if not leaves:
+        other = _other_softmax(traced)
+        seen = f" (the nearest: {other})" if other else ""
         raise _not_found(
             f"no module of {type(model).__name__} returned [batch, {n_heads} heads, query, key] softmax weights over "
-            "the input's tokens with output_attentions=True (an architecture without attention, one whose attention "
-            "does not return its weights, or one that attends over positions added to the input)"
+            f"the input's tokens with output_attentions=True{seen} (an architecture without attention, one whose "
+            "attention does not return its weights, or one that attends over positions added to the input)"
         )
     if not holding:
         raise _not_found(
@@ -215,6 +217,19 @@ def _block_list(model: nn.Module, traced: dict[str, Call], n_heads: int) -> tupl
             "names one attention module per layer"
         )
     return blocks, n_layers
+
+
+def _other_softmax(traced: dict[str, Call]) -> str | None:
+    """Where the first call returned 4-D softmax rows, said in words, when no attention module did
+    as the config says (another head count, keys beyond the input's tokens, a softmax module whose
+    whole output is the weights), or None."""
+    for call in sorted(traced.values(), key=lambda call: call.start):
+        for index, found in sorted(call.outputs.items()):
+            if torch.is_tensor(found) and found.dim() == 4 and found.is_floating_point() and bool((found >= 0).all()):
+                sums = found.sum(dim=-1)
+                if found.shape[0] == _BATCH and _close(sums, torch.ones(sums.shape)):
+                    return f"{call.name} returned softmax rows {list(found.shape)} as output {index}"
+    return None
 
 
 def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
