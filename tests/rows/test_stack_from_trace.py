@@ -118,3 +118,15 @@ def test_softmax_rows_of_another_head_count_are_named_in_the_refusal(tmp_path):
     nearest = r"the nearest: convbert\.encoder\.layer\.0\.attention\.self returned softmax rows \[2, 2, 7, 7\]"
     with pytest.raises(InferenceError, match=nearest + " as output 1"):
         verified_row(model, "encoder")
+
+
+def test_layers_attending_over_keys_beside_the_input_are_refused_in_one_line(tmp_path):
+    """DeepSeek-V4 adds compressed keys once the input outgrows its compression ratio: a later layer's
+    weights then have more keys than the first's, which one [layer, head, query, key] map cannot hold."""
+    import attnflow
+    from attnflow.errors import CaptureError
+
+    model = attnflow.load(str(build_tiny("deepseek_v4", tmp_path)), device="cpu", progress=False)
+    with pytest.raises(CaptureError, match=r"layer 1's attention weights are \[1, \d+, 11, 13\], layer 0's") as caught:
+        model.explain("the movie was terrible but the acting was great", method="rollout")
+    assert "\n" not in str(caught.value)
