@@ -130,3 +130,12 @@ def test_layers_attending_over_keys_beside_the_input_are_refused_in_one_line(tmp
     with pytest.raises(CaptureError, match=r"layer 1's attention weights are \[1, \d+, 11, 13\], layer 0's") as caught:
         model.explain("the movie was terrible but the acting was great", method="rollout")
     assert "\n" not in str(caught.value)
+
+
+def test_attention_modules_listed_without_blocks_are_refused_naming_them(tmp_path):
+    """XLM keeps its attention modules, norms and feed-forward blocks in parallel lists, no block
+    around a layer (the identity-based search used to take the last list, of norms, for the stack)."""
+    model = _tiny("xlm", tmp_path, "sequence-classification")
+    itself = r"transformer\.attentions\.0, .* is itself an element of transformer\.attentions"
+    with pytest.raises(InferenceError, match=itself):
+        verified_row(model, "encoder")

@@ -193,8 +193,15 @@ def _block_list(model: nn.Module, traced: dict[str, Call], n_heads: int) -> tupl
             "attention does not return its weights, or one that attends over positions added to the input)"
         )
     if not holding:
+        owner, _, index = leaves[0].name.rpartition(".")
+        where = (
+            f"is itself an element of {owner} and no module inside it returns them (no block holds attention and "
+            "feed-forward together, or the weights come back nested)"
+            if owner in lists and index.isdigit()
+            else "is not inside a block of an nn.ModuleList"
+        )
         raise _not_found(
-            f"{leaves[0].name} is not inside a block of an nn.ModuleList: attnflow cannot find the layer stack"
+            f"{leaves[0].name}, which returns the softmax weights, {where}: attnflow cannot find the layer stack"
         )
     order = list(lists)
     blocks = max(holding, key=lambda name: (len(holding[name]), order.index(name)))
