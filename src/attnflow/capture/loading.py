@@ -602,7 +602,7 @@ def _load_source(
     checkpoint()
     try:
         with _gguf_progress(progress):
-            model = auto.from_pretrained(
+            model = _named_class(auto, config).from_pretrained(
                 source.path, attn_implementation="eager", trust_remote_code=trust_remote_code, **source.load_kwargs
             )
     except (OSError, ValueError) as error:
@@ -627,6 +627,21 @@ def _load_source(
     if _mean_pooled(source):
         wrapped.default_row = "mean"
     return wrapped
+
+
+def _named_class(auto: Any, config: Any) -> Any:
+    """``auto``, or where its table has no class for ``config``'s class (the text part of a composite
+    model saved alone: ``mllama_text_model``, ``musicgen_decoder``) the transformers class the folder's
+    config names in ``architectures`` that loads that config class; never remote code."""
+    import transformers
+
+    if type(config) in auto._model_mapping:
+        return auto
+    for name in getattr(config, "architectures", None) or ():
+        named = getattr(transformers, name, None)
+        if isinstance(named, type) and isinstance(config, getattr(named, "config_class", ()) or ()):
+            return named
+    return auto  # its own error names the configuration class
 
 
 def _inferred_row(model: torch.nn.Module, kind: str, name: str, progress: bool) -> Adapter:
@@ -685,7 +700,18 @@ def _check_tokenizer(tokenizer: Any, hf_model: torch.nn.Module, source: ModelSou
     special tokens, or fewer than half as many tokens as the embedding matrix has rows. That is
     what transformers builds from a folder without its tokenizer files (5 special tokens for
     BERT): every word would become the unknown token and the prediction would still look sure."""
-    known, rows = len(tokenizer), hf_model.get_input_embeddings().weight.shape[0]
+    try:
+        embeddings = hf_model.get_input_embeddings()
+    except NotImplementedError:  # transformers' answer for a model that reads characters, not tokens
+        embeddings = None
+    weight = getattr(embeddings, "weight", None)
+    if weight is None or getattr(weight, "ndim", None) != 2:
+        what = "undeclared" if embeddings is None else f"a {type(embeddings).__name__}"
+        raise ModelLoadError(
+            f"{source.name}: its input embedding is {what}, not one [vocabulary, width] table of token vectors "
+            f"(one per codebook, or characters hashed), which attnflow reads the tokens through ({EXTENDING})"
+        )
+    known, rows = len(tokenizer), weight.shape[0]
     special = len(set(tokenizer.all_special_ids))
     if known > special and 2 * known >= rows:
         return

@@ -784,6 +784,12 @@ def _consume_weights(weights: list[Any], recorded: dict[str, torch.Tensor]) -> n
     stacked = np.empty((first.shape[0], len(weights), *first.shape[1:]), dtype=np.float32)
     recorded.clear()
     for layer in range(len(weights)):
+        if weights[layer].shape != first.shape:
+            raise CaptureError(
+                f"layer {layer}'s attention weights are {list(weights[layer].shape)}, layer 0's {list(first.shape)}: "
+                "a layer that attends over keys beside the input's tokens (compressed or memory keys) has no place "
+                "in a [layer, head, query, key] map"
+            )
         stacked[:, layer] = _numpy(float_weights(weights[layer]))
         weights[layer] = None
     return stacked

@@ -418,7 +418,7 @@ class Adapter:
     def heads(self, config: Any) -> int:
         """The heads per layer: the config attribute ``head_count`` names (of the text config, for a
         model whose config nests one: `text_config`)."""
-        value = getattr(text_config(config), self.head_count, None)
+        value = config_value(text_config(config), self.head_count)
         if not isinstance(value, int) or value <= 0:
             raise CaptureError(
                 f"{type(config).__name__} has no head count {self.head_count!r} (the {self.family} row's head_count)"
@@ -433,7 +433,7 @@ class Adapter:
         """The key/value heads per layer: ``num_key_value_heads`` where the config has it, 1 for a
         multi-query config (``multi_query=True``), else the heads (`heads`)."""
         text = text_config(config)
-        value = getattr(text, "num_key_value_heads", None)
+        value = config_value(text, "num_key_value_heads")
         if isinstance(value, int) and value > 0:
             return value
         return 1 if getattr(text, "multi_query", False) is True else self.heads(config)
@@ -719,6 +719,22 @@ def text_config(config: Any) -> Any:
     """The config of the language model: ``config.get_text_config()`` where a multimodal config
     nests one (Gemma 3's), the config itself otherwise."""
     return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def config_value(config: Any, name: str) -> Any:
+    """``config.name``, None where absent; for a config that sets it per layer (transformers'
+    heterogeneous configs refuse the global read), the value every layer shares, refused where the
+    layers differ (a row has one value for every layer)."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        values = [getattr(layer, name, None) for layer in config.per_layer_config]
+        if len(set(values)) > 1:
+            raise CaptureError(
+                f"{type(config).__name__} sets {name} per layer and its layers differ ({values}): an adapter row "
+                f"has one value for every layer ({EXTENDING})"
+            ) from None
+        return values[0] if values else None
 
 
 def auto_class(kind: str) -> str:

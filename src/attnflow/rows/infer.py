@@ -34,6 +34,7 @@ from attnflow.rows.adapters import (
     Streams,
     Values,
     as_tokens,
+    config_value,
     hand_row,
     head_factor,
     norm_epsilon,
@@ -176,40 +177,84 @@ def _pattern(name: str, blocks: str) -> str:
     return rf"^{re.escape(name)}$"
 
 
-def _layer_count(config: Any) -> int:
-    count = getattr(text_config(config), "num_hidden_layers", None)
-    if not isinstance(count, int) or count <= 0:
-        raise _not_found(f"{type(config).__name__} has no num_hidden_layers: attnflow cannot find the layer stack")
-    return count
-
-
 def _head_count(config: Any) -> tuple[str, int]:
     """(the config attribute with the heads per layer, its value)."""
     text = text_config(config)
     for attribute in ("num_attention_heads", "n_head", "num_heads", "n_heads"):
-        value = getattr(text, attribute, None)
+        value = config_value(text, attribute)
         if isinstance(value, int) and value > 0:
             return attribute, value
     raise _not_found(f"{type(config).__name__} has no head count (num_attention_heads)")
 
 
-def _block_list(model: nn.Module, n_layers: int) -> str:
-    """The name of the ``nn.ModuleList`` of ``n_layers`` blocks of one class (the last one in the
-    module order when there are several, e.g. a vision tower before the language model)."""
-    found = [
-        name
-        for name, module in model.named_modules()
-        if isinstance(module, nn.ModuleList)
-        and len(module) == n_layers
-        and len({type(block) for block in module}) == 1
-        and any(True for _ in module[0].parameters())
-    ]
-    if not found:
+def _block_list(model: nn.Module, traced: dict[str, Call], n_heads: int) -> tuple[str, int]:
+    """The layer stack, found from the traced run, not from the blocks' classes or the config's layer
+    count: the ``nn.ModuleList`` whose blocks hold the calls that returned softmax weights (the
+    shallowest list above each; where several lists do, the one with the most such blocks, the last
+    in the module order on a tie: a vision tower before the language model). Its name and block
+    count; every block must have run once, in index order, and hold one attention module."""
+    lists = {name: len(module) for name, module in model.named_modules() if name and isinstance(module, nn.ModuleList)}
+    attending = [call for call in traced.values() if _softmax_weights(call, n_heads) is not None]
+    leaves = [call for call in attending if not any(other.name.startswith(call.name + ".") for other in attending)]
+    holding: dict[str, dict[int, list[str]]] = {}
+    for call in leaves:
+        parts = call.name.split(".")
+        parent = next((end for end in range(1, len(parts) - 1) if ".".join(parts[:end]) in lists), None)
+        if parent is not None and parts[parent].isdigit():
+            holding.setdefault(".".join(parts[:parent]), {}).setdefault(int(parts[parent]), []).append(call.name)
+    if not leaves:
+        other = _other_softmax(traced)
+        seen = f" (the nearest: {other})" if other else ""
         raise _not_found(
-            f"{type(model).__name__} has no nn.ModuleList of {n_layers} identical blocks (num_hidden_layers): "
-            "attnflow cannot find the layer stack"
+            f"no module of {type(model).__name__} returned [batch, {n_heads} heads, query, key] softmax weights over "
+            f"the input's tokens with output_attentions=True{seen} (an architecture without attention, one whose "
+            "attention does not return its weights, or one that attends over positions added to the input)"
         )
-    return found[-1]
+    if not holding:
+        owner, _, index = leaves[0].name.rpartition(".")
+        where = (
+            f"is itself an element of {owner} and no module inside it returns them (no block holds attention and "
+            "feed-forward together, or the weights come back nested)"
+            if owner in lists and index.isdigit()
+            else "is not inside a block of an nn.ModuleList"
+        )
+        raise _not_found(
+            f"{leaves[0].name}, which returns the softmax weights, {where}: attnflow cannot find the layer stack"
+        )
+    order = list(lists)
+    blocks = max(holding, key=lambda name: (len(holding[name]), order.index(name)))
+    n_layers = lists[blocks]
+    calls = [traced.get(f"{blocks}.{index}") for index in range(n_layers)]
+    ran = [call for call in calls if call is not None]
+    if len(ran) < n_layers or any(call.count > 1 for call in ran):
+        shared = next((call for call in ran if call.count > 1), None)
+        missing = next(f"{blocks}.{index}" for index, call in enumerate(calls) if call is None) if not shared else ""
+        what = f"{shared.name} ran {shared.count} times" if shared else f"{missing} did not run"
+        raise _not_found(
+            f"the blocks of {blocks} do not each run once ({what}): an adapter row maps one module per layer"
+        )
+    if [call.start for call in ran] != sorted(call.start for call in ran):
+        raise _not_found(f"the blocks of {blocks} do not run in index order: attnflow cannot find the layer stack")
+    several = next((names for names in holding[blocks].values() if len(names) > 1), None)
+    if several:
+        raise _not_found(
+            f"a block of {blocks} holds {len(several)} attention modules ({', '.join(several)}): an adapter row "
+            "names one attention module per layer"
+        )
+    return blocks, n_layers
+
+
+def _other_softmax(traced: dict[str, Call]) -> str | None:
+    """Where the first call returned 4-D softmax rows, said in words, when no attention module did
+    as the config says (another head count, keys beyond the input's tokens, a softmax module whose
+    whole output is the weights), or None."""
+    for call in sorted(traced.values(), key=lambda call: call.start):
+        for index, found in sorted(call.outputs.items()):
+            if torch.is_tensor(found) and found.dim() == 4 and found.is_floating_point() and bool((found >= 0).all()):
+                sums = found.sum(dim=-1)
+                if found.shape[0] == _BATCH and _close(sums, torch.ones(sums.shape)):
+                    return f"{call.name} returned softmax rows {list(found.shape)} as output {index}"
+    return None
 
 
 def _trace(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Call]:
@@ -294,21 +339,19 @@ def infer_row(hf_model: nn.Module, kind: str) -> Adapter:
 def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     config = hf_model.config
     family = str(getattr(config, "model_type", type(hf_model).__name__))
-    n_layers = _layer_count(config)
     head_count, n_heads = _head_count(config)
-    blocks = _block_list(hf_model, n_layers)
     generator = torch.Generator().manual_seed(0)
     vocab = int(getattr(text_config(config), "vocab_size", 100))
     device = next(hf_model.parameters()).device
     ids = torch.randint(4, max(5, min(vocab, 100)), (_BATCH, _TOKENS), generator=generator).to(device)
     traced = _trace(hf_model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    first = traced.get(f"{blocks}.0")
-    if first is None:
-        raise _not_found(f"the blocks of {blocks} did not run in a forward pass of {type(hf_model).__name__}")
+    blocks, n_layers = _block_list(hf_model, traced, n_heads)
     _unflatten(traced, blocks)
+    first = traced[f"{blocks}.0"]
     inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
     block = _Block(inside, first, n_heads)
     weights_call, (weights_index, sinks) = _attention(block, traced, blocks)
+    sinks = sinks or _sinks_later(traced, blocks, weights_call.name[len(first.name) :], n_layers, n_heads)
     scope = _scope(weights_call.name, first.name)
     output_projection, in_by_out = _output_projection(block, scope)
     row: dict[str, Any] = {
@@ -398,6 +441,17 @@ def _attention(block: _Block, traced: dict[str, Call], blocks: str) -> tuple[Cal
             "return its weights)"
         )
     return max(found, key=lambda pair: pair[0].name.count("."))
+
+
+def _sinks_later(traced: dict[str, Call], blocks: str, tail: str, n_layers: int, n_heads: int) -> bool:
+    """Whether a later layer's attention module (at ``tail`` in its block) returns rows summing to less
+    than 1 (sinks in some layers only: the row then declares them for every layer)."""
+    for layer in range(1, n_layers):
+        call = traced.get(f"{blocks}.{layer}{tail}")
+        found = None if call is None else _softmax_weights(call, n_heads)
+        if found is not None and found[1]:
+            return True
+    return False
 
 
 def _scope(weights: str, block: str) -> str:
@@ -660,6 +714,8 @@ def _post_norm(block: _Block, blocks: str, output_projection: Call) -> dict[str,
         key=lambda call: (call.name.count("."), call.start),
         default=output_projection,
     )
+    if not (torch.is_tensor(x) and torch.is_tensor(attention.output) and attention.output.shape == x.shape):
+        return {}  # the block's stream is not the attention's width (several streams, mixed by the block)
     first = next((call for call in block.calls if _close(call.input, x + attention.output)), None)
     if first is None or not _close(first.output, _layer_norm_of(first)):
         return {}

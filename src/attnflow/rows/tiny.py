@@ -132,6 +132,10 @@ _SIZES: tuple[tuple[str, Callable[[int], int]], ...] = (
     (r"^n_groups$|ngroups$", _at_most(1)),  # a Mamba-2 mixer's groups of heads sharing B and C
     (r"max_position_embeddings$|^n_positions$|^n_ctx$|^max_seq_len$|^max_sequence_length$", _at_most(POSITIONS)),
     (r"^sliding_window$|^attention_window$|^attention_chunk_size$", _at_most(WINDOW)),
+    # prompt embeddings stacked under the vocabulary (types × length rows): kept few, so the
+    # embedding matrix stays about the tokenizer's size
+    (r"^prompt_types$", _at_most(3)),  # the prompt ids are those of the third type
+    (r"^prompt_length$", _at_most(2)),
 )
 
 
@@ -155,8 +159,9 @@ _DERIVED: dict[str, Callable[[dict[str, Any]], Any]] = {
 }
 
 
-def _tiny_size(name: str, value: int, defaults: dict[str, Any]) -> int:
-    """``value``'s tiny size. An unnamed width equal to the hidden size stays equal to it; a head width
+def _tiny_size(name: str, value: int, defaults: dict[str, Any], tied: frozenset[int] = frozenset()) -> int:
+    """``value``'s tiny size. An unnamed width equal to the hidden size (or to one of ``tied``: the
+    hidden size of the config this one is part of, a vision adapter's output) stays equal to it; a head width
     equal to the rotary width stays equal to it (MLA's ``head_dim``); multi-head latent attention
     (a ``kv_lora_rank``) keeps a key/value head per query head."""
     rope_dims = {size for field, size in defaults.items() if re.search(_ROPE_FIELDS, field)}
@@ -164,10 +169,14 @@ def _tiny_size(name: str, value: int, defaults: dict[str, Any]) -> int:
         return ROPE_DIM
     if re.search(_KV_HEADS_FIELDS, name) and "kv_lora_rank" in defaults:
         return HEADS
+    hidden = defaults.get("hidden_size")
+    if name.endswith("_hidden_size") and isinstance(hidden, int) and value > hidden and value % hidden == 0:
+        return HIDDEN * (value // hidden)  # a multiple of the hidden size (the stream beside the embeddings)
     for pattern, size in _SIZES:
         if re.search(pattern, name):
             return size(value)
-    return HIDDEN if value == defaults.get("hidden_size") else value  # a width tied to the hidden size
+    tied_widths = tied | {defaults.get("hidden_size")}
+    return HIDDEN if value in tied_widths else value  # a width tied to the hidden size
 
 
 def _two_layers(values: list | str) -> list | str:
@@ -196,9 +205,12 @@ def _is_config(value: Any) -> bool:
     return hasattr(value, "to_dict") and hasattr(value, "model_type")
 
 
-def _shrunk(config: PretrainedConfig) -> PretrainedConfig:
-    """A config of ``config``'s class with tiny sizes; sub-configs (text, vision, audio …) shrunk too."""
+def _shrunk(config: PretrainedConfig, tied: frozenset[int] = frozenset()) -> PretrainedConfig:
+    """A config of ``config``'s class with tiny sizes; sub-configs (text, vision, audio …) shrunk too,
+    a width of theirs equal to a hidden size of the whole (``tied``: the text part's) tied to it."""
     defaults = config.to_dict()
+    hidden = getattr(config.get_text_config(decoder=True), "hidden_size", None)
+    tied = tied | ({hidden} if isinstance(hidden, int) else set())
     n_layers = defaults.get("num_hidden_layers")
     free_ids = iter(range(VOCAB - 1, len(tiny_vocab()), -1))  # for special ids the tokenizer lacks (images …)
     changes: dict[str, Any] = {
@@ -206,13 +218,16 @@ def _shrunk(config: PretrainedConfig) -> PretrainedConfig:
     }
     for name, value in defaults.items():
         if _is_config(vars(config).get(name)):
-            changes[name] = _shrunk(vars(config)[name])
+            changes[name] = _shrunk(vars(config)[name], tied)
         elif name in _SPECIAL_IDS and isinstance(value, (int, list)) and not isinstance(value, bool):
             changes[name] = _SPECIAL_IDS[name]
         elif re.search(r"_token_(id|index)$", name) and isinstance(value, int) and value >= VOCAB:
             changes[name] = next(free_ids)
         elif isinstance(value, int) and not isinstance(value, bool):
-            changes[name] = _tiny_size(name, value, defaults)
+            changes[name] = _tiny_size(name, value, defaults, tied)
+        elif isinstance(value, list) and len(value) > 1 and len(value) == n_layers and _ints(value):
+            per_layer = re.sub(r"_per_layer$", "", name)  # a size per layer (heads per layer): each shrunk
+            changes[name] = [_tiny_size(per_layer, int(item), defaults, tied) for item in _two_layers(value)]
         elif isinstance(value, list) and len(value) > 1 and len(value) == n_layers:
             changes[name] = _two_layers(value)
         elif isinstance(value, str) and "pattern" in name and len(value) == n_layers:
@@ -231,6 +246,16 @@ _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # its default rope_parameters are empty, and its rotary embedding reads one entry per layer type
     "cohere_compass_text": {"rope_parameters": {"full_attention": _ROPE, "sliding_attention": _ROPE}},
+    # its attention reads attn_config.rope_theta, a field the default attention config lacks, and
+    # clamps q, k and v to ±clip_qkv, which fails unset (a released config.json sets both)
+    "dbrx": {"attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0}},
+    # its model ties every hybrid layer's shared transformer to the first one's and fails where there
+    # is no other (a released checkpoint has 13): a Mamba layer, then two hybrid layers
+    "zamba": {"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]},
+    # layout embeddings split the hidden size in six (x, y, height, width: four, and twice the shape):
+    # a hidden size of 96 divides
+    "layoutlmv3": {"hidden_size": 96, "coordinate_size": 16, "shape_size": 16},
+    "lilt": {"hidden_size": 96},
     # the default is Mamba only: one attention layer
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
@@ -276,6 +301,21 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
+# Arguments of a config class whose own default does not pass its validation, per model type: a
+# draft model whose default text config has what the draft may not (per-layer inputs, experts).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma4_assistant": {
+        "text_config": {
+            "model_type": "gemma4_text",
+            "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0,
+            "enable_moe_block": False,
+            "use_double_wide_mlp": False,
+        }
+    },
+}
+
+
 def tiny_config(model_type: str, task: Task = "causal-lm") -> PretrainedConfig:
     """The default config of ``model_type`` with tiny sizes (2 layers, hidden 64, 4 heads, 2 key/value
     heads, head width 16, feed-forward 96, vocabulary 200, 128 positions, 4 experts of which 2 are chosen)
@@ -283,7 +323,7 @@ def tiny_config(model_type: str, task: Task = "causal-lm") -> PretrainedConfig:
     that. Sequence classifiers get 2 labels "neg"/"pos" and a pad id."""
     import transformers
 
-    config = _shrunk(transformers.CONFIG_MAPPING[model_type]())
+    config = _shrunk(transformers.CONFIG_MAPPING[model_type](**DEFAULTS.get(model_type, {})))
     loaded = model_class(model_type, task).config_class
     if not isinstance(config, loaded) and isinstance(config.get_text_config(decoder=True), loaded):
         config = config.get_text_config(decoder=True)

@@ -32,6 +32,7 @@ class Call:
     kwargs: dict = field(default_factory=dict)
     input: Any = None
     outputs: dict[int, Any] = field(default_factory=dict)
+    count: int = 0  # how many times the module ran (one module shared by several layers runs more than once)
 
     @property
     def output(self) -> Any:
@@ -53,6 +54,7 @@ def trace(watched: Iterable[tuple[str, nn.Module]], run: Callable[[], Any]) -> t
 
     def started(call: Call) -> Callable:
         def hook(args: tuple, kwargs: dict) -> None:
+            call.count += 1
             if call.start < 0:
                 call.start, counter[0] = counter[0], counter[0] + 1
                 call.args, call.kwargs = args, kwargs
