@@ -162,12 +162,17 @@ class CaptureModel:
         self.image_processor = image_processor
         self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
-        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, self.adapter.stack.attention)]
+        stack = self.adapter.stack
+        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, stack.attention, gaps=stack.gaps)]
         if not self.layer_names:
-            raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
-        self.n_layers = len(self.layer_names)
+            raise CaptureError(f"{type(model).__name__}: no attention layers match {stack.attention!r}")
+        # The layers of the stack: a hybrid's blocks, some of which mix tokens without attention
+        # (`Adapter.mixers`; its trace's attentions hold the attention layers, `layer_names`).
+        sites = self.adapter.sites
+        blocks = find_layers(self.hf_model, sites.block) if stack.gaps and sites is not None else self.layer_names
+        self.n_layers = len(blocks)
         self.n_heads = self.adapter.heads(config)
-        projection = find_layers(self.hf_model, self.adapter.stack.output_projection)[0][1]
+        projection = find_layers(self.hf_model, stack.output_projection, gaps=stack.gaps)[0][1]
         in_by_out = self.adapter.in_by_out(projection)  # [head * d_head, d_model]
         self.d_head = in_by_out.shape[0] // self.n_heads
         self.d_model = in_by_out.shape[1]

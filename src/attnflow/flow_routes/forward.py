@@ -170,6 +170,11 @@ def check_supported(model: ModelLike) -> None:
     adapter = model.adapter
     if "streams" in adapter.provides:
         return
+    if adapter.mixers is not None:
+        raise InputError(
+            f"information-flow routes do not support the {adapter.family} family ({model.name}): "
+            f"{adapter.mixers.reason('routes')}"
+        )
     missing = []
     if adapter.streams is None:
         missing.append(f"streams ({CAPABILITIES['streams']})")

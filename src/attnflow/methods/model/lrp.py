@@ -188,8 +188,10 @@ class BackwardRules:
     @property
     def requires(self) -> tuple[str, ...]:
         """What a model family must provide (`attnflow.trace.CAPABILITIES`): a target; the query, key
-        and value projections when a rule changes their gradients; declared norms for a norm rule."""
-        needed = ["text_target"]
+        and value projections when a rule changes their gradients; declared norms for a norm rule;
+        attention as every layer's only token mixer (the rules conserve relevance through attention,
+        norms and products, not through a state-space or recurrent layer of a hybrid stack)."""
+        needed = ["text_target", "attention_mixing"]
         if self.rule("query_key") or self.rule("value"):
             needed.append("query_key")
         if self.rule("norm"):
