@@ -180,3 +180,16 @@ def test_the_cli_explains_a_hybrid_folder_by_gradient_and_refuses_rollout(hybrid
     err = capsys.readouterr().err
     assert "layer 0 mixes tokens through Qwen3NextGatedDeltaNet" in err and "Traceback" not in err
     assert not refused.exists() or not any(refused.iterdir())
+
+
+def test_a_mixer_beside_attention_in_every_layer_is_named_and_refuses_rollout(hybrid_path):
+    """Falcon-H1: attention and a Mamba mixer side by side in every layer (block output = input +
+    attention + mixer + MLP, proven on the traced rows): rollout would see the attention half of
+    the token mixing only, so it is refused naming the mixer; the gradient methods run."""
+    model = attnflow.load(str(hybrid_path("falcon_h1")), device="cpu", progress=False)
+    mixers = model.adapter.mixers
+    assert mixers is not None and mixers.layers == (0, 1) and mixers.kinds == ("FalconH1Mixer",)
+    assert not model.adapter.stack.gaps and model.n_layers == 2
+    with pytest.raises(InputError, match=r"layers 0, 1 mix tokens through FalconH1Mixer, which returns no attention"):
+        model.explain(CLEAN, method="rollout")
+    assert np.isfinite(model.explain(CLEAN, method="gradient").scores).all()
