@@ -193,3 +193,31 @@ def test_a_mixer_beside_attention_in_every_layer_is_named_and_refuses_rollout(hy
     with pytest.raises(InputError, match=r"layers 0, 1 mix tokens through FalconH1Mixer, which returns no attention"):
         model.explain(CLEAN, method="rollout")
     assert np.isfinite(model.explain(CLEAN, method="gradient").scores).all()
+
+
+def test_the_logit_lens_reads_a_hybrids_stream_layer_by_layer(qwen3_next):
+    """`stream_lens` down the last position: row 1 (the stream leaving the linear-attention layer)
+    is the final norm and the unembedding applied by hand to that layer's output; the last row is
+    the model's own prediction and probability."""
+    from attnflow.flow_routes.api import stream_lens
+
+    hf = qwen3_next.hf_model
+    readings = stream_lens(qwen3_next, CLEAN, top_k=3)
+    ids = qwen3_next.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    kept = []
+    handle = hf.model.layers[0].register_forward_hook(
+        lambda _m, _a, output: kept.append(output[0] if isinstance(output, tuple) else output)
+    )
+    try:
+        with torch.no_grad():
+            logits = hf(input_ids=ids).logits[0, -1]
+            by_hand = torch.softmax(hf.lm_head(hf.model.norm(kept[0][0, -1])).double(), dim=-1)
+    finally:
+        handle.remove()
+    assert len(readings) == 3  # entering layer 0, leaving layers 0 and 1
+    top = by_hand.topk(3)
+    assert [entry["id"] for entry in readings[1]["top"]] == top.indices.tolist()
+    np.testing.assert_allclose([entry["probability"] for entry in readings[1]["top"]], top.values, rtol=1e-5)
+    own = torch.softmax(logits.double(), dim=-1)
+    assert readings[-1]["target"]["rank"] == 0
+    assert readings[-1]["target"]["probability"] == pytest.approx(float(own.max()), rel=1e-5)

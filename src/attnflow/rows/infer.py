@@ -792,8 +792,9 @@ def _hybrid(
     (the stack, the values, query, key, fused projections, the norm after the output projection)
     name the attention layers only (`Stack.gaps`); `Mixers` names the other layers and, where each
     block's output is its input + a token mixer's output + the MLP site's (proven on the traced
-    rows), that mixer, which `Sites.attention` then names in its layer. No streams: routes read
-    attention as the only token mixer. A mixture of experts only some layers have is named there."""
+    rows), that mixer, which `Sites.attention` then names in its layer. The streams stay (the logit
+    lens reads the final norm), but the row does not provide them: routes read attention as the
+    only token mixer (`Adapter.provides`). A mixture of experts only some layers have is named there."""
     stack = row["stack"]
     row["stack"] = replace(
         stack,
@@ -808,7 +809,6 @@ def _hybrid(
             values, **{part: None if p is None else _only(p, attending) for part, p in parts.items()}
         )
     row["fused"] = tuple(replace(fused, module=_only(fused.module, attending)) for fused in row.get("fused", ()))
-    row.pop("streams", None)
     others = [layer for layer in range(n_layers) if layer not in attending]
     sites: Sites | None = row.get("sites")
     mixers = None if sites is None else _mixer_sites(traced, blocks, sites, others)
