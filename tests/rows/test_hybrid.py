@@ -17,22 +17,14 @@ import torch
 import attnflow
 from attnflow.errors import InputError
 from attnflow.rows import check_adapter
-from attnflow.rows.tiny import build_tiny
 
 CLEAN, CORRUPT = "the cat sat on the mat", "the dog sat on the mat"  # equal lengths on the tiny tokenizer
 
 
 @pytest.fixture(scope="module")
-def hybrid_path(tmp_path_factory):
-    """``hybrid_path(model_type) -> Path`` of a tiny hybrid causal LM (built once per module)."""
-    root, built = tmp_path_factory.mktemp("hybrids"), {}
-
-    def get(model_type: str):
-        if model_type not in built:
-            built[model_type] = build_tiny(model_type, root / model_type)
-        return built[model_type]
-
-    return get
+def hybrid_path(tiny_architecture_path):
+    """``hybrid_path(model_type) -> Path`` of a tiny hybrid causal LM (the session's build)."""
+    return tiny_architecture_path
 
 
 @pytest.fixture(scope="module")
