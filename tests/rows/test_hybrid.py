@@ -213,3 +213,27 @@ def test_the_logit_lens_reads_a_hybrids_stream_layer_by_layer(qwen3_next):
     own = torch.softmax(logits.double(), dim=-1)
     assert readings[-1]["target"]["rank"] == 0
     assert readings[-1]["target"]["probability"] == pytest.approx(float(own.max()), rel=1e-5)
+
+
+def test_the_explorer_of_a_hybrid_shows_the_methods_it_supports(qwen3_next):
+    """The explorer's page data: the methods the hybrid supports (no rollout among them); its
+    capture reads the attention layers' output projections only (one here, in layer 1)."""
+    from attnflow.exploration import explore
+    from attnflow.methods.registry import methods_for
+
+    found = explore(qwen3_next, CLEAN, faithfulness=False)
+    names = {view.name for view in found.methods}
+    assert names and names <= set(methods_for(qwen3_next.adapter)) and "rollout" not in names
+    assert found.n_layers == 1  # the attention layers' maps: layer 1's
+
+
+def test_why_on_a_hybrid_plans_no_routes_and_patches_the_stream(qwen3_next):
+    """``attnflow.why`` leaves routes and knockout out of a hybrid's plan (they read attention as the
+    only token mixer) and answers from the attribution and the residual stream's patching."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        found = attnflow.why(qwen3_next, CLEAN, samples=2)
+    assert found.routes is None and found.patching is not None and found.attribution is not None
+    assert not found.plan.runs("routes") and not found.plan.runs("knockout")
