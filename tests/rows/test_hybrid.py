@@ -127,7 +127,7 @@ def test_a_method_that_reads_attention_as_the_only_mixer_is_refused_in_one_line(
 def test_routes_and_head_sites_of_a_hybrid_are_refused_naming_the_layers(qwen3_next):
     with pytest.raises(InputError, match=r"layer 0 mixes tokens through Qwen3NextGatedDeltaNet.*routes reads"):
         attnflow.routes(qwen3_next, CLEAN, lens="none")
-    with pytest.raises(InputError, match=r"hybrid \(layer 0 mixes tokens .*\): its heads sites are in layers 1 only"):
+    with pytest.raises(InputError, match=r"hybrid \(layer 0 mixes tokens .*\): its heads sites are in layer 1 only"):
         attnflow.patch(qwen3_next, CLEAN, CORRUPT, sites="heads", methods="exact", progress=False)
 
 
@@ -237,3 +237,14 @@ def test_why_on_a_hybrid_plans_no_routes_and_patches_the_stream(qwen3_next):
         found = attnflow.why(qwen3_next, CLEAN, samples=2)
     assert found.routes is None and found.patching is not None and found.attribution is not None
     assert not found.plan.runs("routes") and not found.plan.runs("knockout")
+
+
+def test_the_default_sweep_of_a_hybrid_leaves_its_heads_out_with_a_warning(qwen3_next):
+    """Patching with the default kinds: the heads (in layer 1 only) are left out, saying why; the
+    residual stream, token mixer and MLP sites of every layer are swept."""
+    from attnflow.errors import PatchingWarning
+
+    with pytest.warns(PatchingWarning, match=r"its heads sites are in layer 1 only: the default sweep leaves them out"):
+        result = attnflow.patch(qwen3_next, CLEAN, CORRUPT, methods="exact", progress=False)
+    assert set(result.effects["exact"]) == {"residual", "attn", "mlp"}
+    assert result.effects["exact"]["residual"].shape[0] == 3  # entering layer 0, leaving layers 0 and 1

@@ -148,7 +148,7 @@ class SiteModules:
                 where = ", ".join(str(layer_index(pattern, name)) for name, _ in located)
                 self.partial[row.name] = (
                     f"the {model.adapter.family} stack is hybrid ({mixers.where}): its {row.name} sites are in "
-                    f"layers {where} only"
+                    f"layer{'s' if len(located) > 1 else ''} {where} only"
                 )
                 continue
             self.by_kind[row.name] = [module for _, module in located]
