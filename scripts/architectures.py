@@ -342,7 +342,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{N_BATCH}×{N_TOKENS} input, loaded with `attnflow.load(folder)`, then put through"
         f" {', '.join(f'`{STEPS[step]}`' for step in list(STEPS)[3:])}. A step runs only when the ones before it"
         " passed (– : not run); the capabilities after `load` run each on its own. The last column gives each"
-        " failure's first line.",
+        " failure's first line. A hybrid stack (attention in some layers, a state-space, recurrent or"
+        " linear-attention mixer in the others or beside it) loads, and its patching runs on every layer's"
+        " residual stream, token mixer and MLP; rollout, the value-aware maps, the backward rules and routes,"
+        " which read attention as the only token mixer, are refused naming the layers and their mixer.",
         "",
         "## Summary",
         "",

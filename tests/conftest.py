@@ -49,6 +49,15 @@ def _built_once(tmp_path_factory, folder: str, build):
 
 
 @pytest.fixture(scope="session")
+def tiny_architecture_path(tmp_path_factory):
+    """``tiny_architecture_path(model_type) -> Path`` of any transformers architecture built tiny
+    from its own config (`attnflow.rows.tiny.build_tiny`: a hybrid stack, say), once per session."""
+    from attnflow.rows.tiny import build_tiny
+
+    return _built_once(tmp_path_factory, "tiny-architectures", build_tiny)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """``tiny_model_path(family) -> Path`` of a saved tiny random model (built once per session)."""
     return _built_once(tmp_path_factory, "tiny-models", build_tiny_model)

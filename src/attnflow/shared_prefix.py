@@ -131,11 +131,14 @@ def _common_length(sequence: Sequence[int], base: Sequence[int]) -> int:
 
 
 def _cache_argument(model: ModelLike) -> str | None:
-    """`cache_argument`, or None where a prefix cannot be reused: not a causal LM, or a cache class
-    without per-layer data."""
+    """`cache_argument`, or None where a prefix cannot be reused: not a causal LM, a hybrid stack
+    (its recurrent or state-space layers keep one state of the whole input, not per-token keys and
+    values a prefix can be cut from), or a cache class without per-layer data."""
     from transformers import DynamicCache
 
     if model.target_kind != "next_token" or "ddp_cache_data" not in inspect.signature(DynamicCache).parameters:
+        return None
+    if model.adapter.mixers is not None:
         return None
     if not hasattr(DynamicCache(), "layers"):  # transformers before the per-layer cache
         return None

@@ -47,6 +47,8 @@ CAPABILITIES = {
     "routes linearise",
     "norms": "every norm module and its form (layer or RMS), declared",
     "experts": "a mixture of experts: its router, its fused expert parameters and any shared expert",
+    "attention_mixing": "attention as every layer's only token mixer (not a hybrid stack with state-space, "
+    "recurrent or linear-attention layers)",
 }
 # The needs that come from a backward pass, and those that need a target (y) at all.
 GRADIENT_NEEDS = frozenset({"attention_grads", "embedding_grads"})

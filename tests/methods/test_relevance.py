@@ -447,8 +447,8 @@ def test_gradients_reach_the_right_layers_when_hooks_register_in_a_shuffled_orde
     original = hooks.find_layers
     rng = np.random.default_rng(0)
 
-    def shuffled(model, pattern):
-        layers = original(model, pattern)
+    def shuffled(model, pattern, **options):  # options: find_layers' gaps
+        layers = original(model, pattern, **options)
         return [layers[i] for i in rng.permutation(len(layers))]
 
     monkeypatch.setattr(hooks, "find_layers", shuffled)

@@ -98,4 +98,4 @@ def test_a_rule_set_is_checked_when_written():
         BackwardRules("bad", "an unknown baseline", baseline="mean")  # type: ignore[arg-type]
     quiet = BackwardRules("quiet", "rules that change nothing", {"value": Scale(1.0), "softmax": TemperedSoftmax(1.0)})
     assert quiet.rule("value") is None and quiet.rule("softmax") is None and quiet.requires == ("text_target",)
-    assert RULES["attnlrp"].requires == ("text_target", "query_key", "norms")
+    assert RULES["attnlrp"].requires == ("text_target", "query_key", "norms", "attention_mixing")

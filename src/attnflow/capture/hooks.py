@@ -87,7 +87,7 @@ def record_stack(
     """
     if fuse_heads is not None and fuse_heads not in HOOK_FUSIONS:
         raise CaptureError(f"heads can be fused in the hook by {', '.join(HOOK_FUSIONS)}, not {fuse_heads!r}")
-    attention_layers = find_layers(model, stack.attention)
+    attention_layers = find_layers(model, stack.attention, gaps=stack.gaps)
     if not attention_layers:
         raise CaptureError(
             f"{type(model).__name__} has no module matching {stack.attention!r}; "
@@ -108,7 +108,7 @@ def record_stack(
         for name, module in attention_layers
     ]
     if head_outputs:
-        projections = find_layers(model, stack.output_projection)
+        projections = find_layers(model, stack.output_projection, gaps=stack.gaps)
         if len(projections) != len(attention_layers):
             raise CaptureError(
                 f"found {len(projections)} output projections for {len(attention_layers)} attention layers "

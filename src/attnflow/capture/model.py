@@ -162,12 +162,17 @@ class CaptureModel:
         self.image_processor = image_processor
         self.name: str = name or getattr(config, "_name_or_path", None) or type(model).__name__
         self.config = config
-        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, self.adapter.stack.attention)]
+        stack = self.adapter.stack
+        self.layer_names = [layer for layer, _ in find_layers(self.hf_model, stack.attention, gaps=stack.gaps)]
         if not self.layer_names:
-            raise CaptureError(f"{type(model).__name__}: no attention layers match {self.adapter.stack.attention!r}")
-        self.n_layers = len(self.layer_names)
+            raise CaptureError(f"{type(model).__name__}: no attention layers match {stack.attention!r}")
+        # The layers of the stack: a hybrid's blocks, some of which mix tokens without attention
+        # (`Adapter.mixers`; its trace's attentions hold the attention layers, `layer_names`).
+        sites = self.adapter.sites
+        blocks = find_layers(self.hf_model, sites.block) if stack.gaps and sites is not None else self.layer_names
+        self.n_layers = len(blocks)
         self.n_heads = self.adapter.heads(config)
-        projection = find_layers(self.hf_model, self.adapter.stack.output_projection)[0][1]
+        projection = find_layers(self.hf_model, stack.output_projection, gaps=stack.gaps)[0][1]
         in_by_out = self.adapter.in_by_out(projection)  # [head * d_head, d_model]
         self.d_head = in_by_out.shape[0] // self.n_heads
         self.d_model = in_by_out.shape[1]
@@ -252,17 +257,18 @@ class CaptureModel:
         """Each head's slice of every layer's output projection W_O: ``[layer, head, d_head, d_model]``;
         for LayerScale families (DINOv2) W_O diag(λ), what a head adds to the residual stream."""
         slices = []
-        projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
+        projections = find_layers(self.hf_model, self.adapter.stack.output_projection, gaps=self.adapter.stack.gaps)
         for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
             in_by_out = self.adapter.in_by_out(projection).detach()  # [head * d_head, d_model]
             slices.append(in_by_out.reshape(self.n_heads, self.d_head, self.d_model) * scale)
         return torch.stack(slices).float()
 
     def _output_scales(self) -> list[torch.Tensor]:
-        """Per layer, the LayerScale ``λ [d_model]`` applied after the output projection (ones without)."""
+        """Per attention layer, the LayerScale ``λ [d_model]`` applied after the output projection
+        (ones without; a hybrid stack's attention layers are `layer_names`, fewer than its blocks)."""
         values = self.adapter.values
         if values is None or values.output_scale is None:
-            return [torch.ones(self.d_model, device=self.device)] * self.n_layers
+            return [torch.ones(self.d_model, device=self.device)] * len(self.layer_names)
         scales = [module.lambda1.detach() for _, module in find_layers(self.hf_model, values.output_scale)]
         if len(scales) != self.n_layers:
             raise CaptureError(
@@ -713,7 +719,7 @@ class CaptureModel:
         ``[layer, d_model]`` as numpy, computed once and shared by every Trace of this model."""
         if self._output_weights_cache is None:
             biases = []
-            projections = find_layers(self.hf_model, self.adapter.stack.output_projection)
+            projections = find_layers(self.hf_model, self.adapter.stack.output_projection, gaps=self.adapter.stack.gaps)
             for (_, projection), scale in zip(projections, self._output_scales(), strict=True):
                 bias = projection.bias
                 biases.append(torch.zeros(self.d_model) if bias is None else (bias.detach() * scale).float().cpu())

@@ -321,6 +321,21 @@ def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _in_every_layer(model: ModelLike, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The default sweep (`SITE_KINDS`) of a hybrid stack without the kinds it has in its attention
+    layers only (``heads``), each left out with a warning naming why (`SiteModules.partial`); any
+    other request as it is (a kind asked for by name is refused with that reason)."""
+    from attnflow.causal.sites import SiteModules
+
+    if kinds != SITE_KINDS or model.adapter.mixers is None:
+        return kinds
+    partial = SiteModules(model).partial
+    for kind in kinds:
+        if kind in partial:
+            warn_once(f"{partial[kind]}: the default sweep leaves them out", PatchingWarning, about="patch")
+    return tuple(kind for kind in kinds if kind not in partial)
+
+
 def patch(
     model: ModelLike,
     clean: str,
@@ -369,7 +384,7 @@ def patch(
         a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
     """
     check_sites_supported(model)
-    kinds = parse_site_kinds(sites)
+    kinds = _in_every_layer(model, parse_site_kinds(sites))
     chosen = parse_methods(methods)
     _check_request(model, chosen, direction, corrupt, noise, check_sites)
     clean_ids = _token_ids(model, clean, "clean")

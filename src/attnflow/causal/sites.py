@@ -125,21 +125,36 @@ class SiteModules:
     """The modules of one model that hold its sites, per kind (found with the adapter row's
     patterns; one per layer; a kind the row has no pattern for, such as ``experts`` without a
     mixture of experts, is left out), and the hook point of each row of each kind's sweep array.
-    ``n_experts``: the experts' columns (a shared expert's included; 0 without experts)."""
+    ``n_experts``: the experts' columns (a shared expert's included; 0 without experts).
+    A hybrid stack's row (`attnflow.rows.adapters.Mixers`) has heads (and knockout, and maybe
+    experts) in some layers only: those kinds are left out too, with the reason ``check_kinds``
+    gives (``partial``); its residual, attn (each layer's token mixer) and mlp sites cover every layer."""
 
     def __init__(self, model: ModelLike) -> None:
-        from attnflow.rows.adapters import find_layers
+        from attnflow.rows.adapters import find_layers, layer_index
         from attnflow.rows.experts import n_columns
 
         check_sites_supported(model)
         self.row = model.adapter
         self.by_kind: dict[str, list[Any]] = {}
+        self.partial: dict[str, str] = {}  # a hybrid's kinds in some layers only: why they are left out
+        mixers = model.adapter.mixers
         for row in SITE_TABLE:
             pattern = row.pattern(model.adapter)
-            if pattern is not None:
-                self.by_kind[row.name] = [module for _, module in find_layers(model.hf_model, pattern)]
+            if pattern is None:
+                continue
+            located = find_layers(model.hf_model, pattern, gaps=mixers is not None)
+            if mixers is not None and len(located) != model.n_layers:
+                where = ", ".join(str(layer_index(pattern, name)) for name, _ in located)
+                self.partial[row.name] = (
+                    f"the {model.adapter.family} stack is hybrid ({mixers.where}): its {row.name} sites are in "
+                    f"layer{'s' if len(located) > 1 else ''} {where} only"
+                )
+                continue
+            self.by_kind[row.name] = [module for _, module in located]
         experts = model.adapter.experts
-        self.n_experts = 0 if experts is None else n_columns(experts, self.by_kind["experts"][0])
+        in_every_layer = experts is not None and "experts" in self.by_kind
+        self.n_experts = n_columns(experts, self.by_kind["experts"][0]) if in_every_layer else 0
         self.embeddings = model.hf_model.get_input_embeddings()
         self.n_heads = model.n_heads
         counts = {name: len(modules) for name, modules in self.by_kind.items()}
@@ -150,7 +165,7 @@ class SiteModules:
         # residual stream), attention block and MLP (their outputs: what they add to the stream) and
         # attention output projection (its input: the heads' outputs).
         self.blocks, self.attention, self.mlp, self.projections = (
-            self.by_kind[kind] for kind in ("residual", "attn", "mlp", "heads")
+            self.by_kind.get(kind, []) for kind in ("residual", "attn", "mlp", "heads")
         )
 
     def points(self, kind: str) -> list[HookPoint]:
@@ -159,6 +174,9 @@ class SiteModules:
 
     def check_kinds(self, kinds: Sequence[str]) -> None:
         """One clear line when a kind asked for has no modules in this model's row."""
+        partial = [self.partial[kind] for kind in kinds if kind in self.partial]
+        if partial:
+            raise InputError(f"{partial[0]}; choose from {', '.join(self.by_kind)}")
         missing = [kind for kind in kinds if kind not in self.by_kind]
         if missing:
             raise InputError(

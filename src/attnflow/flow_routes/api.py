@@ -698,3 +698,42 @@ def _layer_parts(recording: Recording, weights: Weights, index: int, cache: dict
         raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights)
         cache[index] = (block.part(raw), ffn_block.part(layer.ffn_output))
     return cache[index]
+
+
+@torch.no_grad()
+def stream_lens(model: ModelLike, text: str, position: int = -1, top_k: int = 5) -> list[dict[str, Any]]:
+    """The logit lens down one position's residual stream, from one forward pass of ``model``
+    (an `attnflow.AttentionModel` of a causal LM) on ``text``: row 0 the stream entering the first
+    layer, row l + 1 the stream leaving layer l (``[L + 1]`` entries), each read as the model reads
+    its last one (the final norm and the unembedding, `Lens.logits`): its ``top_k`` tokens with their
+    probabilities and the model's prediction's rank, probability and logit (``"target"``, `readouts`).
+    It needs the row's blocks (``Sites.block``) and final norm (``Streams.final_norm``) only, not
+    attention as every layer's only token mixer: it reads a hybrid stack, whose routes are refused."""
+    from attnflow.flow_routes.forward import _find_one, _norm_of_row
+    from attnflow.rows.adapters import find_layers
+    from attnflow.rows.hook_points import HookPoint, hooks
+
+    row = model.adapter
+    final = None if row.streams is None or row.sites is None or row.norms is None else row.streams.final_norm
+    unembedding = model.hf_model.get_output_embeddings()
+    if final is None or not isinstance(unembedding, torch.nn.Module):
+        raise InputError(
+            f"the logit lens needs a causal LM whose adapter row names its blocks, its norms and its final norm; "
+            f"the {row.family} row does not{row.note}"
+        )
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"].to(model.device)  # [1, token]
+    if not -ids.shape[1] <= position < ids.shape[1]:
+        raise InputError(f"{{position}} {position} is outside the {ids.shape[1]} tokens", parameter="position")
+    blocks = [module for _, module in find_layers(model.hf_model, row.sites.block)]
+    streams: list[torch.Tensor] = []  # [1, token, d_model] each: entering layer 0, then leaving each layer
+    points = [(HookPoint(blocks[0], "input"), streams.append)]
+    points += [(HookPoint(block, "output"), streams.append) for block in blocks]
+    with hooks(points):
+        logits = model.hf_model(input_ids=ids).logits  # [1, token, V]
+    module = _find_one(model.hf_model, final)
+    lens = Lens(
+        module, _norm_of_row(model, [module]), unembedding, getattr(model.config, "final_logit_softcapping", None)
+    )
+    vectors = torch.stack([stream[0, position] for stream in streams])  # [L + 1, d_model]
+    prediction = int(logits[0, position].argmax())
+    return readouts(lens, model.tokenizer, vectors, prediction, None, top_k)

@@ -233,6 +233,11 @@ def check_supported(model: ModelLike) -> None:
     adapter = model.adapter
     if "streams" in adapter.provides:
         return
+    if adapter.mixers is not None:
+        raise InputError(
+            f"information-flow routes do not support the {adapter.family} family ({model.name}): "
+            f"{adapter.mixers.reason('routes')}"
+        )
     missing = []
     if adapter.values is not None and adapter.values.head_factor:
         missing.append("head vectors that do not depend on the query")

@@ -16,7 +16,9 @@ A `MethodSpec` holds everything a caller needs, so the CLI (flags and ``--help``
   pass), ``"expensive"`` (grows with the tokens or steps: max-flow, perturbations, sampling);
 - ``scores_only`` (one score per token ``[key]``, no matrix), ``signed`` (scores > 0 speak for the
   target, < 0 against it), ``requires`` (what a model family must provide, names from
-  `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all);
+  `attnflow.trace.CAPABILITIES`; a family supports the method when its adapter row provides them all;
+  a method that ``takes="attentions"`` reads the weights as the whole token mixing, so it requires
+  ``attention_mixing`` without saying: a hybrid stack's row does not provide it);
 - ``baseline``: the scores are a reference every method must beat (``random``), not an explanation:
   the summary sentence says so;
 - ``low_precision`` (optional): why the method's maps cannot be trusted when the model runs in 16
@@ -242,7 +244,7 @@ def register(
             needs=frozenset(needs),
             options=tuple(options),
             defaults=defaults,
-            requires=frozenset(requires),
+            requires=frozenset(requires) | ({"attention_mixing"} if takes == "attentions" else set()),
             scores_only=scores_only,
             signed=signed,
             rows=rows,
@@ -322,6 +324,9 @@ def unsupported_reason(spec: MethodSpec, family: Family) -> str | None:
     not provide), or None when it supports it: the reason `check_family` refuses with."""
     if spec.supports(family):
         return None
+    mixers = getattr(family, "mixers", None)  # a hybrid stack (`attnflow.rows.adapters.Mixers`)
+    if "attention_mixing" in spec.requires - family.provides and mixers is not None:
+        return f"method {spec.name!r} does not support the {family.family} family: {mixers.reason(spec.name)}"
     return (
         f"method {spec.name!r} does not support the {family.family} family: it requires "
         f"{'; '.join(spec.missing(family))}{family.note}"

@@ -28,8 +28,10 @@ from attnflow.methods.transforms import Residual, normalise_rows
 from attnflow.trace import Trace
 
 # What the methods require of a model family (`attnflow.trace.CAPABILITIES`).
-VALUE_AWARE = ("values",)
-POST_LN = ("values", "post_norm")
+# The value-aware maps compose every layer's attention with what it carries: attention must be every
+# layer's only token mixer (no hybrid stack), as for rollout.
+VALUE_AWARE = ("values", "attention_mixing")
+POST_LN = ("values", "post_norm", "attention_mixing")
 GRADIENTS = ("text_target",)
 QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are materialised
 
@@ -40,7 +42,7 @@ QUERY_CHUNK = 32  # query rows per block when [query, key, d_model] vectors are 
     takes="trace",
     needs=("attentions", "attention_grads", "target"),
     options=(options.START_LAYER, options.KEEP_IDENTITY),
-    requires=GRADIENTS,
+    requires=(*GRADIENTS, "attention_mixing"),
     cost="backward",
 )
 def grad_rollout(trace: Trace, start_layer: int = 0, keep_identity: bool = False) -> np.ndarray:

@@ -118,14 +118,15 @@ def _steps(
         steps.append(
             planning.Step(planning.VALUE_ROLLOUT, seconds(explain_parts({"norm_rollout": {}}, n, shape, False)))
         )
-    if causal:
+    hybrid = model.adapter.mixers is not None  # routes and knockout read attention as the only token mixer
+    if causal and not hybrid:
         steps.append(planning.Step(planning.ROUTES, seconds(routes_parts(n))))
     if causal or corrupt is not None or wanted.contrast is not None:
         draws = 1 if corrupt is not None else samples
         fallback = planning.Step(planning.ESTIMATE, seconds(planning.estimate_work(n, draws)))
         exact = seconds(planning.patching_work(n, model.n_layers, draws))
         steps.append(planning.Step(planning.PATCHING, exact, fallback=fallback))
-        if causal:
+        if causal and not hybrid:
             knockout = seconds(planning.patching_work(n, model.n_layers, draws, sources=1))
             extra = None if knockout is None or exact is None else knockout - exact
             steps.append(planning.Step(planning.KNOCKOUT, extra))

@@ -34,12 +34,17 @@ class Stack:
     value: a row of the returned weights sums to 1 minus the sink's share (< 1). Value-weighted
     sums and routes' parts stay exact (the sink adds a zero vector); what reads the weights as
     row-stochastic (rollout, flow) does not hold for such a stack. False: rows sum to 1.
+
+    ``gaps``: a hybrid stack (`Mixers`): attention in some layers only, so the stack's patterns (and
+    the row's other per-head patterns: values, query, key, fused projections) match those layers
+    and leave the others out (`find_layers` with ``gaps``); False: one attention module per layer.
     """
 
     attention: str  # regex; module output[weights_index] is [batch, head, query, key]
     output_projection: str  # regex; module input is [batch, token, head * d_head]
     weights_index: int = 1
     sinks: bool = False
+    gaps: bool = False  # a hybrid stack: the patterns name the attention layers only (`Adapter.mixers`)
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,44 @@ class Values:
 
 
 @dataclass(frozen=True)
+class Mixers:
+    """A hybrid stack's layers whose token mixer is not attention (a state-space, recurrent,
+    convolution or linear-attention module: Mamba, Gated DeltaNet, RG-LRU, a short convolution).
+
+    ``module``: regex (group 1 the layer) naming each such layer's token mixer, the module whose
+    output is what the layer's token mixing adds to the residual stream; ``layers``: those layers;
+    ``kinds``: the mixers' module classes, for the refusal's wording only (nothing branches on them).
+    Such a mixer returns no attention weights, so a method that reads the attention weights as the
+    whole token mixing (rollout, attention flow, the value-aware maps, routes, the LRP rules) would
+    miss what flows through these layers: the row then does not provide ``attention_mixing``
+    (`reason` says why in one line). The residual stream, the MLP sites and the token mixer's
+    output in every layer (`Sites.attention` names both kinds of mixer), the heads of the attention
+    layers and every method that reads only the embeddings and the output stay exact.
+    """
+
+    module: str
+    layers: tuple[int, ...]
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """Which layers mix tokens without attention, and through what (where inference proved it)."""
+        many = len(self.layers) > 1
+        layers = f"layer{'s' if many else ''} {', '.join(str(layer) for layer in self.layers)}"
+        if self.kinds:
+            return f"{layers} mix{'' if many else 'es'} tokens through {' and '.join(self.kinds)}"
+        return f"{layers} ha{'ve' if many else 's'} no attention"  # no mixer proven: the layers only
+
+    def reason(self, what: str) -> str:
+        """Why ``what`` (a method's name, "routes") is refused: the layers, their mixers, and the flow it would miss."""
+        if self.kinds:
+            returns = f", which return{'s' if len(self.kinds) == 1 else ''} no attention weights"
+        else:
+            returns = ", and what mixes tokens there returns no attention weights"
+        return f"{self.where}{returns}: {what} reads attention as the only token mixer and would miss that flow"
+
+
+@dataclass(frozen=True)
 class Sites:
     """Where activation patching reads and writes (regexes like `Stack`'s; group 1 is the layer).
 
@@ -104,7 +147,9 @@ class Sites:
     (for post-LN families, before the norm that follows the addition; for sandwich-norm families
     such as Gemma and post-norm ones such as OLMo-2, the output of the norm that follows the
     block). One head's output is its
-    ``d_head`` slice of the input of the stack's ``output_projection``.
+    ``d_head`` slice of the input of the stack's ``output_projection``. In a hybrid stack
+    (`Mixers`) ``attention`` names each layer's token mixer: the attention block in the attention
+    layers, the `Mixers` module in the others, so the sites still add up in every layer.
     ``gated``: the block output is not input + attention + MLP but a per-channel affine
     combination of the three, the same for every token (learned residual gates or scales, a
     branch multiplier, an interpolation between the stream and the branch: Doge, Ergo, Beam,
@@ -405,6 +450,7 @@ class Adapter:
     head_count: str = "num_attention_heads"  # the config attribute with the heads per layer
     weights_in_out: bool = False  # projections store their weight as [in, out] (GPT-2's Conv1D), not [out, in]
     experts: Experts | None = None  # a mixture of experts in place of the MLP
+    mixers: Mixers | None = None  # a hybrid stack: the layers that mix tokens without attention
     inferred: bool = False  # found by `attnflow.rows.infer` from the model itself, not written by hand
     unverified: tuple[str, ...] = ()  # inferred rows: the checks that failed ("check: detail"), their parts left out
     missing: tuple[str, ...] = ()  # inferred rows: the parts inference did not find, and why ("part: reason")
@@ -517,11 +563,13 @@ class Adapter:
             "sites": self.sites is not None,
             "streams": self.streams is not None
             and not factored
+            and self.mixers is None
             and self.norms is not None
             and self.sites is not None
             and self.projection("value") is not None,
             "norms": self.norms is not None,
             "experts": self.experts is not None,
+            "attention_mixing": self.mixers is None,
         }
         return frozenset(name for name, present in provided.items() if present)
 

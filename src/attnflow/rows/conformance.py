@@ -64,6 +64,7 @@ from attnflow.rows.adapters import (
     as_tokens,
     find_layers,
     head_factor,
+    layer_index,
     text_config,
     token_rows,
 )
@@ -145,10 +146,11 @@ def _recorded_points(row: Adapter) -> list[tuple[str, str, Side, int]]:
     return points
 
 
-def _first_match(model: nn.Module, pattern: str) -> list[tuple[str, nn.Module]]:
-    """The modules of ``pattern`` by layer; a pattern without a layer group (an embedding norm) is layer 0."""
+def _first_match(model: nn.Module, pattern: str, gaps: bool = False) -> list[tuple[str, nn.Module]]:
+    """The modules of ``pattern`` by layer (``gaps``: a hybrid row's, whose per-head patterns name its
+    attention layers only); a pattern without a layer group (an embedding norm) is layer 0."""
     if re.compile(pattern).groups:
-        return find_layers(model, pattern)
+        return find_layers(model, pattern, gaps=gaps)
     return [(name, module) for name, module in model.named_modules() if re.search(pattern, name)][:1]
 
 
@@ -163,7 +165,8 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
     seen: dict[tuple[str, int], Any] = {}
     hooked: list[tuple[HookPoint, Callable]] = []
     for what, pattern, side, index in _recorded_points(row):
-        modules = _every_match(model, pattern) if what.startswith("norms.") else _first_match(model, pattern)
+        gaps = row.stack.gaps
+        modules = _every_match(model, pattern) if what.startswith("norms.") else _first_match(model, pattern, gaps)
         if not modules:
             raise AdapterCheckError(
                 f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
@@ -343,10 +346,14 @@ def check_scores(run: Run) -> None:
 
 
 def check_attention_output(run: Run) -> None:
-    """Σ_h z_h W_O^h + b_O, from the heads' slices and the projection's weights, is the attention site."""
-    projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
-    for layer, (heads, added) in enumerate(zip(run.layers("stack.heads"), run.layers("attn"), strict=True)):
-        projection = projections[layer]
+    """Σ_h z_h W_O^h + b_O, from the heads' slices and the projection's weights, is the attention site
+    (of the same layer: a hybrid row's projections are in its attention layers only)."""
+    stack = run.row.stack
+    projections = find_layers(run.model, stack.output_projection, gaps=stack.gaps)
+    sites = run.layers("attn")
+    for (name, projection), heads in zip(projections, run.layers("stack.heads"), strict=True):
+        layer = layer_index(stack.output_projection, name)
+        added = sites[layer]
         weight = run.row.in_by_out(projection)  # [in, out]
         width = heads.shape[-1]
         d_head = width // run.n_heads
@@ -477,7 +484,8 @@ def check_norm_form(run: Run) -> None:
         )
         missed = [name for name in missed if name not in off]
     for what, pattern in _named_norms(run.row).items():
-        missed += [f"{name} (the row's {what})" for name, _ in _first_match(run.model, pattern) if name not in names]
+        named_there = _first_match(run.model, pattern, run.row.stack.gaps)
+        missed += [f"{name} (the row's {what})" for name, _ in named_there if name not in names]
     if missed:
         _fail(run, "norm_form", f"{', '.join(missed[:3])} not matched by the norms pattern {norms.modules!r}")
     pairs = zip(run.layers("norms.in"), run.layers("norms.out"), strict=True)
@@ -546,7 +554,7 @@ def check_own_value(run: Run) -> None:
     by_kind = {}
     for kind in (row for row in SITE_TABLE if row.is_activation):
         pattern = kind.pattern(run.row)
-        modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
+        modules = [module for _, module in find_layers(run.model, pattern, gaps=run.row.stack.gaps)] if pattern else []
         by_kind[kind.name] = [(point, _own_value_writer(run, kind)) for point in kind.hook_points(modules, run.row)]
     if torch.equal(run.forward([hook for hooked in by_kind.values() for hook in hooked]), run.output):
         return
@@ -582,7 +590,7 @@ def check_knockout(run: Run) -> None:
     summing to 1 (with sinks: at most 1)."""
     kind = next(row for row in SITE_TABLE if row.name == "knockout")
     pattern = kind.pattern(run.row)
-    modules = [module for _, module in find_layers(run.model, pattern)] if pattern else []
+    modules = [module for _, module in find_layers(run.model, pattern, gaps=run.row.stack.gaps)] if pattern else []
     query = run.inputs["input_ids"].shape[1] - 1
     batch = run.inputs["input_ids"].shape[0]
     block = Write(torch.arange(batch), torch.zeros(batch, dtype=torch.long), None, query)

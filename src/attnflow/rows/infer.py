@@ -13,6 +13,7 @@ so a row right on nine counts enables what those prove and names the tenth (``Ad
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, get_args
 
@@ -27,6 +28,7 @@ from attnflow.rows.adapters import (
     Fused,
     FusedLayout,
     GatedMLP,
+    Mixers,
     NormForm,
     Norms,
     Sites,
@@ -348,11 +350,13 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     blocks, n_layers = _block_list(hf_model, traced, n_heads)
     _unflatten(traced, blocks)
     first = traced[f"{blocks}.0"]
-    inside = sorted((call for call in traced.values() if call.name.startswith(first.name + ".")), key=lambda c: c.start)
-    block = _Block(inside, first, n_heads)
-    weights_call, (weights_index, sinks) = _attention(block, traced, blocks)
-    sinks = sinks or _sinks_later(traced, blocks, weights_call.name[len(first.name) :], n_layers, n_heads)
-    scope = _scope(weights_call.name, first.name)
+    attending = _attention_layers(traced, blocks, n_layers, n_heads)
+    # The block the row is read from: the first, or a hybrid's first attention layer.
+    reference = traced.get(f"{blocks}.{attending[0]}", first) if attending else first
+    block = _Block(_calls_inside(traced, reference.name), reference, n_heads)
+    weights_call, (weights_index, sinks) = _attention(block)
+    sinks = sinks or _sinks_later(traced, blocks, weights_call.name[len(reference.name) :], n_layers, n_heads)
+    scope = _scope(weights_call.name, reference.name)
     output_projection, in_by_out = _output_projection(block, scope)
     row: dict[str, Any] = {
         "stack": Stack(
@@ -395,6 +399,11 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
+    if len(attending) < n_layers:
+        row = _hybrid(row, traced, blocks, attending, n_layers)
+    elif "sites" not in row and (beside := _mixer_beside(block, scope)) is not None:
+        row["mixers"] = Mixers(_pattern(beside.name, blocks), tuple(range(n_layers)), (type(beside.module).__name__,))
+        row.pop("streams", None)
     return Adapter(family, kind, (family,), inferred=True, **row)
 
 
@@ -415,26 +424,48 @@ def _as_traced_tokens(tensor: Any) -> Any:
     return tensor
 
 
-def _attention(block: _Block, traced: dict[str, Call], blocks: str) -> tuple[Call, tuple[int, bool]]:
-    """The deepest call in the first block that returned softmax weights, where in its output and
-    whether with a sink. A stack whose first block has none but a later block has (a hybrid of
-    attention and recurrent or linear-attention layers) is refused as such."""
+def _mixer_beside(block: _Block, scope: str) -> Call | None:
+    """A token mixer beside the attention block (Falcon-H1's Mamba mixer, in every layer): a module
+    as deep as the attention block that reads what it reads (not a norm), whose output the block
+    adds with the attention block's and one more module's (the MLP) to its input, proven on the
+    traced rows; None where the block holds none (or its sum is not so proven)."""
+    attention = next((call for call in block.calls if call.name == scope), None)
+    x, out = block.stream_in, block.stream_out
+    if attention is None or not torch.is_tensor(attention.input) or not torch.is_tensor(out):
+        return None
+    beside = [
+        call
+        for call in block.streams()
+        if call.name.count(".") == scope.count(".") and call is not attention and not _norm_forms(call)
+    ]
+    for mixer in beside:
+        if not (torch.is_tensor(mixer.input) and _close(mixer.input, attention.input)):
+            continue
+        if any(_close(out, x + attention.output + mixer.output + mlp.output) for mlp in beside if mlp is not mixer):
+            return mixer
+    return None
+
+
+def _calls_inside(traced: dict[str, Call], name: str) -> list[Call]:
+    """The calls of the modules inside ``name``, by start."""
+    return sorted((call for call in traced.values() if call.name.startswith(name + ".")), key=lambda c: c.start)
+
+
+def _attention_layers(traced: dict[str, Call], blocks: str, n_layers: int, n_heads: int) -> list[int]:
+    """The layers whose block holds a module that returned ``[batch, head, query, key]`` softmax
+    weights: every layer, or (a hybrid stack) some of them."""
+    return [
+        layer
+        for layer in range(n_layers)
+        if any(_softmax_weights(call, n_heads) is not None for call in _calls_inside(traced, f"{blocks}.{layer}"))
+    ]
+
+
+def _attention(block: _Block) -> tuple[Call, tuple[int, bool]]:
+    """The deepest call in the block that returned softmax weights, where in its output and whether
+    with a sink; a stack with no such call in any block is refused."""
     found = [(call, where) for call in block.calls if (where := _softmax_weights(call, block.n_heads)) is not None]
     if not found:
-        later = next(
-            (
-                call.name
-                for call in traced.values()
-                if call.name.startswith(blocks + ".") and _softmax_weights(call, block.n_heads) is not None
-            ),
-            None,
-        )
-        if later is not None:
-            raise InferenceError(
-                f"{block.block.name} has no attention but {later} has: a hybrid stack (attention in some layers, "
-                "recurrent or linear-attention layers in the others), which an adapter row cannot map (its stack "
-                "names attention in every layer)"
-            )
         raise _not_found(
             f"no module of {block.block.name} returned [batch, {block.n_heads} heads, query, key] softmax weights "
             "with output_attentions=True (an architecture without attention, or one whose attention does not "
@@ -785,11 +816,12 @@ def _final_norm(traced: dict[str, Call], blocks: str, n_layers: int) -> str | No
 
 
 def _gated_layers(traced: dict[str, Call], blocks: str, first: Call, gated: tuple[str, str], n_layers: int) -> str:
-    r"""The pattern of the gated MLP the first block's ``first`` is, over the layers whose module at
+    r"""The pattern of the gated MLP the row's block's ``first`` is, over the layers whose module at
     the same place is that gated MLP too, proven on their traced calls: every layer's (``(\d+)``),
-    or, in a stack whose later layers are mixtures of experts, the dense layers' (``(0|1)``)."""
+    or, in a stack whose later layers are mixtures of experts (or a hybrid's whose feed-forward
+    blocks differ), those layers' (``(0|1)``)."""
     pattern = _pattern(first.name, blocks)
-    tail = first.name[len(f"{blocks}.0") :]  # the module's place inside a block
+    tail = re.sub(rf"^{re.escape(blocks)}\.\d+", "", first.name)  # the module's place inside a block
     layers = []
     for layer in range(n_layers):
         name, owner = f"{blocks}.{layer}{tail}", traced.get(f"{blocks}.{layer}")
@@ -799,9 +831,9 @@ def _gated_layers(traced: dict[str, Call], blocks: str, first: Call, gated: tupl
         inside = sorted((c for c in traced.values() if c.name.startswith(name + ".")), key=lambda c: c.start)
         if _gated_mlp(_Block(inside, owner, 0), call) == gated:
             layers.append(layer)
-    if len(layers) == n_layers or layers[:1] != [0]:
+    if len(layers) == n_layers or not layers:
         return pattern
-    return pattern.replace(r"(\d+)", "(" + "|".join(str(layer) for layer in layers) + ")", 1)
+    return _only(pattern, layers)
 
 
 def _gated_mlp(block: _Block, mlp: Call) -> tuple[str, str] | None:
@@ -898,3 +930,121 @@ def _norms(
             names += [rf"^{re.escape(name)}$" for name in members]
     eps = measured[len(measured) // 2] if measured else None
     return Norms("|".join(sorted(names)), form, rms_offset=offset, eps=eps)
+
+
+def _only(pattern: str, layers: Sequence[int]) -> str:
+    r"""``pattern`` naming ``layers`` only: its layer group ``(\d+)`` becomes ``(1|3)``."""
+    return pattern.replace(r"(\d+)", "(" + "|".join(str(layer) for layer in layers) + ")", 1)
+
+
+def _at(blocks: str, tails: dict[str, list[int]]) -> str:
+    """One pattern (group 1 the layer) naming, in each layer listed under a tail, the module at that
+    place inside the block (``{".self_attn": [1], ".linear_attn": [0]}``): a lookahead per tail."""
+    ahead = "|".join(
+        f"(?:{'|'.join(str(layer) for layer in layers)}){re.escape(tail)}$" for tail, layers in tails.items()
+    )
+    return rf"^{re.escape(blocks)}\.(?={ahead})(\d+)"
+
+
+def _named(traced: dict[str, Call], pattern: str, blocks: str) -> dict[int, str]:
+    """``{layer: the module's place inside its block}`` for every traced module ``pattern`` names."""
+    regex, found = re.compile(pattern), {}
+    for name in traced:
+        match = regex.search(name) if name else None
+        if match is not None:
+            found[int(match.group(1))] = re.sub(rf"^{re.escape(blocks)}\.\d+", "", name)
+    return found
+
+
+def _hybrid(
+    row: dict[str, Any], traced: dict[str, Call], blocks: str, attending: list[int], n_layers: int
+) -> dict[str, Any]:
+    """The row of a hybrid stack, read from its first attention layer: the per-head patterns
+    (the stack, the values, query, key, fused projections, the norm after the output projection)
+    name the attention layers only (`Stack.gaps`); `Mixers` names the other layers and, where each
+    block's output is its input + a token mixer's output + the MLP site's (proven on the traced
+    rows), that mixer, which `Sites.attention` then names in its layer. The streams stay (the logit
+    lens reads the final norm), but the row does not provide them: routes read attention as the
+    only token mixer (`Adapter.provides`). A mixture of experts only some layers have is named there."""
+    stack = row["stack"]
+    row["stack"] = replace(
+        stack,
+        attention=_only(stack.attention, attending),
+        output_projection=_only(stack.output_projection, attending),
+        gaps=True,
+    )
+    values = row.get("values")
+    if values is not None:
+        parts = {part: getattr(values, part) for part in ("value", "query", "key", "output_norm", "norm")}
+        row["values"] = replace(
+            values, **{part: None if p is None else _only(p, attending) for part, p in parts.items()}
+        )
+    row["fused"] = tuple(replace(fused, module=_only(fused.module, attending)) for fused in row.get("fused", ()))
+    others = [layer for layer in range(n_layers) if layer not in attending]
+    sites: Sites | None = row.get("sites")
+    mixers = None if sites is None else _mixer_sites(traced, blocks, sites, others)
+    if sites is None or mixers is None:
+        row.pop("sites", None)
+        row["mixers"] = Mixers(_only(rf"^{re.escape(blocks)}\.(\d+)$", others), tuple(others))
+    else:
+        tails, kinds = mixers
+        row["mixers"] = Mixers(_at(blocks, tails), tuple(others), kinds)
+        merged = {tail: list(layers) for tail, layers in tails.items()}
+        for layer, tail in _named(traced, sites.attention, blocks).items():
+            if layer in attending:
+                merged[tail] = sorted([*merged.get(tail, []), layer])
+        row["sites"] = replace(sites, attention=_at(blocks, merged))
+    experts = row.get("experts")
+    if experts is not None:
+        reference = traced[f"{blocks}.{attending[0]}{_named(traced, experts.block, blocks)[attending[0]]}"]
+        same = [
+            layer
+            for layer, tail in _named(traced, experts.block, blocks).items()
+            if type(traced[f"{blocks}.{layer}{tail}"].module) is type(reference.module)
+        ]
+        if len(same) < n_layers:
+            row["experts"] = replace(experts, block=_only(experts.block, sorted(same)))
+    return row
+
+
+def _mixer_sites(
+    traced: dict[str, Call], blocks: str, sites: Sites, layers: list[int]
+) -> tuple[dict[str, list[int]], tuple[str, ...]] | None:
+    """In each of ``layers`` (a hybrid's layers without attention), the token mixer: the shallowest,
+    earliest module of the block, before the MLP site (the row's ``sites.mlp``) and outside it,
+    whose output adds up with the block's input and the MLP site's output to the block's output
+    (``sites.gated``: combines with them per channel, `affine_failure`). ``({tail: layers}, the
+    mixers' classes)``, or None where a layer has no such module."""
+    mlps = _named(traced, sites.mlp, blocks)
+    tails: dict[str, list[int]] = {}
+    kinds: list[str] = []
+    for layer in layers:
+        owner = traced.get(f"{blocks}.{layer}")
+        feed_forward = traced.get(f"{blocks}.{layer}{mlps.get(layer, '')}") if layer in mlps else None
+        if owner is None or feed_forward is None or not torch.is_tensor(owner.output):
+            return None
+        x, out = owner.input, owner.output
+        candidates = sorted(
+            (
+                call
+                for call in _calls_inside(traced, owner.name)
+                if call.start < feed_forward.start
+                and not call.inside(feed_forward.name)
+                and torch.is_tensor(call.output)
+                and call.output.shape == x.shape
+                and (
+                    affine_failure(out, (x, call.output, feed_forward.output), TOLERANCE) is None
+                    if sites.gated
+                    else _close(out, x + call.output + feed_forward.output)
+                )
+            ),
+            key=lambda call: (call.name.count("."), call.start),
+        )
+        if not candidates:
+            return None
+        mixer = candidates[0]
+        tails.setdefault(mixer.name[len(owner.name) :], []).append(layer)
+        # a norm after the mixer (a sandwich) is the site; the module it normalises is the mixer
+        mixing = _producer(_Block(_calls_inside(traced, owner.name), owner, 0), mixer) if _norm_forms(mixer) else mixer
+        kinds.append(type(mixing.module).__name__)
+    return tails, tuple(dict.fromkeys(kinds))

@@ -12,7 +12,9 @@ The rows (``L`` layers, ``T`` tokens, ``H`` heads; the array each sweep fills):
 
 - ``residual`` ``[L + 1, T]``: the input of each block (row 0: the embeddings entering the first
   layer) and its output (row l + 1: the stream leaving layer l), ``[batch, token, d_model]``;
-- ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position;
+- ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position
+  (in a hybrid stack, `attnflow.rows.adapters.Mixers`: what layer l's token mixer adds, attention
+  or not; ``heads`` and ``knockout`` exist in its attention layers only, so a sweep refuses them);
 - ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
 - ``heads`` ``[L, H]``: one head's output, its ``d_head`` slice of the input of the attention output
   projection ``[batch, token, head * d_head]``, at every position or at one (``head_position``);
@@ -310,7 +312,8 @@ SITE_TABLE: tuple[SiteKind, ...] = (
         "attn",
         "sites.attention",
         "attention block outputs",
-        "what each attention block adds to the stream, per (layer, position)",
+        "what each attention block (in a hybrid stack: each layer's token mixer) adds to the stream, per "
+        "(layer, position)",
         adds_to_stream=True,
     ),
     _per_position(

@@ -187,12 +187,17 @@ class BackwardRules:
     @property
     def requires(self) -> tuple[str, ...]:
         """What a model family must provide (`attnflow.trace.CAPABILITIES`): a target; the query, key
-        and value projections when a rule changes their gradients; declared norms for a norm rule."""
+        and value projections when a rule changes their gradients; declared norms for a norm rule;
+        with any rule active, attention as every layer's only token mixer (the rules conserve
+        relevance through attention, norms and products, not through a hybrid's state-space or
+        recurrent layers; a set with none active is the plain gradient)."""
         needed = ["text_target"]
         if self.rule("query_key") or self.rule("value"):
             needed.append("query_key")
         if self.rule("norm"):
             needed.append("norms")
+        if any(self.rule(kind) for kind in self.rules):
+            needed.append("attention_mixing")
         return tuple(needed)
 
 

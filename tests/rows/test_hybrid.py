@@ -1,0 +1,250 @@
+"""Hybrid stacks (attention in some layers; state-space, recurrent or linear-attention layers in the
+others: Qwen3-Next, Bamba, Jamba): the inferred row names every block, attention in the attention
+layers only and the other layers' token mixers (`attnflow.rows.adapters.Mixers`); what does not
+assume attention is the only token mixer runs (exact patching, the gradient and perturbation
+methods), what does (rollout, the value-aware maps, the LRP rules, routes) is refused in one line
+naming the layers and their mixer."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+from attnflow.errors import InputError
+from attnflow.rows import check_adapter
+
+CLEAN, CORRUPT = "the cat sat on the mat", "the dog sat on the mat"  # equal lengths on the tiny tokenizer
+
+
+@pytest.fixture(scope="module")
+def hybrid_path(tiny_architecture_path):
+    """``hybrid_path(model_type) -> Path`` of a tiny hybrid causal LM (the session's build)."""
+    return tiny_architecture_path
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(hybrid_path):
+    """Qwen3-Next tiny: layer 0 a Gated DeltaNet (linear attention), layer 1 full attention."""
+    return attnflow.load(str(hybrid_path("qwen3_next")), device="cpu", progress=False)
+
+
+HYBRIDS = [
+    ("qwen3_next", "linear_attn", "Qwen3NextGatedDeltaNet"),
+    ("bamba", "mamba", "BambaMixer"),
+    ("jamba", "mamba", "JambaMambaMixer"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "mixer", "mixer_class"), HYBRIDS)
+def test_a_hybrid_loads_with_its_layers_and_mixers(hybrid_path, model_type, mixer, mixer_class):
+    """Every block is a layer (Jamba's are of two classes), attention is read in layer 1 only, layer
+    0's token mixer is named, and the row passes the conformance suite (the sites add up in every
+    layer, the mixer's output being layer 0's token-mixing site)."""
+    model = attnflow.load(str(hybrid_path(model_type)), device="cpu", progress=False)
+    row = model.adapter
+    assert model.n_layers == 2 and model.layer_names == ["model.layers.1.self_attn"]
+    assert row.mixers is not None and row.mixers.layers == (0,) and row.mixers.kinds == (mixer_class,)
+    assert row.stack.gaps and "attention_mixing" not in row.provides and "sites" in row.provides
+    sites = {name for name, _ in model.hf_model.named_modules() if name and re.search(row.sites.attention, name)}
+    assert sites == {f"model.layers.0.{mixer}", "model.layers.1.self_attn"}
+    report = check_adapter(row, model)
+    assert {"attention_weights", "residual_sum", "own_value", "knockout"} <= report.passed
+
+
+def _metric(logits: torch.Tensor, target: int) -> float:
+    return float(torch.log_softmax(logits[0, -1].double(), dim=-1)[target])
+
+
+def test_exact_patching_of_a_hybrid_equals_a_hand_written_hook(qwen3_next):
+    """Denoising the residual stream leaving layer 0 (a linear-attention layer) and the mixer's own
+    output at one position: the exact sweep's effect is what a hook written here gives,
+    (m_patched − m_corrupt) / (m_clean − m_corrupt) with m = log p(the clean prediction)."""
+    import warnings
+
+    model, hf = qwen3_next, qwen3_next.hf_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        result = attnflow.patch(model, CLEAN, CORRUPT, sites="residual,attn", methods="exact", progress=False)
+    clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
+    layer0, mixer = hf.model.layers[0], hf.model.layers[0].linear_attn
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(_module, _args, output):
+            kept[name] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+
+        return hook
+
+    handles = [layer0.register_forward_hook(keep("residual")), mixer.register_forward_hook(keep("attn"))]
+    with torch.no_grad():
+        clean_logits = hf(input_ids=clean).logits
+        for handle in handles:
+            handle.remove()
+        corrupt_logits = hf(input_ids=corrupt).logits
+    target = int(clean_logits[0, -1].argmax())
+    m_clean, m_corrupt = _metric(clean_logits, target), _metric(corrupt_logits, target)
+    position = int((clean != corrupt)[0].nonzero()[0, 0])  # "cat" / "dog"
+    for kind, module in (("residual", layer0), ("attn", mixer)):
+
+        def write(_module, _args, output, kind=kind):
+            tensor = output[0] if isinstance(output, tuple) else output
+            tensor = tensor.clone()
+            tensor[:, position] = kept[kind][:, position]
+            return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+        handle = module.register_forward_hook(write)
+        try:
+            with torch.no_grad():
+                patched = _metric(hf(input_ids=corrupt).logits, target)
+        finally:
+            handle.remove()
+        expected = (patched - m_corrupt) / (m_clean - m_corrupt)
+        row = 1 if kind == "residual" else 0  # residual row 1: the stream leaving layer 0
+        found = result.effects["exact"][kind][row, position]
+        # compared on the metric's scale (float32 forward passes, batched or not, differ by ~1e-7)
+        assert abs(found - expected) * abs(m_clean - m_corrupt) < 1e-5, (kind, found, expected)
+    assert abs(result.effects["exact"]["residual"][1, position]) > 1e-3  # the patch changes something
+
+
+@pytest.mark.parametrize("method", ["rollout", "norm", "attnlrp", "grad_rollout"])
+def test_a_method_that_reads_attention_as_the_only_mixer_is_refused_in_one_line(qwen3_next, method):
+    """The refusal names the layer, its mixer and why: one line, no traceback."""
+    with pytest.raises(InputError) as caught:
+        qwen3_next.explain(CLEAN, method=method)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"method '{method}' does not support the qwen3_next family" in message
+    assert "layer 0 mixes tokens through Qwen3NextGatedDeltaNet, which returns no attention weights" in message
+    assert f"{method} reads attention as the only token mixer and would miss that flow" in message
+
+
+def test_routes_and_head_sites_of_a_hybrid_are_refused_naming_the_layers(qwen3_next):
+    with pytest.raises(InputError, match=r"layer 0 mixes tokens through Qwen3NextGatedDeltaNet.*routes reads"):
+        attnflow.routes(qwen3_next, CLEAN, lens="none")
+    with pytest.raises(InputError, match=r"hybrid \(layer 0 mixes tokens .*\): its heads sites are in layer 1 only"):
+        attnflow.patch(qwen3_next, CLEAN, CORRUPT, sites="heads", methods="exact", progress=False)
+
+
+def test_leave_one_out_on_a_hybrid_reruns_every_variant_whole(qwen3_next):
+    """A recurrent layer's state is of the whole input: no key/value prefix is reused, and each
+    token's score is log p(target | input) − log p(target | input without the token), by hand."""
+    model, hf = qwen3_next, qwen3_next.hf_model
+    explanation = model.explain(CLEAN, method="leave_one_out")
+    encoded = model.tokenizer(CLEAN, return_tensors="pt", return_special_tokens_mask=True)
+    ids, special = encoded["input_ids"][0], encoded["special_tokens_mask"][0]
+    with torch.no_grad():
+        full = torch.log_softmax(hf(input_ids=ids[None]).logits[0, -1].double(), dim=-1)
+        target = int(full.argmax())
+        expected = []
+        for j in range(len(ids)):
+            kept = torch.cat([ids[:j], ids[j + 1 :]])
+            without = torch.log_softmax(hf(input_ids=kept[None]).logits[0, -1].double(), dim=-1)[target]
+            expected.append(0.0 if special[j] else float(full[target] - without))
+    np.testing.assert_allclose(np.asarray(explanation.scores, dtype=np.float64), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_the_cli_explains_a_hybrid_folder_by_gradient_and_refuses_rollout(hybrid_path, tmp_path, capsys):
+    """``attnflow explain PATH --method gradient`` on a tiny hybrid writes its scores; ``--method
+    rollout`` exits 2 with the one line and writes nothing."""
+    from attnflow.cli import main
+
+    folder = str(hybrid_path("qwen3_next"))
+    out = tmp_path / "gradient"
+    assert (
+        main(["explain", CLEAN, "--model", folder, "--method", "gradient", "--out", str(out), "--device", "cpu", "-q"])
+        == 0
+    )
+    data = json.loads((out / "explanation.json").read_text())
+    assert data["method"] == "gradient" and len(data["scores"]) == len(data["tokens"]) > 2
+    refused = tmp_path / "rollout"
+    assert (
+        main(
+            ["explain", CLEAN, "--model", folder, "--method", "rollout", "--out", str(refused), "--device", "cpu", "-q"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "layer 0 mixes tokens through Qwen3NextGatedDeltaNet" in err and "Traceback" not in err
+    assert not refused.exists() or not any(refused.iterdir())
+
+
+def test_a_mixer_beside_attention_in_every_layer_is_named_and_refuses_rollout(hybrid_path):
+    """Falcon-H1: attention and a Mamba mixer side by side in every layer (block output = input +
+    attention + mixer + MLP, proven on the traced rows): rollout would see the attention half of
+    the token mixing only, so it is refused naming the mixer; the gradient methods run."""
+    model = attnflow.load(str(hybrid_path("falcon_h1")), device="cpu", progress=False)
+    mixers = model.adapter.mixers
+    assert mixers is not None and mixers.layers == (0, 1) and mixers.kinds == ("FalconH1Mixer",)
+    assert not model.adapter.stack.gaps and model.n_layers == 2
+    with pytest.raises(InputError, match=r"layers 0, 1 mix tokens through FalconH1Mixer, which returns no attention"):
+        model.explain(CLEAN, method="rollout")
+    assert np.isfinite(model.explain(CLEAN, method="gradient").scores).all()
+
+
+def test_the_logit_lens_reads_a_hybrids_stream_layer_by_layer(qwen3_next):
+    """`stream_lens` down the last position: row 1 (the stream leaving the linear-attention layer)
+    is the final norm and the unembedding applied by hand to that layer's output; the last row is
+    the model's own prediction and probability."""
+    from attnflow.flow_routes.api import stream_lens
+
+    hf = qwen3_next.hf_model
+    readings = stream_lens(qwen3_next, CLEAN, top_k=3)
+    ids = qwen3_next.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    kept = []
+    handle = hf.model.layers[0].register_forward_hook(
+        lambda _m, _a, output: kept.append(output[0] if isinstance(output, tuple) else output)
+    )
+    try:
+        with torch.no_grad():
+            logits = hf(input_ids=ids).logits[0, -1]
+            by_hand = torch.softmax(hf.lm_head(hf.model.norm(kept[0][0, -1])).double(), dim=-1)
+    finally:
+        handle.remove()
+    assert len(readings) == 3  # entering layer 0, leaving layers 0 and 1
+    top = by_hand.topk(3)
+    assert [entry["id"] for entry in readings[1]["top"]] == top.indices.tolist()
+    np.testing.assert_allclose([entry["probability"] for entry in readings[1]["top"]], top.values, rtol=1e-5)
+    own = torch.softmax(logits.double(), dim=-1)
+    assert readings[-1]["target"]["rank"] == 0
+    assert readings[-1]["target"]["probability"] == pytest.approx(float(own.max()), rel=1e-5)
+
+
+def test_the_explorer_of_a_hybrid_shows_the_methods_it_supports(qwen3_next):
+    """The explorer's page data: the methods the hybrid supports (no rollout among them); its
+    capture reads the attention layers' output projections only (one here, in layer 1)."""
+    from attnflow.exploration import explore
+    from attnflow.methods.registry import methods_for
+
+    found = explore(qwen3_next, CLEAN, faithfulness=False)
+    names = {view.name for view in found.methods}
+    assert names and names <= set(methods_for(qwen3_next.adapter)) and "rollout" not in names
+    assert found.n_layers == 1  # the attention layers' maps: layer 1's
+
+
+def test_why_on_a_hybrid_plans_no_routes_and_patches_the_stream(qwen3_next):
+    """``attnflow.why`` leaves routes and knockout out of a hybrid's plan (they read attention as the
+    only token mixer) and answers from the attribution and the residual stream's patching."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        found = attnflow.why(qwen3_next, CLEAN, samples=2)
+    assert found.routes is None and found.patching is not None and found.attribution is not None
+    assert not found.plan.runs("routes") and not found.plan.runs("knockout")
+
+
+def test_the_default_sweep_of_a_hybrid_leaves_its_heads_out_with_a_warning(qwen3_next):
+    """Patching with the default kinds: the heads (in layer 1 only) are left out, saying why; the
+    residual stream, token mixer and MLP sites of every layer are swept."""
+    from attnflow.errors import PatchingWarning
+
+    with pytest.warns(PatchingWarning, match=r"its heads sites are in layer 1 only: the default sweep leaves them out"):
+        result = attnflow.patch(qwen3_next, CLEAN, CORRUPT, methods="exact", progress=False)
+    assert set(result.effects["exact"]) == {"residual", "attn", "mlp"}
+    assert result.effects["exact"]["residual"].shape[0] == 3  # entering layer 0, leaving layers 0 and 1
