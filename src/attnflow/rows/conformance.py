@@ -288,9 +288,11 @@ def check_head_factor(run: Run) -> None:
     changes the output projection's input by exactly D ⊙ (A·δV), D the factor of the unchanged run."""
     value = run.row.projection("value")
     assert value is not None  # the check applies to rows with values
-    modules = [module for _, module in find_layers(run.model, value[0])]
-    attention = [module for _, module in find_layers(run.model, run.row.stack.attention)]
-    projections = [module for _, module in find_layers(run.model, run.row.stack.output_projection)]
+    modules = [module for _, module in find_layers(run.model, value[0], gaps=run.row.stack.gaps)]
+    attention = [module for _, module in find_layers(run.model, run.row.stack.attention, gaps=run.row.stack.gaps)]
+    projections = [
+        module for _, module in find_layers(run.model, run.row.stack.output_projection, gaps=run.row.stack.gaps)
+    ]
     generator = torch.Generator().manual_seed(1)
     for layer, (weights, heads, projected) in enumerate(
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
@@ -325,7 +327,7 @@ def check_head_factor(run: Run) -> None:
 def check_scores(run: Run) -> None:
     """In every layer, a softmax called inside the attention module returns the module's weights
     ``[batch, head, query, key]`` (a sink's column, beside the keys, left out)."""
-    modules = [module for _, module in find_layers(run.model, run.row.stack.attention)]
+    modules = [module for _, module in find_layers(run.model, run.row.stack.attention, gaps=run.row.stack.gaps)]
     called: dict[int, list[torch.Tensor]] = {}
     current = [-1]
     layer_of = {id(module): layer for layer, module in enumerate(modules)}
