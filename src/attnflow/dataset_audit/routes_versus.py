@@ -262,8 +262,8 @@ def _loaded(
     for item in found:
         check_supported(item)
         if item.is_classifier:
-            raise InputError(f"{item.name} is a classifier: routes --versus compares language models' next tokens "
-                             "(two classifiers: attnflow audit --versus)", parameter="versus")  # fmt: skip
+            raise InputError(f"{item.name} is a classifier: routes' {{versus}} compares language models' next "
+                             "tokens (two classifiers: the audit's {versus})", parameter="versus")  # fmt: skip
     return found[0], found[1]
 
 

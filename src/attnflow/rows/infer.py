@@ -283,16 +283,18 @@ def _linear_weight(call: Call) -> torch.Tensor | None:
     return None
 
 
-def _softmax_weights(call: Call, n_heads: int) -> tuple[int, bool] | None:
+def _softmax_weights(call: Call, n_heads: int, extra_keys: bool = False) -> tuple[int, bool] | None:
     """Where the call returned ``[batch, head, query, key]`` softmax rows (the tuple index), and
-    whether its rows sum to less than 1 (a sink logit in the softmax, GPT-OSS's), or None."""
+    whether its rows sum to less than 1 (a sink logit in the softmax, GPT-OSS's), or None;
+    ``extra_keys``: also over keys beyond the input's tokens (DeepSeek-V4's compressed ones)."""
     for index, found in sorted(call.outputs.items()):
         if not (
             index > 0
             and torch.is_tensor(found)
             and found.dim() == 4
             and found.shape[:2] == (_BATCH, n_heads)
-            and found.shape[2] == found.shape[3] == _TOKENS
+            and found.shape[2] == _TOKENS
+            and (found.shape[3] == _TOKENS or (extra_keys and found.shape[3] > _TOKENS))
             and bool((found >= 0).all())
         ):
             continue
@@ -457,7 +459,10 @@ def _attention_layers(traced: dict[str, Call], blocks: str, n_layers: int, n_hea
     return [
         layer
         for layer in range(n_layers)
-        if any(_softmax_weights(call, n_heads) is not None for call in _calls_inside(traced, f"{blocks}.{layer}"))
+        if any(
+            _softmax_weights(call, n_heads, extra_keys=True) is not None
+            for call in _calls_inside(traced, f"{blocks}.{layer}")
+        )
     ]
 
 
