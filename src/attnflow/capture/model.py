@@ -33,7 +33,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, head_factor, token_rows
+from attnflow.rows.adapters import Adapter, Values, head_factor
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -537,7 +537,7 @@ class CaptureModel:
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
-            rows = {name: token_rows(tensor) for name, tensor in values.items()}  # [batch, token, width] each
+            rows = {name: self.adapter.value_rows(tensor) for name, tensor in values.items()}  # [batch, token, width]
             stacked = stack_recorded(rows, value_layers)  # [batch, layer, token, projection width]
             columns = self.adapter.part_columns("value", stacked.shape[-1], self.config)
             stacked = stacked[..., columns.to(stacked.device)]

@@ -81,6 +81,9 @@ class Values:
     check proves it, changing one token's values and reading the heads again). The value-aware
     methods read it as the trace's ``head_factors``; the backward rules (no rule for the factor's
     product) and routes (whose head vectors do not depend on the query) refuse such a row.
+    ``per_head``: the ``value`` module's output is ``[batch, token, kv_heads, d_head]``, the heads
+    split before it (a weightless per-head norm after the value projection: Gemma 3n's and Gemma
+    4's ``v_norm``); `Adapter.value_rows` flattens it. False: ``[batch, token, kv_heads * d_head]``.
     """
 
     value: str | None
@@ -92,6 +95,7 @@ class Values:
     output_norm: str | None = None
     scores: bool = False
     head_factor: bool = False
+    per_head: bool = False
 
     @property
     def post_norm(self) -> bool:
@@ -262,10 +266,14 @@ class Norms:
         return self.eps if found is None else found
 
 
-def token_rows(output: Any) -> Any:
+def token_rows(output: Any, *, heads: bool = False) -> Any:
     """A projection's output as ``[batch, token, width]``: multi-head latent attention runs its
     ``kv_b_proj`` on the latent viewed as one head, ``[batch, 1, token, rank]``, so its output is
-    ``[batch, 1, token, width]``; any other output is returned as it is."""
+    ``[batch, 1, token, width]``; ``heads``: the output is ``[batch, token, head, d_head]``
+    (`Values.per_head`), flattened (a view where it is contiguous, so writing into it writes the
+    output); any other output is returned as it is."""
+    if heads:
+        return output.flatten(-2)
     if output.dim() == 4 and output.shape[1] == 1:
         return output[:, 0]
     return output
@@ -493,6 +501,11 @@ class Adapter:
                 return fused.module, fused
         own = getattr(self.values, part, None) if part in HEAD_PARTS else None
         return None if own is None else (own, None)
+
+    def value_rows(self, output: Any) -> Any:
+        """The value module's output (`projection`) as ``[batch, token, width]`` (`token_rows`,
+        the heads flattened where `Values.per_head` says they are split)."""
+        return token_rows(output, heads=self.values is not None and self.values.per_head)
 
     def part_columns(self, part: str, width: int, config: Any) -> Any:
         """The features of ``part`` in its projection's output ``width`` wide (`projection`), as

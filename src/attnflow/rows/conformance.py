@@ -66,7 +66,6 @@ from attnflow.rows.adapters import (
     head_factor,
     layer_index,
     text_config,
-    token_rows,
 )
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
@@ -246,7 +245,7 @@ def check_head_slices(run: Run) -> None:
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
     ):
         try:
-            rows = token_rows(projected)  # [batch, token, width]
+            rows = run.row.value_rows(projected)  # [batch, token, width]
             values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
         except CaptureError as error:
             _fail(run, "head_slices", f"layer {layer}: {error}")
@@ -269,7 +268,7 @@ def check_head_slices(run: Run) -> None:
 def _value_heads(run: Run, projected: torch.Tensor) -> torch.Tensor:
     """``[batch, head, token, d_head]`` the value vectors of one layer's value projection output
     (its value columns; grouped-query heads shared by their query heads)."""
-    rows = token_rows(projected)  # [batch, token, width]
+    rows = run.row.value_rows(projected)  # [batch, token, width]
     values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
     batch, tokens, width = values.shape
     d_head = run.layers("stack.heads")[0].shape[-1] // run.n_heads
@@ -299,10 +298,10 @@ def check_head_factor(run: Run) -> None:
     ):
         factor = head_factor(heads, _weighted(weights, _value_heads(run, projected)))
         change = torch.zeros_like(projected)
-        rows = token_rows(change)  # a view: [batch, token, width]
+        rows = run.row.value_rows(change)  # a view: [batch, token, width]
         columns = run.row.part_columns("value", rows.shape[-1], run.model.config)
         rows[:, 0, columns] = torch.randn(rows.shape[0], len(columns), generator=generator).to(rows) * float(
-            token_rows(projected)[..., columns].std()
+            run.row.value_rows(projected)[..., columns].std()
         )
         seen: dict[str, torch.Tensor] = {}
         run.forward(

@@ -367,6 +367,10 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     }
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
     value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
+    per_head = False
+    if value is None and fused is None:  # values split into heads by a module after the projection
+        value, query, key = _per_head_values(block, scope, weights_call.outputs[weights_index], output_projection)
+        per_head = value is not None
     factored = value is None and fused is None
     if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
         value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
@@ -395,6 +399,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             output_norm=output_norm,
             scores=query is None and not factored,
             head_factor=factored,
+            per_head=per_head,
         )
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
@@ -561,6 +566,55 @@ def _projections(
         return value.name, None, None, None
     query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
     return value.name, query.name, key.name, None
+
+
+def _per_head_values(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call
+) -> tuple[str | None, str | None, str | None]:
+    """Values whose heads are split before a module that returns them ``[batch, token, kv_heads,
+    d_head]`` (`Values.per_head`: Gemma 4's weightless per-head ``v_norm`` after ``v_proj``): the
+    module of the attention block, before the output projection, whose output so shaped times the
+    weights is the output projection's input; the query and key are then the block's two other
+    affine maps with a head width, beside the one that feeds that module. ``(None, None, None)``
+    where no module so proven."""
+    heads = output_projection.input  # [batch, token, head * d_head]
+    d_head = heads.shape[-1] // block.n_heads
+    batch, tokens, _ = heads.shape
+    value = next(
+        (
+            call
+            for call in block.calls
+            if call.inside(scope)
+            and call.start < output_projection.start
+            and torch.is_tensor(call.output)
+            and call.output.dim() == 4
+            and tuple(call.output.shape[:2]) == (batch, tokens)
+            and call.output.shape[-1] == d_head
+            and _explains_heads(_per_head(call.output.flatten(-2), d_head), weights, heads)
+        ),
+        None,
+    )
+    if value is None:
+        return None, None, None
+    kv_width = value.output.shape[-2]
+    maps = [
+        call
+        for call in block.calls
+        if call.inside(scope)
+        and call.start < value.start
+        and _linear_weight(call) is not None
+        and torch.is_tensor(call.output)
+        and call.output.dim() == 3
+        and call.output.shape[-1] in (block.n_heads * d_head, kv_width * d_head)
+    ]
+    feeding = [
+        call for call in maps if torch.is_tensor(value.input) and _close(call.output.flatten(), value.input.flatten())
+    ]
+    others = [call for call in maps if call not in feeding]
+    if len(feeding) != 1 or len(others) != 2:
+        return value.name, None, None
+    query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
+    return value.name, query.name, key.name
 
 
 def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_projection: Call) -> str | None:
