@@ -3,8 +3,8 @@ a sigmoid gate computed from the block input (MiniCPM5-MoE's ``q_gate_proj``, AF
 a sink's rescaling of the weights after they are returned (Granite-SWA). Inference finds the values,
 the conformance suite proves the factor by changing one token's values, and the value-aware methods
 carry each head through it. The oracle is the model's own gate, read from its projection and put
-through a sigmoid by hand, and loops over the definition; a norm between A·V and the output
-projection (BitNet's sub-norm), which depends on the values, fails the check."""
+through a sigmoid by hand, and loops over the definition (a norm between A·V and the output
+projection, whose factor depends on the values, is `Values.head_norm`: tests/rows/test_head_norm.py)."""
 
 from __future__ import annotations
 
@@ -129,16 +129,6 @@ def test_the_backward_rules_and_routes_refuse_a_factor_in_one_line(gated):
         gated.explain(TEXT, method="attnlrp")
     with pytest.raises(InputError, match=r"routes do not support .*head vectors that do not depend on the query"):
         attnflow.routes(gated, TEXT)
-
-
-def test_a_norm_between_the_heads_and_the_output_projection_fails_the_check():
-    """BitNet's ``attn_sub_norm`` divides A·V by its RMS, which the values change: no per-position
-    factor independent of them, so the check fails and the values are left out, named."""
-    model = _tiny("bitnet")
-    assert model.adapter.values is None and "values" not in model.adapter.provides
-    assert [failure.split(":")[0] for failure in model.adapter.unverified] == ["head_factor"]
-    with pytest.raises(InputError, match=r"requires values .*head_factor: layer 0: the output projection's input"):
-        model.explain(TEXT, method="norm")
 
 
 @pytest.mark.parametrize("family", ["gemma3", "llama"])

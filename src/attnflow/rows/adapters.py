@@ -84,6 +84,13 @@ class Values:
     ``per_head``: the ``value`` module's output is ``[batch, token, kv_heads, d_head]``, the heads
     split before it (a weightless per-head norm after the value projection: Gemma 3n's and Gemma
     4's ``v_norm``); `Adapter.value_rows` flattens it. False: ``[batch, token, kv_heads * d_head]``.
+    ``head_norm`` (with ``head_factor``): a norm between A·V and the output projection (BitNet's
+    ``attn_sub_norm``), over all heads of query i together: the output projection's input is
+    g ⊙ (A·V)_i / s_i, the statistic s_i (RMS or σ, the row's `Norms`) fixed from the run, so the
+    factor D_i = g / s_i carries each head through it as it carries a gate (the conformance suite's
+    ``head_norm`` check proves that the norm reads A·V and recomputes in the declared form, in place
+    of the ``head_factor`` check, whose D changes with the values here). The norm must subtract no
+    mean (an RMS norm): a layer norm's centring mixes the heads. None: no such norm.
     """
 
     value: str | None
@@ -96,6 +103,7 @@ class Values:
     scores: bool = False
     head_factor: bool = False
     per_head: bool = False
+    head_norm: str | None = None
 
     @property
     def post_norm(self) -> bool:

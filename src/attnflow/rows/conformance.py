@@ -16,6 +16,9 @@ The checks (`CHECKS`, each named in the error it raises):
   was) leaves the weights as they were and changes the output projection's input by D ⊙ (A·δV), D
   the factor on the unchanged run (`head_factor`): the factor is the same for every key and does not
   depend on the values (a norm between A·V and the output projection fails here);
+- ``head_norm`` (rows with such a norm, `Values.head_norm`, in place of ``head_factor``): in every
+  layer the norm's input is A·V per head, its output recomputes from its input in the declared RMS
+  form, and it is the output projection's input (so D = g / s_i, s_i fixed from the run);
 - ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
   softmax called inside the attention module returns the weights the module returns, so the rules
   acting at that softmax's input act on the scores Q·Kᵀ;
@@ -323,6 +326,49 @@ def check_head_factor(run: Run) -> None:
         _close(run, "head_factor", f"{where}, against D ⊙ A·(V + δV)", seen["heads"], expected)
 
 
+def check_head_norm(run: Run) -> None:
+    """Per layer: the norm between A·V and the output projection (`Values.head_norm`) reads A·V per
+    head, is an RMS norm of the declared form (no mean subtracted: each head carried alone), and
+    its output is the output projection's input."""
+    norms = run.row.norms
+    if norms is None or norms.form != "rms":
+        _fail(run, "head_norm", "the norm between A·V and the output projection is declared by no RMS-form Norms")
+    modules = [
+        module for _, module in find_layers(run.model, _named_norms(run.row)["head_norm"], gaps=run.row.stack.gaps)
+    ]
+    for layer, (weights, heads, projected, read, written) in enumerate(
+        zip(
+            run.layers("stack.weights"),
+            run.layers("stack.heads"),
+            run.layers("values"),
+            run.layers("head_norm.in"),
+            run.layers("head_norm.out"),
+            strict=True,
+        )
+    ):
+        _close(
+            run,
+            "head_norm",
+            f"layer {layer}: the head norm's input against A·V per head",
+            read,
+            _weighted(weights, _value_heads(run, projected)),
+        )
+        _close(
+            run,
+            "head_norm",
+            f"layer {layer}: the head norm's output against its declared form",
+            written,
+            norms.recompute(modules[layer], read),
+        )
+        _close(
+            run,
+            "head_norm",
+            f"layer {layer}: the output projection's input against the head norm's output",
+            heads,
+            written,
+        )
+
+
 def check_scores(run: Run) -> None:
     """In every layer, a softmax called inside the attention module returns the module's weights
     ``[batch, head, query, key]`` (a sink's column, beside the keys, left out)."""
@@ -460,6 +506,7 @@ def _named_norms(row: Adapter) -> dict[str, str]:
     named = {
         "norm": None if values is None else values.norm,
         "output_norm": None if values is None else values.output_norm,
+        "head_norm": None if values is None else values.head_norm,
         "embedding_norm": row.embedding_norm,
     }
     return {what: pattern for what, pattern in named.items() if pattern is not None}
@@ -629,7 +676,11 @@ def _plain_heads(row: Adapter) -> bool:
 
 
 def _factored_heads(row: Adapter) -> bool:
-    return _has_values(row) and row.values is not None and row.values.head_factor
+    return _has_values(row) and row.values is not None and row.values.head_factor and row.values.head_norm is None
+
+
+def _normed_heads(row: Adapter) -> bool:
+    return _has_values(row) and row.values is not None and row.values.head_norm is not None
 
 
 def _at_scores(row: Adapter) -> bool:
@@ -693,6 +744,7 @@ CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
     Check("head_slices", _plain_heads, check_head_slices),
     Check("head_factor", _factored_heads, check_head_factor),
+    Check("head_norm", _normed_heads, check_head_norm),
     Check("scores", _at_scores, check_scores),
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),

@@ -56,6 +56,7 @@ _BATCH, _TOKENS = 2, 7
 _PROVEN_BY = {
     "head_slices": ("values",),
     "head_factor": ("values",),
+    "head_norm": ("values",),
     "scores": ("values.scores",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
@@ -68,7 +69,7 @@ _PROVEN_BY = {
 }
 
 
-_VALUE_CHECKS = ("head_slices", "head_factor")
+_VALUE_CHECKS = ("head_slices", "head_factor", "head_norm")
 
 
 def _not_found(what: str) -> InferenceError:
@@ -372,8 +373,10 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         value, query, key = _per_head_values(block, scope, weights_call.outputs[weights_index], output_projection)
         per_head = value is not None
     factored = value is None and fused is None
+    head_norm = None
     if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
         value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
+        head_norm = _head_norm(block, scope, weights_call.outputs[weights_index], output_projection, value)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -400,6 +403,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             scores=query is None and not factored,
             head_factor=factored,
             per_head=per_head,
+            head_norm=None if head_norm is None else _pattern(head_norm, blocks),
         )
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
@@ -643,6 +647,35 @@ def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_pro
     spreads.sort()
     best, name = spreads[0]
     return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
+
+
+def _head_norm(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, value: str | None
+) -> str | None:
+    """The module between A·V and the output projection (`Values.head_norm`: BitNet's sub-norm):
+    its input is A·V per head with ``value``'s heads, its output the output projection's input, and
+    it recomputes from its input as an RMS norm (no mean subtracted); None where no module so proven
+    (the conformance suite checks the form against the row's `Norms`)."""
+    found = next((call for call in block.calls if call.name == value), None)
+    heads = output_projection.input  # [batch, token, head * d_head]
+    if found is None or not torch.is_tensor(found.output):
+        return None
+    d_head = heads.shape[-1] // block.n_heads
+    values = _per_head(token_rows(found.output), d_head)  # [batch, kv_head, token, d_head]
+    shared = values.repeat_interleave(block.n_heads // values.shape[1], dim=1)
+    products = (weights @ shared).transpose(1, 2).reshape(heads.shape)  # A·V, [batch, token, head * d_head]
+    for call in block.calls:
+        if not (call.inside(scope) and call.start < output_projection.start and torch.is_tensor(call.input)):
+            continue
+        if call.input.shape != heads.shape or not torch.is_tensor(call.output) or call.output.shape != heads.shape:
+            continue
+        if (
+            _close(call.input, products)
+            and _close(call.output, heads)
+            and any(form == "rms" for form, _ in _norm_forms(call))
+        ):
+            return call.name
+    return None
 
 
 def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:

@@ -1,0 +1,109 @@
+"""A norm between A·V and the output projection (`Values.head_norm`): BitNet's ``attn_sub_norm``,
+an RMS norm over all heads of a query together. Inference finds it, the conformance suite's
+``head_norm`` check proves it, and the value-aware methods carry each head through it with the
+query's statistic fixed from the run. The oracle is the model's own A·V, divided by its RMS and
+scaled by the norm's weight by hand, and loops over the definition."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import attnflow
+from attnflow.errors import InputError
+from attnflow.rows import check_adapter
+from attnflow.rows.adapters import find_layers
+from attnflow.rows.hook_points import HookPoint, hooks
+from attnflow.rows.infer import verified_row
+from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+
+TEXT = "the movie was great but the acting"
+
+
+@pytest.fixture(scope="module")
+def bitnet():
+    """A tiny BitNet: o_proj reads attn_sub_norm(A·V)."""
+    torch.manual_seed(0)
+    model = model_class("bitnet", "causal-lm")._from_config(tiny_config("bitnet"), attn_implementation="eager")
+    randomise_constants(model)
+    model.eval()
+    return attnflow.AttentionModel(model, tiny_tokenizer(), name="tiny bitnet", adapter=verified_row(model, "decoder"))
+
+
+def test_the_head_norm_is_found_and_proven_where_a_plain_factor_fails(bitnet):
+    row = bitnet.adapter
+    assert row.values.head_norm.endswith(r"self_attn\.attn_sub_norm$") and row.values.head_factor
+    assert "values" in row.provides and not {"query_key", "streams"} & row.provides and not row.unverified
+    report = check_adapter(row, bitnet.hf_model, strict=False)
+    assert report.outcome("head_norm") == "pass" and report.outcome("head_factor") == "n/a"
+    plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_norm=None))
+    assert check_adapter(plain, bitnet.hf_model, strict=False).outcome("head_factor") == "fail"  # D moves with V
+    wrong = dataclasses.replace(
+        row, values=dataclasses.replace(row.values, head_norm=r"layers\.(\d+)\.input_layernorm$")
+    )
+    assert check_adapter(wrong, bitnet.hf_model, strict=False).outcome("head_norm") == "fail"
+
+
+def test_norm_equals_explicit_loops_through_the_hand_computed_sub_norm(bitnet):
+    from attnflow.methods.relevance import norm
+
+    trace = bitnet.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    ids = torch.tensor(trace.token_ids)[None]
+    recorded: dict[str, torch.Tensor] = {}
+    watched = [
+        (HookPoint(module), lambda tensor, name=name: recorded.__setitem__(name, tensor.clone()))
+        for name, module in bitnet.hf_model.named_modules()
+        if name.endswith("self_attn.v_proj")
+    ]
+    with hooks(watched), torch.no_grad():
+        out = bitnet.hf_model(input_ids=ids, output_attentions=True)
+    d, n_heads, n = bitnet.d_head, bitnet.n_heads, ids.shape[1]
+    eps = bitnet.hf_model.config.rms_norm_eps
+    expected = []
+    for layer, weights in enumerate(out.attentions):
+        attention = weights[0].double()  # [head, q, k]
+        prefix = f"model.layers.{layer}.self_attn"
+        values = recorded[f"{prefix}.v_proj"][0].double().view(n, -1, d)  # [token, kv_head, d_head]
+        group = n_heads // values.shape[1]
+        products = torch.stack([attention[h] @ values[:, h // group] for h in range(n_heads)], dim=1).reshape(
+            n, -1
+        )  # A·V [query, head * d_head]
+        gain = bitnet.hf_model.get_submodule(f"{prefix}.attn_sub_norm").weight.detach().double()
+        factor = gain / torch.sqrt(products.pow(2).mean(dim=-1, keepdim=True) + eps)  # [query, head * d_head]
+        weight = bitnet.hf_model.get_submodule(f"{prefix}.o_proj").weight.detach().double()
+        matrix = np.zeros((n, n))
+        for i in range(n):
+            for j in range(n):
+                vector = sum(
+                    attention[h, i, j]
+                    * (weight[:, h * d : (h + 1) * d] @ (values[j, h // group] * factor[i, h * d : (h + 1) * d]))
+                    for h in range(n_heads)
+                )
+                matrix[i, j] = float(vector.norm())
+        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(norm(trace, layerwise=True), np.stack(expected), atol=1e-5)  # [layer, query, key]
+
+
+def test_the_parts_add_up_to_the_attention_output(bitnet):
+    """Σ_j (what token j adds) + b_O is what the output projection returns, in every layer."""
+    from attnflow.methods.relevance import attention_parts
+
+    trace = bitnet.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    outputs: dict[int, torch.Tensor] = {}
+    watched = [
+        (HookPoint(module), lambda tensor, layer=layer: outputs.__setitem__(layer, tensor.detach()))
+        for layer, (_, module) in enumerate(find_layers(bitnet.hf_model, bitnet.adapter.stack.output_projection))
+    ]
+    with hooks(watched), torch.no_grad():
+        bitnet.hf_model(input_ids=torch.tensor(trace.token_ids)[None])
+    for layer in range(trace.n_layers):
+        whole = attention_parts(trace, layer, slice(0, trace.n_tokens)).sum(axis=1) + trace.output_bias[layer]
+        np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
+
+
+def test_the_backward_rules_refuse_the_head_norm_in_one_line(bitnet):
+    with pytest.raises(InputError, match=r"requires query_key .*per-position factor.*Values\.head_factor"):
+        bitnet.explain(TEXT, method="attnlrp")
