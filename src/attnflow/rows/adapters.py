@@ -333,8 +333,13 @@ class Fused:
       Phi-3's ``qkv_proj``: q of n_heads heads, then k and v of n_kv_heads each);
     - ``"per_head"`` (G = the heads of each part, all equal): head 0's q, k, v, then head 1's, ...
       (GPT-NeoX's and Bloom's ``query_key_value``, viewed as ``[..., head, 3 * d_head]``);
-    - ``"per_group"`` (G = n_kv_heads): per key/value group, its n_heads / n_kv_heads query heads,
-      then its key head, then its value head (Falcon's new decoder architecture).
+    - ``"per_group"`` (G = n_kv_heads, or ``groups``): per group, its share of each part's heads in
+      ``parts`` order (Falcon's new decoder architecture: per key/value group, its n_heads /
+      n_kv_heads query heads, then its key head, then its value head; CodeGen's ``qkv_proj``:
+      ``groups`` = 4 model-parallel shards, each its query, then value, then key heads, ``parts``
+      ``("query", "value", "key")``).
+
+    ``groups``: G of a ``"per_group"`` layout where it is not n_kv_heads (0: n_kv_heads).
 
     ``widths``: the features per head of each part, where they differ from one another (multi-head
     latent attention: DeepSeek's ``kv_b_proj`` holds, per head, the key's position-free half, then
@@ -347,8 +352,11 @@ class Fused:
     parts: tuple[str, ...]
     layout: FusedLayout = "side_by_side"
     widths: tuple[int, ...] = ()
+    groups: int = 0
 
     def __post_init__(self) -> None:
+        if self.groups and (self.layout != "per_group" or self.groups < 0):
+            raise ValueError(f"fused groups {self.groups} need the per_group layout and a positive count")
         if self.layout not in ("side_by_side", "per_head", "per_group"):
             raise ValueError(f"unknown fused layout {self.layout!r}; choose side_by_side, per_head or per_group")
         if self.widths and (len(self.widths) != len(self.parts) or min(self.widths) <= 0):
@@ -378,7 +386,7 @@ class Fused:
         else:
             d_head, rest = divmod(width, sum(heads))
             sizes = [d_head] * len(heads)
-        groups = {"side_by_side": 1, "per_head": heads[0], "per_group": n_kv_heads}[self.layout]
+        groups = {"side_by_side": 1, "per_head": heads[0], "per_group": self.groups or n_kv_heads}[self.layout]
         if rest or any(count % groups for count in heads) or (self.layout == "per_head" and len(set(heads)) > 1):
             raise CaptureError(
                 f"{self.module!r}: {width} features do not hold {dict(zip(self.parts, heads, strict=True))} heads "

@@ -23,7 +23,6 @@ from torch import nn
 from attnflow.errors import CaptureError, InferenceError
 from attnflow.rows.adapters import (
     EXTENDING,
-    HEAD_PARTS,
     Adapter,
     Fused,
     FusedLayout,
@@ -678,19 +677,29 @@ def _head_norm(
     return None
 
 
+# The orders of a fused projection's head parts tried (the value's place proven by A·V; the query and
+# key, which only the backward rules read and with one rule for both, told apart by their head counts
+# where they differ, else the first named the query).
+_FUSED_ORDERS = (("query", "key", "value"), ("query", "value", "key"), ("value", "query", "key"))
+
+
 def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:
-    """The layout in which ``call``'s output holds query, key and value heads, proven by A·V."""
+    """The layout (and order, and groups) in which ``call``'s output holds query, key and value
+    heads, proven by A·V on the value columns."""
     kv_heads, rest = divmod(call.output.shape[-1] // d_head - n_heads, 2)
     if rest or kv_heads <= 0 or n_heads % kv_heads:
         return None
-    for layout in get_args(FusedLayout):
-        fused = Fused(call.name, HEAD_PARTS, layout)
-        try:
-            columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
-        except CaptureError:
-            continue
-        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
-            return fused
+    shards = [count for count in range(2, kv_heads) if kv_heads % count == 0]  # per_group G other than kv_heads
+    candidates = [(layout, 0) for layout in get_args(FusedLayout)] + [("per_group", count) for count in shards]
+    for parts in _FUSED_ORDERS:
+        for layout, groups in candidates:
+            fused = Fused(call.name, parts, layout, groups=groups)
+            try:
+                columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
+            except CaptureError:
+                continue
+            if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
+                return fused
     return None
 
 
