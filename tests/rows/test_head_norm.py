@@ -23,14 +23,20 @@ from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, ti
 TEXT = "the movie was great but the acting"
 
 
+def _tiny(model_type: str) -> attnflow.AttentionModel:
+    torch.manual_seed(0)
+    model = model_class(model_type, "causal-lm")._from_config(tiny_config(model_type), attn_implementation="eager")
+    randomise_constants(model)
+    model.eval()
+    return attnflow.AttentionModel(
+        model, tiny_tokenizer(), name=f"tiny {model_type}", adapter=verified_row(model, "decoder")
+    )
+
+
 @pytest.fixture(scope="module")
 def bitnet():
     """A tiny BitNet: o_proj reads attn_sub_norm(A·V)."""
-    torch.manual_seed(0)
-    model = model_class("bitnet", "causal-lm")._from_config(tiny_config("bitnet"), attn_implementation="eager")
-    randomise_constants(model)
-    model.eval()
-    return attnflow.AttentionModel(model, tiny_tokenizer(), name="tiny bitnet", adapter=verified_row(model, "decoder"))
+    return _tiny("bitnet")
 
 
 def test_the_head_norm_is_found_and_proven_where_a_plain_factor_fails(bitnet):
@@ -38,13 +44,23 @@ def test_the_head_norm_is_found_and_proven_where_a_plain_factor_fails(bitnet):
     assert row.values.head_norm.endswith(r"self_attn\.attn_sub_norm$") and row.values.head_factor
     assert "values" in row.provides and not {"query_key", "streams"} & row.provides and not row.unverified
     report = check_adapter(row, bitnet.hf_model, strict=False)
-    assert report.outcome("head_norm") == "pass" and report.outcome("head_factor") == "n/a"
+    assert report.outcome("head_norm") == "pass" and report.outcome("head_factor") == "pass"
     plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_norm=None))
     assert check_adapter(plain, bitnet.hf_model, strict=False).outcome("head_factor") == "fail"  # D moves with V
     wrong = dataclasses.replace(
         row, values=dataclasses.replace(row.values, head_norm=r"layers\.(\d+)\.input_layernorm$")
     )
     assert check_adapter(wrong, bitnet.hf_model, strict=False).outcome("head_norm") == "fail"
+
+
+def test_a_gate_before_an_l2_head_norm_is_proven_at_the_norms_input():
+    """Dory: o_proj reads L2norm(A·V ⊙ sigmoid(gate)), a weightless norm to norm 1 (not RMS 1)."""
+    model = _tiny("dory")
+    row = model.adapter
+    assert row.values.head_norm.endswith(r"self_attn\.attn_sub_norm$") and "values" in row.provides
+    report = check_adapter(row, model.hf_model, strict=False)
+    assert report.outcome("head_norm") == "pass" and report.outcome("head_factor") == "pass"
+    assert np.isfinite(model.explain(TEXT, method="norm").scores).all()
 
 
 def test_norm_equals_explicit_loops_through_the_hand_computed_sub_norm(bitnet):

@@ -85,12 +85,14 @@ class Values:
     split before it (a weightless per-head norm after the value projection: Gemma 3n's and Gemma
     4's ``v_norm``); `Adapter.value_rows` flattens it. False: ``[batch, token, kv_heads * d_head]``.
     ``head_norm`` (with ``head_factor``): a norm between A·V and the output projection (BitNet's
-    ``attn_sub_norm``), over all heads of query i together: the output projection's input is
-    g ⊙ (A·V)_i / s_i, the statistic s_i (RMS or σ, the row's `Norms`) fixed from the run, so the
-    factor D_i = g / s_i carries each head through it as it carries a gate (the conformance suite's
-    ``head_norm`` check proves that the norm reads A·V and recomputes in the declared form, in place
-    of the ``head_factor`` check, whose D changes with the values here). The norm must subtract no
-    mean (an RMS norm): a layer norm's centring mixes the heads. None: no such norm.
+    RMS ``attn_sub_norm``; Dory's weightless L2 one, after a gate), over all heads of query i
+    together: the output projection's input is g ⊙ y_i / s_i, y the norm's input (A·V, or A·V times
+    a per-position factor), the statistic s_i fixed from the run, so the factor D_i = g / s_i (times
+    the factor before it) carries each head through as a gate's does. The conformance suite's
+    ``head_factor`` check then reads the norm's input (whose factor does not depend on the values;
+    the output projection's does) and its ``head_norm`` check proves that the norm writes its input
+    times a per-position scalar and a per-feature gain (`per_position_scale`). A norm that
+    subtracts a mean (a layer norm) mixes the heads and fails. None: no such norm.
     """
 
     value: str | None
@@ -294,6 +296,25 @@ def head_factor(heads: Any, products: Any) -> Any:
     errors (`Values.head_factor`). Torch tensors or numpy arrays."""
     eps = 1e-6 * max(float(abs(products).max()), 1e-30)
     return heads * products / (products * products + eps * eps)
+
+
+def norm_gains(module: Any, width: int) -> list[Any]:
+    """The per-feature gains a norm ``module`` may multiply by, float32 ``[width]`` each: 1 for a
+    weightless one, else its weight w and 1 + w (`per_position_scale` tries each)."""
+    import torch
+
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.shape != (width,):
+        return [torch.ones(width)]
+    return [weight.detach().float(), weight.detach().float() + 1]
+
+
+def per_position_scale(read: Any, written: Any, gain: Any) -> Any:
+    """``[..., 1]`` the scalar c per position for which ``written`` ≈ c · gain ⊙ ``read`` (least
+    squares; ``[..., width]`` tensors, gain ``[width]``): a norm without centring (RMS, L2) with its
+    statistic fixed is that map (`Values.head_norm`); whether it holds is the caller's check."""
+    scaled = read.double() * gain.double().to(read.device)
+    return (written.double() * scaled).sum(-1, keepdim=True) / (scaled * scaled).sum(-1, keepdim=True).clamp_min(1e-300)
 
 
 def as_tokens(tensor: Any, batch: int) -> Any:

@@ -16,9 +16,10 @@ The checks (`CHECKS`, each named in the error it raises):
   was) leaves the weights as they were and changes the output projection's input by D ⊙ (A·δV), D
   the factor on the unchanged run (`head_factor`): the factor is the same for every key and does not
   depend on the values (a norm between A·V and the output projection fails here);
-- ``head_norm`` (rows with such a norm, `Values.head_norm`, in place of ``head_factor``): in every
-  layer the norm's input is A·V per head, its output recomputes from its input in the declared RMS
-  form, and it is the output projection's input (so D = g / s_i, s_i fixed from the run);
+- ``head_norm`` (rows with such a norm, `Values.head_norm`; ``head_factor`` then proves a factor up
+  to the norm's input): in every layer the norm's output is its input times a per-position scalar
+  and its per-feature gain (no centring: `per_position_scale`), and it is the output projection's
+  input (so the whole factor is D ⊙ g / s_i, s_i fixed from the run);
 - ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
   softmax called inside the attention module returns the weights the module returns, so the rules
   acting at that softmax's input act on the scores Q·Kᵀ;
@@ -68,6 +69,8 @@ from attnflow.rows.adapters import (
     find_layers,
     head_factor,
     layer_index,
+    norm_gains,
+    per_position_scale,
     text_config,
 )
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
@@ -287,17 +290,23 @@ def _weighted(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def check_head_factor(run: Run) -> None:
     """Per layer: a change δ to the first token's values (that layer only) leaves the weights and
-    changes the output projection's input by exactly D ⊙ (A·δV), D the factor of the unchanged run."""
+    changes the output projection's input (a row with a `Values.head_norm`: that norm's input) by
+    exactly D ⊙ (A·δV), D the factor of the unchanged run."""
     value = run.row.projection("value")
-    assert value is not None  # the check applies to rows with values
+    assert value is not None and run.row.values is not None  # the check applies to rows with values
     modules = [module for _, module in find_layers(run.model, value[0], gaps=run.row.stack.gaps)]
     attention = [module for _, module in find_layers(run.model, run.row.stack.attention, gaps=run.row.stack.gaps)]
-    projections = [
-        module for _, module in find_layers(run.model, run.row.stack.output_projection, gaps=run.row.stack.gaps)
-    ]
+    normed = run.row.values.head_norm
+    reader = run.row.stack.output_projection if normed is None else normed
+    projections = [module for _, module in find_layers(run.model, reader, gaps=run.row.stack.gaps)]
     generator = torch.Generator().manual_seed(1)
     for layer, (weights, heads, projected) in enumerate(
-        zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
+        zip(
+            run.layers("stack.weights"),
+            run.layers("stack.heads" if normed is None else "head_norm.in"),
+            run.layers("values"),
+            strict=True,
+        )
     ):
         factor = head_factor(heads, _weighted(weights, _value_heads(run, projected)))
         change = torch.zeros_like(projected)
@@ -320,45 +329,34 @@ def check_head_factor(run: Run) -> None:
                 ),
             ]
         )
-        where = f"layer {layer}: the output projection's input after a change of the first token's values"
+        reading = "output projection" if normed is None else "head norm"
+        where = f"layer {layer}: the {reading}'s input after a change of the first token's values"
         _close(run, "head_factor", f"layer {layer}: the weights after a change of the values", seen["weights"], weights)
         expected = heads + factor * _weighted(weights, _value_heads(run, change))
         _close(run, "head_factor", f"{where}, against D ⊙ A·(V + δV)", seen["heads"], expected)
 
 
 def check_head_norm(run: Run) -> None:
-    """Per layer: the norm between A·V and the output projection (`Values.head_norm`) reads A·V per
-    head, is an RMS norm of the declared form (no mean subtracted: each head carried alone), and
-    its output is the output projection's input."""
-    norms = run.row.norms
-    if norms is None or norms.form != "rms":
-        _fail(run, "head_norm", "the norm between A·V and the output projection is declared by no RMS-form Norms")
+    """Per layer: the norm between A·V and the output projection (`Values.head_norm`; its input
+    D ⊙ A·V, D proven by ``head_factor``) writes its input times a per-position scalar and its
+    per-feature gain (no mean subtracted: each head carried alone), and its output is the output
+    projection's input."""
     modules = [
         module for _, module in find_layers(run.model, _named_norms(run.row)["head_norm"], gaps=run.row.stack.gaps)
     ]
-    for layer, (weights, heads, projected, read, written) in enumerate(
-        zip(
-            run.layers("stack.weights"),
-            run.layers("stack.heads"),
-            run.layers("values"),
-            run.layers("head_norm.in"),
-            run.layers("head_norm.out"),
-            strict=True,
-        )
+    for layer, (heads, read, written) in enumerate(
+        zip(run.layers("stack.heads"), run.layers("head_norm.in"), run.layers("head_norm.out"), strict=True)
     ):
+        scaled = [
+            (per_position_scale(read, written, gain) * read.double() * gain.double().to(read.device)).to(written.dtype)
+            for gain in norm_gains(modules[layer], read.shape[-1])
+        ]  # c_i g ⊙ x_i, for each gain the module may have
         _close(
             run,
             "head_norm",
-            f"layer {layer}: the head norm's input against A·V per head",
-            read,
-            _weighted(weights, _value_heads(run, projected)),
-        )
-        _close(
-            run,
-            "head_norm",
-            f"layer {layer}: the head norm's output against its declared form",
+            f"layer {layer}: the head norm's output against its input times a per-position scalar and its gain",
             written,
-            norms.recompute(modules[layer], read),
+            min(scaled, key=lambda candidate: float((candidate - written).abs().max())),
         )
         _close(
             run,
@@ -676,7 +674,7 @@ def _plain_heads(row: Adapter) -> bool:
 
 
 def _factored_heads(row: Adapter) -> bool:
-    return _has_values(row) and row.values is not None and row.values.head_factor and row.values.head_norm is None
+    return _has_values(row) and row.values is not None and row.values.head_factor
 
 
 def _normed_heads(row: Adapter) -> bool:

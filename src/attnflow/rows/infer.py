@@ -39,6 +39,8 @@ from attnflow.rows.adapters import (
     hand_row,
     head_factor,
     norm_epsilon,
+    norm_gains,
+    per_position_scale,
     text_config,
     token_rows,
 )
@@ -375,7 +377,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     head_norm = None
     if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
         value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
-        head_norm = _head_norm(block, scope, weights_call.outputs[weights_index], output_projection, value)
+        head_norm = None if value is None else _head_norm(block, scope, output_projection)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -648,32 +650,22 @@ def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_pro
     return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
 
 
-def _head_norm(
-    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, value: str | None
-) -> str | None:
-    """The module between A·V and the output projection (`Values.head_norm`: BitNet's sub-norm):
-    its input is A·V per head with ``value``'s heads, its output the output projection's input, and
-    it recomputes from its input as an RMS norm (no mean subtracted); None where no module so proven
-    (the conformance suite checks the form against the row's `Norms`)."""
-    found = next((call for call in block.calls if call.name == value), None)
+def _head_norm(block: _Block, scope: str, output_projection: Call) -> str | None:
+    """The module between A·V and the output projection (`Values.head_norm`: BitNet's sub-norm,
+    Dory's L2 one after a gate): of the attention block's modules before the output projection, one
+    whose output is the output projection's input and its input (changed) times a per-position
+    scalar and a per-feature gain (`per_position_scale`: a norm that subtracts no mean); its input
+    is then A·V times a per-position factor, which the conformance suite's ``head_factor`` check
+    proves. None where no module so found."""
     heads = output_projection.input  # [batch, token, head * d_head]
-    if found is None or not torch.is_tensor(found.output):
-        return None
-    d_head = heads.shape[-1] // block.n_heads
-    values = _per_head(token_rows(found.output), d_head)  # [batch, kv_head, token, d_head]
-    shared = values.repeat_interleave(block.n_heads // values.shape[1], dim=1)
-    products = (weights @ shared).transpose(1, 2).reshape(heads.shape)  # A·V, [batch, token, head * d_head]
     for call in block.calls:
         if not (call.inside(scope) and call.start < output_projection.start and torch.is_tensor(call.input)):
             continue
-        if call.input.shape != heads.shape or not torch.is_tensor(call.output) or call.output.shape != heads.shape:
+        if call.input.shape != heads.shape or not _close(call.output, heads) or _close(call.output, call.input):
             continue
-        if (
-            _close(call.input, products)
-            and _close(call.output, heads)
-            and any(form == "rms" for form, _ in _norm_forms(call))
-        ):
-            return call.name
+        for gain in norm_gains(call.module, heads.shape[-1]):  # c_i g ⊙ x_i
+            if _close(call.output, per_position_scale(call.input, call.output, gain) * call.input * gain):
+                return call.name
     return None
 
 
