@@ -148,3 +148,32 @@ def test_a_factor_of_ones_gives_the_gram_matrices_numbers(tiny_loaded, family):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     halves = dataclasses.replace(trace, head_factors=np.full_like(trace.values, 0.5))
     assert not np.allclose(norm_matrices(halves, residual_vector=True), expected[1])  # the factor is read
+
+
+@pytest.mark.parametrize("model_type", ["hy_v4", "axk2"])
+def test_latent_values_times_a_gate_are_found_and_their_parts_add_up(model_type):
+    """Multi-head latent attention whose heads are then gated (HY-V4, with a sink, and AXK2): the
+    values are kv_b_proj's value columns with a per-position factor, and Σ_j (what token j adds)
+    + b_O is what the model's own output projection returns."""
+    from attnflow.methods.relevance import attention_parts
+
+    model = _tiny(model_type)
+    row = model.adapter
+    (fused,) = row.fused
+    assert fused.module.endswith(r"kv_b_proj$") and "value" in fused.parts and row.values.head_factor
+    assert "values" in row.provides and not any(failure.startswith("head_factor") for failure in row.unverified)
+    trace = model.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    outputs: dict[int, torch.Tensor] = {}
+    handles = [
+        module.register_forward_hook(lambda _m, _i, out, layer=layer: outputs.__setitem__(layer, out.detach()))
+        for layer, (_, module) in enumerate(find_layers(model.hf_model, row.stack.output_projection))
+    ]
+    try:
+        with torch.no_grad():
+            model.hf_model(input_ids=torch.tensor(trace.token_ids)[None])
+    finally:
+        for handle in handles:
+            handle.remove()
+    for layer in range(trace.n_layers):
+        whole = attention_parts(trace, layer, slice(0, trace.n_tokens)).sum(axis=1) + trace.output_bias[layer]
+        np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)

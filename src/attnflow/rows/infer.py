@@ -376,8 +376,9 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     factored = value is None and fused is None
     head_norm = None
     if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
-        value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
+        value, fused = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection, kv_heads)
         head_norm = None if value is None else _head_norm(block, scope, output_projection)
+        value = None if fused is not None else value
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
@@ -385,7 +386,13 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
         scores = "query" not in fused.parts  # multi-head latent attention: no query or key projection
         row["values"] = Values(
-            None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm, scores=scores
+            None,
+            _pattern(first.name, blocks),
+            norm=values_norm,
+            output_norm=output_norm,
+            scores=scores,
+            head_factor=factored,
+            head_norm=None if head_norm is None else _pattern(head_norm, blocks),
         )
     elif value is None:
         row["missing"] = (
@@ -622,32 +629,46 @@ def _per_head_values(
     return value.name, query.name, key.name
 
 
-def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_projection: Call) -> str | None:
+def _factored_value(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
+) -> tuple[str | None, Fused | None]:
     """The projection whose output, split into heads, times the weights gives the output projection's
-    input up to a per-position factor (`Values.head_factor`): of the block's maps before the output
-    projection, the one whose ratio heads / A·V varies least over each head's features, where it
-    varies less than half as much as for any other (the conformance suite then proves the factor);
-    None where no map stands out so (differential attention: two softmaxes, no one factor)."""
+    input up to a per-position factor (`Values.head_factor`), with the `Fused` entry where the values
+    are its latent-attention value columns (`_latent_layouts`; None: the whole output): of the
+    block's maps before the output projection, the one whose ratio heads / A·V varies least over
+    each head's features, where it varies less than half as much as for any other (the conformance
+    suite then proves the factor); ``(None, None)`` where no map stands out so (differential
+    attention: two softmaxes, no one factor)."""
     heads = output_projection.input  # [batch, token, head * d_head]
     d_head = heads.shape[-1] // block.n_heads
-    spreads = []
+    spreads: list[tuple[float, str, Fused | None]] = []
     for call in block.calls:
         if not (call.inside(scope) and call.start < output_projection.start and _linear_weight(call) is not None):
             continue
         rows = token_rows(call.output)
-        if rows.dim() != 3 or rows.shape[-1] % d_head or block.n_heads % (rows.shape[-1] // d_head):
+        if rows.dim() != 3:
             continue
-        values = _per_head(rows, d_head).repeat_interleave(block.n_heads // (rows.shape[-1] // d_head), dim=1)
-        batch, tokens, _ = heads.shape
-        products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
-        ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
-        spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
-        spreads.append((spread, call.name))
+        options: list[tuple[Fused | None, torch.Tensor]] = [(None, rows)]
+        options += [
+            (fused, rows[..., fused.columns("value", rows.shape[-1], block.n_heads, kv_heads)])
+            for fused in _latent_layouts(call, kv_heads, d_head)
+        ]
+        for fused, columns in options:
+            if columns.shape[-1] % d_head or block.n_heads % (columns.shape[-1] // d_head):
+                continue
+            values = _per_head(columns, d_head).repeat_interleave(block.n_heads // (columns.shape[-1] // d_head), dim=1)
+            batch, tokens, _ = heads.shape
+            products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
+            ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
+            spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
+            spreads.append((spread, call.name, fused))
     if not spreads:
-        return None
-    spreads.sort()
-    best, name = spreads[0]
-    return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
+        return None, None
+    spreads.sort(key=lambda found: found[0])
+    best, name, fused = spreads[0]
+    if best < 1 and all(best < 0.5 * other for other, _, _ in spreads[1:]):
+        return name, fused
+    return None, None
 
 
 def _head_norm(block: _Block, scope: str, output_projection: Call) -> str | None:
@@ -695,19 +716,27 @@ def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: 
     return None
 
 
-def _latent(
-    call: Call, n_heads: int, kv_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor
-) -> Fused | None:
-    """Multi-head latent attention's ``kv_b_proj``: per key/value head, the value (``d_head`` wide)
-    and one other part of another width (the key's position-free half), in either order, proven by A·V."""
+def _latent_layouts(call: Call, kv_heads: int, d_head: int) -> list[Fused]:
+    """The layouts in which ``call``'s output may be multi-head latent attention's ``kv_b_proj``: per
+    key/value head, the value (``d_head`` wide) and one other part of another width (the key's
+    position-free half), in either order; none where the width does not split so."""
     width = call.output.shape[-1]
     per_head, rest = divmod(width, kv_heads)
     if rest or per_head <= d_head:
-        return None
+        return []
     other = per_head - d_head
-    for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other))):
-        fused = Fused(call.name, parts, "per_head", widths)
-        columns = fused.columns("value", width, n_heads, kv_heads)
+    return [
+        Fused(call.name, parts, "per_head", widths)
+        for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other)))
+    ]
+
+
+def _latent(
+    call: Call, n_heads: int, kv_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor
+) -> Fused | None:
+    """The `_latent_layouts` of ``call`` whose value columns A·V proves."""
+    for fused in _latent_layouts(call, kv_heads, d_head):
+        columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
         if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
             return fused
     return None
