@@ -8,12 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import attnflow
 from attnflow.rows import check_adapter
 from attnflow.rows.adapters import Fused
 from attnflow.rows.hook_points import HookPoint, hooks
-from attnflow.rows.infer import verified_row
-from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+from inferred_tiny import tiny_inferred
 
 TEXT = "the movie was great but the acting"
 SHARDS = 4  # CodeGen's mp_num, written in its attention
@@ -22,13 +20,7 @@ SHARDS = 4  # CodeGen's mp_num, written in its attention
 @pytest.fixture(scope="module")
 def codegen():
     """A tiny CodeGen with 8 heads, so that its 4 shards are neither one head each nor one group."""
-    torch.manual_seed(0)
-    config = tiny_config("codegen")
-    config.n_head = 8
-    model = model_class("codegen", "causal-lm")._from_config(config, attn_implementation="eager")
-    randomise_constants(model)
-    model.eval()
-    return attnflow.AttentionModel(model, tiny_tokenizer(), name="tiny codegen", adapter=verified_row(model, "decoder"))
+    return tiny_inferred("codegen", n_head=8)
 
 
 def test_the_groups_and_the_order_are_found_and_proven(codegen):

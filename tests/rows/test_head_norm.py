@@ -12,25 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-import attnflow
 from attnflow.errors import InputError
 from attnflow.rows import check_adapter
-from attnflow.rows.adapters import find_layers
 from attnflow.rows.hook_points import HookPoint, hooks
-from attnflow.rows.infer import verified_row
-from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+from inferred_tiny import assert_parts_add_up, tiny_inferred
 
 TEXT = "the movie was great but the acting"
 
 
-def _tiny(model_type: str) -> attnflow.AttentionModel:
-    torch.manual_seed(0)
-    model = model_class(model_type, "causal-lm")._from_config(tiny_config(model_type), attn_implementation="eager")
-    randomise_constants(model)
-    model.eval()
-    return attnflow.AttentionModel(
-        model, tiny_tokenizer(), name=f"tiny {model_type}", adapter=verified_row(model, "decoder")
-    )
+_tiny = tiny_inferred
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +95,7 @@ def test_norm_equals_explicit_loops_through_the_hand_computed_sub_norm(bitnet):
 
 def test_the_parts_add_up_to_the_attention_output(bitnet):
     """Σ_j (what token j adds) + b_O is what the output projection returns, in every layer."""
-    from attnflow.methods.relevance import attention_parts
-
-    trace = bitnet.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
-    outputs: dict[int, torch.Tensor] = {}
-    watched = [
-        (HookPoint(module), lambda tensor, layer=layer: outputs.__setitem__(layer, tensor.detach()))
-        for layer, (_, module) in enumerate(find_layers(bitnet.hf_model, bitnet.adapter.stack.output_projection))
-    ]
-    with hooks(watched), torch.no_grad():
-        bitnet.hf_model(input_ids=torch.tensor(trace.token_ids)[None])
-    for layer in range(trace.n_layers):
-        whole = attention_parts(trace, layer, slice(0, trace.n_tokens)).sum(axis=1) + trace.output_bias[layer]
-        np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
+    assert_parts_add_up(bitnet, bitnet.trace(TEXT, needs=("attentions", "values", "output_weights"))[0])
 
 
 def test_the_backward_rules_refuse_the_head_norm_in_one_line(bitnet):

@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import attnflow
 from attnflow.rows import check_adapter
 from attnflow.rows.adapters import find_layers, token_rows
 from attnflow.rows.hook_points import HookPoint, hooks
-from attnflow.rows.infer import verified_row
-from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+from inferred_tiny import tiny_inferred
 
 TEXT = "the movie was great but the acting"
 
@@ -22,14 +20,7 @@ TEXT = "the movie was great but the acting"
 @pytest.fixture(scope="module")
 def normed():
     """A tiny Gemma 3n text model: its values are v_norm(v_proj(x)) per head."""
-    torch.manual_seed(0)
-    config = tiny_config("gemma3n_text")
-    model = model_class("gemma3n_text", "causal-lm")._from_config(config, attn_implementation="eager")
-    randomise_constants(model)
-    model.eval()
-    return attnflow.AttentionModel(
-        model, tiny_tokenizer(), name="tiny gemma3n_text", adapter=verified_row(model, "decoder")
-    )
+    return tiny_inferred("gemma3n_text")
 
 
 def test_the_per_head_values_are_found_and_proven(normed):
