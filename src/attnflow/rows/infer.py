@@ -368,50 +368,28 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
-    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
-    per_head = False
-    if value is None and fused is None:  # values split into heads by a module after the projection
-        value, query, key = _per_head_values(block, scope, weights_call.outputs[weights_index], output_projection)
-        per_head = value is not None
-    factored = value is None and fused is None
-    head_norm = None
-    if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
-        value, fused = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection, kv_heads)
-        head_norm = None if value is None else _head_norm(block, scope, output_projection)
-        value = None if fused is not None else value
+    found = _value_parts(block, scope, weights_call.outputs[weights_index], output_projection, kv_heads)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
-    if fused is not None:
-        row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
-        scores = "query" not in fused.parts  # multi-head latent attention: no query or key projection
-        row["values"] = Values(
-            None,
-            _pattern(first.name, blocks),
-            norm=values_norm,
-            output_norm=output_norm,
-            scores=scores,
-            head_factor=factored,
-            head_norm=None if head_norm is None else _pattern(head_norm, blocks),
-        )
-    elif value is None:
+    if found.value is None and found.fused is None:
         row["missing"] = (
             f"values: no projection of {scope}, split into heads, times the attention weights gives the input of "
             f"{output_projection.name} (something acts between A·V and the output projection that inference "
             "cannot carry the heads through: a gate, a norm, a rescaled or a second attention map)",
         )
     else:
+        if found.fused is not None:
+            row["fused"] = (replace(found.fused, module=_pattern(found.fused.module, blocks)),)
+        named = {part: None if name is None else _pattern(name, blocks) for part, name in found.names.items()}
         row["values"] = Values(
-            _pattern(value, blocks),
-            _pattern(first.name, blocks),
+            **named,
+            block=_pattern(first.name, blocks),
             norm=values_norm,
-            query=None if query is None else _pattern(query, blocks),
-            key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
-            scores=query is None and not factored,
-            head_factor=factored,
-            per_head=per_head,
-            head_norm=None if head_norm is None else _pattern(head_norm, blocks),
+            scores=found.scores,
+            head_factor=found.factored,
+            per_head=found.per_head,
         )
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
@@ -422,6 +400,51 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         row["mixers"] = Mixers(_pattern(beside.name, blocks), tuple(range(n_layers)), (type(beside.module).__name__,))
         row.pop("streams", None)
     return Adapter(family, kind, (family,), inferred=True, **row)
+
+
+@dataclass
+class _ValueParts:
+    """Where the first attention block's values are (module names, not yet patterns)."""
+
+    value: str | None = None
+    query: str | None = None
+    key: str | None = None
+    fused: Fused | None = None  # the values are columns of it (value, query and key then None)
+    per_head: bool = False  # `Values.per_head`
+    factored: bool = False  # `Values.head_factor`
+    head_norm: str | None = None  # `Values.head_norm`
+
+    @property
+    def names(self) -> dict[str, str | None]:
+        """The `Values` fields that name modules."""
+        return {"value": self.value, "query": self.query, "key": self.key, "head_norm": self.head_norm}
+
+    @property
+    def scores(self) -> bool:
+        """`Values.scores`: no query or key projection (multi-head latent attention), heads not factored."""
+        if self.fused is not None:
+            return "query" not in self.fused.parts
+        return self.query is None and not self.factored
+
+
+def _value_parts(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
+) -> _ValueParts:
+    """The values, in the first form A·V proves: projections of their own or a fused one's columns
+    (`_projections`), heads split before a module (`_per_head_values`), or either times a
+    per-position factor (`_factored_value`, with a norm between A·V and the output projection
+    where there is one, `_head_norm`); an empty `_ValueParts` where none."""
+    value, query, key, fused = _projections(block, scope, weights, output_projection, kv_heads)
+    if value is not None or fused is not None:
+        return _ValueParts(value, query, key, fused)
+    value, query, key = _per_head_values(block, scope, weights, output_projection)
+    if value is not None:
+        return _ValueParts(value, query, key, per_head=True)
+    value, fused = _factored_value(block, scope, weights, output_projection, kv_heads)
+    if value is None:
+        return _ValueParts()
+    head_norm = _head_norm(block, scope, output_projection)
+    return _ValueParts(None if fused is not None else value, fused=fused, factored=True, head_norm=head_norm)
 
 
 def _unflatten(traced: dict[str, Call], blocks: str) -> None:
@@ -541,14 +564,14 @@ def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Te
 
 
 def _projections(
-    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call, kv_heads: int
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
 ) -> tuple[str | None, str | None, str | None, Fused | None]:
     """The value, query and key projections (names; None where not proven), or the `Fused`
     projection holding the values: the value is the affine map (or the fused map's value columns, in
     the layout that works: q, k and v together, or multi-head latent attention's value beside
     another part in every head) whose output, split into heads, times the weights is the output
     projection's input; query and key are the other two maps of the block with a head width."""
-    weights, heads = weights_call.outputs[weights_index], output_projection.input
+    heads = output_projection.input
     d_head = heads.shape[-1] // block.n_heads
     maps = [
         call
@@ -1092,7 +1115,7 @@ def _hybrid(
     )
     values = row.get("values")
     if values is not None:
-        parts = {part: getattr(values, part) for part in ("value", "query", "key", "output_norm", "norm")}
+        parts = {part: getattr(values, part) for part in ("value", "query", "key", "output_norm", "norm", "head_norm")}
         row["values"] = replace(
             values, **{part: None if p is None else _only(p, attending) for part, p in parts.items()}
         )
