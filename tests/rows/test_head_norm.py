@@ -14,8 +14,7 @@ import torch
 
 from attnflow.errors import InputError
 from attnflow.rows import check_adapter
-from attnflow.rows.hook_points import HookPoint, hooks
-from inferred_tiny import assert_parts_add_up, tiny_inferred
+from inferred_tiny import assert_parts_add_up, norm_by_loops, recorded_outputs, tiny_inferred
 
 TEXT = "the movie was great but the acting"
 
@@ -58,14 +57,7 @@ def test_norm_equals_explicit_loops_through_the_hand_computed_sub_norm(bitnet):
 
     trace = bitnet.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
     ids = torch.tensor(trace.token_ids)[None]
-    recorded: dict[str, torch.Tensor] = {}
-    watched = [
-        (HookPoint(module), lambda tensor, name=name: recorded.__setitem__(name, tensor.clone()))
-        for name, module in bitnet.hf_model.named_modules()
-        if name.endswith("self_attn.v_proj")
-    ]
-    with hooks(watched), torch.no_grad():
-        out = bitnet.hf_model(input_ids=ids, output_attentions=True)
+    recorded, out = recorded_outputs(bitnet, ids, "self_attn.v_proj")
     d, n_heads, n = bitnet.d_head, bitnet.n_heads, ids.shape[1]
     eps = bitnet.hf_model.config.rms_norm_eps
     expected = []
@@ -74,22 +66,11 @@ def test_norm_equals_explicit_loops_through_the_hand_computed_sub_norm(bitnet):
         prefix = f"model.layers.{layer}.self_attn"
         values = recorded[f"{prefix}.v_proj"][0].double().view(n, -1, d)  # [token, kv_head, d_head]
         group = n_heads // values.shape[1]
-        products = torch.stack([attention[h] @ values[:, h // group] for h in range(n_heads)], dim=1).reshape(
-            n, -1
-        )  # A·V [query, head * d_head]
-        gain = bitnet.hf_model.get_submodule(f"{prefix}.attn_sub_norm").weight.detach().double()
-        factor = gain / torch.sqrt(products.pow(2).mean(dim=-1, keepdim=True) + eps)  # [query, head * d_head]
+        products = torch.stack([attention[h] @ values[:, h // group] for h in range(n_heads)], dim=1)  # [q, head, d]
+        gain = bitnet.hf_model.get_submodule(f"{prefix}.attn_sub_norm").weight.detach().double().view(n_heads, d)
+        rms = torch.sqrt(products.pow(2).mean(dim=(-2, -1)) + eps)  # [query]: over every head together
         weight = bitnet.hf_model.get_submodule(f"{prefix}.o_proj").weight.detach().double()
-        matrix = np.zeros((n, n))
-        for i in range(n):
-            for j in range(n):
-                vector = sum(
-                    attention[h, i, j]
-                    * (weight[:, h * d : (h + 1) * d] @ (values[j, h // group] * factor[i, h * d : (h + 1) * d]))
-                    for h in range(n_heads)
-                )
-                matrix[i, j] = float(vector.norm())
-        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+        expected.append(norm_by_loops(attention, values, weight, gain / rms[:, None, None]))
     np.testing.assert_allclose(norm(trace, layerwise=True), np.stack(expected), atol=1e-5)  # [layer, query, key]
 
 

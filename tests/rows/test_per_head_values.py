@@ -11,8 +11,7 @@ import torch
 
 from attnflow.rows import check_adapter
 from attnflow.rows.adapters import find_layers, token_rows
-from attnflow.rows.hook_points import HookPoint, hooks
-from inferred_tiny import tiny_inferred
+from inferred_tiny import norm_by_loops, recorded_outputs, tiny_inferred
 
 TEXT = "the movie was great but the acting"
 
@@ -42,14 +41,7 @@ def test_token_rows_flattens_split_heads_as_a_view():
 
 def _own_values(model, ids):
     """Per layer ``[token, kv_head, d_head]``: v_proj's output, divided per head by its RMS by hand."""
-    recorded: dict[str, torch.Tensor] = {}
-    watched = [
-        (HookPoint(module), lambda tensor, name=name: recorded.__setitem__(name, tensor.clone()))
-        for name, module in model.hf_model.named_modules()
-        if name.endswith("self_attn.v_proj")
-    ]
-    with hooks(watched), torch.no_grad():
-        out = model.hf_model(input_ids=ids, output_attentions=True)
+    recorded, out = recorded_outputs(model, ids, "self_attn.v_proj")
     eps = model.hf_model.config.rms_norm_eps
     layers = []
     for layer, weights in enumerate(out.attentions):
@@ -65,19 +57,8 @@ def test_norm_equals_explicit_loops_over_the_hand_normalised_values(normed):
     trace = normed.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
     ids = torch.tensor(trace.token_ids)[None]
     projections = [module for _, module in find_layers(normed.hf_model, normed.adapter.stack.output_projection)]
-    d, n_heads = normed.d_head, normed.n_heads
-    expected = []
-    for layer, (attention, values) in enumerate(_own_values(normed, ids)):
-        weight = projections[layer].weight.detach().double()  # [d_model, head * d_head]
-        group = n_heads // values.shape[1]
-        n = values.shape[0]
-        matrix = np.zeros((n, n))
-        for i in range(n):
-            for j in range(n):
-                vector = sum(
-                    attention[h, i, j] * (weight[:, h * d : (h + 1) * d] @ values[j, h // group])
-                    for h in range(n_heads)
-                )
-                matrix[i, j] = float(vector.norm())
-        expected.append(matrix / matrix.sum(axis=1, keepdims=True))
+    expected = [
+        norm_by_loops(attention, values, projections[layer].weight.detach().double())
+        for layer, (attention, values) in enumerate(_own_values(normed, ids))
+    ]
     np.testing.assert_allclose(norm(trace, layerwise=True), np.stack(expected), atol=1e-5)  # [layer, query, key]

@@ -547,6 +547,20 @@ def _output_projection(block: _Block, scope: str) -> tuple[Call, torch.Tensor]:
     return max(candidates, key=lambda pair: pair[0].start)
 
 
+def _maps_before(block: _Block, scope: str, end: int) -> list[Call]:
+    """The affine maps of the attention block ``scope`` started before ``end``, with a ``[batch,
+    token, features]`` output (`token_rows`)."""
+    return [
+        call
+        for call in block.calls
+        if call.inside(scope)
+        and call.start < end
+        and _linear_weight(call) is not None
+        and torch.is_tensor(call.output)
+        and token_rows(call.output).dim() == 3
+    ]
+
+
 def _per_head(values: torch.Tensor, d_head: int) -> torch.Tensor:
     """``[batch, token, heads * d_head]`` → ``[batch, heads, token, d_head]``."""
     batch, tokens, width = values.shape
@@ -573,14 +587,7 @@ def _projections(
     projection's input; query and key are the other two maps of the block with a head width."""
     heads = output_projection.input
     d_head = heads.shape[-1] // block.n_heads
-    maps = [
-        call
-        for call in block.calls
-        if call.inside(scope)
-        and call.start < output_projection.start
-        and _linear_weight(call) is not None
-        and token_rows(call.output).dim() == 3  # [batch, token, features]
-    ]
+    maps = _maps_before(block, scope, output_projection.start)
     headed = [call for call in maps if call.output.shape[-1] % d_head == 0]
     value = next(
         (call for call in headed if _explains_heads(_per_head(token_rows(call.output), d_head), weights, heads)), None
@@ -632,16 +639,8 @@ def _per_head_values(
     if value is None:
         return None, None, None
     kv_width = value.output.shape[-2]
-    maps = [
-        call
-        for call in block.calls
-        if call.inside(scope)
-        and call.start < value.start
-        and _linear_weight(call) is not None
-        and torch.is_tensor(call.output)
-        and call.output.dim() == 3
-        and call.output.shape[-1] in (block.n_heads * d_head, kv_width * d_head)
-    ]
+    widths = (block.n_heads * d_head, kv_width * d_head)
+    maps = [call for call in _maps_before(block, scope, value.start) if call.output.shape[-1] in widths]
     feeding = [
         call for call in maps if torch.is_tensor(value.input) and _close(call.output.flatten(), value.input.flatten())
     ]
