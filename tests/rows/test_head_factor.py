@@ -3,8 +3,8 @@ a sigmoid gate computed from the block input (MiniCPM5-MoE's ``q_gate_proj``, AF
 a sink's rescaling of the weights after they are returned (Granite-SWA). Inference finds the values,
 the conformance suite proves the factor by changing one token's values, and the value-aware methods
 carry each head through it. The oracle is the model's own gate, read from its projection and put
-through a sigmoid by hand, and loops over the definition; a norm between A·V and the output
-projection (BitNet's sub-norm), which depends on the values, fails the check."""
+through a sigmoid by hand, and loops over the definition (a norm between A·V and the output
+projection, whose factor depends on the values, is `Values.head_norm`: tests/rows/test_head_norm.py)."""
 
 from __future__ import annotations
 
@@ -18,21 +18,12 @@ import attnflow
 from attnflow.errors import InputError
 from attnflow.rows import check_adapter
 from attnflow.rows.adapters import find_layers
-from attnflow.rows.infer import verified_row
-from attnflow.rows.tiny import model_class, randomise_constants, tiny_config, tiny_tokenizer
+from inferred_tiny import assert_parts_add_up, tiny_inferred
 
 TEXT = "the movie was great but the acting"
 
 
-def _tiny(model_type: str) -> attnflow.AttentionModel:
-    torch.manual_seed(0)
-    config = tiny_config(model_type)
-    model = model_class(model_type, "causal-lm")._from_config(config, attn_implementation="eager")
-    randomise_constants(model)
-    model.eval()
-    return attnflow.AttentionModel(
-        model, tiny_tokenizer(), name=f"tiny {model_type}", adapter=verified_row(model, "decoder")
-    )
+_tiny = tiny_inferred
 
 
 @pytest.fixture(scope="module")
@@ -104,24 +95,7 @@ def test_norm_equals_explicit_loops_through_the_models_own_gate(gated):
 
 def test_the_parts_add_up_to_the_attention_output(gated):
     """Σ_j (what token j adds) + b_O is what the output projection returns, in every layer."""
-    from attnflow.methods.relevance import attention_parts
-
-    trace = gated.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
-    outputs: dict[int, torch.Tensor] = {}
-    handles = [
-        module.register_forward_hook(lambda _m, _i, out, layer=layer: outputs.__setitem__(layer, out.detach()))
-        for layer, (_, module) in enumerate(find_layers(gated.hf_model, gated.adapter.stack.output_projection))
-    ]
-    try:
-        with torch.no_grad():
-            gated.hf_model(input_ids=torch.tensor(trace.token_ids)[None])
-    finally:
-        for handle in handles:
-            handle.remove()
-    for layer in range(trace.n_layers):
-        parts = attention_parts(trace, layer, slice(0, trace.n_tokens))  # [query, key, d_model]
-        whole = parts.sum(axis=1) + trace.output_bias[layer]
-        np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
+    assert_parts_add_up(gated, gated.trace(TEXT, needs=("attentions", "values", "output_weights"))[0])
 
 
 def test_the_backward_rules_and_routes_refuse_a_factor_in_one_line(gated):
@@ -129,16 +103,6 @@ def test_the_backward_rules_and_routes_refuse_a_factor_in_one_line(gated):
         gated.explain(TEXT, method="attnlrp")
     with pytest.raises(InputError, match=r"routes do not support .*head vectors that do not depend on the query"):
         attnflow.routes(gated, TEXT)
-
-
-def test_a_norm_between_the_heads_and_the_output_projection_fails_the_check():
-    """BitNet's ``attn_sub_norm`` divides A·V by its RMS, which the values change: no per-position
-    factor independent of them, so the check fails and the values are left out, named."""
-    model = _tiny("bitnet")
-    assert model.adapter.values is None and "values" not in model.adapter.provides
-    assert [failure.split(":")[0] for failure in model.adapter.unverified] == ["head_factor"]
-    with pytest.raises(InputError, match=r"requires values .*head_factor: layer 0: the output projection's input"):
-        model.explain(TEXT, method="norm")
 
 
 @pytest.mark.parametrize("family", ["gemma3", "llama"])
@@ -158,3 +122,28 @@ def test_a_factor_of_ones_gives_the_gram_matrices_numbers(tiny_loaded, family):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     halves = dataclasses.replace(trace, head_factors=np.full_like(trace.values, 0.5))
     assert not np.allclose(norm_matrices(halves, residual_vector=True), expected[1])  # the factor is read
+
+
+@pytest.mark.parametrize("model_type", ["hy_v4", "axk2"])
+def test_latent_values_times_a_gate_are_found_and_their_parts_add_up(model_type):
+    """Multi-head latent attention whose heads are then gated (HY-V4, with a sink, and AXK2): the
+    values are kv_b_proj's value columns with a per-position factor, and Σ_j (what token j adds)
+    + b_O is what the model's own output projection returns."""
+    model = _tiny(model_type)
+    row = model.adapter
+    (fused,) = row.fused
+    assert fused.module.endswith(r"kv_b_proj$") and "value" in fused.parts and row.values.head_factor
+    assert "values" in row.provides and not any(failure.startswith("head_factor") for failure in row.unverified)
+    trace = model.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    assert_parts_add_up(model, trace)
+
+
+def test_layers_with_different_key_value_head_counts_give_every_head_its_values():
+    """MiMo-V2-Flash: local layers have other key/value head counts than global ones, and V is
+    scaled by a constant (a factor); each layer's values are shared out to the query heads on
+    their own, and Σ_j (what token j adds) + b_O is the model's own output projection's output."""
+    model = _tiny("mimo_v2_flash")
+    widths = {module.out_features for _, module in find_layers(model.hf_model, model.adapter.values.value)}
+    assert len(widths) > 1 and "values" in model.adapter.provides  # the tiny model has both kinds of layer
+    trace = model.trace(TEXT, needs=("attentions", "values", "output_weights"))[0]
+    assert_parts_add_up(model, trace)

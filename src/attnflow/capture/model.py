@@ -33,7 +33,7 @@ from attnflow.capture.hooks import (
 from attnflow.capture.images import ImagePreprocessing, crop_note, read_image, small_image_note, to_rgb
 from attnflow.capture.texts import check_texts, truncation_notes, unknown_notes
 from attnflow.errors import CaptureError, InputError, ModelLoadError
-from attnflow.rows.adapters import Adapter, Values, head_factor, token_rows
+from attnflow.rows.adapters import Adapter, Values, head_factor
 from attnflow.rows.infer import row_for
 from attnflow.trace import GRADIENT_NEEDS, NEEDS, TARGET_NEEDS, Trace, crop_field
 
@@ -537,15 +537,10 @@ class CaptureModel:
         if "head_outputs" in needs:
             captured["head_outputs"] = _numpy(recording.stacked_head_outputs(self.n_heads))
         if value_layers:
-            rows = {name: token_rows(tensor) for name, tensor in values.items()}  # [batch, token, width] each
-            stacked = stack_recorded(rows, value_layers)  # [batch, layer, token, projection width]
-            columns = self.adapter.part_columns("value", stacked.shape[-1], self.config)
-            stacked = stacked[..., columns.to(stacked.device)]
-            batch, layers, tokens, width = stacked.shape  # width: kv_head * d_head
-            per_kv_head = stacked.reshape(batch, layers, tokens, width // self.d_head, self.d_head)
-            # grouped-query attention: query head h reads value head h // (heads per value head)
-            shared = per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=3)
-            captured["values"] = _numpy(shared)  # [batch, layer, token, head, d_head]
+            # per layer, before stacking: layers may have different key/value head counts (MiMo-V2's local layers)
+            heads = {name: self._value_heads(tensor) for name, tensor in values.items()}  # [batch, token, head, d_head]
+            shared = stack_recorded(heads, value_layers)  # [batch, layer, token, head, d_head]
+            captured["values"] = _numpy(shared)
             if self._factored:
                 captured["head_factors"] = _numpy(
                     self._head_factors(captured["attentions"], shared, recording.stacked_head_outputs(self.n_heads))
@@ -703,6 +698,16 @@ class CaptureModel:
     def _factored(self) -> bool:
         """Whether the row's heads are A·V times a per-position factor (`Values.head_factor`)."""
         return self.adapter.values is not None and self.adapter.values.head_factor
+
+    def _value_heads(self, output: torch.Tensor) -> torch.Tensor:
+        """``[batch, token, head, d_head]`` one layer's value vectors from its value module's output
+        (its value columns; grouped-query attention: query head h reads value head h // (heads per
+        value head))."""
+        rows = self.adapter.value_rows(output)  # [batch, token, projection width]
+        values = rows[..., self.adapter.part_columns("value", rows.shape[-1], self.config).to(rows.device)]
+        batch, tokens, width = values.shape  # width: kv_head * d_head
+        per_kv_head = values.reshape(batch, tokens, width // self.d_head, self.d_head)
+        return per_kv_head.repeat_interleave(self.n_heads * self.d_head // width, dim=2)
 
     @staticmethod
     def _head_factors(attentions: np.ndarray, values: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:

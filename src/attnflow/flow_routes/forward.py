@@ -33,7 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
-from attnflow.rows.adapters import NormForm, Norms, as_tokens, token_rows
+from attnflow.rows.adapters import NormForm, Norms, as_tokens
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -291,7 +291,7 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     # A flattened feed-forward block (`as_tokens`) holds its stream [T, d]: seen [1, T, d] like the rest.
     mids = {name: as_tokens(tensor, 1) for name, tensor in mids.items()}
     outputs["ffn_outputs"] = {name: as_tokens(tensor, 1) for name, tensor in outputs["ffn_outputs"].items()}
-    rows = {name: token_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
+    rows = {name: adapter.value_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
     values = stack_recorded(rows, located["values"])[0]  # [L, T, width]
     values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
     first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]

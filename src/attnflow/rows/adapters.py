@@ -81,6 +81,18 @@ class Values:
     check proves it, changing one token's values and reading the heads again). The value-aware
     methods read it as the trace's ``head_factors``; the backward rules (no rule for the factor's
     product) and routes (whose head vectors do not depend on the query) refuse such a row.
+    ``per_head``: the ``value`` module's output is ``[batch, token, kv_heads, d_head]``, the heads
+    split before it (a weightless per-head norm after the value projection: Gemma 3n's and Gemma
+    4's ``v_norm``); `Adapter.value_rows` flattens it. False: ``[batch, token, kv_heads * d_head]``.
+    ``head_norm`` (with ``head_factor``): a norm between A·V and the output projection (BitNet's
+    RMS ``attn_sub_norm``; Dory's weightless L2 one, after a gate), over all heads of query i
+    together: the output projection's input is g ⊙ y_i / s_i, y the norm's input (A·V, or A·V times
+    a per-position factor), the statistic s_i fixed from the run, so the factor D_i = g / s_i (times
+    the factor before it) carries each head through as a gate's does. The conformance suite's
+    ``head_factor`` check then reads the norm's input (whose factor does not depend on the values;
+    the output projection's does) and its ``head_norm`` check proves that the norm writes its input
+    times a per-position scalar and a per-feature gain (`per_position_scale`). A norm that
+    subtracts a mean (a layer norm) mixes the heads and fails. None: no such norm.
     """
 
     value: str | None
@@ -92,6 +104,8 @@ class Values:
     output_norm: str | None = None
     scores: bool = False
     head_factor: bool = False
+    per_head: bool = False
+    head_norm: str | None = None
 
     @property
     def post_norm(self) -> bool:
@@ -262,10 +276,14 @@ class Norms:
         return self.eps if found is None else found
 
 
-def token_rows(output: Any) -> Any:
+def token_rows(output: Any, *, heads: bool = False) -> Any:
     """A projection's output as ``[batch, token, width]``: multi-head latent attention runs its
     ``kv_b_proj`` on the latent viewed as one head, ``[batch, 1, token, rank]``, so its output is
-    ``[batch, 1, token, width]``; any other output is returned as it is."""
+    ``[batch, 1, token, width]``; ``heads``: the output is ``[batch, token, head, d_head]``
+    (`Values.per_head`), flattened (a view where it is contiguous, so writing into it writes the
+    output); any other output is returned as it is."""
+    if heads:
+        return output.flatten(-2)
     if output.dim() == 4 and output.shape[1] == 1:
         return output[:, 0]
     return output
@@ -278,6 +296,25 @@ def head_factor(heads: Any, products: Any) -> Any:
     errors (`Values.head_factor`). Torch tensors or numpy arrays."""
     eps = 1e-6 * max(float(abs(products).max()), 1e-30)
     return heads * products / (products * products + eps * eps)
+
+
+def norm_gains(module: Any, width: int) -> list[Any]:
+    """The per-feature gains a norm ``module`` may multiply by, float32 ``[width]`` each: 1 for a
+    weightless one, else its weight w and 1 + w (`per_position_scale` tries each)."""
+    import torch
+
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.shape != (width,):
+        return [torch.ones(width)]
+    return [weight.detach().float(), weight.detach().float() + 1]
+
+
+def per_position_scale(read: Any, written: Any, gain: Any) -> Any:
+    """``[..., 1]`` the scalar c per position for which ``written`` ≈ c · gain ⊙ ``read`` (least
+    squares; ``[..., width]`` tensors, gain ``[width]``): a norm without centring (RMS, L2) with its
+    statistic fixed is that map (`Values.head_norm`); whether it holds is the caller's check."""
+    scaled = read.double() * gain.double().to(read.device)
+    return (written.double() * scaled).sum(-1, keepdim=True) / (scaled * scaled).sum(-1, keepdim=True).clamp_min(1e-300)
 
 
 def as_tokens(tensor: Any, batch: int) -> Any:
@@ -317,8 +354,13 @@ class Fused:
       Phi-3's ``qkv_proj``: q of n_heads heads, then k and v of n_kv_heads each);
     - ``"per_head"`` (G = the heads of each part, all equal): head 0's q, k, v, then head 1's, ...
       (GPT-NeoX's and Bloom's ``query_key_value``, viewed as ``[..., head, 3 * d_head]``);
-    - ``"per_group"`` (G = n_kv_heads): per key/value group, its n_heads / n_kv_heads query heads,
-      then its key head, then its value head (Falcon's new decoder architecture).
+    - ``"per_group"`` (G = n_kv_heads, or ``groups``): per group, its share of each part's heads in
+      ``parts`` order (Falcon's new decoder architecture: per key/value group, its n_heads /
+      n_kv_heads query heads, then its key head, then its value head; CodeGen's ``qkv_proj``:
+      ``groups`` = 4 model-parallel shards, each its query, then value, then key heads, ``parts``
+      ``("query", "value", "key")``).
+
+    ``groups``: G of a ``"per_group"`` layout where it is not n_kv_heads (0: n_kv_heads).
 
     ``widths``: the features per head of each part, where they differ from one another (multi-head
     latent attention: DeepSeek's ``kv_b_proj`` holds, per head, the key's position-free half, then
@@ -331,8 +373,11 @@ class Fused:
     parts: tuple[str, ...]
     layout: FusedLayout = "side_by_side"
     widths: tuple[int, ...] = ()
+    groups: int = 0
 
     def __post_init__(self) -> None:
+        if self.groups and (self.layout != "per_group" or self.groups < 0):
+            raise ValueError(f"fused groups {self.groups} need the per_group layout and a positive count")
         if self.layout not in ("side_by_side", "per_head", "per_group"):
             raise ValueError(f"unknown fused layout {self.layout!r}; choose side_by_side, per_head or per_group")
         if self.widths and (len(self.widths) != len(self.parts) or min(self.widths) <= 0):
@@ -362,7 +407,7 @@ class Fused:
         else:
             d_head, rest = divmod(width, sum(heads))
             sizes = [d_head] * len(heads)
-        groups = {"side_by_side": 1, "per_head": heads[0], "per_group": n_kv_heads}[self.layout]
+        groups = {"side_by_side": 1, "per_head": heads[0], "per_group": self.groups or n_kv_heads}[self.layout]
         if rest or any(count % groups for count in heads) or (self.layout == "per_head" and len(set(heads)) > 1):
             raise CaptureError(
                 f"{self.module!r}: {width} features do not hold {dict(zip(self.parts, heads, strict=True))} heads "
@@ -493,6 +538,11 @@ class Adapter:
                 return fused.module, fused
         own = getattr(self.values, part, None) if part in HEAD_PARTS else None
         return None if own is None else (own, None)
+
+    def value_rows(self, output: Any) -> Any:
+        """The value module's output (`projection`) as ``[batch, token, width]`` (`token_rows`,
+        the heads flattened where `Values.per_head` says they are split)."""
+        return token_rows(output, heads=self.values is not None and self.values.per_head)
 
     def part_columns(self, part: str, width: int, config: Any) -> Any:
         """The features of ``part`` in its projection's output ``width`` wide (`projection`), as

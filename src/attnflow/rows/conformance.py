@@ -16,6 +16,10 @@ The checks (`CHECKS`, each named in the error it raises):
   was) leaves the weights as they were and changes the output projection's input by D ⊙ (A·δV), D
   the factor on the unchanged run (`head_factor`): the factor is the same for every key and does not
   depend on the values (a norm between A·V and the output projection fails here);
+- ``head_norm`` (rows with such a norm, `Values.head_norm`; ``head_factor`` then proves a factor up
+  to the norm's input): in every layer the norm's output is its input times a per-position scalar
+  and its per-feature gain (no centring: `per_position_scale`), and it is the output projection's
+  input (so the whole factor is D ⊙ g / s_i, s_i fixed from the run);
 - ``scores`` (rows whose query and key meet only in the scores, `Values.scores`): in every layer a
   softmax called inside the attention module returns the weights the module returns, so the rules
   acting at that softmax's input act on the scores Q·Kᵀ;
@@ -65,8 +69,9 @@ from attnflow.rows.adapters import (
     find_layers,
     head_factor,
     layer_index,
+    norm_gains,
+    per_position_scale,
     text_config,
-    token_rows,
 )
 from attnflow.rows.hook_points import HookPoint, Side, hooks, takes_input
 from attnflow.rows.site_kinds import SITE_TABLE, SiteKind, Write
@@ -246,7 +251,7 @@ def check_head_slices(run: Run) -> None:
         zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
     ):
         try:
-            rows = token_rows(projected)  # [batch, token, width]
+            rows = run.row.value_rows(projected)  # [batch, token, width]
             values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
         except CaptureError as error:
             _fail(run, "head_slices", f"layer {layer}: {error}")
@@ -269,7 +274,7 @@ def check_head_slices(run: Run) -> None:
 def _value_heads(run: Run, projected: torch.Tensor) -> torch.Tensor:
     """``[batch, head, token, d_head]`` the value vectors of one layer's value projection output
     (its value columns; grouped-query heads shared by their query heads)."""
-    rows = token_rows(projected)  # [batch, token, width]
+    rows = run.row.value_rows(projected)  # [batch, token, width]
     values = rows[..., run.row.part_columns("value", rows.shape[-1], run.model.config)]
     batch, tokens, width = values.shape
     d_head = run.layers("stack.heads")[0].shape[-1] // run.n_heads
@@ -285,24 +290,30 @@ def _weighted(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def check_head_factor(run: Run) -> None:
     """Per layer: a change δ to the first token's values (that layer only) leaves the weights and
-    changes the output projection's input by exactly D ⊙ (A·δV), D the factor of the unchanged run."""
+    changes the output projection's input (a row with a `Values.head_norm`: that norm's input) by
+    exactly D ⊙ (A·δV), D the factor of the unchanged run."""
     value = run.row.projection("value")
-    assert value is not None  # the check applies to rows with values
+    assert value is not None and run.row.values is not None  # the check applies to rows with values
     modules = [module for _, module in find_layers(run.model, value[0], gaps=run.row.stack.gaps)]
     attention = [module for _, module in find_layers(run.model, run.row.stack.attention, gaps=run.row.stack.gaps)]
-    projections = [
-        module for _, module in find_layers(run.model, run.row.stack.output_projection, gaps=run.row.stack.gaps)
-    ]
+    normed = run.row.values.head_norm
+    reader = run.row.stack.output_projection if normed is None else normed
+    projections = [module for _, module in find_layers(run.model, reader, gaps=run.row.stack.gaps)]
     generator = torch.Generator().manual_seed(1)
     for layer, (weights, heads, projected) in enumerate(
-        zip(run.layers("stack.weights"), run.layers("stack.heads"), run.layers("values"), strict=True)
+        zip(
+            run.layers("stack.weights"),
+            run.layers("stack.heads" if normed is None else "head_norm.in"),
+            run.layers("values"),
+            strict=True,
+        )
     ):
         factor = head_factor(heads, _weighted(weights, _value_heads(run, projected)))
         change = torch.zeros_like(projected)
-        rows = token_rows(change)  # a view: [batch, token, width]
+        rows = run.row.value_rows(change)  # a view: [batch, token, width]
         columns = run.row.part_columns("value", rows.shape[-1], run.model.config)
         rows[:, 0, columns] = torch.randn(rows.shape[0], len(columns), generator=generator).to(rows) * float(
-            token_rows(projected)[..., columns].std()
+            run.row.value_rows(projected)[..., columns].std()
         )
         seen: dict[str, torch.Tensor] = {}
         run.forward(
@@ -318,10 +329,42 @@ def check_head_factor(run: Run) -> None:
                 ),
             ]
         )
-        where = f"layer {layer}: the output projection's input after a change of the first token's values"
+        reading = "output projection" if normed is None else "head norm"
+        where = f"layer {layer}: the {reading}'s input after a change of the first token's values"
         _close(run, "head_factor", f"layer {layer}: the weights after a change of the values", seen["weights"], weights)
         expected = heads + factor * _weighted(weights, _value_heads(run, change))
         _close(run, "head_factor", f"{where}, against D ⊙ A·(V + δV)", seen["heads"], expected)
+
+
+def check_head_norm(run: Run) -> None:
+    """Per layer: the norm between A·V and the output projection (`Values.head_norm`; its input
+    D ⊙ A·V, D proven by ``head_factor``) writes its input times a per-position scalar and its
+    per-feature gain (no mean subtracted: each head carried alone), and its output is the output
+    projection's input."""
+    modules = [
+        module for _, module in find_layers(run.model, _named_norms(run.row)["head_norm"], gaps=run.row.stack.gaps)
+    ]
+    for layer, (heads, read, written) in enumerate(
+        zip(run.layers("stack.heads"), run.layers("head_norm.in"), run.layers("head_norm.out"), strict=True)
+    ):
+        scaled = [
+            (per_position_scale(read, written, gain) * read.double() * gain.double().to(read.device)).to(written.dtype)
+            for gain in norm_gains(modules[layer], read.shape[-1])
+        ]  # c_i g ⊙ x_i, for each gain the module may have
+        _close(
+            run,
+            "head_norm",
+            f"layer {layer}: the head norm's output against its input times a per-position scalar and its gain",
+            written,
+            min(scaled, key=lambda candidate: float((candidate - written).abs().max())),
+        )
+        _close(
+            run,
+            "head_norm",
+            f"layer {layer}: the output projection's input against the head norm's output",
+            heads,
+            written,
+        )
 
 
 def check_scores(run: Run) -> None:
@@ -461,6 +504,7 @@ def _named_norms(row: Adapter) -> dict[str, str]:
     named = {
         "norm": None if values is None else values.norm,
         "output_norm": None if values is None else values.output_norm,
+        "head_norm": None if values is None else values.head_norm,
         "embedding_norm": row.embedding_norm,
     }
     return {what: pattern for what, pattern in named.items() if pattern is not None}
@@ -633,6 +677,10 @@ def _factored_heads(row: Adapter) -> bool:
     return _has_values(row) and row.values is not None and row.values.head_factor
 
 
+def _normed_heads(row: Adapter) -> bool:
+    return _has_values(row) and row.values is not None and row.values.head_norm is not None
+
+
 def _at_scores(row: Adapter) -> bool:
     return row.values is not None and row.values.scores
 
@@ -694,6 +742,7 @@ CHECKS: tuple[Check, ...] = (
     Check("attention_weights", _always, check_attention_weights),
     Check("head_slices", _plain_heads, check_head_slices),
     Check("head_factor", _factored_heads, check_head_factor),
+    Check("head_norm", _normed_heads, check_head_norm),
     Check("scores", _at_scores, check_scores),
     Check("attention_output", _projection_adds, check_attention_output),
     Check("residual_sum", _pre_norm_sites, check_residual_sum),

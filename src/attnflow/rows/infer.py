@@ -23,7 +23,6 @@ from torch import nn
 from attnflow.errors import CaptureError, InferenceError
 from attnflow.rows.adapters import (
     EXTENDING,
-    HEAD_PARTS,
     Adapter,
     Fused,
     FusedLayout,
@@ -40,6 +39,8 @@ from attnflow.rows.adapters import (
     hand_row,
     head_factor,
     norm_epsilon,
+    norm_gains,
+    per_position_scale,
     text_config,
     token_rows,
 )
@@ -56,6 +57,7 @@ _BATCH, _TOKENS = 2, 7
 _PROVEN_BY = {
     "head_slices": ("values",),
     "head_factor": ("values",),
+    "head_norm": ("values",),
     "scores": ("values.scores",),
     "post_norm": ("values",),
     "attention_output": ("sites", "streams"),
@@ -68,7 +70,7 @@ _PROVEN_BY = {
 }
 
 
-_VALUE_CHECKS = ("head_slices", "head_factor")
+_VALUE_CHECKS = ("head_slices", "head_factor", "head_norm")
 
 
 def _not_found(what: str) -> InferenceError:
@@ -368,35 +370,28 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         "weights_in_out": in_by_out is getattr(output_projection.module, "weight", None),
     }
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
-    value, query, key, fused = _projections(block, scope, weights_call, weights_index, output_projection, kv_heads)
-    factored = value is None and fused is None
-    if factored:  # no projection times the weights gives the heads: one may, times a per-position factor
-        value = _factored_value(block, scope, weights_call.outputs[weights_index], output_projection)
+    found = _value_parts(block, scope, weights_call.outputs[weights_index], output_projection, kv_heads)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
-    if fused is not None:
-        row["fused"] = (replace(fused, module=_pattern(fused.module, blocks)),)
-        scores = "query" not in fused.parts  # multi-head latent attention: no query or key projection
-        row["values"] = Values(
-            None, _pattern(first.name, blocks), norm=values_norm, output_norm=output_norm, scores=scores
-        )
-    elif value is None:
+    if found.value is None and found.fused is None:
         row["missing"] = (
             f"values: no projection of {scope}, split into heads, times the attention weights gives the input of "
             f"{output_projection.name} (something acts between A·V and the output projection that inference "
             "cannot carry the heads through: a gate, a norm, a rescaled or a second attention map)",
         )
     else:
+        if found.fused is not None:
+            row["fused"] = (replace(found.fused, module=_pattern(found.fused.module, blocks)),)
+        named = {part: None if name is None else _pattern(name, blocks) for part, name in found.names.items()}
         row["values"] = Values(
-            _pattern(value, blocks),
-            _pattern(first.name, blocks),
+            **named,
+            block=_pattern(first.name, blocks),
             norm=values_norm,
-            query=None if query is None else _pattern(query, blocks),
-            key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
-            scores=query is None and not factored,
-            head_factor=factored,
+            scores=found.scores,
+            head_factor=found.factored,
+            per_head=found.per_head,
         )
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
@@ -407,6 +402,51 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
         row["mixers"] = Mixers(_pattern(beside.name, blocks), tuple(range(n_layers)), (type(beside.module).__name__,))
         row.pop("streams", None)
     return Adapter(family, kind, (family,), inferred=True, **row)
+
+
+@dataclass
+class _ValueParts:
+    """Where the first attention block's values are (module names, not yet patterns)."""
+
+    value: str | None = None
+    query: str | None = None
+    key: str | None = None
+    fused: Fused | None = None  # the values are columns of it (value, query and key then None)
+    per_head: bool = False  # `Values.per_head`
+    factored: bool = False  # `Values.head_factor`
+    head_norm: str | None = None  # `Values.head_norm`
+
+    @property
+    def names(self) -> dict[str, str | None]:
+        """The `Values` fields that name modules."""
+        return {"value": self.value, "query": self.query, "key": self.key, "head_norm": self.head_norm}
+
+    @property
+    def scores(self) -> bool:
+        """`Values.scores`: no query or key projection (multi-head latent attention), heads not factored."""
+        if self.fused is not None:
+            return "query" not in self.fused.parts
+        return self.query is None and not self.factored
+
+
+def _value_parts(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
+) -> _ValueParts:
+    """The values, in the first form A·V proves: projections of their own or a fused one's columns
+    (`_projections`), heads split before a module (`_per_head_values`), or either times a
+    per-position factor (`_factored_value`, with a norm between A·V and the output projection
+    where there is one, `_head_norm`); an empty `_ValueParts` where none."""
+    value, query, key, fused = _projections(block, scope, weights, output_projection, kv_heads)
+    if value is not None or fused is not None:
+        return _ValueParts(value, query, key, fused)
+    value, query, key = _per_head_values(block, scope, weights, output_projection)
+    if value is not None:
+        return _ValueParts(value, query, key, per_head=True)
+    value, fused = _factored_value(block, scope, weights, output_projection, kv_heads)
+    if value is None:
+        return _ValueParts()
+    head_norm = _head_norm(block, scope, output_projection)
+    return _ValueParts(None if fused is not None else value, fused=fused, factored=True, head_norm=head_norm)
 
 
 def _unflatten(traced: dict[str, Call], blocks: str) -> None:
@@ -512,6 +552,20 @@ def _output_projection(block: _Block, scope: str) -> tuple[Call, torch.Tensor]:
     return max(candidates, key=lambda pair: pair[0].start)
 
 
+def _maps_before(block: _Block, scope: str, end: int) -> list[Call]:
+    """The affine maps of the attention block ``scope`` started before ``end``, with a ``[batch,
+    token, features]`` output (`token_rows`)."""
+    return [
+        call
+        for call in block.calls
+        if call.inside(scope)
+        and call.start < end
+        and _linear_weight(call) is not None
+        and torch.is_tensor(call.output)
+        and token_rows(call.output).dim() == 3
+    ]
+
+
 def _per_head(values: torch.Tensor, d_head: int) -> torch.Tensor:
     """``[batch, token, heads * d_head]`` → ``[batch, heads, token, d_head]``."""
     batch, tokens, width = values.shape
@@ -529,23 +583,16 @@ def _explains_heads(values: torch.Tensor, weights: torch.Tensor, heads: torch.Te
 
 
 def _projections(
-    block: _Block, scope: str, weights_call: Call, weights_index: int, output_projection: Call, kv_heads: int
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
 ) -> tuple[str | None, str | None, str | None, Fused | None]:
     """The value, query and key projections (names; None where not proven), or the `Fused`
     projection holding the values: the value is the affine map (or the fused map's value columns, in
     the layout that works: q, k and v together, or multi-head latent attention's value beside
     another part in every head) whose output, split into heads, times the weights is the output
     projection's input; query and key are the other two maps of the block with a head width."""
-    weights, heads = weights_call.outputs[weights_index], output_projection.input
+    heads = output_projection.input
     d_head = heads.shape[-1] // block.n_heads
-    maps = [
-        call
-        for call in block.calls
-        if call.inside(scope)
-        and call.start < output_projection.start
-        and _linear_weight(call) is not None
-        and token_rows(call.output).dim() == 3  # [batch, token, features]
-    ]
+    maps = _maps_before(block, scope, output_projection.start)
     headed = [call for call in maps if call.output.shape[-1] % d_head == 0]
     value = next(
         (call for call in headed if _explains_heads(_per_head(token_rows(call.output), d_head), weights, heads)), None
@@ -568,63 +615,155 @@ def _projections(
     return value.name, query.name, key.name, None
 
 
-def _factored_value(block: _Block, scope: str, weights: torch.Tensor, output_projection: Call) -> str | None:
-    """The projection whose output, split into heads, times the weights gives the output projection's
-    input up to a per-position factor (`Values.head_factor`): of the block's maps before the output
-    projection, the one whose ratio heads / A·V varies least over each head's features, where it
-    varies less than half as much as for any other (the conformance suite then proves the factor);
-    None where no map stands out so (differential attention: two softmaxes, no one factor)."""
+def _per_head_values(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call
+) -> tuple[str | None, str | None, str | None]:
+    """Values whose heads are split before a module that returns them ``[batch, token, kv_heads,
+    d_head]`` (`Values.per_head`: Gemma 4's weightless per-head ``v_norm`` after ``v_proj``): the
+    module of the attention block, before the output projection, whose output so shaped times the
+    weights is the output projection's input; the query and key are then the block's two other
+    affine maps with a head width, beside the one that feeds that module. ``(None, None, None)``
+    where no module so proven."""
     heads = output_projection.input  # [batch, token, head * d_head]
     d_head = heads.shape[-1] // block.n_heads
-    spreads = []
+    batch, tokens, _ = heads.shape
+    value = next(
+        (
+            call
+            for call in block.calls
+            if call.inside(scope)
+            and call.start < output_projection.start
+            and torch.is_tensor(call.output)
+            and call.output.dim() == 4
+            and tuple(call.output.shape[:2]) == (batch, tokens)
+            and call.output.shape[-1] == d_head
+            and _explains_heads(_per_head(call.output.flatten(-2), d_head), weights, heads)
+        ),
+        None,
+    )
+    if value is None:
+        return None, None, None
+    kv_width = value.output.shape[-2]
+    widths = (block.n_heads * d_head, kv_width * d_head)
+    maps = [call for call in _maps_before(block, scope, value.start) if call.output.shape[-1] in widths]
+    feeding = [
+        call for call in maps if torch.is_tensor(value.input) and _close(call.output.flatten(), value.input.flatten())
+    ]
+    others = [call for call in maps if call not in feeding]
+    if len(feeding) != 1 or len(others) != 2:
+        return value.name, None, None
+    query, key = sorted(others, key=lambda call: (call.output.shape[-1] != block.n_heads * d_head, call.start))
+    return value.name, query.name, key.name
+
+
+def _factored_value(
+    block: _Block, scope: str, weights: torch.Tensor, output_projection: Call, kv_heads: int
+) -> tuple[str | None, Fused | None]:
+    """The projection whose output, split into heads, times the weights gives the output projection's
+    input up to a per-position factor (`Values.head_factor`), with the `Fused` entry where the values
+    are its latent-attention value columns (`_latent_layouts`; None: the whole output): of the
+    block's maps before the output projection, the one whose ratio heads / A·V varies least over
+    each head's features, where it varies less than half as much as for any other (the conformance
+    suite then proves the factor); ``(None, None)`` where no map stands out so (differential
+    attention: two softmaxes, no one factor)."""
+    heads = output_projection.input  # [batch, token, head * d_head]
+    d_head = heads.shape[-1] // block.n_heads
+    spreads: list[tuple[float, str, Fused | None]] = []
     for call in block.calls:
         if not (call.inside(scope) and call.start < output_projection.start and _linear_weight(call) is not None):
             continue
         rows = token_rows(call.output)
-        if rows.dim() != 3 or rows.shape[-1] % d_head or block.n_heads % (rows.shape[-1] // d_head):
+        if rows.dim() != 3:
             continue
-        values = _per_head(rows, d_head).repeat_interleave(block.n_heads // (rows.shape[-1] // d_head), dim=1)
-        batch, tokens, _ = heads.shape
-        products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
-        ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
-        spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
-        spreads.append((spread, call.name))
+        options: list[tuple[Fused | None, torch.Tensor]] = [(None, rows)]
+        options += [
+            (fused, rows[..., fused.columns("value", rows.shape[-1], block.n_heads, kv_heads)])
+            for fused in _latent_layouts(call, kv_heads, d_head)
+        ]
+        for fused, columns in options:
+            if columns.shape[-1] % d_head or block.n_heads % (columns.shape[-1] // d_head):
+                continue
+            values = _per_head(columns, d_head).repeat_interleave(block.n_heads // (columns.shape[-1] // d_head), dim=1)
+            batch, tokens, _ = heads.shape
+            products = (weights @ values).transpose(1, 2).reshape(batch, tokens, block.n_heads, d_head)
+            ratio = head_factor(heads.reshape(products.shape), products).double()  # [batch, token, head, d_head]
+            spread = float((ratio.std(dim=-1) / ratio.abs().mean(dim=-1).clamp_min(1e-12)).median())
+            spreads.append((spread, call.name, fused))
     if not spreads:
-        return None
-    spreads.sort()
-    best, name = spreads[0]
-    return name if best < 1 and all(best < 0.5 * other for other, _ in spreads[1:]) else None
+        return None, None
+    spreads.sort(key=lambda found: found[0])
+    best, name, fused = spreads[0]
+    if best < 1 and all(best < 0.5 * other for other, _, _ in spreads[1:]):
+        return name, fused
+    return None, None
+
+
+def _head_norm(block: _Block, scope: str, output_projection: Call) -> str | None:
+    """The module between A·V and the output projection (`Values.head_norm`: BitNet's sub-norm,
+    Dory's L2 one after a gate): of the attention block's modules before the output projection, one
+    whose output is the output projection's input and its input (changed) times a per-position
+    scalar and a per-feature gain (`per_position_scale`: a norm that subtracts no mean); its input
+    is then A·V times a per-position factor, which the conformance suite's ``head_factor`` check
+    proves. None where no module so found."""
+    heads = output_projection.input  # [batch, token, head * d_head]
+    for call in block.calls:
+        if not (call.inside(scope) and call.start < output_projection.start and torch.is_tensor(call.input)):
+            continue
+        if call.input.shape != heads.shape or not _close(call.output, heads) or _close(call.output, call.input):
+            continue
+        for gain in norm_gains(call.module, heads.shape[-1]):  # c_i g ⊙ x_i
+            if _close(call.output, per_position_scale(call.input, call.output, gain) * call.input * gain):
+                return call.name
+    return None
+
+
+# The orders of a fused projection's head parts tried (the value's place proven by A·V; the query and
+# key, which only the backward rules read and with one rule for both, told apart by their head counts
+# where they differ, else the first named the query).
+_FUSED_ORDERS = (("query", "key", "value"), ("query", "value", "key"), ("value", "query", "key"))
 
 
 def _fused(call: Call, n_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor) -> Fused | None:
-    """The layout in which ``call``'s output holds query, key and value heads, proven by A·V."""
+    """The layout (and order, and groups) in which ``call``'s output holds query, key and value
+    heads, proven by A·V on the value columns."""
     kv_heads, rest = divmod(call.output.shape[-1] // d_head - n_heads, 2)
     if rest or kv_heads <= 0 or n_heads % kv_heads:
         return None
-    for layout in get_args(FusedLayout):
-        fused = Fused(call.name, HEAD_PARTS, layout)
-        try:
-            columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
-        except CaptureError:
-            continue
-        if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
-            return fused
+    shards = [count for count in range(2, kv_heads) if kv_heads % count == 0]  # per_group G other than kv_heads
+    candidates = [(layout, 0) for layout in get_args(FusedLayout)] + [("per_group", count) for count in shards]
+    for parts in _FUSED_ORDERS:
+        for layout, groups in candidates:
+            fused = Fused(call.name, parts, layout, groups=groups)
+            try:
+                columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
+            except CaptureError:
+                continue
+            if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
+                return fused
     return None
+
+
+def _latent_layouts(call: Call, kv_heads: int, d_head: int) -> list[Fused]:
+    """The layouts in which ``call``'s output may be multi-head latent attention's ``kv_b_proj``: per
+    key/value head, the value (``d_head`` wide) and one other part of another width (the key's
+    position-free half), in either order; none where the width does not split so."""
+    width = call.output.shape[-1]
+    per_head, rest = divmod(width, kv_heads)
+    if rest or per_head <= d_head:
+        return []
+    other = per_head - d_head
+    return [
+        Fused(call.name, parts, "per_head", widths)
+        for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other)))
+    ]
 
 
 def _latent(
     call: Call, n_heads: int, kv_heads: int, d_head: int, weights: torch.Tensor, heads: torch.Tensor
 ) -> Fused | None:
-    """Multi-head latent attention's ``kv_b_proj``: per key/value head, the value (``d_head`` wide)
-    and one other part of another width (the key's position-free half), in either order, proven by A·V."""
-    width = call.output.shape[-1]
-    per_head, rest = divmod(width, kv_heads)
-    if rest or per_head <= d_head:
-        return None
-    other = per_head - d_head
-    for parts, widths in ((("other", "value"), (other, d_head)), (("value", "other"), (d_head, other))):
-        fused = Fused(call.name, parts, "per_head", widths)
-        columns = fused.columns("value", width, n_heads, kv_heads)
+    """The `_latent_layouts` of ``call`` whose value columns A·V proves."""
+    for fused in _latent_layouts(call, kv_heads, d_head):
+        columns = fused.columns("value", call.output.shape[-1], n_heads, kv_heads)
         if _explains_heads(_per_head(token_rows(call.output)[..., columns], d_head), weights, heads):
             return fused
     return None
@@ -980,7 +1119,7 @@ def _hybrid(
     )
     values = row.get("values")
     if values is not None:
-        parts = {part: getattr(values, part) for part in ("value", "query", "key", "output_norm", "norm")}
+        parts = {part: getattr(values, part) for part in ("value", "query", "key", "output_norm", "norm", "head_norm")}
         row["values"] = replace(
             values, **{part: None if p is None else _only(p, attending) for part, p in parts.items()}
         )

@@ -362,10 +362,11 @@ def value_zeroing(model: ModelLike, trace: Trace, batch_size: int = 32) -> np.nd
             )  # variant b zeroes token zeroed[b]
 
             def zero_value(output: torch.Tensor, zeroed: torch.Tensor = zeroed) -> torch.Tensor:
-                output = output.clone()  # [variant, token, width]: the values, or a fused q/k/v
-                columns = adapter.part_columns("value", output.shape[-1], model.config).to(output.device)
+                output = output.clone(memory_format=torch.contiguous_format)
+                rows = adapter.value_rows(output)  # a view: [variant, token, width], the values or a fused q/k/v
+                columns = adapter.part_columns("value", rows.shape[-1], model.config).to(output.device)
                 variants = torch.arange(len(zeroed), device=output.device)
-                output[variants[:, None], zeroed[:, None], columns] = 0.0
+                rows[variants[:, None], zeroed[:, None], columns] = 0.0
                 return output
 
             with hooks([(HookPoint(value_projection, "output"), zero_value)]), torch.no_grad():
