@@ -124,11 +124,99 @@ def test_a_method_that_reads_attention_as_the_only_mixer_is_refused_in_one_line(
     assert f"{method} reads attention as the only token mixer and would miss that flow" in message
 
 
-def test_routes_and_head_sites_of_a_hybrid_are_refused_naming_the_layers(qwen3_next):
+def test_routes_of_a_hybrid_are_refused_naming_the_layers(qwen3_next):
     with pytest.raises(InputError, match=r"layer 0 mixes tokens through Qwen3NextGatedDeltaNet.*routes reads"):
         attnflow.routes(qwen3_next, CLEAN, lens="none")
-    with pytest.raises(InputError, match=r"hybrid \(layer 0 mixes tokens .*\): its heads sites are in layer 1 only"):
-        attnflow.patch(qwen3_next, CLEAN, CORRUPT, sites="heads", methods="exact", progress=False)
+
+
+def _hand_metrics(model, hook_at, make_hook, *, kwargs=False):
+    """(m_clean, m_corrupt, m with ``make_hook(clean_kept)`` at ``hook_at`` on the corrupt run, on
+    the clean run), m = log p(the clean prediction); ``clean_kept``: the first positional input of
+    ``hook_at`` on the clean run (None when it takes its inputs by keyword, ``kwargs``)."""
+    hf = model.hf_model
+    clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
+    kept = []
+    handle = hook_at.register_forward_pre_hook(lambda _m, args: kept.append(args[0].detach().clone() if args else None))
+    with torch.no_grad():
+        clean_logits = hf(input_ids=clean).logits
+    handle.remove()
+    corrupt_logits = hf(input_ids=corrupt).logits.detach()
+    target = int(clean_logits[0, -1].argmax())
+    handle = hook_at.register_forward_pre_hook(make_hook(kept[0]), with_kwargs=kwargs)
+    try:
+        with torch.no_grad():
+            on_corrupt, on_clean = (_metric(hf(input_ids=ids).logits, target) for ids in (corrupt, clean))
+    finally:
+        handle.remove()
+    return _metric(clean_logits, target), _metric(corrupt_logits, target), on_corrupt, on_clean
+
+
+@pytest.mark.parametrize("model_type", [model_type for model_type, _, _ in HYBRIDS])
+def test_head_sites_of_a_hybrid_are_its_attention_blocks_each_equal_to_a_hand_written_hook(hybrid_path, model_type):
+    """``heads`` on a hybrid: row 1 (block 1, its attention layer) holds each head's effect, by
+    denoising the head's slice of the output projection's input ``[batch, token, head * d_head]``
+    with its clean value in a hook written here; row 0 (a Mamba / DeltaNet block) has no heads: NaN.
+    The approximations fill the same rows, and AtP's sampled check reads block 1 only."""
+    import warnings
+
+    model = attnflow.load(str(hybrid_path(model_type)), device="cpu", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        result = attnflow.patch(model, CLEAN, CORRUPT, sites="heads", methods="exact,atp", progress=False)
+    exact, atp = result.effects["exact"]["heads"], result.effects["atp"]["heads"]
+    assert exact.shape == atp.shape == (2, model.n_heads)
+    assert np.isnan(exact[0]).all() and np.isnan(atp[0]).all() and np.isfinite(exact[1]).all()
+    assert {row for row, _ in result.check["sites"]["heads"]} == {1}
+    projection = model.hf_model.model.layers[1].self_attn.o_proj
+    width = projection.in_features // model.n_heads
+    for head in range(model.n_heads):
+
+        def make_hook(clean_input, head=head):
+            def hook(_module, args):
+                new = args[0].clone()
+                new[..., head * width : (head + 1) * width] = clean_input[..., head * width : (head + 1) * width]
+                return (new, *args[1:])
+
+            return hook
+
+        m_clean, m_corrupt, patched, _ = _hand_metrics(model, projection, make_hook)
+        expected = (patched - m_corrupt) / (m_clean - m_corrupt)
+        assert abs(exact[1, head] - expected) * abs(m_clean - m_corrupt) < 1e-5, (head, exact[1, head], expected)
+    assert np.abs(exact[1]).max() > 1e-4  # some head changes the metric
+
+
+@pytest.mark.parametrize("model_type", [model_type for model_type, _, _ in HYBRIDS])
+def test_knockout_sites_of_a_hybrid_are_its_attention_blocks_each_equal_to_a_hand_written_hook(hybrid_path, model_type):
+    """``knockout`` on a hybrid: row 1 (block 1's attention) blocks the edge key j -> the last
+    query by −∞ in the attention mask the block receives, by a hook written here on the clean run:
+    (m_clean − m_blocked) / (m_clean − m_corrupt); row 0 (no attention) is NaN."""
+    import warnings
+
+    model = attnflow.load(str(hybrid_path(model_type)), device="cpu", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        result = attnflow.patch(model, CLEAN, CORRUPT, sites="knockout", methods="exact", progress=False)
+    found = result.effects["exact"]["knockout"]
+    n_tokens = len(result.tokens)
+    assert found.shape == (2, n_tokens) and np.isnan(found[0]).all() and np.isfinite(found[1]).all()
+    attention = model.hf_model.model.layers[1].self_attn
+    for key in range(n_tokens - 1):
+
+        def make_hook(_clean_input, key=key):
+            def hook(_module, args, kwargs):
+                mask = kwargs["attention_mask"]
+                assert mask is not None and mask.dim() == 4 and mask.is_floating_point()
+                mask = mask.clone()
+                mask[:, :, -1, key] = float("-inf")
+                return args, {**kwargs, "attention_mask": mask}
+
+            return hook
+
+        m_clean, m_corrupt, _, blocked = _hand_metrics(model, attention, make_hook, kwargs=True)
+        expected = (m_clean - blocked) / (m_clean - m_corrupt)
+        assert abs(found[1, key] - expected) * abs(m_clean - m_corrupt) < 1e-5, (key, found[1, key], expected)
+    assert np.abs(found[1]).max() > 1e-4  # some edge matters
 
 
 def test_leave_one_out_on_a_hybrid_reruns_every_variant_whole(qwen3_next):
@@ -239,12 +327,25 @@ def test_why_on_a_hybrid_plans_no_routes_and_patches_the_stream(qwen3_next):
     assert not found.plan.runs("routes") and not found.plan.runs("knockout")
 
 
-def test_the_default_sweep_of_a_hybrid_leaves_its_heads_out_with_a_warning(qwen3_next):
-    """Patching with the default kinds: the heads (in layer 1 only) are left out, saying why; the
-    residual stream, token mixer and MLP sites of every layer are swept."""
-    from attnflow.errors import PatchingWarning
+def test_the_default_sweep_of_a_hybrid_holds_its_heads_in_the_attention_blocks(qwen3_next):
+    """Patching with the default kinds: the residual stream, token mixer and MLP sites of every
+    block, and the heads of block 1 (its attention layer; block 0's row is NaN), with no warning
+    about leaving any out."""
+    import warnings
 
-    with pytest.warns(PatchingWarning, match=r"its heads sites are in layer 1 only: the default sweep leaves them out"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         result = attnflow.patch(qwen3_next, CLEAN, CORRUPT, methods="exact", progress=False)
-    assert set(result.effects["exact"]) == {"residual", "attn", "mlp"}
+    assert not [w for w in caught if "leaves them out" in str(w.message)]
+    assert set(result.effects["exact"]) == {"residual", "attn", "mlp", "heads"}
     assert result.effects["exact"]["residual"].shape[0] == 3  # entering layer 0, leaving layers 0 and 1
+    heads = result.effects["exact"]["heads"]
+    assert np.isnan(heads[0]).all() and np.isfinite(heads[1]).all()
+
+
+def test_edges_of_a_hybrid_are_refused_in_one_line(qwen3_next):
+    """Edge attribution starts at every layer's heads: a hybrid's are in block 1 only."""
+    from attnflow.causal.edges import EdgeGraph
+
+    with pytest.raises(InputError, match=r"its heads sites are in layer 1 only: this needs them in every layer"):
+        EdgeGraph(qwen3_next, CLEAN, CORRUPT)

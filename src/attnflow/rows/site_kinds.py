@@ -14,7 +14,8 @@ The rows (``L`` layers, ``T`` tokens, ``H`` heads; the array each sweep fills):
   layer) and its output (row l + 1: the stream leaving layer l), ``[batch, token, d_model]``;
 - ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position
   (in a hybrid stack, `attnflow.rows.adapters.Mixers`: what layer l's token mixer adds, attention
-  or not; ``heads`` and ``knockout`` exist in its attention layers only, so a sweep refuses them);
+  or not; ``heads`` and ``knockout`` exist in its attention layers only: their rows are the block
+  indices, NaN in the other blocks' rows);
 - ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
 - ``heads`` ``[L, H]``: one head's output, its ``d_head`` slice of the input of the attention output
   projection ``[batch, token, head * d_head]``, at every position or at one (``head_position``);
@@ -245,12 +246,15 @@ class SiteKind:
         """The columns of a tensor at one of the kind's hook points ``[batch, token, ...]``."""
         return {"position": tensor.shape[1], "head": n_heads, "expert": tensor.shape[2]}[self.column]
 
-    def hook_points(self, modules: Sequence[Any], row: Adapter | None = None) -> list[HookPoint]:
+    def hook_points(
+        self, modules: Sequence[Any], row: Adapter | None = None, layers: Sequence[int] | None = None
+    ) -> list[HookPoint]:
         """The hook point of each row of the sweep array, given the kind's modules in layer order
         (a stream: row 0 the first module's input, row l + 1 module l's output) and, for a kind with
-        a ``view``, the adapter ``row`` it is made from. Where the kind reads an argument other than
-        the first, its write also receives the call's first input (the hidden states ``[batch,
-        token, d_model]``, to size a tensor the call left out)."""
+        a ``view``, the adapter ``row`` it is made from; ``layers``: the block of each module, where
+        they are some blocks only (a hybrid stack's attention layers; None: 0, 1, ...). Where the
+        kind reads an argument other than the first, its write also receives the call's first input
+        (the hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
         from attnflow.rows.hook_points import HookPoint
 
         if not modules:  # a kind the row has no modules for
@@ -264,7 +268,7 @@ class SiteKind:
             HookPoint(
                 module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}", view=view
             )
-            for layer, module in enumerate(modules)
+            for layer, module in zip(range(len(modules)) if layers is None else layers, modules, strict=True)
         ]
 
     def on_tokens(self, tensor: Any, batch: int, change: Callable[[Any], Any]) -> Any:
