@@ -313,6 +313,10 @@ def test_the_explorer_of_a_hybrid_shows_the_methods_it_supports(qwen3_next):
     names = {view.name for view in found.methods}
     assert names and names <= set(methods_for(qwen3_next.adapter)) and "rollout" not in names
     assert found.n_layers == 1  # the attention layers' maps: layer 1's
+    from attnflow.viz.explorer import explorer_payload
+
+    assert found.layer_labels == [1]  # its one attention layer is block 1: labelled so, not "layer 0"
+    assert explorer_payload(found)[0]["layer_labels"] == [1]
 
 
 def test_why_on_a_hybrid_plans_no_routes_and_patches_the_stream(qwen3_next):
@@ -341,6 +345,10 @@ def test_the_default_sweep_of_a_hybrid_holds_its_heads_in_the_attention_blocks(q
     assert result.effects["exact"]["residual"].shape[0] == 3  # entering layer 0, leaving layers 0 and 1
     heads = result.effects["exact"]["heads"]
     assert np.isnan(heads[0]).all() and np.isfinite(heads[1]).all()
+    from attnflow.causal.report import report_html
+
+    page = report_html(result)  # the attn sites are each block's token mixer, attention or not
+    assert result.token_mixers and "token mixer outputs" in page and "attention block outputs" not in page
 
 
 def test_edges_of_a_hybrid_are_refused_in_one_line(qwen3_next):
@@ -349,3 +357,56 @@ def test_edges_of_a_hybrid_are_refused_in_one_line(qwen3_next):
 
     with pytest.raises(InputError, match=r"its heads sites are in layer 1 only: this needs them in every layer"):
         EdgeGraph(qwen3_next, CLEAN, CORRUPT)
+
+
+def _patched_output_effect(model, module, position: int) -> float:
+    """Denoising ``module``'s output at ``position`` with its clean value, by a hook written here:
+    (m_patched − m_corrupt) / (m_clean − m_corrupt), m = log p(the clean prediction)."""
+    hf = model.hf_model
+    clean = model.tokenizer(CLEAN, return_tensors="pt")["input_ids"]
+    corrupt = model.tokenizer(CORRUPT, return_tensors="pt")["input_ids"]
+    kept = []
+    handle = module.register_forward_hook(lambda _m, _a, output: kept.append(output.detach().clone()))
+    with torch.no_grad():
+        clean_logits = hf(input_ids=clean).logits
+    handle.remove()
+
+    def write(_module, _args, output):
+        new = output.clone()
+        new[:, position] = kept[0][:, position]
+        return new
+
+    with torch.no_grad():
+        corrupt_logits = hf(input_ids=corrupt).logits
+        handle = module.register_forward_hook(write)
+        try:
+            patched_logits = hf(input_ids=corrupt).logits
+        finally:
+            handle.remove()
+    target = int(clean_logits[0, -1].argmax())
+    m_clean, m_corrupt = _metric(clean_logits, target), _metric(corrupt_logits, target)
+    return (_metric(patched_logits, target) - m_corrupt) / (m_clean - m_corrupt)
+
+
+def test_a_hybrid_whose_layers_place_their_mlp_site_differently_gets_its_sites(hybrid_path):
+    """OLMo-Hybrid: post-norm attention layers (the MLP site is ``post_feedforward_layernorm``) and
+    pre-norm linear-attention layers (the MLP site is ``mlp`` itself): the row names each layer's
+    own MLP site, the conformance suite's residual sum holds in every layer, and the exact sweep of
+    the mlp kind equals a hook written here on each layer's module."""
+    import warnings
+
+    model = attnflow.load(str(hybrid_path("olmo_hybrid")), device="cpu", progress=False)
+    row = model.adapter
+    assert row.sites is not None and "sites" in row.provides
+    named = {name for name, _ in model.hf_model.named_modules() if name and re.search(row.sites.mlp, name)}
+    assert named == {"model.layers.0.mlp", "model.layers.1.post_feedforward_layernorm"}
+    assert "residual_sum" in check_adapter(row, model).passed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on random weights the corruption may not lower the metric
+        result = attnflow.patch(model, CLEAN, CORRUPT, sites="mlp", methods="exact", progress=False)
+    layers = model.hf_model.model.layers
+    position = len(result.tokens) - 1
+    for layer, module in ((0, layers[0].mlp), (1, layers[1].post_feedforward_layernorm)):
+        expected = _patched_output_effect(model, module, position)
+        found = result.effects["exact"]["mlp"][layer, position]
+        assert abs(found - expected) < 1e-4 * max(1.0, abs(expected)), (layer, found, expected)

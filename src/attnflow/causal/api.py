@@ -99,6 +99,7 @@ class PatchResult:
     knockout_window: int = 1
     knockout_sources: list[int] | None = None
     check: dict[str, Any] = field(default_factory=dict)
+    token_mixers: bool = False  # a hybrid stack (`Adapter.mixers`): the attn sites are each layer's token mixer
 
     @property
     def options(self) -> SweepOptions:
@@ -139,6 +140,7 @@ class PatchResult:
             "knockout_target": self.knockout_target,
             "knockout_window": self.knockout_window,
             "knockout_sources": self.knockout_sources,
+            "token_mixers": self.token_mixers,
             "effects": {
                 method: {kind: values.tolist() for kind, values in effects.items()}
                 for method, effects in self.effects.items()
@@ -247,11 +249,15 @@ class PatchResult:
 
 
 def correlation(estimate: np.ndarray, exact: np.ndarray, weights: Any = None) -> dict[str, float]:
-    """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant);
+    """Pearson r and Spearman ρ of two arrays of the same shape over the sites both hold (NaN where
+    a kind has none: a hybrid's heads outside its attention blocks; NaN when either is constant);
     ``weights`` (same shape): each element counted that many times (`check_design`'s weights)."""
     from scipy.stats import pearsonr
 
     a, b = np.ravel(estimate).astype(float), np.ravel(exact).astype(float)
+    held = np.isfinite(a) & np.isfinite(b)
+    a, b = a[held], b[held]
+    weights = None if weights is None else np.ravel(np.asarray(weights, dtype=float))[held]
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return {"pearson": float("nan"), "spearman": float("nan")}
     if weights is not None:
@@ -400,6 +406,7 @@ def patch(
         effects=effects,
         seconds=seconds,
         check=check,
+        token_mixers=model.adapter.mixers is not None,
         **_options_fields(options, kinds),
     ).warn()
 

@@ -987,13 +987,13 @@ def _hybrid(
         row.pop("sites", None)
         row["mixers"] = Mixers(_only(rf"^{re.escape(blocks)}\.(\d+)$", others), tuple(others))
     else:
-        tails, kinds = mixers
+        tails, kinds, moved = mixers
         row["mixers"] = Mixers(_at(blocks, tails), tuple(others), kinds)
-        merged = {tail: list(layers) for tail, layers in tails.items()}
-        for layer, tail in _named(traced, sites.attention, blocks).items():
-            if layer in attending:
-                merged[tail] = sorted([*merged.get(tail, []), layer])
-        row["sites"] = replace(sites, attention=_at(blocks, merged))
+        row["sites"] = replace(
+            sites,
+            attention=_at(blocks, _merged(tails, _named(traced, sites.attention, blocks), attending)),
+            mlp=_at(blocks, _merged(moved, _named(traced, sites.mlp, blocks), range(n_layers))) if moved else sites.mlp,
+        )
     experts = row.get("experts")
     if experts is not None:
         reference = traced[f"{blocks}.{attending[0]}{_named(traced, experts.block, blocks)[attending[0]]}"]
@@ -1007,44 +1007,65 @@ def _hybrid(
     return row
 
 
+def _merged(tails: dict[str, list[int]], named: dict[int, str], layers: Sequence[int]) -> dict[str, list[int]]:
+    """``tails`` ({tail: layers}) with each of ``layers`` that ``named`` ({layer: tail}) names added
+    under its tail, except the layers ``tails`` holds already."""
+    merged = {tail: list(found) for tail, found in tails.items()}
+    taken = {layer for found in tails.values() for layer in found}
+    for layer, tail in named.items():
+        if layer in layers and layer not in taken:
+            merged[tail] = sorted([*merged.get(tail, []), layer])
+    return merged
+
+
 def _mixer_sites(
     traced: dict[str, Call], blocks: str, sites: Sites, layers: list[int]
-) -> tuple[dict[str, list[int]], tuple[str, ...]] | None:
+) -> tuple[dict[str, list[int]], tuple[str, ...], dict[str, list[int]]] | None:
     """In each of ``layers`` (a hybrid's layers without attention), the token mixer: the shallowest,
-    earliest module of the block, before the MLP site (the row's ``sites.mlp``) and outside it,
-    whose output adds up with the block's input and the MLP site's output to the block's output
-    (``sites.gated``: combines with them per channel, `affine_failure`). ``({tail: layers}, the
-    mixers' classes)``, or None where a layer has no such module."""
+    earliest module of the block, before the MLP site and outside it, whose output adds up with the
+    block's input and the MLP site's output to the block's output (``sites.gated``: combines with
+    them per channel, `affine_failure`). The MLP site is the row's ``sites.mlp`` where the layer has
+    that module; else (OLMo-Hybrid: post-norm attention layers, pre-norm linear-attention ones) the
+    shallowest, earliest module after the mixer that adds up so. ``({tail: layers} of the mixers,
+    the mixers' classes, {tail: layers} of the MLP sites found in other places)``, or None where a
+    layer has no such pair."""
     mlps = _named(traced, sites.mlp, blocks)
     tails: dict[str, list[int]] = {}
+    moved: dict[str, list[int]] = {}
     kinds: list[str] = []
     for layer in layers:
         owner = traced.get(f"{blocks}.{layer}")
-        feed_forward = traced.get(f"{blocks}.{layer}{mlps.get(layer, '')}") if layer in mlps else None
-        if owner is None or feed_forward is None or not torch.is_tensor(owner.output):
+        if owner is None or not torch.is_tensor(owner.output):
             return None
-        x, out = owner.input, owner.output
-        candidates = sorted(
-            (
-                call
-                for call in _calls_inside(traced, owner.name)
-                if call.start < feed_forward.start
-                and not call.inside(feed_forward.name)
-                and torch.is_tensor(call.output)
-                and call.output.shape == x.shape
-                and (
-                    affine_failure(out, (x, call.output, feed_forward.output), TOLERANCE) is None
-                    if sites.gated
-                    else _close(out, x + call.output + feed_forward.output)
-                )
-            ),
-            key=lambda call: (call.name.count("."), call.start),
-        )
-        if not candidates:
+        named = traced.get(f"{blocks}.{layer}{mlps[layer]}") if layer in mlps else None
+        found = _mixer_and_mlp(traced, owner, sites.gated, named)
+        if found is None:
             return None
-        mixer = candidates[0]
+        mixer, feed_forward = found
         tails.setdefault(mixer.name[len(owner.name) :], []).append(layer)
+        if named is None:
+            moved.setdefault(feed_forward.name[len(owner.name) :], []).append(layer)
         # a norm after the mixer (a sandwich) is the site; the module it normalises is the mixer
         mixing = _producer(_Block(_calls_inside(traced, owner.name), owner, 0), mixer) if _norm_forms(mixer) else mixer
         kinds.append(type(mixing.module).__name__)
-    return tails, tuple(dict.fromkeys(kinds))
+    return tails, tuple(dict.fromkeys(kinds)), moved
+
+
+def _mixer_and_mlp(traced: dict[str, Call], owner: Call, gated: bool, named: Call | None) -> tuple[Call, Call] | None:
+    """(token mixer, MLP site) of one block whose output is its input plus the two (``gated``: a
+    per-channel affine combination of the three): the MLP site ``named`` when given, else the
+    shallowest, earliest module that adds up so; the mixer the shallowest, earliest before it."""
+    x, out = owner.input, owner.output
+    calls = _calls_inside(traced, owner.name)
+    shaped = sorted(
+        (call for call in calls if torch.is_tensor(call.output) and call.output.shape == x.shape),
+        key=lambda call: (call.name.count("."), call.start),
+    )
+    for feed_forward in [named] if named is not None else shaped:
+        for call in shaped:
+            if call.start >= feed_forward.start or call.inside(feed_forward.name) or feed_forward.inside(call.name):
+                continue
+            parts = (x, call.output, feed_forward.output)
+            if affine_failure(out, parts, TOLERANCE) is None if gated else _close(out, sum(parts)):
+                return call, feed_forward
+    return None

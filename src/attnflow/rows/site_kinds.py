@@ -201,7 +201,8 @@ class SiteKind:
     every site its one position (heads: ``head_position``; knockout: ``target``). ``window``: each
     site spans the sweep's window of layers centred on its row. ``title``/``title_at``: the report's
     heading (``title_at`` when the position option is set; ``{position}``, ``{token}``, ``{window}``
-    filled in); ``help``: one line for ``attnflow patch --help``. ``view``: the `View` its hook
+    filled in; ``title_mixers``: in a hybrid stack, whose sites of the kind are each layer's token
+    mixer, attention or not); ``help``: one line for ``attnflow patch --help``. ``view``: the `View` its hook
     points see the output through, made from the adapter row (None: the output itself).
     ``default``: in the default sweep (`attnflow.causal.sites.SITE_KINDS`).
     """
@@ -223,6 +224,7 @@ class SiteKind:
     title_at: str = ""
     view: Callable[[Adapter], View] | None = None
     default: bool = True
+    title_mixers: str = ""
 
     @property
     def is_activation(self) -> bool:
@@ -282,8 +284,10 @@ class SiteKind:
         new = change(shaped)
         return new if shaped is tensor or new is None else new.reshape(tensor.shape)
 
-    def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
-        """The report's heading of this kind's heatmap."""
+    def heading(self, position: int | None, tokens: Sequence[str], window: int = 1, mixers: bool = False) -> str:
+        """The report's heading of this kind's heatmap (``mixers``: the run's row is a hybrid stack's)."""
+        if mixers and self.title_mixers:
+            return self.title_mixers
         if position is None or not self.title_at:
             return self.title
         return self.title_at.format(position=position, token=tokens[position], window=window)
@@ -319,6 +323,7 @@ SITE_TABLE: tuple[SiteKind, ...] = (
         "what each attention block (in a hybrid stack: each layer's token mixer) adds to the stream, per "
         "(layer, position)",
         adds_to_stream=True,
+        title_mixers="token mixer outputs (attention or not, per layer)",
     ),
     _per_position(
         "mlp",
