@@ -121,6 +121,8 @@ class Exploration:
     Attributes:
         tokens / special_mask ``[token]`` / offsets ``[token, 2]`` / text / model: the input.
         n_layers / n_heads: the model's shape.
+        layer_labels: the block index of each attention layer ``[layer]`` where they are some blocks
+            of a hybrid stack only (its "layer 0" may be block 1); None: layer l is block l.
         row: the default saliency row (``"mean"``, ``"cls"``, ``"last"`` or an index).
         causal: True for decoders (row i reaches keys 0 … i only).
         methods: one `MethodView` per method shown.
@@ -145,6 +147,7 @@ class Exploration:
     skipped: dict[str, str] = field(default_factory=dict)
     opens_on: str | None = None
     opened_why: str = ""
+    layer_labels: list[int] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -260,6 +263,7 @@ def explore(
     if not views:
         raise InputError("no method could run: " + "; ".join(f"{name}: {why}" for name, why in skips.skipped.items()))
     exploration = _exploration(base, row, views, skips.skipped)
+    exploration.layer_labels = _block_labels(model)
     if faithfulness and model is not None:
         _MEASURES["faithfulness"](model, exploration, target=wanted, max_length=max_length)
     return exploration
@@ -356,6 +360,16 @@ def _affordable(specs: list[MethodSpec], n_tokens: int, skips: _Skips) -> list[M
                 f"left out for {n_tokens} tokens (slow above {EXPENSIVE_ABOVE}); ask for it by name to include it"
             )
     return [spec for spec in specs if spec.cost != "expensive"]
+
+
+def _block_labels(model: ModelLike | None) -> list[int] | None:
+    """The block index of each attention layer of a hybrid stack (`attnflow.rows.adapters.Stack.gaps`),
+    which the explorer's layers are labelled by; None where layer l is block l (or no model is known)."""
+    if model is None or not model.adapter.stack.gaps:
+        return None
+    from attnflow.rows.adapters import layer_index
+
+    return [layer_index(model.adapter.stack.attention, name) for name in model.layer_names]
 
 
 def _exploration(base: Trace, row: Row, views: list[MethodView], skipped: dict[str, str]) -> Exploration:

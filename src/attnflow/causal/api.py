@@ -99,6 +99,7 @@ class PatchResult:
     knockout_window: int = 1
     knockout_sources: list[int] | None = None
     check: dict[str, Any] = field(default_factory=dict)
+    token_mixers: bool = False  # a hybrid stack (`Adapter.mixers`): the attn sites are each layer's token mixer
 
     @property
     def options(self) -> SweepOptions:
@@ -139,6 +140,7 @@ class PatchResult:
             "knockout_target": self.knockout_target,
             "knockout_window": self.knockout_window,
             "knockout_sources": self.knockout_sources,
+            "token_mixers": self.token_mixers,
             "effects": {
                 method: {kind: values.tolist() for kind, values in effects.items()}
                 for method, effects in self.effects.items()
@@ -247,11 +249,15 @@ class PatchResult:
 
 
 def correlation(estimate: np.ndarray, exact: np.ndarray, weights: Any = None) -> dict[str, float]:
-    """Pearson r and Spearman ρ of two arrays of the same shape (NaN when either is constant);
+    """Pearson r and Spearman ρ of two arrays of the same shape over the sites both hold (NaN where
+    a kind has none: a hybrid's heads outside its attention blocks; NaN when either is constant);
     ``weights`` (same shape): each element counted that many times (`check_design`'s weights)."""
     from scipy.stats import pearsonr
 
     a, b = np.ravel(estimate).astype(float), np.ravel(exact).astype(float)
+    held = np.isfinite(a) & np.isfinite(b)
+    a, b = a[held], b[held]
+    weights = None if weights is None else np.ravel(np.asarray(weights, dtype=float))[held]
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return {"pearson": float("nan"), "spearman": float("nan")}
     if weights is not None:
@@ -275,16 +281,18 @@ def check_design(
     the N − k others, each weighted by the (N − k) / (size − k) sites it stands for (the inverse of
     its chance of being drawn), so that the weighted r over the sample estimates the r over every
     site instead of leaning to the strongest sites. ``estimates[method][kind]``: arrays of the same
-    shape per kind (``[row, column]``)."""
+    shape per kind (``[row, column]``; NaN where a kind has no site, which is never drawn)."""
     rng = np.random.default_rng(seed)
     chosen: dict[str, tuple[list[tuple[int, int]], list[float]]] = {}
     kinds = next(iter(estimates.values()), {})
     for kind, first in kinds.items():
         shape = first.shape
-        n_sites = int(np.prod(shape))
+        present = np.flatnonzero(np.isfinite(first.ravel()))  # a hybrid's heads: its attention blocks' rows only
+        n_sites = len(present)
         wanted = min(size, n_sites)
         rankings = [
-            np.argsort(-np.abs(np.nan_to_num(effects[kind].ravel())), kind="stable") for effects in estimates.values()
+            present[np.argsort(-np.abs(np.nan_to_num(effects[kind].ravel()[present])), kind="stable")]
+            for effects in estimates.values()
         ]
         strongest: list[int] = []
         for rank in range(n_sites):
@@ -293,7 +301,7 @@ def check_design(
                     strongest.append(int(ranking[rank]))
             if len(strongest) >= -(-wanted // 3):
                 break
-        rest = np.setdiff1d(np.arange(n_sites), strongest)
+        rest = np.setdiff1d(present, strongest)
         drawn = (
             rng.choice(rest, size=wanted - len(strongest), replace=False).tolist() if wanted > len(strongest) else []
         )
@@ -319,21 +327,6 @@ def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
             "(relp:RULES for RelP with another registered rule set, e.g. relp:gim)"
         )
     return tuple(dict.fromkeys(names))
-
-
-def _in_every_layer(model: ModelLike, kinds: tuple[str, ...]) -> tuple[str, ...]:
-    """The default sweep (`SITE_KINDS`) of a hybrid stack without the kinds it has in its attention
-    layers only (``heads``), each left out with a warning naming why (`SiteModules.partial`); any
-    other request as it is (a kind asked for by name is refused with that reason)."""
-    from attnflow.causal.sites import SiteModules
-
-    if kinds != SITE_KINDS or model.adapter.mixers is None:
-        return kinds
-    partial = SiteModules(model).partial
-    for kind in kinds:
-        if kind in partial:
-            warn_once(f"{partial[kind]}: the default sweep leaves them out", PatchingWarning, about="patch")
-    return tuple(kind for kind in kinds if kind not in partial)
 
 
 def patch(
@@ -384,7 +377,7 @@ def patch(
         a `PatchResult`; its arrays are ``[layer, position]`` per site kind, ``[layer, head]`` for heads.
     """
     check_sites_supported(model)
-    kinds = _in_every_layer(model, parse_site_kinds(sites))
+    kinds = parse_site_kinds(sites)
     chosen = parse_methods(methods)
     _check_request(model, chosen, direction, corrupt, noise, check_sites)
     clean_ids = _token_ids(model, clean, "clean")
@@ -413,6 +406,7 @@ def patch(
         effects=effects,
         seconds=seconds,
         check=check,
+        token_mixers=model.adapter.mixers is not None,
         **_options_fields(options, kinds),
     ).warn()
 
@@ -622,7 +616,15 @@ class _Sweep:
         model, n_experts = self.model, runner.modules.n_experts
         swept = self.kinds if only is None else tuple(only)
         sites = {
-            kind: all_sites(kind, model.n_layers, n_tokens, model.n_heads, options=self.options, n_experts=n_experts)
+            kind: all_sites(
+                kind,
+                model.n_layers,
+                n_tokens,
+                model.n_heads,
+                options=self.options,
+                n_experts=n_experts,
+                layers=runner.modules.rows(kind),
+            )
             for kind in swept
         }
         if only is not None:

@@ -70,9 +70,9 @@ def estimate(
         rules = backward_rules(runner.model, rule_set)
     gradients, activations = _gradients(runner, base.input_ids, base.noise, base.samples, rules)
     return {
-        kind: _dot(kind, base.source[kind], activations[kind], gradients[kind], runner.n_heads, head_position).mean(
-            axis=0
-        )
+        kind: runner.modules.spread(
+            kind, _dot(kind, base.source[kind], activations[kind], gradients[kind], runner.n_heads, head_position)
+        ).mean(axis=0)
         for kind in kinds
     }
 
@@ -148,7 +148,7 @@ def _graddrop(
         per_layer = dropped.reshape(n_layers, samples, *dropped.shape[1:])  # [dropped layer, sample, ...]
         magnitude = np.abs(per_layer).sum(axis=0) / max(n_layers - 1, 1)  # [sample, ...]
         sign = np.sign(_dot(kind, source, plain_activations[kind], plain[kind], runner.n_heads, head_position))
-        estimates[kind] = (sign * magnitude).mean(axis=0)
+        estimates[kind] = runner.modules.spread(kind, (sign * magnitude).mean(axis=0))
     return estimates
 
 
@@ -176,13 +176,16 @@ def _integrated(
         _, recorded = runner.forward(base.input_ids, samples, noise=base.noise, record=True)
     activations = stacked(recorded)
     return {
-        kind: _dot(
+        kind: runner.modules.spread(
             kind,
-            base.source[kind],
-            activations[kind],
-            gradients[kind].reshape(steps, samples, *gradients[kind].shape[1:]).mean(dim=0),
-            runner.n_heads,
-            head_position,
-        ).mean(axis=0)
+            _dot(
+                kind,
+                base.source[kind],
+                activations[kind],
+                gradients[kind].reshape(steps, samples, *gradients[kind].shape[1:]).mean(dim=0),
+                runner.n_heads,
+                head_position,
+            ).mean(axis=0),
+        )
         for kind in kinds
     }

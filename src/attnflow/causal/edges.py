@@ -104,7 +104,7 @@ class EdgeGraph:
             )
         wanted = legacy_target(target, None, contrast, "EdgeGraph")  # contrast=: deprecated, inside the Target
         self.runner = PatchRunner(model, resolve_metric(model, self.clean_ids, wanted))
-        self.runner.modules.check_kinds(("heads",))  # edges start at every layer's heads (a hybrid has none in some)
+        self.runner.modules.check_in_every_layer(("heads",))  # edges start at every layer's heads
         self.n_layers, self.n_heads = model.n_layers, model.n_heads
         self.upstream = ["emb"] + [
             name

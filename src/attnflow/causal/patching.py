@@ -185,7 +185,7 @@ class PatchRunner:
         for row in SITE_TABLE:
             if row.name not in self.activation_kinds and row.name not in written:
                 continue
-            for layer, point in enumerate(self.modules.points(row.name)):
+            for layer, point in zip(self.modules.rows(row.name), self.modules.points(row.name), strict=True):
                 drop = drop_gradient_rows.get(layer) if row.adds_to_stream else None
                 hooked.append((point, self._site_hook(row, layer, patches, recorded, drop, batch)))
         with hooks(hooked):
@@ -230,14 +230,18 @@ def stacked(recorded: Recorded) -> dict[str, torch.Tensor]:
     return {kind: torch.stack([tensor.detach() for tensor in tensors], dim=1) for kind, tensors in recorded.items()}
 
 
-def site_value(activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int) -> torch.Tensor | None:
+def site_value(
+    activations: dict[str, torch.Tensor], sample: int, site: Site, n_heads: int, row: int | None = None
+) -> torch.Tensor | None:
     """The value a site takes in sample ``sample`` of a recorded run: ``[d_model]`` at one
     position; for one head ``[token, d_head]``, or ``[d_head]`` at its one position; None for an
-    intervention (knockout), which no run supplies."""
+    intervention (knockout), which no run supplies. ``row``: where the site's layer is in the
+    recorded activations (`SiteModules.recorded_row`; None: ``site.layer``)."""
     read = site_kind(site.kind).read
     if read is None:
         return None
-    layer = activations[site.kind][sample % len(activations[site.kind]), site.layer]
+    recorded = site.layer if row is None else row
+    layer = activations[site.kind][sample % len(activations[site.kind]), recorded]
     return read(layer, site.index, site.head_position, n_heads)
 
 
@@ -262,8 +266,10 @@ def exact_sweep(
             chunk = sites[start : start + per_pass]
             patches = Patches()
             for number, site in enumerate(chunk):
+                recorded = runner.modules.recorded_row(site.kind, site.layer) if site.kind in source else None
                 for sample in range(samples):
-                    patches.add(number * samples + sample, site, site_value(source, sample, site, runner.n_heads))
+                    value = site_value(source, sample, site, runner.n_heads, recorded)
+                    patches.add(number * samples + sample, site, value)
             rows = len(chunk) * samples
             batch_noise = None if noise is None else noise.repeat(len(chunk), 1, 1)
             values, _ = runner.forward(input_ids, rows, noise=batch_noise, patches=patches)

@@ -190,7 +190,7 @@ def _number_table(header: list[str], rows: list[tuple[str, float]], css_class: s
 def _heatmap(result: PatchResult, method: str, kind: str, values: np.ndarray) -> str:
     row = site_kind(kind)
     options = result.options
-    title = row.heading(options.position_of(row), result.tokens, options.window)
+    title = row.heading(options.position_of(row), result.tokens, options.window, result.token_mixers)
     figure = heatmap_figure(result, kind, values, f"{method}: {title}")
     alt = f"{method} {kind} effects, layer by {row.column}"
     caption = esc(f"{method} · {title} · shape {list(values.shape)}")

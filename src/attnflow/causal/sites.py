@@ -102,11 +102,13 @@ def all_sites(
     *,
     options: SweepOptions | None = None,
     n_experts: int = 0,
+    layers: Sequence[int] | None = None,
 ) -> list[Site]:
     """Every site of one kind, in the row-major order of its sweep array (heads patched at
     ``head_position`` only, or at every position when it is None; ``options`` for the other kinds'
     options; knockout columns outside ``options.sources`` are left out; ``n_experts``: the
-    experts' columns)."""
+    experts' columns). ``layers``: the rows the kind has (a hybrid stack's attention blocks,
+    `SiteModules.layers`; a knockout's window then spans those of its blocks); None: every row."""
     row = site_kind(kind)
     options = options or SweepOptions(head_position=head_position)
     rows, columns = row.shape(n_layers, n_tokens, n_heads, n_experts)
@@ -114,10 +116,13 @@ def all_sites(
     if row.window and position is None:
         raise InputError(f"{kind} sites need a target position")
     chosen = range(columns) if not row.window or options.sources is None else sorted(set(options.sources))
+    present = range(rows) if layers is None else layers
+
+    def window(layer: int) -> tuple[int, ...]:
+        return tuple(block for block in window_layers(layer, options.window, n_layers) if block in present)
+
     return [
-        Site(kind, layer, index, position, window_layers(layer, options.window, n_layers) if row.window else ())
-        for layer in range(rows)
-        for index in chosen
+        Site(kind, layer, index, position, window(layer) if row.window else ()) for layer in present for index in chosen
     ]
 
 
@@ -126,9 +131,11 @@ class SiteModules:
     patterns; one per layer; a kind the row has no pattern for, such as ``experts`` without a
     mixture of experts, is left out), and the hook point of each row of each kind's sweep array.
     ``n_experts``: the experts' columns (a shared expert's included; 0 without experts).
-    A hybrid stack's row (`attnflow.rows.adapters.Mixers`) has heads (and knockout, and maybe
-    experts) in some layers only: those kinds are left out too, with the reason ``check_kinds``
-    gives (``partial``); its residual, attn (each layer's token mixer) and mlp sites cover every layer."""
+    A hybrid stack's row (`attnflow.rows.adapters.Mixers`) has heads and knockout (and maybe
+    experts) in some blocks only: ``layers[kind]`` are those blocks, the rows of the kind's sweep
+    array that hold sites (the others stay NaN), and ``partial[kind]`` says so in one line (for what
+    needs the kind in every layer, `check_in_every_layer`); its residual, attn (each layer's token
+    mixer) and mlp sites cover every layer."""
 
     def __init__(self, model: ModelLike) -> None:
         from attnflow.rows.adapters import find_layers, layer_index
@@ -137,49 +144,76 @@ class SiteModules:
         check_sites_supported(model)
         self.row = model.adapter
         self.by_kind: dict[str, list[Any]] = {}
-        self.partial: dict[str, str] = {}  # a hybrid's kinds in some layers only: why they are left out
+        self.layers: dict[str, tuple[int, ...]] = {}  # the block of each module of by_kind[kind]
+        self.partial: dict[str, str] = {}  # a hybrid's kinds in some layers only: where they are
         mixers = model.adapter.mixers
         for row in SITE_TABLE:
             pattern = row.pattern(model.adapter)
             if pattern is None:
                 continue
             located = find_layers(model.hf_model, pattern, gaps=mixers is not None)
+            blocks = tuple(layer_index(pattern, name) for name, _ in located)
             if mixers is not None and len(located) != model.n_layers:
-                where = ", ".join(str(layer_index(pattern, name)) for name, _ in located)
                 self.partial[row.name] = (
                     f"the {model.adapter.family} stack is hybrid ({mixers.where}): its {row.name} sites are in "
-                    f"layer{'s' if len(located) > 1 else ''} {where} only"
+                    f"layer{'s' if len(located) > 1 else ''} {', '.join(map(str, blocks))} only"
                 )
-                continue
             self.by_kind[row.name] = [module for _, module in located]
+            self.layers[row.name] = blocks if row.name in self.partial else tuple(range(len(located)))
         experts = model.adapter.experts
-        in_every_layer = experts is not None and "experts" in self.by_kind
-        self.n_experts = n_columns(experts, self.by_kind["experts"][0]) if in_every_layer else 0
+        self.n_experts = n_columns(experts, self.by_kind["experts"][0]) if "experts" in self.by_kind else 0
         self.embeddings = model.hf_model.get_input_embeddings()
         self.n_heads = model.n_heads
-        counts = {name: len(modules) for name, modules in self.by_kind.items()}
+        counts = {name: len(modules) for name, modules in self.by_kind.items() if name not in self.partial}
         if set(counts.values()) != {model.n_layers}:
             found = ", ".join(f"{count} for {name} ({site_kind(name).where})" for name, count in counts.items())
             raise InputError(f"{model.name}: the adapter row's site patterns found {found} for {model.n_layers} layers")
-        # By role (edge attribution reads them so): each layer's block (its input and output: the
-        # residual stream), attention block and MLP (their outputs: what they add to the stream) and
-        # attention output projection (its input: the heads' outputs).
+        # By role (edge attribution reads them so, `check_in_every_layer`): each layer's block (its
+        # input and output: the residual stream), attention block and MLP (their outputs: what they
+        # add to the stream) and attention output projection (its input: the heads' outputs).
         self.blocks, self.attention, self.mlp, self.projections = (
             self.by_kind.get(kind, []) for kind in ("residual", "attn", "mlp", "heads")
         )
 
     def points(self, kind: str) -> list[HookPoint]:
-        """The hook point of each row of ``kind``'s sweep array, in order."""
-        return site_kind(kind).hook_points(self.by_kind[kind], self.row)
+        """The hook point of each of ``kind``'s modules, in order (the sweep rows `rows` gives)."""
+        return site_kind(kind).hook_points(self.by_kind[kind], self.row, self.rows(kind))
+
+    def rows(self, kind: str) -> tuple[int, ...]:
+        """The row of ``kind``'s sweep array at each of its hook points (a stream: one more, row 0
+        its first module's input; a hybrid's partial kind: the blocks that hold its modules)."""
+        if kind in self.partial:
+            return self.layers[kind]
+        return tuple(range(len(self.by_kind[kind]) + int(site_kind(kind).stream)))
+
+    def recorded_row(self, kind: str, layer: int) -> int:
+        """Where row ``layer`` of ``kind``'s sweep array is in a run's recorded activations of the
+        kind (which hold its hook points in order: a hybrid's heads, its attention blocks only)."""
+        return self.rows(kind).index(layer)
+
+    def spread(self, kind: str, values: Any) -> Any:
+        """``values [..., hook point, column]`` (one per recorded row) as ``[..., row, column]`` over
+        the kind's whole sweep array, NaN in the rows without sites (a hybrid's other blocks)."""
+        import numpy as np
+
+        if kind not in self.partial:
+            return values
+        full = np.full((*values.shape[:-2], len(self.blocks), values.shape[-1]), np.nan)
+        full[..., list(self.layers[kind]), :] = values
+        return full
 
     def check_kinds(self, kinds: Sequence[str]) -> None:
         """One clear line when a kind asked for has no modules in this model's row."""
-        partial = [self.partial[kind] for kind in kinds if kind in self.partial]
-        if partial:
-            raise InputError(f"{partial[0]}; choose from {', '.join(self.by_kind)}")
         missing = [kind for kind in kinds if kind not in self.by_kind]
         if missing:
             raise InputError(
                 f"the {self.row.family} family's adapter row has no {', '.join(missing)} sites "
                 f"({', '.join(site_kind(kind).where for kind in missing)})"
             )
+
+    def check_in_every_layer(self, kinds: Sequence[str]) -> None:
+        """`check_kinds`, and one line when a kind is in some layers only (a hybrid stack's heads)."""
+        self.check_kinds(kinds)
+        partial = [self.partial[kind] for kind in kinds if kind in self.partial]
+        if partial:
+            raise InputError(f"{partial[0]}: this needs them in every layer")

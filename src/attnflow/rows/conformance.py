@@ -100,9 +100,13 @@ class Run:
             return self.model(**self.inputs, output_attentions=True)[0]
 
     def layers(self, what: str) -> list[Any]:
-        """What ``what`` saw, per layer in order."""
-        count = sum(1 for key in self.seen if key[0] == what)
-        return [self.seen[(what, layer)] for layer in range(count)]
+        """What ``what`` saw, per layer in order (a site a hybrid's blocks hold some of: those blocks')."""
+        return [self.seen[key] for key in sorted(key for key in self.seen if key[0] == what)]
+
+    def at(self, what: str) -> dict[int, Any]:
+        """What ``what`` saw, by block (the sites are recorded at their block's index: a hybrid row
+        whose blocks each hold one part, Nemotron-H's, has an attention site in some blocks only)."""
+        return {key[1]: value for key, value in self.seen.items() if key[0] == what}
 
 
 def _fail(run: Run, check: str, detail: str) -> NoReturn:
@@ -177,7 +181,9 @@ def record(row: Adapter, model: nn.Module, inputs: dict[str, torch.Tensor], n_he
                 f"adapter row {row.family!r}: no module of {type(model).__name__} matches {pattern!r}"
             )
         batch = inputs["input_ids"].shape[0] if what in _STREAM_POINTS else 0
-        for layer, (name, module) in enumerate(modules):
+        by_block = what in ("attn", "mlp") and bool(re.compile(pattern).groups)
+        for number, (name, module) in enumerate(modules):
+            layer = layer_index(pattern, name) if by_block else number
             point = HookPoint(module, side, index=index, name=name)
             hooked.append((point, lambda tensor, key=(what, layer), b=batch: seen.__setitem__(key, _copied(tensor, b))))
     if row.gated_mlp is not None:
@@ -395,7 +401,7 @@ def check_attention_output(run: Run) -> None:
     (of the same layer: a hybrid row's projections are in its attention layers only)."""
     stack = run.row.stack
     projections = find_layers(run.model, stack.output_projection, gaps=stack.gaps)
-    sites = run.layers("attn")
+    sites = run.at("attn")
     for (name, projection), heads in zip(projections, run.layers("stack.heads"), strict=True):
         layer = layer_index(stack.output_projection, name)
         added = sites[layer]
@@ -422,18 +428,24 @@ def check_residual_sum(run: Run) -> None:
     previous one's output."""
     inputs, outputs = run.layers("block.in"), run.layers("block.out")
     gated = run.row.sites is not None and run.row.sites.gated
-    for layer, (before, after, attention, mlp) in enumerate(
-        zip(inputs, outputs, run.layers("attn"), run.layers("mlp"), strict=True)
-    ):
-        for name, site in (("attention", attention), ("MLP", mlp)):
-            if site.shape != before.shape:
+    attentions, mlps = run.at("attn"), run.at("mlp")
+    empty = sorted(set(range(len(inputs))) - set(attentions) - set(mlps))
+    if empty:
+        _fail(run, "residual_sum", f"blocks {empty} hold no site")
+    for layer, (before, after) in enumerate(zip(inputs, outputs, strict=True)):
+        # a block of one part (a hybrid's, Nemotron-H's) adds its one site
+        present = {name: site for name, site in (("attention", attentions.get(layer)), ("MLP", mlps.get(layer)))}
+        parts = [site for site in present.values() if site is not None]
+        for name, site in present.items():
+            if site is not None and site.shape != before.shape:
                 shapes = f"{list(site.shape)}, not the stream's {list(before.shape)}"
                 _fail(run, "residual_sum", f"layer {layer}: the {name} site is {shapes}")
-        where = f"layer {layer}: block output against input + attention + MLP"
+        named = " + ".join(name for name, site in present.items() if site is not None)
+        where = f"layer {layer}: block output against input + {named}"
         if not gated:
-            _close(run, "residual_sum", where, after, before + attention + mlp)
+            _close(run, "residual_sum", where, after, before + sum(parts))
             continue
-        failure = affine_failure(after, (before, attention, mlp), TOLERANCE)
+        failure = affine_failure(after, (before, *parts), TOLERANCE)
         if failure is not None:
             _fail(run, "residual_sum", f"{where}, per-channel affine (the row declares a gated block): {failure}")
         if layer + 1 < len(inputs):

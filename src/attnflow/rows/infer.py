@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, get_args
+from typing import Any, Callable, get_args
 
 import torch
 from torch import nn
@@ -372,6 +372,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     kv_heads = Adapter(family, kind, (), row["stack"], head_count=head_count).kv_heads(config)
     found = _value_parts(block, scope, weights_call.outputs[weights_index], output_projection, kv_heads)
     row |= _residual(block, blocks, scope, output_projection, traced, n_layers)
+    one_part = row.pop("one_part", None)
     values_norm = row.pop("values_norm", None)
     output_norm = row.pop("output_norm", None)
     if found.value is None and found.fused is None:
@@ -397,7 +398,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
     row["norms"] = _norms(traced, blocks, [name for name, _ in hf_model.named_modules()], hf_model, inputs)
     row["embedding_norm"] = _embedding_norm(traced, blocks, first)
     if len(attending) < n_layers:
-        row = _hybrid(row, traced, blocks, attending, n_layers)
+        row = _hybrid(row, traced, blocks, attending, n_layers, one_part)
     elif "sites" not in row and (beside := _mixer_beside(block, scope)) is not None:
         row["mixers"] = Mixers(_pattern(beside.name, blocks), tuple(range(n_layers)), (type(beside.module).__name__,))
         row.pop("streams", None)
@@ -537,16 +538,19 @@ def _scope(weights: str, block: str) -> str:
 
 
 def _output_projection(block: _Block, scope: str) -> tuple[Call, torch.Tensor]:
-    """The last affine map of the attention block onto the stream's width whose input splits into heads."""
+    """The last affine map of the attention block onto the stream's width whose input splits into
+    heads; where the block carries several residual streams side by side (hyper-connections,
+    Qwen4-Exp: ``[batch, token, streams * d_model]``), onto a width that divides the stream's."""
     d_model = block.stream_in.shape[-1]
-    candidates = [
+    projections = [
         (call, weight)
         for call in block.calls
         if call.inside(scope)
         and (weight := _linear_weight(call)) is not None
-        and weight.shape[1] == d_model
+        and d_model % weight.shape[1] == 0
         and weight.shape[0] % block.n_heads == 0
     ]
+    candidates = [pair for pair in projections if pair[1].shape[1] == d_model] or projections
     if not candidates:
         raise _not_found(f"no output projection (heads × d_head → {d_model}) found in {scope}")
     return max(candidates, key=lambda pair: pair[0].start)
@@ -793,6 +797,9 @@ def _residual(
     if pair is None:
         post_norm = _post_norm(block, blocks, output_projection)
         pair = None if post_norm else _gated_pair(block, scope, output_projection)
+        if pair is None and not post_norm:
+            one = _one_part(block, lambda call: call.start >= output_projection.start or call.name == scope)
+            return {} if one is None else {"one_part": one}  # a hybrid's block of one part (`_one_part_sites`)
         if pair is None:
             return post_norm
     attention, mlp = pair
@@ -1101,7 +1108,12 @@ def _named(traced: dict[str, Call], pattern: str, blocks: str) -> dict[int, str]
 
 
 def _hybrid(
-    row: dict[str, Any], traced: dict[str, Call], blocks: str, attending: list[int], n_layers: int
+    row: dict[str, Any],
+    traced: dict[str, Call],
+    blocks: str,
+    attending: list[int],
+    n_layers: int,
+    one_part: Call | None = None,
 ) -> dict[str, Any]:
     """The row of a hybrid stack, read from its first attention layer: the per-head patterns
     (the stack, the values, query, key, fused projections, the norm after the output projection)
@@ -1127,17 +1139,21 @@ def _hybrid(
     others = [layer for layer in range(n_layers) if layer not in attending]
     sites: Sites | None = row.get("sites")
     mixers = None if sites is None else _mixer_sites(traced, blocks, sites, others)
-    if sites is None or mixers is None:
+    one_parts = sites is None and one_part is not None
+    split = _one_part_sites(traced, blocks, others, one_part, attending) if one_parts and one_part else None
+    if split is not None:
+        row["sites"], row["mixers"] = split
+    elif sites is None or mixers is None:
         row.pop("sites", None)
         row["mixers"] = Mixers(_only(rf"^{re.escape(blocks)}\.(\d+)$", others), tuple(others))
     else:
-        tails, kinds = mixers
+        tails, kinds, moved = mixers
         row["mixers"] = Mixers(_at(blocks, tails), tuple(others), kinds)
-        merged = {tail: list(layers) for tail, layers in tails.items()}
-        for layer, tail in _named(traced, sites.attention, blocks).items():
-            if layer in attending:
-                merged[tail] = sorted([*merged.get(tail, []), layer])
-        row["sites"] = replace(sites, attention=_at(blocks, merged))
+        row["sites"] = replace(
+            sites,
+            attention=_at(blocks, _merged(tails, _named(traced, sites.attention, blocks), attending)),
+            mlp=_at(blocks, _merged(moved, _named(traced, sites.mlp, blocks), range(n_layers))) if moved else sites.mlp,
+        )
     experts = row.get("experts")
     if experts is not None:
         reference = traced[f"{blocks}.{attending[0]}{_named(traced, experts.block, blocks)[attending[0]]}"]
@@ -1151,44 +1167,126 @@ def _hybrid(
     return row
 
 
-def _mixer_sites(
-    traced: dict[str, Call], blocks: str, sites: Sites, layers: list[int]
-) -> tuple[dict[str, list[int]], tuple[str, ...]] | None:
-    """In each of ``layers`` (a hybrid's layers without attention), the token mixer: the shallowest,
-    earliest module of the block, before the MLP site (the row's ``sites.mlp``) and outside it,
-    whose output adds up with the block's input and the MLP site's output to the block's output
-    (``sites.gated``: combines with them per channel, `affine_failure`). ``({tail: layers}, the
-    mixers' classes)``, or None where a layer has no such module."""
-    mlps = _named(traced, sites.mlp, blocks)
-    tails: dict[str, list[int]] = {}
+def _one_part(block: _Block, allowed: Callable[[Call], bool] = lambda _call: True) -> Call | None:
+    """The shallowest, earliest module of ``block`` (one ``allowed``) whose output alone adds up with
+    the block's input to its output: a block of one part (Nemotron-H's: attention, Mamba, MLP or MoE)."""
+    x, out = block.stream_in, block.stream_out
+    if not torch.is_tensor(out):
+        return None
+    by_depth = sorted(block.streams(), key=lambda call: (call.name.count("."), call.start))
+    return next((call for call in by_depth if allowed(call) and _close(out, x + call.output)), None)
+
+
+def _mixes_tokens(call: Call) -> bool:
+    """Whether ``call``'s module mixes positions: run again on its traced input with position 0
+    changed, its output at a later position changes (a module that cannot run on its input alone, or
+    returns something else, counts as mixing: what reads attention as the only mixer is refused)."""
+    x = call.input
+    if not (torch.is_tensor(x) and x.dim() == 3 and x.shape[1] > 1 and torch.is_tensor(call.output)):
+        return True
+    changed = x.clone()
+    changed[:, 0] += 1.0
+    try:
+        again = call.module(changed)
+    except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
+        return True
+    again = again[0] if isinstance(again, tuple) else again
+    if not torch.is_tensor(again) or again.numel() != call.output.numel():
+        return True
+    return not _close(again.reshape(call.output.shape)[:, 1:], call.output[:, 1:])
+
+
+def _one_part_sites(
+    traced: dict[str, Call], blocks: str, layers: list[int], attention: Call, attending: list[int]
+) -> tuple[Sites, Mixers] | None:
+    """The sites of a hybrid whose blocks each hold one part (Nemotron-H: block output = input + its
+    one mixer, attention, Mamba, an MLP or a mixture of experts; ``attention``: the attention
+    block's part): in each of ``layers`` the part (`_one_part`), a token mixer (the ``attn`` site,
+    named in `Mixers`) where it mixes positions (`_mixes_tokens`), else the ``mlp`` site. None where
+    a block has no such part, or no block holds an MLP or a token mixer besides attention;
+    ``attending``: the attention blocks, whose part is at ``attention``'s place."""
+    mixing: dict[str, list[int]] = {}
+    feeding: dict[str, list[int]] = {}
     kinds: list[str] = []
     for layer in layers:
         owner = traced.get(f"{blocks}.{layer}")
-        feed_forward = traced.get(f"{blocks}.{layer}{mlps.get(layer, '')}") if layer in mlps else None
-        if owner is None or feed_forward is None or not torch.is_tensor(owner.output):
+        part = None if owner is None else _one_part(_Block(_calls_inside(traced, owner.name), owner, 0))
+        if owner is None or part is None:
             return None
-        x, out = owner.input, owner.output
-        candidates = sorted(
-            (
-                call
-                for call in _calls_inside(traced, owner.name)
-                if call.start < feed_forward.start
-                and not call.inside(feed_forward.name)
-                and torch.is_tensor(call.output)
-                and call.output.shape == x.shape
-                and (
-                    affine_failure(out, (x, call.output, feed_forward.output), TOLERANCE) is None
-                    if sites.gated
-                    else _close(out, x + call.output + feed_forward.output)
-                )
-            ),
-            key=lambda call: (call.name.count("."), call.start),
-        )
-        if not candidates:
+        mixes = _mixes_tokens(part)
+        (mixing if mixes else feeding).setdefault(part.name[len(owner.name) :], []).append(layer)
+        if mixes:
+            kinds.append(type(part.module).__name__)
+    if not mixing or not feeding:
+        return None
+    reference = f"{blocks}.{attending[0]}"
+    tail = attention.name[len(reference) :]
+    merged = {name: list(found) for name, found in mixing.items()}
+    merged[tail] = sorted([*merged.get(tail, []), *attending])
+    sites = Sites(_pattern(reference, blocks), _at(blocks, merged), _at(blocks, feeding))
+    mixed = tuple(sorted(layer for found in mixing.values() for layer in found))
+    return sites, Mixers(_at(blocks, mixing), mixed, tuple(dict.fromkeys(kinds)))
+
+
+def _merged(tails: dict[str, list[int]], named: dict[int, str], layers: Sequence[int]) -> dict[str, list[int]]:
+    """``tails`` ({tail: layers}) with each of ``layers`` that ``named`` ({layer: tail}) names added
+    under its tail, except the layers ``tails`` holds already."""
+    merged = {tail: list(found) for tail, found in tails.items()}
+    taken = {layer for found in tails.values() for layer in found}
+    for layer, tail in named.items():
+        if layer in layers and layer not in taken:
+            merged[tail] = sorted([*merged.get(tail, []), layer])
+    return merged
+
+
+def _mixer_sites(
+    traced: dict[str, Call], blocks: str, sites: Sites, layers: list[int]
+) -> tuple[dict[str, list[int]], tuple[str, ...], dict[str, list[int]]] | None:
+    """In each of ``layers`` (a hybrid's layers without attention), the token mixer: the shallowest,
+    earliest module of the block, before the MLP site and outside it, whose output adds up with the
+    block's input and the MLP site's output to the block's output (``sites.gated``: combines with
+    them per channel, `affine_failure`). The MLP site is the row's ``sites.mlp`` where the layer has
+    that module; else (OLMo-Hybrid: post-norm attention layers, pre-norm linear-attention ones) the
+    shallowest, earliest module after the mixer that adds up so. ``({tail: layers} of the mixers,
+    the mixers' classes, {tail: layers} of the MLP sites found in other places)``, or None where a
+    layer has no such pair."""
+    mlps = _named(traced, sites.mlp, blocks)
+    tails: dict[str, list[int]] = {}
+    moved: dict[str, list[int]] = {}
+    kinds: list[str] = []
+    for layer in layers:
+        owner = traced.get(f"{blocks}.{layer}")
+        if owner is None or not torch.is_tensor(owner.output):
             return None
-        mixer = candidates[0]
+        named = traced.get(f"{blocks}.{layer}{mlps[layer]}") if layer in mlps else None
+        found = _mixer_and_mlp(traced, owner, sites.gated, named)
+        if found is None:
+            return None
+        mixer, feed_forward = found
         tails.setdefault(mixer.name[len(owner.name) :], []).append(layer)
+        if named is None:
+            moved.setdefault(feed_forward.name[len(owner.name) :], []).append(layer)
         # a norm after the mixer (a sandwich) is the site; the module it normalises is the mixer
         mixing = _producer(_Block(_calls_inside(traced, owner.name), owner, 0), mixer) if _norm_forms(mixer) else mixer
         kinds.append(type(mixing.module).__name__)
-    return tails, tuple(dict.fromkeys(kinds))
+    return tails, tuple(dict.fromkeys(kinds)), moved
+
+
+def _mixer_and_mlp(traced: dict[str, Call], owner: Call, gated: bool, named: Call | None) -> tuple[Call, Call] | None:
+    """(token mixer, MLP site) of one block whose output is its input plus the two (``gated``: a
+    per-channel affine combination of the three): the MLP site ``named`` when given, else the
+    shallowest, earliest module that adds up so; the mixer the shallowest, earliest before it."""
+    x, out = owner.input, owner.output
+    calls = _calls_inside(traced, owner.name)
+    shaped = sorted(
+        (call for call in calls if torch.is_tensor(call.output) and call.output.shape == x.shape),
+        key=lambda call: (call.name.count("."), call.start),
+    )
+    for feed_forward in [named] if named is not None else shaped:
+        for call in shaped:
+            if call.start >= feed_forward.start or call.inside(feed_forward.name) or feed_forward.inside(call.name):
+                continue
+            parts = (x, call.output, feed_forward.output)
+            if affine_failure(out, parts, TOLERANCE) is None if gated else _close(out, sum(parts)):
+                return call, feed_forward
+    return None

@@ -14,7 +14,8 @@ The rows (``L`` layers, ``T`` tokens, ``H`` heads; the array each sweep fills):
   layer) and its output (row l + 1: the stream leaving layer l), ``[batch, token, d_model]``;
 - ``attn`` ``[L, T]``: what layer l's attention block adds to the residual stream at one position
   (in a hybrid stack, `attnflow.rows.adapters.Mixers`: what layer l's token mixer adds, attention
-  or not; ``heads`` and ``knockout`` exist in its attention layers only, so a sweep refuses them);
+  or not; ``heads`` and ``knockout`` exist in its attention layers only: their rows are the block
+  indices, NaN in the other blocks' rows);
 - ``mlp`` ``[L, T]``: what layer l's MLP adds at one position;
 - ``heads`` ``[L, H]``: one head's output, its ``d_head`` slice of the input of the attention output
   projection ``[batch, token, head * d_head]``, at every position or at one (``head_position``);
@@ -200,7 +201,8 @@ class SiteKind:
     every site its one position (heads: ``head_position``; knockout: ``target``). ``window``: each
     site spans the sweep's window of layers centred on its row. ``title``/``title_at``: the report's
     heading (``title_at`` when the position option is set; ``{position}``, ``{token}``, ``{window}``
-    filled in); ``help``: one line for ``attnflow patch --help``. ``view``: the `View` its hook
+    filled in; ``title_mixers``: in a hybrid stack, whose sites of the kind are each layer's token
+    mixer, attention or not); ``help``: one line for ``attnflow patch --help``. ``view``: the `View` its hook
     points see the output through, made from the adapter row (None: the output itself).
     ``default``: in the default sweep (`attnflow.causal.sites.SITE_KINDS`).
     """
@@ -222,6 +224,7 @@ class SiteKind:
     title_at: str = ""
     view: Callable[[Adapter], View] | None = None
     default: bool = True
+    title_mixers: str = ""
 
     @property
     def is_activation(self) -> bool:
@@ -245,12 +248,15 @@ class SiteKind:
         """The columns of a tensor at one of the kind's hook points ``[batch, token, ...]``."""
         return {"position": tensor.shape[1], "head": n_heads, "expert": tensor.shape[2]}[self.column]
 
-    def hook_points(self, modules: Sequence[Any], row: Adapter | None = None) -> list[HookPoint]:
+    def hook_points(
+        self, modules: Sequence[Any], row: Adapter | None = None, layers: Sequence[int] | None = None
+    ) -> list[HookPoint]:
         """The hook point of each row of the sweep array, given the kind's modules in layer order
         (a stream: row 0 the first module's input, row l + 1 module l's output) and, for a kind with
-        a ``view``, the adapter ``row`` it is made from. Where the kind reads an argument other than
-        the first, its write also receives the call's first input (the hidden states ``[batch,
-        token, d_model]``, to size a tensor the call left out)."""
+        a ``view``, the adapter ``row`` it is made from; ``layers``: the block of each module, where
+        they are some blocks only (a hybrid stack's attention layers; None: 0, 1, ...). Where the
+        kind reads an argument other than the first, its write also receives the call's first input
+        (the hidden states ``[batch, token, d_model]``, to size a tensor the call left out)."""
         from attnflow.rows.hook_points import HookPoint
 
         if not modules:  # a kind the row has no modules for
@@ -264,7 +270,7 @@ class SiteKind:
             HookPoint(
                 module, self.side, self.argument, with_input=reads_first, name=f"{self.name} layer {layer}", view=view
             )
-            for layer, module in enumerate(modules)
+            for layer, module in zip(range(len(modules)) if layers is None else layers, modules, strict=True)
         ]
 
     def on_tokens(self, tensor: Any, batch: int, change: Callable[[Any], Any]) -> Any:
@@ -278,8 +284,10 @@ class SiteKind:
         new = change(shaped)
         return new if shaped is tensor or new is None else new.reshape(tensor.shape)
 
-    def heading(self, position: int | None, tokens: Sequence[str], window: int = 1) -> str:
-        """The report's heading of this kind's heatmap."""
+    def heading(self, position: int | None, tokens: Sequence[str], window: int = 1, mixers: bool = False) -> str:
+        """The report's heading of this kind's heatmap (``mixers``: the run's row is a hybrid stack's)."""
+        if mixers and self.title_mixers:
+            return self.title_mixers
         if position is None or not self.title_at:
             return self.title
         return self.title_at.format(position=position, token=tokens[position], window=window)
@@ -315,6 +323,7 @@ SITE_TABLE: tuple[SiteKind, ...] = (
         "what each attention block (in a hybrid stack: each layer's token mixer) adds to the stream, per "
         "(layer, position)",
         adds_to_stream=True,
+        title_mixers="token mixer outputs (attention or not, per layer)",
     ),
     _per_position(
         "mlp",

@@ -144,6 +144,7 @@ def explorer_payload(exploration: "Exploration") -> tuple[dict[str, Any], Chunks
         "special": np.asarray(exploration.special_mask, dtype=bool).tolist(),
         "offsets": None if exploration.offsets is None else np.asarray(exploration.offsets).tolist(),
         "n_layers": exploration.n_layers,
+        "layer_labels": exploration.layer_labels,  # a hybrid's attention layers: their block indices
         "n_heads": exploration.n_heads,
         "row": exploration.row,
         "causal": exploration.causal,

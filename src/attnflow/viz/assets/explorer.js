@@ -16,6 +16,9 @@
 
   function method() { return meta.methods[state.method]; }
 
+  // A layer's label: its block index in a hybrid stack (attention in some blocks only), else itself.
+  function layerLabel(l) { return String(meta.layer_labels ? meta.layer_labels[l] : l); }
+
   // The view index of the selected layer for a method (-1: the method has no matrix for it).
   function viewIndex(m) {
     if (!m.matrices) return -1;
@@ -294,7 +297,7 @@
       var layer = m.first_layer === null ? null : m.first_layer + v;
       tr.dataset.view = String(v);
       if (v === current) tr.className = "current";
-      cell(tr, layer === null ? "final" : String(layer));
+      cell(tr, layer === null ? "final" : layerLabel(layer));
       var entropyCell = tr.insertCell(), normalized = pick("normalized_entropy", v);
       var frame = document.createElement("span"); frame.className = "bar-box";
       var bar = document.createElement("span"); bar.className = "bar"; bar.style.width = Math.round(normalized * 70) + "px";
@@ -336,7 +339,7 @@
       o.title = m.description;
     });
     var layerSelect = $("layer");
-    for (var l = 0; l < meta.n_layers; l++) option(layerSelect, String(l), String(l) + (l === meta.n_layers - 1 ? " (last)" : ""));
+    for (var l = 0; l < meta.n_layers; l++) option(layerSelect, String(l), layerLabel(l) + (l === meta.n_layers - 1 ? " (last)" : ""));
     var headSelect = $("head");
     option(headSelect, "-1", "fused");
     for (var h = 0; h < meta.n_heads; h++) option(headSelect, String(h), "head " + h);
@@ -410,7 +413,7 @@
     $("head").title = m.heads ? "" : "this method has no per-head matrices: its heads are fused";
     var notes = [];
     if (m.matrices && m.first_layer === null) notes.push(m.name + " gives its final matrix only (the layer selector applies to the similarity panel).");
-    if (m.matrices && view < 0) notes.push(m.name + " starts at layer " + m.first_layer + ".");
+    if (m.matrices && view < 0) notes.push(m.name + " starts at layer " + layerLabel(m.first_layer) + ".");
     if (state.head >= 0 && !m.heads) notes.push(m.name + " has no per-head matrices: heads fused.");
     if (m.note) notes.push(m.note);
     $("method-note").textContent = m.description + (notes.length ? " — " + notes.join(" ") : "");
@@ -423,7 +426,7 @@
 
     var empty = $("matrix-empty");
     if (!m.matrices) { empty.hidden = false; empty.textContent = "no matrix for this method (attribution only: one score per token)"; }
-    else if (view < 0) { empty.hidden = false; empty.textContent = "no matrix for layer " + state.layer; }
+    else if (view < 0) { empty.hidden = false; empty.textContent = "no matrix for layer " + layerLabel(state.layer); }
     else empty.hidden = true;
 
     var similarity = similarityMatrix();
@@ -431,7 +434,7 @@
     $("similarity-empty").hidden = !!similarity;
     $("similarity-empty").textContent = "no head outputs in the trace, so no context similarity";
     $("similarity-caption").textContent = similarity
-      ? "layer " + state.layer + ", " + (state.head >= 0 ? "head " + state.head : "mean over heads") +
+      ? "layer " + layerLabel(state.layer) + ", " + (state.head >= 0 ? "head " + state.head : "mean over heads") +
         " · |S| ≤ " + formatValue(similarityState.vmax)
       : "";
     renderRow();
