@@ -364,12 +364,14 @@ def _affordable(specs: list[MethodSpec], n_tokens: int, skips: _Skips) -> list[M
 
 def _block_labels(model: ModelLike | None) -> list[int] | None:
     """The block index of each attention layer of a hybrid stack (`attnflow.rows.adapters.Stack.gaps`),
-    which the explorer's layers are labelled by; None where layer l is block l (or no model is known)."""
-    if model is None or not model.adapter.stack.gaps:
+    which the explorer's layers are labelled by; None where layer l is block l (or no model, or no
+    adapter row, is known: a model-like object of the user's own)."""
+    adapter = getattr(model, "adapter", None)
+    if adapter is None or not adapter.stack.gaps:
         return None
     from attnflow.rows.adapters import layer_index
 
-    return [layer_index(model.adapter.stack.attention, name) for name in model.layer_names]
+    return [layer_index(adapter.stack.attention, name) for name in getattr(model, "layer_names", [])]
 
 
 def _exploration(base: Trace, row: Row, views: list[MethodView], skipped: dict[str, str]) -> Exploration:
