@@ -9,6 +9,7 @@ projection (BitNet's sub-norm), which depends on the values, fails the check."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def test_the_values_are_found_with_a_factor_and_proven(model_type):
     assert row.values.head_factor and row.values.value.endswith(r"self_attn\.v_proj$") and not row.unverified
     report = check_adapter(row, model.hf_model, strict=False)
     assert report.outcome("head_factor") == "pass" and report.outcome("head_slices") == "n/a"
-    assert "values" in row.provides and not {"query_key", "streams"} & row.provides
+    assert {"values", "query_key"} <= row.provides and "streams" not in row.provides
     plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_factor=False))
     assert check_adapter(plain, model.hf_model, strict=False).outcome("head_slices") == "fail"  # A·V alone is not it
 
@@ -124,11 +125,82 @@ def test_the_parts_add_up_to_the_attention_output(gated):
         np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
 
 
-def test_the_backward_rules_and_routes_refuse_a_factor_in_one_line(gated):
-    with pytest.raises(InputError, match=r"requires query_key .*per-position factor.*Values\.head_factor"):
-        gated.explain(TEXT, method="attnlrp")
+def test_routes_refuse_a_factor_in_one_line(gated):
     with pytest.raises(InputError, match=r"routes do not support .*head vectors that do not depend on the query"):
         attnflow.routes(gated, TEXT)
+
+
+def _logit_relevance(model, rules, hooked=()):
+    """``(Σ_j R_j, Σ_b b · ∂̃y/∂b, y, R [token])`` of the last position's logit 7 under ``rules``,
+    with ``hooked`` forward hooks ``(module, hook)`` on during the pass."""
+    from attnflow.methods.model.lrp import backward_rules
+
+    ids = torch.tensor(model.trace(TEXT)[0].token_ids)[None]
+    handles = [module.register_forward_hook(hook) for module, hook in hooked]
+    try:
+        with backward_rules(model, rules) as recording, torch.enable_grad():
+            y = model.hf_model(input_ids=ids).logits[0, -1, 7]
+    finally:
+        for handle in handles:
+            handle.remove()
+    outputs = [output for _, output in recording.biased_outputs]
+    gradients = torch.autograd.grad(y, [recording.embedding_sum, *outputs], allow_unused=True)
+    scores = (recording.embedding_sum * gradients[0]).sum(-1)[0].detach().double().numpy()
+    biases = sum(
+        float((b * g).sum()) for (b, _), g in zip(recording.biased_outputs, gradients[1:], strict=True) if g is not None
+    )
+    return float(scores.sum()), biases, float(y.detach()), scores
+
+
+def test_the_gate_held_constant_is_gradient_times_input_with_the_gate_detached_by_hand():
+    """The ``head_factor`` rule alone is gradient × input at the embedding sum with D constant; the
+    oracle detaches AFMoE's own ``gate_proj`` output in a forward hook (so sigmoid(gate) is constant)
+    and takes the plain gradient × input."""
+    from attnflow.methods.model.lrp import BackwardRules, Scale
+
+    model = _tiny("afmoe")
+    gates = [module for name, module in model.hf_model.named_modules() if name.endswith("self_attn.gate_proj")]
+    assert len(gates) == model.n_layers
+    *_, found = _logit_relevance(model, BackwardRules("gate held", "", {"head_factor": Scale(0.0)}))
+    detach = [(gate, lambda _m, _i, output: output.detach()) for gate in gates]
+    *_, expected = _logit_relevance(model, BackwardRules("plain", ""), detach)
+    np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-7 * np.abs(expected).max())
+    *_, plain = _logit_relevance(model, BackwardRules("plain", ""))
+    assert not np.allclose(plain, expected, rtol=1e-3)  # the gate's gradient does matter here
+
+
+@pytest.mark.parametrize("model_type", ["minicpm5_moe", "afmoe", "granite_swa"])
+def test_cp_lrp_conserves_through_the_factor(model_type):
+    """With every MLP's output zeroed (a forward hook), the logit is embeddings → norms → gated
+    attention: cp_lrp holds 1/σ, A and D constant, so Σ_j R_j + Σ_b b · ∂̃y/∂b = y exactly; without
+    the ``head_factor`` rule D's gradient breaks it."""
+    from attnflow.methods.model.lrp import RULES, BackwardRules
+
+    model = _tiny(model_type)
+    mlps = [module for name, module in model.hf_model.named_modules() if re.search(r"layers\.\d+\.mlp$", name)]
+    assert len(mlps) == model.n_layers
+    zero = [(mlp, lambda _m, _i, output: torch.zeros_like(output)) for mlp in mlps]
+    tokens, biases, y, _ = _logit_relevance(model, RULES["cp_lrp"], zero)
+    assert tokens + biases == pytest.approx(y, rel=1e-4, abs=1e-6)
+    rules = dict(RULES["cp_lrp"].rules)
+    del rules["head_factor"]
+    tokens, biases, y, _ = _logit_relevance(model, BackwardRules("cp_lrp without", "", rules), zero)
+    assert abs(tokens + biases - y) > 1e-3 * abs(y)  # 100 times the tolerance above
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "gim", "cp_lrp"])
+def test_the_backward_rules_run_through_the_factor(gated, method):
+    """The rule sets run on a factored row (the query_key rule at the scores, `Values.scores`), each
+    sigmoid inside the attention modules held constant once per layer."""
+    from attnflow.methods.model.lrp import RULES, backward_rules
+
+    explanation = gated.explain(TEXT, method=method)
+    assert explanation.scores.shape == (gated.trace(TEXT)[0].n_tokens,) and np.isfinite(explanation.scores).all()
+    assert gated.adapter.values.scores and "query_key" in gated.adapter.provides
+    ids = torch.tensor(gated.trace(TEXT)[0].token_ids)[None]
+    with backward_rules(gated, RULES[method]) as recording, torch.enable_grad():
+        gated.hf_model(input_ids=ids)
+    assert recording.head_factors == gated.n_layers
 
 
 def test_a_norm_between_the_heads_and_the_output_projection_fails_the_check():

@@ -510,10 +510,10 @@ class Adapter:
     @property
     def withheld(self) -> dict[str, str]:
         """The capabilities the row's parts would give but a part of it withholds, with why: a
-        per-position factor on the heads (`Values.head_factor`) withholds ``query_key`` and ``streams``."""
+        per-position factor on the heads (`Values.head_factor`) withholds ``streams``."""
         if self.values is None or not self.values.head_factor:
             return {}
-        return dict.fromkeys(("query_key", "streams"), f"{FACTORED} (Values.head_factor)")
+        return {"streams": f"{FACTORED} (Values.head_factor)"}
 
     @property
     def note(self) -> str:
@@ -555,7 +555,6 @@ class Adapter:
             and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
             "query_key": self.projection("value") is not None
-            and not factored
             and (
                 all(self.projection(part) is not None for part in HEAD_PARTS) or (values is not None and values.scores)
             ),
@@ -577,7 +576,7 @@ class Adapter:
 EXTENDING = "docs/extending.md, 'A model family'"
 FACTORED = (
     "its heads are A·V times a per-position factor (a gate or a rescaling before the output projection), "
-    "a product no backward rule splits and routes do not carry"
+    "a product routes do not carry"
 )  # where a user learns to write a part of a row
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")

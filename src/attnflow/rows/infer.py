@@ -393,7 +393,7 @@ def _infer_row(hf_model: nn.Module, kind: str) -> Adapter:
             query=None if query is None else _pattern(query, blocks),
             key=None if key is None else _pattern(key, blocks),
             output_norm=output_norm,
-            scores=query is None and not factored,
+            scores=query is None,  # a factored row's query and key (beside a gate) are not named: the scores are
             head_factor=factored,
         )
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
