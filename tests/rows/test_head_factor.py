@@ -49,7 +49,7 @@ def test_the_values_are_found_with_a_factor_and_proven(model_type):
     assert row.values.head_factor and row.values.value.endswith(r"self_attn\.v_proj$") and not row.unverified
     report = check_adapter(row, model.hf_model, strict=False)
     assert report.outcome("head_factor") == "pass" and report.outcome("head_slices") == "n/a"
-    assert {"values", "query_key"} <= row.provides and "streams" not in row.provides
+    assert {"values", "query_key", "streams"} <= row.provides
     plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_factor=False))
     assert check_adapter(plain, model.hf_model, strict=False).outcome("head_slices") == "fail"  # A·V alone is not it
 
@@ -125,9 +125,43 @@ def test_the_parts_add_up_to_the_attention_output(gated):
         np.testing.assert_allclose(whole, outputs[layer][0].double().numpy(), atol=1e-5)
 
 
-def test_routes_refuse_a_factor_in_one_line(gated):
-    with pytest.raises(InputError, match=r"routes do not support .*head vectors that do not depend on the query"):
-        attnflow.routes(gated, TEXT)
+def test_routes_carry_each_head_through_the_factor_per_query(gated):
+    """Routes' (head, source) part at query i is A_h[i, j] (D_i^h ⊙ v_h(j)) W_O^h: equal to explicit
+    loops through the model's own gate, and the parts plus the output bias rebuild the output
+    projection's output to 1e-5 in every layer; the proximities of those per-query parts, from the
+    compiled kernel, equal max(‖w‖ − ‖w − part‖, 0) computed directly."""
+    from attnflow.flow_routes import contributions as parts
+    from attnflow.flow_routes.forward import layer_view, read_weights, record
+
+    ids = torch.tensor(gated.trace(TEXT)[0].token_ids)[None]
+    recording, weights = record(gated, ids), read_weights(gated)
+    d, n_heads = gated.d_head, gated.n_heads
+    for index, (_, values, gate) in enumerate(_own_parts(gated, TEXT)):
+        layer = layer_view(recording, weights, index)
+        vectors = parts.head_vectors(layer.values, layer.output_weights, layer.factors)
+        assert isinstance(vectors, parts.QueryVectors)
+        every = vectors.rows(slice(None))  # [query, key, head, d_model]
+        weight = gated.hf_model.model.layers[index].self_attn.o_proj.weight.detach().double()
+        group = n_heads // values.shape[1]
+        for i, j, h in [(3, 1, 0), (8, 8, 3), (5, 0, 2)]:
+            expected = weight[:, h * d : (h + 1) * d] @ (values[j, h // group] * gate[i, h])
+            np.testing.assert_allclose(every[i, j, h], expected, rtol=1e-5, atol=1e-6)
+        summed = torch.einsum("hij,ijhd->id", layer.attention, every) + layer.output_bias
+        np.testing.assert_allclose(summed, layer.attention_output, atol=1e-5)
+        raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights, layer.factors)
+        np.testing.assert_allclose(raw.sum(1) + layer.output_bias, layer.attention_output, atol=1e-5)
+        block = parts.linearise_attention(layer.inputs, layer.attention_output, layer.output_bias, None, False)
+        for p in parts.NORMS:
+            found = parts.head_proximities(layer.mid, block, vectors, layer.attention, p)  # [query, head, key]
+            part = layer.attention.permute(1, 2, 0)[..., None] * every  # [query, key, head, d_model]
+            direct = parts.proximity(layer.mid[:, None, None], part, p).permute(0, 2, 1)
+            np.testing.assert_allclose(found, direct, rtol=1e-9, atol=1e-12)
+
+
+def test_routes_run_on_factored_rows():
+    for model_type in ("afmoe", "granite_swa"):
+        routes = attnflow.routes(_tiny(model_type), TEXT)
+        assert np.isfinite(routes.graph.heads).all() and routes.graph.heads.sum() > 0
 
 
 def _logit_relevance(model, rules, hooked=()):
