@@ -4,7 +4,10 @@ a sink's rescaling of the weights after they are returned (Granite-SWA). Inferen
 the conformance suite proves the factor by changing one token's values, and the value-aware methods
 carry each head through it. The oracle is the model's own gate, read from its projection and put
 through a sigmoid by hand, and loops over the definition; a norm between A·V and the output
-projection (BitNet's sub-norm), which depends on the values, fails the check."""
+projection (BitNet's sub-norm), which depends on the values, fails the check. Routes carry each
+head through D per query; the backward rules hold D constant (gradient × input with the gate
+detached by hand, and CP-LRP's exact conservation), and a mixture of experts' routing weights
+the same way (conservation on Mixtral, OLMoE, Qwen2-MoE with linear experts)."""
 
 from __future__ import annotations
 
@@ -264,3 +267,31 @@ def test_a_factor_of_ones_gives_the_gram_matrices_numbers(tiny_loaded, family):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
     halves = dataclasses.replace(trace, head_factors=np.full_like(trace.values, 0.5))
     assert not np.allclose(norm_matrices(halves, residual_vector=True), expected[1])  # the factor is read
+
+
+class _Ones(torch.nn.Module):
+    """An expert activation replaced by ones: act(gate) · up = up, so each expert is linear in x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(x)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "olmoe", "qwen2_moe"])
+def test_cp_lrp_conserves_through_the_router_held_constant(model_type):
+    """The MoE router's weights (and Qwen2-MoE's shared-expert gate) are gates held constant, the
+    choice fixed (``router``). With the experts made linear (their activation replaced by ones),
+    cp_lrp's logit is linear in the embedding sum and the biases: Σ_j R_j + Σ_b b · ∂̃y/∂b = y to
+    1e-4; with the router's gradient left on it misses by more than 1e-2."""
+    from attnflow.methods.model.lrp import RULES, BackwardRules
+
+    model = _tiny(model_type)
+    activations = [module for module in model.hf_model.modules() if hasattr(module, "act_fn")]
+    assert activations and model.adapter.experts is not None
+    for module in activations:
+        module.act_fn = _Ones()
+    tokens, biases, y, _ = _logit_relevance(model, RULES["cp_lrp"])
+    assert tokens + biases == pytest.approx(y, rel=1e-4, abs=1e-6)
+    rules = dict(RULES["cp_lrp"].rules)
+    del rules["router"]
+    tokens, biases, y, _ = _logit_relevance(model, BackwardRules("cp_lrp without", "", rules))
+    assert abs(tokens + biases - y) > 1e-2 * abs(y)

@@ -29,7 +29,10 @@ The module kinds and where the engine finds them (``∂̃``: the modified gradie
   projection (`attnflow.rows.adapters.Values.head_factor`: AFMoE's, Beam's, MiniCPM5-MoE's sigmoid
   gate, Granite-SWA's sink rescaling sigmoid(lse − sink)), every sigmoid called inside its attention
   modules, where D is made (the same torch-function mode; a forward pass of such a row in which no
-  sigmoid is found raises a CaptureError rather than leaving D on the gradient's path unnamed).
+  sigmoid is found raises a CaptureError rather than leaving D on the gradient's path unnamed);
+- ``router``: a mixture of experts' routing weights g (`attnflow.rows.adapters.Experts`: the
+  router's output at ``weights_index``, in every MoE block) and its shared expert's gate logit
+  (``shared_gate``, whose sigmoid scales the shared expert).
 
 The rules:
 
@@ -43,14 +46,23 @@ The rules:
 
 - ``Scale`` (0) at ``head_factor``: the factor D is held constant, as the rule sets hold the norms'
   1/σ: D ⊙ (A·V) is then linear in A·V, so all of its relevance passes to A·V (and on through the
-  rules for A·V), none to the gate's input (a sigmoid, which no rule conserves through).
+  rules for A·V), none to the gate's input (a sigmoid, which no rule conserves through);
+- ``Scale`` (0) at ``router``: the routing weights are gates, held constant, the choice of experts
+  fixed (a top-k has no gradient anyway): Σ_k g_k E_k(x) is then linear in the experts' outputs,
+  so all of the block's relevance passes to the experts and none to the router's logits (a softmax
+  or sigmoid of them, then a top-k and a renormalisation, which no rule conserves through).
 
 Several rules on one module compose: a gated MLP's activation under ``activation`` = `Identity` and
 ``gated_product`` = `Scale` (½) passes ½ · f(x)/x.
 
 The rule sets (Ali et al. 2022; Achtibat et al. 2024; Edin et al. 2025):
 
-Every rule set below holds a head factor D constant (``head_factor``: `Scale` (0)).
+Every rule set below holds a head factor D and the routing weights constant (``head_factor``,
+``router``: `Scale` (0)). Inside an expert, the fused experts' gated product act(gate) · up is
+computed on slices of one parameter tensor, not by modules the rules can reach: it keeps its plain
+gradient (``gated_product`` acts only on a dense gated MLP's modules), so the experts do not
+conserve relevance under ``attnlrp`` and ``gim`` (an activation module, ``act_fn``, still gets the
+``activation`` rule).
 
 - ``cp_lrp``: norms constant; A constant where it multiplies V (Q and K reach the output only
   through A, so the gradient is stopped at the query and key projections);
@@ -100,6 +112,7 @@ MODULE_KINDS = {
     "gated_product": "both operands of a gated MLP's product: the up projection's and the activation's outputs",
     "softmax": "every softmax called inside the attention modules",
     "head_factor": "every sigmoid called inside the attention modules of a row with a per-position head factor",
+    "router": "a mixture of experts' routing weights (the router's output) and its shared expert's gate",
 }
 _VALUE_KINDS = ("norm", "activation")  # rules that recompute the output (before a bias is read)
 
@@ -135,7 +148,7 @@ class Scale(Rule):
     """∂̃ × ``factor`` at the module's output (0: the gradient stops there)."""
 
     factor: float
-    kinds: ClassVar[tuple[str, ...]] = ("query_key", "value", "gated_product", "activation", "head_factor")
+    kinds: ClassVar[tuple[str, ...]] = ("query_key", "value", "gated_product", "activation", "head_factor", "router")
 
     @property
     def active(self) -> bool:
@@ -217,7 +230,7 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
     BackwardRules(
         "cp_lrp",
         "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
-        {"norm": ConstantNorm(), "query_key": Scale(0.0), "head_factor": Scale(0.0)},
+        {"norm": ConstantNorm(), "query_key": Scale(0.0), "head_factor": Scale(0.0), "router": Scale(0.0)},
     ),
     BackwardRules(
         "attnlrp",
@@ -230,6 +243,7 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
             "activation": Identity(),
             "gated_product": Scale(0.5),
             "head_factor": Scale(0.0),
+            "router": Scale(0.0),
         },
     ),
     BackwardRules(
@@ -243,6 +257,7 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
             "gated_product": Scale(0.5),
             "softmax": TemperedSoftmax(2.0),
             "head_factor": Scale(0.0),
+            "router": Scale(0.0),
         },
         baseline="pad",
     ),
@@ -528,6 +543,12 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         (HookPoint(module, "output", with_input=True), rules_at(module, applied.get(module, [])))
         for module in dict.fromkeys([*applied, *biased])
     ]
+    router = rules.rule("router")
+    if router is not None:
+        hooked += [
+            (HookPoint(module, "output", index=index, name="router"), _held(router))
+            for module, index in _routers(model)
+        ]
     softmax = rules.rule("softmax")
     scores = rules.rule("query_key") if _at_scores(adapter) else None
     factor = rules.rule("head_factor") if adapter.values is not None and adapter.values.head_factor else None
@@ -561,6 +582,28 @@ def _inside_attention(softmax: Any, factor: Rule | None, recording: RuleRecordin
         return on_softmax(func, args, kwargs, output)
 
     return handle
+
+
+def _held(rule: Rule) -> Any:
+    """A hook function passing a module's output through ``rule`` (a `Scale`)."""
+    return lambda output: rule.apply(None, None, output, None)
+
+
+def _routers(model: ModelLike) -> list[tuple[Any, int]]:
+    """``(module, index)`` of every tensor the ``router`` rule acts on: each MoE block's router and
+    the element of its tuple output holding the routing weights, and its shared expert's gate
+    (`attnflow.rows.adapters.Experts`); none for a row without experts."""
+    from attnflow.rows.adapters import find_layers
+
+    row = model.adapter.experts
+    if row is None:
+        return []
+    found = []
+    for _, block in find_layers(model.hf_model, row.block, gaps=True):
+        found.append((block.get_submodule(row.router), row.weights_index))
+        if row.shared_gate is not None:
+            found.append((block.get_submodule(row.shared_gate), 0))
+    return found
 
 
 def _at_scores(adapter: Any) -> bool:
