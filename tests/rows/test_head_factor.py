@@ -295,3 +295,22 @@ def test_cp_lrp_conserves_through_the_router_held_constant(model_type):
     del rules["router"]
     tokens, biases, y, _ = _logit_relevance(model, BackwardRules("cp_lrp without", "", rules))
     assert abs(tokens + biases - y) > 1e-2 * abs(y)
+
+
+def test_a_softplus_gate_is_held_and_a_factor_made_otherwise_is_refused_in_one_line():
+    """Laguna's gate is softplus(g_proj(x)): held constant once per layer, as a sigmoid is. MiMo-V2-
+    Flash's factor is made by neither: the rules say so in one line rather than leave it on the
+    gradient's path, and routes refuse its layers of two value widths in one line."""
+    from attnflow.errors import CaptureError
+    from attnflow.methods.model.lrp import RULES, backward_rules
+
+    laguna = _tiny("laguna")
+    ids = torch.tensor(laguna.trace(TEXT)[0].token_ids)[None]
+    with backward_rules(laguna, RULES["attnlrp"]) as recording, torch.enable_grad():
+        laguna.hf_model(input_ids=ids)
+    assert recording.head_factors == laguna.n_layers
+    mimo = _tiny("mimo_v2_flash")
+    with pytest.raises(CaptureError, match=r"^the mimo_v2_flash row's head factor .* not a sigmoid or softplus"):
+        mimo.explain(TEXT, method="attnlrp")
+    with pytest.raises(CaptureError, match=r"value projections differ in width \(32, 64\)"):
+        attnflow.routes(mimo, TEXT)

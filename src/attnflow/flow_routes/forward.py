@@ -296,6 +296,12 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     mids = {name: as_tokens(tensor, 1) for name, tensor in mids.items()}
     outputs["ffn_outputs"] = {name: as_tokens(tensor, 1) for name, tensor in outputs["ffn_outputs"].items()}
     rows = {name: token_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
+    widths = sorted({int(tensor.shape[-1]) for tensor in rows.values()})
+    if len(widths) > 1:  # layers of different shapes (MiMo-V2-Flash's local and global layers)
+        raise CaptureError(
+            f"{model.name}: the layers' value projections differ in width ({', '.join(map(str, widths))}): "
+            "routes read one value width in every layer"
+        )
     values = stack_recorded(rows, located["values"])[0]  # [L, T, width]
     values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
     first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]

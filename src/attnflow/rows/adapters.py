@@ -81,8 +81,8 @@ class Values:
     check proves it, changing one token's values and reading the heads again). The value-aware
     methods read it as the trace's ``head_factors``; routes as per-query head vectors
     (`attnflow.flow_routes.contributions.QueryVectors`); the backward rules hold D constant (the
-    ``head_factor`` module kind of `attnflow.methods.model.lrp`: every sigmoid called inside the
-    attention modules), their query and key rule acting at the scores (an inferred factored row
+    ``head_factor`` module kind of `attnflow.methods.model.lrp`: every sigmoid or softplus called
+    inside the attention modules), their query and key rule acting at the scores (an inferred factored row
     names no query or key projection: ``scores`` is set, and proven by its own check).
     """
 

@@ -99,7 +99,16 @@ SoftmaxHandler = Callable[[torch.Tensor, torch.Tensor, int, Any, Callable[[torch
 
 
 SOFTMAX = frozenset({torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax})
-SIGMOID = frozenset({torch.sigmoid, torch.Tensor.sigmoid, torch.nn.functional.sigmoid, torch.special.expit})
+# The element-wise functions a per-position head factor is made with (a sigmoid gate, Laguna's softplus gate).
+GATES = frozenset(
+    {
+        torch.sigmoid,
+        torch.Tensor.sigmoid,
+        torch.nn.functional.sigmoid,
+        torch.special.expit,
+        torch.nn.functional.softplus,
+    }
+)
 
 # What a call handler is given: the torch function called, its positional and keyword arguments,
 # and what it returned; it returns what the call returns instead.

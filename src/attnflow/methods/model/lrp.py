@@ -27,9 +27,10 @@ The module kinds and where the engine finds them (``∂̃``: the modified gradie
   sees all three);
 - ``head_factor``: in a row whose heads are A·V times a per-position factor D before the output
   projection (`attnflow.rows.adapters.Values.head_factor`: AFMoE's, Beam's, MiniCPM5-MoE's sigmoid
-  gate, Granite-SWA's sink rescaling sigmoid(lse − sink)), every sigmoid called inside its attention
-  modules, where D is made (the same torch-function mode; a forward pass of such a row in which no
-  sigmoid is found raises a CaptureError rather than leaving D on the gradient's path unnamed);
+  gate, Granite-SWA's sink rescaling sigmoid(lse − sink), Laguna's softplus gate), every sigmoid or
+  softplus called inside its attention modules, where D is made (the same torch-function mode; a
+  forward pass of such a row in which none is found raises a CaptureError rather than leaving D
+  on the gradient's path unnamed);
 - ``router``: a mixture of experts' routing weights g (`attnflow.rows.adapters.Experts`: the
   router's output at ``weights_index``, in every MoE block) and its shared expert's gate logit
   (``shared_gate``, whose sigmoid scales the shared expert).
@@ -111,7 +112,7 @@ MODULE_KINDS = {
     "value": "the value projections (Values.value, or their columns of a Fused one)",
     "gated_product": "both operands of a gated MLP's product: the up projection's and the activation's outputs",
     "softmax": "every softmax called inside the attention modules",
-    "head_factor": "every sigmoid called inside the attention modules of a row with a per-position head factor",
+    "head_factor": "every sigmoid or softplus inside the attention modules of a row with a per-position head factor",
     "router": "a mixture of experts' routing weights (the router's output) and its shared expert's gate",
 }
 _VALUE_KINDS = ("norm", "activation")  # rules that recompute the output (before a bias is read)
@@ -432,7 +433,7 @@ class RuleRecording:
     """What the rules' hooks saw in one forward pass: the embedding sum ``[batch, token, d_model]``
     (a leaf that requires grad), for every module with a bias ``(bias, output)`` (the output as the
     modified backward pass reaches the bias), and how many softmax calls inside the attention
-    modules were given the ``softmax`` rule (``tempered_softmax``) and how many sigmoid calls inside
+    modules were given the ``softmax`` rule (``tempered_softmax``) and how many sigmoid or softplus calls inside
     them the ``head_factor`` rule (``head_factors``)."""
 
     embedding_sum: Any = None
@@ -562,21 +563,21 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         yield recording
     if factor is not None and recording.embedding_sum is not None and not recording.head_factors:
         raise CaptureError(
-            f"the {adapter.family} row's head factor (Values.head_factor) is not a sigmoid called inside its "
-            "attention modules: the backward rules cannot hold it constant"
+            f"the {adapter.family} row's head factor (Values.head_factor) is not a sigmoid or softplus called "
+            "inside its attention modules: the backward rules cannot hold it constant"
         )
 
 
 def _inside_attention(softmax: Any, factor: Rule | None, recording: RuleRecording) -> Any:
     """The `attnflow.rows.tracing.calls_inside` handler of the attention modules: each softmax call
-    to ``softmax`` (a `attnflow.rows.tracing.SoftmaxHandler`), each sigmoid's output through the
+    to ``softmax`` (a `attnflow.rows.tracing.SoftmaxHandler`), each sigmoid's or softplus' output through the
     ``head_factor`` rule ``factor`` (None: as it is), counted in ``recording``."""
-    from attnflow.rows.tracing import SIGMOID, softmax_handler
+    from attnflow.rows.tracing import GATES, softmax_handler
 
     on_softmax = softmax_handler(softmax)
 
     def handle(func: Any, args: tuple, kwargs: dict, output: Any) -> Any:
-        if factor is not None and func in SIGMOID and getattr(output, "requires_grad", False):
+        if factor is not None and func in GATES and getattr(output, "requires_grad", False):
             recording.head_factors += 1
             return factor.apply(None, None, output, None)
         return on_softmax(func, args, kwargs, output)
