@@ -301,8 +301,9 @@ def _classes_deriving(tree: ast.Module, base: str) -> set[str]:
 def test_every_rule_objective_and_module_kind_is_reachable():
     """AST checks that nothing is declared and then left out: every `Rule` class of the rule module is
     exported by attnflow.methods.model (users compose rule sets from it) and used by a rule set of the
-    table or exported; every module kind has a finder in `rule_modules` (or is the softmax, applied
-    inside the attention modules); every objective class is registered under a kind of `TARGET_KINDS`."""
+    table or exported; every module kind has a finder in `rule_modules` (or is the softmax or the head
+    factor's sigmoid, applied inside the attention modules, or the router's weights, `_routers`); every objective class is registered
+    under a kind of `TARGET_KINDS`."""
     import attnflow.methods.model as model_methods
     from attnflow.methods.model.lrp import MODULE_KINDS
     from attnflow.targets import OBJECTIVES, TARGET_KINDS
@@ -314,7 +315,7 @@ def test_every_rule_objective_and_module_kind_is_reachable():
     assert rules <= set(model_methods.__all__)
     finder = next(n for n in lrp_tree.body if isinstance(n, ast.FunctionDef) and n.name == "rule_modules")
     named = {n.value for n in ast.walk(finder) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert set(MODULE_KINDS) - {"softmax"} <= named
+    assert set(MODULE_KINDS) - {"softmax", "head_factor", "router"} <= named
     targets_tree = ast.parse((SOURCE / "targets.py").read_text(encoding="utf-8"))
     registered = {
         node.name: decorator.args[0].value

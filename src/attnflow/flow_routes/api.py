@@ -400,8 +400,9 @@ def _build(
     for index in range(n_layers):
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
-        head_parts = block.part(parts.head_outputs(layer.attention, layer.values, layer.output_weights))  # [T, H, d]
-        vectors = parts.head_vectors(layer.values, layer.output_weights)  # [T, H, d]
+        raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights, layer.factors)  # [T, H, d]
+        head_parts = block.part(raw)
+        vectors = parts.head_vectors(layer.values, layer.output_weights, layer.factors)  # [T, H, d] or per query
         ffn_part = ffn_block.part(layer.ffn_output)
         expert_table = None if experts is None else experts[index]
         shares = _layer_shares(layer, index, (block, head_parts, vectors), (ffn_block, ffn_part), p, expert_table)
@@ -412,9 +413,8 @@ def _build(
             head_effects[index] = torch.einsum("ihd,id->hi", head_parts, fields.target).cpu().numpy()
             ffn_effects[index] = (ffn_part * fields.target).sum(-1).cpu().numpy()
         if contrastive is not None and fields.contrast is not None:
-            contrastive.add(
-                index, position, fields.contrast[position], block, vectors, layer.attention, ffn_block, ffn_part
-            )
+            at = parts.at_query(vectors, position)  # [T, H, d]
+            contrastive.add(index, position, fields.contrast[position], block, at, layer.attention, ffn_block, ffn_part)
     direct = None
     if contrastive is not None and fields.contrast is not None and lens is not None:
         embedding = float(fields.contrast[position] @ recording.inputs[0, position].to(PRECISION))
@@ -461,7 +461,7 @@ _PER_POSITION = ("attention_residual", "attention_bias", "ffn", "ffn_residual", 
 def _layer_shares(
     layer: Layer,
     index: int,
-    attention: tuple[parts.Linearised, torch.Tensor, torch.Tensor],
+    attention: tuple[parts.Linearised, torch.Tensor, parts.Vectors],
     ffn: tuple[parts.Linearised, torch.Tensor],
     p: int,
     expert_table: np.ndarray | None = None,
@@ -628,11 +628,11 @@ def _describe_edges(
     for layer in sorted({edge.layer for edge in through}):
         view = layer_view(recording, weights, layer)
         block, ffn_block = linearised_blocks(view)
-        vectors = parts.head_vectors(view.values, view.output_weights)  # [T, H, d]
+        vectors = parts.head_vectors(view.values, view.output_weights, view.factors)  # [T, H, d] or per query
         for edge in (edge for edge in through if edge.layer == layer):
             i, j = edge.target[2], edge.source[2]
             if edge.kind == "attention":
-                part = _part_at(block, view.attention[:, i, j, None] * vectors[j], i)  # [H, d]
+                part = _part_at(block, view.attention[:, i, j, None] * parts.at_query(vectors, i)[j], i)  # [H, d]
                 per_head = part @ fields.target[i]
                 edge.effects = {"effect": float(per_head.sum()), "head_effects": per_head.tolist()}
                 part = part.sum(0)
@@ -695,7 +695,7 @@ def _layer_parts(recording: Recording, weights: Weights, index: int, cache: dict
     if index not in cache:
         layer = layer_view(recording, weights, index)
         block, ffn_block = linearised_blocks(layer)
-        raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights)
+        raw = parts.head_outputs(layer.attention, layer.values, layer.output_weights, layer.factors)
         cache[index] = (block.part(raw), ffn_block.part(layer.ffn_output))
     return cache[index]
 

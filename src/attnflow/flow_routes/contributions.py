@@ -10,6 +10,11 @@ that whole (they sum to 1). Two wholes per layer l and position i:
   output and (post-LN families) the norm's shift β; for a mixture of experts, the block's output
   is split further: one part per chosen expert, g_k · E_{i_k}(x), and the shared expert's part.
 
+A row whose heads are A·V times a per-position factor D (`attnflow.rows.adapters.Values.head_factor`:
+a sigmoid gate, a sink's rescaling) has the (head h, source j) part A_h[i, j] · (D_i^h ⊙ v_h(j)) W_O^h:
+no longer one vector per source but one per (query, source) pair (`QueryVectors`), T² per head
+(the kernel builds them a block of queries at a time, so memory stays O(T·H·d) per query).
+
 A parallel block (`attnflow.rows.Streams.parallel`: attention and feed-forward both read the
 stream x entering the layer) has one whole, the stream leaving it: its parts are x, every (head,
 source) part, the bias term and the feed-forward output.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -150,20 +155,50 @@ def gated(block: Linearised, shift: torch.Tensor, residual: torch.Tensor, branch
     return Linearised(residual * block.residual, scale, block.centres, branch * block.bias + shift)
 
 
-def head_vectors(values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
+@dataclass
+class QueryVectors:
+    """The head vectors of a row with a per-position factor: f_h(i, j) = (D_i^h ⊙ v_h(j)) W_O^h,
+    one per (query i, source j), built on demand (`rows`). ``per_head [T, H, d_head]`` the values
+    read by each query head, ``factors [T, H, d_head]`` D, ``output_weights [H, d_head, d]``."""
+
+    per_head: torch.Tensor
+    factors: torch.Tensor
+    output_weights: torch.Tensor
+
+    def rows(self, queries: slice) -> torch.Tensor:
+        """``[q, T, H, d]`` f_h(i, j) for the queries i in ``queries`` and every source j."""
+        return torch.einsum("jhk,ihk,hkd->ijhd", self.per_head, self.factors[queries], self.output_weights)
+
+
+Vectors: TypeAlias = torch.Tensor | QueryVectors  # [T, H, d] f_h(j), or per query
+
+
+def head_vectors(values: torch.Tensor, output_weights: torch.Tensor, factors: torch.Tensor | None = None) -> Vectors:
     """``[T, H, d]`` f_h(j) = v_h(j) W_O^h from ``values [T, KV, d_head]`` and ``output_weights
-    [H, d_head, d]`` (grouped-query attention: head h reads KV head h // (H / KV))."""
+    [H, d_head, d]`` (grouped-query attention: head h reads KV head h // (H / KV)); with ``factors
+    [T, H, d_head]`` D, the `QueryVectors` f_h(i, j) = (D_i^h ⊙ v_h(j)) W_O^h."""
     n_heads, n_kv = output_weights.shape[0], values.shape[1]
     per_head = values.repeat_interleave(n_heads // n_kv, dim=1)  # [T, H, d_head]
+    if factors is not None:
+        return QueryVectors(per_head, factors, output_weights)
     return torch.einsum("jhk,hkd->jhd", per_head, output_weights)
 
 
-def head_outputs(attention: torch.Tensor, values: torch.Tensor, output_weights: torch.Tensor) -> torch.Tensor:
+def at_query(vectors: Vectors, i: int) -> torch.Tensor:
+    """``[T, H, d]`` the head vectors query ``i`` reads, f_h(j) or f_h(i, j)."""
+    return vectors.rows(slice(i, i + 1))[0] if isinstance(vectors, QueryVectors) else vectors
+
+
+def head_outputs(
+    attention: torch.Tensor, values: torch.Tensor, output_weights: torch.Tensor, factors: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[T, H, d]`` each head's raw output at each query, Σ_j A_h[i, j] f_h(j), computed as
-    (A_h V_h) W_O^h (no ``[T, T, d]`` product)."""
+    (A_h V_h) W_O^h (no ``[T, T, d]`` product); with ``factors [T, H, d_head]`` D, (D_i ⊙ (A_h V_h)_i) W_O^h."""
     n_heads, n_kv = output_weights.shape[0], values.shape[1]
     per_head = values.repeat_interleave(n_heads // n_kv, dim=1)  # [T, H, d_head]
     mixed = torch.einsum("hij,jhk->ihk", attention, per_head)  # [T, H, d_head]
+    if factors is not None:
+        mixed = mixed * factors
     return torch.einsum("ihk,hkd->ihd", mixed, output_weights)
 
 
@@ -212,14 +247,15 @@ def normalise(*proximities: torch.Tensor) -> list[torch.Tensor]:
 def attention_contributions(
     whole: torch.Tensor,
     block: Linearised,
-    vectors: torch.Tensor,
+    vectors: Vectors,
     attention: torch.Tensor,
     p: int,
     ffn: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's attention-block contributions, normalised: ``heads [H, T, T]`` ``[head, query,
     key]``, ``residual [T]``, ``bias [T]`` and ``ffn [T]``. ``whole [T, d]``: the stream after the
-    block; ``vectors [T, H, d]``: f_h(j) (`head_vectors`); ``attention [H, T, T]``. ``ffn [T, d]``:
+    block; ``vectors [T, H, d]``: f_h(j) (`head_vectors`; per query: `QueryVectors`); ``attention [H, T, T]``;
+    ``ffn [T, d]``:
     a parallel block's feed-forward output, one more part of the same whole (None: a sequential
     block, whose ``ffn`` share is 0); ``[T, n, d]``: n parts of it (a mixture of experts' chosen
     experts and its shared expert), whose shares come back ``[T, n]``."""
@@ -259,21 +295,41 @@ def expert_contributions(
     return shares, residual, bias
 
 
+QUERY_BLOCK = 1 << 22  # QueryVectors: the most entries of f_h(i, j) built at once (32 MiB in float64)
+
+
 def head_proximities(
-    whole: torch.Tensor, block: Linearised, vectors: torch.Tensor, attention: torch.Tensor, p: int
+    whole: torch.Tensor, block: Linearised, vectors: Vectors, attention: torch.Tensor, p: int
 ) -> torch.Tensor:
     """``[T, H, T]`` ``[query, head, key]`` proximity of A_h[i, j] c_i ⊙ f̃_h(j) to whole_i, from one
     compiled kernel that walks (i, j, h) and never forms the part vectors: memory O(T·H·d) for the
     inputs, O(H·T²) for the result. A zero attention weight gives a zero part, whose proximity is
-    exactly 0, so the kernel skips it (causal models: j > i; local layers: outside the window)."""
+    exactly 0, so the kernel skips it (causal models: j > i; local layers: outside the window).
+    `QueryVectors` f_h(i, j) go through the same kernel a block of queries at a time (at most
+    `QUERY_BLOCK` entries built at once): T² · H · d_head · d multiply-adds to build them."""
     if p not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {p!r}")
-    vectors = centre(vectors) if block.centres else vectors
     scale = torch.ones_like(whole) if block.scale is None else block.scale
-    arrays = [np.ascontiguousarray(t.detach().cpu().double().numpy()) for t in (whole, scale, vectors, attention)]
     result = np.empty((whole.shape[0], attention.shape[0], whole.shape[0]), dtype=np.float64)
     kernel = _compiled_kernel()
-    kernel(*arrays, np.int64(p), result)
+
+    def numpy(tensor: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(tensor.detach().cpu().double().numpy())
+
+    if not isinstance(vectors, QueryVectors):
+        tilde = centre(vectors) if block.centres else vectors
+        kernel(numpy(whole), numpy(scale), numpy(tilde[None]), numpy(attention), np.int64(p), np.int64(0), result)
+        return torch.from_numpy(result).to(whole.device)
+    n_tokens = whole.shape[0]
+    step = max(1, QUERY_BLOCK // max(1, n_tokens * vectors.per_head.shape[1] * whole.shape[-1]))
+    for start in range(0, n_tokens, step):
+        rows = slice(start, min(start + step, n_tokens))
+        tilde = vectors.rows(rows)
+        tilde = centre(tilde) if block.centres else tilde
+        found = np.empty((rows.stop - start, attention.shape[0], n_tokens), dtype=np.float64)
+        arrays = (numpy(whole[rows]), numpy(scale[rows]), numpy(tilde), numpy(attention[:, rows]))
+        kernel(*arrays, np.int64(p), np.int64(1), found)
+        result[rows] = found
     return torch.from_numpy(result).to(whole.device)
 
 
@@ -291,12 +347,14 @@ def _compiled_kernel() -> Any:
     return _KERNEL[0]
 
 
-def _proximity_kernel(whole, scale, vectors, attention, p, out):  # pragma: no cover - compiled by numba
-    """out[i, h, j] = max(‖w_i‖_p − ‖w_i − A[h, i, j] c_i ⊙ f[j, h]‖_p, 0) (the loops over k are
-    kept apart per norm, so that each vectorises)."""
+def _proximity_kernel(whole, scale, vectors, attention, p, per_query, out):  # pragma: no cover - numba
+    """out[i, h, j] = max(‖w_i‖_p − ‖w_i − A[h, i, j] c_i ⊙ f[q, j, h]‖_p, 0), q = i where
+    ``per_query`` (``vectors [queries, T, H, d]``), else 0 (``[1, T, H, d]``); the loops over k are
+    kept apart per norm, so that each vectorises."""
     n_tokens, width = whole.shape
-    n_heads = vectors.shape[1]
+    n_keys, n_heads = vectors.shape[1], vectors.shape[2]
     for i in range(n_tokens):
+        q = i if per_query else 0
         norm = 0.0
         if p == 1:
             for k in range(width):
@@ -306,7 +364,7 @@ def _proximity_kernel(whole, scale, vectors, attention, p, out):  # pragma: no c
                 norm += whole[i, k] * whole[i, k]
             norm = np.sqrt(norm)
         for h in range(n_heads):
-            for j in range(n_tokens):
+            for j in range(n_keys):
                 weight = attention[h, i, j]
                 if weight == 0.0:
                     out[i, h, j] = 0.0
@@ -314,10 +372,10 @@ def _proximity_kernel(whole, scale, vectors, attention, p, out):  # pragma: no c
                 distance = 0.0
                 if p == 1:
                     for k in range(width):
-                        distance += abs(whole[i, k] - weight * scale[i, k] * vectors[j, h, k])
+                        distance += abs(whole[i, k] - weight * scale[i, k] * vectors[q, j, h, k])
                 else:
                     for k in range(width):
-                        gap = whole[i, k] - weight * scale[i, k] * vectors[j, h, k]
+                        gap = whole[i, k] - weight * scale[i, k] * vectors[q, j, h, k]
                         distance += gap * gap
                     distance = np.sqrt(distance)
                 out[i, h, j] = max(norm - distance, 0.0)

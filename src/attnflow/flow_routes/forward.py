@@ -33,7 +33,7 @@ from attnflow.errors import CaptureError, InputError
 from attnflow.flow_routes.contributions import Norm
 from attnflow.model_like import ModelLike
 from attnflow.rows import hook_points
-from attnflow.rows.adapters import NormForm, Norms, as_tokens
+from attnflow.rows.adapters import NormForm, Norms, as_tokens, head_factor
 from attnflow.rows.experts import n_experts, shared_part, slots
 from attnflow.rows.hook_points import HookPoint
 from attnflow.trace import CAPABILITIES
@@ -69,6 +69,8 @@ class Recording:
     feed-forward block adds to the stream (`Sites.mlp`'s output; post-LN families: before the
     layer norm that follows the addition). ``experts``: rows with a mixture of experts, each
     layer's `ExpertParts` (they and the shared part sum to ``ffn_outputs``); None otherwise.
+    ``factors [L, T, H, d_head]``: rows whose heads are A·V times a per-position factor
+    (`attnflow.rows.adapters.Values.head_factor`), D at each query (`head_factor`); None otherwise.
     """
 
     inputs: torch.Tensor
@@ -79,6 +81,7 @@ class Recording:
     ffn_outputs: torch.Tensor
     experts: list[ExpertParts] | None = None
     dtype: torch.dtype = torch.float32  # the precision the model computed them in (they are stored float32)
+    factors: torch.Tensor | None = None
 
     @property
     def n_layers(self) -> int:
@@ -112,6 +115,7 @@ class Layer:
     experts: ExpertParts | None = None
     computed_in: torch.dtype = torch.float32  # the model's precision (`Recording.dtype`)
     gates: tuple[torch.Tensor, ...] | None = None  # a gated block's constants (`Gates.layer`)
+    factors: torch.Tensor | None = None  # [T, H, d_head] a factored row's D (`Recording.factors`)
 
 
 def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
@@ -137,6 +141,7 @@ def layer_view(recording: Recording, weights: Weights, index: int) -> Layer:
         experts=None if recording.experts is None else recording.experts[index].to(PRECISION),
         computed_in=recording.dtype,
         gates=None if weights.gates is None else weights.gates.layer(index, PRECISION),
+        factors=None if recording.factors is None else exact(recording.factors[index]),
     )
 
 
@@ -239,8 +244,6 @@ def check_supported(model: ModelLike) -> None:
             f"{adapter.mixers.reason('routes')}"
         )
     missing = []
-    if adapter.values is not None and adapter.values.head_factor:
-        missing.append("head vectors that do not depend on the query")
     if adapter.streams is None:
         missing.append(f"streams ({CAPABILITIES['streams']})")
     if adapter.sites is None:
@@ -274,7 +277,8 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
             f"{model.name}: the adapter row's patterns found {wrong} modules for {model.n_layers} layers"
         )
     with ExitStack() as hooks, torch.no_grad():
-        attention = hooks.enter_context(record_stack(hf_model, adapter.stack, head_outputs=False))
+        factored = adapter.values is not None and adapter.values.head_factor  # D needs the heads
+        attention = hooks.enter_context(record_stack(hf_model, adapter.stack, head_outputs=factored))
         first_input = hooks.enter_context(record_tensors(located["blocks"][:1], inputs=True, copies=True))
         mids = hooks.enter_context(record_tensors(located["mids"], inputs=True, copies=True))
         moe_inputs = hooks.enter_context(record_tensors(located.get("moe", []), inputs=True, copies=True))
@@ -292,18 +296,33 @@ def record(model: ModelLike, input_ids: torch.Tensor) -> Recording:
     mids = {name: as_tokens(tensor, 1) for name, tensor in mids.items()}
     outputs["ffn_outputs"] = {name: as_tokens(tensor, 1) for name, tensor in outputs["ffn_outputs"].items()}
     rows = {name: adapter.value_rows(tensor) for name, tensor in outputs["values"].items()}  # [1, T, width] each
+    widths = sorted({int(tensor.shape[-1]) for tensor in rows.values()})
+    if len(widths) > 1:  # layers of different shapes (MiMo-V2-Flash's local and global layers)
+        raise CaptureError(
+            f"{model.name}: the layers' value projections differ in width ({', '.join(map(str, widths))}): "
+            "routes read one value width in every layer"
+        )
     values = stack_recorded(rows, located["values"])[0]  # [L, T, width]
     values = values[..., adapter.part_columns("value", values.shape[-1], model.config).to(values.device)]
     first = stack_recorded(first_input, located["blocks"][:1])[0]  # [1, T, d]
+    values = values.reshape(*values.shape[:2], -1, model.d_head)  # [L, T, KV, d_head]
+    weights = attention.stacked_weights()[0]  # [L, H, T, T]
+    factors = None
+    if factored:
+        per_head = values.to(weights.dtype).repeat_interleave(weights.shape[1] // values.shape[2], dim=2)
+        products = torch.einsum("lhqk,lkhd->lqhd", weights, per_head)  # A·V [L, T, H, d_head]
+        heads = attention.stacked_head_outputs(model.n_heads)[0].to(products)
+        factors = torch.stack([head_factor(heads[i], products[i]) for i in range(len(products))]).float()
     return Recording(
         inputs=torch.cat([first, stack_recorded(outputs["blocks"], located["blocks"])[0]]).float(),
         mids=stack_recorded(mids, located["mids"])[0].float(),
-        attentions=float_weights(attention.stacked_weights()[0]),
-        values=values.reshape(*values.shape[:2], -1, model.d_head).float(),
+        attentions=float_weights(weights),
+        values=values.float(),
         attention_outputs=stack_recorded(outputs["attention_outputs"], located["attention_outputs"])[0].float(),
         ffn_outputs=stack_recorded(outputs["ffn_outputs"], located["ffn_outputs"])[0].float(),
         experts=_expert_parts(model, located["moe"], moe_inputs) if "moe" in located else None,
         dtype=first.dtype,
+        factors=factors,
     )
 
 

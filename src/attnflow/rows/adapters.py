@@ -79,8 +79,11 @@ class Values:
     what token j adds through head h is A_hij (v_jh ⊙ D_ih) W_O^h, with D the ratio of the output
     projection's input to A·V on the run (`head_factor`; the conformance suite's ``head_factor``
     check proves it, changing one token's values and reading the heads again). The value-aware
-    methods read it as the trace's ``head_factors``; the backward rules (no rule for the factor's
-    product) and routes (whose head vectors do not depend on the query) refuse such a row.
+    methods read it as the trace's ``head_factors``; routes as per-query head vectors
+    (`attnflow.flow_routes.contributions.QueryVectors`); the backward rules hold D constant (the
+    ``head_factor`` module kind of `attnflow.methods.model.lrp`: every sigmoid or softplus called
+    inside the attention modules), their query and key rule acting at the scores (an inferred factored row
+    names no query or key projection: ``scores`` is set, and proven by its own check).
     ``per_head``: the ``value`` module's output is ``[batch, token, kv_heads, d_head]``, the heads
     split before it (a weightless per-head norm after the value projection: Gemma 3n's and Gemma
     4's ``v_norm``); `Adapter.value_rows` flattens it. False: ``[batch, token, kv_heads * d_head]``.
@@ -558,14 +561,6 @@ class Adapter:
         return fused.columns(part, width, self.heads(config), self.kv_heads(config))
 
     @property
-    def withheld(self) -> dict[str, str]:
-        """The capabilities the row's parts would give but a part of it withholds, with why: a
-        per-position factor on the heads (`Values.head_factor`) withholds ``query_key`` and ``streams``."""
-        if self.values is None or not self.values.head_factor:
-            return {}
-        return dict.fromkeys(("query_key", "streams"), f"{FACTORED} (Values.head_factor)")
-
-    @property
     def note(self) -> str:
         """What a refusal adds for an inferred row: the checks that failed (their parts left out) or
         that inference did not find the part, and where to learn to write it by hand."""
@@ -597,7 +592,6 @@ class Adapter:
     def provides(self) -> frozenset[str]:
         """The `attnflow.trace.CAPABILITIES` this row provides."""
         values = self.values
-        factored = values is not None and values.head_factor  # no rule for the factor's product, no routes
         provided = {
             "text_target": self.target_kind is not None,
             "values": values is not None
@@ -605,14 +599,12 @@ class Adapter:
             and self.projection("value") is not None,
             "post_norm": values is not None and values.post_norm,
             "query_key": self.projection("value") is not None
-            and not factored
             and (
                 all(self.projection(part) is not None for part in HEAD_PARTS) or (values is not None and values.scores)
             ),
             "gated_mlp": self.gated_mlp is not None,
             "sites": self.sites is not None,
             "streams": self.streams is not None
-            and not factored
             and self.mixers is None
             and self.norms is not None
             and self.sites is not None
@@ -625,10 +617,6 @@ class Adapter:
 
 
 EXTENDING = "docs/extending.md, 'A model family'"
-FACTORED = (
-    "its heads are A·V times a per-position factor (a gate or a rescaling before the output projection), "
-    "a product no backward rule splits and routes do not carry"
-)  # where a user learns to write a part of a row
 
 _BERT_LIKE = Stack(r"layer\.(\d+)\.attention\.self$", r"layer\.(\d+)\.attention\.output\.dense$")
 _BERT_VALUES = Values(

@@ -424,10 +424,11 @@ class _ValueParts:
 
     @property
     def scores(self) -> bool:
-        """`Values.scores`: no query or key projection (multi-head latent attention), heads not factored."""
+        """`Values.scores`: no query or key projection (multi-head latent attention; a factored row,
+        whose query may share a projection with its gate, names none)."""
         if self.fused is not None:
             return "query" not in self.fused.parts
-        return self.query is None and not self.factored
+        return self.query is None
 
 
 def _value_parts(

@@ -98,6 +98,23 @@ _INSIDE = threading.local()  # .depth: how many of the watched modules are runni
 SoftmaxHandler = Callable[[torch.Tensor, torch.Tensor, int, Any, Callable[[torch.Tensor], torch.Tensor]], Any]
 
 
+SOFTMAX = frozenset({torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax})
+# The element-wise functions a per-position head factor is made with (a sigmoid gate, Laguna's softplus gate).
+GATES = frozenset(
+    {
+        torch.sigmoid,
+        torch.Tensor.sigmoid,
+        torch.nn.functional.sigmoid,
+        torch.special.expit,
+        torch.nn.functional.softplus,
+    }
+)
+
+# What a call handler is given: the torch function called, its positional and keyword arguments,
+# and what it returned; it returns what the call returns instead.
+CallHandler = Callable[[Any, tuple, dict, Any], Any]
+
+
 @contextmanager
 def softmax_inside(modules: list[nn.Module], handle: SoftmaxHandler) -> Iterator[None]:
     """While the block runs, in this thread: every softmax called inside the forward of one of
@@ -105,18 +122,37 @@ def softmax_inside(modules: list[nn.Module], handle: SoftmaxHandler) -> Iterator
     ``torch.special.softmax``, however it is spelled — returns what ``handle`` returns for it (the
     attention weights' softmax, wherever a family computes it: the backward rules change its
     gradient there, the conformance suite reads it); every other call runs as it is."""
-    from torch.overrides import TorchFunctionMode
+    with calls_inside(modules, softmax_handler(handle)):
+        yield
 
-    functions = {torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax}
+
+def softmax_handler(handle: SoftmaxHandler) -> CallHandler:
+    """A `CallHandler` that passes each softmax call (`SOFTMAX`) with a tensor argument to
+    ``handle`` as `softmax_inside` describes, and returns every other call's output as it is."""
+
+    def on_call(func: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        if func not in SOFTMAX or not isinstance(args[0], torch.Tensor):
+            return output
+        dim, dtype = _softmax_arguments(func, args, kwargs, args[0])
+        return handle(args[0], output, dim, dtype, lambda x: func(x, *args[1:], **kwargs))
+
+    return on_call
+
+
+@contextmanager
+def calls_inside(modules: list[nn.Module], handle: CallHandler) -> Iterator[None]:
+    """While the block runs, in this thread: every torch function called inside the forward of one
+    of ``modules`` (a softmax, a sigmoid, however it is spelled) returns ``handle(func, args, kwargs,
+    output)``; calls outside them run as they are."""
+    from torch.overrides import TorchFunctionMode
 
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
             output = func(*args, **kwargs)
-            if func not in functions or not getattr(_INSIDE, "depth", 0) or not isinstance(args[0], torch.Tensor):
+            if not getattr(_INSIDE, "depth", 0) or not args:
                 return output
-            dim, dtype = _softmax_arguments(func, args, kwargs, args[0])
-            return handle(args[0], output, dim, dtype, lambda x: func(x, *args[1:], **kwargs))
+            return handle(func, args, kwargs, output)
 
     def enter(_args: tuple, _kwargs: dict) -> None:
         _INSIDE.depth = getattr(_INSIDE, "depth", 0) + 1

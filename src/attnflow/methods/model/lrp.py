@@ -24,7 +24,16 @@ The module kinds and where the engine finds them (``∂̃``: the modified gradie
   as every layer of an all-MoE stack does);
 - ``softmax``: every softmax called inside the row's attention modules, however it is called
   (``torch.nn.functional.softmax``, ``torch.softmax``, ``Tensor.softmax``: a torch-function mode
-  sees all three).
+  sees all three);
+- ``head_factor``: in a row whose heads are A·V times a per-position factor D before the output
+  projection (`attnflow.rows.adapters.Values.head_factor`: AFMoE's, Beam's, MiniCPM5-MoE's sigmoid
+  gate, Granite-SWA's sink rescaling sigmoid(lse − sink), Laguna's softplus gate), every sigmoid or
+  softplus called inside its attention modules, where D is made (the same torch-function mode; a
+  forward pass of such a row in which none is found raises a CaptureError rather than leaving D
+  on the gradient's path unnamed);
+- ``router``: a mixture of experts' routing weights g (`attnflow.rows.adapters.Experts`: the
+  router's output at ``weights_index``, in every MoE block) and its shared expert's gate logit
+  (``shared_gate``, whose sigmoid scales the shared expert).
 
 The rules:
 
@@ -36,10 +45,25 @@ The rules:
   s_T ⊙ (g − ⟨g, s_T⟩) with s_T = softmax(x / T) (GIM's temperature-adjusted gradient; T = 1 is the
   plain gradient).
 
+- ``Scale`` (0) at ``head_factor``: the factor D is held constant, as the rule sets hold the norms'
+  1/σ: D ⊙ (A·V) is then linear in A·V, so all of its relevance passes to A·V (and on through the
+  rules for A·V), none to the gate's input (a sigmoid, which no rule conserves through);
+- ``Scale`` (0) at ``router``: the routing weights are gates, held constant, the choice of experts
+  fixed (a top-k has no gradient anyway): Σ_k g_k E_k(x) is then linear in the experts' outputs,
+  so all of the block's relevance passes to the experts and none to the router's logits (a softmax
+  or sigmoid of them, then a top-k and a renormalisation, which no rule conserves through).
+
 Several rules on one module compose: a gated MLP's activation under ``activation`` = `Identity` and
 ``gated_product`` = `Scale` (½) passes ½ · f(x)/x.
 
 The rule sets (Ali et al. 2022; Achtibat et al. 2024; Edin et al. 2025):
+
+Every rule set below holds a head factor D and the routing weights constant (``head_factor``,
+``router``: `Scale` (0)). Inside an expert, the fused experts' gated product act(gate) · up is
+computed on slices of one parameter tensor, not by modules the rules can reach: it keeps its plain
+gradient (``gated_product`` acts only on a dense gated MLP's modules), so the experts do not
+conserve relevance under ``attnlrp`` and ``gim`` (an activation module, ``act_fn``, still gets the
+``activation`` rule).
 
 - ``cp_lrp``: norms constant; A constant where it multiplies V (Q and K reach the output only
   through A, so the gradient is stopped at the query and key projections);
@@ -88,6 +112,8 @@ MODULE_KINDS = {
     "value": "the value projections (Values.value, or their columns of a Fused one)",
     "gated_product": "both operands of a gated MLP's product: the up projection's and the activation's outputs",
     "softmax": "every softmax called inside the attention modules",
+    "head_factor": "every sigmoid or softplus inside the attention modules of a row with a per-position head factor",
+    "router": "a mixture of experts' routing weights (the router's output) and its shared expert's gate",
 }
 _VALUE_KINDS = ("norm", "activation")  # rules that recompute the output (before a bias is read)
 
@@ -123,7 +149,7 @@ class Scale(Rule):
     """∂̃ × ``factor`` at the module's output (0: the gradient stops there)."""
 
     factor: float
-    kinds: ClassVar[tuple[str, ...]] = ("query_key", "value", "gated_product", "activation")
+    kinds: ClassVar[tuple[str, ...]] = ("query_key", "value", "gated_product", "activation", "head_factor", "router")
 
     @property
     def active(self) -> bool:
@@ -205,7 +231,7 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
     BackwardRules(
         "cp_lrp",
         "CP-LRP (Ali et al. 2022): gradient x input at the embedding sum, attention and norms' 1/sigma constant",
-        {"norm": ConstantNorm(), "query_key": Scale(0.0)},
+        {"norm": ConstantNorm(), "query_key": Scale(0.0), "head_factor": Scale(0.0), "router": Scale(0.0)},
     ),
     BackwardRules(
         "attnlrp",
@@ -217,6 +243,8 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
             "value": Scale(0.5),
             "activation": Identity(),
             "gated_product": Scale(0.5),
+            "head_factor": Scale(0.0),
+            "router": Scale(0.0),
         },
     ),
     BackwardRules(
@@ -229,6 +257,8 @@ RULE_TABLE: tuple[BackwardRules, ...] = (
             "value": Scale(0.5),
             "gated_product": Scale(0.5),
             "softmax": TemperedSoftmax(2.0),
+            "head_factor": Scale(0.0),
+            "router": Scale(0.0),
         },
         baseline="pad",
     ),
@@ -403,18 +433,20 @@ class RuleRecording:
     """What the rules' hooks saw in one forward pass: the embedding sum ``[batch, token, d_model]``
     (a leaf that requires grad), for every module with a bias ``(bias, output)`` (the output as the
     modified backward pass reaches the bias), and how many softmax calls inside the attention
-    modules were given the ``softmax`` rule (``tempered_softmax``)."""
+    modules were given the ``softmax`` rule (``tempered_softmax``) and how many sigmoid or softplus calls inside
+    them the ``head_factor`` rule (``head_factors``)."""
 
     embedding_sum: Any = None
     biased_outputs: list[tuple[Any, Any]] = field(default_factory=list)
     tempered_softmax: int = 0
+    head_factors: int = 0
 
 
 def rule_modules(model: ModelLike, rules: BackwardRules) -> dict[Any, list[tuple[str, Rule, str | None]]]:
     """Every module a rule of ``rules`` applies to, with its ``(kind, rule, part)`` triples in
     `MODULE_KINDS` order: ``part`` names the slice of a `Fused` projection's output the rule acts on
-    (``"query"``, ``"key"``, ``"value"``), None for the whole output (the softmax rule, which applies
-    inside the attention modules, is not among them)."""
+    (``"query"``, ``"key"``, ``"value"``), None for the whole output (the softmax and head-factor
+    rules, which apply inside the attention modules, are not among them)."""
     from attnflow.rows.adapters import find_layers
 
     hf_model, adapter = model.hf_model, model.adapter
@@ -471,7 +503,7 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
 
     from attnflow.rows.adapters import find_layers
     from attnflow.rows.hook_points import HookPoint, hooks
-    from attnflow.rows.tracing import softmax_inside
+    from attnflow.rows.tracing import calls_inside
 
     adapter, hf_model = model.adapter, model.hf_model
     applied = rule_modules(model, rules)
@@ -512,15 +544,67 @@ def backward_rules(model: ModelLike, rules: BackwardRules) -> Iterator[RuleRecor
         (HookPoint(module, "output", with_input=True), rules_at(module, applied.get(module, [])))
         for module in dict.fromkeys([*applied, *biased])
     ]
+    router = rules.rule("router")
+    if router is not None:
+        hooked += [
+            (HookPoint(module, "output", index=index, name="router"), _held(router))
+            for module, index in _routers(model)
+        ]
     softmax = rules.rule("softmax")
     scores = rules.rule("query_key") if _at_scores(adapter) else None
+    factor = rules.rule("head_factor") if adapter.values is not None and adapter.values.head_factor else None
     with ExitStack() as stack:
-        if isinstance(softmax, TemperedSoftmax) or scores is not None:
+        if isinstance(softmax, TemperedSoftmax) or scores is not None or factor is not None:
             attention = [module for _, module in find_layers(hf_model, adapter.stack.attention)]
             tempered = softmax if isinstance(softmax, TemperedSoftmax) else None
-            stack.enter_context(softmax_inside(attention, _softmax_rules(tempered, scores, recording)))
+            handle = _inside_attention(_softmax_rules(tempered, scores, recording), factor, recording)
+            stack.enter_context(calls_inside(attention, handle))
         stack.enter_context(hooks(hooked))
         yield recording
+    if factor is not None and recording.embedding_sum is not None and not recording.head_factors:
+        raise CaptureError(
+            f"the {adapter.family} row's head factor (Values.head_factor) is not a sigmoid or softplus called "
+            "inside its attention modules: the backward rules cannot hold it constant"
+        )
+
+
+def _inside_attention(softmax: Any, factor: Rule | None, recording: RuleRecording) -> Any:
+    """The `attnflow.rows.tracing.calls_inside` handler of the attention modules: each softmax call
+    to ``softmax`` (a `attnflow.rows.tracing.SoftmaxHandler`), each sigmoid's or softplus' output through the
+    ``head_factor`` rule ``factor`` (None: as it is), counted in ``recording``."""
+    from attnflow.rows.tracing import GATES, softmax_handler
+
+    on_softmax = softmax_handler(softmax)
+
+    def handle(func: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+        if factor is not None and func in GATES and getattr(output, "requires_grad", False):
+            recording.head_factors += 1
+            return factor.apply(None, None, output, None)
+        return on_softmax(func, args, kwargs, output)
+
+    return handle
+
+
+def _held(rule: Rule) -> Any:
+    """A hook function passing a module's output through ``rule`` (a `Scale`)."""
+    return lambda output: rule.apply(None, None, output, None)
+
+
+def _routers(model: ModelLike) -> list[tuple[Any, int]]:
+    """``(module, index)`` of every tensor the ``router`` rule acts on: each MoE block's router and
+    the element of its tuple output holding the routing weights, and its shared expert's gate
+    (`attnflow.rows.adapters.Experts`); none for a row without experts."""
+    from attnflow.rows.adapters import find_layers
+
+    row = model.adapter.experts
+    if row is None:
+        return []
+    found = []
+    for _, block in find_layers(model.hf_model, row.block, gaps=True):
+        found.append((block.get_submodule(row.router), row.weights_index))
+        if row.shared_gate is not None:
+            found.append((block.get_submodule(row.shared_gate), 0))
+    return found
 
 
 def _at_scores(adapter: Any) -> bool:
