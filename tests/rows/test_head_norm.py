@@ -31,7 +31,7 @@ def bitnet():
 def test_the_head_norm_is_found_and_proven_where_a_plain_factor_fails(bitnet):
     row = bitnet.adapter
     assert row.values.head_norm.endswith(r"self_attn\.attn_sub_norm$") and row.values.head_factor
-    assert "values" in row.provides and not {"query_key", "streams"} & row.provides and not row.unverified
+    assert {"values", "streams"} <= row.provides and "query_key" not in row.provides and not row.unverified
     report = check_adapter(row, bitnet.hf_model, strict=False)
     assert report.outcome("head_norm") == "pass" and report.outcome("head_factor") == "pass"
     plain = dataclasses.replace(row, values=dataclasses.replace(row.values, head_norm=None))
@@ -80,5 +80,5 @@ def test_the_parts_add_up_to_the_attention_output(bitnet):
 
 
 def test_the_backward_rules_refuse_the_head_norm_in_one_line(bitnet):
-    with pytest.raises(InputError, match=r"requires query_key .*per-position factor.*Values\.head_factor"):
+    with pytest.raises(InputError, match=r"requires query_key .*norm before the output projection \(Values\.head_norm\)"):
         bitnet.explain(TEXT, method="attnlrp")

@@ -136,8 +136,13 @@ class MethodSpec:
 
 
 def missing_capabilities(requires: Iterable[str], family: Family) -> list[str]:
-    """What ``requires`` names and ``family`` does not provide, each with what it means."""
-    return [f"{name} ({CAPABILITIES[name]})" for name in sorted(set(requires) - family.provides)]
+    """What ``requires`` names and ``family`` does not provide, each with what it means and, where a
+    part of the row withholds it (`attnflow.rows.adapters.Adapter.withheld`), why."""
+    withheld = getattr(family, "withheld", {})
+    return [
+        f"{name} ({CAPABILITIES[name]}{'; ' + withheld[name] if name in withheld else ''})"
+        for name in sorted(set(requires) - family.provides)
+    ]
 
 
 _METHODS: dict[str, MethodSpec] = {}
