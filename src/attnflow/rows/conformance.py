@@ -531,11 +531,7 @@ def check_norm_form(run: Run) -> None:
     named = _every_match(run.model, norms.modules)
     names = {name for name, _ in named}
     looking = [(name, module) for name, module in run.model.named_modules() if _looks_like_a_norm(module)]
-    ran: set[str] = set()
-    run.forward(
-        [(HookPoint(module, "call"), lambda _args, _kwargs, name=name: ran.add(name)) for name, module in looking]
-    )
-    missed = [name for name, _ in looking if name in ran and name not in names]
+    missed = [name for name, _ in looking if name in run.ran_norms and name not in names]
     if missed:  # a norm no gradient of the output reaches (read only through a top-k) is not the row's
         off = off_the_gradient_path(
             run.model, run.inputs, [(name, module) for name, module in looking if name in missed]
