@@ -45,6 +45,7 @@ from attnflow.rows.adapters import (
     token_rows,
 )
 from attnflow.rows.experts import find_experts
+from attnflow.rows.hook_points import output_tensor
 from attnflow.rows.tracing import Call, affine_failure, off_the_gradient_path, trace
 
 TOLERANCE = 1e-4  # relative to the largest magnitude compared
@@ -1191,7 +1192,7 @@ def _mixes_tokens(call: Call) -> bool:
         again = call.module(changed)
     except (TypeError, ValueError, RuntimeError, IndexError, AttributeError):
         return True
-    again = again[0] if isinstance(again, tuple) else again
+    again = output_tensor(again)
     if not torch.is_tensor(again) or again.numel() != call.output.numel():
         return True
     return not _close(again.reshape(call.output.shape)[:, 1:], call.output[:, 1:])
