@@ -981,8 +981,7 @@ def _gated_layers(traced: dict[str, Call], blocks: str, first: Call, gated: tupl
         call = traced.get(name)
         if call is None or owner is None:
             continue
-        inside = sorted((c for c in traced.values() if c.name.startswith(name + ".")), key=lambda c: c.start)
-        if _gated_mlp(_Block(inside, owner, 0), call) == gated:
+        if _gated_mlp(_Block(_calls_inside(traced, name), owner, 0), call) == gated:
             layers.append(layer)
     if len(layers) == n_layers or not layers:
         return pattern
